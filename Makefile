@@ -1,0 +1,41 @@
+# conduit_hpc: `make run` runs the main job locally, `make test` runs every test tier.
+# Both create .venv on first use (torch's CPU wheel first, so no CUDA build is pulled).
+SHELL := /bin/bash
+PY ?= python3
+VENV := $(CURDIR)/.venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+MPIENV := source $(CURDIR)/scripts/mpi_env.sh
+TEST_TIMEOUT ?= 600
+
+.PHONY: run test lint unit mpi launch venv clean bench-smoke
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[local,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(MPIENV) && $(BIN)/conduit-hpc run jobs/main.toml
+
+lint: $(STAMP)
+	$(BIN)/ruff check conduit_hpc tests bench jobs
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(MPIENV) && timeout $(TEST_TIMEOUT) $(BIN)/python -m pytest -q tests/unit
+
+mpi: $(STAMP)
+	$(MPIENV) && scripts/run_mpi_tests.sh 3 4 6
+
+launch: $(STAMP)
+	$(MPIENV) && timeout $(TEST_TIMEOUT) $(BIN)/python -m pytest -q tests/launch
+
+test: lint unit mpi launch
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

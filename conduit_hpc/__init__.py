@@ -1,0 +1,64 @@
+"""conduit_hpc: an experience data plane for distributed RL on HPC clusters.
+
+Importing this package has no side effects: it does not initialise MPI's communicators
+beyond what ``mpi4py`` does on import, probes no hardware and starts nothing.
+"""
+
+from .config import Config, FieldConfig, LayoutConfig, RunConfig, StorageConfig, TransportConfig
+from .errors import (
+    CheckpointError,
+    ConduitError,
+    ConfigError,
+    ConfigMismatch,
+    DataPlaneClosed,
+    DataPlaneTimeout,
+    PlacementInfeasible,
+    RateLimitDeadlock,
+    RemoteFailure,
+    SpecError,
+    TransportError,
+    WorldTooSmall,
+)
+from .spec import Field, Spec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointError",
+    "ConduitError",
+    "Config",
+    "ConfigError",
+    "ConfigMismatch",
+    "DataPlaneClosed",
+    "DataPlaneTimeout",
+    "ExperienceDataPlane",
+    "Field",
+    "FieldConfig",
+    "LayoutConfig",
+    "PlacementInfeasible",
+    "RateLimitDeadlock",
+    "RemoteFailure",
+    "Role",
+    "RunConfig",
+    "Spec",
+    "SpecError",
+    "StorageConfig",
+    "TransportConfig",
+    "TransportError",
+    "WorldTooSmall",
+    "__version__",
+]
+
+
+def __getattr__(name: str) -> object:
+    # ExperienceDataPlane and Role import mpi4py.MPI (which initialises MPI); load them
+    # on first use so that `import conduit_hpc` stays cheap on a login node.
+    if name == "ExperienceDataPlane":
+        from .edp import ExperienceDataPlane
+
+        return ExperienceDataPlane
+    if name == "Role":
+        from .roles import Role
+
+        return Role
+    raise AttributeError(f"module 'conduit_hpc' has no attribute {name!r}")

@@ -1,0 +1,173 @@
+"""``conduit-hpc``: run | info | bench (and, as they land: plan, inspect, report, slurm).
+
+Every sub-command is a function ``cmd_<name>(args) -> int`` registered in
+:data:`COMMANDS`; :func:`main` turns a :class:`~conduit_hpc.errors.ConduitError` into one
+``conduit-hpc: error`` line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .errors import ConduitError
+
+__all__ = ["COMMANDS", "main"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int],
+                str]
+COMMANDS: dict[str, Command] = {}
+
+
+def command(name: str, help: str) -> Callable[[Callable[[argparse.ArgumentParser], None]],
+                                              Callable[[argparse.ArgumentParser], None]]:
+    """Register ``cmd_<name>`` with the decorated argument builder."""
+    def deco(build: Callable[[argparse.ArgumentParser], None]
+             ) -> Callable[[argparse.ArgumentParser], None]:
+        COMMANDS[name] = (build, globals()[f"cmd_{name.replace('-', '_')}"], help)
+        return build
+    return deco
+
+
+# ---------------------------------------------------------------------------------
+# run
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .runner import launch
+
+    sets = list(args.set)
+    if args.mode:
+        sets.append(f"scheduler.mode={args.mode}")
+    rc, run_dir = launch(args.config, nranks=args.n, overrides=sets, runs_root=args.runs,
+                         resume=args.resume, timeout_s=args.timeout)
+    print(f"run directory: {run_dir}", file=sys.stderr)
+    return rc
+
+
+@command("run", "run a job (TOML) on local ranks through mpirun")
+def _build_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="job TOML; the job script is the .py beside it")
+    p.add_argument("-n", type=int, default=None, help="ranks (default: from [layout])")
+    p.add_argument("--mode", choices=("edp", "sync", "service"), default=None,
+                   help="delivery mode (sets scheduler.mode)")
+    p.add_argument("--resume", nargs="?", const="latest", default="",
+                   help="resume from the latest complete checkpoint, or the one given")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set storage.capacity_rows=1000")
+    p.add_argument("--runs", default="runs", help="parent of run directories")
+    p.add_argument("--timeout", type=float, default=None, help="wall-clock limit (s)")
+
+
+# ---------------------------------------------------------------------------------
+# info
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    if args.n and "OMPI_COMM_WORLD_SIZE" not in os.environ and "PMI_SIZE" not in os.environ:
+        from .runner import mpi_env
+
+        cmd = ["mpirun", "-n", str(args.n), sys.executable, "-m", "mpi4py", "-m",
+               "conduit_hpc.cli", "info"]
+        if args.config:
+            cmd += ["--config", args.config]
+        return subprocess.run(cmd, env=mpi_env(), timeout=120, check=False).returncode
+    from mpi4py import MPI
+
+    from .config import Config, LayoutConfig
+    from .roles import split_roles
+
+    comm = MPI.COMM_WORLD
+    layout = Config.from_toml(args.config).layout if args.config else LayoutConfig(
+        learners=0 if comm.Get_size() < 3 else 1, buffers=1)
+    roles = split_roles(comm, layout)
+    host = MPI.Get_processor_name()
+    rows = roles.world.gather((roles.world_rank, roles.role.value, roles.node_of[
+        roles.world_rank], roles.node_rank, host), root=0)
+    if roles.world_rank == 0:
+        level = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+                 MPI.THREAD_SERIALIZED: "serialized",
+                 MPI.THREAD_MULTIPLE: "multiple"}[MPI.Query_thread()]
+        print(f"MPI library   : {MPI.Get_library_version().splitlines()[0].strip()}")
+        print(f"MPI standard  : {'.'.join(map(str, MPI.Get_version()))}")
+        print(f"thread level  : {level}")
+        print(f"world size    : {roles.world_size}")
+        print(f"nodes         : {len(set(roles.node_of))}")
+        print("world_rank  role     node  node_rank  host")
+        assert rows is not None
+        for r, role, node, nr, h in rows:
+            print(f"{r:>10}  {role:<7}  {node:>4}  {nr:>9}  {h}")
+        groups: dict[int, list[int]] = {}
+        for r, node in enumerate(roles.node_of):
+            groups.setdefault(node, []).append(r)
+        for node, ranks in sorted(groups.items()):
+            print(f"node {node} shares memory among world ranks {ranks}")
+    roles.close()
+    return 0
+
+
+@command("info", "print MPI library, thread level, world size, roles and node sharing")
+def _build_info(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", type=int, default=0, help="launch this many ranks with mpirun")
+    p.add_argument("--config", default="", help="job TOML whose [layout] to show")
+
+
+# ---------------------------------------------------------------------------------
+# bench
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    name = args.name.replace("-", "_")
+    path = REPO / "bench" / f"{name}.py"
+    if not path.exists():
+        avail = sorted(p.stem.replace("_", "-") for p in (REPO / "bench").glob("*.py")
+                       if not p.stem.startswith("_"))
+        raise ConduitError(f"no benchmark {args.name!r}; available: {', '.join(avail)}")
+    spec = importlib.util.spec_from_file_location(f"conduit_bench_{name}", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    result = mod.main(args.args)
+    if args.json:
+        print(json.dumps(result, default=str))
+    return 0
+
+
+@command("bench", "run a benchmark from bench/ (e.g. ingest, exposed-latency)")
+def _build_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="benchmark name")
+    p.add_argument("--json", action="store_true", help="print the result dict as JSON")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+
+
+# ---------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="conduit-hpc", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, (build, _, help) in COMMANDS.items():
+        build(sub.add_parser(name, help=help, description=help))
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _, fn, _ = COMMANDS[args.command]
+    try:
+        return fn(args)
+    except ConduitError as err:
+        print(f"conduit-hpc: error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

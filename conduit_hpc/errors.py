@@ -1,0 +1,79 @@
+"""The conduit_hpc error hierarchy.
+
+Every error the library raises on purpose is a :class:`ConduitError`. Input errors are
+also ``ValueError`` so that callers who only know the standard library can catch them.
+Messages name the field, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointError",
+    "ConduitError",
+    "ConfigError",
+    "ConfigMismatch",
+    "DataPlaneClosed",
+    "DataPlaneTimeout",
+    "PlacementInfeasible",
+    "RateLimitDeadlock",
+    "RemoteFailure",
+    "SpecError",
+    "TransportError",
+    "WorldTooSmall",
+]
+
+
+class ConduitError(Exception):
+    """Base class of every error raised by conduit_hpc."""
+
+
+class ConfigError(ConduitError, ValueError):
+    """A configuration value is missing, unknown, of the wrong type or out of range.
+
+    Attributes:
+        key (str): the dotted key at fault (``storage.capacity_rows``), or ``""``.
+    """
+
+    def __init__(self, message: str, *, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class ConfigMismatch(ConduitError):
+    """Ranks of one job hold different configurations (raised on every rank)."""
+
+
+class WorldTooSmall(ConduitError):
+    """The world has too few ranks for the requested layout (raised on every rank)."""
+
+
+class SpecError(ConduitError, ValueError):
+    """A batch does not match the experience :class:`~conduit_hpc.spec.Spec`."""
+
+
+class TransportError(ConduitError):
+    """A transport operation failed or was used outside its lifetime."""
+
+
+class DataPlaneTimeout(ConduitError, TimeoutError):
+    """A blocking wait of the data plane ran past its ``timeout_s``."""
+
+
+class DataPlaneClosed(ConduitError):
+    """The data plane was used after ``close()``."""
+
+
+class RateLimitDeadlock(ConduitError):
+    """The rate-limiter settings make progress impossible."""
+
+
+class RemoteFailure(ConduitError):
+    """Another rank of the job reported a failure; this rank stops too."""
+
+
+class PlacementInfeasible(ConduitError):
+    """No placement satisfies the capacity limits (names the tier and the shortfall)."""
+
+
+class CheckpointError(ConduitError):
+    """A checkpoint is incomplete, damaged, foreign or from an unknown schema."""

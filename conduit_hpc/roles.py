@@ -1,0 +1,205 @@
+"""Split the world into actor, buffer and learner ranks.
+
+:func:`split_roles` takes a private duplicate of the given communicator (never
+``COMM_WORLD`` itself) and splits it by a :class:`~conduit_hpc.config.LayoutConfig`:
+counts for the whole world, or counts per node. Every check that can fail is decided
+from values all ranks know, so every rank raises the same error together; nothing here
+can hang on a layout that does not fit.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from mpi4py import MPI
+
+from .config import Config, LayoutConfig
+from .errors import ConfigError, ConfigMismatch, WorldTooSmall
+
+__all__ = ["Role", "RoleComms", "agree", "check_same_config", "split_roles"]
+
+
+class Role(enum.Enum):
+    """What a rank does."""
+
+    ACTOR = "actor"
+    BUFFER = "buffer"
+    LEARNER = "learner"
+
+
+@dataclass(frozen=True, eq=False)
+class RoleComms:
+    """The communicators of one rank.
+
+    Attributes:
+        world (MPI.Comm): private duplicate of the job's communicator.
+        node (MPI.Comm): the ranks of ``world`` on this rank's node (real or emulated).
+        role (Role): this rank's role.
+        actor (MPI.Comm | None): all actor ranks (``None`` unless an actor); likewise
+            ``buffer`` and ``learner``.
+        actor_ranks (tuple[int, ...]): world ranks of actors; likewise the others.
+        node_of (tuple[int, ...]): node index of each world rank.
+    """
+
+    world: MPI.Comm
+    node: MPI.Comm
+    role: Role
+    actor: MPI.Comm | None
+    buffer: MPI.Comm | None
+    learner: MPI.Comm | None
+    actor_ranks: tuple[int, ...]
+    buffer_ranks: tuple[int, ...]
+    learner_ranks: tuple[int, ...]
+    node_of: tuple[int, ...]
+
+    @property
+    def world_rank(self) -> int:
+        return self.world.Get_rank()
+
+    @property
+    def world_size(self) -> int:
+        return self.world.Get_size()
+
+    @property
+    def node_rank(self) -> int:
+        return self.node.Get_rank()
+
+    @property
+    def role_comm(self) -> MPI.Comm:
+        """The communicator of this rank's role."""
+        c = {Role.ACTOR: self.actor, Role.BUFFER: self.buffer, Role.LEARNER: self.learner}
+        comm = c[self.role]
+        assert comm is not None
+        return comm
+
+    @property
+    def role_rank(self) -> int:
+        """Index of this rank among the ranks of its role."""
+        return self.role_comm.Get_rank()
+
+    def ranks_of(self, role: Role) -> tuple[int, ...]:
+        return {Role.ACTOR: self.actor_ranks, Role.BUFFER: self.buffer_ranks,
+                Role.LEARNER: self.learner_ranks}[role]
+
+    def role_of(self, world_rank: int) -> Role:
+        for role in Role:
+            if world_rank in self.ranks_of(role):
+                return role
+        raise ValueError(f"world rank {world_rank} has no role")
+
+    def same_node(self, a: int, b: int) -> bool:
+        return self.node_of[a] == self.node_of[b]
+
+    def close(self) -> None:
+        """Free every communicator. **Collective** on ``world``, in the same order
+        on every rank."""
+        for c in (self.actor, self.buffer, self.learner):
+            if c is not None:
+                c.Free()
+        self.node.Free()
+        self.world.Free()
+
+
+def _node_split(world: MPI.Comm, emulate_nodes: int) -> tuple[MPI.Comm, tuple[int, ...]]:
+    rank, size = world.Get_rank(), world.Get_size()
+    if emulate_nodes > 0:
+        nodes = min(emulate_nodes, size)
+        color = rank * nodes // size
+        node = world.Split(color, rank)
+    else:
+        node = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        leader = node.allreduce(rank, op=MPI.MIN)
+        leaders = sorted(set(world.allgather(leader)))
+        color = leaders.index(leader)
+    return node, tuple(int(c) for c in world.allgather(color))
+
+
+def _assign(layout: LayoutConfig,
+            node_of: tuple[int, ...]) -> tuple[list[str], Exception | None]:
+    """Role name per world rank, or the error to raise (the same on every rank)."""
+    size = len(node_of)
+    if not layout.per_node:
+        need = layout.fixed_ranks
+        if size < need:
+            return [], WorldTooSmall(
+                f"layout needs {need} ranks ({layout.learners} learners, "
+                f"{layout.buffers} buffers, {max(layout.actors, 1)}"
+                f"{'+' if layout.actors == 0 else ''} actors) but the world has {size}")
+        if layout.actors and size > need:
+            return [], ConfigError(
+                f"layout uses exactly {need} ranks but the world has {size}; set "
+                f"layout.actors = 0 to make every remaining rank an actor",
+                key="layout.actors")
+        roles = (["learner"] * layout.learners + ["buffer"] * layout.buffers
+                 + ["actor"] * (size - layout.learners - layout.buffers))
+        return roles, None
+    roles = [""] * size
+    per_node: dict[int, list[int]] = {}
+    for r, n in enumerate(node_of):
+        per_node.setdefault(n, []).append(r)
+    need = layout.fixed_ranks
+    for n, ranks in sorted(per_node.items()):
+        if len(ranks) < need:
+            return [], WorldTooSmall(
+                f"layout needs {need} ranks per node ({layout.learners} learners, "
+                f"{layout.buffers} buffers, {max(layout.actors, 1)}"
+                f"{'+' if layout.actors == 0 else ''} actors) but node {n} has {len(ranks)}")
+        if layout.actors and len(ranks) > need:
+            return [], ConfigError(
+                f"layout uses exactly {need} ranks per node but node {n} has "
+                f"{len(ranks)}; set layout.actors = 0 to use the rest as actors",
+                key="layout.actors")
+        for i, r in enumerate(ranks):
+            roles[r] = ("learner" if i < layout.learners
+                        else "buffer" if i < layout.learners + layout.buffers else "actor")
+    return roles, None
+
+
+def split_roles(comm: MPI.Comm, layout: LayoutConfig) -> RoleComms:
+    """Split a private duplicate of ``comm`` into role communicators.
+
+    **Collective** on ``comm``. Blocks until every rank of ``comm`` calls it.
+
+    Raises:
+        WorldTooSmall: fewer ranks (per node) than the layout needs - on every rank.
+        ConfigError: more ranks than a layout with fixed counts uses - on every rank.
+    """
+    world = comm.Dup()
+    node, node_of = _node_split(world, layout.emulate_nodes)
+    roles, err = _assign(layout, node_of)
+    if err is not None:
+        node.Free()
+        world.Free()
+        raise err
+    me = roles[world.Get_rank()]
+    ranks = {name: tuple(r for r, x in enumerate(roles) if x == name)
+             for name in ("actor", "buffer", "learner")}
+    subs: dict[str, MPI.Comm | None] = {}
+    for i, name in enumerate(("actor", "buffer", "learner")):
+        color = i if me == name else MPI.UNDEFINED
+        c = world.Split(color, world.Get_rank())
+        subs[name] = None if c == MPI.COMM_NULL else c
+    return RoleComms(world=world, node=node, role=Role(me), actor=subs["actor"],
+                     buffer=subs["buffer"], learner=subs["learner"],
+                     actor_ranks=ranks["actor"], buffer_ranks=ranks["buffer"],
+                     learner_ranks=ranks["learner"], node_of=node_of)
+
+
+def agree(comm: MPI.Comm, ok: bool) -> bool:
+    """True on every rank iff ``ok`` is true on every rank. **Collective**."""
+    return bool(comm.allreduce(bool(ok), op=MPI.LAND))
+
+
+def check_same_config(comm: MPI.Comm, config: Config) -> None:
+    """Raise :class:`ConfigMismatch` on every rank unless all ranks hold equal configs.
+
+    **Collective** on ``comm`` (one all-gather of a 64-character digest).
+    """
+    digests = comm.allgather(config.digest())
+    if len(set(digests)) > 1:
+        groups: dict[str, list[int]] = {}
+        for r, d in enumerate(digests):
+            groups.setdefault(d, []).append(r)
+        parts = "; ".join(f"ranks {v} hold config {k[:12]}" for k, v in groups.items())
+        raise ConfigMismatch(f"ranks hold different configurations: {parts}")

@@ -1,0 +1,172 @@
+"""The experience schema: named, typed, fixed-shape fields.
+
+A :class:`Spec` fixes the layout of a row. :meth:`Spec.validate` checks an incoming batch
+(a mapping of arrays with a leading batch dimension) before anything is written and
+returns it normalised (contiguous arrays of the spec's dtypes). Pure numpy; no MPI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import FieldConfig
+from .errors import SpecError
+
+__all__ = ["Field", "Spec"]
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One field of a row.
+
+    Attributes:
+        name (str): field name (a Python identifier).
+        dtype (np.dtype): element type.
+        shape (tuple[int, ...]): per-row shape (``()`` for a scalar).
+        allow_nan (bool): when false, NaN values are refused at ingest.
+    """
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...] = ()
+    allow_nan: bool = True
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes this field takes in one row."""
+        return int(self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64)))
+
+
+class Spec:
+    """An ordered set of fields; equal specs have equal :meth:`signature`.
+
+    Args:
+        fields (tuple[Field, ...] | list[Field]): the fields, in row order.
+
+    Raises:
+        SpecError: no field, duplicate names, or a name that is not an identifier.
+    """
+
+    def __init__(self, fields: tuple[Field, ...] | list[Field]) -> None:
+        fields = tuple(fields)
+        if not fields:
+            raise SpecError("spec must have at least one field, got none")
+        seen: set[str] = set()
+        for f in fields:
+            if not f.name.isidentifier():
+                raise SpecError(f"field name must be an identifier, got {f.name!r}")
+            if f.name in seen:
+                raise SpecError(f"field {f.name!r} appears twice in the spec")
+            seen.add(f.name)
+        self._fields = fields
+        self._by_name = {f.name: f for f in fields}
+
+    @classmethod
+    def from_config(cls, fields: Mapping[str, FieldConfig]) -> Spec:
+        """Build from the ``[spec.*]`` tables of a :class:`~conduit_hpc.config.Config`."""
+        return cls([Field(name, np.dtype(fc.dtype), tuple(fc.shape), fc.allow_nan)
+                    for name, fc in fields.items()])
+
+    @classmethod
+    def from_dict(cls, fields: Mapping[str, tuple[str | np.dtype, tuple[int, ...]]]) -> Spec:
+        """Shorthand: ``Spec.from_dict({"obs": ("float32", (4,)), "reward": ("float32", ())})``."""
+        return cls([Field(n, np.dtype(dt), tuple(sh)) for n, (dt, sh) in fields.items()])
+
+    # -- introspection -------------------------------------------------------------
+    @property
+    def fields(self) -> tuple[Field, ...]:
+        return self._fields
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self._fields)
+
+    def __getitem__(self, name: str) -> Field:
+        return self._by_name[name]
+
+    def __iter__(self) -> Iterator[Field]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Spec) and self.signature() == other.signature()
+
+    def __hash__(self) -> int:
+        return hash(self.signature())
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{f.name}: {f.dtype.name}{list(f.shape)}" for f in self._fields)
+        return f"Spec({inner})"
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row over all fields."""
+        return sum(f.row_bytes for f in self._fields)
+
+    def signature(self) -> tuple[tuple[str, str, tuple[int, ...], bool], ...]:
+        """A plain, comparable description (name, dtype, shape, allow_nan) per field."""
+        return tuple((f.name, f.dtype.str, f.shape, f.allow_nan) for f in self._fields)
+
+    def empty(self, rows: int) -> dict[str, np.ndarray]:
+        """Zero-filled arrays for ``rows`` rows."""
+        return {f.name: np.zeros((rows, *f.shape), dtype=f.dtype) for f in self._fields}
+
+    # -- validation ----------------------------------------------------------------
+    def validate(self, batch: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """Check a batch against the spec and return it normalised.
+
+        Args:
+            batch (Mapping[str, array-like]): one array per field, leading batch dim.
+
+        Returns:
+            dict[str, np.ndarray]: C-contiguous arrays of the spec's dtypes, in spec order.
+            Arrays already of the right dtype and layout are returned without a copy.
+
+        Raises:
+            SpecError: (a ``ValueError``) naming the field for a missing or extra field,
+            a dtype that does not cast safely, a wrong per-row shape, batch lengths that
+            differ, or a NaN in a field that forbids it. Nothing is modified.
+        """
+        if not isinstance(batch, Mapping):
+            raise SpecError(f"batch must be a mapping of field name to array, "
+                            f"got {type(batch).__name__}")
+        missing = [n for n in self.names if n not in batch]
+        if missing:
+            raise SpecError(f"field {missing[0]!r} is missing from the batch "
+                            f"(spec fields: {', '.join(self.names)})")
+        extra = sorted(str(k) for k in batch if k not in self._by_name)
+        if extra:
+            raise SpecError(f"field {extra[0]!r} is not in the spec "
+                            f"(spec fields: {', '.join(self.names)})")
+        out: dict[str, np.ndarray] = {}
+        rows: int | None = None
+        first = ""
+        for f in self._fields:
+            arr = np.asarray(batch[f.name])
+            if arr.dtype != f.dtype and not np.can_cast(arr.dtype, f.dtype, casting="safe"):
+                raise SpecError(f"field {f.name!r}: dtype {arr.dtype.name} does not cast "
+                                f"safely to {f.dtype.name}; convert it explicitly")
+            if arr.ndim != 1 + len(f.shape) or tuple(arr.shape[1:]) != f.shape:
+                want = "(batch, " + ", ".join(map(str, f.shape)) + ")" if f.shape else "(batch,)"
+                raise SpecError(f"field {f.name!r}: shape {tuple(arr.shape)} does not match "
+                                f"{want}")
+            if rows is None:
+                rows, first = int(arr.shape[0]), f.name
+            elif arr.shape[0] != rows:
+                raise SpecError(f"field {f.name!r} has {arr.shape[0]} rows but field "
+                                f"{first!r} has {rows}")
+            if not f.allow_nan and f.dtype.kind == "f" and arr.size and np.isnan(arr).any():
+                bad = int(np.flatnonzero(np.isnan(arr).reshape(arr.shape[0], -1).any(1))[0])
+                raise SpecError(f"field {f.name!r} holds NaN (first at row {bad}) but the "
+                                f"spec forbids NaN in it")
+            out[f.name] = np.ascontiguousarray(arr, dtype=f.dtype)
+        return out
+
+    def rows_of(self, batch: Mapping[str, np.ndarray]) -> int:
+        """Rows in an already validated batch."""
+        return int(next(iter(batch.values())).shape[0])

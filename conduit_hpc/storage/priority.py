@@ -1,0 +1,115 @@
+"""Per-shard priority index: sum-tree and min-tree over slots, with generations.
+
+Held by the shard's owner (single writer). A leaf holds ``priority ** alpha`` of the row
+committed in that slot, or 0 when the slot is empty or being overwritten. Each leaf
+remembers the generation (stamp ``seq + 1``) it was set for, so that an update for a row
+that has since been overwritten is dropped, never applied to the new row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .sumtree import MinTree, SumTree
+
+__all__ = ["PriorityIndex"]
+
+
+def check_priorities(priorities: np.ndarray, name: str = "priorities") -> np.ndarray:
+    """Return priorities as float64, refusing negative, NaN or infinite values.
+
+    Raises:
+        ValueError: naming the first bad value and its position.
+    """
+    p = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    bad = ~np.isfinite(p) | (p < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name}[{i}] must be finite and >= 0, got {p[i]!r}")
+    return p
+
+
+class PriorityIndex:
+    """Priorities of one shard.
+
+    Args:
+        capacity (int): slots of the shard.
+        alpha (float): exponent applied to priorities (0: uniform).
+        initial_priority (float): priority of rows inserted without one before any
+            larger priority was seen.
+    """
+
+    def __init__(self, capacity: int, *, alpha: float, initial_priority: float = 1.0) -> None:
+        self.capacity = int(capacity)
+        self.alpha = float(alpha)
+        self.sum = SumTree(capacity)
+        self.min = MinTree(capacity)
+        self.gens = np.zeros(capacity, dtype=np.int64)  # generation each leaf is for
+        self.priority = np.zeros(capacity, dtype=np.float64)  # raw priority (before alpha)
+        self.max_priority = float(initial_priority)
+        self.dropped_updates = 0
+        self.applied_updates = 0
+
+    def _scaled(self, p: np.ndarray) -> np.ndarray:
+        # p ** 0 would give 1 for p = 0; keep zero priority at zero mass
+        return np.where(p > 0, np.power(p, self.alpha), 0.0) if self.alpha != 1 else p
+
+    @property
+    def count(self) -> int:
+        """Slots that hold a sampleable row."""
+        return int(np.count_nonzero(self.gens))
+
+    @property
+    def total(self) -> float:
+        """Sum of ``priority ** alpha`` over held rows."""
+        return self.sum.total
+
+    def insert(self, slots: np.ndarray, gens: np.ndarray, priorities: np.ndarray) -> None:
+        """Make rows visible: NaN priorities become the running maximum."""
+        slots = np.asarray(slots, dtype=np.int64)
+        p = np.array(priorities, dtype=np.float64, copy=True)
+        given = ~np.isnan(p)
+        if given.any():
+            check_priorities(p[given])
+            self.max_priority = max(self.max_priority, float(p[given].max()))
+        p[~given] = self.max_priority
+        self._set(slots, np.asarray(gens, dtype=np.int64), p)
+
+    def _set(self, slots: np.ndarray, gens: np.ndarray, p: np.ndarray) -> None:
+        self.gens[slots] = gens
+        self.priority[slots] = p
+        scaled = self._scaled(p)
+        self.sum.update(slots, scaled)
+        self.min.update(slots, np.where(gens > 0, scaled, np.inf))
+
+    def invalidate(self, slots: np.ndarray) -> None:
+        """Hide slots (being overwritten) from sampling."""
+        slots = np.asarray(slots, dtype=np.int64)
+        if slots.size:
+            self._set(slots, np.zeros(len(slots), np.int64), np.zeros(len(slots)))
+
+    def update(self, slots: np.ndarray, gens: np.ndarray, priorities: np.ndarray) -> int:
+        """Set new priorities where the slot still holds generation ``gens``.
+
+        Returns:
+            int: updates dropped because their row was overwritten.
+
+        Raises:
+            ValueError: a negative, NaN or infinite priority (nothing applied).
+        """
+        p = check_priorities(priorities)
+        slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+        gens = np.asarray(gens, dtype=np.int64).reshape(-1)
+        if not (len(slots) == len(gens) == len(p)):
+            raise ValueError(f"slots, gens and priorities differ in length: "
+                             f"{len(slots)}, {len(gens)}, {len(p)}")
+        if slots.size and (slots.min() < 0 or slots.max() >= self.capacity):
+            raise ValueError(f"slot outside [0, {self.capacity})")
+        live = (self.gens[slots] == gens) & (gens > 0)
+        dropped = int(len(slots) - np.count_nonzero(live))
+        if live.any():
+            self._set(slots[live], gens[live], p[live])
+            self.max_priority = max(self.max_priority, float(p[live].max()))
+        self.dropped_updates += dropped
+        self.applied_updates += len(slots) - dropped
+        return dropped

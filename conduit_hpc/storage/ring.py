@@ -1,0 +1,339 @@
+"""A shard: a ring of fixed-size slots in a transport segment, with a commit protocol.
+
+Byte layout of one shard (every block 64-byte aligned), starting at ``base``::
+
+    header   int64[8]         [0] reserve cursor  (next sequence number to hand out)
+                              [1] commit cursor   (every seq below it is committed)
+    stamps   int64[capacity]  stamp[slot] = seq + 1 of the row committed there (0: empty)
+    priority float64[capacity] initial priority given by the writer (NaN: none)
+    column   per spec field   field[capacity, *shape] of the field's dtype
+
+Protocol (sequence numbers ``seq`` are global to the shard, ``slot = seq % capacity``):
+
+* **Write** (any rank, several at once): reserve ``n`` seqs with one atomic fetch-add on
+  the reserve cursor; if that laps the ring, wait until the owner's commit cursor shows
+  that every row being overwritten has been committed (so two writers never write the
+  same slot at once); put the columns (at most two contiguous pieces per field: the ring
+  may wrap); flush; put the stamps ``seq + 1``; flush.
+* **Commit** (owner only): scan stamps from the commit cursor and advance it over every
+  slot whose stamp shows its expected seq. Rows become visible to samplers only then.
+* **Read** (any rank): copy rows of sampled slots, then read the reserve cursor ``R``; a
+  row of sequence ``q`` is intact iff ``q + capacity >= R`` - no writer has yet been
+  handed the seq that overwrites it. Stale or torn rows are therefore detected, never
+  returned.
+
+Storage never sees an ``MPI.Win``: it talks to a :class:`~conduit_hpc.transport.base.Transport`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DataPlaneTimeout, SpecError
+from ..spec import Spec
+from ..transport.base import Transport
+
+__all__ = ["RingSegment", "ShardLayout", "ShardRing", "ring_segments"]
+
+_ALIGN = 64
+H_RESERVE = 0
+H_COMMIT = 1
+HEADER_BYTES = 64
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclass(frozen=True, slots=True)
+class RingSegment:
+    """A contiguous run of slots: ``count`` rows from ``slot`` on, taken from offset
+    ``src`` of the batch."""
+
+    slot: int
+    count: int
+    src: int
+
+
+def ring_segments(first_seq: int, n: int, capacity: int) -> tuple[RingSegment, ...]:
+    """Split sequence numbers ``first_seq .. first_seq+n-1`` into at most two
+    contiguous slot runs of a ring of ``capacity`` slots.
+
+    Raises:
+        ValueError: ``n`` outside ``[0, capacity]`` or a negative ``first_seq``.
+    """
+    if first_seq < 0:
+        raise ValueError(f"first_seq must be >= 0, got {first_seq!r}")
+    if not 0 <= n <= capacity:
+        raise ValueError(f"n must be in [0, {capacity}], got {n!r}")
+    if n == 0:
+        return ()
+    start = first_seq % capacity
+    head = min(n, capacity - start)
+    if head == n:
+        return (RingSegment(start, n, 0),)
+    return (RingSegment(start, head, 0), RingSegment(0, n - head, head))
+
+
+class ShardLayout:
+    """Byte offsets of one shard's blocks, relative to the shard's base. Immutable.
+
+    Args:
+        spec (Spec): the row schema.
+        capacity (int): slots in the ring.
+
+    Attributes:
+        stamps_offset (int), priority_offset (int): block offsets.
+        column_offsets (dict[str, int]): offset of each field's column.
+        nbytes (int): bytes the shard takes.
+    """
+
+    __slots__ = ("capacity", "column_offsets", "nbytes", "priority_offset", "spec",
+                 "stamps_offset")
+
+    def __init__(self, spec: Spec, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be > 0, got {capacity!r}")
+        self.spec = spec
+        self.capacity = int(capacity)
+        self.stamps_offset = HEADER_BYTES
+        self.priority_offset = _align(self.stamps_offset + 8 * capacity)
+        off = _align(self.priority_offset + 8 * capacity)
+        self.column_offsets: dict[str, int] = {}
+        for f in spec:
+            self.column_offsets[f.name] = off
+            off = _align(off + f.row_bytes * capacity)
+        self.nbytes = off
+
+    @staticmethod
+    def bytes_for(spec: Spec, capacity: int) -> int:
+        """Bytes a shard of ``capacity`` rows of ``spec`` takes."""
+        return ShardLayout(spec, capacity).nbytes
+
+    def column(self, name: str) -> int:
+        return self.column_offsets[name]
+
+    def views(self, segment: np.ndarray, base: int) -> ShardViews:
+        """Typed numpy views of the shard inside a directly mapped ``uint8`` segment."""
+        def arr(off: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+            count = int(np.prod(shape, dtype=np.int64))
+            raw = segment[base + off: base + off + count * dtype.itemsize]
+            return raw.view(dtype).reshape(shape)
+
+        i64, f64 = np.dtype(np.int64), np.dtype(np.float64)
+        cols = {f.name: arr(self.column(f.name), f.dtype, (self.capacity, *f.shape))
+                for f in self.spec}
+        return ShardViews(header=arr(0, i64, (8,)),
+                          stamps=arr(self.stamps_offset, i64, (self.capacity,)),
+                          priority=arr(self.priority_offset, f64, (self.capacity,)),
+                          columns=cols)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardViews:
+    """Numpy views of a directly mapped shard."""
+
+    header: np.ndarray
+    stamps: np.ndarray
+    priority: np.ndarray
+    columns: dict[str, np.ndarray]
+
+
+class ShardRing:
+    """Client of one shard: writes (actors), commit scans (owner) and reads (learners).
+
+    Local object; the operations are one-sided through ``transport``. Uses direct numpy
+    loads/stores when the transport maps the owner's segment into this process.
+
+    Args:
+        transport (Transport): the byte mover.
+        owner_rank (int): rank that holds the shard's memory.
+        base (int): byte displacement of the shard inside the owner's segment.
+        layout (ShardLayout): the shard's layout.
+        timeout_s (float): bound on waiting for a lapped writer.
+        poll_interval_s (float): sleep between polls while waiting.
+    """
+
+    def __init__(self, transport: Transport, owner_rank: int, base: int, layout: ShardLayout,
+                 *, timeout_s: float = 60.0, poll_interval_s: float = 0.0002) -> None:
+        self.transport = transport
+        self.owner = owner_rank
+        self.base = base
+        self.layout = layout
+        self.capacity = layout.capacity
+        self.timeout_s = timeout_s
+        self.poll_interval_s = poll_interval_s
+        seg = transport.local_view(owner_rank)
+        self.views: ShardViews | None = layout.views(seg, base) if seg is not None else None
+        self.rows_written = 0
+        self.lap_waits = 0
+
+    @property
+    def direct(self) -> bool:
+        """Whether this process loads/stores the shard directly."""
+        return self.views is not None
+
+    # -- cursors -------------------------------------------------------------------
+    def reserve_cursor(self) -> int:
+        """Next sequence number a writer will be handed (atomic read)."""
+        return self.transport.atomic_read(self.owner, self.base + 8 * H_RESERVE)
+
+    def commit_cursor(self) -> int:
+        """Every seq below this is committed (atomic read)."""
+        return self.transport.atomic_read(self.owner, self.base + 8 * H_COMMIT)
+
+    # -- writer --------------------------------------------------------------------
+    def write(self, batch: dict[str, np.ndarray], priorities: np.ndarray | None = None) -> int:
+        """Append a validated batch; returns the first sequence number. Blocks only while
+        a writer one lap behind finishes (bounded by ``timeout_s``).
+
+        Args:
+            batch (dict[str, np.ndarray]): output of :meth:`Spec.validate`.
+            priorities (np.ndarray | None): float64 initial priority per row, or None.
+
+        Raises:
+            SpecError: more rows than the shard's capacity.
+            DataPlaneTimeout: a lapped writer did not commit within ``timeout_s``.
+        """
+        n = self.layout.spec.rows_of(batch)
+        if n > self.capacity:
+            raise SpecError(f"batch of {n} rows exceeds the shard capacity of "
+                            f"{self.capacity} rows; split it or raise storage.capacity_rows")
+        if n == 0:
+            return self.reserve_cursor()
+        prio = (np.full(n, np.nan) if priorities is None
+                else np.ascontiguousarray(priorities, dtype=np.float64))
+        t = self.transport
+        first = t.fetch_add(self.owner, self.base + 8 * H_RESERVE, n)
+        self._wait_lap(first + n - self.capacity)
+        segs = ring_segments(first, n, self.capacity)
+        gens = np.arange(first + 1, first + n + 1, dtype=np.int64)
+        lay = self.layout
+        if self.views is not None:
+            v = self.views
+            for s in segs:
+                dst, src = slice(s.slot, s.slot + s.count), slice(s.src, s.src + s.count)
+                for name, col in v.columns.items():
+                    col[dst] = batch[name][src]
+                v.priority[dst] = prio[src]
+            t.sync()
+            for s in segs:
+                v.stamps[s.slot:s.slot + s.count] = gens[s.src:s.src + s.count]
+            t.sync()
+        else:
+            for s in segs:
+                for f in lay.spec:
+                    off = self.base + lay.column(f.name) + s.slot * f.row_bytes
+                    t.put(self.owner, off, batch[f.name][s.src:s.src + s.count])
+                t.put(self.owner, self.base + lay.priority_offset + 8 * s.slot,
+                      prio[s.src:s.src + s.count])
+            t.flush(self.owner)
+            for s in segs:
+                t.put(self.owner, self.base + lay.stamps_offset + 8 * s.slot,
+                      gens[s.src:s.src + s.count])
+            t.flush(self.owner)
+        self.rows_written += n
+        return first
+
+    def _wait_lap(self, need: int) -> None:
+        if need <= 0:
+            return
+        deadline = time.monotonic() + self.timeout_s
+        waited = False
+        while self.commit_cursor() < need:
+            waited = True
+            if time.monotonic() > deadline:
+                raise DataPlaneTimeout(
+                    f"waited {self.timeout_s:.1f} s for rows before seq {need} of the shard "
+                    f"on rank {self.owner} to commit; is its owner still serving?")
+            time.sleep(self.poll_interval_s)
+        self.lap_waits += waited
+
+    # -- owner ---------------------------------------------------------------------
+    def advance_commits(self) -> tuple[int, int]:
+        """Owner only: move the commit cursor over newly committed rows.
+
+        Returns:
+            tuple[int, int]: the old and new commit cursor; seqs in between became
+            visible.
+        """
+        v = self.views
+        if v is None:
+            raise RuntimeError("advance_commits() must run on the shard's owner")
+        old = int(v.header[H_COMMIT])
+        reserved = self.reserve_cursor()
+        if reserved == old:
+            return old, old
+        self.transport.sync()
+        seqs = np.arange(old, reserved, dtype=np.int64)
+        ok = v.stamps[seqs % self.capacity] == seqs + 1
+        bad = np.flatnonzero(~ok)
+        new = old + (int(bad[0]) if bad.size else len(seqs))
+        if new != old:
+            self.transport.atomic_write(self.owner, self.base + 8 * H_COMMIT, new)
+        return old, new
+
+    # -- reader --------------------------------------------------------------------
+    def stamps_of(self, slots: np.ndarray) -> np.ndarray:
+        """Current stamps (``seq + 1``, 0 empty) of ``slots``."""
+        slots = np.asarray(slots, dtype=np.int64)
+        if self.views is not None:
+            self.transport.sync()
+            return self.views.stamps[slots].copy()
+        out = np.empty(len(slots), dtype=np.int64)
+        for i, s in enumerate(slots):  # small, used by tests and checks only
+            self.transport.get(self.owner, self.base + self.layout.stamps_offset + 8 * int(s),
+                               out[i:i + 1])
+        self.transport.flush(self.owner)
+        return out
+
+    def gather(self, slots: np.ndarray,
+               out: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], int]:
+        """Copy the rows of ``slots`` and return them with the reserve cursor read
+        *after* the copy; a row of seq ``q`` is intact iff ``q + capacity >= cursor``.
+
+        One indexed get per field when remote, ``np.take`` when direct. Blocks until the
+        data is here.
+
+        Args:
+            slots (np.ndarray): slot indices (any order, repeats allowed).
+            out (dict[str, np.ndarray] | None): preallocated destination arrays.
+        """
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        n = len(slots)
+        spec = self.layout.spec
+        if out is None:
+            out = spec.empty(n)
+        t = self.transport
+        if self.views is not None:
+            for f in spec:
+                np.take(self.views.columns[f.name], slots, axis=0, out=out[f.name][:n])
+            t.sync()
+        elif n:
+            for f in spec:
+                t.get_blocks(self.owner, self.base + self.layout.column(f.name), f.row_bytes,
+                             slots * f.row_bytes, out[f.name][:n])
+            t.flush(self.owner)
+        return out, self.reserve_cursor()
+
+    def read_committed(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+        """Every committed row currently held, oldest first (owner or direct readers).
+
+        Returns:
+            tuple: (seqs, columns, initial priorities).
+        """
+        v = self.views
+        if v is None:
+            raise RuntimeError("read_committed() needs direct access to the shard")
+        self.transport.sync()
+        commit = int(v.header[H_COMMIT])
+        lo = max(0, commit - self.capacity)
+        seqs = np.arange(lo, commit, dtype=np.int64)
+        slots = seqs % self.capacity
+        keep = v.stamps[slots] == seqs + 1
+        seqs, slots = seqs[keep], slots[keep]
+        cols = {n: c[slots].copy() for n, c in v.columns.items()}
+        return seqs, cols, v.priority[slots].copy()

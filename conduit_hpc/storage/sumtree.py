@@ -1,0 +1,150 @@
+"""Vectorised sum-tree and min-tree over a fixed number of leaves.
+
+Both trees are flat numpy arrays of ``2 * P`` nodes (``P`` the next power of two of the
+capacity; node 1 is the root, leaves start at ``P``). Updates recompute each touched
+parent from its two children level by level, so repeated updates never drift; there is
+no per-row Python loop anywhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["MinTree", "SumTree"]
+
+
+class _Tree:
+    _fill: float
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be > 0, got {capacity!r}")
+        self.capacity = int(capacity)
+        p = 1
+        while p < capacity:
+            p *= 2
+        self._p = p
+        self._depth = p.bit_length() - 1
+        self._tree = np.full(2 * p, self._fill, dtype=np.float64)
+
+    def _combine(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _check_index(self, idx: np.ndarray) -> None:
+        if idx.size and (idx.min() < 0 or idx.max() >= self.capacity):
+            bad = idx[(idx < 0) | (idx >= self.capacity)][0]
+            raise IndexError(f"leaf index {int(bad)} outside [0, {self.capacity})")
+
+    def update(self, indices: np.ndarray, values: np.ndarray) -> None:
+        """Set leaves ``indices`` to ``values`` (later duplicates win) and fix parents."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size == 0:
+            return
+        self._check_index(idx)
+        vals = np.broadcast_to(np.asarray(values, dtype=np.float64), idx.shape)
+        nodes = idx + self._p
+        self._tree[nodes] = vals
+        nodes = np.unique(nodes >> 1)
+        while nodes[0] >= 1:
+            self._tree[nodes] = self._combine(self._tree[2 * nodes], self._tree[2 * nodes + 1])
+            if nodes[0] == 1:
+                break
+            nodes = np.unique(nodes >> 1)
+
+    def set_range(self, start: int, values: np.ndarray) -> None:
+        """Set the contiguous leaves ``start .. start+len(values)-1`` (no wrap)."""
+        self.update(np.arange(start, start + len(values), dtype=np.int64), values)
+
+    def __getitem__(self, indices: np.ndarray | int) -> np.ndarray:
+        idx = np.asarray(indices, dtype=np.int64)
+        self._check_index(idx.reshape(-1))
+        return self._tree[idx + self._p]
+
+    @property
+    def leaves(self) -> np.ndarray:
+        """Read-only view of the ``capacity`` leaf values."""
+        v = self._tree[self._p:self._p + self.capacity]
+        v.flags.writeable = False
+        return v
+
+    def state(self) -> np.ndarray:
+        """Leaf values as a copy (for checkpoints)."""
+        return self._tree[self._p:self._p + self.capacity].copy()
+
+    def load(self, leaves: np.ndarray) -> None:
+        """Replace every leaf and rebuild the tree."""
+        leaves = np.asarray(leaves, dtype=np.float64)
+        if leaves.shape != (self.capacity,):
+            raise ValueError(f"leaves must have shape ({self.capacity},), got {leaves.shape}")
+        self._tree[:] = self._fill
+        self._tree[self._p:self._p + self.capacity] = leaves
+        for level in range(self._depth - 1, -1, -1):
+            lo, hi = 1 << level, 1 << (level + 1)
+            nodes = np.arange(lo, hi)
+            self._tree[lo:hi] = self._combine(self._tree[2 * nodes], self._tree[2 * nodes + 1])
+
+
+class SumTree(_Tree):
+    """Sums of non-negative leaf values with vectorised prefix search.
+
+    Args:
+        capacity (int): number of leaves.
+    """
+
+    _fill = 0.0
+
+    def _combine(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a + b
+
+    def update(self, indices: np.ndarray, values: np.ndarray) -> None:
+        vals = np.asarray(values, dtype=np.float64)
+        if vals.size and not (np.isfinite(vals).all() and (vals >= 0).all()):
+            bad = vals.reshape(-1)[~(np.isfinite(vals.reshape(-1)) & (vals.reshape(-1) >= 0))][0]
+            raise ValueError(f"sum-tree values must be finite and >= 0, got {bad!r}")
+        super().update(indices, vals)
+
+    @property
+    def total(self) -> float:
+        """Sum of all leaves."""
+        return float(self._tree[1])
+
+    def prefix_search(self, targets: np.ndarray) -> np.ndarray:
+        """For each target mass ``t`` in ``[0, total)``, the leaf ``i`` with
+        ``sum(leaves[:i]) <= t < sum(leaves[:i+1])``; never a zero-valued leaf.
+
+        Raises:
+            ValueError: the tree is empty (total 0).
+        """
+        t = np.array(targets, dtype=np.float64, copy=True).reshape(-1)
+        if self.total <= 0:
+            raise ValueError("cannot search a sum-tree whose total is 0")
+        np.clip(t, 0.0, np.nextafter(self.total, 0.0), out=t)
+        node = np.ones(t.shape, dtype=np.int64)
+        tree = self._tree
+        for _ in range(self._depth):
+            left = 2 * node
+            lv = tree[left]
+            go_right = (t >= lv) & (tree[left + 1] > 0)
+            # a target that rounding pushed past a subtree with no mass stays left
+            go_right |= lv <= 0
+            t = np.where(go_right, t - lv, t)
+            node = left + go_right
+        return node - self._p
+
+
+class MinTree(_Tree):
+    """Minimum over leaves; empty leaves hold ``+inf``.
+
+    Args:
+        capacity (int): number of leaves.
+    """
+
+    _fill = float("inf")
+
+    def _combine(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.minimum(a, b)
+
+    @property
+    def min(self) -> float:
+        """Smallest leaf (``inf`` when every leaf is empty)."""
+        return float(self._tree[1])

@@ -1,0 +1,150 @@
+"""Point-to-point messages of raw bytes, with timeouts.
+
+A :class:`Channel` carries small control messages and bulk replies between ranks:
+payloads are numpy arrays sent as bytes (no pickling); the receiver knows the layout
+from the tag. Every blocking receive polls with a deadline, so a lost peer becomes a
+:class:`~conduit_hpc.errors.DataPlaneTimeout`, never a hang.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import DataPlaneTimeout, TransportError
+
+__all__ = ["Channel", "Message"]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A received message.
+
+    Attributes:
+        source (int): sender's rank in the channel's communicator.
+        tag (int): message tag.
+        payload (np.ndarray): the bytes, as ``uint8``.
+    """
+
+    source: int
+    tag: int
+    payload: np.ndarray
+
+    def view(self, dtype: np.dtype | type | str) -> np.ndarray:
+        """The payload reinterpreted as ``dtype`` (no copy)."""
+        return self.payload.view(dtype)
+
+
+class Channel:
+    """Tagged byte messages over a private duplicate of ``comm``.
+
+    **Collective** on ``comm`` at construction and :meth:`close`. One thread per process
+    uses a channel.
+
+    Args:
+        comm (MPI.Comm): the ranks that talk; duplicated once.
+        poll_interval_s (float): sleep between polls while waiting.
+    """
+
+    def __init__(self, comm: MPI.Comm, *, poll_interval_s: float = 0.0002) -> None:
+        self._comm = comm.Dup()
+        self._poll = poll_interval_s
+        self._pending: list[tuple[MPI.Request, np.ndarray]] = []
+        self._closed = False
+
+    @property
+    def comm(self) -> MPI.Comm:
+        return self._comm
+
+    @property
+    def rank(self) -> int:
+        return self._comm.Get_rank()
+
+    @property
+    def size(self) -> int:
+        return self._comm.Get_size()
+
+    @staticmethod
+    def _raw(payload: np.ndarray) -> np.ndarray:
+        arr = np.ascontiguousarray(payload)
+        return arr.reshape(-1).view(np.uint8)
+
+    def send(self, dest: int, tag: int, payload: np.ndarray) -> None:
+        """Send ``payload``'s bytes; may block until the receiver posts a match."""
+        self._check()
+        self._comm.Send([self._raw(payload), MPI.BYTE], dest, tag)
+
+    def isend(self, dest: int, tag: int, payload: np.ndarray) -> None:
+        """Send without blocking; the channel keeps the buffer alive until completion."""
+        self._check()
+        raw = self._raw(payload).copy()
+        req = self._comm.Isend([raw, MPI.BYTE], dest, tag)
+        self._pending.append((req, raw))  # the buffer lives until the send completes
+        self._reap()
+
+    def _reap(self) -> None:
+        if self._pending:
+            self._pending = [(r, b) for r, b in self._pending if not r.Test()]
+
+    def poll(self, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG) -> Message | None:
+        """Receive one matching message if one has arrived, else ``None``. Never blocks."""
+        self._check()
+        self._reap()
+        status = MPI.Status()
+        msg = self._comm.Improbe(source, tag, status)
+        if msg is None:
+            return None
+        n = status.Get_count(MPI.BYTE)
+        buf = np.empty(n, dtype=np.uint8)
+        msg.Recv([buf, MPI.BYTE])
+        return Message(status.Get_source(), status.Get_tag(), buf)
+
+    def recv(self, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG, *,
+             timeout_s: float, what: str = "a message") -> Message:
+        """Wait for a matching message. Blocks at most ``timeout_s`` seconds.
+
+        Raises:
+            DataPlaneTimeout: nothing matching arrived in time (names ``what``).
+        """
+        deadline = time.monotonic() + timeout_s
+        spins = 0
+        while True:
+            m = self.poll(source, tag)
+            if m is not None:
+                return m
+            if time.monotonic() > deadline:
+                raise DataPlaneTimeout(f"waited {timeout_s:.1f} s for {what} "
+                                       f"(source {source}, tag {tag}) on rank {self.rank}")
+            spins += 1
+            if spins > 50:
+                time.sleep(self._poll)
+
+    def drain(self, timeout_s: float) -> None:
+        """Wait for every ``isend`` to complete. Blocks at most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self._pending:
+            self._reap()
+            if self._pending and time.monotonic() > deadline:
+                raise DataPlaneTimeout(f"{len(self._pending)} sends did not complete in "
+                                       f"{timeout_s:.1f} s on rank {self.rank}")
+            if self._pending:
+                time.sleep(self._poll)
+
+    def _check(self) -> None:
+        if self._closed:
+            raise TransportError("channel used after close()")
+
+    def close(self) -> None:
+        """Free the communicator. **Collective**; idempotent. Cancels nothing: call
+        :meth:`drain` first."""
+        if self._closed:
+            return
+        self._closed = True
+        for r, _ in self._pending:
+            r.Cancel()
+            r.Free()
+        self._pending = []
+        self._comm.Free()

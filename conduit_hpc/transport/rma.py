@@ -1,0 +1,231 @@
+"""One-sided MPI RMA windows: how bytes move to and from replay memory.
+
+An :class:`RmaWindow` is collective over a communicator; every rank contributes a local
+segment (possibly empty) and may ``put``/``get``/``fetch_add`` into any rank's segment
+with passive-target synchronisation (one ``Lock_all`` epoch for the window's lifetime,
+``Flush`` to complete operations).
+
+Where the target shares a node with the caller and shared memory is allowed, the
+segment is also mapped into the caller's address space (``Win.Allocate_shared`` on the
+node communicator) and :meth:`RmaWindow.local_view` returns a numpy view of it: readers
+and writers then copy with plain numpy, with zero MPI calls on the data path. Ranks on
+other nodes reach the same memory through a ``Win.Create`` window over the whole
+communicator. Atomics always go through one window so that they stay atomic with
+respect to each other.
+
+Nothing here knows about experience, shards or roles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import TransportError
+
+__all__ = ["RmaWindow"]
+
+_ALIGN = 64
+
+
+class RmaWindow:
+    """A window with one segment per rank of ``comm``.
+
+    **Collective** on ``comm`` (construction and :meth:`close`); all other methods are
+    local and one-sided. Not thread-safe: one thread per process uses a window.
+
+    Args:
+        comm (MPI.Comm): the ranks that take part.
+        nbytes (int): size of this rank's segment in bytes (0 allowed).
+        node_comm (MPI.Comm | None): ranks of ``comm`` that share this rank's node
+            (``Split_type(COMM_TYPE_SHARED)`` or an emulated node); ``None`` disables
+            shared memory.
+        shared (bool): allow direct load/store to segments of node-local ranks.
+
+    Raises:
+        TransportError: a negative size.
+    """
+
+    def __init__(self, comm: MPI.Comm, nbytes: int, *, node_comm: MPI.Comm | None,
+                 shared: bool = True) -> None:
+        if nbytes < 0:
+            raise TransportError(f"nbytes must be >= 0, got {nbytes!r}")
+        self._comm = comm
+        self._closed = False
+        self._shm: MPI.Win | None = None
+        self._views: dict[int, np.ndarray] = {}
+        size = comm.Get_size()
+        alloc = max(int(nbytes), 1)
+        alloc = (alloc + _ALIGN - 1) // _ALIGN * _ALIGN
+        use_shared = shared and node_comm is not None
+        # every rank must take the same branch: agree on it
+        use_shared = bool(comm.allreduce(use_shared, op=MPI.LAND))
+        if use_shared:
+            assert node_comm is not None
+            self._shm = MPI.Win.Allocate_shared(alloc, 1, comm=node_comm)
+            node_group = node_comm.Get_group()
+            comm_group = comm.Get_group()
+            node_ranks = MPI.Group.Translate_ranks(node_group, list(range(node_comm.Get_size())),
+                                                   comm_group)
+            node_group.Free()
+            comm_group.Free()
+            for node_rank, rank in enumerate(node_ranks):
+                buf, _ = self._shm.Shared_query(node_rank)
+                self._views[int(rank)] = np.frombuffer(buf, dtype=np.uint8)
+            all_local = bool(comm.allreduce(node_comm.Get_size() == size, op=MPI.LAND))
+            if all_local:
+                self._win = self._shm
+                self._owns_second = False
+            else:
+                mem = self._shm.tomemory()
+                self._win = MPI.Win.Create(mem, 1, comm=comm)
+                self._owns_second = True
+        else:
+            self._win = MPI.Win.Allocate(alloc, 1, comm=comm)
+            self._owns_second = False
+            mine = np.frombuffer(self._win.tomemory(), dtype=np.uint8)[:alloc]
+            self._own = mine
+        self._nbytes = alloc
+        self._sizes = np.asarray(comm.allgather(alloc), dtype=np.int64)
+        self._win.Lock_all(MPI.MODE_NOCHECK)
+        if self._owns_second:
+            assert self._shm is not None
+            self._shm.Lock_all(MPI.MODE_NOCHECK)
+        self._i64 = np.zeros(1, dtype=np.int64)
+        self._r64 = np.zeros(1, dtype=np.int64)
+
+    # -- introspection -------------------------------------------------------------
+    @property
+    def comm(self) -> MPI.Comm:
+        """The communicator the window spans."""
+        return self._comm
+
+    def segment_bytes(self, rank: int) -> int:
+        """Size of ``rank``'s segment (rounded up to 64 bytes)."""
+        return int(self._sizes[rank])
+
+    def local_view(self, rank: int) -> np.ndarray | None:
+        """A writable ``uint8`` view of ``rank``'s segment if this process can load/store
+        it directly (same node, shared memory allowed), else ``None``. Local."""
+        return self._views.get(rank)
+
+    def own_segment(self) -> np.ndarray:
+        """This rank's own segment as a ``uint8`` array (always directly accessible)."""
+        me = self._comm.Get_rank()
+        v = self._views.get(me)
+        return v if v is not None else self._own
+
+    # -- one-sided operations ------------------------------------------------------
+    def _check(self, rank: int, displacement: int, nbytes: int) -> None:
+        if self._closed:
+            raise TransportError("window used after close()")
+        if not 0 <= rank < len(self._sizes):
+            raise TransportError(f"target rank {rank} outside the window's communicator "
+                                 f"of size {len(self._sizes)}")
+        if displacement < 0 or displacement + nbytes > self._sizes[rank]:
+            raise TransportError(f"access of {nbytes} bytes at displacement {displacement} "
+                                 f"is outside rank {rank}'s segment of "
+                                 f"{int(self._sizes[rank])} bytes")
+
+    @staticmethod
+    def _bytes(buffer: np.ndarray) -> np.ndarray:
+        if not buffer.flags.c_contiguous:
+            raise TransportError("buffer must be C-contiguous")
+        return buffer.reshape(-1).view(np.uint8)
+
+    def put(self, target_rank: int, displacement: int, buffer: np.ndarray) -> None:
+        """Start copying ``buffer`` into ``target_rank``'s segment at byte
+        ``displacement``; complete with :meth:`flush`. Non-blocking, local."""
+        raw = self._bytes(buffer)
+        self._check(target_rank, displacement, raw.size)
+        self._win.Put([raw, MPI.BYTE], target_rank, (displacement, raw.size, MPI.BYTE))
+
+    def get(self, target_rank: int, displacement: int, buffer: np.ndarray) -> None:
+        """Start copying from ``target_rank``'s segment into ``buffer``; the data is
+        valid after :meth:`flush`. Non-blocking, local."""
+        raw = self._bytes(buffer)
+        self._check(target_rank, displacement, raw.size)
+        self._win.Get([raw, MPI.BYTE], target_rank, (displacement, raw.size, MPI.BYTE))
+
+    def get_blocks(self, target_rank: int, displacement: int, block_bytes: int,
+                   offsets: np.ndarray, buffer: np.ndarray) -> None:
+        """Start copying ``len(offsets)`` blocks of ``block_bytes`` each, found at
+        ``displacement + offsets[i]`` in ``target_rank``'s segment, one after another
+        into ``buffer`` - one MPI call with an indexed datatype. Complete with
+        :meth:`flush`. Non-blocking, local."""
+        raw = self._bytes(buffer)
+        offs = np.asarray(offsets, dtype=np.int64)
+        if raw.size != block_bytes * len(offs):
+            raise TransportError(f"buffer of {raw.size} bytes does not hold {len(offs)} "
+                                 f"blocks of {block_bytes} bytes")
+        if len(offs) == 0:
+            return
+        self._check(target_rank, displacement + int(offs.min()), 0)
+        self._check(target_rank, displacement + int(offs.max()), block_bytes)
+        dtype = MPI.BYTE.Create_hindexed_block(block_bytes, offs.tolist()).Commit()
+        try:
+            self._win.Get([raw, MPI.BYTE], target_rank, (displacement, 1, dtype))
+        finally:
+            dtype.Free()  # MPI keeps it alive until the operation completes
+
+    def fetch_add(self, target_rank: int, displacement: int, value: int) -> int:
+        """Atomically add ``value`` to the int64 at ``displacement`` and return the old
+        value. Blocks until the result is back (flushes the target)."""
+        self._check(target_rank, displacement, 8)
+        self._i64[0] = value
+        self._win.Fetch_and_op([self._i64, MPI.INT64_T], [self._r64, MPI.INT64_T],
+                               target_rank, displacement, MPI.SUM)
+        self._win.Flush(target_rank)
+        return int(self._r64[0])
+
+    def atomic_read(self, target_rank: int, displacement: int) -> int:
+        """Atomically read the int64 at ``displacement`` (``MPI_NO_OP``). Blocks."""
+        self._check(target_rank, displacement, 8)
+        self._win.Fetch_and_op([self._i64, MPI.INT64_T], [self._r64, MPI.INT64_T],
+                               target_rank, displacement, MPI.NO_OP)
+        self._win.Flush(target_rank)
+        return int(self._r64[0])
+
+    def atomic_write(self, target_rank: int, displacement: int, value: int) -> None:
+        """Atomically replace the int64 at ``displacement`` (``MPI_REPLACE``). Blocks."""
+        self._check(target_rank, displacement, 8)
+        self._i64[0] = value
+        self._win.Fetch_and_op([self._i64, MPI.INT64_T], [self._r64, MPI.INT64_T],
+                               target_rank, displacement, MPI.REPLACE)
+        self._win.Flush(target_rank)
+
+    def flush(self, target_rank: int | None = None) -> None:
+        """Complete every outstanding operation to ``target_rank`` (all targets when
+        ``None``), at origin and target. Blocks until done."""
+        if self._closed:
+            raise TransportError("window used after close()")
+        if target_rank is None:
+            self._win.Flush_all()
+        else:
+            self._win.Flush(target_rank)
+
+    def sync(self) -> None:
+        """Memory barrier between direct (numpy) loads/stores and other processes'."""
+        if self._shm is not None:
+            self._shm.Sync()
+        else:
+            self._win.Sync()
+
+    # -- lifetime ------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the window. **Collective** on ``comm``; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._views.clear()
+        self._win.Unlock_all()
+        if self._owns_second:
+            assert self._shm is not None
+            self._shm.Unlock_all()
+        self._win.Free()
+        if self._owns_second and self._shm is not None:
+            self._shm.Free()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Run tests/mpi under mpirun at each rank count given (default: 3 4 6).
+# `python -m mpi4py` aborts the whole job when a rank fails, and `timeout` bounds it.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/mpi_env.sh
+PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-600}
+sizes=("$@"); [ ${#sizes[@]} -eq 0 ] && sizes=(3 4 6)
+status=0
+for n in "${sizes[@]}"; do
+  echo "=== tests/mpi with $n ranks"
+  log=$(mktemp)
+  timeout -k 10 "$PER_RUN_TIMEOUT" mpirun -n "$n" python -m mpi4py -m pytest -q --with-mpi \
+      -p no:cacheprovider --color=no ${PYTEST_ARGS:-} tests/mpi >"$log" 2>&1
+  rc=$?
+  # every rank prints a summary: show rank 0's (the first), and all failures
+  grep -E "passed|failed|error" "$log" | sort | uniq -c
+  if [ $rc -ne 0 ]; then
+    echo "--- mpirun -n $n exited with $rc; log follows"
+    cat "$log"
+    status=1
+  fi
+  rm -f "$log"
+done
+exit $status
