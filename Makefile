@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(MPIENV) && $(BIN)/conduit-hpc run jobs/main.toml
+	$(MPIENV) && $(BIN)/conduit-hpc run jobs/synthetic.toml
 
 lint: $(STAMP)
 	$(BIN)/ruff check conduit_hpc tests bench jobs

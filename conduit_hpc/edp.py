@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
+from numpy.typing import ArrayLike
 
 from .buffer import BufferServer, OwnedShard, Tag
 from .config import Config
@@ -31,7 +32,21 @@ from .storage.ring import ShardLayout, ShardRing
 from .transport.channel import Channel
 from .transport.rma import RmaWindow
 
-__all__ = ["ExperienceDataPlane", "IngestStats"]
+__all__ = ["ExperienceDataPlane", "IngestReceipt", "IngestStats"]
+
+
+class IngestReceipt(NamedTuple):
+    """What one :meth:`ExperienceDataPlane.ingest` call wrote.
+
+    Attributes:
+        rows (int): rows written.
+        shard_id (int): the shard they went to.
+        first_seq (int): shard sequence number of the first row (rows are consecutive).
+    """
+
+    rows: int
+    shard_id: int
+    first_seq: int
 
 
 class IngestStats:
@@ -63,7 +78,7 @@ class ExperienceDataPlane:
 
     Args:
         config (Config): the job configuration; must be equal on every rank.
-        comm (MPI.Comm | None): the job's ranks (default ``COMM_WORLD``); a private
+        comm (MPI.Intracomm | None): the job's ranks (default ``COMM_WORLD``); a private
             duplicate is used.
         placement (Placement | None): where shards live; default: round-robin over
             buffer ranks (see :func:`~conduit_hpc.placement.plan_round_robin`).
@@ -74,7 +89,7 @@ class ExperienceDataPlane:
         SpecError: the config's spec is empty or invalid (on every rank).
     """
 
-    def __init__(self, config: Config, comm: MPI.Comm | None = None, *,
+    def __init__(self, config: Config, comm: MPI.Intracomm | None = None, *,
                  placement: Placement | None = None) -> None:
         comm = MPI.COMM_WORLD if comm is None else comm
         self.config = config
@@ -152,7 +167,8 @@ class ExperienceDataPlane:
                                f"{self.world_rank} is a {self.roles.role.value}")
 
     # -- ingest (actors) -----------------------------------------------------------
-    def ingest(self, batch: Mapping[str, object], priorities: object | None = None) -> int:
+    def ingest(self, batch: Mapping[str, object],
+               priorities: ArrayLike | None = None) -> IngestReceipt:
         """Validate a batch and append it to this actor's shard.
 
         Local (one-sided); blocks only while a writer a full ring behind finishes.
@@ -165,7 +181,7 @@ class ExperienceDataPlane:
                 ``None`` inserts at the shard's running maximum.
 
         Returns:
-            int: rows written.
+            IngestReceipt: rows written, the shard and the first sequence number.
 
         Raises:
             SpecError: the batch does not match the spec, or priorities are bad;
@@ -184,16 +200,16 @@ class ExperienceDataPlane:
             if len(prio) != n:
                 raise SpecError(f"priorities has {len(prio)} entries but the batch has "
                                 f"{n} rows")
+        sid = self.placement.actor_shards[self.world_rank]
         if n == 0:
-            return 0
-        ring = self.rings[self.placement.actor_shards[self.world_rank]]
-        ring.write(data, prio)
+            return IngestReceipt(0, sid, -1)
+        first = self.rings[sid].write(data, prio)
         st = self.ingest_stats
         st.rows += n
         st.batches += 1
         st.bytes += n * self.spec.row_bytes
         st.seconds += time.perf_counter() - t0
-        return n
+        return IngestReceipt(n, sid, first)
 
     # -- serve (buffers) -----------------------------------------------------------
     def serve(self) -> None:

@@ -33,21 +33,21 @@ class RoleComms:
     """The communicators of one rank.
 
     Attributes:
-        world (MPI.Comm): private duplicate of the job's communicator.
-        node (MPI.Comm): the ranks of ``world`` on this rank's node (real or emulated).
+        world (MPI.Intracomm): private duplicate of the job's communicator.
+        node (MPI.Intracomm): the ranks of ``world`` on this rank's node (real or emulated).
         role (Role): this rank's role.
-        actor (MPI.Comm | None): all actor ranks (``None`` unless an actor); likewise
+        actor (MPI.Intracomm | None): all actor ranks (``None`` unless an actor); likewise
             ``buffer`` and ``learner``.
         actor_ranks (tuple[int, ...]): world ranks of actors; likewise the others.
         node_of (tuple[int, ...]): node index of each world rank.
     """
 
-    world: MPI.Comm
-    node: MPI.Comm
+    world: MPI.Intracomm
+    node: MPI.Intracomm
     role: Role
-    actor: MPI.Comm | None
-    buffer: MPI.Comm | None
-    learner: MPI.Comm | None
+    actor: MPI.Intracomm | None
+    buffer: MPI.Intracomm | None
+    learner: MPI.Intracomm | None
     actor_ranks: tuple[int, ...]
     buffer_ranks: tuple[int, ...]
     learner_ranks: tuple[int, ...]
@@ -66,7 +66,7 @@ class RoleComms:
         return self.node.Get_rank()
 
     @property
-    def role_comm(self) -> MPI.Comm:
+    def role_comm(self) -> MPI.Intracomm:
         """The communicator of this rank's role."""
         c = {Role.ACTOR: self.actor, Role.BUFFER: self.buffer, Role.LEARNER: self.learner}
         comm = c[self.role]
@@ -101,14 +101,14 @@ class RoleComms:
         self.world.Free()
 
 
-def _node_split(world: MPI.Comm, emulate_nodes: int) -> tuple[MPI.Comm, tuple[int, ...]]:
+def _node_split(world: MPI.Intracomm, emulate_nodes: int) -> tuple[MPI.Intracomm, tuple[int, ...]]:
     rank, size = world.Get_rank(), world.Get_size()
     if emulate_nodes > 0:
         nodes = min(emulate_nodes, size)
         color = rank * nodes // size
-        node = world.Split(color, rank)
+        node: MPI.Intracomm = world.Split(color, rank)  # type: ignore[assignment]
     else:
-        node = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        node = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)  # type: ignore[assignment]
         leader = node.allreduce(rank, op=MPI.MIN)
         leaders = sorted(set(world.allgather(leader)))
         color = leaders.index(leader)
@@ -156,7 +156,7 @@ def _assign(layout: LayoutConfig,
     return roles, None
 
 
-def split_roles(comm: MPI.Comm, layout: LayoutConfig) -> RoleComms:
+def split_roles(comm: MPI.Intracomm, layout: LayoutConfig) -> RoleComms:
     """Split a private duplicate of ``comm`` into role communicators.
 
     **Collective** on ``comm``. Blocks until every rank of ``comm`` calls it.
@@ -175,10 +175,10 @@ def split_roles(comm: MPI.Comm, layout: LayoutConfig) -> RoleComms:
     me = roles[world.Get_rank()]
     ranks = {name: tuple(r for r, x in enumerate(roles) if x == name)
              for name in ("actor", "buffer", "learner")}
-    subs: dict[str, MPI.Comm | None] = {}
+    subs: dict[str, MPI.Intracomm | None] = {}
     for i, name in enumerate(("actor", "buffer", "learner")):
         color = i if me == name else MPI.UNDEFINED
-        c = world.Split(color, world.Get_rank())
+        c: MPI.Intracomm = world.Split(color, world.Get_rank())  # type: ignore[assignment]
         subs[name] = None if c == MPI.COMM_NULL else c
     return RoleComms(world=world, node=node, role=Role(me), actor=subs["actor"],
                      buffer=subs["buffer"], learner=subs["learner"],
@@ -186,12 +186,12 @@ def split_roles(comm: MPI.Comm, layout: LayoutConfig) -> RoleComms:
                      learner_ranks=ranks["learner"], node_of=node_of)
 
 
-def agree(comm: MPI.Comm, ok: bool) -> bool:
+def agree(comm: MPI.Intracomm, ok: bool) -> bool:
     """True on every rank iff ``ok`` is true on every rank. **Collective**."""
     return bool(comm.allreduce(bool(ok), op=MPI.LAND))
 
 
-def check_same_config(comm: MPI.Comm, config: Config) -> None:
+def check_same_config(comm: MPI.Intracomm, config: Config) -> None:
     """Raise :class:`ConfigMismatch` on every rank unless all ranks hold equal configs.
 
     **Collective** on ``comm`` (one all-gather of a 64-character digest).

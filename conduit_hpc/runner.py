@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -192,35 +193,66 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         cmd = ["mpirun", "-n", str(n), "--output", f"dir={(run_dir / 'logs').resolve()}", *py]
     budget = timeout_s or (cfg.run.duration_s + cfg.run.timeout_s + 60.0)
     (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
-    proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True)
-    try:
-        rc = proc.wait(timeout=budget)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        print(f"{ERROR_PREFIX}: job ran past its {budget:.0f} s budget and was stopped; "
-              f"logs in {run_dir / 'logs'}", file=sys.stderr)
-        return 124, run_dir
-    if not quiet:
-        _echo_rank0(run_dir)
+    with open(run_dir / "logs" / "launcher.log", "w") as launcher_log:
+        proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True,
+                                stdout=launcher_log, stderr=subprocess.STDOUT)
+        follower = _Follower(run_dir, quiet)
+        deadline = time.monotonic() + budget
+        rc: int | None = None
+        while rc is None:
+            try:
+                rc = proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                follower.pump()
+                if time.monotonic() > deadline:
+                    _stop(proc)
+                    follower.pump()
+                    print(f"{ERROR_PREFIX}: job ran past its {budget:.0f} s budget and was "
+                          f"stopped; logs in {run_dir / 'logs'}", file=sys.stderr)
+                    return 124, run_dir
+        follower.pump()
+        follower.finish()
     if rc != 0:
         print(first_error(run_dir) or f"{ERROR_PREFIX}: job exited with status {rc}; "
               f"logs in {run_dir / 'logs'}", file=sys.stderr)
     return rc, run_dir
 
 
-def _echo_rank0(run_dir: Path) -> None:
-    for name in ("stdout", "stderr"):
-        f = _rank_log(run_dir, 0, name)
-        if f is not None and f.stat().st_size:
-            text = f.read_text(errors="replace")
-            stream = sys.stdout if name == "stdout" else sys.stderr
-            stream.write(text)
-            stream.flush()
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+class _Follower:
+    """Copies what rank 0 writes to stdout onto ours while the job runs."""
+
+    def __init__(self, run_dir: Path, quiet: bool) -> None:
+        self.run_dir, self.quiet, self.pos, self.last = run_dir, quiet, 0, "\n"
+
+    def finish(self) -> None:
+        if self.last != "\n":
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
+    def pump(self) -> None:
+        if self.quiet:
+            return
+        f = _rank_log(self.run_dir, 0, "stdout")
+        if f is None:
+            return
+        with open(f, "rb") as fh:
+            fh.seek(self.pos)
+            chunk = fh.read()
+        if chunk:
+            self.pos += len(chunk)
+            text = chunk.decode(errors="replace")
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            self.last = text[-1]
 
 
 def _rank_log(run_dir: Path, rank: int, name: str) -> Path | None:

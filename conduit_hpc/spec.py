@@ -152,7 +152,8 @@ class Spec:
                 raise SpecError(f"field {f.name!r}: dtype {arr.dtype.name} does not cast "
                                 f"safely to {f.dtype.name}; convert it explicitly")
             if arr.ndim != 1 + len(f.shape) or tuple(arr.shape[1:]) != f.shape:
-                want = "(batch, " + ", ".join(map(str, f.shape)) + ")" if f.shape else "(batch,)"
+                want = ("(batch, " + ", ".join(map(str, f.shape)) + ")" if f.shape
+                        else "(batch,) for a scalar field")
                 raise SpecError(f"field {f.name!r}: shape {tuple(arr.shape)} does not match "
                                 f"{want}")
             if rows is None:

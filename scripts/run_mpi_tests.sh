@@ -14,7 +14,7 @@ for n in "${sizes[@]}"; do
       -p no:cacheprovider --color=no ${PYTEST_ARGS:-} tests/mpi >"$log" 2>&1
   rc=$?
   # every rank prints a summary: show rank 0's (the first), and all failures
-  grep -E "passed|failed|error" "$log" | sort | uniq -c
+  grep -aE "passed|failed|error" "$log" | sort | uniq -c
   if [ $rc -ne 0 ]; then
     echo "--- mpirun -n $n exited with $rc; log follows"
     cat "$log"

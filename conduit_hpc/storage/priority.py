@@ -9,13 +9,14 @@ that has since been overwritten is dropped, never applied to the new row.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .sumtree import MinTree, SumTree
 
 __all__ = ["PriorityIndex"]
 
 
-def check_priorities(priorities: np.ndarray, name: str = "priorities") -> np.ndarray:
+def check_priorities(priorities: ArrayLike, name: str = "priorities") -> np.ndarray:
     """Return priorities as float64, refusing negative, NaN or infinite values.
 
     Raises:
@@ -69,10 +70,10 @@ class PriorityIndex:
         slots = np.asarray(slots, dtype=np.int64)
         p = np.array(priorities, dtype=np.float64, copy=True)
         given = ~np.isnan(p)
+        p[~given] = self.max_priority  # the maximum seen before this batch
         if given.any():
             check_priorities(p[given])
             self.max_priority = max(self.max_priority, float(p[given].max()))
-        p[~given] = self.max_priority
         self._set(slots, np.asarray(gens, dtype=np.int64), p)
 
     def _set(self, slots: np.ndarray, gens: np.ndarray, p: np.ndarray) -> None:

@@ -45,18 +45,18 @@ class Channel:
     uses a channel.
 
     Args:
-        comm (MPI.Comm): the ranks that talk; duplicated once.
+        comm (MPI.Intracomm): the ranks that talk; duplicated once.
         poll_interval_s (float): sleep between polls while waiting.
     """
 
-    def __init__(self, comm: MPI.Comm, *, poll_interval_s: float = 0.0002) -> None:
+    def __init__(self, comm: MPI.Intracomm, *, poll_interval_s: float = 0.0002) -> None:
         self._comm = comm.Dup()
         self._poll = poll_interval_s
         self._pending: list[tuple[MPI.Request, np.ndarray]] = []
         self._closed = False
 
     @property
-    def comm(self) -> MPI.Comm:
+    def comm(self) -> MPI.Intracomm:
         return self._comm
 
     @property

@@ -29,15 +29,15 @@ _ALIGN = 64
 
 
 class RmaWindow:
-    """A window with one segment per rank of ``comm``.
+    """A window with one segment per rank of ``comm``; segments start zeroed.
 
     **Collective** on ``comm`` (construction and :meth:`close`); all other methods are
     local and one-sided. Not thread-safe: one thread per process uses a window.
 
     Args:
-        comm (MPI.Comm): the ranks that take part.
+        comm (MPI.Intracomm): the ranks that take part.
         nbytes (int): size of this rank's segment in bytes (0 allowed).
-        node_comm (MPI.Comm | None): ranks of ``comm`` that share this rank's node
+        node_comm (MPI.Intracomm | None): ranks of ``comm`` that share this rank's node
             (``Split_type(COMM_TYPE_SHARED)`` or an emulated node); ``None`` disables
             shared memory.
         shared (bool): allow direct load/store to segments of node-local ranks.
@@ -46,7 +46,7 @@ class RmaWindow:
         TransportError: a negative size.
     """
 
-    def __init__(self, comm: MPI.Comm, nbytes: int, *, node_comm: MPI.Comm | None,
+    def __init__(self, comm: MPI.Intracomm, nbytes: int, *, node_comm: MPI.Intracomm | None,
                  shared: bool = True) -> None:
         if nbytes < 0:
             raise TransportError(f"nbytes must be >= 0, got {nbytes!r}")
@@ -71,7 +71,7 @@ class RmaWindow:
             comm_group.Free()
             for node_rank, rank in enumerate(node_ranks):
                 buf, _ = self._shm.Shared_query(node_rank)
-                self._views[int(rank)] = np.frombuffer(buf, dtype=np.uint8)
+                self._views[int(rank)] = np.frombuffer(buf, dtype=np.uint8)  # type: ignore[call-overload]
             all_local = bool(comm.allreduce(node_comm.Get_size() == size, op=MPI.LAND))
             if all_local:
                 self._win = self._shm
@@ -83,10 +83,12 @@ class RmaWindow:
         else:
             self._win = MPI.Win.Allocate(alloc, 1, comm=comm)
             self._owns_second = False
-            mine = np.frombuffer(self._win.tomemory(), dtype=np.uint8)[:alloc]
+            mine = np.frombuffer(self._win.tomemory(),  # type: ignore[call-overload]
+                                 dtype=np.uint8)[:alloc]
             self._own = mine
         self._nbytes = alloc
-        self._sizes = np.asarray(comm.allgather(alloc), dtype=np.int64)
+        self.own_segment()[:] = 0  # segments start zeroed ...
+        self._sizes = np.asarray(comm.allgather(alloc), dtype=np.int64)  # ... before use
         self._win.Lock_all(MPI.MODE_NOCHECK)
         if self._owns_second:
             assert self._shm is not None
@@ -96,7 +98,7 @@ class RmaWindow:
 
     # -- introspection -------------------------------------------------------------
     @property
-    def comm(self) -> MPI.Comm:
+    def comm(self) -> MPI.Intracomm:
         """The communicator the window spans."""
         return self._comm
 

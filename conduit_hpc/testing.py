@@ -1,0 +1,90 @@
+"""Helpers for tests of code that runs on several ranks.
+
+Importing this module does not import MPI; the functions that need it import it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import Config
+
+__all__ = [
+    "REPO",
+    "checked_batch",
+    "make_config",
+    "mpirun",
+    "row_consistent",
+    "world_size",
+]
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: A spec whose rows say who wrote them and can be checked for tearing.
+CHECKED_SPEC: dict[str, dict[str, Any]] = {
+    "writer": {"dtype": "int32"},
+    "wseq": {"dtype": "int64"},
+    "payload": {"dtype": "int64", "shape": [6]},
+    "check": {"dtype": "uint64"},
+}
+
+
+def make_config(*, spec: Mapping[str, Mapping[str, Any]] | None = None,
+                cls: type[Config] = Config, **sections: Mapping[str, Any]) -> Config:
+    """A config from plain mappings: ``make_config(storage={"capacity_rows": 64})``."""
+    raw: dict[str, Any] = {"spec": dict(CHECKED_SPEC if spec is None else spec)}
+    raw["run"] = {"timeout_s": 60.0, **sections.pop("run", {})}
+    raw.update(sections)
+    return cls.from_dict(raw)
+
+
+def _payload(writer: np.ndarray, wseq: np.ndarray) -> np.ndarray:
+    base = (writer.astype(np.int64) << 40) + wseq.astype(np.int64) * 16
+    return base[:, None] + np.arange(6, dtype=np.int64)[None, :]
+
+
+def _check(writer: np.ndarray, wseq: np.ndarray) -> np.ndarray:
+    x = (writer.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ wseq.astype(np.uint64)
+    return x * np.uint64(0xBF58476D1CE4E5B9)
+
+
+def checked_batch(writer: int, first_wseq: int, rows: int) -> dict[str, np.ndarray]:
+    """Rows ``first_wseq .. first_wseq+rows-1`` of ``writer`` in :data:`CHECKED_SPEC`."""
+    w = np.full(rows, writer, dtype=np.int32)
+    s = np.arange(first_wseq, first_wseq + rows, dtype=np.int64)
+    with np.errstate(over="ignore"):
+        return {"writer": w, "wseq": s, "payload": _payload(w, s), "check": _check(w, s)}
+
+
+def row_consistent(cols: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Per row: whether payload and check agree with (writer, wseq) - False if torn."""
+    w, s = cols["writer"], cols["wseq"]
+    with np.errstate(over="ignore"):
+        ok = (cols["payload"] == _payload(w, s)).all(axis=1)
+        return ok & (cols["check"] == _check(w, s))
+
+
+def world_size() -> int:
+    """Size of ``COMM_WORLD`` (imports MPI)."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_size()
+
+
+def mpirun(n: int, args: Sequence[str], *, timeout_s: float = 120.0,
+           env: Mapping[str, str] | None = None,
+           cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m mpi4py ARGS`` on ``n`` ranks with a timeout; capture output."""
+    from .runner import mpi_env
+
+    cmd = ["mpirun", "-n", str(n), sys.executable, "-m", "mpi4py", *args]
+    full_env = mpi_env(os.environ if env is None else {**os.environ, **env})
+    return subprocess.run(cmd, env=full_env, cwd=cwd or REPO, capture_output=True, text=True,
+                          timeout=timeout_s, check=False)

@@ -1,0 +1,3 @@
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")

@@ -1,0 +1,73 @@
+"""End-to-end: the CLI starts real ranks with mpirun (every subprocess has a timeout)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conduit_hpc.testing import REPO
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "conduit_hpc.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_synthetic_job_runs_and_reports_ingest(tmp_path) -> None:
+    out = cli("run", "jobs/synthetic.toml", "--runs", str(tmp_path),
+              "--set", "run.duration_s=1.0")
+    assert out.returncode == 0, out.stderr
+    assert "ingested" in out.stdout and "rows/s" in out.stdout
+    # four actors each reported a non-zero row count
+    rows = [ln for ln in out.stdout.splitlines() if ln.startswith("│") and "│" in ln[1:]]
+    counts = [int(r.split("│")[2].strip().replace(",", "")) for r in rows]
+    assert len(counts) == 4 and all(c > 0 for c in counts)
+    run_dir = next(tmp_path.iterdir())
+    assert (run_dir / "config.toml").exists() and (run_dir / "logs").is_dir()
+
+
+def test_info_prints_mpi_roles_and_nodes() -> None:
+    out = cli("info", "-n", "3")
+    assert out.returncode == 0, out.stderr
+    assert "Open MPI" in out.stdout
+    assert "thread level  : multiple" in out.stdout
+    assert "world size    : 3" in out.stdout
+    assert out.stdout.count("learner") == 1 and out.stdout.count("buffer") == 1
+    assert "shares memory among world ranks [0, 1, 2]" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--set", "synthetic.batch_rows=0"], ["ConfigError", "synthetic.batch_rows", "> 0"]),
+        (["-n", "4"], ["WorldTooSmall", "needs 6 ranks", "world has 4"]),
+    ],
+)
+def test_failing_job_is_one_message_and_nonzero(tmp_path, args, fragments) -> None:
+    out = cli("run", "jobs/synthetic.toml", "--runs", str(tmp_path), *args)
+    assert out.returncode != 0
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
+    assert len(errors) == 1, out.stderr
+    for f in fragments:
+        assert f in errors[0]
+
+
+def test_bad_config_refused_before_any_rank_starts(tmp_path) -> None:
+    out = cli("run", "jobs/synthetic.toml", "--runs", str(tmp_path),
+              "--set", "storage.capacity_rows=-1")
+    assert out.returncode == 2
+    assert "storage.capacity_rows must be > 0, got -1" in out.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_ingest_benchmark_smoke() -> None:
+    out = cli("bench", "--json", "ingest", "--smoke", timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "single-core numpy memcpy" in out.stdout
+    import json
+
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["memcpy_gbps"] > 0
+    assert all(r["rows"] > 0 and r["ratio_to_memcpy"] > 0 for r in result["results"])

@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conduit_hpc import Spec, SpecError
+from conduit_hpc.spec import Field
+
+SPEC = Spec([Field("obs", np.dtype("float32"), (4,), allow_nan=False),
+             Field("action", np.dtype("int64"), ()),
+             Field("reward", np.dtype("float32"), ())])
+
+
+def good(n: int = 3) -> dict[str, np.ndarray]:
+    return {"obs": np.zeros((n, 4), np.float32), "action": np.arange(n),
+            "reward": np.ones(n, np.float32)}
+
+
+def test_valid_batch_is_normalised_without_copies() -> None:
+    b = good()
+    out = SPEC.validate(b)
+    assert list(out) == ["obs", "action", "reward"]
+    assert out["obs"] is b["obs"] or np.shares_memory(out["obs"], b["obs"])
+    assert SPEC.rows_of(out) == 3
+    assert SPEC.row_bytes == 16 + 8 + 4
+
+
+def test_safe_casts_are_accepted() -> None:
+    b = good()
+    b["action"] = np.arange(3, dtype=np.int16)
+    assert SPEC.validate(b)["action"].dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "fragment"),
+    [
+        (lambda b: b.pop("reward"), "reward", "missing"),
+        (lambda b: b.update(extra=np.zeros(3)), "extra", "not in the spec"),
+        (lambda b: b.update(obs=np.zeros((3, 4), np.float64)), "obs", "cast safely"),
+        (lambda b: b.update(action=np.zeros(3, np.float32)), "action", "cast safely"),
+        (lambda b: b.update(obs=np.zeros((3, 5), np.float32)), "obs", "shape (3, 5)"),
+        (lambda b: b.update(reward=np.zeros((3, 1), np.float32)), "reward", "scalar"),
+        (lambda b: b.update(action=np.arange(4)), "action", "4 rows"),
+        (lambda b: b["obs"].__setitem__((1, 2), np.nan), "obs", "NaN"),
+    ],
+)
+def test_each_bad_input_names_the_field(mutate, field: str, fragment: str) -> None:
+    b = good()
+    mutate(b)
+    with pytest.raises(SpecError) as info:
+        SPEC.validate(b)
+    assert isinstance(info.value, ValueError)
+    assert repr(field) in str(info.value) and fragment in str(info.value)
+
+
+def test_nan_allowed_where_spec_allows_it() -> None:
+    b = good()
+    b["reward"][0] = np.nan
+    SPEC.validate(b)
+
+
+def test_not_a_mapping_and_bad_specs() -> None:
+    with pytest.raises(SpecError, match="mapping"):
+        SPEC.validate([1, 2, 3])  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="at least one"):
+        Spec([])
+    with pytest.raises(SpecError, match="twice"):
+        Spec([Field("a", np.dtype("int8")), Field("a", np.dtype("int8"))])
+
+
+def test_equality_by_signature() -> None:
+    a = Spec.from_dict({"x": ("float32", (2,))})
+    assert a == Spec.from_dict({"x": (np.float32, (2,))})
+    assert a != Spec.from_dict({"x": ("float64", (2,))})
