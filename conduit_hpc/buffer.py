@@ -3,9 +3,11 @@
 A buffer rank holds shard memory in RMA windows and runs :class:`BufferServer`'s loop:
 it advances each shard's commit cursor, makes newly committed rows sampleable in the
 shard's :class:`~conduit_hpc.storage.PriorityIndex` (and hides rows that a writer has
-been handed for overwriting), and answers messages from other ranks. With the MPI
-wheels used here, one-sided traffic to a rank only progresses while it is inside MPI;
-the loop keeps entering MPI (see ``docs/sharp-bits.md``).
+been handed for overwriting), publishes the shard's statistics for samplers, and
+answers messages: prefix searches for learners (``edp``/``sync``), whole batches
+(``service``), priority updates, and "done". With the MPI wheels used here, one-sided
+traffic to a rank only progresses while it is inside MPI; the loop keeps entering MPI
+(see ``docs/sharp-bits.md``).
 
 The loop ends when every non-buffer rank has said it is done. It cannot block forever
 on a dead peer: a rank that fails raises, and jobs run under ``python -m mpi4py``, which
@@ -14,24 +16,31 @@ aborts the whole job on an uncaught exception.
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from .sampling import valid_sequence_starts
 from .storage.priority import PriorityIndex
 from .storage.ring import ShardRing
 from .transport.channel import Channel, Message
+from .wire import PriorityUpdate, SampleReply, SampleRequest, Tag, pack_rows
 
-__all__ = ["BufferServer", "OwnedShard", "Tag"]
+__all__ = ["BufferServer", "OwnedShard", "SequenceWindow", "Tag"]
 
 
-class Tag(enum.IntEnum):
-    """Message tags on the data plane's channel."""
+@dataclass(frozen=True, slots=True)
+class SequenceWindow:
+    """How the sequence sampler cuts windows (``length`` rows; ``episode_field`` and
+    ``stream_field`` name spec fields, or are empty)."""
 
-    DONE = 1  # a non-buffer rank will send nothing more
+    length: int
+    episode_field: str = ""
+    stream_field: str = ""
+    cross_episode: bool = False
+    refresh_s: float = 0.02
 
 
 @dataclass(eq=False)
@@ -42,13 +51,18 @@ class OwnedShard:
         shard_id (int): global shard number.
         ring (ShardRing): direct access to the memory.
         index (PriorityIndex): priorities of visible rows.
+        sequence (SequenceWindow | None): set when the sampler draws windows.
         hidden_upto (int): seqs below this that lap older rows have had those rows hidden.
     """
 
     shard_id: int
     ring: ShardRing
     index: PriorityIndex
+    sequence: SequenceWindow | None = None
     hidden_upto: int = 0
+    _starts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    _starts_at: float = -1.0
+    _dirty: bool = True
 
     @property
     def committed(self) -> int:
@@ -57,7 +71,7 @@ class OwnedShard:
         return int(self.ring.views.header[1])
 
     def poll(self) -> int:
-        """Advance commits and update the index. Returns rows made visible."""
+        """Advance commits, update the index, publish stats. Returns rows made visible."""
         ring, cap = self.ring, self.ring.capacity
         old, new = ring.advance_commits()
         if new > old:
@@ -66,6 +80,7 @@ class OwnedShard:
             slots = seqs % cap
             assert ring.views is not None
             self.index.insert(slots, seqs + 1, ring.views.priority[slots])
+            self._dirty = True
         # hide rows a writer has been handed for overwriting (seq q overwrites q - cap)
         reserved = ring.reserve_cursor()
         lo = max(self.hidden_upto, new, cap)
@@ -73,9 +88,63 @@ class OwnedShard:
             seqs = np.arange(lo, reserved, dtype=np.int64)
             slots = seqs % cap
             stale = self.index.gens[slots] == seqs - cap + 1
-            self.index.invalidate(slots[stale])
+            if stale.any():
+                self.index.invalidate(slots[stale])
+                self._dirty = True
         self.hidden_upto = max(self.hidden_upto, reserved)
+        if self._dirty:
+            self.publish()
         return new - old
+
+    # -- sampling ------------------------------------------------------------------
+    def _window_starts(self, force: bool = False) -> np.ndarray:
+        """Seqs that start a valid window (sequence sampler), cached briefly."""
+        seq = self.sequence
+        assert seq is not None and self.ring.views is not None
+        now = time.monotonic()
+        if not force and now - self._starts_at < seq.refresh_s:
+            return self._starts
+        cap = self.ring.capacity
+        commit = self.committed
+        lo = max(0, commit - cap)
+        seqs = np.arange(lo, commit, dtype=np.int64)
+        slots = seqs % cap
+        held = self.index.gens[slots] == seqs + 1
+        cols = self.ring.views.columns
+        ends = cols[seq.episode_field][slots].astype(bool) if seq.episode_field else None
+        stream = cols[seq.stream_field][slots] if seq.stream_field else None
+        starts = valid_sequence_starts(held, seq.length, episode_end=ends, stream=stream,
+                                       cross_episode=seq.cross_episode)
+        self._starts, self._starts_at = seqs[starts] if len(seqs) else starts, now
+        return self._starts
+
+    def publish(self) -> None:
+        """Publish held rows, total mass, min mass and max priority for samplers."""
+        ix = self.index
+        if self.sequence is not None:
+            starts = self._window_starts()
+            self.ring.publish_stats(len(starts), float(len(starts)), 1.0, ix.max_priority)
+        else:
+            self.ring.publish_stats(ix.count, ix.total, ix.min.min if ix.count else np.inf,
+                                    ix.max_priority)
+        self._dirty = False
+
+    def sample(self, targets: np.ndarray) -> SampleReply:
+        """Rows for mass offsets ``targets`` (window indices for sequences): slot,
+        generation and mass of each. Local."""
+        ix = self.index
+        if self.sequence is not None:
+            starts = self._window_starts()
+            if len(starts) == 0:
+                raise RuntimeError(f"shard {self.shard_id} has no valid sequence window")
+            pick = starts[np.clip(targets.astype(np.int64), 0, len(starts) - 1)]
+            slots = pick % self.ring.capacity
+            return SampleReply(0, self.shard_id, slots, pick + 1, np.ones(len(pick)),
+                               len(starts), float(len(starts)), 1.0)
+        slots = ix.sum.prefix_search(targets)
+        return SampleReply(0, self.shard_id, slots, ix.gens[slots].copy(),
+                           ix.sum[slots].copy(), ix.count, ix.total,
+                           ix.min.min if ix.count else np.inf)
 
 
 class BufferServer:
@@ -85,20 +154,82 @@ class BufferServer:
         shards (list[OwnedShard]): the shards this rank owns.
         channel (Channel): the data plane's message channel.
         peers (tuple[int, ...]): channel ranks that will each send :attr:`Tag.DONE`.
+        on_done (Callable[[int], None] | None): called with the rank of each peer that
+            says it is done (the data plane counts them in its control block).
         poll_interval_s (float): longest sleep between passes when idle.
+        seed (int): seed of the resampling of rows found torn in service mode.
     """
 
     def __init__(self, shards: list[OwnedShard], channel: Channel, peers: tuple[int, ...],
-                 *, poll_interval_s: float = 0.0002) -> None:
+                 *, on_done: Callable[[int], None] | None = None,
+                 poll_interval_s: float = 0.0002, seed: int = 0) -> None:
         self.shards = shards
+        self.by_id = {s.shard_id: s for s in shards}
         self.channel = channel
         self.waiting_for = set(peers)
         self.poll_interval_s = poll_interval_s
-        self.handlers: dict[int, Callable[[Message], None]] = {Tag.DONE: self._on_done}
+        self.on_done = on_done
+        self.rng = np.random.default_rng(seed)
+        self.handlers: dict[int, Callable[[Message], None]] = {
+            Tag.DONE: self._on_done, Tag.SAMPLE: self._on_sample,
+            Tag.SERVICE: self._on_service, Tag.PRIORITY: self._on_priority}
         self.passes = 0
+        self.samples_served = 0
+        self.rows_served = 0
 
+    # -- handlers ------------------------------------------------------------------
     def _on_done(self, msg: Message) -> None:
-        self.waiting_for.discard(msg.source)
+        if msg.source in self.waiting_for:
+            self.waiting_for.discard(msg.source)
+            if self.on_done is not None:
+                self.on_done(msg.source)
+
+    def _on_sample(self, msg: Message) -> None:
+        req = SampleRequest.unpack(msg.payload)
+        shard = self.by_id[req.shard_id]
+        rep = shard.sample(req.targets)
+        rep = SampleReply(req.request_id, rep.shard_id, rep.slots, rep.gens, rep.mass,
+                          rep.held, rep.total, rep.min_mass)
+        self.samples_served += len(req.targets)
+        self.channel.isend(msg.source, Tag.SAMPLE_REPLY, rep.pack())
+
+    def _on_service(self, msg: Message) -> None:
+        """Sample, gather the rows from local memory and send everything back."""
+        req = SampleRequest.unpack(msg.payload)
+        shard = self.by_id[req.shard_id]
+        rep = shard.sample(req.targets)
+        window = shard.sequence.length if shard.sequence is not None else 1
+        cap = shard.ring.capacity
+        slots = rep.slots
+        for _ in range(1000):
+            flat = (slots[:, None] + np.arange(window)[None, :]).reshape(-1) % cap
+            cols, reserved = shard.ring.gather(flat)
+            bad = (rep.gens - 1) + cap < reserved  # oldest row of the item overwritten
+            if not bad.any():
+                break
+            # a writer took those slots meanwhile: draw replacements in the same shard
+            fresh = shard.sample(self.rng.random(int(bad.sum())) *
+                                 max(rep.total, 1e-300))
+            slots = slots.copy()
+            gens, mass = rep.gens.copy(), rep.mass.copy()
+            slots[bad], gens[bad], mass[bad] = fresh.slots, fresh.gens, fresh.mass
+            rep = SampleReply(rep.request_id, rep.shard_id, slots, gens, mass, rep.held,
+                              rep.total, rep.min_mass)
+        else:
+            raise RuntimeError(f"shard {shard.shard_id}: sampled rows kept being overwritten "
+                               f"while gathering them (ring too small for the ingest rate?)")
+        rep = SampleReply(req.request_id, rep.shard_id, slots, rep.gens, rep.mass, rep.held,
+                          rep.total, rep.min_mass)
+        self.samples_served += len(slots)
+        self.rows_served += len(flat)
+        self.channel.isend(msg.source, Tag.SERVICE_REPLY,
+                           rep.pack(pack_rows(shard.ring.layout.spec, cols)))
+
+    def _on_priority(self, msg: Message) -> None:
+        up = PriorityUpdate.unpack(msg.payload)
+        shard = self.by_id[up.shard_id]
+        shard.index.update(up.slots, up.gens, up.priorities)
+        shard.publish()
 
     @property
     def finished(self) -> bool:
@@ -106,8 +237,8 @@ class BufferServer:
         return not self.waiting_for
 
     def step(self) -> int:
-        """One pass: commits, index, then every pending message. Returns work done.
-        Local; never blocks."""
+        """One pass: commits, index, stats, then every pending message. Returns work
+        done. Local; never blocks."""
         work = sum(s.poll() for s in self.shards)
         while (msg := self.channel.poll()) is not None:
             handler = self.handlers.get(msg.tag)
@@ -129,6 +260,6 @@ class BufferServer:
             else:
                 idle += 1
                 if idle > 20:
-                    time.sleep(min(self.poll_interval_s * (idle - 20), 0.002))
+                    time.sleep(min(self.poll_interval_s * (idle - 20), 0.0005))
         for s in self.shards:
             s.poll()

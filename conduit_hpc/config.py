@@ -36,6 +36,7 @@ __all__ = [
     "FieldConfig",
     "LayoutConfig",
     "RunConfig",
+    "SchedulerConfig",
     "StorageConfig",
     "TransportConfig",
     "config_from_dict",
@@ -200,6 +201,95 @@ class TransportConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    """``[scheduler]``: delivery to learners and the RL semantics it keeps.
+
+    Attributes:
+        mode (str): ``edp`` (a data-plane thread prepares batches ahead of the learner),
+            ``sync`` (the learner samples and gathers inline, as a framework-embedded
+            buffer does) or ``service`` (the learner asks buffer ranks for a batch and
+            waits for the reply, as a replay server does).
+        batch_rows (int): rows per learner batch.
+        prefetch_depth (int): batches prepared ahead in ``edp`` mode; priorities used
+            for a batch are at most this many supersteps stale.
+        sampler (str): ``uniform``, ``prioritized`` or ``sequence``.
+        beta, beta_final (float): importance-weight exponent, annealed linearly over
+            ``beta_anneal_supersteps`` (0: constant).
+        min_fill_rows (int): rows held before any learner samples.
+        samples_per_insert (float): Reverb's ``SampleToInsertRatio``; 0 disables it.
+        error_buffer (float): tolerance of the ratio, in sampled rows.
+        max_insert_batch (int): largest ingest batch (rows); with the ratio on, larger
+            batches are refused and the tolerance is checked against it.
+        max_policy_lag (int): actors may fall at most this many learner supersteps
+            behind the published weights before ingest waits for new ones (0: unbounded).
+        weights_every (int): supersteps between weight publications.
+        sequence_length, burn_in (int): window of the ``sequence`` sampler.
+        cross_episode (bool): sequence windows may span episode ends.
+        episode_field, stream_field (str): spec fields that mark episode ends and the
+            writer's stream (sequence sampler).
+        device (str): ``auto`` (the node-local GPU if any, else CPU), ``cpu``, ``cuda``.
+    """
+
+    mode: Literal["edp", "sync", "service"] = "edp"
+    batch_rows: int = 256
+    prefetch_depth: int = 2
+    sampler: Literal["uniform", "prioritized", "sequence"] = "prioritized"
+    beta: float = 0.4
+    beta_final: float = 1.0
+    beta_anneal_supersteps: int = 0
+    min_fill_rows: int = 1
+    samples_per_insert: float = 0.0
+    error_buffer: float = 0.0
+    max_insert_batch: int = 1024
+    max_policy_lag: int = 0
+    weights_every: int = 1
+    sequence_length: int = 1
+    burn_in: int = 0
+    cross_episode: bool = False
+    episode_field: str = ""
+    stream_field: str = ""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    def __post_init__(self) -> None:
+        require(self.batch_rows >= 1, "batch_rows", self.batch_rows, ">= 1")
+        require(self.prefetch_depth >= 0, "prefetch_depth", self.prefetch_depth, ">= 0")
+        require(_finite(self.beta) and self.beta >= 0, "beta", self.beta, ">= 0")
+        require(_finite(self.beta_final) and self.beta_final >= 0, "beta_final",
+                self.beta_final, ">= 0")
+        require(self.beta_anneal_supersteps >= 0, "beta_anneal_supersteps",
+                self.beta_anneal_supersteps, ">= 0")
+        require(self.min_fill_rows >= 1, "min_fill_rows", self.min_fill_rows, ">= 1")
+        require(_finite(self.samples_per_insert) and self.samples_per_insert >= 0,
+                "samples_per_insert", self.samples_per_insert, ">= 0 (0 disables it)")
+        require(_finite(self.error_buffer) and self.error_buffer >= 0, "error_buffer",
+                self.error_buffer, ">= 0")
+        require(self.max_insert_batch >= 1, "max_insert_batch", self.max_insert_batch, ">= 1")
+        require(self.max_policy_lag >= 0, "max_policy_lag", self.max_policy_lag,
+                ">= 0 (0: unbounded)")
+        require(self.weights_every >= 1, "weights_every", self.weights_every, ">= 1")
+        require(self.sequence_length >= 1, "sequence_length", self.sequence_length, ">= 1")
+        require(self.burn_in >= 0, "burn_in", self.burn_in, ">= 0")
+        if self.max_policy_lag:
+            require(self.max_policy_lag >= self.weights_every, "max_policy_lag",
+                    self.max_policy_lag, f">= weights_every ({self.weights_every}), or "
+                    f"actors would wait for weights that are never published in time")
+        if self.samples_per_insert > 0:
+            need = self.samples_per_insert * self.max_insert_batch + self.batch_rows
+            require(2 * self.error_buffer >= need, "error_buffer", self.error_buffer,
+                    f">= (samples_per_insert * max_insert_batch + batch_rows) / 2 = "
+                    f"{need / 2:g}; narrower, actors and learners can each wait for the "
+                    f"other forever")
+        if self.sampler == "sequence":
+            require(self.sequence_length + self.burn_in >= 2, "sequence_length",
+                    self.sequence_length, ">= 2 (with burn_in) for the sequence sampler")
+
+    @property
+    def window(self) -> int:
+        """Rows per sampled item (``burn_in + sequence_length`` for sequences, else 1)."""
+        return self.burn_in + self.sequence_length if self.sampler == "sequence" else 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     """The whole job configuration; every rank must hold an equal one."""
 
@@ -208,10 +298,16 @@ class Config:
     spec: dict[str, FieldConfig] = field(default_factory=dict)
     storage: StorageConfig = field(default_factory=StorageConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
         for name in self.spec:
             require(name.isidentifier(), "spec", name, "field names that are identifiers")
+        sch = self.scheduler
+        for key in ("episode_field", "stream_field"):
+            name = getattr(sch, key)
+            require(not name or name in self.spec, f"scheduler.{key}", name,
+                    f"empty or one of the spec fields ({', '.join(self.spec)})")
 
     # -- loading -------------------------------------------------------------------
     @classmethod

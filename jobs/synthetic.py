@@ -1,21 +1,28 @@
 """Synthetic experience workload: the data plane without RL.
 
-Actor ranks generate random rows that match the spec and ingest them in batches for
-``run.duration_s`` seconds (optionally at a fixed rate); buffer ranks serve; learner
-ranks wait. Rank 0 prints what was ingested and at what rate.
+Actor ranks generate random rows that match the spec and ingest them in batches
+(optionally at a fixed rate); buffer ranks serve; learner ranks take batches through
+``next_batch()``, "compute" on each with a torch matmul sized to take
+``synthetic.compute_s`` seconds, and send back random priorities. The job ends after
+``synthetic.supersteps`` learner supersteps (or ``run.duration_s`` without learners).
+Rank 0 prints what was ingested and delivered, and how long learners waited.
 
-    mpirun -n 6 python -m mpi4py jobs/synthetic.py --config jobs/synthetic.toml
+    conduit-hpc run jobs/synthetic.toml [--mode edp|sync|service] [--set key=value]
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+import torch
 
 from conduit_hpc import Config, ExperienceDataPlane, Role, Spec
 from conduit_hpc.config import require
+from conduit_hpc.metrics import write_summary
 from conduit_hpc.runner import job_main
 
 
@@ -26,15 +33,27 @@ class SyntheticSection:
     Attributes:
         batch_rows (int): rows per ingest call.
         actor_rate_rows_s (float): rows per second per actor; 0 for as fast as possible.
+        supersteps (int): learner supersteps before the job ends (0: run for
+            ``run.duration_s``).
+        compute_s (float): emulated learner compute per superstep (torch matmuls).
+        matmul_size (int): side of the square matrices multiplied.
+        priorities (bool): learners send random priorities back each superstep.
     """
 
     batch_rows: int = 64
     actor_rate_rows_s: float = 0.0
+    supersteps: int = 0
+    compute_s: float = 0.002
+    matmul_size: int = 128
+    priorities: bool = True
 
     def __post_init__(self) -> None:
         require(self.batch_rows > 0, "batch_rows", self.batch_rows, "> 0")
         require(self.actor_rate_rows_s >= 0, "actor_rate_rows_s", self.actor_rate_rows_s,
                 ">= 0")
+        require(self.supersteps >= 0, "supersteps", self.supersteps, ">= 0")
+        require(self.compute_s >= 0, "compute_s", self.compute_s, ">= 0")
+        require(self.matmul_size > 0, "matmul_size", self.matmul_size, "> 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,56 +76,119 @@ def random_batch(spec: Spec, rows: int, rng: np.random.Generator) -> dict[str, n
     return out
 
 
-def run(cfg: SyntheticConfig) -> dict:
-    with ExperienceDataPlane(cfg) as edp:
+class MatmulCompute:
+    """Emulated learner compute: repeated square matmuls, calibrated to a duration."""
+
+    def __init__(self, seconds: float, size: int, device: torch.device) -> None:
+        self.a = torch.randn(size, size, device=device)
+        self.b = torch.randn(size, size, device=device)
+        for _ in range(3):
+            self.a @ self.b
+        t0 = time.perf_counter()
+        for _ in range(10):
+            self.a @ self.b
+        one = (time.perf_counter() - t0) / 10
+        self.reps = max(1, round(seconds / one)) if seconds > 0 else 0
+
+    def __call__(self) -> float:
+        out = 0.0
+        for _ in range(self.reps):
+            out += float((self.a @ self.b)[0, 0])
+        return out
+
+
+def actor_loop(edp: ExperienceDataPlane, cfg: SyntheticConfig) -> None:
+    rng = np.random.default_rng(cfg.run.seed + edp.world_rank)
+    b = cfg.synthetic.batch_rows
+    pool = [random_batch(edp.spec, b, rng) for _ in range(4)]
+    rate = cfg.synthetic.actor_rate_rows_s
+    t0 = time.perf_counter()
+    no_learner = not edp.roles.learner_ranks
+    end = t0 + (cfg.run.duration_s or 3.0) if no_learner else float("inf")
+    i = 0
+    while (now := time.perf_counter()) < end and not edp.should_stop:
+        if rate > 0 and edp.ingest_stats.rows >= rate * (now - t0):
+            time.sleep(0.0005)
+            continue
+        edp.ingest(pool[i % len(pool)])
+        i += 1
+
+
+def learner_loop(edp: ExperienceDataPlane, cfg: SyntheticConfig) -> None:
+    syn = cfg.synthetic
+    compute = MatmulCompute(syn.compute_s, syn.matmul_size, edp.device)
+    rng = np.random.default_rng(cfg.run.seed + edp.world_rank)
+    t_end = time.perf_counter() + (cfg.run.duration_s or 3.0)
+    step = 0
+    while (syn.supersteps and step < syn.supersteps) or (
+            not syn.supersteps and time.perf_counter() < t_end):
+        batch = edp.next_batch()
+        compute()
+        if syn.priorities and cfg.scheduler.sampler == "prioritized":
+            edp.update_priorities(batch.indices, rng.random(len(batch)) + 0.01)
+        step += 1
+
+
+def run(cfg: SyntheticConfig, run_dir: Path | None = None) -> dict:
+    with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
         rank = edp.world_rank
         if edp.role is Role.ACTOR:
-            rng = np.random.default_rng(cfg.run.seed + rank)
-            b = cfg.synthetic.batch_rows
-            pool = [random_batch(edp.spec, b, rng) for _ in range(4)]
-            rate = cfg.synthetic.actor_rate_rows_s
-            t0 = time.perf_counter()
-            end = t0 + (cfg.run.duration_s or 3.0)
-            i = 0
-            while (now := time.perf_counter()) < end:
-                if rate > 0 and edp.ingest_stats.rows >= rate * (now - t0):
-                    time.sleep(min(0.001, end - now))
-                    continue
-                edp.ingest(pool[i % len(pool)])
-                i += 1
-            edp.done()
+            actor_loop(edp, cfg)
         elif edp.role is Role.BUFFER:
             edp.serve()
         else:
-            edp.done()
+            learner_loop(edp, cfg)
+        edp.done()
         summary = edp.summary()
+        wall = time.perf_counter() - edp._t0
     if rank == 0:
-        report(summary, cfg)
+        report(summary, cfg, wall)
+        if run_dir is not None:
+            write_summary(run_dir / "metrics" / "summary.json", flat_summary(summary, cfg,
+                                                                             wall))
     return summary
 
 
-def report(summary: dict, cfg: SyntheticConfig) -> None:
+def flat_summary(summary: dict, cfg: SyntheticConfig, wall: float) -> dict:
+    out: dict = {"job": "synthetic", "mode": cfg.scheduler.mode, "wall_s": wall,
+                 "rows_ingested": summary["rows_ingested"],
+                 "ingest_rows_per_s": summary["rows_ingested"] / wall}
+    for rank, lat in summary["learners"].items():
+        for k, v in lat.items():
+            out[f"learner{rank}_{k}"] = v
+    return out
+
+
+def report(summary: dict, cfg: SyntheticConfig, wall: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    dur = cfg.run.duration_s or 3.0
+    console = Console(width=110, color_system=None, highlight=False)
     t = Table(title=f"synthetic ingest ({len(summary['actors'])} actors, "
-                    f"{len(summary['shards'])} shards, {dur:g} s)")
-    for col in ("actor rank", "rows", "batches", "MB", "rows/s", "MB/s (in ingest)"):
+                    f"{len(summary['shards'])} shards, {wall:.1f} s)")
+    for col in ("actor rank", "rows", "batches", "MB", "rows/s", "limiter wait s"):
         t.add_column(col, justify="right")
     for r, a in sorted(summary["actors"].items()):
         t.add_row(str(r), f"{a['rows']:,}", f"{a['batches']:,}", f"{a['bytes'] / 1e6:.1f}",
-                  f"{a['rows'] / dur:,.0f}",
-                  f"{a['bytes'] / 1e6 / max(a['seconds'], 1e-9):,.0f}")
-    console = Console(width=110, color_system=None, highlight=False)
+                  f"{a['rows'] / wall:,.0f}", f"{a['limiter_wait_s']:.2f}")
     console.print(t)
     held = sum(s["held"] for s in summary["shards"].values())
     committed = sum(s["committed"] for s in summary["shards"].values())
     console.print(f"ingested {summary['rows_ingested']:,} rows "
                   f"({summary['bytes_ingested'] / 1e6:.1f} MB) at "
-                  f"{summary['rows_ingested'] / dur:,.0f} rows/s overall; "
+                  f"{summary['rows_ingested'] / wall:,.0f} rows/s overall; "
                   f"committed {committed:,}, held {held:,} "
                   f"(capacity {cfg.storage.capacity_rows:,})")
+    for rank, lat in summary["learners"].items():
+        if not lat:
+            continue
+        console.print(
+            f"learner {rank} ({cfg.scheduler.mode}): {int(lat['supersteps'])} supersteps, "
+            f"exposed median {lat.get('exposed_median_s', float('nan')) * 1e3:.3f} ms "
+            f"(p99 {lat.get('exposed_p99_s', float('nan')) * 1e3:.3f}), iteration median "
+            f"{lat.get('iteration_median_s', float('nan')) * 1e3:.3f} ms")
+    print(json.dumps({"dropped_updates": sum(s["dropped_updates"]
+                                             for s in summary["shards"].values())}))
 
 
 if __name__ == "__main__":

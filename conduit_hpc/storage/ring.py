@@ -4,6 +4,10 @@ Byte layout of one shard (every block 64-byte aligned), starting at ``base``::
 
     header   int64[8]         [0] reserve cursor  (next sequence number to hand out)
                               [1] commit cursor   (every seq below it is committed)
+                              [2] stats version (seqlock: odd while the owner writes)
+                              [3] rows held  [4] total mass  [5] min mass  [6] max
+                              priority (4-6 are float64 bit patterns), written by the
+                              owner for samplers
     stamps   int64[capacity]  stamp[slot] = seq + 1 of the row committed there (0: empty)
     priority float64[capacity] initial priority given by the writer (NaN: none)
     column   per spec field   field[capacity, *shape] of the field's dtype
@@ -41,6 +45,11 @@ __all__ = ["RingSegment", "ShardLayout", "ShardRing", "ring_segments"]
 _ALIGN = 64
 H_RESERVE = 0
 H_COMMIT = 1
+H_STATS_VERSION = 2
+H_HELD = 3
+H_TOTAL = 4
+H_MIN = 5
+H_MAXP = 6
 HEADER_BYTES = 64
 
 
@@ -275,6 +284,47 @@ class ShardRing:
         if new != old:
             self.transport.atomic_write(self.owner, self.base + 8 * H_COMMIT, new)
         return old, new
+
+    def publish_stats(self, held: int, total: float, min_mass: float,
+                      max_priority: float) -> None:
+        """Owner only: publish what samplers need to know (seqlock-protected)."""
+        v = self.views
+        if v is None:
+            raise RuntimeError("publish_stats() must run on the shard's owner")
+        t = self.transport
+        version = int(v.header[H_STATS_VERSION])
+        v.header[H_STATS_VERSION] = version + 1
+        t.sync()
+        v.header[H_HELD] = held
+        f = v.header.view(np.float64)
+        f[H_TOTAL], f[H_MIN], f[H_MAXP] = total, min_mass, max_priority
+        t.sync()
+        v.header[H_STATS_VERSION] = version + 2
+        t.sync()
+
+    def read_stats(self) -> tuple[int, float, float, float]:
+        """(rows held, total mass, min mass, max priority) as last published by the
+        owner; a consistent snapshot (retries while the owner is writing). Blocks only
+        for the few reads that takes."""
+        t = self.transport
+        buf = np.empty(8, dtype=np.int64)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            if self.views is not None:
+                t.sync()
+                buf[:] = self.views.header
+                t.sync()
+                again = int(self.views.header[H_STATS_VERSION])
+            else:
+                t.get(self.owner, self.base, buf)
+                t.flush(self.owner)
+                again = t.atomic_read(self.owner, self.base + 8 * H_STATS_VERSION)
+            if buf[H_STATS_VERSION] % 2 == 0 and buf[H_STATS_VERSION] == again:
+                f = buf.view(np.float64)
+                return int(buf[H_HELD]), float(f[H_TOTAL]), float(f[H_MIN]), float(f[H_MAXP])
+            if time.monotonic() > deadline:
+                raise DataPlaneTimeout(f"shard stats on rank {self.owner} stayed mid-update "
+                                       f"for {self.timeout_s:.1f} s")
 
     # -- reader --------------------------------------------------------------------
     def stamps_of(self, slots: np.ndarray) -> np.ndarray:

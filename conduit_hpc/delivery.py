@@ -1,0 +1,438 @@
+"""The deliver control point on learner ranks: sample, gather, transform, copy.
+
+:class:`Deliverer` runs the experience path for one batch - read the shards' published
+statistics, draw stratified targets, have each shard's owner find the rows (one message
+per shard), copy the rows (numpy from shared memory, one indexed RMA get per field
+otherwise), check they are intact, transform them and hand them to torch on the
+learner's device - or, in ``service`` mode, has the owners do all of it and send the
+rows. :class:`ControlBlock` holds the job-wide counters (rate limiter, done flags,
+learner version) and :class:`WeightsBoard` the lead learner's published parameters.
+
+This is the composition layer: it uses the transport (windows, channel) and the
+semantics (sampling, scheduler) together.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import SchedulerConfig
+from .errors import DataPlaneClosed, DataPlaneTimeout
+from .sampling import ShardStats, allocate_targets, importance_weights
+from .scheduler import LimiterState, RateLimiter
+from .spec import Spec
+from .storage.priority import check_priorities
+from .storage.ring import ShardRing
+from .transport.channel import Channel
+from .transport.rma import RmaWindow
+from .wire import PriorityUpdate, SampleReply, SampleRequest, Tag, unpack_rows
+
+__all__ = ["Batch", "ControlBlock", "Deliverer", "WeightsBoard", "select_device"]
+
+# control block slots (int64)
+C_INSERTS, C_SAMPLES, C_ACTORS_DONE, C_LEARNERS_DONE, C_LEARNER_VERSION = range(5)
+CONTROL_BYTES = 64
+
+Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+class ControlBlock:
+    """Job-wide counters in 64 bytes of one rank's memory, updated with atomics.
+
+    Args:
+        window (RmaWindow): the window holding the block.
+        owner (int): rank whose segment holds it, at displacement 0.
+    """
+
+    def __init__(self, window: RmaWindow, owner: int) -> None:
+        self.window, self.owner = window, owner
+
+    def add(self, slot: int, n: int) -> int:
+        """Atomically add ``n``; returns the old value. Blocks for the round trip."""
+        return self.window.fetch_add(self.owner, 8 * slot, n)
+
+    def read(self, slot: int) -> int:
+        return self.window.atomic_read(self.owner, 8 * slot)
+
+    def write(self, slot: int, value: int) -> None:
+        self.window.atomic_write(self.owner, 8 * slot, value)
+
+
+class WeightsBoard:
+    """The lead learner's parameters, published for actors (seqlock on a version).
+
+    Layout in the owner's segment: int64 ``[version, superstep, nparams, 0 ...]`` (64
+    bytes) then float32 parameters. ``version`` is odd while the owner writes.
+
+    Args:
+        window (RmaWindow): window holding the board.
+        owner (int): lead learner's rank.
+        nparams (int): float32 parameters.
+    """
+
+    def __init__(self, window: RmaWindow, owner: int, nparams: int) -> None:
+        self.window, self.owner, self.nparams = window, owner, nparams
+        self.seen_version = 0
+        self.seen_superstep = -1
+        self._buf = np.empty(nparams, dtype=np.float32)
+
+    def publish(self, flat: np.ndarray, superstep: int) -> None:
+        """Owner only: store new parameters. Local (direct stores + memory barrier)."""
+        seg = self.window.own_segment()
+        head = seg[:64].view(np.int64)
+        v = int(head[0])
+        head[0] = v + 1
+        self.window.sync()
+        seg[64:64 + 4 * self.nparams].view(np.float32)[:] = flat
+        head[1] = superstep
+        head[2] = self.nparams
+        self.window.sync()
+        head[0] = v + 2
+        self.window.sync()
+
+    def published(self) -> tuple[int, int]:
+        """(version, learner superstep) of the newest publication. Blocks for a read."""
+        v = self.window.atomic_read(self.owner, 0)
+        s = self.window.atomic_read(self.owner, 8)
+        return v, s
+
+    def pull(self) -> np.ndarray | None:
+        """Newer parameters than last pulled, or ``None``. One-sided; blocks for the
+        copy."""
+        w = self.window
+        for _ in range(100):
+            v1 = w.atomic_read(self.owner, 0)
+            if v1 <= self.seen_version or v1 % 2:
+                if v1 % 2:
+                    time.sleep(0.0001)
+                    continue
+                return None
+            superstep = w.atomic_read(self.owner, 8)
+            view = w.local_view(self.owner)
+            if view is not None:
+                w.sync()
+                self._buf[:] = view[64:64 + 4 * self.nparams].view(np.float32)
+                w.sync()
+            else:
+                w.get(self.owner, 64, self._buf)
+                w.flush(self.owner)
+            if w.atomic_read(self.owner, 0) == v1:
+                self.seen_version, self.seen_superstep = v1, superstep
+                return self._buf.copy()
+        return None
+
+
+def flat_parameters(model: torch.nn.Module) -> np.ndarray:
+    """Every parameter, flattened into one float32 array (host copy)."""
+    with torch.no_grad():
+        return torch.cat([p.detach().reshape(-1).float().cpu()
+                          for p in model.parameters()]).numpy()
+
+
+def load_flat(model: torch.nn.Module, flat: np.ndarray) -> None:
+    """Inverse of :func:`flat_parameters`."""
+    with torch.no_grad():
+        o = 0
+        for p in model.parameters():
+            n = p.numel()
+            p.copy_(torch.from_numpy(flat[o:o + n]).view_as(p))
+            o += n
+
+
+def select_device(kind: str, local_learner_index: int) -> torch.device:
+    """The learner's device: its node-local GPU (bound by node-local learner index,
+    never by world rank) when asked for or available, else the CPU."""
+    if kind in ("auto", "cuda") and torch.cuda.is_available():
+        return torch.device("cuda", local_learner_index % torch.cuda.device_count())
+    if kind == "cuda":
+        raise DataPlaneClosed("scheduler.device = 'cuda' but torch sees no GPU")
+    return torch.device("cpu")
+
+
+@dataclass
+class Batch:
+    """One learner batch.
+
+    Attributes:
+        data (dict[str, torch.Tensor]): one tensor per field (``[B, ...]``, or
+            ``[B, L, ...]`` for sequences), on the learner's device.
+        indices (np.ndarray): int64 ``[B, 3]``: shard, slot, generation of each row
+            (the first row of a sequence); pass back to ``update_priorities``.
+        weights (torch.Tensor): float32 ``[B]`` importance weights (1 when uniform).
+        superstep (int): the superstep this batch is for.
+        staleness (int): supersteps of priority updates this batch was sampled without.
+        timings (dict[str, float]): seconds spent on sample, gather, transform, copy.
+    """
+
+    data: dict[str, torch.Tensor]
+    indices: np.ndarray
+    weights: torch.Tensor
+    superstep: int
+    staleness: int
+    timings: dict[str, float] = field(default_factory=dict)
+    ready: Any = None  # a CUDA event when the copy is asynchronous
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.data[name]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def wait(self) -> None:
+        """Block until the device copy is done (no-op on the CPU)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+            self.ready = None
+
+
+class Deliverer:
+    """The experience path of one learner rank (not thread-safe: one thread uses it).
+
+    Args:
+        spec (Spec): the row schema.
+        rings (Mapping[int, ShardRing]): ring clients of the shards this learner reads.
+        owners (Mapping[int, int]): shard id -> owner rank.
+        channel (Channel): the data plane's channel.
+        control (ControlBlock): job-wide counters.
+        limiter (RateLimiter): the samples-per-insert limiter.
+        config (SchedulerConfig): batch size, sampler, beta schedule...
+        n_actors (int): actors in the job (to know when all are done).
+        device (torch.device): where batches go.
+        transform (Transform | None): applied to each numpy batch before the copy.
+        seed (int): sampling seed.
+        timeout_s (float): bound on every wait.
+    """
+
+    def __init__(self, *, spec: Spec, rings: Mapping[int, ShardRing], owners: Mapping[int, int],
+                 channel: Channel, control: ControlBlock, limiter: RateLimiter,
+                 config: SchedulerConfig, n_actors: int, device: torch.device,
+                 transform: Transform | None, seed: int, timeout_s: float,
+                 poll_interval_s: float) -> None:
+        self.spec, self.rings, self.owners = spec, dict(rings), dict(owners)
+        self.shard_ids = np.array(sorted(self.rings), dtype=np.int64)
+        self.channel, self.control, self.limiter = channel, control, limiter
+        self.cfg, self.n_actors, self.device = config, n_actors, device
+        self.transform = transform
+        self.rng = np.random.default_rng(seed)
+        self.timeout_s, self.poll_s = timeout_s, poll_interval_s
+        self.window = config.window
+        self._request_id = 0
+        self.resampled = 0
+        self.limiter_wait_s = 0.0
+        self._stream = (torch.cuda.Stream(device) if device.type == "cuda" else None)
+
+    # -- statistics and the rate limiter -------------------------------------------
+    def shard_stats(self) -> list[ShardStats]:
+        out = []
+        for sid in self.shard_ids:
+            held, total, mn, _ = self.rings[int(sid)].read_stats()
+            out.append(ShardStats(total=total, count=held, min=mn))
+        return out
+
+    def _admit(self, rows: int) -> tuple[list[ShardStats], float]:
+        """Wait until the limiter lets us sample ``rows``, then count them. Returns the
+        shard statistics to sample with and the seconds waited."""
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + self.timeout_s
+        lim = self.limiter
+        while True:
+            stats = self.shard_stats()
+            held = sum(s.count for s in stats)
+            state = LimiterState(self.control.read(C_INSERTS), self.control.read(C_SAMPLES),
+                                 held)
+            if held > 0 and lim.can_sample(state, rows):
+                break
+            if self.control.read(C_ACTORS_DONE) >= self.n_actors:
+                # no insert will ever come: the ratio no longer binds, the fill must
+                if held >= lim.min_size_to_sample and held > 0:
+                    break
+                raise DataPlaneClosed(
+                    f"every actor finished with {held} rows held, fewer than "
+                    f"scheduler.min_fill_rows = {lim.min_size_to_sample}")
+            if time.monotonic() > deadline:
+                raise DataPlaneTimeout(f"learner waited {self.timeout_s:.1f} s to sample "
+                                       f"{rows} rows: {lim.explain(state)}")
+            time.sleep(self.poll_s)
+        self.control.add(C_SAMPLES, rows)
+        waited = time.perf_counter() - t0
+        self.limiter_wait_s += waited
+        return stats, waited
+
+    # -- sampling --------------------------------------------------------------------
+    def _request(self, tag: Tag, shard_pos: int, targets: np.ndarray) -> int:
+        self._request_id += 1
+        sid = int(self.shard_ids[shard_pos])
+        req = SampleRequest(self._request_id, sid, targets)
+        self.channel.isend(self.owners[sid], tag, req.pack())
+        return self._request_id
+
+    def _collect(self, tag: Tag, ids: set[int], what: str) -> dict[int, tuple[SampleReply,
+                                                                               np.ndarray]]:
+        got: dict[int, tuple[SampleReply, np.ndarray]] = {}
+        while len(got) < len(ids):
+            msg = self.channel.recv(tag=tag, timeout_s=self.timeout_s, what=what)
+            rep, rest = SampleReply.unpack(msg.payload)
+            if rep.request_id in ids:
+                got[rep.request_id] = (rep, rest)
+        return got
+
+    def _draw(self, tag: Tag, stats: list[ShardStats], rows: int
+              ) -> tuple[np.ndarray, list[tuple[int, int, SampleReply, np.ndarray]]]:
+        """Targets over all shards -> per shard (first position, end, reply, extra)."""
+        totals = np.array([s.total for s in stats])
+        shard_pos, local = allocate_targets(totals, rows, self.rng)
+        bounds = np.searchsorted(shard_pos, np.arange(len(stats) + 1))
+        ids: dict[int, tuple[int, int]] = {}
+        for k in range(len(stats)):
+            a, b = int(bounds[k]), int(bounds[k + 1])
+            if b > a:
+                ids[self._request(tag, k, local[a:b])] = (a, b)
+        reply = Tag.SERVICE_REPLY if tag is Tag.SERVICE else Tag.SAMPLE_REPLY
+        replies = self._collect(reply, set(ids), "sample replies")
+        parts = [(a, b, replies[i][0], replies[i][1]) for i, (a, b) in ids.items()]
+        parts.sort(key=lambda x: x[0])
+        return shard_pos, parts
+
+    # -- one batch ---------------------------------------------------------------------
+    def prepare(self, superstep: int, staleness: int, *, service: bool = False) -> Batch:
+        """Sample, gather, check, transform and copy one batch. Blocks (bounded)."""
+        B, w = self.cfg.batch_rows, self.window
+        timings = {"sample_s": 0.0, "gather_s": 0.0, "transform_s": 0.0, "copy_s": 0.0}
+        stats, waited = self._admit(B)
+        timings["limiter_wait_s"] = waited
+        t0 = time.perf_counter()
+        lead = (B, w) if w > 1 else (B,)
+        out = {f.name: np.empty((*lead, *f.shape), dtype=f.dtype) for f in self.spec}
+        flat = {k: v.reshape(B * w, *v.shape[len(lead):]) for k, v in out.items()}
+        indices = np.empty((B, 3), dtype=np.int64)
+        mass = np.empty(B, dtype=np.float64)
+        _, parts = self._draw(Tag.SERVICE if service else Tag.SAMPLE, stats, B)
+        t1 = time.perf_counter()
+        timings["sample_s"] = t1 - t0
+        for a, b, rep, rows in parts:
+            sid = rep.shard_id
+            indices[a:b, 0], indices[a:b, 1], indices[a:b, 2] = sid, rep.slots, rep.gens
+            mass[a:b] = rep.mass
+            if service:
+                cols = unpack_rows(self.spec, rows, (b - a) * w)
+                for name, arr in cols.items():
+                    flat[name][a * w:b * w] = arr
+            else:
+                self._gather_checked(sid, a, b, indices, mass, flat)
+        t2 = time.perf_counter()
+        timings["gather_s"] = t2 - t1
+        data = out
+        if self.transform is not None:
+            data = self.transform(out)
+        t3 = time.perf_counter()
+        timings["transform_s"] = t3 - t2
+        beta = self._beta(superstep)
+        weights = (np.ones(B, np.float32) if self.cfg.sampler == "sequence"
+                   else importance_weights(mass, stats, beta))
+        batch = self._to_device(data, indices, weights, superstep, staleness)
+        timings["copy_s"] = time.perf_counter() - t3
+        batch.timings = timings
+        return batch
+
+    def _beta(self, superstep: int) -> float:
+        from .sampling import beta_at
+
+        c = self.cfg
+        if c.sampler == "uniform":
+            return 0.0
+        return beta_at(superstep, c.beta, c.beta_final, c.beta_anneal_supersteps)
+
+    def _gather_checked(self, sid: int, a: int, b: int, indices: np.ndarray, mass: np.ndarray,
+                        flat: dict[str, np.ndarray]) -> None:
+        """Copy rows a..b of the batch from shard ``sid``; redraw (in the same shard)
+        any whose slot was handed to a writer meanwhile, until all are intact."""
+        ring, w = self.rings[sid], self.window
+        cap = ring.capacity
+        todo = np.arange(a, b)
+        pos = int(np.flatnonzero(self.shard_ids == sid)[0])
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            slots = indices[todo, 1]
+            rows = (slots[:, None] + np.arange(w)[None, :]).reshape(-1) % cap
+            if len(todo) == b - a:  # first pass: straight into the batch
+                dst = {k: v[a * w:b * w] for k, v in flat.items()}
+                _, reserved = ring.gather(rows, dst)
+            else:
+                got, reserved = ring.gather(rows)
+                sel = (todo[:, None] * w + np.arange(w)[None, :]).reshape(-1)
+                for k, v in got.items():
+                    flat[k][sel] = v
+            bad = (indices[todo, 2] - 1) + cap < reserved
+            if not bad.any():
+                return
+            todo = todo[bad]
+            self.resampled += len(todo)
+            if time.monotonic() > deadline:
+                raise DataPlaneTimeout(f"rows of shard {sid} kept being overwritten while "
+                                       f"gathering for {self.timeout_s:.1f} s")
+            _, total, _, _ = ring.read_stats()
+            rid = self._request(Tag.SAMPLE, pos, self.rng.random(len(todo)) * total)
+            (rep, _), = self._collect(Tag.SAMPLE_REPLY, {rid}, "resample reply").values()
+            indices[todo, 1], indices[todo, 2], mass[todo] = rep.slots, rep.gens, rep.mass
+
+    def _to_device(self, data: Mapping[str, np.ndarray], indices: np.ndarray,
+                   weights: np.ndarray, superstep: int, staleness: int) -> Batch:
+        if self.device.type == "cpu":
+            tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in data.items()}
+            return Batch(tensors, indices, torch.from_numpy(weights), superstep, staleness)
+        assert self._stream is not None
+        with torch.cuda.stream(self._stream):
+            tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).pin_memory().to(
+                self.device, non_blocking=True) for k, v in data.items()}
+            wt = torch.from_numpy(weights).pin_memory().to(self.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return Batch(tensors, indices, wt, superstep, staleness, ready=event)
+
+    # -- priorities ----------------------------------------------------------------------
+    def send_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> int:
+        """Carry checked priority updates to the owners (one message per shard).
+        Non-blocking sends. Returns rows sent."""
+        order = np.argsort(indices[:, 0], kind="stable")
+        idx, pr = indices[order], priorities[order]
+        cuts = np.flatnonzero(np.diff(idx[:, 0])) + 1
+        for part, p in zip(np.split(idx, cuts), np.split(pr, cuts), strict=True):
+            sid = int(part[0, 0])
+            up = PriorityUpdate(sid, part[:, 1], part[:, 2], p)
+            self.channel.isend(self.owners[sid], Tag.PRIORITY, up.pack())
+        return len(indices)
+
+
+def check_update(indices: np.ndarray, priorities: Any, shards: Mapping[int, int]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Validate an ``update_priorities`` call before anything is sent.
+
+    Raises:
+        ValueError: indices not ``[n, 3]`` int, an unknown shard, a slot out of range,
+            priorities of another length, or a negative, NaN or infinite priority.
+    """
+    idx = np.asarray(indices)
+    if idx.ndim != 2 or idx.shape[1] != 3 or idx.dtype.kind not in "iu":
+        raise ValueError(f"indices must be an integer array of shape [n, 3] (shard, slot, "
+                         f"generation) as delivered in Batch.indices, got dtype "
+                         f"{idx.dtype.name} shape {idx.shape}")
+    p = check_priorities(priorities)
+    if len(p) != len(idx):
+        raise ValueError(f"priorities has {len(p)} entries but indices has {len(idx)}")
+    idx = idx.astype(np.int64)
+    for sid in np.unique(idx[:, 0]):
+        if int(sid) not in shards:
+            raise ValueError(f"indices names shard {int(sid)}, which this learner does "
+                             f"not read (shards: {sorted(shards)})")
+        slots = idx[idx[:, 0] == sid, 1]
+        cap = shards[int(sid)]
+        if slots.min() < 0 or slots.max() >= cap:
+            raise ValueError(f"indices has slot {int(slots.max())} outside shard {int(sid)}'s "
+                             f"[0, {cap})")
+    return idx, p

@@ -1,0 +1,153 @@
+"""Per-superstep metrics: CSV sinks, summaries, and a live status line.
+
+Plain Python and numpy. Column sets are fixed per file (see :data:`LEARNER_COLUMNS`,
+:data:`ACTOR_COLUMNS`); extra job columns (``loss``, ...) are appended the first time
+they appear and stay for the run.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+__all__ = [
+    "ACTOR_COLUMNS",
+    "LEARNER_COLUMNS",
+    "CsvSink",
+    "LiveStatus",
+    "latency_summary",
+    "write_summary",
+]
+
+LEARNER_COLUMNS = ("superstep", "time_s", "mode", "iteration_s", "exposed_s", "compute_s",
+                   "sample_s", "gather_s", "transform_s", "copy_s", "rows", "staleness",
+                   "limiter_wait_s")
+ACTOR_COLUMNS = ("time_s", "rows", "rows_per_s", "limiter_wait_s", "policy_version")
+
+
+class CsvSink:
+    """Rows to a CSV file (or only to memory when ``path`` is None).
+
+    Args:
+        path (Path | None): file to write; parents are created.
+        columns (Iterable[str]): leading columns, in order.
+        keep (bool): also keep every row in :attr:`rows`.
+    """
+
+    def __init__(self, path: Path | None, columns: Iterable[str], *, keep: bool = True) -> None:
+        self.columns = list(columns)
+        self.rows: list[dict[str, Any]] = []
+        self.keep = keep
+        self._pending: list[dict[str, Any]] = []
+        self._file: TextIO | None = None
+        self._path = path
+        self._writer: csv.DictWriter[str] | None = None
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        row = dict(row)
+        for k in row:
+            if k not in self.columns:
+                if self._writer is not None:
+                    continue  # the header is written: late extra columns are dropped
+                self.columns.append(k)
+        if self.keep:
+            self.rows.append(row)
+        self._pending.append(row)
+
+    def flush(self) -> None:
+        if self._path is None or not self._pending:
+            self._pending.clear()
+            return
+        if self._file is None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self._path, "w", newline="")  # noqa: SIM115 - lives with the sink
+            self._writer = csv.DictWriter(self._file, self.columns, extrasaction="ignore")
+            self._writer.writeheader()
+        assert self._writer is not None
+        self._writer.writerows(self._pending)
+        self._pending.clear()
+        self._file.flush()
+
+    def close(self) -> None:
+        self.flush()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def latency_summary(rows: Sequence[Mapping[str, Any]], *, skip: int = 0) -> dict[str, float]:
+    """Median and p99 of exposed and iteration latency (after ``skip`` warm-up rows)."""
+    use = rows[skip:] if len(rows) > skip else rows
+    out: dict[str, float] = {"supersteps": float(len(use))}
+    for key in ("exposed_s", "iteration_s", "compute_s", "sample_s", "gather_s",
+                "transform_s", "copy_s", "limiter_wait_s"):
+        vals = np.array([float(r[key]) for r in use if key in r], dtype=float)
+        if vals.size:
+            out[f"{key[:-2]}_median_s"] = float(np.median(vals))
+            out[f"{key[:-2]}_p99_s"] = float(np.percentile(vals, 99))
+            out[f"{key[:-2]}_mean_s"] = float(vals.mean())
+    return out
+
+
+def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
+    """A flat JSON dict of headline numbers (non-finite floats become null)."""
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, np.generic):
+            return clean(v.item())
+        return v
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({k: clean(v) for k, v in summary.items()}, indent=1,
+                               sort_keys=True) + "\n")
+
+
+class LiveStatus:
+    """A one-line status: redrawn in place on a terminal, printed every ``every_s``
+    seconds otherwise (logs)."""
+
+    def __init__(self, stream: TextIO | None = None, every_s: float = 2.0) -> None:
+        self.stream = stream or sys.stdout
+        self.every_s = every_s
+        self._last = 0.0
+        # under mpirun a rank's stdout may be a pseudo-terminal that ends up in a log
+        under_mpi = any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                                                  "SLURM_STEP_ID"))
+        self.tty = (not under_mpi and hasattr(self.stream, "isatty")
+                    and self.stream.isatty())
+
+    def update(self, text: str, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < (0.2 if self.tty else self.every_s):
+            return
+        self._last = now
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def format_table(rows: list[list[str]], header: list[str]) -> str:
+    """A plain aligned text table."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    buf = io.StringIO()
+    for r in [header, ["-" * w for w in widths], *rows]:
+        buf.write("  ".join(str(x).rjust(w) for x, w in zip(r, widths, strict=False)) + "\n")
+    return buf.getvalue()
