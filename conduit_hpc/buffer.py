@@ -131,16 +131,23 @@ class OwnedShard:
 
     def sample(self, targets: np.ndarray) -> SampleReply:
         """Rows for mass offsets ``targets`` (window indices for sequences): slot,
-        generation and mass of each. Local."""
+        generation and mass of each; slot -1 where the shard has nothing to draw right
+        now (every row hidden while being overwritten) - the learner draws again. Local.
+        """
         ix = self.index
+        n = len(targets)
+        empty = SampleReply(0, self.shard_id, np.full(n, -1, np.int64), np.zeros(n, np.int64),
+                            np.zeros(n), 0, 0.0, np.inf)
         if self.sequence is not None:
             starts = self._window_starts()
             if len(starts) == 0:
-                raise RuntimeError(f"shard {self.shard_id} has no valid sequence window")
+                return empty
             pick = starts[np.clip(targets.astype(np.int64), 0, len(starts) - 1)]
             slots = pick % self.ring.capacity
             return SampleReply(0, self.shard_id, slots, pick + 1, np.ones(len(pick)),
                                len(starts), float(len(starts)), 1.0)
+        if ix.total <= 0:
+            return empty
         slots = ix.sum.prefix_search(targets)
         return SampleReply(0, self.shard_id, slots, ix.gens[slots].copy(),
                            ix.sum[slots].copy(), ix.count, ix.total,
@@ -173,6 +180,7 @@ class BufferServer:
         self.handlers: dict[int, Callable[[Message], None]] = {
             Tag.DONE: self._on_done, Tag.SAMPLE: self._on_sample,
             Tag.SERVICE: self._on_service, Tag.PRIORITY: self._on_priority}
+        self.deferred: list[Message] = []
         self.passes = 0
         self.samples_served = 0
         self.rows_served = 0
@@ -194,36 +202,41 @@ class BufferServer:
         self.channel.isend(msg.source, Tag.SAMPLE_REPLY, rep.pack())
 
     def _on_service(self, msg: Message) -> None:
-        """Sample, gather the rows from local memory and send everything back."""
+        if not self._try_service(msg):
+            self.deferred.append(msg)  # answered on a later pass, once rows are there
+
+    def _try_service(self, msg: Message) -> bool:
+        """Sample, gather the rows from local memory and send everything back. Returns
+        False (nothing sent) when the shard has nothing intact to draw right now."""
         req = SampleRequest.unpack(msg.payload)
         shard = self.by_id[req.shard_id]
         rep = shard.sample(req.targets)
         window = shard.sequence.length if shard.sequence is not None else 1
         cap = shard.ring.capacity
-        slots = rep.slots
-        for _ in range(1000):
-            flat = (slots[:, None] + np.arange(window)[None, :]).reshape(-1) % cap
+        slots, gens, mass = rep.slots.copy(), rep.gens.copy(), rep.mass.copy()
+        for _ in range(8):
+            drawn = slots >= 0
+            flat = (np.where(drawn, slots, 0)[:, None]
+                    + np.arange(window)[None, :]).reshape(-1) % cap
             cols, reserved = shard.ring.gather(flat)
-            bad = (rep.gens - 1) + cap < reserved  # oldest row of the item overwritten
+            # nothing drawn, or the oldest row of the item handed to a writer meanwhile
+            bad = ~drawn | ((gens - 1) + cap < reserved)
             if not bad.any():
                 break
-            # a writer took those slots meanwhile: draw replacements in the same shard
-            fresh = shard.sample(self.rng.random(int(bad.sum())) *
-                                 max(rep.total, 1e-300))
-            slots = slots.copy()
-            gens, mass = rep.gens.copy(), rep.mass.copy()
+            # draw replacements in the same shard
+            fresh = shard.sample(self.rng.random(int(bad.sum())) * max(shard.index.total, 0.0)
+                                 if shard.sequence is None else
+                                 self.rng.random(int(bad.sum())) * len(shard._window_starts()))
             slots[bad], gens[bad], mass[bad] = fresh.slots, fresh.gens, fresh.mass
-            rep = SampleReply(rep.request_id, rep.shard_id, slots, gens, mass, rep.held,
-                              rep.total, rep.min_mass)
         else:
-            raise RuntimeError(f"shard {shard.shard_id}: sampled rows kept being overwritten "
-                               f"while gathering them (ring too small for the ingest rate?)")
-        rep = SampleReply(req.request_id, rep.shard_id, slots, rep.gens, rep.mass, rep.held,
+            return False
+        out = SampleReply(req.request_id, rep.shard_id, slots, gens, mass, rep.held,
                           rep.total, rep.min_mass)
         self.samples_served += len(slots)
         self.rows_served += len(flat)
         self.channel.isend(msg.source, Tag.SERVICE_REPLY,
-                           rep.pack(pack_rows(shard.ring.layout.spec, cols)))
+                           out.pack(pack_rows(shard.ring.layout.spec, cols)))
+        return True
 
     def _on_priority(self, msg: Message) -> None:
         up = PriorityUpdate.unpack(msg.payload)
@@ -240,6 +253,13 @@ class BufferServer:
         """One pass: commits, index, stats, then every pending message. Returns work
         done. Local; never blocks."""
         work = sum(s.poll() for s in self.shards)
+        if self.deferred:
+            waiting, self.deferred = self.deferred, []
+            for old in waiting:
+                if self._try_service(old):
+                    work += 1
+                else:
+                    self.deferred.append(old)
         while (msg := self.channel.poll()) is not None:
             handler = self.handlers.get(msg.tag)
             if handler is None:

@@ -35,8 +35,10 @@ from .wire import PriorityUpdate, SampleReply, SampleRequest, Tag, unpack_rows
 
 __all__ = ["Batch", "ControlBlock", "Deliverer", "WeightsBoard", "select_device"]
 
-# control block slots (int64)
-C_INSERTS, C_SAMPLES, C_ACTORS_DONE, C_LEARNERS_DONE, C_LEARNER_VERSION = range(5)
+# control block slots (int64): rows written by actors, rows sampled by learners, ranks
+# done, the lead learner's superstep, and rows actors have reserved (admitted or waiting)
+(C_INSERTS, C_SAMPLES, C_ACTORS_DONE, C_LEARNERS_DONE, C_LEARNER_VERSION,
+ C_RESERVED) = range(6)
 CONTROL_BYTES = 64
 
 Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
@@ -244,17 +246,19 @@ class Deliverer:
         while True:
             stats = self.shard_stats()
             held = sum(s.count for s in stats)
+            mass = sum(s.total for s in stats)
             state = LimiterState(self.control.read(C_INSERTS), self.control.read(C_SAMPLES),
                                  held)
-            if held > 0 and lim.can_sample(state, rows):
+            if mass > 0 and lim.can_sample(state, rows):
                 break
             if self.control.read(C_ACTORS_DONE) >= self.n_actors:
                 # no insert will ever come: the ratio no longer binds, the fill must
-                if held >= lim.min_size_to_sample and held > 0:
+                if held >= lim.min_size_to_sample and mass > 0:
                     break
                 raise DataPlaneClosed(
-                    f"every actor finished with {held} rows held, fewer than "
-                    f"scheduler.min_fill_rows = {lim.min_size_to_sample}")
+                    f"every actor finished with {held} rows held (total priority mass "
+                    f"{mass:g}); sampling needs scheduler.min_fill_rows = "
+                    f"{lim.min_size_to_sample} rows with mass > 0")
             if time.monotonic() > deadline:
                 raise DataPlaneTimeout(f"learner waited {self.timeout_s:.1f} s to sample "
                                        f"{rows} rows: {lim.explain(state)}")
@@ -358,7 +362,8 @@ class Deliverer:
         pos = int(np.flatnonzero(self.shard_ids == sid)[0])
         deadline = time.monotonic() + self.timeout_s
         while True:
-            slots = indices[todo, 1]
+            drawn = indices[todo, 1] >= 0  # -1: the owner had nothing to draw then
+            slots = np.where(drawn, indices[todo, 1], 0)
             rows = (slots[:, None] + np.arange(w)[None, :]).reshape(-1) % cap
             if len(todo) == b - a:  # first pass: straight into the batch
                 dst = {k: v[a * w:b * w] for k, v in flat.items()}
@@ -368,7 +373,7 @@ class Deliverer:
                 sel = (todo[:, None] * w + np.arange(w)[None, :]).reshape(-1)
                 for k, v in got.items():
                     flat[k][sel] = v
-            bad = (indices[todo, 2] - 1) + cap < reserved
+            bad = ~drawn | ((indices[todo, 2] - 1) + cap < reserved)
             if not bad.any():
                 return
             todo = todo[bad]
@@ -377,7 +382,9 @@ class Deliverer:
                 raise DataPlaneTimeout(f"rows of shard {sid} kept being overwritten while "
                                        f"gathering for {self.timeout_s:.1f} s")
             _, total, _, _ = ring.read_stats()
-            rid = self._request(Tag.SAMPLE, pos, self.rng.random(len(todo)) * total)
+            if total <= 0:
+                time.sleep(self.poll_s)
+            rid = self._request(Tag.SAMPLE, pos, self.rng.random(len(todo)) * max(total, 0.0))
             (rep, _), = self._collect(Tag.SAMPLE_REPLY, {rid}, "resample reply").values()
             indices[todo, 1], indices[todo, 2], mass[todo] = rep.slots, rep.gens, rep.mass
 

@@ -26,9 +26,23 @@ from mpi4py import MPI
 from numpy.typing import ArrayLike
 
 from .buffer import BufferServer, OwnedShard, SequenceWindow
-from .delivery import WeightsBoard
 from .config import Config
+from .delivery import (
+    C_ACTORS_DONE,
+    C_INSERTS,
+    C_LEARNER_VERSION,
+    C_LEARNERS_DONE,
+    C_RESERVED,
+    C_SAMPLES,
+    ControlBlock,
+    Deliverer,
+    WeightsBoard,
+    flat_parameters,
+    load_flat,
+    select_device,
+)
 from .errors import ConduitError, ConfigError, DataPlaneClosed, DataPlaneTimeout, SpecError
+from .learner import LearnerEndpoint
 from .metrics import ACTOR_COLUMNS, CsvSink
 from .placement.placement import Placement, plan_round_robin
 from .roles import Role, RoleComms, check_same_config, split_roles
@@ -146,8 +160,6 @@ class ExperienceDataPlane:
         self._control_owner = roles.buffer_ranks[0]
         self._control_window = RmaWindow(roles.world, 64 if me == self._control_owner else 0,
                                          node_comm=roles.node, shared=shared)
-        from .delivery import ControlBlock
-
         self.control = ControlBlock(self._control_window, self._control_owner)
         timeout = config.run.timeout_s
         self.rings: dict[int, ShardRing] = {
@@ -203,15 +215,10 @@ class ExperienceDataPlane:
                                    seed=cfg.run.seed + me)
 
     def _count_done(self, rank: int) -> None:
-        from .delivery import C_ACTORS_DONE, C_LEARNERS_DONE
-
         slot = C_LEARNERS_DONE if rank in self.roles.learner_ranks else C_ACTORS_DONE
         self.control.add(slot, 1)
 
     def _init_learner(self, transform: Any) -> None:
-        from .delivery import Deliverer, select_device
-        from .learner import LearnerEndpoint
-
         cfg, roles, me = self.config, self.roles, self.roles.world_rank
         mine = self.placement.learner_shards.get(me, ())
         local = [r for r in roles.learner_ranks if roles.same_node(r, me)].index(me)
@@ -259,8 +266,6 @@ class ExperienceDataPlane:
     def should_stop(self) -> bool:
         """True once every learner has finished (actors should stop producing). Local;
         one atomic read."""
-        from .delivery import C_LEARNERS_DONE
-
         n = len(self.roles.learner_ranks)
         return n > 0 and self.control.read(C_LEARNERS_DONE) >= n
 
@@ -318,6 +323,7 @@ class ExperienceDataPlane:
         self._wait_policy_lag()
         self._admit(n)
         first = ring.write(data, prio)
+        self.control.add(C_INSERTS, n)
         st = self.ingest_stats
         st.rows += n
         st.batches += 1
@@ -329,12 +335,11 @@ class ExperienceDataPlane:
         return IngestReceipt(n, sid, first)
 
     def _admit(self, n: int) -> None:
-        """Count ``n`` inserts; with the ratio on, wait until it allows them."""
-        from .delivery import C_INSERTS, C_SAMPLES
-
-        old = self.control.add(C_INSERTS, n)
+        """With the ratio on, reserve ``n`` inserts and wait until the ratio allows
+        them. Reserving first means concurrent actors never overshoot together."""
         if not self.limiter.enabled:
             return
+        old = self.control.add(C_RESERVED, n)
         lim = self.limiter
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.config.run.timeout_s
@@ -350,8 +355,6 @@ class ExperienceDataPlane:
         self.ingest_stats.limiter_wait_s += time.perf_counter() - t0
 
     def _wait_policy_lag(self) -> None:
-        from .delivery import C_LEARNER_VERSION
-
         lag = self.config.scheduler.max_policy_lag
         if not lag:
             return
@@ -387,16 +390,14 @@ class ExperienceDataPlane:
     # -- weights (learners -> actors) ----------------------------------------------
     def share_weights(self, model: Any) -> None:
         """Set up weight publication: the lead learner publishes ``model``'s parameters
-        every ``scheduler.weights_every`` supersteps; actors pull them with
-        :meth:`pull_weights`. **Collective**: every rank calls it once; buffers pass
+        now and every ``scheduler.weights_every`` supersteps; actors load the first
+        ones here and newer ones with :meth:`pull_weights`. **Collective**: every rank calls it once; buffers pass
         ``None``, actors and learners a model of the same architecture.
 
         Raises:
             ConfigError: actors' and the lead learner's models differ in size (on every
                 rank).
         """
-        from .delivery import WeightsBoard, flat_parameters
-
         if self.learner is not None and self.learner.started:
             raise DataPlaneClosed("share_weights() must come before the first next_batch() "
                                   "(it is collective, and the data-plane thread owns MPI "
@@ -423,13 +424,13 @@ class ExperienceDataPlane:
             self.learner.weights, self.learner.model = self.weights, model
             self.learner.publish_now()
         roles.world.Barrier()  # the first weights are out before any actor pulls
+        if roles.role is Role.ACTOR:
+            self.pull_weights()  # every actor starts from the learner's weights
 
     def pull_weights(self, model: Any = None) -> bool:
         """Load newer published weights into ``model`` (default: the one given to
         :meth:`share_weights`). Returns whether there were newer ones. Actors; local,
         one-sided."""
-        from .delivery import load_flat
-
         if self.weights is None:
             raise DataPlaneClosed("pull_weights() needs share_weights() first")
         flat = self.weights.pull()

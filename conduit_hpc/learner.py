@@ -194,7 +194,7 @@ class LearnerEndpoint:
     def publish_now(self) -> None:
         """Publish the attached model's weights immediately (lead learner)."""
         if self.lead and self.weights is not None and self.model is not None:
-            flat, board, s = flat_parameters(self.model), self.weights, self._superstep
+            flat, board, s = flat_parameters(self.model), self.weights, max(self._superstep, 0)
             self._run(lambda: board.publish(flat, s), "weight publication")
 
     def stop(self) -> dict[str, float]:

@@ -162,9 +162,13 @@ def entry_for(config_path: Path, cfg: Config) -> Path:
 def launch(config_path: str | Path, *, nranks: int | None = None,
            overrides: Sequence[str] = (), runs_root: str | Path = "runs",
            resume: str = "", timeout_s: float | None = None, quiet: bool = False,
-           config_cls: type[Config] = Config) -> tuple[int, Path]:
+           config_cls: type[Config] = Config, entry: str | Path | None = None
+           ) -> tuple[int, Path]:
     """Start a job's ranks and wait. Blocks at most ``timeout_s`` (default: the job's
     ``run.duration_s`` + ``run.timeout_s`` + 60 s).
+
+    Args:
+        entry: the job script (default: the ``.py`` beside the TOML file).
 
     Returns:
         tuple[int, Path]: the exit status (0 on success) and the run directory.
@@ -180,7 +184,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     raw = _raw_with_overrides(path, overrides)
     (run_dir / "config.toml").write_text(to_toml(raw))
     n = nranks or ranks_for(cfg)
-    entry = entry_for(path, cfg)
+    entry = Path(entry) if entry is not None else entry_for(path, cfg)
     job_args = ["--config", str((run_dir / "config.toml").resolve()), "--run-dir",
                 str(run_dir.resolve())]
     if resume:

@@ -10,8 +10,11 @@ status=0
 for n in "${sizes[@]}"; do
   echo "=== tests/mpi with $n ranks"
   log=$(mktemp)
+  # a test past its timeout must end the job, not just fail on some ranks (the others would
+  # wait in a collective forever): the thread method dumps stacks and exits the process
   timeout -k 10 "$PER_RUN_TIMEOUT" mpirun -n "$n" python -m mpi4py -m pytest -q --with-mpi \
-      -p no:cacheprovider --color=no ${PYTEST_ARGS:-} tests/mpi >"$log" 2>&1
+      -p no:cacheprovider --color=no -o timeout_method=thread --timeout=180 \
+      ${PYTEST_ARGS:-} tests/mpi >"$log" 2>&1
   rc=$?
   # every rank prints a summary: show rank 0's (the first), and all failures
   grep -aE "passed|failed|error" "$log" | sort | uniq -c

@@ -81,7 +81,9 @@ class PriorityIndex:
         self.priority[slots] = p
         scaled = self._scaled(p)
         self.sum.update(slots, scaled)
-        self.min.update(slots, np.where(gens > 0, scaled, np.inf))
+        # the min-tree covers rows that can be drawn (mass > 0): it sets the largest
+        # importance weight
+        self.min.update(slots, np.where((gens > 0) & (scaled > 0), scaled, np.inf))
 
     def invalidate(self, slots: np.ndarray) -> None:
         """Hide slots (being overwritten) from sampling."""

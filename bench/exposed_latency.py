@@ -1,0 +1,188 @@
+"""Exposed experience-path latency and iteration latency in edp, sync and service modes.
+
+    conduit-hpc bench exposed-latency [--smoke] [--supersteps N] [--out DIR]
+
+A synthetic job (jobs/synthetic.py: 1 learner, 1 buffer, 1 actor ingesting at a steady
+rate) is run in all three modes in one invocation, for rows of 4 float32 (batch 256) and
+Atari-sized rows (2 x 4x84x84 uint8, batch 32). The experience-path time is measured
+first (median exposed latency in ``sync`` mode, where the learner does the whole path
+inline); learner compute, a torch matmul loop, is then set to 0.5x, 1x and 2x of it.
+Reported per mode: median and p99 exposed latency and iteration latency, and the
+reductions of ``edp`` against ``sync`` (exposed) and ``service`` (iteration). One JSON
+line per result; a PNG of exposed vs iteration latency per mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+MODES = ("sync", "service", "edp")
+CASES = {
+    "float4": {"spec": {"obs": ("float32", [4]), "action": ("int64", []),
+                        "reward": ("float32", [])},
+               "batch": 256, "actor_rate": 4000.0, "ingest_batch": 64, "capacity": 100_000},
+    "atari": {"spec": {"obs": ("uint8", [4, 84, 84]), "next_obs": ("uint8", [4, 84, 84])},
+              "batch": 32, "actor_rate": 400.0, "ingest_batch": 16, "capacity": 4_000},
+}
+
+
+def git_sha() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                         capture_output=True, text=True, timeout=10, check=False)
+    return out.stdout.strip() or "unknown"
+
+
+def job_toml(case: str, mode: str, compute_s: float, supersteps: int) -> str:
+    c = CASES[case]
+    lines = ['[run]', 'name = "bench"', "timeout_s = 120.0", "", "[layout]", "learners = 1",
+             "buffers = 1", "actors = 1", ""]
+    for name, (dtype, shape) in c["spec"].items():
+        lines += [f"[spec.{name}]", f'dtype = "{dtype}"', f"shape = {shape}", ""]
+    lines += ["[storage]", f"capacity_rows = {c['capacity']}", "",
+              "[scheduler]", f'mode = "{mode}"', f"batch_rows = {c['batch']}",
+              "prefetch_depth = 2", 'sampler = "prioritized"',
+              f"min_fill_rows = {4 * c['batch']}", "",
+              "[synthetic]", f"batch_rows = {c['ingest_batch']}",
+              f"actor_rate_rows_s = {c['actor_rate']}", f"supersteps = {supersteps}",
+              f"compute_s = {compute_s}", "matmul_size = 96"]
+    return "\n".join(lines) + "\n"
+
+
+def run_once(case: str, mode: str, compute_s: float, supersteps: int, work: Path) -> dict:
+    """One job; returns the learner's per-superstep rows (after warm-up)."""
+    cfg = work / f"{case}-{mode}-{compute_s:.6f}.toml"
+    cfg.write_text(job_toml(case, mode, compute_s, supersteps))
+    from conduit_hpc.runner import launch
+
+    rc, run_dir = launch(cfg, runs_root=work / "runs", quiet=True, timeout_s=600,
+                         entry=REPO / "jobs" / "synthetic.py")
+    if rc != 0:
+        raise RuntimeError(f"{case}/{mode} failed with {rc}; logs in {run_dir}")
+    (csv_path,) = (run_dir / "metrics").glob("learner-*.csv")
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    warm = max(5, len(rows) // 10)
+    use = rows[warm:-1]  # the last superstep is closed by done(), not by a next call
+    ex = np.array([float(r["exposed_s"]) for r in use])
+    it = np.array([float(r["iteration_s"]) for r in use])
+    path = np.array([sum(float(r[k]) for k in ("sample_s", "gather_s", "transform_s",
+                                                 "copy_s")) for r in use])
+    comp = np.array([float(r["compute_s"]) for r in use])
+    return {"case": case, "mode": mode, "compute_target_s": compute_s,
+            "supersteps": len(use), "exposed_median_s": float(np.median(ex)),
+            "exposed_p99_s": float(np.percentile(ex, 99)),
+            "iteration_median_s": float(np.median(it)),
+            "iteration_p99_s": float(np.percentile(it, 99)),
+            "path_median_s": float(np.median(path)),
+            "compute_median_s": float(np.median(comp))}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="conduit-hpc bench exposed-latency")
+    p.add_argument("--smoke", action="store_true", help="tiny run for the test suite")
+    p.add_argument("--supersteps", type=int, default=300)
+    p.add_argument("--cases", default="float4,atari")
+    p.add_argument("--factors", default="0.5,1,2", help="compute as multiples of the path")
+    p.add_argument("--out", default=str(REPO / "bench" / "out"), help="PNG/JSON folder")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.supersteps, args.cases, args.factors = 40, "float4", "1"
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sha = git_sha()
+    results: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="conduit-bench-") as tmp:
+        work = Path(tmp)
+        for case in args.cases.split(","):
+            calib = run_once(case, "sync", 0.0, args.supersteps, work)
+            path_s = calib["exposed_median_s"]
+            for factor in [float(f) for f in args.factors.split(",")]:
+                for mode in MODES:
+                    r = run_once(case, mode, factor * path_s, args.supersteps, work)
+                    r.update(factor=factor, calibrated_path_s=path_s, git_sha=sha,
+                             bench="exposed_latency")
+                    results.append(r)
+                    print(json.dumps(r), flush=True)
+    table = reductions(results)
+    print_table(results, table)
+    if not args.smoke:
+        plot(results, out_dir / "exposed_latency.png")
+        (out_dir / "exposed_latency.json").write_text(json.dumps(
+            {"results": results, "reductions": table}, indent=1))
+    return {"results": results, "reductions": table}
+
+
+def reductions(results: list[dict]) -> list[dict]:
+    out = []
+    keys = sorted({(r["case"], r["factor"]) for r in results})
+    for case, factor in keys:
+        by = {r["mode"]: r for r in results if r["case"] == case and r["factor"] == factor}
+        if not all(m in by for m in MODES):
+            continue
+        e, s, v = by["edp"], by["sync"], by["service"]
+        out.append({
+            "case": case, "factor": factor,
+            "exposed_reduction_vs_sync": 1 - e["exposed_median_s"] / s["exposed_median_s"],
+            "exposed_reduction_vs_service":
+                1 - e["exposed_median_s"] / v["exposed_median_s"],
+            "iteration_reduction_vs_sync":
+                1 - e["iteration_median_s"] / s["iteration_median_s"],
+            "iteration_reduction_vs_service":
+                1 - e["iteration_median_s"] / v["iteration_median_s"]})
+    return out
+
+
+def print_table(results: list[dict], table: list[dict]) -> None:
+    print(f"\n{'case':>7} {'x':>4} {'mode':>8} {'exposed med':>12} {'p99':>9} "
+          f"{'iter med':>9} {'p99':>9} {'path':>8} {'compute':>8}   (ms)")
+    for r in results:
+        print(f"{r['case']:>7} {r['factor']:>4g} {r['mode']:>8} "
+              f"{r['exposed_median_s'] * 1e3:>12.3f} {r['exposed_p99_s'] * 1e3:>9.3f} "
+              f"{r['iteration_median_s'] * 1e3:>9.3f} {r['iteration_p99_s'] * 1e3:>9.3f} "
+              f"{r['path_median_s'] * 1e3:>8.3f} {r['compute_median_s'] * 1e3:>8.3f}")
+    print(f"\n{'case':>7} {'x':>4} {'exposed vs sync':>16} {'exposed vs service':>19} "
+          f"{'iteration vs sync':>18} {'iteration vs service':>21}   (edp reduction)")
+    for t in table:
+        print(f"{t['case']:>7} {t['factor']:>4g} {t['exposed_reduction_vs_sync']:>16.1%} "
+              f"{t['exposed_reduction_vs_service']:>19.1%} "
+              f"{t['iteration_reduction_vs_sync']:>18.1%} "
+              f"{t['iteration_reduction_vs_service']:>21.1%}")
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = sorted({r["case"] for r in results})
+    fig, axes = plt.subplots(1, len(cases), figsize=(6 * len(cases), 4.5), squeeze=False)
+    colors = {"edp": "tab:green", "sync": "tab:red", "service": "tab:blue"}
+    for ax, case in zip(axes[0], cases, strict=True):
+        for r in (r for r in results if r["case"] == case):
+            ax.scatter(r["iteration_median_s"] * 1e3, r["exposed_median_s"] * 1e3,
+                       color=colors[r["mode"]], s=40)
+            ax.annotate(f"{r['mode']} {r['factor']:g}x", (r["iteration_median_s"] * 1e3,
+                                                           r["exposed_median_s"] * 1e3),
+                        fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xlabel("iteration latency, median (ms)")
+        ax.set_ylabel("exposed experience-path latency, median (ms)")
+        ax.set_title(f"{case}: compute = 0.5x/1x/2x of the path")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

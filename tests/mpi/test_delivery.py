@@ -1,0 +1,252 @@
+"""Actors -> buffers -> learners end to end, in every delivery mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc.testing import checked_batch, make_config, row_consistent
+
+COMM = MPI.COMM_WORLD
+MODES = ["edp", "sync", "service"]
+
+
+def config(mode: str, transport: str = "auto", **sections):
+    sch = {"mode": mode, "batch_rows": 32, "prefetch_depth": 2, "min_fill_rows": 64,
+           **sections.pop("scheduler", {})}
+    return make_config(layout={"learners": 1, "buffers": 1, **sections.pop("layout", {})},
+                       storage={"capacity_rows": 4096, "priority_exponent": 1.0,
+                                **sections.pop("storage", {})},
+                       transport={"shared_memory": transport}, scheduler=sch, **sections)
+
+
+def actor_ingest(edp, rows_per_batch=16, max_batches=10_000, until_stop=True):
+    receipts, wseq = [], 0
+    for _ in range(max_batches):
+        if until_stop and edp.should_stop:
+            break
+        r = edp.ingest(checked_batch(edp.world_rank, wseq, rows_per_batch))
+        receipts.append((r.shard_id, r.first_seq, wseq, r.rows))
+        wseq += rows_per_batch
+    return receipts
+
+
+def ring_map(all_receipts):
+    out = {}
+    for writer, rs in all_receipts:
+        for shard, first, wseq, n in rs:
+            for i in range(n):
+                out[(shard, first + i)] = (writer, wseq + i)
+    return out
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("transport", ["auto", "never"])
+def test_every_delivered_row_was_ingested_and_committed(mode: str, transport: str) -> None:
+    cfg = config(mode, transport)
+    delivered = []
+    with ExperienceDataPlane(cfg) as edp:
+        receipts = []
+        if edp.role is Role.ACTOR:
+            receipts = actor_ingest(edp)
+        elif edp.role is Role.LEARNER:
+            for _ in range(25):
+                b = edp.next_batch()
+                cols = {k: v.numpy() for k, v in b.data.items()}
+                assert row_consistent(cols).all(), "a torn row was delivered"
+                assert b.staleness <= cfg.scheduler.prefetch_depth
+                assert b.weights.shape == (32,) and (b.weights > 0).all()
+                assert (b.weights <= 1.0 + 1e-6).all()
+                delivered.append((b.indices.copy(), cols["writer"].copy(),
+                                  cols["wseq"].copy()))
+        else:
+            edp.serve()
+        edp.done()
+        all_receipts = edp.roles.world.allgather((edp.world_rank, receipts))
+        summary = edp.summary()
+    rmap = ring_map(all_receipts)
+    for idx, writer, wseq in delivered:
+        for (shard, _slot, gen), w, s in zip(idx, writer, wseq, strict=True):
+            # the row at (shard, seq) is exactly the row the actor's receipt says
+            assert rmap[(int(shard), int(gen) - 1)] == (int(w), int(s))
+    if delivered:
+        assert len(delivered) == 25
+    assert summary["rows_ingested"] >= 64
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode", MODES)
+def test_priority_updates_reach_the_right_rows_within_the_staleness_bound(mode: str) -> None:
+    depth = 2 if mode == "edp" else 0
+    cfg = config(mode, storage={"capacity_rows": 256},
+                 scheduler={"batch_rows": 16, "prefetch_depth": 2, "min_fill_rows": 128})
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            # a fixed set of rows, then stop: nothing is overwritten afterwards
+            for i in range(128 // 16 // len(edp.roles.actor_ranks) + 1):
+                edp.ingest(checked_batch(edp.world_rank, 16 * i, 16))
+            favoured = None
+        elif edp.role is Role.LEARNER:
+            b = edp.next_batch()
+            keep = tuple(b.indices[0].tolist())  # keeps its mass; every other row -> 0
+            zeroed_at: dict[tuple, int] = {}
+            for s in range(12):
+                if s:
+                    b = edp.next_batch()
+                assert b.staleness <= depth
+                rows = [tuple(r) for r in b.indices.tolist()]
+                # a row zeroed in superstep z may still come in batches z+1 .. z+depth
+                # (sampled before the update arrived), never later
+                late = [r for r in rows if r != keep and zeroed_at.get(r, s) < s - depth]
+                assert not late, f"superstep {s}: rows zeroed too long ago delivered: {late}"
+                for r in rows:
+                    zeroed_at.setdefault(r, s)
+                edp.update_priorities(b.indices, np.zeros(len(b)))
+                edp.update_priorities(np.array([keep]), [5.0])
+            if mode != "edp":  # inline modes: once zeroed, never again
+                assert depth == 0
+            favoured = keep
+        else:
+            edp.serve()
+            favoured = None
+        edp.done()
+        favoured = next(f for f in edp.roles.world.allgather(favoured) if f is not None)
+        if edp.role is Role.BUFFER:
+            (shard,) = edp.owned_shards()
+            _sid, slot, gen = favoured
+            assert shard.index.gens[slot] == gen
+            assert shard.index.priority[slot] == 5.0  # the update landed on that row
+            assert shard.index.applied_updates > 0
+        edp.summary()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_late_update_for_overwritten_row_is_dropped_and_counted() -> None:
+    cfg = config("sync", storage={"capacity_rows": 64},
+                 scheduler={"batch_rows": 8, "min_fill_rows": 64})
+    with ExperienceDataPlane(cfg) as edp:
+        lapped = None
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp)
+        elif edp.role is Role.LEARNER:
+            stale = edp.next_batch().indices.copy()
+            for _ in range(2000):  # until the ring has overwritten every stale row
+                newest = int(edp.next_batch().indices[:, 2].max())
+                if newest - int(stale[:, 2].max()) > 64:
+                    break
+            edp.update_priorities(stale, np.full(len(stale), 3.0))
+            edp.next_batch()  # the update is applied before this sample is served
+            lapped = len(stale)
+        else:
+            edp.serve()
+        edp.done()
+        summary = edp.summary()
+        lapped = next(x for x in edp.roles.world.allgather(lapped) if x is not None)
+    dropped = sum(s["dropped_updates"] for s in summary["shards"].values())
+    assert dropped == lapped == 8  # every one of them, and none applied to the new rows
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode", MODES)
+def test_ends_cleanly_when_actors_stop_first(mode: str) -> None:
+    cfg = config(mode, scheduler={"min_fill_rows": 32})
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp, max_batches=4, until_stop=False)
+            edp.done()  # actors leave early
+        elif edp.role is Role.LEARNER:
+            for _ in range(40):  # keeps sampling what is held after the actors left
+                edp.next_batch()
+        else:
+            edp.serve()
+        edp.done()
+        edp.summary()
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode", MODES)
+def test_rate_limiter_holds_the_ratio_and_releases_actors_when_learner_stops(mode) -> None:
+    spi, err = 2.0, 200.0
+    cfg = config(mode, scheduler={"samples_per_insert": spi, "error_buffer": err,
+                                  "max_insert_batch": 16, "min_fill_rows": 64,
+                                  "batch_rows": 32})
+    from conduit_hpc.delivery import C_INSERTS, C_SAMPLES
+
+    with ExperienceDataPlane(cfg) as edp:
+        lim = edp.limiter
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp)  # until the learner stops: limiter waits must be released
+        elif edp.role is Role.LEARNER:
+            for _ in range(30):
+                edp.next_batch()
+                inserts, samples = edp.control.read(C_INSERTS), edp.control.read(C_SAMPLES)
+                # the learner never samples ahead of what was inserted
+                assert inserts * spi - samples >= lim.min_diff
+        else:
+            edp.serve()
+        edp.done()
+        summary = edp.summary()
+        counts = edp.control.read(C_INSERTS), edp.control.read(C_SAMPLES)
+        counts = edp.roles.world.bcast(counts if edp.role is Role.BUFFER else None,
+                                       root=edp.roles.buffer_ranks[0])
+    inserts, samples = counts
+    assert inserts == summary["rows_ingested"]
+    assert samples >= 30 * 32
+    # actors were held back: once the learner stopped, each actor could add at most
+    # the one batch it was waiting with
+    slack = spi * 16 * len(summary["actors"])
+    assert inserts * spi - samples <= lim.max_diff + slack
+
+
+@pytest.mark.mpi(min_size=5)
+def test_two_learners_each_get_their_own_batches() -> None:
+    cfg = config("edp", layout={"learners": 2})
+    with ExperienceDataPlane(cfg) as edp:
+        got = 0
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp)
+        elif edp.role is Role.LEARNER:
+            for _ in range(10):
+                b = edp.next_batch()
+                got += len(b)
+                edp.update_priorities(b.indices, np.ones(len(b)))
+        else:
+            edp.serve()
+        edp.done()
+        counts = edp.roles.world.allgather((edp.role.value, got))
+        edp.summary()
+    assert [c for r, c in counts if r == "learner"] == [320, 320]
+
+
+@pytest.mark.mpi(min_size=3)
+def test_sequence_windows_stay_inside_one_actors_episode() -> None:
+    spec = {"actor": {"dtype": "int32"}, "t": {"dtype": "int64"}, "done": {"dtype": "bool"}}
+    cfg = make_config(spec=spec, layout={"learners": 1, "buffers": 1},
+                      storage={"capacity_rows": 2048},
+                      scheduler={"mode": "edp", "sampler": "sequence", "sequence_length": 4,
+                                 "batch_rows": 16, "min_fill_rows": 64,
+                                 "episode_field": "done", "stream_field": "actor"})
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            rng = np.random.default_rng(edp.world_rank)
+            t = 0
+            while not edp.should_stop:
+                n = int(rng.integers(2, 9))  # an episode of n steps, ingested in one call
+                edp.ingest({"actor": np.full(n, edp.world_rank, np.int32),
+                            "t": np.arange(t, t + n), "done": np.arange(n) == n - 1})
+                t += n
+        elif edp.role is Role.LEARNER:
+            for _ in range(20):
+                b = edp.next_batch()
+                a, t, done = (b.data[k].numpy() for k in ("actor", "t", "done"))
+                assert a.shape == (16, 4)
+                assert (a == a[:, :1]).all(), "window mixes actors"
+                assert (np.diff(t, axis=1) == 1).all(), "window is not consecutive"
+                assert not done[:, :-1].any(), "window crosses an episode end"
+        else:
+            edp.serve()
+        edp.done()
+        edp.summary()

@@ -1,0 +1,98 @@
+"""Weights from the lead learner to actors, and the policy-lag bound."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mpi4py import MPI
+
+from conduit_hpc import ConfigError, ExperienceDataPlane, Role
+from conduit_hpc.delivery import C_LEARNER_VERSION, flat_parameters
+from conduit_hpc.testing import checked_batch, make_config
+
+
+def net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode", ["edp", "sync"])
+def test_actors_receive_every_kth_publication_and_stay_within_the_lag(mode: str) -> None:
+    k, lag = 3, 4
+    cfg = make_config(layout={"learners": 1, "buffers": 1},
+                      storage={"capacity_rows": 4096},
+                      scheduler={"mode": mode, "batch_rows": 16, "min_fill_rows": 32,
+                                 "weights_every": k, "max_policy_lag": lag})
+    model = net()
+    with ExperienceDataPlane(cfg) as edp:
+        edp.share_weights(None if edp.role is Role.BUFFER else model)
+        seen = []
+        if edp.role is Role.ACTOR:
+            wseq = 0
+            while not edp.should_stop:
+                before = edp.control.read(C_LEARNER_VERSION)
+                edp.ingest(checked_batch(edp.world_rank, wseq, 8))
+                wseq += 8
+                # ingest returned: this actor's weights are at most `lag` supersteps
+                # behind the learner (as it was when ingest checked, which is no earlier
+                # than `before`)
+                if not edp.should_stop:
+                    assert before - edp.policy_version <= lag
+                seen.append((edp.policy_version,
+                             float(flat_parameters(model)[0])))
+        elif edp.role is Role.LEARNER:
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(20):
+                b = edp.next_batch()
+                # a real update: parameters change every superstep
+                loss = model(b.data["payload"][:, :4].float() / 1e12).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                seen.append(float(flat_parameters(model)[0]))
+        else:
+            edp.serve()
+        edp.done()
+        everyone = edp.roles.world.allgather((edp.role.value, seen))
+        edp.summary()
+    learner_params = next(s for r, s in everyone if r == "learner")
+    initial = float(flat_parameters(net())[0])
+    for role, s in everyone:
+        if role != "actor":
+            continue
+        versions = [v for v, _ in s]
+        assert all(v % k == 0 for v in versions), "only every k-th superstep is published"
+        assert versions == sorted(versions)
+        for v, p0 in s:
+            # the weights pulled for version v are the learner's weights when superstep v
+            # began (after v updates, i.e. learner_params[v - 1]; the initial ones at 0)
+            want = initial if v == 0 else learner_params[v - 1]
+            assert p0 == pytest.approx(want)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_share_weights_refuses_a_different_model_everywhere() -> None:
+    cfg = make_config(layout={"learners": 1, "buffers": 1})
+    with ExperienceDataPlane(cfg) as edp:
+        model = (torch.nn.Linear(3, 3) if edp.role is Role.LEARNER else
+                 torch.nn.Linear(2, 2) if edp.role is Role.ACTOR else None)
+        with pytest.raises(ConfigError, match="parameters"):
+            edp.share_weights(model)
+        if edp.role is Role.BUFFER:
+            edp.serve()
+        edp.done()
+    assert MPI.COMM_WORLD.allreduce(1) == MPI.COMM_WORLD.Get_size()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_policy_lag_needs_shared_weights() -> None:
+    cfg = make_config(layout={"learners": 1, "buffers": 1},
+                      scheduler={"max_policy_lag": 2})
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            with pytest.raises(ConfigError, match="share_weights"):
+                edp.ingest(checked_batch(edp.world_rank, 0, 4))
+        if edp.role is Role.BUFFER:
+            edp.serve()
+        edp.done()
