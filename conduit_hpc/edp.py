@@ -391,8 +391,9 @@ class ExperienceDataPlane:
     def share_weights(self, model: Any) -> None:
         """Set up weight publication: the lead learner publishes ``model``'s parameters
         now and every ``scheduler.weights_every`` supersteps; actors load the first
-        ones here and newer ones with :meth:`pull_weights`. **Collective**: every rank calls it once; buffers pass
-        ``None``, actors and learners a model of the same architecture.
+        ones here and newer ones with :meth:`pull_weights`. **Collective**: every rank
+        calls it once, before its first ``next_batch``; buffers pass ``None``, actors
+        and learners a model of the same architecture.
 
         Raises:
             ConfigError: actors' and the lead learner's models differ in size (on every

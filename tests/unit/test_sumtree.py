@@ -106,4 +106,4 @@ def test_priority_exponent() -> None:
     ix = PriorityIndex(3, alpha=0.5)
     ix.insert(np.arange(3), np.arange(1, 4), np.array([4.0, 9.0, 0.0]))
     assert ix.total == pytest.approx(5.0)
-    assert ix.min.min == 0.0
+    assert ix.min.min == 2.0  # rows of zero mass cannot be drawn: they set no weight
