@@ -17,7 +17,8 @@ aborts the whole job on an uncaught exception.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -74,27 +75,44 @@ class OwnedShard:
         """Advance commits, update the index, publish stats. Returns rows made visible."""
         ring, cap = self.ring, self.ring.capacity
         old, new = ring.advance_commits()
-        if new > old:
-            lo = max(old, new - cap)
-            seqs = np.arange(lo, new, dtype=np.int64)
-            slots = seqs % cap
-            assert ring.views is not None
-            self.index.insert(slots, seqs + 1, ring.views.priority[slots])
-            self._dirty = True
-        # hide rows a writer has been handed for overwriting (seq q overwrites q - cap)
+        # rows a writer has been handed for overwriting (seq q overwrites q - cap)
         reserved = ring.reserve_cursor()
         lo = max(self.hidden_upto, new, cap)
+        stale = np.zeros(0, np.int64)
         if reserved > lo:
             seqs = np.arange(lo, reserved, dtype=np.int64)
             slots = seqs % cap
-            stale = self.index.gens[slots] == seqs - cap + 1
-            if stale.any():
-                self.index.invalidate(slots[stale])
-                self._dirty = True
+            stale = slots[self.index.gens[slots] == seqs - cap + 1]
         self.hidden_upto = max(self.hidden_upto, reserved)
-        if self._dirty:
-            self.publish()
+        if new > old or stale.size or self._dirty:
+            with self.writing():
+                if new > old:
+                    lo = max(old, new - cap)
+                    seqs = np.arange(lo, new, dtype=np.int64)
+                    slots = seqs % cap
+                    assert ring.views is not None
+                    self.index.insert(slots, seqs + 1, ring.views.priority[slots])
+                if stale.size:
+                    self.index.invalidate(stale)
         return new - old
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Change the index inside the shard's seqlock, then publish its stats, so that
+        node-local readers searching the tree see a consistent state or retry."""
+        self.ring.index_write_begin()
+        try:
+            yield
+        finally:
+            self.ring.index_write_end(*self._stats())
+            self._dirty = False
+
+    def _stats(self) -> tuple[int, float, float, float]:
+        ix = self.index
+        if self.sequence is not None:
+            starts = self._window_starts()  # the cache sample() draws from
+            return len(starts), float(len(starts)), 1.0, ix.max_priority
+        return ix.count, ix.total, ix.min.min if ix.count else np.inf, ix.max_priority
 
     # -- sampling ------------------------------------------------------------------
     def _window_starts(self, force: bool = False) -> np.ndarray:
@@ -117,17 +135,6 @@ class OwnedShard:
                                        cross_episode=seq.cross_episode)
         self._starts, self._starts_at = seqs[starts] if len(seqs) else starts, now
         return self._starts
-
-    def publish(self) -> None:
-        """Publish held rows, total mass, min mass and max priority for samplers."""
-        ix = self.index
-        if self.sequence is not None:
-            starts = self._window_starts()
-            self.ring.publish_stats(len(starts), float(len(starts)), 1.0, ix.max_priority)
-        else:
-            self.ring.publish_stats(ix.count, ix.total, ix.min.min if ix.count else np.inf,
-                                    ix.max_priority)
-        self._dirty = False
 
     def sample(self, targets: np.ndarray) -> SampleReply:
         """Rows for mass offsets ``targets`` (window indices for sequences): slot,
@@ -165,17 +172,24 @@ class BufferServer:
             says it is done (the data plane counts them in its control block).
         poll_interval_s (float): longest sleep between passes when idle.
         seed (int): seed of the resampling of rows found torn in service mode.
+        acks (np.ndarray | None): int64 per rank in shared memory: priority-update
+            messages applied from that rank (learners that search trees directly wait
+            for their updates to be counted here).
+        sync (Callable[[], None] | None): memory barrier for ``acks``.
     """
 
     def __init__(self, shards: list[OwnedShard], channel: Channel, peers: tuple[int, ...],
                  *, on_done: Callable[[int], None] | None = None,
-                 poll_interval_s: float = 0.0002, seed: int = 0) -> None:
+                 poll_interval_s: float = 0.0002, seed: int = 0,
+                 acks: np.ndarray | None = None,
+                 sync: Callable[[], None] | None = None) -> None:
         self.shards = shards
         self.by_id = {s.shard_id: s for s in shards}
         self.channel = channel
         self.waiting_for = set(peers)
         self.poll_interval_s = poll_interval_s
         self.on_done = on_done
+        self.acks, self.sync = acks, sync
         self.rng = np.random.default_rng(seed)
         self.handlers: dict[int, Callable[[Message], None]] = {
             Tag.DONE: self._on_done, Tag.SAMPLE: self._on_sample,
@@ -241,8 +255,12 @@ class BufferServer:
     def _on_priority(self, msg: Message) -> None:
         up = PriorityUpdate.unpack(msg.payload)
         shard = self.by_id[up.shard_id]
-        shard.index.update(up.slots, up.gens, up.priorities)
-        shard.publish()
+        with shard.writing():
+            shard.index.update(up.slots, up.gens, up.priorities)
+        if self.acks is not None:
+            self.acks[msg.source] += 1
+            if self.sync is not None:
+                self.sync()
 
     @property
     def finished(self) -> bool:

@@ -200,6 +200,10 @@ class Deliverer:
         spec (Spec): the row schema.
         rings (Mapping[int, ShardRing]): ring clients of the shards this learner reads.
         owners (Mapping[int, int]): shard id -> owner rank.
+        acks (Mapping[int, np.ndarray]): for owners whose memory this process maps, the
+            int64 per-rank count of priority-update messages they have applied.
+        sync (Callable[[], None]): memory barrier for ``acks``.
+        rank (int): this learner's rank (its entry in ``acks``).
         channel (Channel): the data plane's channel.
         control (ControlBlock): job-wide counters.
         limiter (RateLimiter): the samples-per-insert limiter.
@@ -212,6 +216,7 @@ class Deliverer:
     """
 
     def __init__(self, *, spec: Spec, rings: Mapping[int, ShardRing], owners: Mapping[int, int],
+                 acks: Mapping[int, np.ndarray], sync: Callable[[], None], rank: int,
                  channel: Channel, control: ControlBlock, limiter: RateLimiter,
                  config: SchedulerConfig, n_actors: int, device: torch.device,
                  transform: Transform | None, seed: int, timeout_s: float,
@@ -225,6 +230,9 @@ class Deliverer:
         self.timeout_s, self.poll_s = timeout_s, poll_interval_s
         self.window = config.window
         self._request_id = 0
+        self.acks, self._sync, self.rank = dict(acks), sync, rank
+        self.sent: dict[int, int] = {}  # priority-update messages sent, per owner
+        self.required: dict[int, int] = {}  # ... that a direct search must wait for
         self.resampled = 0
         self.limiter_wait_s = 0.0
         self._stream = (torch.cuda.Stream(device) if device.type == "cuda" else None)
@@ -287,21 +295,63 @@ class Deliverer:
         return got
 
     def _draw(self, tag: Tag, stats: list[ShardStats], rows: int
-              ) -> tuple[np.ndarray, list[tuple[int, int, SampleReply, np.ndarray]]]:
-        """Targets over all shards -> per shard (first position, end, reply, extra)."""
+              ) -> list[tuple[int, int, SampleReply, np.ndarray]]:
+        """Targets over all shards -> per shard (first position, end, reply, extra).
+        Shards in this node's shared memory are searched directly; the others' owners
+        are asked (one message per shard), as are all owners in service mode."""
         totals = np.array([s.total for s in stats])
         shard_pos, local = allocate_targets(totals, rows, self.rng)
         bounds = np.searchsorted(shard_pos, np.arange(len(stats) + 1))
         ids: dict[int, tuple[int, int]] = {}
+        parts = []
         for k in range(len(stats)):
             a, b = int(bounds[k]), int(bounds[k + 1])
-            if b > a:
+            if b == a:
+                continue
+            found = None if tag is Tag.SERVICE else self._search(k, local[a:b])
+            if found is not None:
+                parts.append((a, b, found, np.zeros(0, np.uint8)))
+            else:
                 ids[self._request(tag, k, local[a:b])] = (a, b)
-        reply = Tag.SERVICE_REPLY if tag is Tag.SERVICE else Tag.SAMPLE_REPLY
-        replies = self._collect(reply, set(ids), "sample replies")
-        parts = [(a, b, replies[i][0], replies[i][1]) for i, (a, b) in ids.items()]
+        if ids:
+            reply = Tag.SERVICE_REPLY if tag is Tag.SERVICE else Tag.SAMPLE_REPLY
+            replies = self._collect(reply, set(ids), "sample replies")
+            parts += [(a, b, replies[i][0], replies[i][1]) for i, (a, b) in ids.items()]
         parts.sort(key=lambda x: x[0])
-        return shard_pos, parts
+        return parts
+
+    def mark(self) -> None:
+        """A superstep ended: batches prepared from now on must see every priority
+        update sent so far. Messages to an owner arrive in order, so asking the owner
+        keeps this by itself; a direct search of its tree first waits for the owner's
+        acknowledgement count to catch up (:meth:`_search`)."""
+        self.required = dict(self.sent)
+
+    def _search(self, k: int, targets: np.ndarray) -> SampleReply | None:
+        """Search shard ``k``'s tree in shared memory, if this process maps it."""
+        if self.window > 1:  # sequence windows are cut by the owner
+            return None
+        sid = int(self.shard_ids[k])
+        owner = self.owners[sid]
+        acks = self.acks.get(owner)
+        if acks is None:
+            return None
+        need = self.required.get(owner, 0)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            self._sync()
+            if int(acks[self.rank]) >= need:
+                break
+            if time.monotonic() > deadline:
+                raise DataPlaneTimeout(f"the owner (rank {owner}) of shard {sid} did not apply "
+                                       f"this learner's priority updates within "
+                                       f"{self.timeout_s:.1f} s")
+            time.sleep(self.poll_s)
+        found = self.rings[sid].search(targets)
+        if found is None:
+            return None
+        slots, gens, mass, held, total, mn = found
+        return SampleReply(0, sid, slots, gens, mass, held, total, mn)
 
     # -- one batch ---------------------------------------------------------------------
     def prepare(self, superstep: int, staleness: int, *, service: bool = False) -> Batch:
@@ -316,7 +366,7 @@ class Deliverer:
         flat = {k: v.reshape(B * w, *v.shape[len(lead):]) for k, v in out.items()}
         indices = np.empty((B, 3), dtype=np.int64)
         mass = np.empty(B, dtype=np.float64)
-        _, parts = self._draw(Tag.SERVICE if service else Tag.SAMPLE, stats, B)
+        parts = self._draw(Tag.SERVICE if service else Tag.SAMPLE, stats, B)
         t1 = time.perf_counter()
         timings["sample_s"] = t1 - t0
         for a, b, rep, rows in parts:
@@ -384,8 +434,11 @@ class Deliverer:
             _, total, _, _ = ring.read_stats()
             if total <= 0:
                 time.sleep(self.poll_s)
-            rid = self._request(Tag.SAMPLE, pos, self.rng.random(len(todo)) * max(total, 0.0))
-            (rep, _), = self._collect(Tag.SAMPLE_REPLY, {rid}, "resample reply").values()
+            targets = self.rng.random(len(todo)) * max(total, 0.0)
+            rep = self._search(pos, targets)
+            if rep is None:
+                rid = self._request(Tag.SAMPLE, pos, targets)
+                (rep, _), = self._collect(Tag.SAMPLE_REPLY, {rid}, "resample reply").values()
             indices[todo, 1], indices[todo, 2], mass[todo] = rep.slots, rep.gens, rep.mass
 
     def _to_device(self, data: Mapping[str, np.ndarray], indices: np.ndarray,
@@ -412,7 +465,9 @@ class Deliverer:
         for part, p in zip(np.split(idx, cuts), np.split(pr, cuts), strict=True):
             sid = int(part[0, 0])
             up = PriorityUpdate(sid, part[:, 1], part[:, 2], p)
-            self.channel.isend(self.owners[sid], Tag.PRIORITY, up.pack())
+            owner = self.owners[sid]
+            self.channel.isend(owner, Tag.PRIORITY, up.pack())
+            self.sent[owner] = self.sent.get(owner, 0) + 1
         return len(indices)
 
 

@@ -148,10 +148,13 @@ class ExperienceDataPlane:
         self.run_dir = Path(run_dir) if run_dir else None
         me = roles.world_rank
         layouts = [ShardLayout(self.spec, s.capacity_rows) for s in placement.shards]
+        # each owner's segment starts with int64[world_size] acknowledgements: how many
+        # priority-update messages it has applied from each rank (see Deliverer.mark)
+        self._ack_bytes = (8 * roles.world_size + 63) // 64 * 64
         bases: dict[int, int] = {}
         used: dict[int, int] = {}
         for s, lay in zip(placement.shards, layouts, strict=True):
-            bases[s.shard_id] = used.get(s.owner_rank, 0)
+            bases[s.shard_id] = used.get(s.owner_rank, self._ack_bytes)
             used[s.owner_rank] = bases[s.shard_id] + lay.nbytes
         tcfg = config.transport
         shared = tcfg.shared_memory == "auto"
@@ -203,16 +206,24 @@ class ExperienceDataPlane:
         alpha = 0.0 if sch.sampler == "uniform" else scfg.priority_exponent
         seqwin = (SequenceWindow(sch.window, sch.episode_field, sch.stream_field,
                                  sch.cross_episode) if sch.sampler == "sequence" else None)
-        owned = [OwnedShard(s.shard_id, self.rings[s.shard_id],
-                            PriorityIndex(s.capacity_rows, alpha=alpha,
-                                          initial_priority=scfg.initial_priority),
-                            sequence=seqwin)
-                 for s in self.placement.shards_of(me)]
+        owned = []
+        for s in self.placement.shards_of(me):
+            ring = self.rings[s.shard_id]
+            assert ring.views is not None
+            # the tree and generations live in the window: node-local learners search
+            # them directly (under the shard's seqlock) instead of asking
+            index = PriorityIndex(s.capacity_rows, alpha=alpha,
+                                  initial_priority=scfg.initial_priority,
+                                  sum_buffer=ring.views.tree, gens_buffer=ring.views.gens)
+            owned.append(OwnedShard(s.shard_id, ring, index, sequence=seqwin))
         peers = tuple(r for r in range(roles.world_size) if r not in roles.buffer_ranks)
         on_done = self._count_done if me == self._control_owner else None
+        seg = self._window.own_segment()
+        acks = seg[:8 * roles.world_size].view(np.int64)
         self.server = BufferServer(owned, self.channel, peers, on_done=on_done,
                                    poll_interval_s=cfg.transport.poll_interval_s,
-                                   seed=cfg.run.seed + me)
+                                   seed=cfg.run.seed + me, acks=acks,
+                                   sync=self._window.sync)
 
     def _count_done(self, rank: int) -> None:
         slot = C_LEARNERS_DONE if rank in self.roles.learner_ranks else C_ACTORS_DONE
@@ -223,8 +234,14 @@ class ExperienceDataPlane:
         mine = self.placement.learner_shards.get(me, ())
         local = [r for r in roles.learner_ranks if roles.same_node(r, me)].index(me)
         self.device = select_device(cfg.scheduler.device, local)
-        d = Deliverer(spec=self.spec, rings={s: self.rings[s] for s in mine},
-                      owners={s: self.placement.shards[s].owner_rank for s in mine},
+        owners = {s: self.placement.shards[s].owner_rank for s in mine}
+        acks = {}
+        for o in set(owners.values()):
+            view = self._window.local_view(o)
+            if view is not None:
+                acks[o] = view[:8 * roles.world_size].view(np.int64)
+        d = Deliverer(spec=self.spec, rings={s: self.rings[s] for s in mine}, owners=owners,
+                      acks=acks, sync=self._window.sync, rank=me,
                       channel=self.channel, control=self.control, limiter=self.limiter,
                       config=cfg.scheduler, n_actors=len(roles.actor_ranks),
                       device=self.device, transform=transform, seed=cfg.run.seed + me,

@@ -95,6 +95,11 @@ class LearnerEndpoint:
             self._cv.notify_all()
         return True
 
+    def _request(self) -> None:
+        """On the thread, after every update queued before it: end the superstep."""
+        self.d.mark()
+        self.clock.request()
+
     def _run(self, fn: Callable[[], Any], what: str) -> Any:
         """Run on the data-plane thread when there is one (ordered after every earlier
         call), else inline."""
@@ -116,11 +121,12 @@ class LearnerEndpoint:
             self._start()
         s = self._superstep + 1
         if self._thread is None:
+            self.d.mark()
             self.clock.request()
             t, staleness = self.clock.start()
             batch = self.d.prepare(t, staleness, service=self.mode == "service")
         else:
-            self._thread.post(self.clock.request)
+            self._thread.post(self._request)
             deadline = time.monotonic() + self.timeout_s
             with self._cv:
                 while s not in self._ready:

@@ -38,14 +38,23 @@ class PriorityIndex:
         alpha (float): exponent applied to priorities (0: uniform).
         initial_priority (float): priority of rows inserted without one before any
             larger priority was seen.
+        sum_buffer, gens_buffer (np.ndarray | None): storage for the sum-tree and the
+            generations (shared memory, so that node-local learners search directly).
     """
 
-    def __init__(self, capacity: int, *, alpha: float, initial_priority: float = 1.0) -> None:
+    def __init__(self, capacity: int, *, alpha: float, initial_priority: float = 1.0,
+                 sum_buffer: np.ndarray | None = None,
+                 gens_buffer: np.ndarray | None = None) -> None:
         self.capacity = int(capacity)
         self.alpha = float(alpha)
-        self.sum = SumTree(capacity)
+        self.sum = SumTree(capacity, sum_buffer)
         self.min = MinTree(capacity)
-        self.gens = np.zeros(capacity, dtype=np.int64)  # generation each leaf is for
+        # generation each leaf is for (0: nothing to draw there)
+        if gens_buffer is None:
+            self.gens = np.zeros(capacity, dtype=np.int64)
+        else:
+            self.gens = gens_buffer
+            self.gens[:] = 0
         self.priority = np.zeros(capacity, dtype=np.float64)  # raw priority (before alpha)
         self.max_priority = float(initial_priority)
         self.dropped_updates = 0

@@ -4,12 +4,15 @@ Byte layout of one shard (every block 64-byte aligned), starting at ``base``::
 
     header   int64[8]         [0] reserve cursor  (next sequence number to hand out)
                               [1] commit cursor   (every seq below it is committed)
-                              [2] stats version (seqlock: odd while the owner writes)
+                              [2] index version (seqlock: odd while the owner writes
+                              the index blocks and the stats)
                               [3] rows held  [4] total mass  [5] min mass  [6] max
                               priority (4-6 are float64 bit patterns), written by the
                               owner for samplers
     stamps   int64[capacity]  stamp[slot] = seq + 1 of the row committed there (0: empty)
     priority float64[capacity] initial priority given by the writer (NaN: none)
+    tree     float64[2P]      the owner's sum-tree of priority ** alpha (index block)
+    gens     int64[capacity]  generation each tree leaf is for, 0: none (index block)
     column   per spec field   field[capacity, *shape] of the field's dtype
 
 Protocol (sequence numbers ``seq`` are global to the shard, ``slot = seq % capacity``):
@@ -21,6 +24,8 @@ Protocol (sequence numbers ``seq`` are global to the shard, ``slot = seq % capac
   may wrap); flush; put the stamps ``seq + 1``; flush.
 * **Commit** (owner only): scan stamps from the commit cursor and advance it over every
   slot whose stamp shows its expected seq. Rows become visible to samplers only then.
+* **Search** (node-local readers): prefix-search the owner's tree in shared memory
+  under the index seqlock, instead of asking the owner.
 * **Read** (any rank): copy rows of sampled slots, then read the reserve cursor ``R``; a
   row of sequence ``q`` is intact iff ``q + capacity >= R`` - no writer has yet been
   handed the seq that overwrites it. Stale or torn rows are therefore detected, never
@@ -39,6 +44,7 @@ import numpy as np
 from ..errors import DataPlaneTimeout, SpecError
 from ..spec import Spec
 from ..transport.base import Transport
+from .sumtree import prefix_search, tree_nodes
 
 __all__ = ["RingSegment", "ShardLayout", "ShardRing", "ring_segments"]
 
@@ -100,8 +106,8 @@ class ShardLayout:
         nbytes (int): bytes the shard takes.
     """
 
-    __slots__ = ("capacity", "column_offsets", "nbytes", "priority_offset", "spec",
-                 "stamps_offset")
+    __slots__ = ("capacity", "column_offsets", "gens_offset", "nbytes", "priority_offset",
+                 "spec", "stamps_offset", "tree_offset")
 
     def __init__(self, spec: Spec, capacity: int) -> None:
         if capacity <= 0:
@@ -110,7 +116,9 @@ class ShardLayout:
         self.capacity = int(capacity)
         self.stamps_offset = HEADER_BYTES
         self.priority_offset = _align(self.stamps_offset + 8 * capacity)
-        off = _align(self.priority_offset + 8 * capacity)
+        self.tree_offset = _align(self.priority_offset + 8 * capacity)
+        self.gens_offset = _align(self.tree_offset + 8 * tree_nodes(capacity))
+        off = _align(self.gens_offset + 8 * capacity)
         self.column_offsets: dict[str, int] = {}
         for f in spec:
             self.column_offsets[f.name] = off
@@ -138,6 +146,8 @@ class ShardLayout:
         return ShardViews(header=arr(0, i64, (8,)),
                           stamps=arr(self.stamps_offset, i64, (self.capacity,)),
                           priority=arr(self.priority_offset, f64, (self.capacity,)),
+                          tree=arr(self.tree_offset, f64, (tree_nodes(self.capacity),)),
+                          gens=arr(self.gens_offset, i64, (self.capacity,)),
                           columns=cols)
 
 
@@ -148,6 +158,8 @@ class ShardViews:
     header: np.ndarray
     stamps: np.ndarray
     priority: np.ndarray
+    tree: np.ndarray
+    gens: np.ndarray
     columns: dict[str, np.ndarray]
 
 
@@ -285,22 +297,26 @@ class ShardRing:
             self.transport.atomic_write(self.owner, self.base + 8 * H_COMMIT, new)
         return old, new
 
-    def publish_stats(self, held: int, total: float, min_mass: float,
-                      max_priority: float) -> None:
-        """Owner only: publish what samplers need to know (seqlock-protected)."""
+    def index_write_begin(self) -> None:
+        """Owner only: the index blocks (tree, gens) and stats are about to change."""
         v = self.views
         if v is None:
-            raise RuntimeError("publish_stats() must run on the shard's owner")
-        t = self.transport
-        version = int(v.header[H_STATS_VERSION])
-        v.header[H_STATS_VERSION] = version + 1
-        t.sync()
+            raise RuntimeError("index_write_begin() must run on the shard's owner")
+        v.header[H_STATS_VERSION] += 1
+        self.transport.sync()
+
+    def index_write_end(self, held: int, total: float, min_mass: float,
+                        max_priority: float) -> None:
+        """Owner only: publish the stats and close the write (seqlock)."""
+        v = self.views
+        assert v is not None
+        self.transport.sync()
         v.header[H_HELD] = held
         f = v.header.view(np.float64)
         f[H_TOTAL], f[H_MIN], f[H_MAXP] = total, min_mass, max_priority
-        t.sync()
-        v.header[H_STATS_VERSION] = version + 2
-        t.sync()
+        self.transport.sync()
+        v.header[H_STATS_VERSION] += 1
+        self.transport.sync()
 
     def read_stats(self) -> tuple[int, float, float, float]:
         """(rows held, total mass, min mass, max priority) as last published by the
@@ -325,6 +341,38 @@ class ShardRing:
             if time.monotonic() > deadline:
                 raise DataPlaneTimeout(f"shard stats on rank {self.owner} stayed mid-update "
                                        f"for {self.timeout_s:.1f} s")
+
+    def search(self, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                   int, float, float] | None:
+        """Prefix-search the owner's tree directly (node-local readers): slots,
+        generations and masses for ``targets``, with the stats they are consistent with;
+        slots are -1 when the shard had nothing to draw. ``None`` if this process cannot
+        load the shard's memory. Retries while the owner writes (bounded)."""
+        v = self.views
+        if v is None:
+            return None
+        t = self.transport
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            t.sync()
+            before = int(v.header[H_STATS_VERSION])
+            if before % 2 == 0:
+                held = int(v.header[H_HELD])
+                f = v.header.view(np.float64)
+                total, mn = float(f[H_TOTAL]), float(f[H_MIN])
+                if total > 0 and float(v.tree[1]) > 0:
+                    slots = prefix_search(v.tree, targets)
+                    gens = v.gens[slots]
+                    mass = v.tree[slots + len(v.tree) // 2]
+                else:
+                    slots = np.full(len(targets), -1, np.int64)
+                    gens, mass = np.zeros(len(targets), np.int64), np.zeros(len(targets))
+                t.sync()
+                if int(v.header[H_STATS_VERSION]) == before:
+                    return slots, gens, mass, held, total, mn
+            if time.monotonic() > deadline:
+                raise DataPlaneTimeout(f"the tree of the shard on rank {self.owner} stayed "
+                                       f"mid-update for {self.timeout_s:.1f} s")
 
     # -- reader --------------------------------------------------------------------
     def stamps_of(self, slots: np.ndarray) -> np.ndarray:

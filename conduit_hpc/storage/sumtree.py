@@ -10,22 +10,35 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MinTree", "SumTree"]
+__all__ = ["MinTree", "SumTree", "prefix_search", "tree_nodes"]
+
+
+def tree_nodes(capacity: int) -> int:
+    """Number of float64 nodes a tree over ``capacity`` leaves takes (``2 * P``)."""
+    p = 1
+    while p < capacity:
+        p *= 2
+    return 2 * p
 
 
 class _Tree:
     _fill: float
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, buffer: np.ndarray | None = None) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be > 0, got {capacity!r}")
         self.capacity = int(capacity)
-        p = 1
-        while p < capacity:
-            p *= 2
-        self._p = p
-        self._depth = p.bit_length() - 1
-        self._tree = np.full(2 * p, self._fill, dtype=np.float64)
+        nodes = tree_nodes(capacity)
+        self._p = nodes // 2
+        self._depth = self._p.bit_length() - 1
+        if buffer is None:
+            self._tree = np.full(nodes, self._fill, dtype=np.float64)
+        else:
+            if buffer.dtype != np.float64 or buffer.shape != (nodes,):
+                raise ValueError(f"buffer must be float64 of shape ({nodes},), got "
+                                 f"{buffer.dtype} {buffer.shape}")
+            self._tree = buffer
+            self._tree[:] = self._fill
 
     def _combine(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -89,6 +102,8 @@ class SumTree(_Tree):
 
     Args:
         capacity (int): number of leaves.
+        buffer (np.ndarray | None): float64 storage of :func:`tree_nodes` nodes to use
+            (e.g. shared memory that other processes search); default: its own.
     """
 
     _fill = 0.0
@@ -115,21 +130,29 @@ class SumTree(_Tree):
         Raises:
             ValueError: the tree is empty (total 0).
         """
-        t = np.array(targets, dtype=np.float64, copy=True).reshape(-1)
         if self.total <= 0:
             raise ValueError("cannot search a sum-tree whose total is 0")
-        np.clip(t, 0.0, np.nextafter(self.total, 0.0), out=t)
-        node = np.ones(t.shape, dtype=np.int64)
-        tree = self._tree
-        for _ in range(self._depth):
-            left = 2 * node
-            lv = tree[left]
-            go_right = (t >= lv) & (tree[left + 1] > 0)
-            # a target that rounding pushed past a subtree with no mass stays left
-            go_right |= lv <= 0
-            t = np.where(go_right, t - lv, t)
-            node = left + go_right
-        return node - self._p
+        return prefix_search(self._tree, targets)
+
+
+def prefix_search(tree: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Prefix search over a sum-tree stored flat in ``tree`` (``2 * P`` nodes, root at
+    1, leaves from ``P``) - usable on another process's tree in shared memory. Targets
+    are clipped into ``[0, total)``; the tree's total must be > 0."""
+    p = len(tree) // 2
+    total = float(tree[1])
+    t = np.array(targets, dtype=np.float64, copy=True).reshape(-1)
+    np.clip(t, 0.0, np.nextafter(total, 0.0), out=t)
+    node = np.ones(t.shape, dtype=np.int64)
+    for _ in range(p.bit_length() - 1):
+        left = 2 * node
+        lv = tree[left]
+        go_right = (t >= lv) & (tree[left + 1] > 0)
+        # a target that rounding pushed past a subtree with no mass stays left
+        go_right |= lv <= 0
+        t = np.where(go_right, t - lv, t)
+        node = left + go_right
+    return node - p
 
 
 class MinTree(_Tree):
