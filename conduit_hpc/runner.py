@@ -59,6 +59,8 @@ def job_main(config_cls: type[C], run: Callable[..., Any],
     """
     args = job_arguments(argv)
     rank = _world_rank()
+    if args.run_dir:
+        _log_to_files(Path(args.run_dir) / "logs", rank)
     try:
         cfg = config_cls.from_toml(args.config, args.set)
         kwargs: dict[str, Any] = {}
@@ -73,6 +75,22 @@ def job_main(config_cls: type[C], run: Callable[..., Any],
         print(f"{ERROR_PREFIX} on world rank {rank}: {type(err).__name__}: {err}",
               file=sys.stderr, flush=True)
         sys.exit(3)
+
+
+def _log_to_files(logs: Path, rank: int) -> None:
+    """Send this rank's stdout and stderr to ``logs/rank-N.out`` and ``.err`` (the
+    launcher follows rank 0's). Done by the rank itself: ``mpirun --output dir=``
+    loses output to a directory-creation race in some PMIx versions."""
+    logs.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for stream, suffix in ((sys.stdout, "out"), (sys.stderr, "err")):
+        fd = os.open(logs / f"rank-{rank}.{suffix}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                     0o644)
+        os.dup2(fd, stream.fileno())
+        os.close(fd)
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
 
 
 def _world_rank() -> int:
@@ -194,7 +212,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
             os.environ.get("CONDUIT_LAUNCHER", "") == "srun":
         cmd = ["srun", "--mpi=pmix", "-n", str(n), *py]
     else:
-        cmd = ["mpirun", "-n", str(n), "--output", f"dir={(run_dir / 'logs').resolve()}", *py]
+        cmd = ["mpirun", "-n", str(n), *py]
     budget = timeout_s or (cfg.run.duration_s + cfg.run.timeout_s + 60.0)
     (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
     with open(run_dir / "logs" / "launcher.log", "w") as launcher_log:
@@ -260,26 +278,28 @@ class _Follower:
 
 
 def _rank_log(run_dir: Path, rank: int, name: str) -> Path | None:
-    hits = sorted((run_dir / "logs").glob(f"**/rank.{rank}/{name}"))
-    return hits[0] if hits else None
+    f = run_dir / "logs" / f"rank-{rank}.{'out' if name == 'stdout' else 'err'}"
+    return f if f.exists() else None
 
 
 def first_error(run_dir: Path) -> str | None:
     """The first ``conduit-hpc: error`` line any rank wrote, or the last line of the
     first Python traceback, as one message; ``None`` if there is neither."""
-    logs = sorted((run_dir / "logs").glob("**/rank.*/stderr"),
-                  key=lambda p: int(p.parent.name.split(".")[1]))
+    logs = sorted((run_dir / "logs").glob("rank-*.err"),
+                  key=lambda p: int(p.stem.split("-")[1]))
+    launcher = run_dir / "logs" / "launcher.log"
     for f in logs:
         for line in f.read_text(errors="replace").splitlines():
             if line.startswith(ERROR_PREFIX):
                 return line + f" (logs in {run_dir / 'logs'})"
-    for f in logs:
+    for f in [*logs, launcher] if launcher.exists() else logs:
         text = f.read_text(errors="replace")
         if "Traceback (most recent call last)" in text:
             tail = [ln for ln in text.splitlines() if re.match(r"^\w[\w.]*(Error|Exception)", ln)]
-            rank = f.parent.name.split(".")[1]
+            where = (f"world rank {f.stem.split('-')[1]}" if f.name.startswith("rank-")
+                     else "a rank")
             if tail:
-                return (f"{ERROR_PREFIX} on world rank {rank}: {tail[-1]} "
+                return (f"{ERROR_PREFIX} on {where}: {tail[-1]} "
                         f"(logs in {run_dir / 'logs'})")
     return None
 

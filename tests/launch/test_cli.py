@@ -71,3 +71,30 @@ def test_ingest_benchmark_smoke() -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["memcpy_gbps"] > 0
     assert all(r["rows"] > 0 and r["ratio_to_memcpy"] > 0 for r in result["results"])
+
+
+@pytest.mark.parametrize("mode", ["edp", "sync", "service"])
+def test_synthetic_job_in_each_mode_writes_metrics(tmp_path, mode: str) -> None:
+    import csv
+
+    out = cli("run", "jobs/synthetic.toml", "--runs", str(tmp_path), "--mode", mode,
+              "--set", "synthetic.supersteps=60", "--set", "layout.actors=2")
+    assert out.returncode == 0, out.stderr
+    assert f"learner 0 ({mode}): 60 supersteps" in out.stdout
+    run_dir = next(tmp_path.iterdir())
+    with open(run_dir / "metrics" / "learner-0.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 60 and {r["mode"] for r in rows} == {mode}
+    assert all(float(r["exposed_s"]) >= 0 and int(r["rows"]) == 256 for r in rows)
+    assert (run_dir / "metrics" / "summary.json").exists()
+    assert list((run_dir / "metrics").glob("actor-*.csv"))
+
+
+def test_a_rank_raising_midway_ends_the_job_with_one_message(tmp_path) -> None:
+    # the other ranks are mid-collective or waiting; they must not hang (cli() has a
+    # timeout) and the one message is the injected error, not a DataPlaneTimeout
+    out = cli("run", "tests/launch/jobs/raise_midway.toml", "--runs", str(tmp_path))
+    assert out.returncode != 0
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
+    assert len(errors) == 1, out.stderr
+    assert "world rank 0" in errors[0] and "injected failure at superstep 20" in errors[0]
