@@ -228,6 +228,10 @@ class SchedulerConfig:
         episode_field, stream_field (str): spec fields that mark episode ends and the
             writer's stream (sequence sampler).
         device (str): ``auto`` (the node-local GPU if any, else CPU), ``cpu``, ``cuda``.
+        fetch (str): how ``edp`` and ``sync`` get rows: ``direct`` (search and copy
+            shards in shared memory, RMA otherwise) or ``owner`` (the shard's owner
+            samples and sends the rows, as in ``service`` - for shards behind a slow link,
+            where ``edp`` then prefetches those replies ahead of the learner).
     """
 
     mode: Literal["edp", "sync", "service"] = "edp"
@@ -249,6 +253,7 @@ class SchedulerConfig:
     episode_field: str = ""
     stream_field: str = ""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    fetch: Literal["direct", "owner"] = "direct"
 
     def __post_init__(self) -> None:
         require(self.batch_rows >= 1, "batch_rows", self.batch_rows, ">= 1")

@@ -61,6 +61,8 @@ class LearnerEndpoint:
         self.lead = lead
         self.timeout_s = timeout_s
         self.mode = config.mode
+        # the owner samples and sends the rows: always in service mode, by choice else
+        self._by_owner = config.mode == "service" or config.fetch == "owner"
         self.clock = PrefetchClock(config.prefetch_depth if self.mode == "edp" else 0)
         self.metrics = CsvSink(metrics_path, LEARNER_COLUMNS)
         self.status = LiveStatus() if status else None
@@ -89,7 +91,7 @@ class LearnerEndpoint:
         if not self.clock.may_prepare():
             return False
         t, staleness = self.clock.start()
-        batch = self.d.prepare(t, staleness)
+        batch = self.d.prepare(t, staleness, service=self._by_owner)
         with self._cv:
             self._ready[t] = batch
             self._cv.notify_all()
@@ -124,7 +126,7 @@ class LearnerEndpoint:
             self.d.mark()
             self.clock.request()
             t, staleness = self.clock.start()
-            batch = self.d.prepare(t, staleness, service=self.mode == "service")
+            batch = self.d.prepare(t, staleness, service=self._by_owner)
         else:
             self._thread.post(self._request)
             deadline = time.monotonic() + self.timeout_s

@@ -14,7 +14,10 @@ MODES = ["edp", "sync", "service"]
 
 
 def config(mode: str, transport: str = "auto", **sections):
-    sch = {"mode": mode, "batch_rows": 32, "prefetch_depth": 2, "min_fill_rows": 64,
+    fetch = "direct"
+    if mode == "edp+owner":  # prefetch through the owners, as across a long link
+        mode, fetch = "edp", "owner"
+    sch = {"mode": mode, "fetch": fetch, "batch_rows": 32, "prefetch_depth": 2, "min_fill_rows": 64,
            **sections.pop("scheduler", {})}
     return make_config(layout={"learners": 1, "buffers": 1, **sections.pop("layout", {})},
                        storage={"capacity_rows": 4096, "priority_exponent": 1.0,
@@ -43,7 +46,7 @@ def ring_map(all_receipts):
 
 
 @pytest.mark.mpi(min_size=3)
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [*MODES, "edp+owner"])
 @pytest.mark.parametrize("transport", ["auto", "never"])
 def test_every_delivered_row_was_ingested_and_committed(mode: str, transport: str) -> None:
     cfg = config(mode, transport)
