@@ -327,6 +327,9 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be {_type_name(tp)}, got {value!r}", key=key)
         return value
     if origin in (typing.Union, types.UnionType):
+        real = [a for a in get_args(tp) if a is not type(None)]
+        if len(real) == 1 and value is not None:  # X | None: X's own error says more
+            return _convert(real[0], value, key)
         last: ConfigError | None = None
         for arg in get_args(tp):
             if arg is type(None):
