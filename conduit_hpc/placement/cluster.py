@@ -516,7 +516,7 @@ class ClusterModel:
 
 
 def _replace_node(n: NodeSpec, changes: Mapping[str, Any]) -> NodeSpec:
-    values = {k: getattr(n, k) for k in NodeSpec.__slots__}  # type: ignore[attr-defined]
+    values = {k: getattr(n, k) for k in NodeSpec.__slots__}
     values.update(changes)
     return NodeSpec(**values)
 

@@ -260,8 +260,16 @@ class Topology:
         self.roster = roster
         self.links = lt = LinkTable(cluster)
         nn = len(cluster.nodes)
-        l_rank, l_node, l_gpu, l_local = [], [], [], []
-        o_kind, o_node, o_gpu, o_rank, o_cap, o_name = [], [], [], [], [], []
+        l_rank: list[int] = []
+        l_node: list[int] = []
+        l_gpu: list[int] = []
+        l_local: list[int] = []
+        o_kind: list[int] = []
+        o_node: list[int] = []
+        o_gpu: list[int] = []
+        o_rank: list[int] = []
+        o_cap: list[int] = []
+        o_name: list[str] = []
         self.node_learners: list[list[int]] = [[] for _ in range(nn)]
         self.node_host_loc = np.full(nn, -1, np.int64)
         self.node_buf_locs: list[list[int]] = [[] for _ in range(nn)]
@@ -542,7 +550,8 @@ def _global_reads(topo: Topology, alloc: Allocation, bb: float, read: np.ndarray
     sgpu_node = np.bincount(node[is_gpu], weights=s[is_gpu], minlength=nnodes)
     s_own = np.where(topo.l_gpu_loc >= 0, s[np.maximum(topo.l_gpu_loc, 0)], 0.0)
     lnvl = lt.has_nvlink[ln]
-    h2d_w = np.where(lnvl, 1.0 - sgpu_node[ln], 1.0 - s_own) * bb
+    total = float(s.sum())  # 1 for a whole plan; less for one LP column (stays linear)
+    h2d_w = np.where(lnvl, total - sgpu_node[ln], total - s_own) * bb
     idx = np.flatnonzero(has_gpu)
     np.add.at(read, lt.h2d[topo.l_gpu[idx]], np.maximum(h2d_w[idx], 0.0))
     idx = np.flatnonzero(has_gpu & lnvl)
@@ -696,26 +705,27 @@ def _learner_paths_global(topo: Topology, workload: Workload, alloc: Allocation,
     sgpu_node = np.bincount(node[kind == GPU], weights=s[kind == GPU], minlength=nnodes)
     shost_node = s_node - sgpu_node
     s_own = np.where(topo.l_gpu_loc >= 0, s[np.maximum(topo.l_gpu_loc, 0)], 0.0)
+    total = float(s.sum())
     per: list[dict[str, float]] = []
     names = lt.names
-    for li in range(nl):
-        i = int(ln[li])
+    for lx in range(nl):
+        ni = int(ln[lx])
         d: dict[str, float] = {}
-        if shost_node[i] > 0:
-            d[names[lt.shm[i]]] = bb * shost_node[i]
-        peer = sgpu_node[i] - s_own[li]
-        nv = bool(lt.has_nvlink[i])
-        if has_gpu[li]:
-            via_h2d = 1.0 - s_own[li] - (peer if nv else 0.0)
+        if shost_node[ni] > 0:
+            d[names[lt.shm[ni]]] = bb * float(shost_node[ni])
+        peer = float(sgpu_node[ni] - s_own[lx])
+        nvl_here = bool(lt.has_nvlink[ni])
+        if has_gpu[lx]:
+            via_h2d = total - float(s_own[lx]) - (peer if nvl_here else 0.0)
             if via_h2d > 1e-15:
-                d[names[h2d[li]]] = bb * via_h2d
-            if nv and peer > 1e-15:
-                d[names[nvl_in[li]]] = bb * peer
+                d[names[h2d[lx]]] = bb * via_h2d
+            if nvl_here and peer > 1e-15:
+                d[names[nvl_in[lx]]] = bb * peer
         if peer > 1e-15:
-            d["peers.nvlink.out" if nv else "peers.d2h"] = bb * peer
-        rem = 1.0 - s_node[i]
-        if rem > 1e-15 and lt.nic_in[i] >= 0:
-            d[names[lt.nic_in[i]]] = bb * rem
+            d["peers.nvlink.out" if nvl_here else "peers.d2h"] = bb * peer
+        rem = total - float(s_node[ni])
+        if rem > 1e-15 and lt.nic_in[ni] >= 0:
+            d[names[lt.nic_in[ni]]] = bb * rem
             d["remote.nic.out"] = bb * rem
         per.append(d)
     return path, per, [names[k] if k >= 0 else "" for k in slow]

@@ -235,16 +235,23 @@ class Placement:
                 raise ConfigError(f"shards[{i}].tier must be one of {TIERS}, got {s.tier!r}",
                                   key="shards")
         n = len(self.shards)
+        seen: set[int] = set()  # learners and actors often share one tuple: check it once
         for a, sid in self.actor_shards.items():
             if not 0 <= sid < n:
                 raise ConfigError(f"actor {a} writes shard {sid}, outside [0, {n})",
                                   key="actor_shards")
         for a, w in (self.actor_weights or {}).items():
-            if w.shards and not (0 <= w.shards[0] and w.shards[-1] < n):
+            if id(w) in seen:
+                continue
+            seen.add(id(w))
+            if w.shards and not (w.shards[0] >= 0 and w.shards[-1] < n):
                 raise ConfigError(f"actor {a} writes shards {w.shards}, outside [0, {n})",
                                   key="actor_weights")
         for r, sids in self.learner_shards.items():
-            if sids and not (0 <= min(sids) and max(sids) < n):
+            if id(sids) in seen:
+                continue
+            seen.add(id(sids))
+            if sids and not (min(sids) >= 0 and max(sids) < n):
                 raise ConfigError(f"learner {r} reads shards outside [0, {n})",
                                   key="learner_shards")
 

@@ -62,8 +62,8 @@ from .placement import Placement, ShardPlacement, ShardWeights, _fmt_bytes
 __all__ = ["Column", "LpSolution", "allocation_to_placement", "plan_static", "solve_columns"]
 
 Method = Literal["auto", "symmetric", "flat"]
-#: flat LP when partitions x locations is at most this (and method="auto")
-FLAT_LIMIT = 2048
+#: flat LP when partitions x locations x heat bins is at most this (and method="auto")
+FLAT_LIMIT = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,53 +155,66 @@ def symmetric_columns(topo: Topology, workload: Workload, avail: np.ndarray) -> 
                                        np.full(len(locs), m[j] * w),
                                        f"bin{j}:{KIND_TIER[kind]}@class{ci}"))
         return cols
+    # tables: learner index at (node, k), buffer locations at (node, j); -1 padded
+    nn = topo.nodes
+    max_l = max(int(topo.node_l.max(initial=0)), 1)
+    max_b = max((len(b) for b in topo.node_buf_locs), default=0)
+    learner_at = np.full((nn, max_l), -1, np.int64)
+    for i, ls in enumerate(topo.node_learners):
+        learner_at[i, :len(ls)] = ls
+    buf_at = np.full((nn, max(max_b, 1)), -1, np.int64)
+    for i, bs in enumerate(topo.node_buf_locs):
+        buf_at[i, :len(bs)] = bs
+    gpu_of = np.where(learner_at >= 0, topo.l_gpu_loc[np.maximum(learner_at, 0)], -1)
     group = 0
     for ci, nodes in enumerate(classes):
-        if topo.node_l[nodes[0]] == 0:
+        nlc = int(topo.node_l[nodes[0]])
+        if nlc == 0:
             continue
-        patterns: dict[str, list[tuple[int, int, float]]] = {}
-
-        def put(name: str, li: int, locs: Sequence[int]) -> None:
-            ok = [o for o in locs if o >= 0 and avail[o]]
-            if ok:
-                patterns.setdefault(name, []).extend((li, o, 1.0 / len(ok)) for o in ok)
-
         mc = len(nodes)
-        for pos, i in enumerate(nodes):
-            ls = topo.node_learners[i]
-            nlc = len(ls)
-            for k, li in enumerate(ls):
-                kc = pos * nlc + k
-                put("gpu_self", li, [int(topo.l_gpu_loc[li])])
-                if nlc >= 2:
-                    put("gpu_peer", li, [int(topo.l_gpu_loc[ls[(k + 1) % nlc]])])
-                put("host_self", li, [int(topo.node_host_loc[i])])
-                put("buf_local", li, topo.node_buf_locs[i])
-                for di, dnodes in enumerate(classes):
-                    md = len(dnodes)
-                    if di == ci:
-                        if mc < 2:
-                            continue
-                        target = nodes[(pos + 1 + (k % (mc - 1))) % mc]
-                        gk = k
-                    else:
-                        target = dnodes[kc % md]
-                        gk = kc // md
-                    tl = topo.node_learners[target]
-                    if tl:
-                        put(f"gpu@class{di}", li, [int(topo.l_gpu_loc[tl[gk % len(tl)]])])
-                    put(f"host@class{di}", li, [int(topo.node_host_loc[target])])
-                    put(f"buf@class{di}", li, topo.node_buf_locs[target])
-        nclass = sum(topo.node_l[i] for i in nodes)
+        node_arr = np.asarray(nodes, np.int64)
+        pos = np.repeat(np.arange(mc), nlc)
+        k = np.tile(np.arange(nlc), mc)
+        node = node_arr[pos]
+        li = learner_at[node, k]
+        kc = pos * nlc + k
+        patterns: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+        def put(name: str, cand: np.ndarray, li: np.ndarray = li,
+                patterns: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = patterns
+                ) -> None:
+            """cand: learners x options location table (-1: none)."""
+            ok = (cand >= 0) & avail[np.maximum(cand, 0)]
+            count = ok.sum(axis=1)
+            if (count == 0).any():
+                return  # not available to every learner of the class
+            rows_i, cols_i = np.nonzero(ok)
+            patterns[name] = (li[rows_i], cand[rows_i, cols_i], 1.0 / count[rows_i])
+
+        put("gpu_self", topo.l_gpu_loc[li][:, None])
+        if nlc >= 2:
+            put("gpu_peer", gpu_of[node, (k + 1) % nlc][:, None])
+        put("host_self", topo.node_host_loc[node][:, None])
+        put("buf_local", buf_at[node])
+        for di, dnodes in enumerate(classes):
+            md = len(dnodes)
+            darr = np.asarray(dnodes, np.int64)
+            if di == ci:
+                if mc < 2:
+                    continue
+                target = node_arr[(pos + 1 + (k % (mc - 1))) % mc]
+                gk = k
+            else:
+                target = darr[kc % md]
+                gk = kc // md
+            nld = int(topo.node_l[dnodes[0]])
+            if nld:
+                put(f"gpu@class{di}", gpu_of[target, gk % nld][:, None])
+            put(f"host@class{di}", topo.node_host_loc[target][:, None])
+            put(f"buf@class{di}", buf_at[target])
         for j in range(len(q)):
-            for name, entries in patterns.items():
-                arr = np.asarray(entries, dtype=np.float64)
-                part = arr[:, 0].astype(np.int64)
-                if len(np.unique(part)) != nclass:
-                    continue  # not available to every learner of the class
-                loc = arr[:, 1].astype(np.int64)
-                w = arr[:, 2]
-                cols.append(Column(group, part, loc, q[j] * prows[part] * w, m[j] * w,
+            for name, (part, loc, wt) in patterns.items():
+                cols.append(Column(group, part, loc, q[j] * prows[part] * wt, m[j] * wt,
                                    f"bin{j}:{name}@class{ci}"))
             group += 1
     return cols
@@ -437,7 +450,7 @@ def _check_total(topo: Topology, workload: Workload, cap: np.ndarray) -> None:
         each = float(topo.o_cap[sel].max()) if n else 0.0
         parts.append(f"{tier}: {n} x {_fmt_bytes(each)} = {_fmt_bytes(raw)}")
     tiers = " + ".join(workload.tiers)
-    short = int(math.ceil(need - have))
+    short = math.ceil(need - have)
     max_rows = int(have // workload.bytes_per_row)
     word = "tier" if len(workload.tiers) == 1 else "tiers"
     raise PlacementInfeasible(
@@ -481,7 +494,8 @@ def plan_static(cluster: ClusterModel, workload: Workload, *, roster: Roster | N
     topo = Topology(cluster, roster, workload.tiers)
     prows = partition_rows(topo, workload)
     if method == "auto":
-        method = "flat" if len(prows) * topo.n_locations <= FLAT_LIMIT else "symmetric"
+        size = len(prows) * topo.n_locations * len(workload.bins()[0])
+        method = "flat" if size <= FLAT_LIMIT else "symmetric"
     avail = _available(topo)
     make = symmetric_columns if method == "symmetric" else flat_columns
     cols = make(topo, workload, avail)
@@ -490,7 +504,7 @@ def plan_static(cluster: ClusterModel, workload: Workload, *, roster: Roster | N
     if cols:
         pairs = np.unique(np.concatenate([c.part * topo.n_locations + c.loc for c in cols]))
         per_loc = np.bincount(pairs % topo.n_locations, minlength=topo.n_locations)
-        margin = per_loc * (workload.bytes_per_row + SHARD_OVERHEAD_BYTES)
+        margin = (per_loc * (workload.bytes_per_row + SHARD_OVERHEAD_BYTES)).astype(np.float64)
     cap = np.where(avail, np.maximum(topo.o_cap - margin, 0.0), 0.0)
     _check_total(topo, workload, cap)
     if (avail & (cap <= 0)).any():  # locations too small for their margin: drop them
