@@ -1,4 +1,4 @@
-"""``conduit-hpc``: run | info | bench (and, as they land: plan, inspect, report, slurm).
+"""``conduit-hpc``: run | info | plan | bench (and, as they land: inspect, report, slurm).
 
 Every sub-command is a function ``cmd_<name>(args) -> int`` registered in
 :data:`COMMANDS`; :func:`main` turns a :class:`~conduit_hpc.errors.ConduitError` into one
@@ -118,6 +118,29 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _build_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", type=int, default=0, help="launch this many ranks with mpirun")
     p.add_argument("--config", default="", help="job TOML whose [layout] to show")
+
+
+# ---------------------------------------------------------------------------------
+# plan
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .placement.report import plan_command
+
+    return plan_command(args.cluster, args.workload, as_json=args.json, method=args.method,
+                        scope=args.scope, top=args.top)
+
+
+@command("plan", "plan where shards live on a cluster model and print the plan")
+def _build_plan(p: argparse.ArgumentParser) -> None:
+    p.add_argument("cluster", help="cluster model TOML (see jobs/cluster-*.toml)")
+    p.add_argument("--workload", default=None,
+                   help="job TOML: its [workload] table, or derived from [storage]/[spec]")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--method", choices=("auto", "symmetric", "flat"), default="auto")
+    p.add_argument("--scope", choices=("global", "partitioned"), default=None,
+                   help="override the workload's sampling scope")
+    p.add_argument("--top", type=int, default=24, help="rows shown per table")
 
 
 # ---------------------------------------------------------------------------------
