@@ -373,12 +373,15 @@ class ClusterModel:
                           gpu_host_gbps: float = 0.0, gpu_host_latency_s: float = 0.0,
                           nvlink_gbps: float = 0.0, nvlink_latency_s: float = 0.0,
                           host_bytes: int, gpu_bytes: int = 0,
-                          experience_fraction: float = 0.25) -> ClusterModel:
+                          experience_fraction: float = 0.25,
+                          per_node: Sequence[tuple[int, int, int]] | None = None
+                          ) -> ClusterModel:
         """A homogeneous model from numbers a probe measured (no MPI here).
 
         ``experience_fraction`` of each node's host memory is set aside for experience,
         split evenly between the learner-host tier and the buffer ranks; of each GPU's
-        memory likewise. Zero bandwidth means "not present".
+        memory likewise. Zero bandwidth means "not present". ``per_node`` gives
+        (learners, buffers, actors) of each node when they differ between nodes.
 
         Raises:
             ConfigError: a measurement that cannot describe a cluster (named).
@@ -414,7 +417,23 @@ class ClusterModel:
             if spec is not None:
                 raw_node[key] = {"bandwidth_gbps": spec.bandwidth_gbps,
                                  "latency_s": spec.latency_s}
-        return cls.from_dict({"name": name, "nodes": [raw_node]}, source="probe")
+        if per_node is None:
+            return cls.from_dict({"name": name, "nodes": [raw_node]}, source="probe")
+        require(len(per_node) == nodes, "per_node", list(per_node),
+                f"{nodes} (learners, buffers, actors) entries, one per node")
+        entries = []
+        for i, (nl, nb, na) in enumerate(per_node):
+            host_i = budget // 2 if nl > 0 else 0
+            entries.append({**raw_node, "name": f"node{i}", "count": 1, "learners": nl,
+                            "buffers": nb, "actors": na, "learner_host_bytes": host_i,
+                            "buffer_host_bytes": (budget - host_i) // max(nb, 1) if nb else 0,
+                            "gpus": gpus_per_node if nl <= gpus_per_node else 0,
+                            "learner_gpu_bytes": raw_node["learner_gpu_bytes"]
+                            if nl <= gpus_per_node else 0})
+            if entries[-1]["gpus"] == 0:
+                entries[-1].pop("gpu_host", None)
+                entries[-1].pop("nvlink", None)
+        return cls.from_dict({"name": name, "nodes": entries}, source="probe")
 
     # -- introspection -------------------------------------------------------------
     def node_index(self, name: str) -> int:
@@ -483,6 +502,25 @@ class ClusterModel:
         if links:
             out["links"] = links
         return out
+
+    def to_toml(self) -> str:
+        """The model as a ``cluster.toml`` (one ``[[nodes]]`` entry per node)."""
+        def val(v: Any) -> str:
+            if isinstance(v, str):
+                return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            if isinstance(v, dict):
+                return "{ " + ", ".join(f"{k} = {val(x)}" for k, x in v.items()) + " }"
+            if isinstance(v, list):
+                return "[" + ", ".join(val(x) for x in v) + "]"
+            return repr(v)
+
+        d = self.to_dict()
+        lines = [f"name = {val(d['name'])}"]
+        for key in ("nodes", "links"):
+            for entry in d.get(key, []):
+                lines.append(f"\n[[{key}]]")
+                lines.extend(f"{k} = {val(v)}" for k, v in entry.items())
+        return "\n".join(lines) + "\n"
 
     def with_bandwidth(self, overrides: Mapping[str, float]) -> ClusterModel:
         """A copy with measured bandwidths (GB/s) for link kinds, keyed ``kind`` (all

@@ -71,3 +71,14 @@ def test_bad_cluster_file_is_one_named_error(tmp_path: Path) -> None:
     out = cli("plan", str(bad))
     assert out.returncode == 2
     assert "unknown key 'nodes[0].bufers'" in out.stderr
+
+
+def test_probe_writes_a_cluster_file_that_plans(tmp_path: Path) -> None:
+    out_file = tmp_path / "here.toml"
+    out = cli("probe", "-n", "3", "--out", str(out_file), timeout=240)
+    assert out.returncode == 0, out.stderr
+    measured = json.loads(out.stdout.splitlines()[0])["measurements"]
+    assert measured["memcpy_gbps"] > 0 and measured["shm_get_gbps"] > 0
+    plan = cli("plan", str(out_file), "--json")
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["source"] == str(out_file)
