@@ -13,8 +13,10 @@ mass is, :func:`heat_bins`). The policy
    first into the fastest new shard, :func:`plan_moves`);
 3. moves only if the predicted gain per superstep in the learners' wait (exposed latency,
    or path time when ``use_path``) is at least ``min_gain`` of the current wait **and**
-   pays back the predicted time of moving the rows within ``payback_supersteps``, on
-   ``patience`` consecutive looks, and not within ``cooldown_supersteps`` of the last move.
+   pays back the predicted time of moving the rows within ``payback_supersteps`` - or,
+   after a first move, within half the time that move's gain lasted (drift-aware: a hot
+   set that drifts fast is not worth chasing) - on ``patience`` consecutive looks, and
+   not within ``cooldown_supersteps`` of the last move.
 
 The thresholds are the hysteresis: once moved, the new plan is the optimum of the numbers
 that caused the move, so moving back needs the numbers to change by more than
@@ -408,6 +410,7 @@ class AdaptivePolicy:
         self.knobs = knobs or AdaptiveKnobs()
         self.roster = roster
         self.last_move_superstep: int | None = None
+        self.lifetime: int | None = None  # supersteps the last move stayed good enough
         self.streak = 0
         self.history: list[Decision] = []
 
@@ -456,20 +459,27 @@ class AdaptivePolicy:
         if gain < k.min_gain * cur_s:
             return hold(f"predicted gain {gain * 1e3:.4g} ms per superstep is below "
                         f"{k.min_gain:.0%} of the current {cur_s * 1e3:.4g} ms")
+        # the gain of the last move faded after `lifetime` supersteps: expect this one's to
+        # fade alike (linearly), so it must repay within half of that
+        if self.last_move_superstep is not None and self.lifetime is None:
+            self.lifetime = max(t.superstep - self.last_move_superstep, 1)
+        horizon = k.payback_supersteps if self.lifetime is None else min(
+            k.payback_supersteps, self.lifetime // 2)
         hot = w.sampling == "prioritized"
         moves = plan_moves(self.placement, best, hot_first=hot)
         move_s = migration_seconds(cluster, self.placement, best, moves, w.bytes_per_row,
                                    roster=self.roster)
-        if gain * k.payback_supersteps < move_s:
+        if gain * horizon < move_s:
             return hold(f"moving takes {move_s * 1e3:.4g} ms, more than "
-                        f"{k.payback_supersteps} supersteps of gain ({gain * 1e3:.4g} ms "
-                        f"each) repay", move_s)
+                        f"{horizon} supersteps of gain ({gain * 1e3:.4g} ms each) repay",
+                        move_s)
         self.streak += 1
         if self.streak < k.patience:
             return hold(f"gain {gain * 1e3:.4g} ms per superstep; waiting for patience "
                         f"({self.streak} of {k.patience} looks)", move_s, keep_streak=True)
         self.streak = 0
         self.last_move_superstep = t.superstep
+        self.lifetime = None
         self.placement = best
         d = Decision("move", f"re-placing: {cur_s * 1e3:.4g} -> {new_s * 1e3:.4g} ms per "
                      f"superstep, moving takes {move_s * 1e3:.4g} ms", cur_s, new_s, move_s,

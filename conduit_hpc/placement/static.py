@@ -494,8 +494,11 @@ def plan_static(cluster: ClusterModel, workload: Workload, *, roster: Roster | N
     topo = Topology(cluster, roster, workload.tiers)
     prows = partition_rows(topo, workload)
     if method == "auto":
+        # one class of interchangeable nodes: the patterns balance exactly, so the
+        # symmetric LP is optimal and small; several classes: exact flat LP when small
         size = len(prows) * topo.n_locations * len(workload.bins()[0])
-        method = "flat" if size <= FLAT_LIMIT else "symmetric"
+        several = len(node_classes(topo)) > 1
+        method = "flat" if several and size <= FLAT_LIMIT else "symmetric"
     avail = _available(topo)
     make = symmetric_columns if method == "symmetric" else flat_columns
     cols = make(topo, workload, avail)
