@@ -37,6 +37,8 @@ from scale import cluster_of, git_sha  # noqa: E402
 
 def run(tau: float, supersteps: int, interval: int, cluster: object, workload: object,
         *, skew_known: bool) -> dict:
+    from dataclasses import replace
+
     from conduit_hpc.placement.adaptive import (
         AdaptiveKnobs,
         AdaptivePolicy,
@@ -44,8 +46,6 @@ def run(tau: float, supersteps: int, interval: int, cluster: object, workload: o
         predict_placement,
     )
     from conduit_hpc.placement.static import plan_static
-
-    from dataclasses import replace
 
     # the plan at start: made knowing the skew (hot rows promoted), or not (uniform guess)
     start = plan_static(cluster, workload if skew_known else  # type: ignore[arg-type]
@@ -83,7 +83,8 @@ def run(tau: float, supersteps: int, interval: int, cluster: object, workload: o
             on_total += d.move_s  # the boundary waits for the rows to move
             last_move = t
         trace.append((t, off.max_exposed_s, on.max_exposed_s, d.action))
-    return {"tau": tau, "skew_known_at_start": skew_known, "off_mean_exposed_s": off_total / supersteps,
+    return {"tau": tau, "skew_known_at_start": skew_known,
+            "off_mean_exposed_s": off_total / supersteps,
             "on_mean_exposed_s": on_total / supersteps, "moves": policy.moves_made,
             "migration_s": moved_s,
             "on_over_off": on_total / off_total if off_total else float("nan"),
