@@ -179,7 +179,8 @@ def cluster_of(template: Any, nodes: int, actors_per_learner: int) -> Any:
 
 def read_split(plan: Any, batch_rows: int) -> tuple[float, float]:
     """For the first learner (all learners are alike here): the share of its samples
-    from shards on its own node (gathered with numpy on its CPU), and the expected RMA
+    from host-memory shards on its own node (gathered with numpy on its CPU; rows in GPU
+    memory are gathered on the device, their copies are in the link model), and the RMA
     reads per superstep - the distinct shards on other nodes that ``batch_rows`` samples
     hit, each read with one indexed get whose bytes the link model carries."""
     if not plan.learner_shards or plan.prediction is None:
@@ -191,13 +192,13 @@ def read_split(plan: Any, batch_rows: int) -> tuple[float, float]:
     for sid in plan.learner_shards[rank]:
         sh = plan.shards[sid]
         if sh.location.startswith(node + "."):
-            local += sh.share
+            if sh.tier != "learner_gpu":  # GPU-resident rows are gathered on the device
+                local += sh.share
         else:
             remote += sh.share
             shares.append(sh.share)
-    total = local + remote
     msgs = float(np.sum(1.0 - (1.0 - np.asarray(shares)) ** batch_rows)) if shares else 0.0
-    return (local / total if total else 1.0), msgs
+    return local, msgs
 
 
 def predict_modes(cluster: Any, workload: Any, costs: dict[str, float]) -> dict[str, dict]:
