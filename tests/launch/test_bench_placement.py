@@ -18,9 +18,26 @@ def bench(*args: str, timeout: float = 300) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def fake_run(run_dir: Path) -> None:
+    """Metrics in the scheduler's format, as the exposed-latency benchmark writes them."""
+    (run_dir / "metrics").mkdir(parents=True)
+    cols = ("superstep,time_s,mode,iteration_s,exposed_s,compute_s,sample_s,gather_s,"
+            "transform_s,copy_s,rows,staleness,limiter_wait_s")
+    lines = [cols]
+    for mode, it, ex in (("edp", 0.011, 0.001), ("sync", 0.014, 0.004),
+                         ("service", 0.02, 0.01)):
+        for k in range(20):
+            lines.append(f"{k},{k * it},{mode},{it},{ex},0.01,0,0,0,0,64,0,0")
+    (run_dir / "metrics" / "learner-0.csv").write_text("\n".join(lines) + "\n")
+
+
 def test_scale_smoke_draws_curves_and_predicts_every_mode(tmp_path: Path) -> None:
     png = tmp_path / "scale.png"
-    r = bench("scale", "--smoke", "--png", str(png))
+    fake_run(tmp_path / "run")
+    r = bench("scale", "--smoke", "--png", str(png), "--measured", str(tmp_path / "run"))
+    # predicted vs measured, side by side, for each mode the runs measured
+    assert [c["mode"] for c in r["comparison"]] == ["edp", "sync", "service"]
+    assert r["comparison"][1]["exposed_meas_s"] == 0.004
     assert png.exists() and png.stat().st_size > 10_000
     assert r["costs"]["gather_s_per_byte"] > 0 and r["costs"]["sample_s_per_row"] > 0
     modes = {x["mode"] for x in r["results"]}
