@@ -1,4 +1,4 @@
-"""``conduit-hpc``: run | info | bench (and, as they land: plan, inspect, report, slurm).
+"""``conduit-hpc``: run | info | plan | probe | bench (and, as they land: inspect, report).
 
 Every sub-command is a function ``cmd_<name>(args) -> int`` registered in
 :data:`COMMANDS`; :func:`main` turns a :class:`~conduit_hpc.errors.ConduitError` into one
@@ -118,6 +118,49 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _build_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", type=int, default=0, help="launch this many ranks with mpirun")
     p.add_argument("--config", default="", help="job TOML whose [layout] to show")
+
+
+# ---------------------------------------------------------------------------------
+# plan
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .placement.report import plan_command
+
+    return plan_command(args.cluster, args.workload, as_json=args.json, method=args.method,
+                        scope=args.scope, top=args.top)
+
+
+@command("plan", "plan where shards live on a cluster model and print the plan")
+def _build_plan(p: argparse.ArgumentParser) -> None:
+    p.add_argument("cluster", help="cluster model TOML (see jobs/cluster-*.toml)")
+    p.add_argument("--workload", default=None,
+                   help="job TOML: its [workload] table, or derived from [storage]/[spec]")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--method", choices=("auto", "symmetric", "flat"), default="auto")
+    p.add_argument("--scope", choices=("global", "partitioned"), default=None,
+                   help="override the workload's sampling scope")
+    p.add_argument("--top", type=int, default=24, help="rows shown per table")
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from .runner import mpi_env
+
+    cmd = ["mpirun", "-n", str(args.n), sys.executable, "-m", "mpi4py", "-m",
+           "conduit_hpc.probe", "--learners", str(args.learners), "--emulate-nodes",
+           str(args.emulate_nodes)]
+    if args.out:
+        cmd += ["--out", args.out]
+    return subprocess.run(cmd, env=mpi_env(), timeout=300, check=False).returncode
+
+
+@command("probe", "measure this machine's links and print it as a cluster model (TOML)")
+def _build_probe(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", type=int, default=3, help="ranks to launch with mpirun")
+    p.add_argument("--learners", type=int, default=1, help="learner ranks in the layout")
+    p.add_argument("--emulate-nodes", type=int, default=0,
+                   help="treat the ranks as N nodes (RMA between them)")
+    p.add_argument("--out", default="", help="also write the cluster TOML here")
 
 
 # ---------------------------------------------------------------------------------

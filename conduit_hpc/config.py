@@ -35,6 +35,7 @@ __all__ = [
     "Config",
     "FieldConfig",
     "LayoutConfig",
+    "PlacementConfig",
     "RunConfig",
     "SchedulerConfig",
     "StorageConfig",
@@ -295,6 +296,57 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PlacementConfig:
+    """``[placement]``: who decides where shards live, and when they may move.
+
+    Attributes:
+        planner (str): ``round_robin`` (shards on buffer ranks, capacity split evenly) or
+            ``static`` (the capacity-constrained, bandwidth-aware planner).
+        cluster (str): cluster model TOML for the static planner; "" measures one with
+            the start-up probe.
+        scope (str): ``global`` (every learner samples every shard) or ``partitioned``
+            (each learner samples its own partition).
+        sampling (str): ``uniform`` or ``prioritized``.
+        tiers (tuple[str, ...]): memory tiers shards may use.
+        adaptive (bool): re-place shards at superstep boundaries from telemetry.
+        interval_supersteps (int): supersteps between two looks of the adaptive policy.
+        min_gain (float): least relative gain in predicted exposed (or path) time
+            that justifies a move.
+        payback_supersteps (int): a move must pay for its data movement within this
+            many supersteps of predicted gain.
+        patience (int): consecutive looks that must all call for a move before it happens.
+        cooldown_supersteps (int): no move within this many supersteps of the last one.
+    """
+
+    planner: Literal["round_robin", "static"] = "round_robin"
+    cluster: str = ""
+    scope: Literal["global", "partitioned"] = "global"
+    sampling: Literal["uniform", "prioritized"] = "uniform"
+    tiers: tuple[str, ...] = ("learner_gpu", "learner_host", "buffer_host")
+    adaptive: bool = False
+    interval_supersteps: int = 100
+    min_gain: float = 0.1
+    payback_supersteps: int = 1000
+    patience: int = 3
+    cooldown_supersteps: int = 500
+
+    def __post_init__(self) -> None:
+        tiers = ("learner_gpu", "learner_host", "buffer_host")
+        require(len(self.tiers) > 0 and set(self.tiers) <= set(tiers)
+                and len(set(self.tiers)) == len(self.tiers), "tiers", list(self.tiers),
+                f"a non-empty list of distinct tiers from {list(tiers)}")
+        require(self.interval_supersteps >= 1, "interval_supersteps",
+                self.interval_supersteps, ">= 1")
+        require(_finite(self.min_gain) and 0 <= self.min_gain < 1, "min_gain",
+                self.min_gain, "a number in [0, 1)")
+        require(self.payback_supersteps >= 1, "payback_supersteps", self.payback_supersteps,
+                ">= 1")
+        require(self.patience >= 1, "patience", self.patience, ">= 1")
+        require(self.cooldown_supersteps >= 0, "cooldown_supersteps",
+                self.cooldown_supersteps, ">= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     """The whole job configuration; every rank must hold an equal one."""
 
@@ -304,6 +356,7 @@ class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
 
     def __post_init__(self) -> None:
         for name in self.spec:
@@ -428,6 +481,9 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be {_type_name(tp)}, got {value!r}", key=key)
         return value
     if origin in (typing.Union, types.UnionType):
+        real = [a for a in get_args(tp) if a is not type(None)]
+        if len(real) == 1 and value is not None:  # X | None: X's own error says more
+            return _convert(real[0], value, key)
         last: ConfigError | None = None
         for arg in get_args(tp):
             if arg is type(None):

@@ -72,7 +72,17 @@ class RemoteFailure(ConduitError):
 
 
 class PlacementInfeasible(ConduitError):
-    """No placement satisfies the capacity limits (names the tier and the shortfall)."""
+    """No placement satisfies the capacity limits (names the tier and the shortfall).
+
+    Attributes:
+        tier (str): the tier (or ``+``-joined tiers) that cannot hold the replay.
+        shortfall_bytes (int): bytes missing (0 when not a matter of total size).
+    """
+
+    def __init__(self, message: str, *, tier: str = "", shortfall_bytes: int = 0) -> None:
+        super().__init__(message)
+        self.tier = tier
+        self.shortfall_bytes = shortfall_bytes
 
 
 class CheckpointError(ConduitError):

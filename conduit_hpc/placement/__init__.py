@@ -1,5 +1,49 @@
-"""Placement: where experience lives. Plain Python; no MPI."""
+"""Placement: where experience lives. Plain Python; no MPI.
 
-from .placement import Placement, ShardPlacement, plan_round_robin
+* :mod:`.cluster` - the cluster model (nodes, tiers, links), from TOML or measurements;
+* :mod:`.model` - the cost model: bytes per link per superstep, predicted path times;
+* :mod:`.static` - the capacity-constrained, bandwidth-aware static planner;
+* :mod:`.adaptive` - the adaptive re-placement policy driven by telemetry;
+* :mod:`.placement` - the immutable :class:`Placement` every planner returns.
+"""
 
-__all__ = ["Placement", "ShardPlacement", "plan_round_robin"]
+from .cluster import ClusterModel, LinkSpec, NodeSpec, Roster
+from .placement import (
+    Bottleneck,
+    LearnerPrediction,
+    Placement,
+    PlanPrediction,
+    ShardPlacement,
+    ShardWeights,
+    plan_round_robin,
+)
+
+
+def __getattr__(name: str) -> object:
+    # the planners need scipy; load them on first use so that importing the data plane
+    # (which only needs Placement) stays cheap on every rank
+    if name == "Workload":
+        from .model import Workload
+
+        return Workload
+    if name == "plan_static":
+        from .static import plan_static
+
+        return plan_static
+    raise AttributeError(f"module 'conduit_hpc.placement' has no attribute {name!r}")
+
+__all__ = [
+    "Bottleneck",
+    "ClusterModel",
+    "LearnerPrediction",
+    "LinkSpec",
+    "NodeSpec",
+    "Placement",
+    "PlanPrediction",
+    "Roster",
+    "ShardPlacement",
+    "ShardWeights",
+    "Workload",
+    "plan_round_robin",
+    "plan_static",
+]

@@ -1,0 +1,447 @@
+"""Scale model: predicted per-superstep iteration and exposed latency, 8 to 1,024 GPUs.
+
+    conduit-hpc bench scale [--smoke] [--cluster jobs/cluster-128x8.toml] [--png FILE]
+                            [--measured RUN_DIR ...]
+
+Weak scaling: learners = GPUs (8 per node, from the cluster file's first node type), a
+fixed number of actors per learner, one buffer rank per node, a fixed replay share per
+learner. For each size the static planner places the replay on the cluster model and the
+cost model gives each learner's link time per superstep (link contention included, ingest
+counted on the links it shares); per-operation CPU costs (sample, gather, priority update,
+hand-off, request) are **measured on this machine** by micro-benchmarks of ShardRing,
+PriorityIndex and SumTree, and added per mode:
+
+* ``sync``    - the learner samples, gathers and copies inline: iteration = path + compute,
+                exposed = path;
+* ``edp``     - the path runs ahead on a data-plane thread: exposed = max(0, path - compute)
+                + hand-off, iteration = compute + exposed;
+* ``service`` - the learner asks a buffer rank and waits: the buffer serves the learners
+                mapped to it one request at a time (they all ask at the superstep start), so
+                the last waits for all of them; plus a request round trip.
+
+Assumptions are listed in bench/README.md. ``--measured RUN_DIR ...`` prints predicted
+against measured for runs made on this machine (see :func:`compare_with_measured`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import queue
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+MODES = ("edp", "sync", "service")
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
+                              capture_output=True, text=True, timeout=10,
+                              check=False).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+# ---------------------------------------------------------------------------------
+# per-operation costs on this machine
+
+
+def _best(fn: Any, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_costs(*, batch: int = 256, repeats: int = 20) -> dict[str, float]:
+    """Seconds per row / per byte of the experience path's operations, measured here on
+    one core (ShardRing on a COMM_SELF shared-memory window, PriorityIndex, SumTree)."""
+    from mpi4py import MPI
+
+    from conduit_hpc.spec import Spec
+    from conduit_hpc.storage import PriorityIndex, ShardLayout, ShardRing, SumTree
+    from conduit_hpc.transport.rma import RmaWindow
+
+    rng = np.random.default_rng(0)
+    out: dict[str, float] = {}
+    per_kind: dict[str, tuple[float, float, int]] = {}
+    for kind, spec, cap in (("small", Spec.from_dict({"obs": ("float32", (4,))}), 1 << 16),
+                            ("large", Spec.from_dict({"obs": ("uint8", (4, 84, 84))}), 2048)):
+        lay = ShardLayout(spec, cap)
+        win = RmaWindow(MPI.COMM_SELF, lay.nbytes, node_comm=MPI.COMM_SELF, shared=True)
+        try:
+            ring = ShardRing(win, 0, 0, lay, timeout_s=10.0)
+            owner = ShardRing(win, 0, 0, lay, timeout_s=10.0)
+            data = {f.name: rng.integers(0, 255, (batch, *f.shape)).astype(f.dtype)
+                    for f in spec}
+
+            def write(ring: ShardRing = ring, owner: ShardRing = owner,
+                      data: dict = data) -> None:
+                ring.write(data)
+                owner.advance_commits()
+
+            t_write = _best(write, repeats)
+            slots = rng.integers(0, cap, batch)
+            t_gather = _best(lambda ring=ring, slots=slots: ring.gather(slots), repeats)
+            per_kind[kind] = (t_write, t_gather, spec.row_bytes)
+        finally:
+            win.close()
+    (ws, gs, rs), (wl, gl, rl) = per_kind["small"], per_kind["large"]
+    out["ingest_s_per_byte"] = max(wl - ws, 0.0) / batch / (rl - rs)
+    out["ingest_s_per_row"] = max(ws / batch - out["ingest_s_per_byte"] * rs, 0.0)
+    out["gather_s_per_byte"] = max(gl - gs, 0.0) / batch / (rl - rs)
+    out["gather_s_per_row"] = max(gs / batch - out["gather_s_per_byte"] * rs, 0.0)
+    # sampling: stratified prefix search in a sum-tree of 1 Mi leaves
+    tree = SumTree(1 << 20)
+    tree.update(np.arange(1 << 20), rng.random(1 << 20))
+    targets = np.sort(rng.random(batch)) * tree.total
+    out["sample_s_per_row"] = _best(lambda: tree.prefix_search(targets), repeats) / batch
+    idx = PriorityIndex(1 << 16, alpha=0.6)
+    sl = np.arange(1 << 16)
+    idx.insert(sl, sl + 1, rng.random(1 << 16))
+    up = rng.integers(0, 1 << 16, batch)
+    out["update_s_per_row"] = _best(lambda: idx.update(up, up + 1, rng.random(batch)),
+                                    repeats) / batch
+    # one RMA read of a remote shard: an indexed get of one 64-byte block and a flush
+    win = RmaWindow(MPI.COMM_SELF, 1 << 16, node_comm=None, shared=False)
+    try:
+        buf = np.zeros(64, np.uint8)
+        offs = np.zeros(1, np.int64)
+
+        def rma_get() -> None:
+            win.get_blocks(0, 0, 64, offs, buf)
+            win.flush(0)
+
+        out["rma_message_s"] = _best(rma_get, repeats * 5)
+    finally:
+        win.close()
+    # hand-off of a ready batch from a data-plane thread to the learner thread
+    q_in: queue.Queue[int] = queue.Queue()
+    q_out: queue.Queue[int] = queue.Queue()
+
+    def echo() -> None:
+        while (v := q_in.get()) >= 0:
+            q_out.put(v)
+
+    th = threading.Thread(target=echo, daemon=True)
+    th.start()
+
+    def ping() -> None:
+        q_in.put(1)
+        q_out.get(timeout=5)
+
+    out["handoff_s"] = _best(ping, repeats * 5) / 2
+    q_in.put(-1)
+    th.join(timeout=5)
+    # one request message handled by a buffer (MPI point-to-point to self, 64 bytes)
+    comm = MPI.COMM_SELF
+    sbuf, rbuf = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
+
+    def request() -> None:
+        r = comm.Irecv(rbuf, source=0, tag=7)
+        comm.Send(sbuf, dest=0, tag=7)
+        r.Wait()
+
+    out["request_s"] = _best(request, repeats * 5)
+    return out
+
+
+# ---------------------------------------------------------------------------------
+# the model
+
+
+def cluster_of(template: Any, nodes: int, actors_per_learner: int) -> Any:
+    """A homogeneous cluster of ``nodes`` copies of ``template``'s first node."""
+    from conduit_hpc.placement.cluster import ClusterModel
+
+    node = template.to_dict()["nodes"][0]
+    node = {**node, "name": "node", "count": nodes,
+            "actors": actors_per_learner * node["learners"], "buffers": max(node["buffers"], 1)}
+    if nodes > 1 and "nic" not in node:
+        raise ValueError("the template node has no nic; a multi-node model needs one")
+    return ClusterModel.from_dict({"name": f"{template.name}-{nodes}n", "nodes": [node]})
+
+
+def read_split(plan: Any, batch_rows: int) -> tuple[float, float]:
+    """For the first learner (all learners are alike here): the share of its samples
+    from host-memory shards on its own node (gathered with numpy on its CPU; rows in GPU
+    memory are gathered on the device, their copies are in the link model), and the RMA
+    reads per superstep - the distinct shards on other nodes that ``batch_rows`` samples
+    hit, each read with one indexed get whose bytes the link model carries."""
+    if not plan.learner_shards or plan.prediction is None:
+        return 0.0, 0.0
+    rank = min(plan.learner_shards)
+    node = plan.prediction.learners[0].node
+    local = remote = 0.0
+    shares = []
+    for sid in plan.learner_shards[rank]:
+        sh = plan.shards[sid]
+        if sh.location.startswith(node + "."):
+            if sh.tier != "learner_gpu":  # GPU-resident rows are gathered on the device
+                local += sh.share
+        else:
+            remote += sh.share
+            shares.append(sh.share)
+    msgs = float(np.sum(1.0 - (1.0 - np.asarray(shares)) ** batch_rows)) if shares else 0.0
+    return local, msgs
+
+
+def predict_modes(cluster: Any, workload: Any, costs: dict[str, float]) -> dict[str, dict]:
+    """Per mode: path_s, exposed_s, iteration_s (the slowest learner gates a BSP step)."""
+    from conduit_hpc.placement.static import plan_static
+
+    b, rb = workload.batch_rows, workload.row_bytes
+    compute = workload.effective_compute_s
+    gather_row = costs["gather_s_per_row"] + costs["gather_s_per_byte"] * rb
+    cpu_gather = b * gather_row  # a buffer rank gathering a whole batch (service)
+    cpu_sample = b * costs["sample_s_per_row"]
+    cpu_update = b * costs["update_s_per_row"]
+    fields = 1  # one indexed get per field and shard; the row types here have one field
+    out: dict[str, dict] = {}
+    # edp and sync run on the planned placement
+    plan = plan_static(cluster, workload)
+    pred = plan.prediction
+    assert pred is not None
+    link = pred.max_path_s
+    local, messages = read_split(plan, b)
+    path = (link + cpu_sample + local * b * gather_row + cpu_update
+            + messages * costs["rma_message_s"] * fields)
+    exposed = max(0.0, path - compute) + costs["handoff_s"]
+    common = {"link_s": link, "bottleneck": pred.bottleneck.link,
+              "planning_s": pred.planning_s, "rma_messages": messages,
+              "local_share": local}
+    out["edp"] = {"path_s": path, "exposed_s": exposed, "iteration_s": compute + exposed,
+                  **common}
+    out["sync"] = {"path_s": path, "exposed_s": path, "iteration_s": compute + path,
+                   **common}
+    # service: a replay server on the buffer ranks, every learner asks one of them
+    svc_w = replace(workload, tiers=("buffer_host",), scope="global")
+    svc = plan_static(cluster, svc_w).prediction
+    assert svc is not None
+    learners = sum(n.learners for n in cluster.nodes)
+    buffers = max(sum(n.buffers for n in cluster.nodes), 1)
+    per_buffer = -(-learners // buffers)
+    serve = costs["request_s"] + cpu_sample + cpu_gather + cpu_update
+    node = cluster.nodes[0]
+    hop = node.nic.latency_s if (node.nic is not None and len(cluster.nodes) > 1) else \
+        node.shm.latency_s
+    rtt = 2 * hop + costs["request_s"]
+    spath = rtt + per_buffer * serve + svc.max_path_s
+    out["service"] = {"path_s": spath, "exposed_s": spath, "iteration_s": compute + spath,
+                      "link_s": svc.max_path_s, "bottleneck": svc.bottleneck.link,
+                      "planning_s": svc.planning_s, "learners_per_buffer": per_buffer}
+    return out
+
+
+def run_scale(cluster_path: Path, sizes: list[int], costs: dict[str, float], *,
+              row_bytes: int, batch_rows: int, rows_per_learner: int, compute_s: float,
+              update_rate_hz: float, actor_rows_per_s: float, actors_per_learner: int,
+              scope: str) -> list[dict]:
+    from conduit_hpc.placement.cluster import ClusterModel
+    from conduit_hpc.placement.model import Workload
+
+    template = ClusterModel.from_toml(cluster_path)
+    gpn = template.nodes[0].learners
+    results = []
+    for gpus in sizes:
+        nodes = max(1, gpus // gpn)
+        cluster = cluster_of(template, nodes, actors_per_learner)
+        learners = sum(n.learners for n in cluster.nodes)
+        w = Workload(capacity_rows=rows_per_learner * learners, row_bytes=row_bytes,
+                     batch_rows=batch_rows, update_rate_hz=update_rate_hz,
+                     actor_rows_per_s=actor_rows_per_s, compute_s=compute_s,
+                     scope=scope)  # type: ignore[arg-type]
+        for mode, r in predict_modes(cluster, w, costs).items():
+            results.append({"gpus": learners, "nodes": nodes, "mode": mode, **r})
+    return results
+
+
+# ---------------------------------------------------------------------------------
+# output
+
+
+def draw(results: list[dict], png: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode, style in zip(MODES, ("-o", "--s", ":^"), strict=True):
+        rs = [r for r in results if r["mode"] == mode]
+        x = [r["gpus"] for r in rs]
+        axes[0].plot(x, [r["iteration_s"] * 1e3 for r in rs], style, label=mode)
+        axes[1].plot(x, [r["exposed_s"] * 1e3 for r in rs], style, label=mode)
+    for ax, what in zip(axes, ("iteration", "exposed experience-path"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"predicted {what} latency")
+        ax.set_xlabel("GPUs (= learners, weak scaling)")
+        ax.set_ylabel("ms per superstep")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def print_table(results: list[dict]) -> None:
+    print(f"\n{'GPUs':>5} {'nodes':>5} {'mode':>8} {'path ms':>9} {'exposed ms':>11} "
+          f"{'iteration ms':>13}  bottleneck link")
+    for r in results:
+        print(f"{r['gpus']:>5} {r['nodes']:>5} {r['mode']:>8} {r['path_s'] * 1e3:>9.3f} "
+              f"{r['exposed_s'] * 1e3:>11.3f} {r['iteration_s'] * 1e3:>13.3f}  "
+              f"{r['bottleneck']}")
+
+
+# ---------------------------------------------------------------------------------
+# predicted vs measured (needs the exposed-latency benchmark's runs)
+
+
+def load_measured(run_dirs: list[str]) -> dict[str, dict[str, float]]:
+    """Mean iteration_s, exposed_s and compute_s per mode from runs' learner CSVs
+    (``RUN_DIR/metrics/learner-<rank>.csv``, columns of the scheduler's metrics), skipping
+    the first 10 % of supersteps as warm-up."""
+    acc: dict[str, dict[str, list[float]]] = {}
+    for d in run_dirs:
+        for f in sorted(Path(d, "metrics").glob("learner-*.csv")):
+            with open(f) as fh:
+                rows = list(csv.DictReader(fh))
+            for r in rows[len(rows) // 10:]:
+                m = acc.setdefault(r["mode"], {"iteration_s": [], "exposed_s": [],
+                                               "compute_s": []})
+                for k in m:
+                    m[k].append(float(r[k]))
+    return {mode: {k: statistics.mean(v) for k, v in m.items() if v}
+            for mode, m in acc.items()}
+
+
+def compare_with_measured(predicted: dict[str, dict[str, float]],
+                          measured: dict[str, dict[str, float]]) -> list[dict]:
+    """PREDICTED VS MEASURED. Print the model's iteration and exposed latency per mode
+    beside what runs on this machine measured, with their ratios; returns the rows.
+
+    ``predicted``: mode -> {"iteration_s", "exposed_s"} from :func:`predict_modes` on
+    ``jobs/cluster-local.toml`` with the runs' workload and measured compute time;
+    ``measured``: mode -> the same keys, e.g. from :func:`load_measured`.
+    """
+    rows = []
+    print(f"\n{'mode':>8} {'iter pred ms':>13} {'iter meas ms':>13} {'ratio':>6} "
+          f"{'exp pred ms':>12} {'exp meas ms':>12} {'ratio':>6}")
+    for mode in MODES:
+        if mode not in predicted or mode not in measured:
+            continue
+        p, m = predicted[mode], measured[mode]
+        row = {"mode": mode, "iteration_pred_s": p["iteration_s"],
+               "iteration_meas_s": m["iteration_s"], "exposed_pred_s": p["exposed_s"],
+               "exposed_meas_s": m["exposed_s"]}
+        ri = p["iteration_s"] / m["iteration_s"] if m["iteration_s"] else float("nan")
+        re_ = p["exposed_s"] / m["exposed_s"] if m["exposed_s"] else float("nan")
+        print(f"{mode:>8} {p['iteration_s'] * 1e3:>13.3f} {m['iteration_s'] * 1e3:>13.3f} "
+              f"{ri:>6.2f} {p['exposed_s'] * 1e3:>12.3f} {m['exposed_s'] * 1e3:>12.3f} "
+              f"{re_:>6.2f}")
+        rows.append(row)
+    return rows
+
+
+def predict_local(job_toml: Path, measured: dict[str, dict[str, float]],
+                  costs: dict[str, float], cluster_path: Path) -> dict[str, dict]:
+    """The model's numbers for a job config run on this machine (``cluster-local.toml``),
+    at the compute time the runs measured."""
+    from conduit_hpc.placement.cluster import ClusterModel
+    from conduit_hpc.placement.model import Workload
+
+    w, _ = Workload.from_toml(job_toml)
+    comp = statistics.mean(m.get("compute_s", 0.0) for m in measured.values()) if measured \
+        else 0.0
+    if comp > 0:
+        w = replace(w, compute_s=comp)
+    return predict_modes(ClusterModel.from_toml(cluster_path), w, costs)
+
+
+# ---------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="conduit-hpc bench scale")
+    p.add_argument("--smoke", action="store_true", help="two sizes, few repeats")
+    p.add_argument("--cluster", default=str(REPO / "jobs" / "cluster-128x8.toml"),
+                   help="cluster whose first node type is replicated")
+    p.add_argument("--sizes", default="8,16,32,64,128,256,512,1024")
+    p.add_argument("--row-bytes", type=int, default=28_224, help="Atari frame stack")
+    p.add_argument("--batch-rows", type=int, default=256)
+    p.add_argument("--rows-per-learner", type=int, default=100_000)
+    p.add_argument("--compute-s", type=float, default=0.004)
+    p.add_argument("--update-rate", type=float, default=200.0)
+    p.add_argument("--actor-rate", type=float, default=250.0, help="rows/s per actor")
+    p.add_argument("--actors-per-learner", type=int, default=4)
+    p.add_argument("--scope", choices=("global", "partitioned"), default="global")
+    p.add_argument("--png", default=str(REPO / "bench" / "scale.png"))
+    p.add_argument("--measured", nargs="*", default=[],
+                   help="run directories of this machine to compare against")
+    p.add_argument("--job", default=str(REPO / "jobs" / "synthetic.toml"),
+                   help="job config of the --measured runs")
+    p.add_argument("--cost", action="append", default=[], metavar="NAME=SECONDS",
+                   help="replace a measured cost (what-if), e.g. gather_s_per_byte=4e-11")
+    p.add_argument("--out", default="", help="also append the JSON lines to this file")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.sizes = "8,16"
+    sizes = [int(s) for s in args.sizes.split(",")]
+    sha = git_sha()
+    costs = measure_costs(repeats=5 if args.smoke else 20)
+    for item in args.cost:
+        name, _, value = item.partition("=")
+        if name not in costs:
+            raise SystemExit(f"--cost {item!r}: unknown cost; known: {', '.join(costs)}")
+        costs[name] = float(value)
+    print(json.dumps({"bench": "scale", "what": "costs", "git_sha": sha, **costs}))
+    results = run_scale(Path(args.cluster), sizes, costs, row_bytes=args.row_bytes,
+                        batch_rows=args.batch_rows, rows_per_learner=args.rows_per_learner,
+                        compute_s=args.compute_s, update_rate_hz=args.update_rate,
+                        actor_rows_per_s=args.actor_rate,
+                        actors_per_learner=args.actors_per_learner, scope=args.scope)
+    lines = [json.dumps({"bench": "scale", "git_sha": sha, "scope": args.scope,
+                         "row_bytes": args.row_bytes, "batch_rows": args.batch_rows,
+                         "compute_s": args.compute_s, **r}) for r in results]
+    for ln in lines:
+        print(ln)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n".join(lines) + "\n")
+    print_table(results)
+    draw(results, Path(args.png), f"weak scaling on {Path(args.cluster).stem} nodes, "
+         f"{args.row_bytes:,} B rows, batch {args.batch_rows}, compute "
+         f"{args.compute_s * 1e3:g} ms ({args.scope} sampling)")
+    print(f"\ncurves: {args.png}")
+    comparison: list[dict] = []
+    if args.measured:
+        measured = load_measured(args.measured)
+        local = predict_local(Path(args.job), measured, costs,
+                              REPO / "jobs" / "cluster-local.toml")
+        comparison = compare_with_measured(local, measured)
+    top = {m: max((r for r in results if r["mode"] == m), key=lambda r: r["gpus"])
+           for m in MODES}
+    return {"costs": costs, "results": results, "png": args.png, "comparison": comparison,
+            "largest": {m: {"gpus": r["gpus"], "iteration_s": r["iteration_s"],
+                            "exposed_s": r["exposed_s"]} for m, r in top.items()}}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,63 @@
+"""Smoke runs of the placement benchmarks (scale model, planning time, adaptive on/off)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conduit_hpc.testing import REPO
+
+
+def bench(*args: str, timeout: float = 300) -> dict:
+    out = subprocess.run([sys.executable, "-m", "conduit_hpc.cli", "bench", "--json", *args],
+                         cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def fake_run(run_dir: Path) -> None:
+    """Metrics in the scheduler's format, as the exposed-latency benchmark writes them."""
+    (run_dir / "metrics").mkdir(parents=True)
+    cols = ("superstep,time_s,mode,iteration_s,exposed_s,compute_s,sample_s,gather_s,"
+            "transform_s,copy_s,rows,staleness,limiter_wait_s")
+    lines = [cols]
+    for mode, it, ex in (("edp", 0.011, 0.001), ("sync", 0.014, 0.004),
+                         ("service", 0.02, 0.01)):
+        for k in range(20):
+            lines.append(f"{k},{k * it},{mode},{it},{ex},0.01,0,0,0,0,64,0,0")
+    (run_dir / "metrics" / "learner-0.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_scale_smoke_draws_curves_and_predicts_every_mode(tmp_path: Path) -> None:
+    png = tmp_path / "scale.png"
+    fake_run(tmp_path / "run")
+    r = bench("scale", "--smoke", "--png", str(png), "--measured", str(tmp_path / "run"))
+    # predicted vs measured, side by side, for each mode the runs measured
+    assert [c["mode"] for c in r["comparison"]] == ["edp", "sync", "service"]
+    assert r["comparison"][1]["exposed_meas_s"] == 0.004
+    assert png.exists() and png.stat().st_size > 10_000
+    assert r["costs"]["gather_s_per_byte"] > 0 and r["costs"]["sample_s_per_row"] > 0
+    modes = {x["mode"] for x in r["results"]}
+    assert modes == {"edp", "sync", "service"}
+    for x in r["results"]:
+        assert x["iteration_s"] >= x["exposed_s"] >= 0
+    by = {(x["gpus"], x["mode"]): x for x in r["results"]}
+    for g in (8, 16):  # the semantics of the modes, whatever the machine measured
+        assert by[(g, "sync")]["exposed_s"] == by[(g, "sync")]["path_s"]
+        assert by[(g, "edp")]["exposed_s"] <= by[(g, "sync")]["exposed_s"]
+
+
+def test_plan_smoke_reports_planning_time() -> None:
+    r = bench("plan", "--smoke")
+    assert {x["gpus"] for x in r["results"]} == {8, 32}
+    assert all(x["best_s"] > 0 and x["shards"] > 0 for x in r["results"])
+
+
+def test_adaptive_smoke_compares_on_and_off() -> None:
+    r = bench("adaptive", "--smoke")
+    first = r["results"][0]
+    assert not first["skew_known_at_start"] and first["moves"] == 1
+    assert first["on_mean_exposed_s"] < first["off_mean_exposed_s"]
