@@ -37,7 +37,10 @@ class Field:
     @property
     def row_bytes(self) -> int:
         """Bytes this field takes in one row."""
-        return int(self.dtype.itemsize * int(np.prod(self.shape, dtype=np.int64)))
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
 
 
 class Spec:
@@ -63,6 +66,8 @@ class Spec:
             seen.add(f.name)
         self._fields = fields
         self._by_name = {f.name: f for f in fields}
+        self._names = tuple(f.name for f in fields)
+        self._row_bytes = sum(f.row_bytes for f in fields)
 
     @classmethod
     def from_config(cls, fields: Mapping[str, FieldConfig]) -> Spec:
@@ -82,7 +87,7 @@ class Spec:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self._fields)
+        return self._names
 
     def __getitem__(self, name: str) -> Field:
         return self._by_name[name]
@@ -106,7 +111,7 @@ class Spec:
     @property
     def row_bytes(self) -> int:
         """Bytes of one row over all fields."""
-        return sum(f.row_bytes for f in self._fields)
+        return self._row_bytes
 
     def signature(self) -> tuple[tuple[str, str, tuple[int, ...], bool], ...]:
         """A plain, comparable description (name, dtype, shape, allow_nan) per field."""

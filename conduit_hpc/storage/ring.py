@@ -225,7 +225,7 @@ class ShardRing:
                             f"{self.capacity} rows; split it or raise storage.capacity_rows")
         if n == 0:
             return self.reserve_cursor()
-        prio = (np.full(n, np.nan) if priorities is None
+        prio = (None if priorities is None
                 else np.ascontiguousarray(priorities, dtype=np.float64))
         t = self.transport
         first = t.fetch_add(self.owner, self.base + 8 * H_RESERVE, n)
@@ -239,12 +239,14 @@ class ShardRing:
                 dst, src = slice(s.slot, s.slot + s.count), slice(s.src, s.src + s.count)
                 for name, col in v.columns.items():
                     col[dst] = batch[name][src]
-                v.priority[dst] = prio[src]
+                v.priority[dst] = np.nan if prio is None else prio[src]
             t.sync()
             for s in segs:
                 v.stamps[s.slot:s.slot + s.count] = gens[s.src:s.src + s.count]
             t.sync()
         else:
+            if prio is None:
+                prio = np.full(n, np.nan)
             for s in segs:
                 for f in lay.spec:
                     off = self.base + lay.column(f.name) + s.slot * f.row_bytes
@@ -407,8 +409,13 @@ class ShardRing:
             out = spec.empty(n)
         t = self.transport
         if self.views is not None:
+            if n and (slots.min() < 0 or slots.max() >= self.capacity):
+                raise IndexError(f"slots outside [0, {self.capacity})")
             for f in spec:
-                np.take(self.views.columns[f.name], slots, axis=0, out=out[f.name][:n])
+                # mode="clip" (after the check above): numpy buffers a take with
+                # out= and mode="raise", which is ~10x slower on large rows
+                np.take(self.views.columns[f.name], slots, axis=0, out=out[f.name][:n],
+                        mode="clip")
             t.sync()
         elif n:
             for f in spec:
