@@ -32,6 +32,11 @@ class Tag(enum.IntEnum):
     """Message tags on the data plane's channel."""
 
     DONE = 1  # a non-buffer rank will send nothing more
+    # checkpoints and stopping (conduit_hpc.checkpointing); payloads are JSON bytes
+    STOP = 40  # a rank was asked to stop (SIGTERM/SIGUSR1): every rank stops
+    CKPT_REQUEST = 41  # any rank -> first buffer rank: please checkpoint
+    CKPT_CUT = 42  # first buffer rank -> buffer ranks: cut your shards now
+    CKPT_PART = 43  # buffer rank -> first buffer rank: my file is written
 
 
 @dataclass(eq=False)
@@ -95,6 +100,9 @@ class BufferServer:
         self.waiting_for = set(peers)
         self.poll_interval_s = poll_interval_s
         self.handlers: dict[int, Callable[[Message], None]] = {Tag.DONE: self._on_done}
+        #: called once per pass after the commits (e.g. the checkpoint agent); each
+        #: returns work done and must not block
+        self.hooks: list[Callable[[], int]] = []
         self.passes = 0
 
     def _on_done(self, msg: Message) -> None:
@@ -116,6 +124,8 @@ class BufferServer:
                                    f"from rank {msg.source}")
             handler(msg)
             work += 1
+        for hook in self.hooks:
+            work += hook()
         self.passes += 1
         return work
 

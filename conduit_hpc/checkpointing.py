@@ -1,0 +1,832 @@
+"""Checkpoints of a running data plane: when, who, and agreement. Composition layer.
+
+:mod:`conduit_hpc.checkpoint` knows the HDF5 format; this module drives it from MPI ranks:
+
+* :class:`CheckpointAgent` - periodic checkpoints on the buffer side while ingest and
+  delivery go on. The buffer leader (first buffer rank) starts one every
+  ``checkpoint.every_seconds`` or on a :attr:`~conduit_hpc.buffer.Tag.CKPT_REQUEST`
+  message from any rank (a learner at a superstep boundary), by sending
+  :attr:`~conduit_hpc.buffer.Tag.CKPT_CUT` to every buffer rank. Each buffer rank cuts
+  its shards inside its progress loop (a commit pass, then one ``memcpy`` per field into
+  preallocated staging memory - the only pause ingest and delivery see), writes its file
+  on a background thread, and sends its part (file record, cursors, counters) to the
+  leader, which writes the manifest, renames the directory into place, writes ``DONE``
+  and prunes old checkpoints, also off the loop.
+* :func:`save_checkpoint` - the same, as one blocking collective over the job's ranks
+  (the final checkpoint on stop; every rank contributes its RNG state and counters, one
+  rank may contribute named arrays such as the learner's model and optimizer).
+* :func:`restore_data_plane` - collective restore at start-up: the newest complete
+  checkpoint (``"latest"``, falling back past refused ones with a warning) or a given
+  one; shard by shard when the shard capacities are unchanged, else resharded.
+* :class:`StopCoordinator` - SIGTERM / SIGUSR1 become a stop request that every rank
+  learns about (a :attr:`~conduit_hpc.buffer.Tag.STOP` message to every rank), so that
+  the job stops and checkpoints together instead of hanging.
+
+Control messages carry JSON bytes and small collectives move JSON bytes in ``uint8``
+buffers (``Bcast``/``Gatherv``): no pickle anywhere on this path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import checkpoint as ck
+from .buffer import OwnedShard, Tag
+from .config import Config
+from .errors import CheckpointError, DataPlaneTimeout
+from .runner import to_toml
+from .storage.snapshot import (
+    ShardSnapshot,
+    SnapshotStaging,
+    build_resharded,
+    plan_reshard,
+    restore_snapshot,
+    take_snapshot,
+)
+from .transport.channel import Message
+
+if TYPE_CHECKING:
+    from .edp import ExperienceDataPlane
+
+__all__ = [
+    "CheckpointAgent",
+    "RestoreResult",
+    "SaveResult",
+    "StopCoordinator",
+    "checkpoint_root",
+    "restore_data_plane",
+    "resume_roots",
+    "save_checkpoint",
+]
+
+log = logging.getLogger("conduit_hpc.checkpoint")
+#: fault injection for tests: seconds a buffer's writer thread sleeps after writing its
+#: file and before reporting it (widens the window in which a kill leaves a partial one)
+STALL_ENV = "CONDUIT_CHECKPOINT_STALL_S"
+
+
+# ---------------------------------------------------------------------------------
+# JSON over MPI without pickle
+
+
+def _to_bytes(obj: Any) -> np.ndarray:
+    return np.frombuffer(json.dumps(obj, separators=(",", ":")).encode(), dtype=np.uint8)
+
+
+def _from_bytes(buf: np.ndarray) -> Any:
+    return json.loads(bytes(buf).decode())
+
+
+def bcast_json(comm: MPI.Intracomm, obj: Any, root: int) -> Any:
+    """Broadcast a JSON-able object from ``root``. **Collective** on ``comm``; blocks."""
+    n = np.zeros(1, dtype=np.int64)
+    data = _to_bytes(obj) if comm.Get_rank() == root else np.zeros(0, np.uint8)
+    n[0] = len(data)
+    comm.Bcast(n, root=root)
+    buf = data.copy() if comm.Get_rank() == root else np.empty(int(n[0]), np.uint8)
+    comm.Bcast(buf, root=root)
+    return _from_bytes(buf)
+
+
+def gather_json(comm: MPI.Intracomm, obj: Any, root: int) -> list[Any] | None:
+    """Gather one JSON-able object per rank at ``root`` (None elsewhere). **Collective**."""
+    data = _to_bytes(obj)
+    sizes = np.zeros(comm.Get_size(), dtype=np.int64) if comm.Get_rank() == root else None
+    comm.Gather(np.array([len(data)], dtype=np.int64), sizes, root=root)
+    if comm.Get_rank() != root:
+        comm.Gatherv(data, None, root=root)
+        return None
+    assert sizes is not None
+    buf = np.empty(int(sizes.sum()), np.uint8)
+    comm.Gatherv(data, [buf, sizes, MPI.BYTE], root=root)
+    offs = np.concatenate([[0], np.cumsum(sizes)])
+    return [_from_bytes(buf[offs[i]:offs[i + 1]]) for i in range(len(sizes))]
+
+
+# ---------------------------------------------------------------------------------
+# where checkpoints live
+
+
+def checkpoint_root(config: Config, run_dir: Path | None) -> Path:
+    """``checkpoint.directory``, relative to the run directory (or the working directory
+    when there is none); absolute paths as given."""
+    d = Path(config.checkpoint.directory)
+    if d.is_absolute():
+        return d
+    return (Path.cwd() if run_dir is None else Path(run_dir)) / d
+
+
+def resume_roots(config: Config, run_dir: Path | None) -> list[Path]:
+    """Where ``resume="latest"`` looks: this run's checkpoint root, then those of earlier
+    runs of the same job beside it (``<runs>/<run.name>-*/<directory>``)."""
+    own = checkpoint_root(config, run_dir)
+    d = Path(config.checkpoint.directory)
+    if d.is_absolute() or run_dir is None:
+        return [own]
+    here = Path(run_dir).resolve()
+    siblings = [p / d for p in sorted(Path(run_dir).parent.glob(f"{config.run.name}-*"))
+                if p.is_dir() and p.resolve() != here]
+    return [own, *siblings]
+
+
+def _layout_json(edp: ExperienceDataPlane) -> dict[str, Any]:
+    r = edp.roles
+    return {"world_size": r.world_size, "actor_ranks": list(r.actor_ranks),
+            "buffer_ranks": list(r.buffer_ranks), "learner_ranks": list(r.learner_ranks),
+            "node_of": list(r.node_of)}
+
+
+def _placement_json(edp: ExperienceDataPlane) -> dict[str, Any]:
+    p = edp.placement
+    return {"shards": [{"shard_id": s.shard_id, "owner_rank": s.owner_rank, "tier": s.tier,
+                        "capacity_rows": s.capacity_rows} for s in p.shards],
+            "actor_shards": {str(k): v for k, v in p.actor_shards.items()},
+            "learner_shards": {str(k): list(v) for k, v in p.learner_shards.items()}}
+
+
+def _buffer_file(edp: ExperienceDataPlane) -> str:
+    return f"buffer-{edp.roles.role_rank:04d}.h5"
+
+
+def _cut(shards: Sequence[OwnedShard],
+         staging: Mapping[int, SnapshotStaging] | None) -> tuple[list[ShardSnapshot], float]:
+    """The consistent cut of this rank's shards: a commit pass and a copy each."""
+    t0 = time.perf_counter()
+    snaps = []
+    for s in shards:
+        s.poll()
+        snaps.append(take_snapshot(s.shard_id, s.ring, s.index,
+                                   None if staging is None else staging[s.shard_id]))
+    return snaps, time.perf_counter() - t0
+
+
+def _shard_part(path: Path, snaps: Sequence[ShardSnapshot], cut_s: float,
+                world_rank: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    rec = ck.write_shard_file(path, snaps, attrs={"world_rank": world_rank})
+    write_s = time.perf_counter() - t0
+    for s in rec["shards"]:
+        s["cut_s"] = cut_s
+        s["write_s"] = write_s
+    return {"files": [rec["file"]], "shards": rec["shards"],
+            "counters": {"checkpoint_cut_s": cut_s, "checkpoint_write_s": write_s,
+                         "checkpoint_bytes": rec["file"]["bytes"]}}
+
+
+def _finish(tmp: Path, root: Path, seq: int, edp: ExperienceDataPlane,
+            parts: Sequence[Mapping[str, Any]], keep: int) -> Path:
+    """Leader: manifest, rename into place, DONE, prune. Blocks for the disk."""
+    rec = ck.write_manifest(tmp, seq=seq, spec=edp.spec,
+                            config_toml=to_toml(edp.config.to_dict()),
+                            layout=_layout_json(edp), placement=_placement_json(edp),
+                            parts=parts)
+    final = root / ck.checkpoint_name(seq)
+    ck.finalize(tmp, final, rec)
+    if keep > 0:
+        ck.prune(root, keep)
+    return final
+
+
+# ---------------------------------------------------------------------------------
+# stop agreement
+
+
+class StopCoordinator:
+    """Turn SIGTERM / SIGUSR1 on any rank into a stop every rank sees.
+
+    ``mpirun`` (Open MPI 5) forwards SIGUSR1 to every rank and keeps the job running, but
+    turns SIGTERM into a kill within a fraction of a second; SLURM sends SIGTERM to every
+    task and waits ``KillWait``. So jobs treat both as "stop and checkpoint";
+    ``conduit-hpc run`` turns a SIGTERM it receives into SIGUSR1 for ``mpirun``.
+
+    Construct on every rank after the data plane (local; installs signal handlers when
+    called from the main thread). Buffer ranks watch for a stop inside their progress
+    loop; other ranks call :meth:`requested` in their loops.
+
+    Args:
+        edp (ExperienceDataPlane): this rank's data plane.
+        signals (tuple[int, ...]): signals that request a stop.
+    """
+
+    def __init__(self, edp: ExperienceDataPlane,
+                 signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
+        self.edp = edp
+        self.signal_received: int | None = None
+        self.remote = False
+        self._sent = False
+        self._old: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in signals:
+                self._old[s] = signal.signal(s, self._on_signal)
+        if edp.server is not None:
+            edp.server.handlers[Tag.STOP] = self._on_stop_message
+            edp.server.hooks.append(self._hook)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signal_received = signum
+
+    def _on_stop_message(self, msg: Message) -> None:
+        self.remote = True
+
+    def trigger(self) -> None:
+        """Request a stop from code (as a signal would). Local."""
+        self.signal_received = self.signal_received or -1
+
+    def _broadcast(self) -> None:
+        if self.signal_received is not None and not self._sent:
+            self._sent = True
+            ch = self.edp.channel
+            for r in range(ch.size):
+                if r != ch.rank:
+                    ch.isend(r, Tag.STOP, np.zeros(0, np.uint8))
+
+    def _hook(self) -> int:
+        self._broadcast()
+        return 0
+
+    def requested(self) -> bool:
+        """Whether a stop was requested here or anywhere else. Local; never blocks."""
+        self._broadcast()
+        if self.edp.server is None:
+            while self.edp.channel.poll(tag=Tag.STOP) is not None:
+                self.remote = True
+        return self.signal_received is not None or self.remote
+
+    def agree(self) -> bool:
+        """True on every rank iff a stop was requested on any. **Collective** on the
+        world; call it after the main loop (buffers: after ``serve`` returned)."""
+        return bool(self.edp.roles.world.allreduce(self.requested(), op=MPI.LOR))
+
+    def close(self) -> None:
+        """Restore the previous signal handlers. Local."""
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self._old = {}
+
+
+# ---------------------------------------------------------------------------------
+# periodic checkpoints on the buffer side
+
+
+@dataclass
+class _Flight:
+    seq: int
+    tmp: Path
+    started: float
+    parts: dict[int, dict[str, Any]] = field(default_factory=dict)
+    expected: set[int] = field(default_factory=set)
+
+
+class CheckpointAgent:
+    """Buffer-side checkpoints while the job runs.
+
+    Construct on every rank of the job (local, no collective); it does work only on
+    buffer ranks, where it attaches to the progress loop (message handlers and a per-pass
+    hook). Staging memory equal to this rank's shards is allocated and touched here, so
+    that a cut is a plain ``memcpy``.
+
+    Args:
+        edp (ExperienceDataPlane): this rank's data plane.
+        root (Path): checkpoint root (shared by all buffer ranks).
+        every_seconds (float): the leader starts a checkpoint this often (0: only on
+            request).
+        keep (int): complete checkpoints kept under ``root`` (0: all).
+        first_seq (int): smallest checkpoint number to use (after a resume: the restored
+            number + 1).
+        counters (Callable[[], dict] | None): extra counters of this rank, read at each
+            cut (e.g. the scheduler's position).
+    """
+
+    def __init__(self, edp: ExperienceDataPlane, root: Path, *, every_seconds: float = 0.0,
+                 keep: int = 3, first_seq: int = 1,
+                 counters: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.edp = edp
+        self.root = Path(root)
+        self.every_seconds = float(every_seconds)
+        self.keep = int(keep)
+        self.first_seq = int(first_seq)
+        self.counters = counters
+        roles = edp.roles
+        self.is_buffer = edp.server is not None
+        self.leader = roles.buffer_ranks[0]
+        self.is_leader = roles.world_rank == self.leader
+        self.completed: list[dict[str, Any]] = []  # leader: one record per checkpoint
+        self.failed: list[str] = []
+        self.cuts_s: list[float] = []  # this rank's cut pauses
+        self._flight: _Flight | None = None  # leader
+        self._flight_info: dict[str, Any] = {}
+        self._requests: list[dict[str, Any]] = []  # leader
+        self._manifest: threading.Thread | None = None  # leader
+        self._manifest_result: dict[str, Any] = {}
+        self._writer: threading.Thread | None = None
+        self._writer_result: dict[str, Any] = {}
+        self._writing_seq = -1
+        self._last_cut_seq = -1
+        self._closing = False
+        self._last_start = time.monotonic()
+        self.staging: dict[int, SnapshotStaging] = {}
+        if self.is_buffer:
+            assert edp.server is not None
+            for s in edp.server.shards:
+                self.staging[s.shard_id] = SnapshotStaging(edp.spec, s.ring.capacity)
+            h = edp.server.handlers
+            h[Tag.CKPT_CUT] = self._on_cut
+            h[Tag.CKPT_PART] = self._on_part
+            h[Tag.CKPT_REQUEST] = self._on_request
+            edp.server.hooks.append(self.poll)
+            if self.is_leader:
+                self.root.mkdir(parents=True, exist_ok=True)
+                ck.prune(self.root, self.keep)  # leftovers of a crashed run in this root
+
+    # -- any rank ------------------------------------------------------------------
+    def request(self, **info: Any) -> None:
+        """Ask the leader for a checkpoint as soon as none is in flight. Local, does not
+        block; ``info`` (JSON-able) is kept in the leader's record."""
+        payload = _to_bytes(info)
+        if self.is_leader:
+            self._requests.append(info)
+        else:
+            self.edp.channel.isend(self.leader, Tag.CKPT_REQUEST, payload)
+
+    # -- handlers (buffer ranks, inside the progress loop) ---------------------------
+    def _on_request(self, msg: Message) -> None:
+        if not self._closing:
+            self._requests.append(_from_bytes(msg.payload))
+
+    def _on_cut(self, msg: Message) -> None:
+        info = _from_bytes(msg.payload)
+        self._start_cut(int(info["seq"]), Path(info["tmp"]))
+
+    def _on_part(self, msg: Message) -> None:
+        part = _from_bytes(msg.payload)
+        self._add_part(part)
+
+    def _start_cut(self, seq: int, tmp: Path) -> None:
+        if self._writer is not None:  # the leader never overlaps checkpoints
+            raise CheckpointError(f"checkpoint {seq} cut requested while checkpoint "
+                                  f"{self._writing_seq} is still being written")
+        assert self.edp.server is not None
+        snaps, cut_s = _cut(self.edp.server.shards, self.staging)
+        self.cuts_s.append(cut_s)
+        self._last_cut_seq = seq
+        self._writing_seq = seq
+        extra = self.counters() if self.counters else {}
+        path = tmp / _buffer_file(self.edp)
+        me = self.edp.world_rank
+        result: dict[str, Any] = {}
+        self._writer_result = result
+
+        def write() -> None:
+            try:
+                part = _shard_part(path, snaps, cut_s, me)
+                stall = float(os.environ.get(STALL_ENV, "0") or 0)
+                if stall > 0:
+                    time.sleep(stall)
+            except Exception as err:  # reported to the leader, which drops the checkpoint
+                part = {"error": f"{type(err).__name__}: {err}"}
+            part["counters"] = {**extra, **part.get("counters", {})}
+            result.update(part)
+
+        self._writer = threading.Thread(target=write, name=f"ckpt-write-{seq}", daemon=True)
+        self._writer.start()
+
+    def _add_part(self, part: dict[str, Any]) -> None:
+        fl = self._flight
+        if fl is None or int(part["seq"]) != fl.seq:
+            return  # a part of a dropped checkpoint
+        fl.parts[int(part["world_rank"])] = part
+        if set(fl.parts) >= fl.expected and self._manifest is None:
+            self._start_manifest(fl)
+
+    # -- the per-pass hook ---------------------------------------------------------
+    def poll(self) -> int:
+        """One step of the protocol; called by the buffer loop each pass. Local, never
+        blocks; returns work done."""
+        work = 0
+        if self._writer is not None and not self._writer.is_alive():
+            self._writer.join()
+            self._writer = None
+            part = {"seq": self._writing_seq, "world_rank": self.edp.world_rank,
+                    "role": "buffer", "rng": None, **self._writer_result}
+            if self.is_leader:
+                self._add_part(part)
+            else:
+                self.edp.channel.isend(self.leader, Tag.CKPT_PART, _to_bytes(part))
+            work += 1
+        if self.is_leader:
+            work += self._leader_poll()
+        return work
+
+    def _leader_poll(self) -> int:
+        if self._manifest is not None and not self._manifest.is_alive():
+            self._manifest.join()
+            self._manifest = None
+            fl = self._flight
+            assert fl is not None
+            res = self._manifest_result
+            if "error" in res:
+                self.failed.append(res["error"])
+                log.warning("checkpoint %d failed and was dropped: %s", fl.seq, res["error"])
+                shutil.rmtree(fl.tmp, ignore_errors=True)
+            else:
+                self.completed.append(res)
+            self._flight = None
+            return 1
+        if self._flight is not None or self._closing:
+            return 0
+        due = self.every_seconds > 0 and \
+            time.monotonic() - self._last_start >= self.every_seconds
+        if not (due or self._requests):
+            return 0
+        info = self._requests.pop(0) if self._requests else {"reason": "timer"}
+        self._start(info)
+        return 1
+
+    def _start(self, info: Mapping[str, Any]) -> None:
+        self._last_start = time.monotonic()
+        seq = ck.next_seq(self.root, self.first_seq)
+        self.first_seq = seq + 1
+        tmp = self.root / f"{ck.TMP_PREFIX}{ck.checkpoint_name(seq)}-{os.getpid()}"
+        try:
+            tmp.mkdir(parents=True)
+        except OSError as err:
+            self.failed.append(f"cannot create {tmp}: {err}")
+            log.warning("checkpoint %d not started: cannot create %s: %s", seq, tmp, err)
+            return
+        roles = self.edp.roles
+        self._flight = _Flight(seq=seq, tmp=tmp, started=time.perf_counter(),
+                               expected=set(roles.buffer_ranks))
+        self._flight_info = dict(info)
+        payload = _to_bytes({"seq": seq, "tmp": str(tmp)})
+        for b in roles.buffer_ranks:
+            if b != self.leader:
+                self.edp.channel.isend(b, Tag.CKPT_CUT, payload)
+        self._start_cut(seq, tmp)
+
+    def _start_manifest(self, fl: _Flight) -> None:
+        parts = list(fl.parts.values())
+        errors = [p["error"] for p in parts if p.get("error")]
+        result: dict[str, Any] = {}
+        self._manifest_result = result
+        edp, root, keep = self.edp, self.root, self.keep
+
+        def write() -> None:
+            if errors:
+                result["error"] = errors[0]
+                return
+            try:
+                path = _finish(fl.tmp, root, fl.seq, edp, parts, keep)
+            except Exception as err:
+                result["error"] = f"{type(err).__name__}: {err}"
+                return
+            cuts = [float(p["counters"]["checkpoint_cut_s"]) for p in parts]
+            result.update(seq=fl.seq, path=str(path), cut_s_max=max(cuts),
+                          seconds=time.perf_counter() - fl.started,
+                          bytes=sum(int(f["bytes"]) for p in parts for f in p["files"]))
+
+        self._manifest = threading.Thread(target=write, name=f"ckpt-manifest-{fl.seq}",
+                                          daemon=True)
+        self._manifest.start()
+
+    # -- end -----------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """Whether this rank has checkpoint work in flight."""
+        return self._writer is not None or self._manifest is not None or \
+            self._flight is not None
+
+    def finish(self, timeout_s: float | None = None) -> None:
+        """Complete the checkpoint in flight and stop starting new ones.
+
+        **Collective** over the buffer ranks (no-op elsewhere); call after ``serve``
+        returned. Blocks at most ``timeout_s`` (default ``run.timeout_s``).
+
+        Raises:
+            DataPlaneTimeout: the checkpoint in flight did not complete in time.
+        """
+        if not self.is_buffer:
+            return
+        self._closing = True
+        bcomm = self.edp.roles.buffer
+        assert bcomm is not None
+        flying = bcast_json(bcomm, self._flight.seq if self._flight else -1, root=0)
+        timeout = self.edp.config.run.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        ch = self.edp.channel
+        while True:
+            for tag, handler in ((Tag.CKPT_CUT, self._on_cut), (Tag.CKPT_PART, self._on_part)):
+                while (msg := ch.poll(tag=tag)) is not None:
+                    handler(msg)
+            self.poll()
+            if self.is_leader:
+                done = not self.busy
+            else:
+                done = self._writer is None and self._last_cut_seq >= flying
+            if done:
+                break
+            if time.monotonic() > deadline:
+                raise DataPlaneTimeout(f"checkpoint {flying} did not complete within "
+                                       f"{timeout:.1f} s on world rank {self.edp.world_rank}")
+            time.sleep(0.001)
+        bcomm.Barrier()
+
+
+# ---------------------------------------------------------------------------------
+# collective save
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """A checkpoint written by :func:`save_checkpoint` (the same on every rank).
+
+    Attributes:
+        path (Path): the complete checkpoint directory.
+        seq (int): its number.
+        cut_s (float): longest cut (pause) over the buffer ranks.
+        seconds (float): wall time of the whole save.
+        bytes (int): bytes written (manifest excluded).
+    """
+
+    path: Path
+    seq: int
+    cut_s: float
+    seconds: float
+    bytes: int
+
+
+def save_checkpoint(edp: ExperienceDataPlane, root: Path, *,
+                    counters: Mapping[str, Any] | None = None, rng: str | None = None,
+                    extra_state: Mapping[str, Any] | None = None,
+                    agent: CheckpointAgent | None = None, keep: int = 0) -> SaveResult:
+    """Write a complete checkpoint now. **Collective** over the job's ranks; blocks until
+    it is on disk (``DONE`` written). Buffer ranks must not be inside ``serve``.
+
+    Args:
+        edp (ExperienceDataPlane): this rank's data plane.
+        root (Path): checkpoint root.
+        counters (Mapping[str, number] | None): this rank's counters (scheduler
+            position, rate-limiter counts, ...).
+        rng (str | None): this rank's RNG state (:func:`~conduit_hpc.checkpoint.rng_to_json`).
+        extra_state (Mapping[str, array] | None): named numeric arrays (model and
+            optimizer state); give them on one rank only.
+        agent (CheckpointAgent | None): reuse its staging memory and numbering (call
+            its :meth:`~CheckpointAgent.finish` first).
+        keep (int): prune to this many complete checkpoints (0: keep all).
+
+    Returns:
+        SaveResult: the same on every rank.
+
+    Raises:
+        CheckpointError: on every rank, naming the first failure (nothing half-written
+            is left under a checkpoint name).
+    """
+    t0 = time.perf_counter()
+    world = edp.roles.world
+    me = edp.world_rank
+    leader = edp.roles.buffer_ranks[0]
+    root = Path(root)
+    plan: dict[str, Any] = {}
+    if me == leader:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            seq = ck.next_seq(root, agent.first_seq if agent else 1)
+            tmp = root / f"{ck.TMP_PREFIX}{ck.checkpoint_name(seq)}-{os.getpid()}"
+            tmp.mkdir()
+            plan = {"seq": seq, "tmp": str(tmp)}
+        except OSError as err:
+            plan = {"error": f"cannot create a checkpoint under {root}: {err}"}
+    plan = bcast_json(world, plan, leader)
+    if "error" in plan:
+        raise CheckpointError(plan["error"])
+    seq, tmp = int(plan["seq"]), Path(plan["tmp"])
+    part: dict[str, Any] = {"seq": seq, "world_rank": me, "role": edp.role.value, "rng": rng,
+                            "counters": dict(counters or {}), "files": [], "shards": []}
+    try:
+        if edp.server is not None:
+            snaps, cut_s = _cut(edp.server.shards, agent.staging if agent else None)
+            sp = _shard_part(tmp / _buffer_file(edp), snaps, cut_s, me)
+            part["files"] += sp["files"]
+            part["shards"] += sp["shards"]
+            part["counters"].update(sp["counters"])
+        if extra_state is not None:
+            part["files"].append(ck.write_arrays_file(tmp / ck.LEARNER_FILE, extra_state))
+    except CheckpointError as err:
+        part["error"] = str(err)
+    parts = gather_json(world, part, leader)
+    verdict: dict[str, Any] = {}
+    if me == leader:
+        assert parts is not None
+        errors = [p["error"] for p in parts if p.get("error")]
+        if not errors:
+            try:
+                final = _finish(tmp, root, seq, edp, parts, keep)
+                verdict = {"path": str(final),
+                           "cut_s": max((float(p["counters"].get("checkpoint_cut_s", 0))
+                                         for p in parts), default=0.0),
+                           "bytes": sum(int(f["bytes"]) for p in parts for f in p["files"])}
+            except CheckpointError as err:
+                errors.append(str(err))
+        if errors:
+            shutil.rmtree(tmp, ignore_errors=True)
+            verdict = {"error": errors[0]}
+        if agent is not None:
+            agent.first_seq = seq + 1
+    verdict = bcast_json(world, verdict, leader)
+    if "error" in verdict:
+        raise CheckpointError(verdict["error"])
+    if agent is not None:
+        agent.first_seq = seq + 1
+    return SaveResult(path=Path(verdict["path"]), seq=seq, cut_s=float(verdict["cut_s"]),
+                      seconds=time.perf_counter() - t0, bytes=int(verdict["bytes"]))
+
+
+# ---------------------------------------------------------------------------------
+# restore
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What :func:`restore_data_plane` restored.
+
+    Attributes:
+        path (Path): the checkpoint used.
+        seq (int): its number.
+        rows (int): rows restored over all shards.
+        resharded (bool): rows were dealt over a different set of shards.
+        dropped (int): oldest rows left out because the new capacity is smaller.
+        counters (dict[int, dict]): every rank's stored counters, by world rank.
+        rng_state (str | None): this rank's stored RNG state (JSON) when the world size
+            is unchanged, else None. Rank-dependent.
+        extra_state (dict[str, np.ndarray]): the stored named arrays (model, optimizer),
+            on learner ranks (on the first buffer rank when there is no learner); empty
+            elsewhere. Rank-dependent.
+        config_toml (str): the config the checkpoint was written with.
+        skipped (list[str]): newer checkpoints refused on the way (file and reason).
+    """
+
+    path: Path
+    seq: int
+    rows: int
+    resharded: bool
+    dropped: int
+    counters: dict[int, dict[str, Any]]
+    rng_state: str | None
+    extra_state: dict[str, np.ndarray]
+    config_toml: str
+    skipped: list[str]
+
+
+def _load_shards(edp: ExperienceDataPlane, ckpt: ck.Checkpoint
+                 ) -> tuple[dict[int, ShardSnapshot], bool, int]:
+    """This rank's new shards, read (and verified) from the checkpoint."""
+    mine = [s for s in edp.placement.shards_of(edp.world_rank)] if edp.server else []
+    new_caps = [s.capacity_rows for s in edp.placement.shards]
+    if ckpt.capacities == new_caps:
+        return {s.shard_id: ckpt.read_shard(s.shard_id) for s in mine}, False, 0
+    plan = plan_reshard([s.rows for s in ckpt.shards], new_caps)
+    max_p = max((s.max_priority for s in ckpt.shards), default=1.0)
+    ids = [s.shard_id for s in mine]
+    out_cols = {k: edp.spec.empty(plan.rows_of(k)) for k in ids}
+    out_p = {k: np.empty(plan.rows_of(k)) for k in ids}
+    out_i = {k: np.empty(plan.rows_of(k)) for k in ids}
+    for old in range(len(ckpt.shards)):
+        if not len(plan.needed_from(ids, old)):
+            continue
+        snap = ckpt.read_shard(old)  # whole shard: every checksum is checked
+        for k in ids:
+            src, idx = plan.sources[k]
+            m = src == old
+            if m.any():
+                for name, col in out_cols[k].items():
+                    col[m] = snap.columns[name][idx[m]]
+                out_p[k][m] = snap.priority[idx[m]]
+                out_i[k][m] = snap.init_priority[idx[m]]
+        del snap
+    snaps = {k: build_resharded(k, new_caps[k], out_cols[k], out_p[k], out_i[k], max_p)
+             for k in ids}
+    return snaps, True, plan.dropped
+
+
+def restore_data_plane(edp: ExperienceDataPlane, source: str | Path = "latest", *,
+                       roots: Sequence[Path] = ()) -> RestoreResult | None:
+    """Restore replay state (and hand back stored state) from a checkpoint.
+
+    **Collective** over the job's ranks; call right after constructing the data plane,
+    before any ingest. Blocks for the reads. Every decision is made on the first buffer
+    rank and broadcast, and every rank's success is agreed, so all ranks return or raise
+    together.
+
+    Same shard capacities as the checkpoint: every shard comes back bit for bit (rows,
+    slots, stamps, cursors, priority trees, counters). Otherwise the rows are resharded
+    (:func:`~conduit_hpc.storage.snapshot.plan_reshard`), each exactly once with its
+    priority.
+
+    Args:
+        edp (ExperienceDataPlane): this rank's data plane.
+        source (str | Path): ``"latest"``: the newest complete checkpoint under
+            ``roots``, falling back past refused ones (each logged as a warning and
+            listed in :attr:`RestoreResult.skipped`); or a checkpoint directory (refused
+            without fallback), or a root holding several (newest first, with fallback).
+        roots (Sequence[Path]): where ``"latest"`` looks (see :func:`resume_roots`).
+
+    Returns:
+        RestoreResult | None: None when ``"latest"`` finds no checkpoint at all.
+
+    Raises:
+        CheckpointError: on every rank: a given checkpoint is refused (file and reason),
+            or every candidate was.
+    """
+    world = edp.roles.world
+    me = edp.world_rank
+    leader = edp.roles.buffer_ranks[0]
+    strict = False
+    candidates: list[Path] = []
+    if me == leader:
+        if str(source) in ("", "latest"):
+            candidates = ck.newest_first(roots)
+        else:
+            p = Path(source)
+            if p.name == ck.MANIFEST:
+                p = p.parent
+            if p.is_dir() and not (p / ck.DONE).exists() and not (p / ck.MANIFEST).exists() \
+                    and ck.list_checkpoints(p):
+                candidates = ck.newest_first([p])
+            else:
+                candidates, strict = [p], True
+    skipped: list[str] = []
+    while True:
+        decision: dict[str, Any] = {}
+        if me == leader:
+            decision = {"path": None, "skipped": skipped}
+            while candidates:
+                c = candidates.pop(0)
+                try:
+                    ck.open_checkpoint(c, spec=edp.spec)
+                    decision["path"] = str(c)
+                    break
+                except CheckpointError as err:
+                    if strict:
+                        decision["error"] = str(err)
+                        break
+                    _skip(skipped, str(err), candidates)
+        decision = bcast_json(world, decision, leader)
+        if "error" in decision:
+            raise CheckpointError(decision["error"])
+        skipped = list(decision["skipped"])
+        if decision["path"] is None:
+            if skipped:
+                raise CheckpointError("no usable checkpoint: every candidate was refused: "
+                                      + "; ".join(skipped))
+            if me == leader:
+                log.info("resume: no checkpoint found under %s; starting fresh",
+                         ", ".join(map(str, roots)) or "(no directory)")
+            return None
+        error = None
+        try:
+            ckpt = ck.open_checkpoint(decision["path"], spec=edp.spec)
+            snaps, resharded, dropped = _load_shards(edp, ckpt)
+            learners = edp.roles.learner_ranks or (leader,)
+            extra = ckpt.extra_state() if me in learners else {}
+        except CheckpointError as err:
+            error = str(err)
+        errors = gather_json(world, error, leader)
+        verdict: dict[str, Any] = {}
+        if me == leader:
+            assert errors is not None
+            bad = [e for e in errors if e]
+            verdict = {"error": bad[0] if bad else None}
+        verdict = bcast_json(world, verdict, leader)
+        if verdict["error"] is None:
+            break
+        if strict:
+            raise CheckpointError(verdict["error"])
+        if me == leader:
+            _skip(skipped, verdict["error"], candidates)
+    for s in edp.owned_shards():
+        restore_snapshot(s.ring, s.index, snaps[s.shard_id])
+        s.hidden_upto = snaps[s.shard_id].commit
+    world.Barrier()  # no rank ingests before every shard is back
+    same_world = int(ckpt.layout.get("world_size", -1)) == edp.roles.world_size
+    return RestoreResult(path=ckpt.path, seq=ckpt.seq, rows=ckpt.rows - dropped,
+                         resharded=resharded, dropped=dropped, counters=ckpt.counters,
+                         rng_state=ckpt.rng.get(me) if same_world else None,
+                         extra_state=extra, config_toml=ckpt.config_toml, skipped=skipped)
+
+
+def _skip(skipped: list[str], reason: str, remaining: Sequence[Path]) -> None:
+    skipped.append(reason)
+    nxt = f"falling back to {remaining[0]}" if remaining else "no older checkpoint left"
+    log.warning("resume: refused %s; %s", reason, nxt)
