@@ -43,7 +43,7 @@ import numpy as np
 
 from .errors import CheckpointError
 from .spec import Field, Spec
-from .storage.snapshot import ShardSnapshot
+from .storage.snapshot import ShardSnapshot, SnapshotStaging
 
 __all__ = [
     "DONE",
@@ -53,6 +53,7 @@ __all__ = [
     "ShardRecord",
     "checksum",
     "finalize",
+    "format_report",
     "inspect_checkpoint",
     "list_checkpoints",
     "open_checkpoint",
@@ -73,7 +74,7 @@ LEARNER_FILE = "learner.h5"
 TMP_PREFIX = ".tmp-"
 _NAME = re.compile(r"^ckpt-(\d{6,})$")
 _FILE = re.compile(r"^[A-Za-z0-9_.-]+\.h5$")
-CHUNK_BYTES = 16 << 20  # slabs of this size: bounded GIL hold per h5py call
+CHUNK_BYTES = 8 << 20  # write/read/checksum in slabs of this size
 
 # ---------------------------------------------------------------------------------
 # small helpers
@@ -132,12 +133,14 @@ def _write_dataset(group: h5py.Group, name: str, arr: np.ndarray, chunk_bytes: i
 
 
 def _read_verified(ds: h5py.Dataset, expected: str | None, where: str,
-                   chunk_bytes: int = CHUNK_BYTES) -> np.ndarray:
-    """Read a whole dataset in slabs, checking its CRC-32 against ``expected``."""
+                   chunk_bytes: int = CHUNK_BYTES, out: np.ndarray | None = None) -> np.ndarray:
+    """Read a whole dataset in slabs (into ``out`` if given, of the right shape and
+    dtype), checking its CRC-32 against ``expected``."""
     if ds.dtype.kind not in "biuf":
         raise CheckpointError(f"{where}: dataset {ds.name} has dtype {ds.dtype}, expected a "
                               f"numeric array")
-    out = np.empty(ds.shape, dtype=ds.dtype)
+    if out is None or out.shape != ds.shape or out.dtype != ds.dtype:
+        out = np.empty(ds.shape, dtype=ds.dtype)
     crc = 0
     if out.ndim == 0:
         out[()] = ds[()]
@@ -635,7 +638,8 @@ class Checkpoint:
         except OSError as err:
             raise CheckpointError(f"checkpoint file {p} cannot be opened: {err}") from err
 
-    def _dataset(self, f: h5py.File, name: str, path: str) -> np.ndarray:
+    def _dataset(self, f: h5py.File, name: str, path: str,
+                 out: np.ndarray | None = None) -> np.ndarray:
         where = str(self.path / name)
         if path not in f:
             raise CheckpointError(f"{where}: dataset {path} is missing")
@@ -646,24 +650,38 @@ class Checkpoint:
         if expected is None:
             raise CheckpointError(f"{where}: dataset {path} has no checksum in the manifest")
         try:
-            return _read_verified(obj, expected, where)
+            return _read_verified(obj, expected, where, out=out)
         except OSError as err:  # truncated or damaged storage under a readable header
             raise CheckpointError(f"{where}: dataset {path} cannot be read: {err}") from err
 
-    def read_shard(self, shard_id: int) -> ShardSnapshot:
+    def read_shard(self, shard_id: int, into: SnapshotStaging | None = None) -> ShardSnapshot:
         """Every row and counter of one shard, checksums verified.
+
+        Args:
+            shard_id (int): the shard.
+            into (SnapshotStaging | None): read into these (touched) arrays instead of
+                fresh ones; the snapshot's arrays are then views of it.
 
         Raises:
             CheckpointError: unreadable file, missing dataset, checksum mismatch, or
                 contents that contradict the manifest.
         """
         rec = self.shards[shard_id]
+        n = rec.rows
+        if into is not None and into.capacity < n:
+            into = None
+
+        def dest(name: str) -> np.ndarray | None:
+            return None if into is None else getattr(into, name)[:n]
+
         with self._file(rec.file) as f:
             g = f"/shards/{shard_id}"
-            seqs = self._dataset(f, rec.file, f"{g}/seq")
-            prio = self._dataset(f, rec.file, f"{g}/priority")
-            init = self._dataset(f, rec.file, f"{g}/init_priority")
-            cols = {fl.name: self._dataset(f, rec.file, f"{g}/columns/{fl.name}")
+            seqs = self._dataset(f, rec.file, f"{g}/seq", dest("seqs"))
+            prio = self._dataset(f, rec.file, f"{g}/priority", dest("priority"))
+            init = self._dataset(f, rec.file, f"{g}/init_priority", dest("init_priority"))
+            cols = {fl.name: self._dataset(f, rec.file, f"{g}/columns/{fl.name}",
+                                           None if into is None else
+                                           into.columns[fl.name][:n])
                     for fl in self.spec}
         snap = ShardSnapshot(shard_id=shard_id, capacity=rec.capacity, commit=rec.commit,
                              seqs=seqs, columns=cols, priority=prio, init_priority=init,
@@ -873,3 +891,62 @@ def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, A
     except CheckpointError as err:
         out["error"] = str(err)
     return out
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """:func:`inspect_checkpoint`'s dict as text for a terminal."""
+    lines = []
+    for c in report.get("checkpoints", ()):
+        lines.append(f"  {'complete  ' if c['complete'] else 'INCOMPLETE'}  {c['path']}")
+    if lines:
+        lines.insert(0, "checkpoints under the root (oldest first):")
+        lines.append("")
+    status = ("verified: every dataset matches its checksum" if report.get("verified")
+              else "not verified (--verify reads every checksum)")
+    if not report.get("ok"):
+        status = "REFUSED"
+    lines.append(f"checkpoint   {report['path']}  [{status}]")
+    if "seq" not in report:
+        if report.get("error"):
+            lines.append(f"error        {report['error']}")
+        return "\n".join(lines)
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report["created_unix"]))
+    lines.append(f"number       {report['seq']}, written {when}, schema version "
+                 f"{report['schema_version']}")
+    spec = ", ".join(f"{f['name']}: {np.dtype(f['dtype']).name}{f['shape']}"
+                     for f in report["spec"])
+    lines.append(f"spec         {spec}")
+    shards = report.get("shards", [])
+    lines.append(f"rows         {report['rows']:,} in {len(shards)} shards")
+    if shards:
+        lines.append("")
+        lines.append(f"{'shard':>6} {'owner':>6} {'rows':>10} {'capacity':>10} {'commit':>12} "
+                     f"{'prio min':>10} {'mean':>10} {'max':>10} {'sum':>12}  file")
+
+        def num(v: float | None) -> str:
+            return "-" if v is None else f"{v:.4g}"
+
+        for s in shards:
+            lines.append(f"{s['shard_id']:>6} {s['owner_rank']:>6} {s['rows']:>10,} "
+                         f"{s['capacity']:>10,} {s['commit']:>12,} "
+                         f"{num(s['priority_min']):>10} {num(s['priority_mean']):>10} "
+                         f"{num(s['priority_max']):>10} {num(s['priority_sum']):>12}  "
+                         f"{s['file']}")
+    lines.append("")
+    position = [f"{k}={v}" for c in report["counters"].values() for k, v in c.items()
+                if k in ("superstep", "step", "samples", "inserts")]
+    lines.append("position     " + (", ".join(position) if position else
+                                    "no scheduler position stored"))
+    lines.append("counters")
+    for r, c in sorted(report["counters"].items()):
+        body = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                         for k, v in c.items() if k != "role")
+        lines.append(f"  rank {r} ({c.get('role', '?')}): {body or '-'}")
+    lines.append(f"rng states   world ranks {report['rng_ranks'] or 'none'}")
+    extra = report.get("extra_arrays") or []
+    lines.append(f"extra state  {', '.join(extra) if extra else 'none'}")
+    lines.append("config")
+    lines += ["  " + ln for ln in report["config_toml"].rstrip().splitlines()]
+    if report.get("error"):
+        lines.append(f"error        {report['error']}")
+    return "\n".join(lines)

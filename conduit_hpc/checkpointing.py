@@ -326,6 +326,7 @@ class CheckpointAgent:
         self.completed: list[dict[str, Any]] = []  # leader: one record per checkpoint
         self.failed: list[str] = []
         self.cuts_s: list[float] = []  # this rank's cut pauses
+        self.writes_s: list[float] = []  # this rank's shard-file writes (background)
         self._flight: _Flight | None = None  # leader
         self._flight_info: dict[str, Any] = {}
         self._requests: list[dict[str, Any]] = []  # leader
@@ -421,6 +422,8 @@ class CheckpointAgent:
             self._writer = None
             part = {"seq": self._writing_seq, "world_rank": self.edp.world_rank,
                     "role": "buffer", "rng": None, **self._writer_result}
+            if "checkpoint_write_s" in part["counters"]:
+                self.writes_s.append(float(part["counters"]["checkpoint_write_s"]))
             if self.is_leader:
                 self._add_part(part)
             else:

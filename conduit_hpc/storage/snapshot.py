@@ -138,6 +138,10 @@ class SnapshotStaging:
         self.seqs = np.ones(capacity, dtype=np.int64)
         self.priority = np.ones(capacity, dtype=np.float64)
         self.init_priority = np.ones(capacity, dtype=np.float64)
+        # scratch for the cut's checks: no large temporary is allocated (and faulted in)
+        self.iota = np.arange(capacity, dtype=np.int64)
+        self.scratch = np.ones(capacity, dtype=np.int64)
+        self.held = np.ones(capacity, dtype=bool)
         self.columns: dict[str, np.ndarray] = {}
         for f in spec:
             arr = np.empty((capacity, *f.shape), dtype=f.dtype)
@@ -184,20 +188,24 @@ def take_snapshot(shard_id: int, ring: ShardRing, index: PriorityIndex,
         staging = SnapshotStaging(ring.layout.spec, cap)
     elif staging.capacity < cap:
         raise ValueError(f"staging holds {staging.capacity} rows, the shard {cap}")
-    for seg in ring_segments(lo, n, cap):
+    segs = ring_segments(lo, n, cap)
+    for seg in segs:
         src = slice(seg.slot, seg.slot + seg.count)
         dst = slice(seg.src, seg.src + seg.count)
         for name, col in v.columns.items():
             staging.columns[name][dst] = col[src]
         staging.priority[dst] = index.priority[src]
         staging.init_priority[dst] = v.priority[src]
+        staging.scratch[dst] = index.gens[src]  # generation = seq + 1 of a held row
     ring.transport.sync()
     reserve = ring.reserve_cursor()  # after the copy: rows a writer now owns are torn
     keep_from = max(lo, reserve - cap)
     seqs = staging.seqs[:n]
-    seqs[:] = np.arange(lo, commit, dtype=np.int64)
-    slots = seqs % cap
-    held = (index.gens[slots] == seqs + 1) & (seqs >= keep_from)
+    np.add(staging.iota[:n], lo, out=seqs)
+    gens, held = staging.scratch[:n], staging.held[:n]
+    np.subtract(gens, 1, out=gens)
+    np.equal(gens, seqs, out=held)
+    held[:max(0, keep_from - lo)] = False
     # what a shard holds is always one contiguous, newest run; check rather than assume
     first = int(np.argmax(held)) if held.any() else n
     if not held[first:].all():
