@@ -59,10 +59,10 @@ def worker(args: argparse.Namespace) -> None:
     from conduit_hpc import checkpoint as ck
     from conduit_hpc.checkpointing import (
         CheckpointAgent,
-        StopCoordinator,
         bcast_json,
         gather_json,
     )
+    from conduit_hpc.stopping import StopCoordinator
     from conduit_hpc.storage.snapshot import restore_snapshot
     from conduit_hpc.testing import make_config
 

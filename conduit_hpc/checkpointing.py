@@ -18,9 +18,9 @@
 * :func:`restore_data_plane` - collective restore at start-up: the newest complete
   checkpoint (``"latest"``, falling back past refused ones with a warning) or a given
   one; shard by shard when the shard capacities are unchanged, else resharded.
-* :class:`StopCoordinator` - SIGTERM / SIGUSR1 become a stop request that every rank
-  learns about (a :attr:`~conduit_hpc.buffer.Tag.STOP` message to every rank), so that
-  the job stops and checkpoints together instead of hanging.
+
+:class:`~conduit_hpc.stopping.StopCoordinator` turns SIGTERM / SIGUSR1 into a stop every
+rank sees, after which jobs call :func:`save_checkpoint` together.
 
 Control messages carry JSON bytes and small collectives move JSON bytes in ``uint8``
 buffers (``Bcast``/``Gatherv``): no pickle anywhere on this path.
@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -65,7 +64,6 @@ __all__ = [
     "CheckpointAgent",
     "RestoreResult",
     "SaveResult",
-    "StopCoordinator",
     "checkpoint_root",
     "restore_data_plane",
     "resume_roots",
@@ -198,83 +196,6 @@ def _finish(tmp: Path, root: Path, seq: int, edp: ExperienceDataPlane,
     if keep > 0:
         ck.prune(root, keep)
     return final
-
-
-# ---------------------------------------------------------------------------------
-# stop agreement
-
-
-class StopCoordinator:
-    """Turn SIGTERM / SIGUSR1 on any rank into a stop every rank sees.
-
-    ``mpirun`` (Open MPI 5) forwards SIGUSR1 to every rank and keeps the job running, but
-    turns SIGTERM into a kill within a fraction of a second; SLURM sends SIGTERM to every
-    task and waits ``KillWait``. So jobs treat both as "stop and checkpoint";
-    ``conduit-hpc run`` turns a SIGTERM it receives into SIGUSR1 for ``mpirun``.
-
-    Construct on every rank after the data plane (local; installs signal handlers when
-    called from the main thread). Buffer ranks watch for a stop inside their progress
-    loop; other ranks call :meth:`requested` in their loops.
-
-    Args:
-        edp (ExperienceDataPlane): this rank's data plane.
-        signals (tuple[int, ...]): signals that request a stop.
-    """
-
-    def __init__(self, edp: ExperienceDataPlane,
-                 signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
-        self.edp = edp
-        self.signal_received: int | None = None
-        self.remote = False
-        self._sent = False
-        self._old: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for s in signals:
-                self._old[s] = signal.signal(s, self._on_signal)
-        if edp.server is not None:
-            edp.server.handlers[Tag.STOP] = self._on_stop_message
-            edp.server.hooks.append(self._hook)
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self.signal_received = signum
-
-    def _on_stop_message(self, msg: Message) -> None:
-        self.remote = True
-
-    def trigger(self) -> None:
-        """Request a stop from code (as a signal would). Local."""
-        self.signal_received = self.signal_received or -1
-
-    def _broadcast(self) -> None:
-        if self.signal_received is not None and not self._sent:
-            self._sent = True
-            ch = self.edp.channel
-            for r in range(ch.size):
-                if r != ch.rank:
-                    ch.isend(r, Tag.STOP, np.zeros(0, np.uint8))
-
-    def _hook(self) -> int:
-        self._broadcast()
-        return 0
-
-    def requested(self) -> bool:
-        """Whether a stop was requested here or anywhere else. Local; never blocks."""
-        self._broadcast()
-        if self.edp.server is None:
-            while self.edp.channel.poll(tag=Tag.STOP) is not None:
-                self.remote = True
-        return self.signal_received is not None or self.remote
-
-    def agree(self) -> bool:
-        """True on every rank iff a stop was requested on any. **Collective** on the
-        world; call it after the main loop (buffers: after ``serve`` returned)."""
-        return bool(self.edp.roles.world.allreduce(self.requested(), op=MPI.LOR))
-
-    def close(self) -> None:
-        """Restore the previous signal handlers. Local."""
-        for s, h in self._old.items():
-            signal.signal(s, h)
-        self._old = {}
 
 
 # ---------------------------------------------------------------------------------

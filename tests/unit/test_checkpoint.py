@@ -188,7 +188,7 @@ def test_refuses_a_damaged_manifest(tmp_path: Path) -> None:
 
 
 def test_refuses_a_schema_from_the_future(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(ck, "SCHEMA_VERSION", ck.SCHEMA_VERSION + 1)
+    monkeypatch.setattr(ck.files, "SCHEMA_VERSION", ck.SCHEMA_VERSION + 1)
     path = write(tmp_path, 1)
     monkeypatch.undo()
     with pytest.raises(CheckpointError, match=r"schema version 2 is newer than this "

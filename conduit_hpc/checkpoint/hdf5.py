@@ -1,39 +1,13 @@
-"""HDF5 experience checkpoints: the on-disk format (write, open, verify, inspect).
-
-The only module that imports ``h5py``. Nothing here uses MPI: the collective protocol that
-decides *when* and *who* writes lives in :mod:`conduit_hpc.checkpointing`.
-
-A checkpoint is a directory ``ckpt-NNNNNN`` under a checkpoint root::
-
-    ckpt-000007/
-        buffer-0000.h5   one per buffer rank: /shards/<id>/{seq,priority,init_priority,
-                         columns/<field>} with the cut's cursors and counters as attributes
-        learner.h5       optional: /arrays/<name> (model and optimizer state, any rank's)
-        manifest.h5      spec, config (TOML text), layout, placement, every rank's RNG state
-                         and counters, a CRC-32 per dataset of every other file, and HDF5
-                         virtual datasets: /experience/<field> (every shard's rows as one
-                         global array), /index/{priority,shard,seq}; /learner links into
-                         learner.h5
-        DONE             JSON, written last: file sizes and the manifest's SHA-256
-
-Files are written into ``.tmp-ckpt-NNNNNN-*`` and fsync'ed, the directory is renamed into
-place, and ``DONE`` is written (and fsync'ed) last. A directory without ``DONE``, a file
-shorter than recorded (truncated), a dataset whose checksum differs, a schema version from
-the future or a checkpoint of a different spec is refused with a
-:class:`~conduit_hpc.errors.CheckpointError` naming the file and the reason. Only numeric
-arrays, strings and JSON are read back: no pickle is ever loaded, nothing is executed.
-"""
+"""The HDF5 side of checkpoints: writing shard, array and manifest files, opening and
+reading them back with every check. The package's only ``h5py`` user besides
+:mod:`~conduit_hpc.checkpoint.report`. See :mod:`conduit_hpc.checkpoint`."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import re
-import shutil
 import time
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,76 +15,26 @@ from typing import Any
 import h5py
 import numpy as np
 
-from .errors import CheckpointError
-from .spec import Field, Spec
-from .storage.snapshot import ShardSnapshot, SnapshotStaging
-
-__all__ = [
-    "DONE",
-    "MANIFEST",
-    "SCHEMA_VERSION",
-    "Checkpoint",
-    "ShardRecord",
-    "checksum",
-    "finalize",
-    "format_report",
-    "inspect_checkpoint",
-    "list_checkpoints",
-    "open_checkpoint",
-    "prune",
-    "rng_from_json",
-    "rng_to_json",
-    "spec_to_json",
-    "write_arrays_file",
-    "write_manifest",
-    "write_shard_file",
-]
-
-SCHEMA_VERSION = 1
-FORMAT = "conduit_hpc experience checkpoint"
-MANIFEST = "manifest.h5"
-DONE = "DONE"
-LEARNER_FILE = "learner.h5"
-TMP_PREFIX = ".tmp-"
-_NAME = re.compile(r"^ckpt-(\d{6,})$")
-_FILE = re.compile(r"^[A-Za-z0-9_.-]+\.h5$")
-CHUNK_BYTES = 8 << 20  # write/read/checksum in slabs of this size
-
-# ---------------------------------------------------------------------------------
-# small helpers
-
-
-def checkpoint_name(seq: int) -> str:
-    """Directory name of checkpoint number ``seq``."""
-    return f"ckpt-{seq:06d}"
-
-
-def seq_of(path: Path) -> int | None:
-    """The checkpoint number in a directory name, or None."""
-    m = _NAME.match(path.name)
-    return int(m.group(1)) if m else None
-
-
-def _rows_per_slab(arr: np.ndarray, chunk_bytes: int) -> int:
-    row = max(1, int(arr.nbytes // max(len(arr), 1)))
-    return max(1, chunk_bytes // row)
-
-
-def _crc(piece: np.ndarray, crc: int) -> int:
-    raw = np.ascontiguousarray(piece).reshape(-1).view(np.uint8)
-    return zlib.crc32(raw.data, crc)
-
-
-def checksum(arr: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> str:
-    """CRC-32 of an array's bytes in C order, as ``"crc32:xxxxxxxx"``."""
-    crc = 0
-    a = np.ascontiguousarray(arr)
-    if a.ndim == 0:
-        return f"crc32:{zlib.crc32(a.tobytes()):08x}"
-    step = _rows_per_slab(a, chunk_bytes)
-    for i in range(0, len(a), step):
-        crc = _crc(a[i:i + step], crc)
-    return f"crc32:{crc:08x}"
+from ..errors import CheckpointError
+from ..spec import Spec
+from ..storage.snapshot import ShardSnapshot, SnapshotStaging
+from . import files as _files
+from .files import (
+    CHUNK_BYTES,
+    DONE,
+    FILE_RE,
+    FORMAT,
+    LEARNER_FILE,
+    MANIFEST,
+    _crc,
+    _fsync,
+    _json,
+    _rows_per_slab,
+    _sha256,
+    done_record,
+    spec_from_json,
+    spec_to_json,
+)
 
 
 def _write_dataset(group: h5py.Group, name: str, arr: np.ndarray, chunk_bytes: int) -> str:
@@ -158,92 +82,9 @@ def _read_verified(ds: h5py.Dataset, expected: str | None, where: str,
     return out
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
 def _str(ds: h5py.Dataset) -> str:
     v = ds[()]
     return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def spec_to_json(spec: Spec) -> list[dict[str, Any]]:
-    """The spec as plain JSON: name, dtype (numpy ``str``), shape, allow_nan per field."""
-    return [{"name": f.name, "dtype": f.dtype.str, "shape": list(f.shape),
-             "allow_nan": f.allow_nan} for f in spec]
-
-
-def spec_from_json(fields: Sequence[Mapping[str, Any]]) -> Spec:
-    """Inverse of :func:`spec_to_json` (only numeric dtypes are accepted)."""
-    out = []
-    for f in fields:
-        dt = np.dtype(str(f["dtype"]))
-        if dt.kind not in "biuf":
-            raise ValueError(f"field {f['name']!r} has non-numeric dtype {dt}")
-        out.append(Field(str(f["name"]), dt, tuple(int(d) for d in f["shape"]),
-                         bool(f["allow_nan"])))
-    return Spec(out)
-
-
-# ---------------------------------------------------------------------------------
-# RNG states as JSON (no pickle)
-
-_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
-
-
-def rng_to_json(gen: np.random.Generator) -> str:
-    """The state of a numpy ``Generator`` as JSON text."""
-    state = gen.bit_generator.state
-
-    def plain(v: Any) -> Any:
-        if isinstance(v, np.ndarray):
-            return {"__array__": v.dtype.str, "data": v.tolist()}
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        if isinstance(v, np.integer):
-            return int(v)
-        return v
-
-    return _json(plain(state))
-
-
-def rng_from_json(text: str) -> np.random.Generator:
-    """A numpy ``Generator`` in the state :func:`rng_to_json` wrote.
-
-    Raises:
-        CheckpointError: not JSON, or a bit generator that is not one of numpy's.
-    """
-    try:
-        state = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"RNG state is not valid JSON: {err}") from err
-
-    def arrays(v: Any) -> Any:
-        if isinstance(v, dict) and "__array__" in v:
-            return np.asarray(v["data"], dtype=np.dtype(v["__array__"]))
-        if isinstance(v, dict):
-            return {k: arrays(x) for k, x in v.items()}
-        return v
-
-    name = state.get("bit_generator") if isinstance(state, dict) else None
-    if name not in _BIT_GENERATORS:
-        raise CheckpointError(f"RNG state names bit generator {name!r}; expected one of "
-                              f"{', '.join(_BIT_GENERATORS)}")
-    bg = getattr(np.random, name)()
-    bg.state = arrays(state)
-    return np.random.Generator(bg)
-
-
-# ---------------------------------------------------------------------------------
-# writing
 
 
 def write_shard_file(path: Path, snapshots: Sequence[ShardSnapshot], *,
@@ -266,7 +107,7 @@ def write_shard_file(path: Path, snapshots: Sequence[ShardSnapshot], *,
     try:
         with h5py.File(path, "w", libver="latest") as f:
             f.attrs["format"] = FORMAT
-            f.attrs["schema_version"] = SCHEMA_VERSION
+            f.attrs["schema_version"] = _files.SCHEMA_VERSION
             for k, v in (attrs or {}).items():
                 f.attrs[k] = v
             for s in snapshots:
@@ -324,7 +165,7 @@ def write_arrays_file(path: Path, arrays: Mapping[str, Any]) -> dict[str, Any]:
     try:
         with h5py.File(path, "w", libver="latest") as f:
             f.attrs["format"] = FORMAT
-            f.attrs["schema_version"] = SCHEMA_VERSION
+            f.attrs["schema_version"] = _files.SCHEMA_VERSION
             g = f.create_group("arrays")
             for name, arr in clean.items():
                 datasets[f"/arrays/{name}"] = _write_dataset(g, name, arr, CHUNK_BYTES)
@@ -363,7 +204,7 @@ def write_manifest(directory: Path, *, seq: int, spec: Spec, config_toml: str,
     shard_recs: dict[int, Mapping[str, Any]] = {}
     for p in parts:
         for fr in p.get("files", ()):
-            if not _FILE.match(fr["name"]) or fr["name"] in files or fr["name"] == MANIFEST:
+            if not FILE_RE.match(fr["name"]) or fr["name"] in files or fr["name"] == MANIFEST:
                 raise CheckpointError(f"{directory}: bad or duplicate file name "
                                       f"{fr['name']!r} from rank {p['world_rank']}")
             files[fr["name"]] = fr
@@ -381,7 +222,7 @@ def write_manifest(directory: Path, *, seq: int, spec: Spec, config_toml: str,
         with h5py.File(path, "w", libver="latest") as f:
             a = f.attrs
             a["format"] = FORMAT
-            a["schema_version"] = SCHEMA_VERSION
+            a["schema_version"] = _files.SCHEMA_VERSION
             a["seq"] = seq
             a["created_unix"] = created
             a["world_size"] = int(layout["world_size"])
@@ -463,7 +304,7 @@ def finalize(tmp_dir: Path, final_dir: Path, manifest_record: Mapping[str, Any])
         digest = _sha256(tmp_dir / MANIFEST)
         tmp_dir.rename(final_dir)
         _fsync(final_dir.parent)
-        done = {"format": FORMAT, "schema_version": SCHEMA_VERSION,
+        done = {"format": FORMAT, "schema_version": _files.SCHEMA_VERSION,
                 "seq": int(manifest_record["seq"]),
                 "created_unix": float(manifest_record["created_unix"]),
                 "manifest_sha256": digest, "files": dict(manifest_record["files"])}
@@ -474,104 +315,6 @@ def finalize(tmp_dir: Path, final_dir: Path, manifest_record: Mapping[str, Any])
         _fsync(final_dir)
     except OSError as err:
         raise CheckpointError(f"cannot finalize checkpoint {final_dir}: {err}") from err
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-# ---------------------------------------------------------------------------------
-# finding, pruning
-
-
-def list_checkpoints(root: Path) -> list[Path]:
-    """Checkpoint directories (complete or not, ``.tmp-*`` excluded) under ``root``,
-    oldest first by number."""
-    if not root.is_dir():
-        return []
-    found = [(s, p) for p in root.iterdir() if p.is_dir() and (s := seq_of(p)) is not None]
-    return [p for _, p in sorted(found)]
-
-
-def is_complete(path: Path) -> bool:
-    """Whether ``path`` has its ``DONE`` marker (nothing else is checked)."""
-    return (path / DONE).is_file()
-
-
-def done_record(path: Path) -> dict[str, Any]:
-    """The parsed ``DONE`` marker.
-
-    Raises:
-        CheckpointError: missing or not valid JSON.
-    """
-    f = path / DONE
-    if not f.is_file():
-        raise CheckpointError(f"checkpoint {path}: no {DONE} marker; it was not completely "
-                              f"written (the job stopped while writing it)")
-    try:
-        rec = json.loads(f.read_text())
-        _ = (int(rec["seq"]), float(rec["created_unix"]), dict(rec["files"]))
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"checkpoint {path}: {DONE} marker is damaged: {err}") from err
-    return rec
-
-
-def newest_first(roots: Iterable[Path]) -> list[Path]:
-    """Every checkpoint directory under ``roots``, newest first (by the time in ``DONE``,
-    then by number; incomplete ones by their number, after complete ones of the same
-    root with a higher number)."""
-    found: list[tuple[float, int, str, Path]] = []
-    for root in roots:
-        for p in list_checkpoints(root):
-            try:
-                t = float(done_record(p)["created_unix"])
-            except CheckpointError:
-                t = p.stat().st_mtime
-            found.append((t, seq_of(p) or 0, str(p), p))
-    return [p for *_, p in sorted(found, reverse=True)]
-
-
-def next_seq(root: Path, at_least: int = 1) -> int:
-    """A checkpoint number not used under ``root`` (temporary directories included)."""
-    used = [s for p in list_checkpoints(root) if (s := seq_of(p)) is not None]
-    if root.is_dir():
-        for p in root.glob(TMP_PREFIX + "ckpt-*"):
-            m = re.match(r"^\.tmp-ckpt-(\d+)", p.name)
-            if m:
-                used.append(int(m.group(1)))
-    return max([at_least - 1, *used]) + 1
-
-
-def prune(root: Path, keep: int, *, in_flight: Iterable[Path] = ()) -> list[Path]:
-    """Keep the ``keep`` newest complete checkpoints under ``root``; remove older ones,
-    incomplete ones older than the newest complete one, and temporary directories not in
-    flight. Local; blocks for the deletes.
-
-    Returns:
-        list[Path]: what was removed.
-    """
-    busy = {Path(p).resolve() for p in in_flight}
-    all_ = list_checkpoints(root)
-    complete = [p for p in all_ if is_complete(p)]
-    removed = []
-    doomed = complete[:-keep] if keep > 0 else []
-    if complete:
-        newest = seq_of(complete[-1]) or 0
-        doomed += [p for p in all_ if not is_complete(p) and (seq_of(p) or 0) < newest]
-    if root.is_dir():
-        doomed += [p for p in root.glob(TMP_PREFIX + "ckpt-*") if p.resolve() not in busy]
-    for p in doomed:
-        shutil.rmtree(p, ignore_errors=True)
-        removed.append(p)
-    return removed
-
-
-# ---------------------------------------------------------------------------------
-# reading
 
 
 @dataclass(frozen=True)
@@ -697,6 +440,12 @@ class Checkpoint:
                                   f"{snap.rows} rows, the manifest says {rec.rows}")
         return snap
 
+    def priorities(self, shard_id: int) -> np.ndarray:
+        """One shard's current priorities (raw, before alpha), checksum verified."""
+        rec = self.shards[shard_id]
+        with self._file(rec.file) as f:
+            return self._dataset(f, rec.file, f"/shards/{shard_id}/priority")
+
     def extra_state(self) -> dict[str, np.ndarray]:
         """The named arrays of ``learner.h5`` (model, optimizer, ...), verified; ``{}``
         if the checkpoint has none."""
@@ -744,13 +493,13 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
     if not p.is_dir():
         raise CheckpointError(f"checkpoint {p} does not exist or is not a directory")
     done = done_record(p)
-    if int(done.get("schema_version", 0)) > SCHEMA_VERSION:
+    if int(done.get("schema_version", 0)) > _files.SCHEMA_VERSION:
         raise CheckpointError(f"checkpoint {p}: schema version {done['schema_version']} is "
-                              f"newer than this conduit_hpc reads ({SCHEMA_VERSION}); "
+                              f"newer than this conduit_hpc reads ({_files.SCHEMA_VERSION}); "
                               f"upgrade conduit_hpc")
     for name, size in done["files"].items():
         f = p / name
-        if not _FILE.match(name):
+        if not FILE_RE.match(name):
             raise CheckpointError(f"checkpoint {p}: {DONE} names a bad file {name!r}")
         if not f.is_file():
             raise CheckpointError(f"checkpoint file {f} is missing")
@@ -807,9 +556,9 @@ def _read_manifest(p: Path, f: h5py.File) -> Checkpoint:
         raise CheckpointError(f"{p / MANIFEST}: not a conduit_hpc checkpoint (format "
                               f"{a.get('format')!r})")
     version = int(a["schema_version"])
-    if version > SCHEMA_VERSION:
+    if version > _files.SCHEMA_VERSION:
         raise CheckpointError(f"{p / MANIFEST}: schema version {version} is newer than this "
-                              f"conduit_hpc reads ({SCHEMA_VERSION}); upgrade conduit_hpc")
+                              f"conduit_hpc reads ({_files.SCHEMA_VERSION}); upgrade conduit_hpc")
     meta = f["meta"]
     spec = spec_from_json(json.loads(_str(meta["spec"])))
     shards = [ShardRecord(shard_id=int(s["shard_id"]), capacity=int(s["capacity"]),
@@ -831,122 +580,3 @@ def _read_manifest(p: Path, f: h5py.File) -> Checkpoint:
                       layout=json.loads(_str(meta["layout"])),
                       placement=json.loads(_str(meta["placement"])), shards=shards,
                       files=json.loads(_str(meta["files"])), counters=counters, rng=rng)
-
-
-# ---------------------------------------------------------------------------------
-# inspect
-
-
-def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, Any]:
-    """Describe a checkpoint (or the newest one under a root) as a plain dict.
-
-    Local; blocks (``verify`` reads every byte). Never raises for a damaged checkpoint:
-    the problem is in ``error`` and ``ok`` is False.
-
-    Returns:
-        dict: ``path``, ``ok``, ``error``, ``verified``, and when readable ``seq``,
-        ``created_unix``, ``schema_version``, ``spec``, ``shards`` (per shard: rows,
-        capacity, commit, owner, priority min/mean/max/sum), ``rows``, ``config_toml``,
-        ``counters``, ``rng_ranks``, ``extra_arrays``; for a root, ``checkpoints`` lists
-        every checkpoint and whether it is complete.
-    """
-    p = Path(path)
-    out: dict[str, Any] = {"path": str(p), "ok": False, "error": None, "verified": False}
-    if p.is_dir() and not (p / MANIFEST).exists() and not (p / DONE).exists() and \
-            list_checkpoints(p):
-        out["checkpoints"] = [{"path": str(c), "complete": is_complete(c)}
-                              for c in list_checkpoints(p)]
-        complete = [c for c in reversed(list_checkpoints(p)) if is_complete(c)]
-        if not complete:
-            out["error"] = f"no complete checkpoint under {p}"
-            return out
-        p = complete[0]
-        out["path"] = str(p)
-    try:
-        ckpt = open_checkpoint(p)
-        out.update(seq=ckpt.seq, created_unix=ckpt.created_unix,
-                   schema_version=ckpt.schema_version,
-                   spec=spec_to_json(ckpt.spec), rows=ckpt.rows,
-                   config_toml=ckpt.config_toml, counters=ckpt.counters,
-                   rng_ranks=sorted(ckpt.rng), layout=ckpt.layout,
-                   extra_arrays=sorted(d[len("/arrays/"):] for d in
-                                       ckpt.files.get(LEARNER_FILE, {}).get("datasets", {})))
-        owners = [s["owner_rank"] for s in ckpt.placement["shards"]]
-        shards = []
-        for s in ckpt.shards:
-            with ckpt._file(s.file) as f:
-                prio = ckpt._dataset(f, s.file, f"/shards/{s.shard_id}/priority")
-            shards.append({"shard_id": s.shard_id, "owner_rank": owners[s.shard_id],
-                           "rows": s.rows, "capacity": s.capacity, "commit": s.commit,
-                           "file": s.file,
-                           "priority_min": float(prio.min()) if len(prio) else None,
-                           "priority_mean": float(prio.mean()) if len(prio) else None,
-                           "priority_max": float(prio.max()) if len(prio) else None,
-                           "priority_sum": float(prio.sum())})
-        out["shards"] = shards
-        if verify:
-            ckpt.verify()
-            out["verified"] = True
-        out["ok"] = True
-    except CheckpointError as err:
-        out["error"] = str(err)
-    return out
-
-
-def format_report(report: Mapping[str, Any]) -> str:
-    """:func:`inspect_checkpoint`'s dict as text for a terminal."""
-    lines = []
-    for c in report.get("checkpoints", ()):
-        lines.append(f"  {'complete  ' if c['complete'] else 'INCOMPLETE'}  {c['path']}")
-    if lines:
-        lines.insert(0, "checkpoints under the root (oldest first):")
-        lines.append("")
-    status = ("verified: every dataset matches its checksum" if report.get("verified")
-              else "not verified (--verify reads every checksum)")
-    if not report.get("ok"):
-        status = "REFUSED"
-    lines.append(f"checkpoint   {report['path']}  [{status}]")
-    if "seq" not in report:
-        if report.get("error"):
-            lines.append(f"error        {report['error']}")
-        return "\n".join(lines)
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report["created_unix"]))
-    lines.append(f"number       {report['seq']}, written {when}, schema version "
-                 f"{report['schema_version']}")
-    spec = ", ".join(f"{f['name']}: {np.dtype(f['dtype']).name}{f['shape']}"
-                     for f in report["spec"])
-    lines.append(f"spec         {spec}")
-    shards = report.get("shards", [])
-    lines.append(f"rows         {report['rows']:,} in {len(shards)} shards")
-    if shards:
-        lines.append("")
-        lines.append(f"{'shard':>6} {'owner':>6} {'rows':>10} {'capacity':>10} {'commit':>12} "
-                     f"{'prio min':>10} {'mean':>10} {'max':>10} {'sum':>12}  file")
-
-        def num(v: float | None) -> str:
-            return "-" if v is None else f"{v:.4g}"
-
-        for s in shards:
-            lines.append(f"{s['shard_id']:>6} {s['owner_rank']:>6} {s['rows']:>10,} "
-                         f"{s['capacity']:>10,} {s['commit']:>12,} "
-                         f"{num(s['priority_min']):>10} {num(s['priority_mean']):>10} "
-                         f"{num(s['priority_max']):>10} {num(s['priority_sum']):>12}  "
-                         f"{s['file']}")
-    lines.append("")
-    position = [f"{k}={v}" for c in report["counters"].values() for k, v in c.items()
-                if k in ("superstep", "step", "samples", "inserts")]
-    lines.append("position     " + (", ".join(position) if position else
-                                    "no scheduler position stored"))
-    lines.append("counters")
-    for r, c in sorted(report["counters"].items()):
-        body = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                         for k, v in c.items() if k != "role")
-        lines.append(f"  rank {r} ({c.get('role', '?')}): {body or '-'}")
-    lines.append(f"rng states   world ranks {report['rng_ranks'] or 'none'}")
-    extra = report.get("extra_arrays") or []
-    lines.append(f"extra state  {', '.join(extra) if extra else 'none'}")
-    lines.append("config")
-    lines += ["  " + ln for ln in report["config_toml"].rstrip().splitlines()]
-    if report.get("error"):
-        lines.append(f"error        {report['error']}")
-    return "\n".join(lines)
