@@ -694,7 +694,7 @@ def restore_data_plane(edp: ExperienceDataPlane, source: str | Path = "latest", 
     while True:
         decision: dict[str, Any] = {}
         if me == leader:
-            decision = {"path": None, "skipped": skipped}
+            decision = {"path": None, "skipped": skipped, "strict": strict}
             while candidates:
                 c = candidates.pop(0)
                 try:
@@ -710,6 +710,7 @@ def restore_data_plane(edp: ExperienceDataPlane, source: str | Path = "latest", 
         if "error" in decision:
             raise CheckpointError(decision["error"])
         skipped = list(decision["skipped"])
+        strict = bool(decision["strict"])  # decided on the leader; every rank follows
         if decision["path"] is None:
             if skipped:
                 raise CheckpointError("no usable checkpoint: every candidate was refused: "

@@ -179,18 +179,23 @@ def done_record(path: Path) -> dict[str, Any]:
 
 
 def newest_first(roots: Iterable[Path]) -> list[Path]:
-    """Every checkpoint directory under ``roots``, newest first (by the time in ``DONE``,
-    then by number; incomplete ones by their number, after complete ones of the same
-    root with a higher number)."""
-    found: list[tuple[float, int, str, Path]] = []
+    """Every checkpoint directory under ``roots``, newest first: within a root by number
+    (the numbers grow), roots by their newest checkpoint's time (``DONE``, or the
+    directory's modification time when none is complete)."""
+    groups: list[tuple[float, list[Path]]] = []
     for root in roots:
-        for p in list_checkpoints(root):
+        found = list_checkpoints(root)
+        if not found:
+            continue
+        times = []
+        for p in found:
             try:
-                t = float(done_record(p)["created_unix"])
+                times.append(float(done_record(p)["created_unix"]))
             except CheckpointError:
-                t = p.stat().st_mtime
-            found.append((t, seq_of(p) or 0, str(p), p))
-    return [p for *_, p in sorted(found, reverse=True)]
+                times.append(p.stat().st_mtime)
+        groups.append((max(times), found[::-1]))
+    groups.sort(key=lambda g: g[0], reverse=True)
+    return [p for _, ps in groups for p in ps]
 
 
 def next_seq(root: Path, at_least: int = 1) -> int:
