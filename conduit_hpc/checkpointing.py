@@ -274,14 +274,56 @@ class CheckpointAgent:
                 ck.prune(self.root, self.keep)  # leftovers of a crashed run in this root
 
     # -- any rank ------------------------------------------------------------------
-    def request(self, **info: Any) -> None:
+    def request(self, *, parts_from: Sequence[int] = (), **info: Any) -> None:
         """Ask the leader for a checkpoint as soon as none is in flight. Local, does not
-        block; ``info`` (JSON-able) is kept in the leader's record."""
-        payload = _to_bytes(info)
+        block.
+
+        Args:
+            parts_from (Sequence[int]): non-buffer world ranks that contribute a part
+                (RNG state, counters, named arrays) through :meth:`contribute`; the
+                checkpoint completes only when each has.
+            **info: JSON-able scalars (e.g. ``superstep=120``), stored in the manifest
+                as the leader's counters ``request.<name>``.
+        """
+        info = {**info, "parts_from": [int(r) for r in parts_from]}
         if self.is_leader:
             self._requests.append(info)
         else:
-            self.edp.channel.isend(self.leader, Tag.CKPT_REQUEST, payload)
+            self.edp.channel.isend(self.leader, Tag.CKPT_REQUEST, _to_bytes(info))
+
+    def contribute(self, provide: Callable[[], Mapping[str, Any]]) -> bool:
+        """Non-buffer ranks named in a request's ``parts_from``: if the leader has asked
+        for this rank's part, write it and send it. Call it in the rank's loop (a learner:
+        at superstep boundaries). Local; does not wait for a request, but writes the
+        named arrays (if any) before returning.
+
+        Args:
+            provide (Callable[[], Mapping]): called once per checkpoint; returns any of
+                ``rng`` (JSON text, :func:`~conduit_hpc.checkpoint.rng_to_json`),
+                ``counters`` (name -> number) and ``extra_state`` (name -> numeric array;
+                one rank per checkpoint).
+
+        Returns:
+            bool: whether a part was written and sent.
+        """
+        msg = self.edp.channel.poll(tag=Tag.CKPT_CUT)
+        if msg is None:
+            return False
+        info = _from_bytes(msg.payload)
+        state = provide()
+        part: dict[str, Any] = {"seq": int(info["seq"]), "world_rank": self.edp.world_rank,
+                                "role": self.edp.role.value, "rng": state.get("rng"),
+                                "counters": dict(state.get("counters") or {}),
+                                "files": [], "shards": []}
+        extra = state.get("extra_state")
+        try:
+            if extra is not None:
+                part["files"].append(ck.write_arrays_file(Path(info["tmp"]) / ck.LEARNER_FILE,
+                                                          extra))
+        except CheckpointError as err:
+            part["error"] = str(err)
+        self.edp.channel.isend(self.leader, Tag.CKPT_PART, _to_bytes(part))
+        return True
 
     # -- handlers (buffer ranks, inside the progress loop) ---------------------------
     def _on_request(self, msg: Message) -> None:
@@ -369,6 +411,16 @@ class CheckpointAgent:
                 self.completed.append(res)
             self._flight = None
             return 1
+        fl = self._flight
+        if fl is not None and self._manifest is None and \
+                time.perf_counter() - fl.started > self.edp.config.run.timeout_s:
+            missing = sorted(fl.expected - set(fl.parts))
+            self.failed.append(f"checkpoint {fl.seq}: no part from world ranks {missing} "
+                               f"within {self.edp.config.run.timeout_s:.0f} s")
+            log.warning("checkpoint %d dropped: %s", fl.seq, self.failed[-1])
+            shutil.rmtree(fl.tmp, ignore_errors=True)
+            self._flight = None
+            return 1
         if self._flight is not None or self._closing:
             return 0
         due = self.every_seconds > 0 and \
@@ -391,17 +443,22 @@ class CheckpointAgent:
             log.warning("checkpoint %d not started: cannot create %s: %s", seq, tmp, err)
             return
         roles = self.edp.roles
+        others = [int(r) for r in info.get("parts_from", ()) if r not in roles.buffer_ranks]
         self._flight = _Flight(seq=seq, tmp=tmp, started=time.perf_counter(),
-                               expected=set(roles.buffer_ranks))
-        self._flight_info = dict(info)
+                               expected=set(roles.buffer_ranks) | set(others))
+        self._flight_info = {k: v for k, v in info.items()
+                             if isinstance(v, int | float | str | bool)}
         payload = _to_bytes({"seq": seq, "tmp": str(tmp)})
-        for b in roles.buffer_ranks:
-            if b != self.leader:
-                self.edp.channel.isend(b, Tag.CKPT_CUT, payload)
+        for r in [*roles.buffer_ranks, *others]:
+            if r != self.leader:
+                self.edp.channel.isend(r, Tag.CKPT_CUT, payload)
         self._start_cut(seq, tmp)
 
     def _start_manifest(self, fl: _Flight) -> None:
         parts = list(fl.parts.values())
+        for p in parts:  # what the request said (e.g. the superstep) goes on record
+            if int(p["world_rank"]) == self.leader:
+                p["counters"].update({f"request.{k}": v for k, v in self._flight_info.items()})
         errors = [p["error"] for p in parts if p.get("error")]
         result: dict[str, Any] = {}
         self._manifest_result = result
@@ -416,7 +473,7 @@ class CheckpointAgent:
             except Exception as err:
                 result["error"] = f"{type(err).__name__}: {err}"
                 return
-            cuts = [float(p["counters"]["checkpoint_cut_s"]) for p in parts]
+            cuts = [float(p["counters"].get("checkpoint_cut_s", 0.0)) for p in parts]
             result.update(seq=fl.seq, path=str(path), cut_s_max=max(cuts),
                           seconds=time.perf_counter() - fl.started,
                           bytes=sum(int(f["bytes"]) for p in parts for f in p["files"]))

@@ -300,3 +300,38 @@ def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
         edp.done()
         if edp.role is Role.BUFFER:
             edp.serve()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_learner_requested_checkpoint_holds_the_learners_state(shared_dir) -> None:
+    root = shared_dir
+    cfg = make_config(layout={"learners": 1, "buffers": 1}, storage={"capacity_rows": 1000})
+    arrays = {"model/w": np.linspace(0, 1, 12).reshape(3, 4), "optimizer/step": np.int64(7)}
+    gen = np.random.default_rng(5)
+    with ExperienceDataPlane(cfg) as edp:
+        agent = CheckpointAgent(edp, root, keep=0)
+        if edp.role is Role.LEARNER:  # at the boundary of superstep 7
+            agent.request(parts_from=[edp.world_rank], superstep=7)
+            end = time.monotonic() + 60
+            while not agent.contribute(lambda: {"rng": ck.rng_to_json(gen),
+                                                "counters": {"superstep": 7},
+                                                "extra_state": arrays}):
+                assert time.monotonic() < end, "the leader never asked for the part"
+                time.sleep(0.005)
+            edp.done()
+        elif edp.role is Role.ACTOR:
+            ingest(edp, 0, 5)
+            edp.done()
+        else:
+            edp.serve()
+        agent.finish()
+        learner, leader = edp.roles.learner_ranks[0], edp.roles.buffer_ranks[0]
+    c = ck.open_checkpoint(root / "ckpt-000001", spec=edp.spec)
+    assert c.counters[learner] == {"role": "learner", "superstep": 7}
+    assert c.counters[leader]["request.superstep"] == 7
+    assert set(c.rng) == {learner}
+    np.testing.assert_array_equal(ck.rng_from_json(c.rng[learner]).random(3),
+                                  np.random.default_rng(5).random(3))
+    extra = c.extra_state()
+    np.testing.assert_array_equal(extra["model/w"], arrays["model/w"])
+    assert extra["optimizer/step"] == 7

@@ -266,3 +266,32 @@ def test_inspect_reports_good_and_damaged(tmp_path: Path) -> None:
     (path / ck.DONE).unlink()
     gone = ck.inspect_checkpoint(path)
     assert not gone["ok"] and "no DONE marker" in gone["error"]
+
+
+def test_checkpoint_config_section(tmp_path: Path) -> None:
+    from conduit_hpc import Config, ConfigError
+
+    cfg = Config.from_dict({"checkpoint": {"every_seconds": 30, "keep": 5}})
+    assert cfg.checkpoint.every_seconds == 30.0 and cfg.checkpoint.keep == 5
+    assert cfg.checkpoint.directory == "checkpoints" and cfg.checkpoint.on_stop
+    for raw, fragment in [({"keep": -1}, "checkpoint.keep must be >= 0"),
+                          ({"every_seconds": -2.0}, "checkpoint.every_seconds must be"),
+                          ({"every_supersteps": -1}, "checkpoint.every_supersteps must be"),
+                          ({"directory": " "}, "checkpoint.directory must be a non-empty"),
+                          ({"every_minutes": 1}, "unknown key 'checkpoint.every_minutes'")]:
+        with pytest.raises(ConfigError, match=fragment):
+            Config.from_dict({"checkpoint": raw})
+
+
+def test_checkpoint_roots_follow_the_run_directory(tmp_path: Path) -> None:
+    from conduit_hpc import Config
+    from conduit_hpc.checkpointing import checkpoint_root, resume_roots
+
+    cfg = Config.from_dict({"run": {"name": "job"}})
+    for name in ("job-1", "job-2", "other-1"):
+        (tmp_path / name).mkdir()
+    assert checkpoint_root(cfg, tmp_path / "job-2") == tmp_path / "job-2" / "checkpoints"
+    assert resume_roots(cfg, tmp_path / "job-2") == [tmp_path / "job-2" / "checkpoints",
+                                                     tmp_path / "job-1" / "checkpoints"]
+    absolute = Config.from_dict({"checkpoint": {"directory": str(tmp_path / "shared")}})
+    assert resume_roots(absolute, tmp_path / "job-2") == [tmp_path / "shared"]
