@@ -339,9 +339,16 @@ class CheckpointAgent:
         self._add_part(part)
 
     def _start_cut(self, seq: int, tmp: Path) -> None:
-        if self._writer is not None:  # the leader never overlaps checkpoints
-            raise CheckpointError(f"checkpoint {seq} cut requested while checkpoint "
-                                  f"{self._writing_seq} is still being written")
+        if self._writer is not None:  # only after the leader dropped a late checkpoint
+            self._last_cut_seq = seq
+            part = {"seq": seq, "world_rank": self.edp.world_rank, "role": "buffer",
+                    "rng": None, "counters": {}, "error": f"world rank "
+                    f"{self.edp.world_rank} is still writing checkpoint {self._writing_seq}"}
+            if self.is_leader:
+                self._add_part(part)
+            else:
+                self.edp.channel.isend(self.leader, Tag.CKPT_PART, _to_bytes(part))
+            return
         assert self.edp.server is not None
         snaps, cut_s = _cut(self.edp.server.shards, self.staging)
         self.cuts_s.append(cut_s)
@@ -421,7 +428,7 @@ class CheckpointAgent:
             shutil.rmtree(fl.tmp, ignore_errors=True)
             self._flight = None
             return 1
-        if self._flight is not None or self._closing:
+        if self._flight is not None or self._closing or self._writer is not None:
             return 0
         due = self.every_seconds > 0 and \
             time.monotonic() - self._last_start >= self.every_seconds
@@ -596,6 +603,9 @@ def save_checkpoint(edp: ExperienceDataPlane, root: Path, *,
     part: dict[str, Any] = {"seq": seq, "world_rank": me, "role": edp.role.value, "rng": rng,
                             "counters": dict(counters or {}), "files": [], "shards": []}
     try:
+        if agent is not None and agent.busy:
+            raise CheckpointError(f"world rank {me} still has checkpoint work in flight; "
+                                  f"call CheckpointAgent.finish() before save_checkpoint()")
         if edp.server is not None:
             snaps, cut_s = _cut(edp.server.shards, agent.staging if agent else None)
             sp = _shard_part(tmp / _buffer_file(edp), snaps, cut_s, me)
