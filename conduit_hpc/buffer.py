@@ -37,6 +37,7 @@ class Tag(enum.IntEnum):
     CKPT_REQUEST = 41  # any rank -> first buffer rank: please checkpoint
     CKPT_CUT = 42  # first buffer rank -> buffer ranks: cut your shards now
     CKPT_PART = 43  # buffer rank -> first buffer rank: my file is written
+    CKPT_MARK = 44  # learner -> every buffer rank: my messages of superstep s are sent
 
 
 @dataclass(eq=False)

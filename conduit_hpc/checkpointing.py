@@ -12,6 +12,13 @@
   on a background thread, and sends its part (file record, cursors, counters) to the
   leader, which writes the manifest, renames the directory into place, writes ``DONE``
   and prunes old checkpoints, also off the loop.
+  **Superstep boundaries** (a marker protocol, as in Chandy-Lamport snapshots): at a
+  boundary every learner calls :meth:`CheckpointAgent.mark` *after* sending its
+  messages of that superstep (priority updates); the marker travels behind them on each
+  learner -> buffer channel (MPI keeps one sender's messages in order). The leader starts
+  the checkpoint when it holds the markers of every learner, and each buffer rank cuts
+  only once it holds them too, so every cut sees exactly the updates of supersteps up to
+  the boundary. Learners then hand in their parts with :meth:`CheckpointAgent.contribute`.
 * :func:`save_checkpoint` - the same, as one blocking collective over the job's ranks
   (the final checkpoint on stop; every rank contributes its RNG state and counters, one
   rank may contribute named arrays such as the learner's model and optimizer).
@@ -64,7 +71,9 @@ __all__ = [
     "CheckpointAgent",
     "RestoreResult",
     "SaveResult",
+    "bcast_json",
     "checkpoint_root",
+    "gather_json",
     "restore_data_plane",
     "resume_roots",
     "save_checkpoint",
@@ -229,11 +238,14 @@ class CheckpointAgent:
             number + 1).
         counters (Callable[[], dict] | None): extra counters of this rank, read at each
             cut (e.g. the scheduler's position).
+        markers (Sequence[int] | None): world ranks whose :meth:`mark` gates a
+            superstep-boundary checkpoint (default: the learner ranks).
     """
 
     def __init__(self, edp: ExperienceDataPlane, root: Path, *, every_seconds: float = 0.0,
                  keep: int = 3, first_seq: int = 1,
-                 counters: Callable[[], dict[str, Any]] | None = None) -> None:
+                 counters: Callable[[], dict[str, Any]] | None = None,
+                 markers: Sequence[int] | None = None) -> None:
         self.edp = edp
         self.root = Path(root)
         self.every_seconds = float(every_seconds)
@@ -259,6 +271,10 @@ class CheckpointAgent:
         self._last_cut_seq = -1
         self._closing = False
         self._last_start = time.monotonic()
+        self.markers = frozenset(roles.learner_ranks if markers is None else markers)
+        self._marks: dict[int, set[int]] = {}  # superstep -> ranks whose marker arrived
+        self._mark_parts: dict[int, set[int]] = {}  # superstep -> ranks with a part
+        self._deferred: tuple[int, Path, int] | None = None  # a cut waiting for markers
         self.staging: dict[int, SnapshotStaging] = {}
         if self.is_buffer:
             assert edp.server is not None
@@ -268,6 +284,7 @@ class CheckpointAgent:
             h[Tag.CKPT_CUT] = self._on_cut
             h[Tag.CKPT_PART] = self._on_part
             h[Tag.CKPT_REQUEST] = self._on_request
+            h[Tag.CKPT_MARK] = self._on_mark
             edp.server.hooks.append(self.poll)
             if self.is_leader:
                 self.root.mkdir(parents=True, exist_ok=True)
@@ -290,6 +307,32 @@ class CheckpointAgent:
             self._requests.append(info)
         else:
             self.edp.channel.isend(self.leader, Tag.CKPT_REQUEST, _to_bytes(info))
+
+    def mark(self, superstep: int, *, part: bool = True) -> None:
+        """Superstep boundary (non-buffer ranks, every rank in ``markers``): everything
+        this rank sent for supersteps ``<= superstep`` belongs in the checkpoint. Send it
+        after those messages. Local, does not block.
+
+        Args:
+            superstep (int): the boundary.
+            part (bool): this rank will hand in a part with :meth:`contribute`.
+        """
+        payload = _to_bytes({"mark": int(superstep), "part": bool(part)})
+        for b in self.edp.roles.buffer_ranks:
+            self.edp.channel.isend(b, Tag.CKPT_MARK, payload)
+
+    def _marked(self, superstep: int) -> bool:
+        return self._marks.get(superstep, set()) >= self.markers
+
+    def _on_mark(self, msg: Message) -> None:
+        info = _from_bytes(msg.payload)
+        s = int(info["mark"])
+        self._marks.setdefault(s, set()).add(msg.source)
+        if info.get("part"):
+            self._mark_parts.setdefault(s, set()).add(msg.source)
+        if self.is_leader and self._marked(s) and not self._closing:
+            self._requests.append({"superstep": s, "mark": s,
+                                   "parts_from": sorted(self._mark_parts.pop(s, set()))})
 
     def contribute(self, provide: Callable[[], Mapping[str, Any]]) -> bool:
         """Non-buffer ranks named in a request's ``parts_from``: if the leader has asked
@@ -332,13 +375,17 @@ class CheckpointAgent:
 
     def _on_cut(self, msg: Message) -> None:
         info = _from_bytes(msg.payload)
-        self._start_cut(int(info["seq"]), Path(info["tmp"]))
+        mark = info.get("mark")
+        if mark is not None and not self._marked(int(mark)):
+            self._deferred = (int(info["seq"]), Path(info["tmp"]), int(mark))
+            return  # a learner's marker (and the messages before it) is still on its way
+        self._start_cut(int(info["seq"]), Path(info["tmp"]), mark)
 
     def _on_part(self, msg: Message) -> None:
         part = _from_bytes(msg.payload)
         self._add_part(part)
 
-    def _start_cut(self, seq: int, tmp: Path) -> None:
+    def _start_cut(self, seq: int, tmp: Path, mark: int | None = None) -> None:
         if self._writer is not None:  # only after the leader dropped a late checkpoint
             self._last_cut_seq = seq
             part = {"seq": seq, "world_rank": self.edp.world_rank, "role": "buffer",
@@ -350,6 +397,9 @@ class CheckpointAgent:
                 self.edp.channel.isend(self.leader, Tag.CKPT_PART, _to_bytes(part))
             return
         assert self.edp.server is not None
+        if mark is not None:  # markers up to this boundary are used up
+            for m in [m for m in self._marks if m <= mark]:
+                del self._marks[m]
         snaps, cut_s = _cut(self.edp.server.shards, self.staging)
         self.cuts_s.append(cut_s)
         self._last_cut_seq = seq
@@ -387,6 +437,11 @@ class CheckpointAgent:
         """One step of the protocol; called by the buffer loop each pass. Local, never
         blocks; returns work done."""
         work = 0
+        if self._deferred is not None and self._marked(self._deferred[2]):
+            seq, tmp, mark = self._deferred
+            self._deferred = None
+            self._start_cut(seq, tmp, mark)
+            work += 1
         if self._writer is not None and not self._writer.is_alive():
             self._writer.join()
             self._writer = None
@@ -455,11 +510,11 @@ class CheckpointAgent:
                                expected=set(roles.buffer_ranks) | set(others))
         self._flight_info = {k: v for k, v in info.items()
                              if isinstance(v, int | float | str | bool)}
-        payload = _to_bytes({"seq": seq, "tmp": str(tmp)})
+        payload = _to_bytes({"seq": seq, "tmp": str(tmp), "mark": info.get("mark")})
         for r in [*roles.buffer_ranks, *others]:
             if r != self.leader:
                 self.edp.channel.isend(r, Tag.CKPT_CUT, payload)
-        self._start_cut(seq, tmp)
+        self._start_cut(seq, tmp, info.get("mark"))
 
     def _start_manifest(self, fl: _Flight) -> None:
         parts = list(fl.parts.values())

@@ -1,5 +1,9 @@
 """Checkpoint directories without h5py: names, markers, listing, retention, checksums and
-the JSON encodings of the spec and of RNG states. See :mod:`conduit_hpc.checkpoint`."""
+the JSON encodings of the spec and of RNG states. See :mod:`conduit_hpc.checkpoint`.
+
+Every function here is local (no MPI, no collective), blocks only for its own disk I/O,
+and returns the same on every rank for the same files.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``conduit-hpc inspect``: describe a checkpoint (no h5py import of its own; reads go
-through :mod:`.hdf5`). See :mod:`conduit_hpc.checkpoint`."""
+through :mod:`.hdf5`). See :mod:`conduit_hpc.checkpoint`. Local; blocks for the reads."""
 
 from __future__ import annotations
 

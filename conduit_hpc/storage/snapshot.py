@@ -23,6 +23,9 @@ number of buffer ranks, or a different capacity): every row exactly once, with i
 priority, in a global age order, interleaved so that each new shard holds a fair mix of
 every old shard's rows, old and new. Sampling proportional to ``priority ** alpha``
 across shards therefore sees the same distribution as before.
+
+Everything here is local (no MPI, no collective) and never blocks; the cut and the
+restore run on the shard's owner, the plans are pure functions (the same on every rank).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ fallback past refused checkpoints."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,7 +19,9 @@ from mpi4py import MPI
 
 from conduit_hpc import CheckpointError, ExperienceDataPlane, Role
 from conduit_hpc import checkpoint as ck
+from conduit_hpc.buffer import Tag
 from conduit_hpc.checkpointing import CheckpointAgent
+from conduit_hpc.placement import Placement, plan_round_robin
 from conduit_hpc.stopping import StopCoordinator
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
 
@@ -335,3 +338,63 @@ def test_learner_requested_checkpoint_holds_the_learners_state(shared_dir) -> No
     extra = c.extra_state()
     np.testing.assert_array_equal(extra["model/w"], arrays["model/w"])
     assert extra["optimizer/step"] == 7
+
+
+TEST_UPDATE = 97  # stands in for the scheduler's priority-update message
+TEST_INGESTED = 98  # an actor tells the learner it is done writing
+
+
+@pytest.mark.mpi(min_size=4)
+def test_superstep_boundary_cut_sees_every_update_sent_before_the_marker(shared_dir) -> None:
+    root = shared_dir
+    cfg = make_config(layout={"learners": 1, "buffers": 2},
+                      storage={"capacity_rows": 4000, "shards_per_buffer": 1})
+    # world rank 0 learns, 1 and 2 buffer; the first actor writes to the shard of rank 2
+    actors = range(3, COMM.size)
+    base = plan_round_robin(actor_ranks=actors, buffer_ranks=(1, 2), learner_ranks=(0,),
+                            capacity_rows=4000)
+    placement = Placement(shards=base.shards, learner_shards=base.learner_shards,
+                          actor_shards={a: (i + 1) % 2 for i, a in enumerate(actors)})
+    with ExperienceDataPlane(cfg, placement=placement) as edp:
+        agent = CheckpointAgent(edp, root, keep=0)
+        learner = edp.roles.learner_ranks[0]
+        if edp.server is not None:
+            def on_update(msg) -> None:  # every held row of this rank gets priority p
+                (p,) = msg.view(np.float64)
+                for s in edp.owned_shards():
+                    s.poll()
+                    slots = np.flatnonzero(s.index.gens > 0)
+                    s.index.update(slots, s.index.gens[slots], np.full(len(slots), p))
+            edp.server.handlers[TEST_UPDATE] = on_update
+            edp.serve()
+        elif edp.role is Role.ACTOR:
+            ingest(edp, 0, 10)
+            edp.channel.isend(learner, TEST_INGESTED, np.zeros(0, np.uint8))
+            edp.done()
+        else:
+            for _ in edp.roles.actor_ranks:  # rows are all written (not yet committed)
+                edp.channel.recv(tag=TEST_INGESTED, timeout_s=60, what="an actor")
+            first, late = edp.roles.buffer_ranks
+            for b in (first, late):  # superstep 1
+                edp.channel.isend(b, TEST_UPDATE, np.array([3.0]))
+            # superstep 2, then its marker behind the update on each channel; the
+            # second buffer hears of both only after the leader has started the cut
+            marker = np.frombuffer(json.dumps({"mark": 2, "part": True}).encode(), np.uint8)
+            for b in (first, late):
+                edp.channel.isend(b, TEST_UPDATE, np.array([7.5]))
+                edp.channel.isend(b, Tag.CKPT_MARK, marker)  # what agent.mark(2) sends
+                time.sleep(0.5)
+            end = time.monotonic() + 60
+            while not agent.contribute(lambda: {"counters": {"superstep": 2}}):
+                assert time.monotonic() < end, "the checkpoint never started"
+                time.sleep(0.005)
+            edp.done()
+        agent.finish()
+        rows = 10 * 3 * len(edp.roles.actor_ranks)
+    c = ck.open_checkpoint(root / "ckpt-000001", spec=edp.spec)
+    assert c.rows == rows
+    assert c.shards[1].rows > 0  # the late buffer holds rows
+    for s in c.shards:  # every row carries the update of superstep 2, on both buffers
+        np.testing.assert_array_equal(c.priorities(s.shard_id), np.full(s.rows, 7.5))
+    assert c.counters[learner]["superstep"] == 2
+    assert c.counters[edp.roles.buffer_ranks[0]]["request.superstep"] == 2
