@@ -34,7 +34,8 @@ from .transport.channel import Channel
 from .transport.rma import RmaWindow
 
 if TYPE_CHECKING:
-    from .checkpointing import RestoreResult, SaveResult
+    from .checkpointing import SaveResult
+    from .resume import RestoreResult
 
 __all__ = ["ExperienceDataPlane", "IngestReceipt", "IngestStats"]
 
@@ -257,8 +258,8 @@ class ExperienceDataPlane:
                 roots: Sequence[Path] = ()) -> RestoreResult | None:
         """Restore the replay state from a checkpoint. **Collective** on the job's
         ranks; call right after construction, before any ingest. Blocks for the reads.
-        See :func:`conduit_hpc.checkpointing.restore_data_plane`."""
-        from .checkpointing import restore_data_plane
+        See :func:`conduit_hpc.resume.restore_data_plane`."""
+        from .resume import restore_data_plane
 
         return restore_data_plane(self, source, roots=roots)
 

@@ -22,13 +22,9 @@ import numpy as np
 
 from conduit_hpc import Config, ExperienceDataPlane, Role, Spec
 from conduit_hpc.checkpoint import rng_from_json, rng_to_json
-from conduit_hpc.checkpointing import (
-    CheckpointAgent,
-    checkpoint_root,
-    gather_json,
-    resume_roots,
-)
+from conduit_hpc.checkpointing import CheckpointAgent, gather_json
 from conduit_hpc.config import require
+from conduit_hpc.resume import checkpoint_root, resume_roots
 from conduit_hpc.runner import job_main
 from conduit_hpc.stopping import StopCoordinator
 
