@@ -4,7 +4,15 @@ Importing this package has no side effects: it does not initialise MPI's communi
 beyond what ``mpi4py`` does on import, probes no hardware and starts nothing.
 """
 
-from .config import Config, FieldConfig, LayoutConfig, RunConfig, StorageConfig, TransportConfig
+from .config import (
+    CheckpointConfig,
+    Config,
+    FieldConfig,
+    LayoutConfig,
+    RunConfig,
+    StorageConfig,
+    TransportConfig,
+)
 from .errors import (
     CheckpointError,
     ConduitError,
@@ -24,6 +32,7 @@ from .spec import Field, Spec
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointConfig",
     "CheckpointError",
     "ConduitError",
     "Config",

@@ -195,6 +195,9 @@ class BufferServer:
             Tag.DONE: self._on_done, Tag.SAMPLE: self._on_sample,
             Tag.SERVICE: self._on_service, Tag.PRIORITY: self._on_priority}
         self.deferred: list[Message] = []
+        #: called once per pass after the commits (e.g. the checkpoint agent); each
+        #: returns work done and must not block
+        self.hooks: list[Callable[[], int]] = []
         self.passes = 0
         self.samples_served = 0
         self.rows_served = 0
@@ -285,6 +288,8 @@ class BufferServer:
                                    f"from rank {msg.source}")
             handler(msg)
             work += 1
+        for hook in self.hooks:
+            work += hook()
         self.passes += 1
         return work
 

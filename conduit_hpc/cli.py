@@ -1,4 +1,4 @@
-"""``conduit-hpc``: run | info | plan | probe | bench (and, as they land: inspect, report).
+"""``conduit-hpc``: run | info | plan | probe | bench | inspect (and, as they land: report).
 
 Every sub-command is a function ``cmd_<name>(args) -> int`` registered in
 :data:`COMMANDS`; :func:`main` turns a :class:`~conduit_hpc.errors.ConduitError` into one
@@ -189,6 +189,29 @@ def _build_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="benchmark name")
     p.add_argument("--json", action="store_true", help="print the result dict as JSON")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+
+
+# ---------------------------------------------------------------------------------
+# inspect
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .checkpoint import format_report, inspect_checkpoint
+
+    report = inspect_checkpoint(args.path, verify=args.verify)
+    print(json.dumps(report, default=str) if args.json else format_report(report))
+    if not report["ok"]:
+        print(f"conduit-hpc: error: CheckpointError: {report['error']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+@command("inspect", "describe a checkpoint (spec, rows, priorities, config, position)")
+def _build_inspect(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="a checkpoint directory, or a root holding several")
+    p.add_argument("--verify", action="store_true", help="read every dataset and check "
+                   "its checksum")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 # ---------------------------------------------------------------------------------

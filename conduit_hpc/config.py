@@ -32,6 +32,7 @@ else:  # pragma: no cover - exercised only on 3.10
 from .errors import ConfigError
 
 __all__ = [
+    "CheckpointConfig",
     "Config",
     "FieldConfig",
     "LayoutConfig",
@@ -347,6 +348,37 @@ class PlacementConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointConfig:
+    """``[checkpoint]``: HDF5 experience checkpoints (see ``conduit_hpc.checkpointing``).
+
+    Attributes:
+        directory (str): checkpoint root; relative paths are under the run directory
+            (``--resume`` also looks in earlier runs of the same job beside it).
+        every_supersteps (int): learners request a checkpoint at every N-th superstep
+            boundary (0: never).
+        every_seconds (float): the buffer side starts one this often (0: never).
+        keep (int): complete checkpoints kept (0: all).
+        on_stop (bool): write a final checkpoint when the job is asked to stop
+            (SIGTERM / SIGUSR1).
+    """
+
+    directory: str = "checkpoints"
+    every_supersteps: int = 0
+    every_seconds: float = 0.0
+    keep: int = 3
+    on_stop: bool = True
+
+    def __post_init__(self) -> None:
+        require(bool(self.directory.strip()), "directory", self.directory,
+                "a non-empty path")
+        require(self.every_supersteps >= 0, "every_supersteps", self.every_supersteps,
+                ">= 0 (0 = never)")
+        require(_finite(self.every_seconds) and self.every_seconds >= 0, "every_seconds",
+                self.every_seconds, "a finite number >= 0 (0 = never)")
+        require(self.keep >= 0, "keep", self.keep, ">= 0 (0 = keep all)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     """The whole job configuration; every rank must hold an equal one."""
 
@@ -357,6 +389,7 @@ class Config:
     transport: TransportConfig = field(default_factory=TransportConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
         for name in self.spec:

@@ -17,9 +17,9 @@ says in RMA windows, and then:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -53,6 +53,10 @@ from .storage.ring import ShardLayout, ShardRing
 from .transport.channel import Channel
 from .transport.rma import RmaWindow
 from .wire import Tag
+
+if TYPE_CHECKING:
+    from .checkpointing import SaveResult
+    from .resume import RestoreResult
 
 __all__ = ["ExperienceDataPlane", "IngestReceipt", "IngestStats"]
 
@@ -532,6 +536,24 @@ class ExperienceDataPlane:
                 "learners": {d["rank"]: d["learner"] for d in everyone if "learner" in d},
                 "rows_ingested": sum(a["rows"] for a in actors.values()),
                 "bytes_ingested": sum(a["bytes"] for a in actors.values())}
+
+    # -- checkpoints (conduit_hpc.checkpointing holds the logic) ----------------------
+    def restore(self, source: str | Path = "latest", *,
+                roots: Sequence[Path] = ()) -> RestoreResult | None:
+        """Restore the replay state from a checkpoint. **Collective** on the job's
+        ranks; call right after construction, before any ingest. Blocks for the reads.
+        See :func:`conduit_hpc.resume.restore_data_plane`."""
+        from .resume import restore_data_plane
+
+        return restore_data_plane(self, source, roots=roots)
+
+    def checkpoint(self, root: Path, **kwargs: Any) -> SaveResult:
+        """Write a complete checkpoint now. **Collective** on the job's ranks (buffers
+        outside ``serve``); blocks until it is on disk. See
+        :func:`conduit_hpc.checkpointing.save_checkpoint` for the arguments."""
+        from .checkpointing import save_checkpoint
+
+        return save_checkpoint(self, root, **kwargs)
 
     # -- lifetime ------------------------------------------------------------------
     def done(self) -> None:

@@ -109,6 +109,12 @@ class LearnerEndpoint:
             return fn()
         return self._thread.call(fn, timeout_s=self.timeout_s, what=what)
 
+    def run_on_thread(self, fn: Callable[[], Any], what: str) -> Any:
+        """Run ``fn`` where this rank's MPI calls are made (the data-plane thread in
+        ``edp`` mode, after every call queued before it; inline otherwise). Blocks for
+        the result (bounded by ``timeout_s``)."""
+        return self._run(fn, what)
+
     def _post(self, fn: Callable[[], Any]) -> None:
         if self._thread is None:
             fn()

@@ -13,6 +13,7 @@ with the environment that the MPI wheel needs, under a timeout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -21,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -220,24 +222,59 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
                                 stdout=launcher_log, stderr=subprocess.STDOUT)
         follower = _Follower(run_dir, quiet)
         deadline = time.monotonic() + budget
+        graceful = _GracefulStop(proc, grace_s=cfg.run.timeout_s + 60.0)
         rc: int | None = None
-        while rc is None:
-            try:
-                rc = proc.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                follower.pump()
-                if time.monotonic() > deadline:
-                    _stop(proc)
+        try:
+            while rc is None:
+                try:
+                    rc = proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
                     follower.pump()
-                    print(f"{ERROR_PREFIX}: job ran past its {budget:.0f} s budget and was "
-                          f"stopped; logs in {run_dir / 'logs'}", file=sys.stderr)
-                    return 124, run_dir
+                    deadline = graceful.extend(deadline)
+                    if time.monotonic() > deadline:
+                        _stop(proc)
+                        follower.pump()
+                        print(f"{ERROR_PREFIX}: job ran past its {budget:.0f} s budget and "
+                              f"was stopped; logs in {run_dir / 'logs'}", file=sys.stderr)
+                        return 124, run_dir
+        finally:
+            graceful.close()
         follower.pump()
         follower.finish()
     if rc != 0:
         print(first_error(run_dir) or f"{ERROR_PREFIX}: job exited with status {rc}; "
               f"logs in {run_dir / 'logs'}", file=sys.stderr)
     return rc, run_dir
+
+
+class _GracefulStop:
+    """While a job runs, SIGTERM to this launcher (SLURM's preemption warning, ``kill``)
+    becomes SIGUSR1 to ``mpirun``, which forwards it to every rank: the job stops, writes
+    a final checkpoint and exits (``mpirun`` itself would kill the ranks within a
+    fraction of a second of a SIGTERM). The launcher then waits up to ``grace_s`` more."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], grace_s: float) -> None:
+        self.proc, self.grace_s = proc, grace_s
+        self.at: float | None = None
+        self._old: Any = None
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._on_term)
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+            print("conduit-hpc: SIGTERM: asking every rank to stop and checkpoint "
+                  "(SIGUSR1 to mpirun)", file=sys.stderr, flush=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGUSR1)
+
+    def extend(self, deadline: float) -> float:
+        return deadline if self.at is None else max(deadline, self.at + self.grace_s)
+
+    def close(self) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+            self._old = None
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -33,6 +33,12 @@ class Tag(enum.IntEnum):
     PRIORITY = 4  # learner -> owner: new priorities for (slot, generation)
     SERVICE = 5  # learner -> owner: sample and send the rows themselves
     SERVICE_REPLY = 6  # owner -> learner: SAMPLE_REPLY plus the rows
+    # checkpoints and stopping (conduit_hpc.checkpointing); payloads are JSON bytes
+    STOP = 40  # a rank was asked to stop (SIGTERM/SIGUSR1): every rank stops
+    CKPT_REQUEST = 41  # any rank -> first buffer rank: please checkpoint
+    CKPT_CUT = 42  # first buffer rank -> buffer ranks: cut your shards now
+    CKPT_PART = 43  # buffer rank -> first buffer rank: my file is written
+    CKPT_MARK = 44  # learner -> every buffer rank: my messages of superstep s are sent
 
 
 def _cat(*arrays: np.ndarray) -> np.ndarray:

@@ -4,8 +4,14 @@ Actor ranks generate random rows that match the spec and ingest them in batches
 (optionally at a fixed rate); buffer ranks serve; learner ranks take batches through
 ``next_batch()``, "compute" on each with a torch matmul sized to take
 ``synthetic.compute_s`` seconds, and send back random priorities. The job ends after
-``synthetic.supersteps`` learner supersteps (or ``run.duration_s`` without learners).
-Rank 0 prints what was ingested and delivered, and how long learners waited.
+``synthetic.supersteps`` learner supersteps (or ``run.duration_s`` when that is 0 or
+there is no learner). Rank 0 prints what was ingested and delivered, and how long
+learners waited.
+
+Checkpoints (``[checkpoint]``): the buffer side writes one every ``every_seconds`` while
+actors ingest; ``--resume`` (latest, or a path) restores the replay state first; SIGTERM
+or SIGUSR1 on any rank stops every rank, which then write a final checkpoint together
+and exit 0.
 
     conduit-hpc run jobs/synthetic.toml [--mode edp|sync|service] [--set key=value]
 """
@@ -21,9 +27,13 @@ import numpy as np
 import torch
 
 from conduit_hpc import Config, ExperienceDataPlane, Role, Spec
+from conduit_hpc.checkpoint import rng_from_json, rng_to_json
+from conduit_hpc.checkpointing import CheckpointAgent, gather_json
 from conduit_hpc.config import require
 from conduit_hpc.metrics import write_summary
+from conduit_hpc.resume import checkpoint_root, resume_roots
 from conduit_hpc.runner import job_main
+from conduit_hpc.stopping import StopCoordinator
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,16 +107,18 @@ class MatmulCompute:
         return out
 
 
-def actor_loop(edp: ExperienceDataPlane, cfg: SyntheticConfig) -> None:
-    rng = np.random.default_rng(cfg.run.seed + edp.world_rank)
+def actor_loop(edp: ExperienceDataPlane, cfg: SyntheticConfig, rng: np.random.Generator,
+               stop: StopCoordinator) -> None:
     b = cfg.synthetic.batch_rows
     pool = [random_batch(edp.spec, b, rng) for _ in range(4)]
     rate = cfg.synthetic.actor_rate_rows_s
     t0 = time.perf_counter()
-    no_learner = not edp.roles.learner_ranks
-    end = t0 + (cfg.run.duration_s or 3.0) if no_learner else float("inf")
+    timed = not edp.roles.learner_ranks or not cfg.synthetic.supersteps
+    end = t0 + (cfg.run.duration_s or 3.0) if timed else float("inf")
     i = 0
     while (now := time.perf_counter()) < end and not edp.should_stop:
+        if i % 16 == 0 and stop.requested():
+            break
         if rate > 0 and edp.ingest_stats.rows >= rate * (now - t0):
             time.sleep(0.0005)
             continue
@@ -114,14 +126,16 @@ def actor_loop(edp: ExperienceDataPlane, cfg: SyntheticConfig) -> None:
         i += 1
 
 
-def learner_loop(edp: ExperienceDataPlane, cfg: SyntheticConfig) -> None:
+def learner_loop(edp: ExperienceDataPlane, cfg: SyntheticConfig, rng: np.random.Generator,
+                 stop: StopCoordinator) -> None:
     syn = cfg.synthetic
     compute = MatmulCompute(syn.compute_s, syn.matmul_size, edp.device)
-    rng = np.random.default_rng(cfg.run.seed + edp.world_rank)
     t_end = time.perf_counter() + (cfg.run.duration_s or 3.0)
     step = 0
     while (syn.supersteps and step < syn.supersteps) or (
             not syn.supersteps and time.perf_counter() < t_end):
+        if step % 16 == 0 and stop.requested():
+            break
         batch = edp.next_batch()
         compute()
         if syn.priorities and cfg.scheduler.sampler == "prioritized":
@@ -129,24 +143,67 @@ def learner_loop(edp: ExperienceDataPlane, cfg: SyntheticConfig) -> None:
         step += 1
 
 
-def run(cfg: SyntheticConfig, run_dir: Path | None = None) -> dict:
+def run(cfg: SyntheticConfig, run_dir: Path | None = None, resume: str = "") -> dict:
+    ccfg = cfg.checkpoint
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
+        stop = StopCoordinator(edp)  # SIGTERM / SIGUSR1 anywhere: every rank stops
         rank = edp.world_rank
+        restored = edp.restore(resume, roots=resume_roots(cfg, run_dir)) if resume else None
+        root = checkpoint_root(cfg, run_dir)
+        agent = CheckpointAgent(edp, root, every_seconds=ccfg.every_seconds, keep=ccfg.keep,
+                                first_seq=restored.seq + 1 if restored else 1)
+        rng = (rng_from_json(restored.rng_state) if restored and restored.rng_state
+               else np.random.default_rng(cfg.run.seed + rank))
+        if rank == 0:
+            for reason in restored.skipped if restored else ():
+                print(f"resume: skipped a checkpoint: {reason}", flush=True)
+            if restored:
+                print(f"resumed from {restored.path} (checkpoint {restored.seq}): "
+                      f"{restored.rows:,} rows{', resharded' if restored.resharded else ''}",
+                      flush=True)
+            elif resume:
+                print("resume: no checkpoint found; starting fresh", flush=True)
         if edp.role is Role.ACTOR:
-            actor_loop(edp, cfg)
+            actor_loop(edp, cfg, rng, stop)
         elif edp.role is Role.BUFFER:
             edp.serve()
         else:
-            learner_loop(edp, cfg)
+            learner_loop(edp, cfg, rng, stop)
         edp.done()
+        agent.finish()
+        final = None
+        if stop.agree() and ccfg.on_stop:
+            final = edp.checkpoint(root, rng=rng_to_json(rng), agent=agent, keep=ccfg.keep,
+                                   counters={"rows_ingested": edp.ingest_stats.rows})
         summary = edp.summary()
+        summary["checkpoints"] = gather_json(edp.roles.world, {
+            "completed": agent.completed, "failed": agent.failed, "cuts_s": agent.cuts_s},
+            root=0)
+        stop.close()
         wall = time.perf_counter() - edp._t0
     if rank == 0:
         report(summary, cfg, wall)
+        report_checkpoints(summary["checkpoints"], final)
         if run_dir is not None:
             write_summary(run_dir / "metrics" / "summary.json", flat_summary(summary, cfg,
                                                                              wall))
     return summary
+
+
+def report_checkpoints(per_rank: list[dict], final: object) -> None:
+    completed = [c for r in per_rank for c in r["completed"]]
+    cuts = [c for r in per_rank for c in r["cuts_s"]]
+    failed = [f for r in per_rank for f in r["failed"]]
+    if completed or cuts:
+        print(f"periodic checkpoints: {len(completed)} written, longest cut (pause) "
+              f"{max(cuts, default=0) * 1e3:.2f} ms, "
+              f"last {completed[-1]['path'] if completed else '-'}")
+    for f in failed:
+        print(f"checkpoint failed: {f}")
+    if final is not None:
+        print(f"final checkpoint written: {final.path} (cut "  # type: ignore[attr-defined]
+              f"{final.cut_s * 1e3:.2f} ms, {final.bytes / 1e6:.1f} MB in "  # type: ignore[attr-defined]
+              f"{final.seconds:.2f} s)", flush=True)  # type: ignore[attr-defined]
 
 
 def flat_summary(summary: dict, cfg: SyntheticConfig, wall: float) -> dict:

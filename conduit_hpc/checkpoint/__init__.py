@@ -1,0 +1,92 @@
+"""HDF5 experience checkpoints: the on-disk format (write, open, verify, inspect).
+
+The only package that imports ``h5py`` (:mod:`.hdf5`, :mod:`.report`); :mod:`.files` holds
+what needs no HDF5 (names, markers, retention, JSON encodings). Nothing here uses MPI: the
+collective protocol that decides *when* and *who* writes lives in
+:mod:`conduit_hpc.checkpointing`.
+
+A checkpoint is a directory ``ckpt-NNNNNN`` under a checkpoint root::
+
+    ckpt-000007/
+        buffer-0000.h5   one per buffer rank: /shards/<id>/{seq,priority,init_priority,
+                         columns/<field>} with the cut's cursors and counters as attributes
+        learner.h5       optional: /arrays/<name> (model and optimizer state, any rank's)
+        manifest.h5      spec, config (TOML text), layout, placement, every rank's RNG state
+                         and counters, a CRC-32 per dataset of every other file, and HDF5
+                         virtual datasets: /experience/<field> (every shard's rows as one
+                         global array), /index/{priority,shard,seq}; /learner links into
+                         learner.h5
+        DONE             JSON, written last: file sizes and the manifest's SHA-256
+
+Files are written into ``.tmp-ckpt-NNNNNN-*`` and fsync'ed, the directory is renamed into
+place, and ``DONE`` is written (and fsync'ed) last. A directory without ``DONE``, a file
+shorter than recorded (truncated), a dataset whose checksum differs, a schema version from
+the future or a checkpoint of a different spec is refused with a
+:class:`~conduit_hpc.errors.CheckpointError` naming the file and the reason. Only numeric
+arrays, strings and JSON are read back: no pickle is ever loaded, nothing is executed.
+"""
+
+from .files import (
+    CHUNK_BYTES,
+    DONE,
+    FORMAT,
+    LEARNER_FILE,
+    MANIFEST,
+    SCHEMA_VERSION,
+    TMP_PREFIX,
+    checkpoint_name,
+    checksum,
+    done_record,
+    is_complete,
+    list_checkpoints,
+    newest_first,
+    next_seq,
+    prune,
+    rng_from_json,
+    rng_to_json,
+    seq_of,
+    spec_from_json,
+    spec_to_json,
+)
+from .hdf5 import (
+    Checkpoint,
+    ShardRecord,
+    finalize,
+    open_checkpoint,
+    write_arrays_file,
+    write_manifest,
+    write_shard_file,
+)
+from .report import format_report, inspect_checkpoint
+
+__all__ = [
+    "CHUNK_BYTES",
+    "DONE",
+    "FORMAT",
+    "LEARNER_FILE",
+    "MANIFEST",
+    "SCHEMA_VERSION",
+    "TMP_PREFIX",
+    "Checkpoint",
+    "ShardRecord",
+    "checkpoint_name",
+    "checksum",
+    "done_record",
+    "finalize",
+    "format_report",
+    "inspect_checkpoint",
+    "is_complete",
+    "list_checkpoints",
+    "newest_first",
+    "next_seq",
+    "open_checkpoint",
+    "prune",
+    "rng_from_json",
+    "rng_to_json",
+    "seq_of",
+    "spec_from_json",
+    "spec_to_json",
+    "write_arrays_file",
+    "write_manifest",
+    "write_shard_file",
+]

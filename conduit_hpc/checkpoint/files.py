@@ -1,0 +1,237 @@
+"""Checkpoint directories without h5py: names, markers, listing, retention, checksums and
+the JSON encodings of the spec and of RNG states. See :mod:`conduit_hpc.checkpoint`.
+
+Every function here is local (no MPI, no collective), blocks only for its own disk I/O,
+and returns the same on every rank for the same files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import CheckpointError
+from ..spec import Field, Spec
+
+SCHEMA_VERSION = 1
+FORMAT = "conduit_hpc experience checkpoint"
+MANIFEST = "manifest.h5"
+DONE = "DONE"
+LEARNER_FILE = "learner.h5"
+TMP_PREFIX = ".tmp-"
+NAME_RE = re.compile(r"^ckpt-(\d{6,})$")
+FILE_RE = re.compile(r"^[A-Za-z0-9_.-]+\.h5$")
+CHUNK_BYTES = 8 << 20  # write/read/checksum in slabs of this size
+
+
+def checkpoint_name(seq: int) -> str:
+    """Directory name of checkpoint number ``seq``."""
+    return f"ckpt-{seq:06d}"
+
+
+def seq_of(path: Path) -> int | None:
+    """The checkpoint number in a directory name, or None."""
+    m = NAME_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def _rows_per_slab(arr: np.ndarray, chunk_bytes: int) -> int:
+    row = max(1, int(arr.nbytes // max(len(arr), 1)))
+    return max(1, chunk_bytes // row)
+
+
+def _crc(piece: np.ndarray, crc: int) -> int:
+    raw = np.ascontiguousarray(piece).reshape(-1).view(np.uint8)
+    return zlib.crc32(raw.data, crc)
+
+
+def checksum(arr: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> str:
+    """CRC-32 of an array's bytes in C order, as ``"crc32:xxxxxxxx"``."""
+    crc = 0
+    a = np.ascontiguousarray(arr)
+    if a.ndim == 0:
+        return f"crc32:{zlib.crc32(a.tobytes()):08x}"
+    step = _rows_per_slab(a, chunk_bytes)
+    for i in range(0, len(a), step):
+        crc = _crc(a[i:i + step], crc)
+    return f"crc32:{crc:08x}"
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def spec_to_json(spec: Spec) -> list[dict[str, Any]]:
+    """The spec as plain JSON: name, dtype (numpy ``str``), shape, allow_nan per field."""
+    return [{"name": f.name, "dtype": f.dtype.str, "shape": list(f.shape),
+             "allow_nan": f.allow_nan} for f in spec]
+
+
+def spec_from_json(fields: Sequence[Mapping[str, Any]]) -> Spec:
+    """Inverse of :func:`spec_to_json` (only numeric dtypes are accepted)."""
+    out = []
+    for f in fields:
+        dt = np.dtype(str(f["dtype"]))
+        if dt.kind not in "biuf":
+            raise ValueError(f"field {f['name']!r} has non-numeric dtype {dt}")
+        out.append(Field(str(f["name"]), dt, tuple(int(d) for d in f["shape"]),
+                         bool(f["allow_nan"])))
+    return Spec(out)
+
+
+_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
+
+
+def rng_to_json(gen: np.random.Generator) -> str:
+    """The state of a numpy ``Generator`` as JSON text."""
+    state = gen.bit_generator.state
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, np.ndarray):
+            return {"__array__": v.dtype.str, "data": v.tolist()}
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, np.integer):
+            return int(v)
+        return v
+
+    return _json(plain(state))
+
+
+def rng_from_json(text: str) -> np.random.Generator:
+    """A numpy ``Generator`` in the state :func:`rng_to_json` wrote.
+
+    Raises:
+        CheckpointError: not JSON, or a bit generator that is not one of numpy's.
+    """
+    try:
+        state = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"RNG state is not valid JSON: {err}") from err
+
+    def arrays(v: Any) -> Any:
+        if isinstance(v, dict) and "__array__" in v:
+            return np.asarray(v["data"], dtype=np.dtype(v["__array__"]))
+        if isinstance(v, dict):
+            return {k: arrays(x) for k, x in v.items()}
+        return v
+
+    name = state.get("bit_generator") if isinstance(state, dict) else None
+    if name not in _BIT_GENERATORS:
+        raise CheckpointError(f"RNG state names bit generator {name!r}; expected one of "
+                              f"{', '.join(_BIT_GENERATORS)}")
+    bg = getattr(np.random, name)()
+    bg.state = arrays(state)
+    return np.random.Generator(bg)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Checkpoint directories (complete or not, ``.tmp-*`` excluded) under ``root``,
+    oldest first by number."""
+    if not root.is_dir():
+        return []
+    found = [(s, p) for p in root.iterdir() if p.is_dir() and (s := seq_of(p)) is not None]
+    return [p for _, p in sorted(found)]
+
+
+def is_complete(path: Path) -> bool:
+    """Whether ``path`` has its ``DONE`` marker (nothing else is checked)."""
+    return (path / DONE).is_file()
+
+
+def done_record(path: Path) -> dict[str, Any]:
+    """The parsed ``DONE`` marker.
+
+    Raises:
+        CheckpointError: missing or not valid JSON.
+    """
+    f = path / DONE
+    if not f.is_file():
+        raise CheckpointError(f"checkpoint {path}: no {DONE} marker; it was not completely "
+                              f"written (the job stopped while writing it)")
+    try:
+        rec = json.loads(f.read_text())
+        _ = (int(rec["seq"]), float(rec["created_unix"]), dict(rec["files"]))
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"checkpoint {path}: {DONE} marker is damaged: {err}") from err
+    return rec
+
+
+def newest_first(roots: Iterable[Path]) -> list[Path]:
+    """Every checkpoint directory under ``roots``, newest first: within a root by number
+    (the numbers grow), roots by their newest checkpoint's time (``DONE``, or the
+    directory's modification time when none is complete)."""
+    groups: list[tuple[float, list[Path]]] = []
+    for root in roots:
+        found = list_checkpoints(root)
+        if not found:
+            continue
+        times = []
+        for p in found:
+            try:
+                times.append(float(done_record(p)["created_unix"]))
+            except CheckpointError:
+                times.append(p.stat().st_mtime)
+        groups.append((max(times), found[::-1]))
+    groups.sort(key=lambda g: g[0], reverse=True)
+    return [p for _, ps in groups for p in ps]
+
+
+def next_seq(root: Path, at_least: int = 1) -> int:
+    """A checkpoint number not used under ``root`` (temporary directories included)."""
+    used = [s for p in list_checkpoints(root) if (s := seq_of(p)) is not None]
+    if root.is_dir():
+        for p in root.glob(TMP_PREFIX + "ckpt-*"):
+            m = re.match(r"^\.tmp-ckpt-(\d+)", p.name)
+            if m:
+                used.append(int(m.group(1)))
+    return max([at_least - 1, *used]) + 1
+
+
+def prune(root: Path, keep: int, *, in_flight: Iterable[Path] = ()) -> list[Path]:
+    """Keep the ``keep`` newest complete checkpoints under ``root``; remove older ones,
+    incomplete ones older than the newest complete one, and temporary directories not in
+    flight. Local; blocks for the deletes.
+
+    Returns:
+        list[Path]: what was removed.
+    """
+    busy = {Path(p).resolve() for p in in_flight}
+    all_ = list_checkpoints(root)
+    complete = [p for p in all_ if is_complete(p)]
+    removed = []
+    doomed = complete[:-keep] if keep > 0 else []
+    if complete:
+        newest = seq_of(complete[-1]) or 0
+        doomed += [p for p in all_ if not is_complete(p) and (seq_of(p) or 0) < newest]
+    if root.is_dir():
+        doomed += [p for p in root.glob(TMP_PREFIX + "ckpt-*") if p.resolve() not in busy]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    return removed

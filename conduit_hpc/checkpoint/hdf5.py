@@ -1,0 +1,613 @@
+"""The HDF5 side of checkpoints: writing shard, array and manifest files, opening and
+reading them back with every check. The package's only ``h5py`` user besides
+:mod:`~conduit_hpc.checkpoint.report`. See :mod:`conduit_hpc.checkpoint`.
+
+Every function and method here is local (no MPI, no collective), blocks for its own disk
+I/O, and returns the same on every rank for the same files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from ..errors import CheckpointError
+from ..spec import Spec
+from ..storage.snapshot import ShardSnapshot, SnapshotStaging
+from . import files as _files
+from .files import (
+    CHUNK_BYTES,
+    DONE,
+    FILE_RE,
+    FORMAT,
+    LEARNER_FILE,
+    MANIFEST,
+    _crc,
+    _fsync,
+    _json,
+    _rows_per_slab,
+    _sha256,
+    done_record,
+    spec_from_json,
+    spec_to_json,
+)
+
+
+class _DirtyLimit:
+    """Write dirty pages back every ``every_bytes`` while a file is being written.
+
+    Letting a GB of dirty page cache pile up and flushing it at the end stalls the whole
+    process (and its progress loop) for seconds when the kernel throttles writeback;
+    ``fdatasync`` every 64 MB keeps the backlog, and the stalls, short.
+    """
+
+    def __init__(self, f: h5py.File, every_bytes: int = 64 << 20) -> None:
+        self.f, self.every, self.pending = f, every_bytes, 0
+
+    def wrote(self, nbytes: int) -> None:
+        self.pending += nbytes
+        if self.pending >= self.every:
+            self.pending = 0
+            self.f.flush()
+            os.fdatasync(self.f.id.get_vfd_handle())
+
+
+def _write_dataset(group: h5py.Group, name: str, arr: np.ndarray, chunk_bytes: int,
+                   limit: _DirtyLimit | None = None) -> str:
+    """Create a contiguous dataset, write it in slabs, return its checksum."""
+    a = np.ascontiguousarray(arr)
+    ds = group.create_dataset(name, shape=a.shape, dtype=a.dtype)
+    crc = 0
+    if a.ndim == 0:
+        ds[()] = a
+        crc = zlib.crc32(a.tobytes())
+    elif len(a):
+        step = _rows_per_slab(a, chunk_bytes)
+        for i in range(0, len(a), step):
+            piece = a[i:i + step]
+            ds[i:i + len(piece)] = piece
+            crc = _crc(piece, crc)
+            if limit is not None:
+                limit.wrote(piece.nbytes)
+    value = f"crc32:{crc:08x}"
+    ds.attrs["checksum"] = value
+    return value
+
+
+def _read_verified(ds: h5py.Dataset, expected: str | None, where: str,
+                   chunk_bytes: int = CHUNK_BYTES, out: np.ndarray | None = None) -> np.ndarray:
+    """Read a whole dataset in slabs (into ``out`` if given, of the right shape and
+    dtype), checking its CRC-32 against ``expected``."""
+    if ds.dtype.kind not in "biuf":
+        raise CheckpointError(f"{where}: dataset {ds.name} has dtype {ds.dtype}, expected a "
+                              f"numeric array")
+    if out is None or out.shape != ds.shape or out.dtype != ds.dtype:
+        out = np.empty(ds.shape, dtype=ds.dtype)
+    crc = 0
+    if out.ndim == 0:
+        out[()] = ds[()]
+        crc = zlib.crc32(out.tobytes())
+    elif len(out):
+        step = _rows_per_slab(out, chunk_bytes)
+        for i in range(0, len(out), step):
+            piece = out[i:i + step]
+            ds.read_direct(piece, np.s_[i:i + len(piece)])
+            crc = _crc(piece, crc)
+    got = f"crc32:{crc:08x}"
+    if expected is not None and got != expected:
+        raise CheckpointError(f"{where}: dataset {ds.name} fails its checksum (stored "
+                              f"{expected}, read {got}); the file is corrupted")
+    return out
+
+
+def _str(ds: h5py.Dataset) -> str:
+    v = ds[()]
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def write_shard_file(path: Path, snapshots: Sequence[ShardSnapshot], *,
+                     attrs: Mapping[str, Any] | None = None,
+                     chunk_bytes: int = CHUNK_BYTES) -> dict[str, Any]:
+    """Write the snapshots of one buffer rank's shards into ``path`` and fsync it.
+
+    Local; blocks for the disk write (run it off the progress loop). The snapshots'
+    arrays are only read.
+
+    Returns:
+        dict: the file record (``name``, ``bytes``, ``datasets``: path -> checksum) and
+        ``shards``: one record per shard (cursors, counters, rows) for the manifest.
+
+    Raises:
+        CheckpointError: the file cannot be written (names it and the OS reason).
+    """
+    datasets: dict[str, str] = {}
+    shards = []
+    try:
+        with h5py.File(path, "w", libver="latest") as f:
+            limit = _DirtyLimit(f)
+            f.attrs["format"] = FORMAT
+            f.attrs["schema_version"] = _files.SCHEMA_VERSION
+            for k, v in (attrs or {}).items():
+                f.attrs[k] = v
+            for s in snapshots:
+                g = f.create_group(f"shards/{s.shard_id}")
+                meta = {"shard_id": s.shard_id, "capacity": s.capacity, "commit": s.commit,
+                        "reserve": s.reserve, "rows": s.rows,
+                        "max_priority": s.max_priority,
+                        "applied_updates": s.applied_updates,
+                        "dropped_updates": s.dropped_updates}
+                for k, v in meta.items():
+                    g.attrs[k] = v
+                for name, arr in (("seq", s.seqs), ("priority", s.priority),
+                                  ("init_priority", s.init_priority)):
+                    datasets[f"{g.name}/{name}"] = _write_dataset(g, name, arr, chunk_bytes,
+                                                                  limit)
+                cols = g.create_group("columns")
+                for name, arr in s.columns.items():
+                    datasets[f"{cols.name}/{name}"] = _write_dataset(cols, name, arr,
+                                                                     chunk_bytes, limit)
+                shards.append({**meta, "file": path.name})
+        _fsync(path)
+    except OSError as err:
+        raise CheckpointError(f"cannot write checkpoint file {path}: {err}") from err
+    return {"file": {"name": path.name, "bytes": path.stat().st_size,
+                     "datasets": datasets}, "shards": shards}
+
+
+def _check_array_name(name: str) -> str:
+    parts = name.split("/")
+    if not name or any(p in ("", ".", "..") for p in parts):
+        raise CheckpointError(f"array name {name!r} must be '/'-separated non-empty parts "
+                              f"other than '.' and '..'")
+    return name
+
+
+def write_arrays_file(path: Path, arrays: Mapping[str, Any]) -> dict[str, Any]:
+    """Write named numeric arrays (model, optimizer, any extra state) to ``path``.
+
+    Names may contain ``/`` (``model/fc1.weight``); values are numpy arrays or
+    scalars of a numeric or bool dtype (convert tensors with ``.cpu().numpy()``).
+
+    Returns:
+        dict: the file record (``name``, ``bytes``, ``datasets``).
+
+    Raises:
+        CheckpointError: a bad name, a non-numeric value, or the OS refused the write.
+    """
+    datasets: dict[str, str] = {}
+    clean = {}
+    for name, value in arrays.items():
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "biuf":
+            raise CheckpointError(f"extra state {name!r} has dtype {arr.dtype}; only "
+                                  f"numeric and bool arrays are stored (no pickles)")
+        clean[_check_array_name(str(name))] = arr
+    try:
+        with h5py.File(path, "w", libver="latest") as f:
+            limit = _DirtyLimit(f)
+            f.attrs["format"] = FORMAT
+            f.attrs["schema_version"] = _files.SCHEMA_VERSION
+            g = f.create_group("arrays")
+            for name, arr in clean.items():
+                datasets[f"/arrays/{name}"] = _write_dataset(g, name, arr, CHUNK_BYTES,
+                                                             limit)
+        _fsync(path)
+    except OSError as err:
+        raise CheckpointError(f"cannot write checkpoint file {path}: {err}") from err
+    return {"name": path.name, "bytes": path.stat().st_size, "datasets": datasets}
+
+
+def write_manifest(directory: Path, *, seq: int, spec: Spec, config_toml: str,
+                   layout: Mapping[str, Any], placement: Mapping[str, Any],
+                   parts: Sequence[Mapping[str, Any]],
+                   created_unix: float | None = None) -> dict[str, Any]:
+    """Write ``manifest.h5`` into ``directory`` from every rank's part.
+
+    Args:
+        directory (Path): the (temporary) checkpoint directory holding the other files.
+        seq (int): checkpoint number.
+        spec (Spec): the experience spec.
+        config_toml (str): the job's config as TOML text.
+        layout (Mapping): world size and the ranks of each role.
+        placement (Mapping): shards (owner, tier, capacity), actor and learner shards.
+        parts (Sequence[Mapping]): one per contributing rank: ``world_rank``, ``role``,
+            ``rng`` (JSON text or None), ``counters`` (name -> number), ``files`` (file
+            records) and ``shards`` (shard records).
+        created_unix (float | None): timestamp (default: now).
+
+    Returns:
+        dict: ``files`` (name -> bytes, the manifest included) for ``DONE``.
+
+    Raises:
+        CheckpointError: inconsistent parts (a shard missing or twice) or an OS error.
+    """
+    created = time.time() if created_unix is None else created_unix
+    files: dict[str, Mapping[str, Any]] = {}
+    shard_recs: dict[int, Mapping[str, Any]] = {}
+    for p in parts:
+        for fr in p.get("files", ()):
+            if not FILE_RE.match(fr["name"]) or fr["name"] in files or fr["name"] == MANIFEST:
+                raise CheckpointError(f"{directory}: bad or duplicate file name "
+                                      f"{fr['name']!r} from rank {p['world_rank']}")
+            files[fr["name"]] = fr
+        for s in p.get("shards", ()):
+            if int(s["shard_id"]) in shard_recs:
+                raise CheckpointError(f"{directory}: shard {s['shard_id']} written twice")
+            shard_recs[int(s["shard_id"])] = s
+    nshards = len(placement["shards"])
+    if sorted(shard_recs) != list(range(nshards)):
+        raise CheckpointError(f"{directory}: parts hold shards {sorted(shard_recs)}, the "
+                              f"placement has {nshards}")
+    shards = [shard_recs[i] for i in range(nshards)]
+    path = directory / MANIFEST
+    try:
+        with h5py.File(path, "w", libver="latest") as f:
+            a = f.attrs
+            a["format"] = FORMAT
+            a["schema_version"] = _files.SCHEMA_VERSION
+            a["seq"] = seq
+            a["created_unix"] = created
+            a["world_size"] = int(layout["world_size"])
+            a["shards"] = nshards
+            a["rows"] = int(sum(int(s["rows"]) for s in shards))
+            m = f.create_group("meta")
+            m["spec"] = _json(spec_to_json(spec))
+            m["config_toml"] = config_toml
+            m["layout"] = _json(layout)
+            m["placement"] = _json(placement)
+            m["files"] = _json(files)
+            m["shards"] = _json(shards)
+            t = f.create_group("shards")
+            for key, dt in (("shard_id", np.int64), ("capacity", np.int64),
+                            ("commit", np.int64), ("rows", np.int64),
+                            ("max_priority", np.float64)):
+                t[key] = np.asarray([s[key] for s in shards], dtype=dt)
+            t["owner_rank"] = np.asarray([placement["shards"][i]["owner_rank"]
+                                          for i in range(nshards)], dtype=np.int64)
+            rng = f.create_group("rng")
+            counters = f.create_group("counters")
+            for p in sorted(parts, key=lambda p: int(p["world_rank"])):
+                r = str(int(p["world_rank"]))
+                if p.get("rng"):
+                    rng[r] = str(p["rng"])
+                c = counters.create_group(r)
+                c.attrs["role"] = str(p.get("role", ""))
+                for k, v in (p.get("counters") or {}).items():
+                    c.attrs[str(k)] = v
+            _virtual_datasets(f, spec, shards)
+            if LEARNER_FILE in files:
+                f["learner"] = h5py.ExternalLink(LEARNER_FILE, "/arrays")
+        _fsync(path)
+    except OSError as err:
+        raise CheckpointError(f"cannot write checkpoint manifest {path}: {err}") from err
+    sizes = {name: int(fr["bytes"]) for name, fr in files.items()}
+    sizes[MANIFEST] = path.stat().st_size
+    return {"files": sizes, "created_unix": created, "seq": seq}
+
+
+def _virtual_datasets(f: h5py.File, spec: Spec, shards: Sequence[Mapping[str, Any]]) -> None:
+    total = int(sum(int(s["rows"]) for s in shards))
+    exp = f.create_group("experience")
+    idx = f.create_group("index")
+    targets: list[tuple[h5py.Group, str, np.dtype, tuple[int, ...], str]] = [
+        (exp, fl.name, fl.dtype, fl.shape, f"columns/{fl.name}") for fl in spec]
+    targets += [(idx, "priority", np.dtype(np.float64), (), "priority"),
+                (idx, "seq", np.dtype(np.int64), (), "seq")]
+    for group, name, dtype, shape, src in targets:
+        if total == 0:
+            group.create_dataset(name, shape=(0, *shape), dtype=dtype)
+            continue
+        lay = h5py.VirtualLayout(shape=(total, *shape), dtype=dtype)
+        off = 0
+        for s in shards:
+            n = int(s["rows"])
+            if n:
+                lay[off:off + n] = h5py.VirtualSource(
+                    s["file"], f"/shards/{s['shard_id']}/{src}", shape=(n, *shape))
+            off += n
+        group.create_virtual_dataset(name, lay)
+    # which shard each global row came from (a real dataset: small)
+    idx["shard"] = np.repeat(np.asarray([int(s["shard_id"]) for s in shards], np.int64),
+                             [int(s["rows"]) for s in shards])
+
+
+def finalize(tmp_dir: Path, final_dir: Path, manifest_record: Mapping[str, Any]) -> None:
+    """Rename a fully written temporary directory into place, then write ``DONE``.
+
+    A crash before the rename leaves a ``.tmp-*`` directory; after it, a directory
+    without ``DONE``; both are refused by :func:`open_checkpoint`. Blocks for fsyncs.
+
+    Raises:
+        CheckpointError: the destination exists or the OS refused.
+    """
+    if final_dir.exists():
+        raise CheckpointError(f"cannot finalize checkpoint {final_dir}: it already exists")
+    try:
+        digest = _sha256(tmp_dir / MANIFEST)
+        tmp_dir.rename(final_dir)
+        _fsync(final_dir.parent)
+        done = {"format": FORMAT, "schema_version": _files.SCHEMA_VERSION,
+                "seq": int(manifest_record["seq"]),
+                "created_unix": float(manifest_record["created_unix"]),
+                "manifest_sha256": digest, "files": dict(manifest_record["files"])}
+        tmp_done = final_dir / (DONE + ".partial")
+        tmp_done.write_text(json.dumps(done, indent=1, sort_keys=True) + "\n")
+        _fsync(tmp_done)
+        tmp_done.rename(final_dir / DONE)
+        _fsync(final_dir)
+    except OSError as err:
+        raise CheckpointError(f"cannot finalize checkpoint {final_dir}: {err}") from err
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """What the manifest says about one shard."""
+
+    shard_id: int
+    capacity: int
+    commit: int
+    rows: int
+    max_priority: float
+    applied_updates: int
+    dropped_updates: int
+    reserve: int
+    file: str
+
+
+@dataclass(eq=False)
+class Checkpoint:
+    """A complete checkpoint, opened and checked (see :func:`open_checkpoint`).
+
+    Reading methods are local and block for the disk; each checks the CRC-32 of every
+    dataset it reads.
+
+    Attributes:
+        path (Path): the checkpoint directory.
+        seq (int): checkpoint number.
+        created_unix (float): when it was written.
+        schema_version (int): on-disk schema.
+        spec (Spec): the experience spec it holds.
+        config_toml (str): the job's config as TOML.
+        layout (dict), placement (dict): as written.
+        shards (list[ShardRecord]): by shard id.
+        files (dict[str, dict]): file records (bytes, dataset checksums).
+        counters (dict[int, dict]): world rank -> counters (``role`` included).
+        rng (dict[int, str]): world rank -> RNG state (JSON).
+    """
+
+    path: Path
+    seq: int
+    created_unix: float
+    schema_version: int
+    spec: Spec
+    config_toml: str
+    layout: dict[str, Any]
+    placement: dict[str, Any]
+    shards: list[ShardRecord]
+    files: dict[str, dict[str, Any]]
+    counters: dict[int, dict[str, Any]] = field(default_factory=dict)
+    rng: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def capacities(self) -> list[int]:
+        return [s.capacity for s in self.shards]
+
+    def _file(self, name: str) -> h5py.File:
+        p = self.path / name
+        try:
+            return h5py.File(p, "r")
+        except OSError as err:
+            raise CheckpointError(f"checkpoint file {p} cannot be opened: {err}") from err
+
+    def _dataset(self, f: h5py.File, name: str, path: str,
+                 out: np.ndarray | None = None) -> np.ndarray:
+        where = str(self.path / name)
+        if path not in f:
+            raise CheckpointError(f"{where}: dataset {path} is missing")
+        obj = f[path]
+        if not isinstance(obj, h5py.Dataset):
+            raise CheckpointError(f"{where}: {path} is not a dataset")
+        expected = self.files[name]["datasets"].get(path)
+        if expected is None:
+            raise CheckpointError(f"{where}: dataset {path} has no checksum in the manifest")
+        try:
+            return _read_verified(obj, expected, where, out=out)
+        except OSError as err:  # truncated or damaged storage under a readable header
+            raise CheckpointError(f"{where}: dataset {path} cannot be read: {err}") from err
+
+    def read_shard(self, shard_id: int, into: SnapshotStaging | None = None) -> ShardSnapshot:
+        """Every row and counter of one shard, checksums verified.
+
+        Args:
+            shard_id (int): the shard.
+            into (SnapshotStaging | None): read into these (touched) arrays instead of
+                fresh ones; the snapshot's arrays are then views of it.
+
+        Raises:
+            CheckpointError: unreadable file, missing dataset, checksum mismatch, or
+                contents that contradict the manifest.
+        """
+        rec = self.shards[shard_id]
+        n = rec.rows
+        if into is not None and into.capacity < n:
+            into = None
+
+        def dest(name: str) -> np.ndarray | None:
+            return None if into is None else getattr(into, name)[:n]
+
+        with self._file(rec.file) as f:
+            g = f"/shards/{shard_id}"
+            seqs = self._dataset(f, rec.file, f"{g}/seq", dest("seqs"))
+            prio = self._dataset(f, rec.file, f"{g}/priority", dest("priority"))
+            init = self._dataset(f, rec.file, f"{g}/init_priority", dest("init_priority"))
+            cols = {fl.name: self._dataset(f, rec.file, f"{g}/columns/{fl.name}",
+                                           None if into is None else
+                                           into.columns[fl.name][:n])
+                    for fl in self.spec}
+        snap = ShardSnapshot(shard_id=shard_id, capacity=rec.capacity, commit=rec.commit,
+                             seqs=seqs, columns=cols, priority=prio, init_priority=init,
+                             max_priority=rec.max_priority,
+                             applied_updates=rec.applied_updates,
+                             dropped_updates=rec.dropped_updates, reserve=rec.reserve)
+        try:
+            snap.check(self.spec)
+        except ValueError as err:
+            raise CheckpointError(f"{self.path / rec.file}: {err}") from err
+        if snap.rows != rec.rows:
+            raise CheckpointError(f"{self.path / rec.file}: shard {shard_id} holds "
+                                  f"{snap.rows} rows, the manifest says {rec.rows}")
+        return snap
+
+    def priorities(self, shard_id: int) -> np.ndarray:
+        """One shard's current priorities (raw, before alpha), checksum verified."""
+        rec = self.shards[shard_id]
+        with self._file(rec.file) as f:
+            return self._dataset(f, rec.file, f"/shards/{shard_id}/priority")
+
+    def extra_state(self) -> dict[str, np.ndarray]:
+        """The named arrays of ``learner.h5`` (model, optimizer, ...), verified; ``{}``
+        if the checkpoint has none."""
+        if LEARNER_FILE not in self.files:
+            return {}
+        out: dict[str, np.ndarray] = {}
+        with self._file(LEARNER_FILE) as f:
+            for path in self.files[LEARNER_FILE]["datasets"]:
+                out[path[len("/arrays/"):]] = self._dataset(f, LEARNER_FILE, path)
+        return out
+
+    def verify(self) -> None:
+        """Read every dataset of every file and check its checksum. Blocks.
+
+        Raises:
+            CheckpointError: the first problem found (file and reason).
+        """
+        for name, rec in self.files.items():
+            with self._file(name) as f:
+                for path in rec["datasets"]:
+                    self._dataset(f, name, path)
+        for s in self.shards:
+            self.read_shard(s.shard_id)
+
+
+def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint:
+    """Open a complete checkpoint and run the cheap checks. Local; blocks for a few small
+    reads (``DONE``, the manifest, file sizes).
+
+    Checks: ``DONE`` present and valid, manifest SHA-256 as recorded, format and schema
+    version, every file present and of its recorded size (truncation), the spec (when
+    ``spec`` is given). Dataset checksums are checked when the data is read
+    (:meth:`Checkpoint.read_shard`) or by :meth:`Checkpoint.verify`.
+
+    Args:
+        path (str | Path): the checkpoint directory (or its ``manifest.h5``).
+        spec (Spec | None): refuse a checkpoint of a different spec.
+
+    Raises:
+        CheckpointError: naming the file and the reason.
+    """
+    p = Path(path)
+    if p.name == MANIFEST:
+        p = p.parent
+    if not p.is_dir():
+        raise CheckpointError(f"checkpoint {p} does not exist or is not a directory")
+    done = done_record(p)
+    if int(done.get("schema_version", 0)) > _files.SCHEMA_VERSION:
+        raise CheckpointError(f"checkpoint {p}: schema version {done['schema_version']} is "
+                              f"newer than this conduit_hpc reads ({_files.SCHEMA_VERSION}); "
+                              f"upgrade conduit_hpc")
+    for name, size in done["files"].items():
+        f = p / name
+        if not FILE_RE.match(name):
+            raise CheckpointError(f"checkpoint {p}: {DONE} names a bad file {name!r}")
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint file {f} is missing")
+        actual = f.stat().st_size
+        if actual != int(size):
+            raise CheckpointError(f"checkpoint file {f} is truncated or damaged: {actual} "
+                                  f"bytes, {int(size)} were written")
+    mpath = p / MANIFEST
+    if MANIFEST not in done["files"]:
+        raise CheckpointError(f"checkpoint {p}: {DONE} does not list {MANIFEST}")
+    digest = _sha256(mpath)
+    if digest != done.get("manifest_sha256"):
+        raise CheckpointError(f"checkpoint file {mpath} fails its checksum (SHA-256 "
+                              f"{digest[:16]}..., {DONE} recorded "
+                              f"{str(done.get('manifest_sha256'))[:16]}...)")
+    try:
+        with h5py.File(mpath, "r") as f:
+            ckpt = _read_manifest(p, f)
+    except OSError as err:
+        raise CheckpointError(f"checkpoint file {mpath} cannot be read: {err}") from err
+    except (KeyError, ValueError, TypeError) as err:
+        raise CheckpointError(f"checkpoint file {mpath} is not a valid manifest: "
+                              f"{type(err).__name__}: {err}") from err
+    for s in ckpt.shards:
+        if s.file not in ckpt.files:
+            raise CheckpointError(f"{mpath}: shard {s.shard_id} is in {s.file!r}, which "
+                                  f"the manifest does not list")
+    if spec is not None and spec.signature() != ckpt.spec.signature():
+        raise CheckpointError(f"checkpoint {p} holds experience of a different spec: "
+                              f"{_spec_diff(ckpt.spec, spec)}")
+    return ckpt
+
+
+def _spec_diff(stored: Spec, current: Spec) -> str:
+    a, b = dict((s[0], s) for s in stored.signature()), dict((s[0], s) for s in
+                                                               current.signature())
+    for name in list(a) + [n for n in b if n not in a]:
+        if name not in b:
+            return f"field {name!r} is in the checkpoint but not in this job's spec"
+        if name not in a:
+            return f"field {name!r} is in this job's spec but not in the checkpoint"
+        if a[name] != b[name]:
+            _, dt1, sh1, nan1 = a[name]
+            _, dt2, sh2, nan2 = b[name]
+            return (f"field {name!r} is {np.dtype(dt1).name}{list(sh1)} allow_nan={nan1} "
+                    f"in the checkpoint, {np.dtype(dt2).name}{list(sh2)} allow_nan={nan2} "
+                    f"in this job")
+    return f"field order differs: {stored.names} vs {current.names}"
+
+
+def _read_manifest(p: Path, f: h5py.File) -> Checkpoint:
+    a = f.attrs
+    if a.get("format") != FORMAT:
+        raise CheckpointError(f"{p / MANIFEST}: not a conduit_hpc checkpoint (format "
+                              f"{a.get('format')!r})")
+    version = int(a["schema_version"])
+    if version > _files.SCHEMA_VERSION:
+        raise CheckpointError(f"{p / MANIFEST}: schema version {version} is newer than this "
+                              f"conduit_hpc reads ({_files.SCHEMA_VERSION}); upgrade conduit_hpc")
+    meta = f["meta"]
+    spec = spec_from_json(json.loads(_str(meta["spec"])))
+    shards = [ShardRecord(shard_id=int(s["shard_id"]), capacity=int(s["capacity"]),
+                          commit=int(s["commit"]), rows=int(s["rows"]),
+                          max_priority=float(s["max_priority"]),
+                          applied_updates=int(s["applied_updates"]),
+                          dropped_updates=int(s["dropped_updates"]),
+                          reserve=int(s["reserve"]), file=str(s["file"]))
+              for s in json.loads(_str(meta["shards"]))]
+    counters: dict[int, dict[str, Any]] = {}
+    for r, g in f["counters"].items():
+        counters[int(r)] = {k: (v.item() if isinstance(v, np.generic) else
+                                v.decode() if isinstance(v, bytes) else v)
+                            for k, v in g.attrs.items()}
+    rng = {int(r): _str(ds) for r, ds in f["rng"].items()}
+    return Checkpoint(path=p, seq=int(a["seq"]), created_unix=float(a["created_unix"]),
+                      schema_version=version, spec=spec,
+                      config_toml=_str(meta["config_toml"]),
+                      layout=json.loads(_str(meta["layout"])),
+                      placement=json.loads(_str(meta["placement"])), shards=shards,
+                      files=json.loads(_str(meta["files"])), counters=counters, rng=rng)

@@ -1,0 +1,129 @@
+"""``conduit-hpc inspect``: describe a checkpoint (no h5py import of its own; reads go
+through :mod:`.hdf5`). See :mod:`conduit_hpc.checkpoint`. Local; blocks for the reads."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import CheckpointError
+from .files import DONE, LEARNER_FILE, MANIFEST, is_complete, list_checkpoints, spec_to_json
+from .hdf5 import open_checkpoint
+
+
+def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, Any]:
+    """Describe a checkpoint (or the newest one under a root) as a plain dict.
+
+    Local; blocks (``verify`` reads every byte). Never raises for a damaged checkpoint:
+    the problem is in ``error`` and ``ok`` is False.
+
+    Returns:
+        dict: ``path``, ``ok``, ``error``, ``verified``, and when readable ``seq``,
+        ``created_unix``, ``schema_version``, ``spec``, ``shards`` (per shard: rows,
+        capacity, commit, owner, priority min/mean/max/sum), ``rows``, ``config_toml``,
+        ``counters``, ``rng_ranks``, ``extra_arrays``; for a root, ``checkpoints`` lists
+        every checkpoint and whether it is complete.
+    """
+    p = Path(path)
+    out: dict[str, Any] = {"path": str(p), "ok": False, "error": None, "verified": False}
+    if p.is_dir() and not (p / MANIFEST).exists() and not (p / DONE).exists() and \
+            list_checkpoints(p):
+        out["checkpoints"] = [{"path": str(c), "complete": is_complete(c)}
+                              for c in list_checkpoints(p)]
+        complete = [c for c in reversed(list_checkpoints(p)) if is_complete(c)]
+        if not complete:
+            out["error"] = f"no complete checkpoint under {p}"
+            return out
+        p = complete[0]
+        out["path"] = str(p)
+    try:
+        ckpt = open_checkpoint(p)
+        out.update(seq=ckpt.seq, created_unix=ckpt.created_unix,
+                   schema_version=ckpt.schema_version,
+                   spec=spec_to_json(ckpt.spec), rows=ckpt.rows,
+                   config_toml=ckpt.config_toml, counters=ckpt.counters,
+                   rng_ranks=sorted(ckpt.rng), layout=ckpt.layout,
+                   extra_arrays=sorted(d[len("/arrays/"):] for d in
+                                       ckpt.files.get(LEARNER_FILE, {}).get("datasets", {})))
+        owners = [s["owner_rank"] for s in ckpt.placement["shards"]]
+        shards = []
+        for s in ckpt.shards:
+            prio = ckpt.priorities(s.shard_id)
+            shards.append({"shard_id": s.shard_id, "owner_rank": owners[s.shard_id],
+                           "rows": s.rows, "capacity": s.capacity, "commit": s.commit,
+                           "file": s.file,
+                           "priority_min": float(prio.min()) if len(prio) else None,
+                           "priority_mean": float(prio.mean()) if len(prio) else None,
+                           "priority_max": float(prio.max()) if len(prio) else None,
+                           "priority_sum": float(prio.sum())})
+        out["shards"] = shards
+        if verify:
+            ckpt.verify()
+            out["verified"] = True
+        out["ok"] = True
+    except CheckpointError as err:
+        out["error"] = str(err)
+    return out
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """:func:`inspect_checkpoint`'s dict as text for a terminal."""
+    lines = []
+    for c in report.get("checkpoints", ()):
+        lines.append(f"  {'complete  ' if c['complete'] else 'INCOMPLETE'}  {c['path']}")
+    if lines:
+        lines.insert(0, "checkpoints under the root (oldest first):")
+        lines.append("")
+    status = ("verified: every dataset matches its checksum" if report.get("verified")
+              else "not verified (--verify reads every checksum)")
+    if not report.get("ok"):
+        status = "REFUSED"
+    lines.append(f"checkpoint   {report['path']}  [{status}]")
+    if "seq" not in report:
+        if report.get("error"):
+            lines.append(f"error        {report['error']}")
+        return "\n".join(lines)
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report["created_unix"]))
+    lines.append(f"number       {report['seq']}, written {when}, schema version "
+                 f"{report['schema_version']}")
+    spec = ", ".join(f"{f['name']}: {np.dtype(f['dtype']).name}{f['shape']}"
+                     for f in report["spec"])
+    lines.append(f"spec         {spec}")
+    shards = report.get("shards", [])
+    lines.append(f"rows         {report['rows']:,} in {len(shards)} shards")
+    if shards:
+        lines.append("")
+        lines.append(f"{'shard':>6} {'owner':>6} {'rows':>10} {'capacity':>10} {'commit':>12} "
+                     f"{'prio min':>10} {'mean':>10} {'max':>10} {'sum':>12}  file")
+
+        def num(v: float | None) -> str:
+            return "-" if v is None else f"{v:.4g}"
+
+        for s in shards:
+            lines.append(f"{s['shard_id']:>6} {s['owner_rank']:>6} {s['rows']:>10,} "
+                         f"{s['capacity']:>10,} {s['commit']:>12,} "
+                         f"{num(s['priority_min']):>10} {num(s['priority_mean']):>10} "
+                         f"{num(s['priority_max']):>10} {num(s['priority_sum']):>12}  "
+                         f"{s['file']}")
+    lines.append("")
+    position = [f"{k}={v}" for c in report["counters"].values() for k, v in c.items()
+                if k in ("superstep", "step", "samples", "inserts")]
+    lines.append("position     " + (", ".join(position) if position else
+                                    "no scheduler position stored"))
+    lines.append("counters")
+    for r, c in sorted(report["counters"].items()):
+        body = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                         for k, v in c.items() if k != "role")
+        lines.append(f"  rank {r} ({c.get('role', '?')}): {body or '-'}")
+    lines.append(f"rng states   world ranks {report['rng_ranks'] or 'none'}")
+    extra = report.get("extra_arrays") or []
+    lines.append(f"extra state  {', '.join(extra) if extra else 'none'}")
+    lines.append("config")
+    lines += ["  " + ln for ln in report["config_toml"].rstrip().splitlines()]
+    if report.get("error"):
+        lines.append(f"error        {report['error']}")
+    return "\n".join(lines)

@@ -1,0 +1,670 @@
+"""Checkpoints of a running data plane: when, who, and agreement. Composition layer.
+
+:mod:`conduit_hpc.checkpoint` knows the HDF5 format; this module drives it from MPI ranks:
+
+* :class:`CheckpointAgent` - periodic checkpoints on the buffer side while ingest and
+  delivery go on. The buffer leader (first buffer rank) starts one every
+  ``checkpoint.every_seconds`` or on a :attr:`~conduit_hpc.buffer.Tag.CKPT_REQUEST`
+  message from any rank (a learner at a superstep boundary), by sending
+  :attr:`~conduit_hpc.buffer.Tag.CKPT_CUT` to every buffer rank. Each buffer rank cuts
+  its shards inside its progress loop (a commit pass, then one ``memcpy`` per field into
+  preallocated staging memory - the only pause ingest and delivery see), writes its file
+  on a background thread, and sends its part (file record, cursors, counters) to the
+  leader, which writes the manifest, renames the directory into place, writes ``DONE``
+  and prunes old checkpoints, also off the loop.
+  **Superstep boundaries** (a marker protocol, as in Chandy-Lamport snapshots): at a
+  boundary every learner calls :meth:`CheckpointAgent.mark` *after* sending its
+  messages of that superstep (priority updates); the marker travels behind them on each
+  learner -> buffer channel (MPI keeps one sender's messages in order). The leader starts
+  the checkpoint when it holds the markers of every learner, and each buffer rank cuts
+  only once it holds them too, so every cut sees exactly the updates of supersteps up to
+  the boundary. Learners then hand in their parts with :meth:`CheckpointAgent.contribute`.
+* :func:`save_checkpoint` - the same, as one blocking collective over the job's ranks
+  (the final checkpoint on stop; every rank contributes its RNG state and counters, one
+  rank may contribute named arrays such as the learner's model and optimizer).
+
+Restoring (collective, at start-up) is :mod:`conduit_hpc.resume`.
+
+:class:`~conduit_hpc.stopping.StopCoordinator` turns SIGTERM / SIGUSR1 into a stop every
+rank sees, after which jobs call :func:`save_checkpoint` together.
+
+Control messages carry JSON bytes and small collectives move JSON bytes in ``uint8``
+buffers (``Bcast``/``Gatherv``): no pickle anywhere on this path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import checkpoint as ck
+from .buffer import OwnedShard, Tag
+from .errors import CheckpointError, DataPlaneTimeout
+from .runner import to_toml
+from .storage.snapshot import (
+    ShardSnapshot,
+    SnapshotStaging,
+    take_snapshot,
+)
+from .transport.channel import Message
+
+if TYPE_CHECKING:
+    from .edp import ExperienceDataPlane
+
+__all__ = [
+    "CheckpointAgent",
+    "SaveResult",
+    "bcast_json",
+    "gather_json",
+    "save_checkpoint",
+]
+
+log = logging.getLogger("conduit_hpc.checkpoint")
+#: fault injection for tests: seconds a buffer's writer thread sleeps after writing its
+#: file and before reporting it (widens the window in which a kill leaves a partial one)
+STALL_ENV = "CONDUIT_CHECKPOINT_STALL_S"
+
+
+# ---------------------------------------------------------------------------------
+# JSON over MPI without pickle
+
+
+def _to_bytes(obj: Any) -> np.ndarray:
+    return np.frombuffer(json.dumps(obj, separators=(",", ":")).encode(), dtype=np.uint8)
+
+
+def _from_bytes(buf: np.ndarray) -> Any:
+    return json.loads(bytes(buf).decode())
+
+
+def bcast_json(comm: MPI.Intracomm, obj: Any, root: int) -> Any:
+    """Broadcast a JSON-able object from ``root``. **Collective** on ``comm``; blocks."""
+    n = np.zeros(1, dtype=np.int64)
+    data = _to_bytes(obj) if comm.Get_rank() == root else np.zeros(0, np.uint8)
+    n[0] = len(data)
+    comm.Bcast(n, root=root)
+    buf = data.copy() if comm.Get_rank() == root else np.empty(int(n[0]), np.uint8)
+    comm.Bcast(buf, root=root)
+    return _from_bytes(buf)
+
+
+def gather_json(comm: MPI.Intracomm, obj: Any, root: int) -> list[Any] | None:
+    """Gather one JSON-able object per rank at ``root`` (None elsewhere). **Collective**."""
+    data = _to_bytes(obj)
+    sizes = np.zeros(comm.Get_size(), dtype=np.int64) if comm.Get_rank() == root else None
+    comm.Gather(np.array([len(data)], dtype=np.int64), sizes, root=root)
+    if comm.Get_rank() != root:
+        comm.Gatherv(data, None, root=root)
+        return None
+    assert sizes is not None
+    buf = np.empty(int(sizes.sum()), np.uint8)
+    comm.Gatherv(data, [buf, sizes, MPI.BYTE], root=root)
+    offs = np.concatenate([[0], np.cumsum(sizes)])
+    return [_from_bytes(buf[offs[i]:offs[i + 1]]) for i in range(len(sizes))]
+
+
+# ---------------------------------------------------------------------------------
+# where checkpoints live
+
+
+def _layout_json(edp: ExperienceDataPlane) -> dict[str, Any]:
+    r = edp.roles
+    return {"world_size": r.world_size, "actor_ranks": list(r.actor_ranks),
+            "buffer_ranks": list(r.buffer_ranks), "learner_ranks": list(r.learner_ranks),
+            "node_of": list(r.node_of)}
+
+
+def _placement_json(edp: ExperienceDataPlane) -> dict[str, Any]:
+    p = edp.placement
+    return {"shards": [{"shard_id": s.shard_id, "owner_rank": s.owner_rank, "tier": s.tier,
+                        "capacity_rows": s.capacity_rows} for s in p.shards],
+            "actor_shards": {str(k): v for k, v in p.actor_shards.items()},
+            "learner_shards": {str(k): list(v) for k, v in p.learner_shards.items()}}
+
+
+def _buffer_file(edp: ExperienceDataPlane) -> str:
+    return f"buffer-{edp.roles.role_rank:04d}.h5"
+
+
+def _cut(shards: Sequence[OwnedShard],
+         staging: Mapping[int, SnapshotStaging] | None) -> tuple[list[ShardSnapshot], float]:
+    """The consistent cut of this rank's shards: a commit pass and a copy each."""
+    t0 = time.perf_counter()
+    snaps = []
+    for s in shards:
+        s.poll()
+        snaps.append(take_snapshot(s.shard_id, s.ring, s.index,
+                                   None if staging is None else staging[s.shard_id]))
+    return snaps, time.perf_counter() - t0
+
+
+def _shard_part(path: Path, snaps: Sequence[ShardSnapshot], cut_s: float,
+                world_rank: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    rec = ck.write_shard_file(path, snaps, attrs={"world_rank": world_rank})
+    write_s = time.perf_counter() - t0
+    for s in rec["shards"]:
+        s["cut_s"] = cut_s
+        s["write_s"] = write_s
+    return {"files": [rec["file"]], "shards": rec["shards"],
+            "counters": {"checkpoint_cut_s": cut_s, "checkpoint_write_s": write_s,
+                         "checkpoint_bytes": rec["file"]["bytes"]}}
+
+
+def _finish(tmp: Path, root: Path, seq: int, edp: ExperienceDataPlane,
+            parts: Sequence[Mapping[str, Any]], keep: int) -> Path:
+    """Leader: manifest, rename into place, DONE, prune. Blocks for the disk."""
+    rec = ck.write_manifest(tmp, seq=seq, spec=edp.spec,
+                            config_toml=to_toml(edp.config.to_dict()),
+                            layout=_layout_json(edp), placement=_placement_json(edp),
+                            parts=parts)
+    final = root / ck.checkpoint_name(seq)
+    ck.finalize(tmp, final, rec)
+    if keep > 0:
+        ck.prune(root, keep)
+    return final
+
+
+# ---------------------------------------------------------------------------------
+# periodic checkpoints on the buffer side
+
+
+@dataclass
+class _Flight:
+    seq: int
+    tmp: Path
+    started: float
+    parts: dict[int, dict[str, Any]] = field(default_factory=dict)
+    expected: set[int] = field(default_factory=set)
+
+
+class CheckpointAgent:
+    """Buffer-side checkpoints while the job runs.
+
+    Construct on every rank of the job (local, no collective); it does work only on
+    buffer ranks, where it attaches to the progress loop (message handlers and a per-pass
+    hook). Staging memory equal to this rank's shards is allocated and touched here, so
+    that a cut is a plain ``memcpy``.
+
+    Args:
+        edp (ExperienceDataPlane): this rank's data plane.
+        root (Path): checkpoint root (shared by all buffer ranks).
+        every_seconds (float): the leader starts a checkpoint this often (0: only on
+            request).
+        keep (int): complete checkpoints kept under ``root`` (0: all).
+        first_seq (int): smallest checkpoint number to use (after a resume: the restored
+            number + 1).
+        counters (Callable[[], dict] | None): extra counters of this rank, read at each
+            cut (e.g. the scheduler's position).
+        markers (Sequence[int] | None): world ranks whose :meth:`mark` gates a
+            superstep-boundary checkpoint (default: the learner ranks).
+    """
+
+    def __init__(self, edp: ExperienceDataPlane, root: Path, *, every_seconds: float = 0.0,
+                 keep: int = 3, first_seq: int = 1,
+                 counters: Callable[[], dict[str, Any]] | None = None,
+                 markers: Sequence[int] | None = None) -> None:
+        self.edp = edp
+        self.root = Path(root)
+        self.every_seconds = float(every_seconds)
+        self.keep = int(keep)
+        self.first_seq = int(first_seq)
+        self.counters = counters
+        roles = edp.roles
+        self.is_buffer = edp.server is not None
+        self.leader = roles.buffer_ranks[0]
+        self.is_leader = roles.world_rank == self.leader
+        self.completed: list[dict[str, Any]] = []  # leader: one record per checkpoint
+        self.failed: list[str] = []
+        self.cuts_s: list[float] = []  # this rank's cut pauses
+        self.writes_s: list[float] = []  # this rank's shard-file writes (background)
+        self._flight: _Flight | None = None  # leader
+        self._flight_info: dict[str, Any] = {}
+        self._requests: list[dict[str, Any]] = []  # leader
+        self._manifest: threading.Thread | None = None  # leader
+        self._manifest_result: dict[str, Any] = {}
+        self._writer: threading.Thread | None = None
+        self._writer_result: dict[str, Any] = {}
+        self._writing_seq = -1
+        self._last_cut_seq = -1
+        self._closing = False
+        self._last_start = time.monotonic()
+        self.markers = frozenset(roles.learner_ranks if markers is None else markers)
+        self._marks: dict[int, set[int]] = {}  # superstep -> ranks whose marker arrived
+        self._mark_parts: dict[int, set[int]] = {}  # superstep -> ranks with a part
+        self._deferred: tuple[int, Path, int] | None = None  # a cut waiting for markers
+        self.staging: dict[int, SnapshotStaging] = {}
+        if self.is_buffer:
+            assert edp.server is not None
+            for s in edp.server.shards:
+                self.staging[s.shard_id] = SnapshotStaging(edp.spec, s.ring.capacity)
+            h = edp.server.handlers
+            h[Tag.CKPT_CUT] = self._on_cut
+            h[Tag.CKPT_PART] = self._on_part
+            h[Tag.CKPT_REQUEST] = self._on_request
+            h[Tag.CKPT_MARK] = self._on_mark
+            edp.server.hooks.append(self.poll)
+            if self.is_leader:
+                self.root.mkdir(parents=True, exist_ok=True)
+                ck.prune(self.root, self.keep)  # leftovers of a crashed run in this root
+
+    # -- any rank ------------------------------------------------------------------
+    def request(self, *, parts_from: Sequence[int] = (), **info: Any) -> None:
+        """Ask the leader for a checkpoint as soon as none is in flight. Local, does not
+        block.
+
+        Args:
+            parts_from (Sequence[int]): non-buffer world ranks that contribute a part
+                (RNG state, counters, named arrays) through :meth:`contribute`; the
+                checkpoint completes only when each has.
+            **info: JSON-able scalars (e.g. ``superstep=120``), stored in the manifest
+                as the leader's counters ``request.<name>``.
+        """
+        info = {**info, "parts_from": [int(r) for r in parts_from]}
+        if self.is_leader:
+            self._requests.append(info)
+        else:
+            self.edp.channel.isend(self.leader, Tag.CKPT_REQUEST, _to_bytes(info))
+
+    def mark(self, superstep: int, *, part: bool = True) -> None:
+        """Superstep boundary (non-buffer ranks, every rank in ``markers``): everything
+        this rank sent for supersteps ``<= superstep`` belongs in the checkpoint. Send it
+        after those messages. Local, does not block.
+
+        Args:
+            superstep (int): the boundary.
+            part (bool): this rank will hand in a part with :meth:`contribute`.
+        """
+        payload = _to_bytes({"mark": int(superstep), "part": bool(part)})
+        for b in self.edp.roles.buffer_ranks:
+            self.edp.channel.isend(b, Tag.CKPT_MARK, payload)
+
+    def _marked(self, superstep: int) -> bool:
+        return self._marks.get(superstep, set()) >= self.markers
+
+    def _on_mark(self, msg: Message) -> None:
+        info = _from_bytes(msg.payload)
+        s = int(info["mark"])
+        self._marks.setdefault(s, set()).add(msg.source)
+        if info.get("part"):
+            self._mark_parts.setdefault(s, set()).add(msg.source)
+        if self.is_leader and self._marked(s) and not self._closing:
+            self._requests.append({"superstep": s, "mark": s,
+                                   "parts_from": sorted(self._mark_parts.pop(s, set()))})
+
+    def contribute(self, provide: Callable[[], Mapping[str, Any]]) -> bool:
+        """Non-buffer ranks named in a request's ``parts_from``: if the leader has asked
+        for this rank's part, write it and send it. Call it in the rank's loop (a learner:
+        at superstep boundaries). Local; does not wait for a request, but writes the
+        named arrays (if any) before returning.
+
+        Args:
+            provide (Callable[[], Mapping]): called once per checkpoint; returns any of
+                ``rng`` (JSON text, :func:`~conduit_hpc.checkpoint.rng_to_json`),
+                ``counters`` (name -> number) and ``extra_state`` (name -> numeric array;
+                one rank per checkpoint).
+
+        Returns:
+            bool: whether a part was written and sent.
+        """
+        msg = self.edp.channel.poll(tag=Tag.CKPT_CUT)
+        if msg is None:
+            return False
+        info = _from_bytes(msg.payload)
+        state = provide()
+        part: dict[str, Any] = {"seq": int(info["seq"]), "world_rank": self.edp.world_rank,
+                                "role": self.edp.role.value, "rng": state.get("rng"),
+                                "counters": dict(state.get("counters") or {}),
+                                "files": [], "shards": []}
+        extra = state.get("extra_state")
+        try:
+            if extra is not None:
+                part["files"].append(ck.write_arrays_file(Path(info["tmp"]) / ck.LEARNER_FILE,
+                                                          extra))
+        except CheckpointError as err:
+            part["error"] = str(err)
+        self.edp.channel.isend(self.leader, Tag.CKPT_PART, _to_bytes(part))
+        return True
+
+    # -- handlers (buffer ranks, inside the progress loop) ---------------------------
+    def _on_request(self, msg: Message) -> None:
+        if not self._closing:
+            self._requests.append(_from_bytes(msg.payload))
+
+    def _on_cut(self, msg: Message) -> None:
+        info = _from_bytes(msg.payload)
+        mark = info.get("mark")
+        if mark is not None and not self._marked(int(mark)):
+            self._deferred = (int(info["seq"]), Path(info["tmp"]), int(mark))
+            return  # a learner's marker (and the messages before it) is still on its way
+        self._start_cut(int(info["seq"]), Path(info["tmp"]), mark)
+
+    def _on_part(self, msg: Message) -> None:
+        part = _from_bytes(msg.payload)
+        self._add_part(part)
+
+    def _start_cut(self, seq: int, tmp: Path, mark: int | None = None) -> None:
+        if self._writer is not None:  # only after the leader dropped a late checkpoint
+            self._last_cut_seq = seq
+            part = {"seq": seq, "world_rank": self.edp.world_rank, "role": "buffer",
+                    "rng": None, "counters": {}, "error": f"world rank "
+                    f"{self.edp.world_rank} is still writing checkpoint {self._writing_seq}"}
+            if self.is_leader:
+                self._add_part(part)
+            else:
+                self.edp.channel.isend(self.leader, Tag.CKPT_PART, _to_bytes(part))
+            return
+        assert self.edp.server is not None
+        if mark is not None:  # markers up to this boundary are used up
+            for m in [m for m in self._marks if m <= mark]:
+                del self._marks[m]
+        snaps, cut_s = _cut(self.edp.server.shards, self.staging)
+        self.cuts_s.append(cut_s)
+        self._last_cut_seq = seq
+        self._writing_seq = seq
+        extra = self.counters() if self.counters else {}
+        path = tmp / _buffer_file(self.edp)
+        me = self.edp.world_rank
+        result: dict[str, Any] = {}
+        self._writer_result = result
+
+        def write() -> None:
+            try:
+                part = _shard_part(path, snaps, cut_s, me)
+                stall = float(os.environ.get(STALL_ENV, "0") or 0)
+                if stall > 0:
+                    time.sleep(stall)
+            except Exception as err:  # reported to the leader, which drops the checkpoint
+                part = {"error": f"{type(err).__name__}: {err}"}
+            part["counters"] = {**extra, **part.get("counters", {})}
+            result.update(part)
+
+        self._writer = threading.Thread(target=write, name=f"ckpt-write-{seq}", daemon=True)
+        self._writer.start()
+
+    def _add_part(self, part: dict[str, Any]) -> None:
+        fl = self._flight
+        if fl is None or int(part["seq"]) != fl.seq:
+            return  # a part of a dropped checkpoint
+        fl.parts[int(part["world_rank"])] = part
+        if set(fl.parts) >= fl.expected and self._manifest is None:
+            self._start_manifest(fl)
+
+    # -- the per-pass hook ---------------------------------------------------------
+    def poll(self) -> int:
+        """One step of the protocol; called by the buffer loop each pass. Local, never
+        blocks; returns work done."""
+        work = 0
+        if self._deferred is not None and self._marked(self._deferred[2]):
+            seq, tmp, mark = self._deferred
+            self._deferred = None
+            self._start_cut(seq, tmp, mark)
+            work += 1
+        if self._writer is not None and not self._writer.is_alive():
+            self._writer.join()
+            self._writer = None
+            part = {"seq": self._writing_seq, "world_rank": self.edp.world_rank,
+                    "role": "buffer", "rng": None, **self._writer_result}
+            if "checkpoint_write_s" in part["counters"]:
+                self.writes_s.append(float(part["counters"]["checkpoint_write_s"]))
+            if self.is_leader:
+                self._add_part(part)
+            else:
+                self.edp.channel.isend(self.leader, Tag.CKPT_PART, _to_bytes(part))
+            work += 1
+        if self.is_leader:
+            work += self._leader_poll()
+        return work
+
+    def _leader_poll(self) -> int:
+        if self._manifest is not None and not self._manifest.is_alive():
+            self._manifest.join()
+            self._manifest = None
+            fl = self._flight
+            assert fl is not None
+            res = self._manifest_result
+            if "error" in res:
+                self.failed.append(res["error"])
+                log.warning("checkpoint %d failed and was dropped: %s", fl.seq, res["error"])
+                shutil.rmtree(fl.tmp, ignore_errors=True)
+            else:
+                self.completed.append(res)
+            self._flight = None
+            return 1
+        fl = self._flight
+        if fl is not None and self._manifest is None and \
+                time.perf_counter() - fl.started > self.edp.config.run.timeout_s:
+            missing = sorted(fl.expected - set(fl.parts))
+            self.failed.append(f"checkpoint {fl.seq}: no part from world ranks {missing} "
+                               f"within {self.edp.config.run.timeout_s:.0f} s")
+            log.warning("checkpoint %d dropped: %s", fl.seq, self.failed[-1])
+            shutil.rmtree(fl.tmp, ignore_errors=True)
+            self._flight = None
+            return 1
+        if self._flight is not None or self._closing or self._writer is not None:
+            return 0
+        due = self.every_seconds > 0 and \
+            time.monotonic() - self._last_start >= self.every_seconds
+        if not (due or self._requests):
+            return 0
+        info = self._requests.pop(0) if self._requests else {"reason": "timer"}
+        self._start(info)
+        return 1
+
+    def _start(self, info: Mapping[str, Any]) -> None:
+        self._last_start = time.monotonic()
+        seq = ck.next_seq(self.root, self.first_seq)
+        self.first_seq = seq + 1
+        tmp = self.root / f"{ck.TMP_PREFIX}{ck.checkpoint_name(seq)}-{os.getpid()}"
+        try:
+            tmp.mkdir(parents=True)
+        except OSError as err:
+            self.failed.append(f"cannot create {tmp}: {err}")
+            log.warning("checkpoint %d not started: cannot create %s: %s", seq, tmp, err)
+            return
+        roles = self.edp.roles
+        others = [int(r) for r in info.get("parts_from", ()) if r not in roles.buffer_ranks]
+        self._flight = _Flight(seq=seq, tmp=tmp, started=time.perf_counter(),
+                               expected=set(roles.buffer_ranks) | set(others))
+        self._flight_info = {k: v for k, v in info.items()
+                             if isinstance(v, int | float | str | bool)}
+        payload = _to_bytes({"seq": seq, "tmp": str(tmp), "mark": info.get("mark")})
+        for r in [*roles.buffer_ranks, *others]:
+            if r != self.leader:
+                self.edp.channel.isend(r, Tag.CKPT_CUT, payload)
+        self._start_cut(seq, tmp, info.get("mark"))
+
+    def _start_manifest(self, fl: _Flight) -> None:
+        parts = list(fl.parts.values())
+        for p in parts:  # what the request said (e.g. the superstep) goes on record
+            if int(p["world_rank"]) == self.leader:
+                p["counters"].update({f"request.{k}": v for k, v in self._flight_info.items()})
+        errors = [p["error"] for p in parts if p.get("error")]
+        result: dict[str, Any] = {}
+        self._manifest_result = result
+        edp, root, keep = self.edp, self.root, self.keep
+
+        def write() -> None:
+            if errors:
+                result["error"] = errors[0]
+                return
+            try:
+                path = _finish(fl.tmp, root, fl.seq, edp, parts, keep)
+            except Exception as err:
+                result["error"] = f"{type(err).__name__}: {err}"
+                return
+            cuts = [float(p["counters"].get("checkpoint_cut_s", 0.0)) for p in parts]
+            result.update(seq=fl.seq, path=str(path), cut_s_max=max(cuts),
+                          seconds=time.perf_counter() - fl.started,
+                          bytes=sum(int(f["bytes"]) for p in parts for f in p["files"]))
+
+        self._manifest = threading.Thread(target=write, name=f"ckpt-manifest-{fl.seq}",
+                                          daemon=True)
+        self._manifest.start()
+
+    # -- end -----------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """Whether this rank has checkpoint work in flight."""
+        return self._writer is not None or self._manifest is not None or \
+            self._flight is not None
+
+    def finish(self, timeout_s: float | None = None) -> None:
+        """Complete the checkpoint in flight and stop starting new ones.
+
+        **Collective** over the buffer ranks (no-op elsewhere); call after ``serve``
+        returned. Blocks at most ``timeout_s`` (default ``run.timeout_s``).
+
+        Raises:
+            DataPlaneTimeout: the checkpoint in flight did not complete in time.
+        """
+        if not self.is_buffer:
+            return
+        self._closing = True
+        bcomm = self.edp.roles.buffer
+        assert bcomm is not None
+        flying = bcast_json(bcomm, self._flight.seq if self._flight else -1, root=0)
+        timeout = self.edp.config.run.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        ch = self.edp.channel
+        while True:
+            for tag, handler in ((Tag.CKPT_CUT, self._on_cut), (Tag.CKPT_PART, self._on_part)):
+                while (msg := ch.poll(tag=tag)) is not None:
+                    handler(msg)
+            self.poll()
+            if self.is_leader:
+                done = not self.busy
+            else:
+                done = self._writer is None and self._last_cut_seq >= flying
+            if done:
+                break
+            if time.monotonic() > deadline:
+                raise DataPlaneTimeout(f"checkpoint {flying} did not complete within "
+                                       f"{timeout:.1f} s on world rank {self.edp.world_rank}")
+            time.sleep(0.001)
+        bcomm.Barrier()
+
+
+# ---------------------------------------------------------------------------------
+# collective save
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """A checkpoint written by :func:`save_checkpoint` (the same on every rank).
+
+    Attributes:
+        path (Path): the complete checkpoint directory.
+        seq (int): its number.
+        cut_s (float): longest cut (pause) over the buffer ranks.
+        seconds (float): wall time of the whole save.
+        bytes (int): bytes written (manifest excluded).
+    """
+
+    path: Path
+    seq: int
+    cut_s: float
+    seconds: float
+    bytes: int
+
+
+def save_checkpoint(edp: ExperienceDataPlane, root: Path, *,
+                    counters: Mapping[str, Any] | None = None, rng: str | None = None,
+                    extra_state: Mapping[str, Any] | None = None,
+                    agent: CheckpointAgent | None = None, keep: int = 0) -> SaveResult:
+    """Write a complete checkpoint now. **Collective** over the job's ranks; blocks until
+    it is on disk (``DONE`` written). Buffer ranks must not be inside ``serve``.
+
+    Args:
+        edp (ExperienceDataPlane): this rank's data plane.
+        root (Path): checkpoint root.
+        counters (Mapping[str, number] | None): this rank's counters (scheduler
+            position, rate-limiter counts, ...).
+        rng (str | None): this rank's RNG state (:func:`~conduit_hpc.checkpoint.rng_to_json`).
+        extra_state (Mapping[str, array] | None): named numeric arrays (model and
+            optimizer state); give them on one rank only.
+        agent (CheckpointAgent | None): reuse its staging memory and numbering (call
+            its :meth:`~CheckpointAgent.finish` first).
+        keep (int): prune to this many complete checkpoints (0: keep all).
+
+    Returns:
+        SaveResult: the same on every rank.
+
+    Raises:
+        CheckpointError: on every rank, naming the first failure (nothing half-written
+            is left under a checkpoint name).
+    """
+    t0 = time.perf_counter()
+    world = edp.roles.world
+    me = edp.world_rank
+    leader = edp.roles.buffer_ranks[0]
+    root = Path(root)
+    plan: dict[str, Any] = {}
+    if me == leader:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            seq = ck.next_seq(root, agent.first_seq if agent else 1)
+            tmp = root / f"{ck.TMP_PREFIX}{ck.checkpoint_name(seq)}-{os.getpid()}"
+            tmp.mkdir()
+            plan = {"seq": seq, "tmp": str(tmp)}
+        except OSError as err:
+            plan = {"error": f"cannot create a checkpoint under {root}: {err}"}
+    plan = bcast_json(world, plan, leader)
+    if "error" in plan:
+        raise CheckpointError(plan["error"])
+    seq, tmp = int(plan["seq"]), Path(plan["tmp"])
+    part: dict[str, Any] = {"seq": seq, "world_rank": me, "role": edp.role.value, "rng": rng,
+                            "counters": dict(counters or {}), "files": [], "shards": []}
+    try:
+        if agent is not None and agent.busy:
+            raise CheckpointError(f"world rank {me} still has checkpoint work in flight; "
+                                  f"call CheckpointAgent.finish() before save_checkpoint()")
+        if edp.server is not None:
+            snaps, cut_s = _cut(edp.server.shards, agent.staging if agent else None)
+            sp = _shard_part(tmp / _buffer_file(edp), snaps, cut_s, me)
+            part["files"] += sp["files"]
+            part["shards"] += sp["shards"]
+            part["counters"].update(sp["counters"])
+        if extra_state is not None:
+            part["files"].append(ck.write_arrays_file(tmp / ck.LEARNER_FILE, extra_state))
+    except CheckpointError as err:
+        part["error"] = str(err)
+    parts = gather_json(world, part, leader)
+    verdict: dict[str, Any] = {}
+    if me == leader:
+        assert parts is not None
+        errors = [p["error"] for p in parts if p.get("error")]
+        if not errors:
+            try:
+                final = _finish(tmp, root, seq, edp, parts, keep)
+                verdict = {"path": str(final),
+                           "cut_s": max((float(p["counters"].get("checkpoint_cut_s", 0))
+                                         for p in parts), default=0.0),
+                           "bytes": sum(int(f["bytes"]) for p in parts for f in p["files"])}
+            except CheckpointError as err:
+                errors.append(str(err))
+        if errors:
+            shutil.rmtree(tmp, ignore_errors=True)
+            verdict = {"error": errors[0]}
+        if agent is not None:
+            agent.first_seq = seq + 1
+    verdict = bcast_json(world, verdict, leader)
+    if "error" in verdict:
+        raise CheckpointError(verdict["error"])
+    if agent is not None:
+        agent.first_seq = seq + 1
+    return SaveResult(path=Path(verdict["path"]), seq=seq, cut_s=float(verdict["cut_s"]),
+                      seconds=time.perf_counter() - t0, bytes=int(verdict["bytes"]))
+
+

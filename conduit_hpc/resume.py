@@ -1,0 +1,235 @@
+"""Restoring a data plane from a checkpoint, and where checkpoints are looked for.
+
+:func:`restore_data_plane` (``ExperienceDataPlane.restore``) is collective at start-up:
+the newest complete checkpoint (``"latest"``, falling back past refused ones with a
+warning) or a given one; shard by shard when the shard capacities are unchanged (bit for
+bit: rows, slots, stamps, cursors, priority trees), else resharded (every row exactly
+once, with its priority). Every decision is taken on the first buffer rank and broadcast
+as JSON, and every rank's success is agreed before anything is written into a ring.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import checkpoint as ck
+from .checkpointing import bcast_json, gather_json
+from .config import Config
+from .errors import CheckpointError
+from .storage.snapshot import ShardSnapshot, build_resharded, plan_reshard, restore_snapshot
+
+if TYPE_CHECKING:
+    from .edp import ExperienceDataPlane
+
+__all__ = ["RestoreResult", "checkpoint_root", "restore_data_plane", "resume_roots"]
+
+log = logging.getLogger("conduit_hpc.checkpoint")
+
+
+def checkpoint_root(config: Config, run_dir: Path | None) -> Path:
+    """``checkpoint.directory``, relative to the run directory (or the working directory
+    when there is none); absolute paths as given."""
+    d = Path(config.checkpoint.directory)
+    if d.is_absolute():
+        return d
+    return (Path.cwd() if run_dir is None else Path(run_dir)) / d
+
+
+
+def resume_roots(config: Config, run_dir: Path | None) -> list[Path]:
+    """Where ``resume="latest"`` looks: this run's checkpoint root, then those of earlier
+    runs of the same job beside it (``<runs>/<run.name>-*/<directory>``)."""
+    own = checkpoint_root(config, run_dir)
+    d = Path(config.checkpoint.directory)
+    if d.is_absolute() or run_dir is None:
+        return [own]
+    here = Path(run_dir).resolve()
+    siblings = [p / d for p in sorted(Path(run_dir).parent.glob(f"{config.run.name}-*"))
+                if p.is_dir() and p.resolve() != here]
+    return [own, *siblings]
+
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What :func:`restore_data_plane` restored.
+
+    Attributes:
+        path (Path): the checkpoint used.
+        seq (int): its number.
+        rows (int): rows restored over all shards.
+        resharded (bool): rows were dealt over a different set of shards.
+        dropped (int): oldest rows left out because the new capacity is smaller.
+        counters (dict[int, dict]): every rank's stored counters, by world rank.
+        rng_state (str | None): this rank's stored RNG state (JSON) when the world size
+            is unchanged, else None. Rank-dependent.
+        extra_state (dict[str, np.ndarray]): the stored named arrays (model, optimizer),
+            on learner ranks (on the first buffer rank when there is no learner); empty
+            elsewhere. Rank-dependent.
+        config_toml (str): the config the checkpoint was written with.
+        skipped (list[str]): newer checkpoints refused on the way (file and reason).
+    """
+
+    path: Path
+    seq: int
+    rows: int
+    resharded: bool
+    dropped: int
+    counters: dict[int, dict[str, Any]]
+    rng_state: str | None
+    extra_state: dict[str, np.ndarray]
+    config_toml: str
+    skipped: list[str]
+
+
+
+def _load_shards(edp: ExperienceDataPlane, ckpt: ck.Checkpoint
+                 ) -> tuple[dict[int, ShardSnapshot], bool, int]:
+    """This rank's new shards, read (and verified) from the checkpoint."""
+    mine = [s for s in edp.placement.shards_of(edp.world_rank)] if edp.server else []
+    new_caps = [s.capacity_rows for s in edp.placement.shards]
+    if ckpt.capacities == new_caps:
+        return {s.shard_id: ckpt.read_shard(s.shard_id) for s in mine}, False, 0
+    plan = plan_reshard([s.rows for s in ckpt.shards], new_caps)
+    max_p = max((s.max_priority for s in ckpt.shards), default=1.0)
+    ids = [s.shard_id for s in mine]
+    out_cols = {k: edp.spec.empty(plan.rows_of(k)) for k in ids}
+    out_p = {k: np.empty(plan.rows_of(k)) for k in ids}
+    out_i = {k: np.empty(plan.rows_of(k)) for k in ids}
+    for old in range(len(ckpt.shards)):
+        if not len(plan.needed_from(ids, old)):
+            continue
+        snap = ckpt.read_shard(old)  # whole shard: every checksum is checked
+        for k in ids:
+            src, idx = plan.sources[k]
+            m = src == old
+            if m.any():
+                for name, col in out_cols[k].items():
+                    col[m] = snap.columns[name][idx[m]]
+                out_p[k][m] = snap.priority[idx[m]]
+                out_i[k][m] = snap.init_priority[idx[m]]
+        del snap
+    snaps = {k: build_resharded(k, new_caps[k], out_cols[k], out_p[k], out_i[k], max_p)
+             for k in ids}
+    return snaps, True, plan.dropped
+
+
+
+def restore_data_plane(edp: ExperienceDataPlane, source: str | Path = "latest", *,
+                       roots: Sequence[Path] = ()) -> RestoreResult | None:
+    """Restore replay state (and hand back stored state) from a checkpoint.
+
+    **Collective** over the job's ranks; call right after constructing the data plane,
+    before any ingest. Blocks for the reads. Every decision is made on the first buffer
+    rank and broadcast, and every rank's success is agreed, so all ranks return or raise
+    together.
+
+    Same shard capacities as the checkpoint: every shard comes back bit for bit (rows,
+    slots, stamps, cursors, priority trees, counters). Otherwise the rows are resharded
+    (:func:`~conduit_hpc.storage.snapshot.plan_reshard`), each exactly once with its
+    priority.
+
+    Args:
+        edp (ExperienceDataPlane): this rank's data plane.
+        source (str | Path): ``"latest"``: the newest complete checkpoint under
+            ``roots``, falling back past refused ones (each logged as a warning and
+            listed in :attr:`RestoreResult.skipped`); or a checkpoint directory (refused
+            without fallback), or a root holding several (newest first, with fallback).
+        roots (Sequence[Path]): where ``"latest"`` looks (see :func:`resume_roots`).
+
+    Returns:
+        RestoreResult | None: None when ``"latest"`` finds no checkpoint at all.
+
+    Raises:
+        CheckpointError: on every rank: a given checkpoint is refused (file and reason),
+            or every candidate was.
+    """
+    world = edp.roles.world
+    me = edp.world_rank
+    leader = edp.roles.buffer_ranks[0]
+    strict = False
+    candidates: list[Path] = []
+    if me == leader:
+        if str(source) in ("", "latest"):
+            candidates = ck.newest_first(roots)
+        else:
+            p = Path(source)
+            if p.name == ck.MANIFEST:
+                p = p.parent
+            if p.is_dir() and not (p / ck.DONE).exists() and not (p / ck.MANIFEST).exists() \
+                    and ck.list_checkpoints(p):
+                candidates = ck.newest_first([p])
+            else:
+                candidates, strict = [p], True
+    skipped: list[str] = []
+    while True:
+        decision: dict[str, Any] = {}
+        if me == leader:
+            decision = {"path": None, "skipped": skipped, "strict": strict}
+            while candidates:
+                c = candidates.pop(0)
+                try:
+                    ck.open_checkpoint(c, spec=edp.spec)
+                    decision["path"] = str(c)
+                    break
+                except CheckpointError as err:
+                    if strict:
+                        decision["error"] = str(err)
+                        break
+                    _skip(skipped, str(err), candidates)
+        decision = bcast_json(world, decision, leader)
+        if "error" in decision:
+            raise CheckpointError(decision["error"])
+        skipped = list(decision["skipped"])
+        strict = bool(decision["strict"])  # decided on the leader; every rank follows
+        if decision["path"] is None:
+            if skipped:
+                raise CheckpointError("no usable checkpoint: every candidate was refused: "
+                                      + "; ".join(skipped))
+            if me == leader:
+                log.info("resume: no checkpoint found under %s; starting fresh",
+                         ", ".join(map(str, roots)) or "(no directory)")
+            return None
+        error = None
+        try:
+            ckpt = ck.open_checkpoint(decision["path"], spec=edp.spec)
+            snaps, resharded, dropped = _load_shards(edp, ckpt)
+            learners = edp.roles.learner_ranks or (leader,)
+            extra = ckpt.extra_state() if me in learners else {}
+        except CheckpointError as err:
+            error = str(err)
+        errors = gather_json(world, error, leader)
+        verdict: dict[str, Any] = {}
+        if me == leader:
+            assert errors is not None
+            bad = [e for e in errors if e]
+            verdict = {"error": bad[0] if bad else None}
+        verdict = bcast_json(world, verdict, leader)
+        if verdict["error"] is None:
+            break
+        if strict:
+            raise CheckpointError(verdict["error"])
+        if me == leader:
+            _skip(skipped, verdict["error"], candidates)
+    for s in edp.owned_shards():
+        restore_snapshot(s.ring, s.index, snaps[s.shard_id])
+        s.hidden_upto = snaps[s.shard_id].commit
+    world.Barrier()  # no rank ingests before every shard is back
+    same_world = int(ckpt.layout.get("world_size", -1)) == edp.roles.world_size
+    return RestoreResult(path=ckpt.path, seq=ckpt.seq, rows=ckpt.rows - dropped,
+                         resharded=resharded, dropped=dropped, counters=ckpt.counters,
+                         rng_state=ckpt.rng.get(me) if same_world else None,
+                         extra_state=extra, config_toml=ckpt.config_toml, skipped=skipped)
+
+
+
+def _skip(skipped: list[str], reason: str, remaining: Sequence[Path]) -> None:
+    skipped.append(reason)
+    nxt = f"falling back to {remaining[0]}" if remaining else "no older checkpoint left"
+    log.warning("resume: refused %s; %s", reason, nxt)

@@ -1,0 +1,112 @@
+"""Stopping together: SIGTERM / SIGUSR1 on any rank become a stop every rank sees.
+
+A rank that gets the signal sends :attr:`~conduit_hpc.buffer.Tag.STOP` to every other
+rank; buffer ranks notice it inside their progress loop, other ranks when they call
+:meth:`StopCoordinator.requested` in theirs. After their loops, all ranks call
+:meth:`StopCoordinator.agree` (one all-reduce) and then, if it says so, write a final
+checkpoint together (:func:`conduit_hpc.checkpointing.save_checkpoint`). Nothing here can
+hang: the signal handler only sets a flag, messages are non-blocking, and the agreement
+is one collective that every rank reaches after its loop.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .transport.channel import Message
+from .wire import Tag
+
+if TYPE_CHECKING:
+    from .edp import ExperienceDataPlane
+
+__all__ = ["StopCoordinator"]
+
+
+
+
+class StopCoordinator:
+    """Turn SIGTERM / SIGUSR1 on any rank into a stop every rank sees.
+
+    ``mpirun`` (Open MPI 5) forwards SIGUSR1 to every rank and keeps the job running, but
+    turns SIGTERM into a kill within a fraction of a second; SLURM sends SIGTERM to every
+    task and waits ``KillWait``. So jobs treat both as "stop and checkpoint";
+    ``conduit-hpc run`` turns a SIGTERM it receives into SIGUSR1 for ``mpirun``.
+
+    Construct on every rank after the data plane (local; installs signal handlers when
+    called from the main thread). Buffer ranks watch for a stop inside their progress
+    loop; other ranks call :meth:`requested` in their loops.
+
+    Args:
+        edp (ExperienceDataPlane): this rank's data plane.
+        signals (tuple[int, ...]): signals that request a stop.
+    """
+
+    def __init__(self, edp: ExperienceDataPlane,
+                 signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
+        self.edp = edp
+        self.signal_received: int | None = None
+        self.remote = False
+        self._sent = False
+        self._old: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in signals:
+                self._old[s] = signal.signal(s, self._on_signal)
+        if edp.server is not None:
+            edp.server.handlers[Tag.STOP] = self._on_stop_message
+            edp.server.hooks.append(self._hook)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.signal_received = signum
+
+    def _on_stop_message(self, msg: Message) -> None:
+        self.remote = True
+
+    def trigger(self) -> None:
+        """Request a stop from code (as a signal would). Local."""
+        self.signal_received = self.signal_received or -1
+
+    def _broadcast(self) -> None:
+        if self.signal_received is not None and not self._sent:
+            self._sent = True
+            ch = self.edp.channel
+            for r in range(ch.size):
+                if r != ch.rank:
+                    ch.isend(r, Tag.STOP, np.zeros(0, np.uint8))
+
+    def _hook(self) -> int:
+        self._broadcast()
+        return 0
+
+    def requested(self) -> bool:
+        """Whether a stop was requested here or anywhere else. Local; never blocks
+        (on a learner in ``edp`` mode it waits for one turn of the data-plane thread,
+        which owns the rank's MPI calls)."""
+        learner = self.edp.learner
+        if learner is not None and learner.started:
+            learner.run_on_thread(self._poll, "a stop check")
+        else:
+            self._poll()
+        return self.signal_received is not None or self.remote
+
+    def _poll(self) -> None:
+        self._broadcast()
+        if self.edp.server is None:
+            while self.edp.channel.poll(tag=Tag.STOP) is not None:
+                self.remote = True
+
+    def agree(self) -> bool:
+        """True on every rank iff a stop was requested on any. **Collective** on the
+        world; call it after the main loop (buffers: after ``serve`` returned)."""
+        return bool(self.edp.roles.world.allreduce(self.requested(), op=MPI.LOR))
+
+    def close(self) -> None:
+        """Restore the previous signal handlers. Local."""
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self._old = {}

@@ -1,0 +1,200 @@
+"""End-to-end checkpoints: SIGTERM -> final checkpoint and exit 0; SIGKILL while writing
+-> --resume continues from the previous complete checkpoint; inspect on good and damaged
+checkpoints; the benchmark's smoke size. Every subprocess has a timeout."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conduit_hpc import checkpoint as ck
+from conduit_hpc.runner import mpi_env
+from conduit_hpc.testing import REPO
+
+SMALL = ["--set", "storage.capacity_rows=20000", "--set", "synthetic.actor_rate_rows_s=20000"]
+
+
+class Proc:
+    """A subprocess in its own session whose stdout lines are collected as they come."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.p = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                  env=env)
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            self.lines.put(line)
+
+    def wait_line(self, fragment: str, timeout_s: float = 120) -> str:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            try:
+                line = self.lines.get(timeout=0.1)
+            except queue.Empty:
+                if self.p.poll() is not None and self.lines.empty():
+                    break
+                continue
+            self.seen.append(line)
+            if fragment in line:
+                return line
+        self.kill()
+        raise AssertionError(f"no line with {fragment!r}; got {self.seen!r}")
+
+    def finish(self, timeout_s: float = 180) -> tuple[int, str, str]:
+        try:
+            rc = self.p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        time.sleep(0.2)
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        assert self.p.stderr is not None
+        return rc, "".join(self.seen), self.p.stderr.read()
+
+    def kill(self) -> None:
+        """SIGKILL every process of the session (mpirun puts ranks in groups of their own,
+        so killing the process group is not enough)."""
+        kill_session(self.p.pid)
+        self.p.wait(timeout=30)
+
+
+def kill_session(sid: int) -> None:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # fields after the name: state ppid pgrp session
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "conduit_hpc.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_sigterm_writes_a_final_checkpoint_and_exits_0(tmp_path: Path) -> None:
+    job = Proc([sys.executable, "-m", "conduit_hpc.cli", "run", "jobs/synthetic.toml",
+                "--runs", str(tmp_path), "--set", "run.duration_s=300", "--set",
+                "checkpoint.every_seconds=0.0", *SMALL])
+    job.wait_line("running: checkpoints under")
+    time.sleep(1.0)  # actors ingest meanwhile
+    job.p.send_signal(signal.SIGTERM)
+    rc, out, err = job.finish()
+    assert rc == 0, err
+    assert "asking every rank to stop and checkpoint" in err
+    final = next(ln for ln in out.splitlines() if ln.startswith("final checkpoint written:"))
+    path = Path(final.split(": ", 1)[1].split(" (")[0])
+    assert path.parent.parent.parent == tmp_path and (path / ck.DONE).exists()
+    c = ck.open_checkpoint(path)
+    c.verify()
+    assert c.rows > 0
+    assert set(c.rng) == set(range(6))  # every rank's RNG state
+
+
+def test_killed_while_writing_resumes_from_the_previous_complete_checkpoint(
+        tmp_path: Path) -> None:
+    first = tmp_path / "synthetic-first"
+    root = first / "checkpoints"
+    env = mpi_env({**os.environ, "CONDUIT_CHECKPOINT_STALL_S": "3"})  # a wide window
+    job = Proc(["mpirun", "-n", "6", sys.executable, "-m", "mpi4py", "jobs/synthetic.py",
+                "--config", "jobs/synthetic.toml", "--run-dir", str(first), "--set",
+                "run.duration_s=300", "--set", "checkpoint.every_seconds=0.5", *SMALL], env=env)
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:  # one complete checkpoint, the next being written
+            done = [p for p in ck.list_checkpoints(root) if ck.is_complete(p)]
+            writing = list(root.glob(".tmp-ckpt-*")) if root.is_dir() else []
+            if done and writing:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the job never had a checkpoint complete and one in flight")
+    finally:
+        job.kill()  # SIGKILL: nothing gets to clean up
+    complete = [p for p in ck.list_checkpoints(root) if ck.is_complete(p)]
+    assert list(root.glob(".tmp-ckpt-*")), "the kill did not hit a checkpoint being written"
+    previous = complete[-1]
+    rows = ck.open_checkpoint(previous).rows
+    out = cli("run", "jobs/synthetic.toml", "--runs", str(tmp_path), "--resume", "--set",
+              "run.duration_s=1", *SMALL, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert f"resumed from {previous} (checkpoint {ck.seq_of(previous)}): {rows:,} rows" \
+        in out.stdout, out.stdout
+    # the new run numbers its checkpoints on from the restored one
+    second = next(p for p in tmp_path.iterdir() if p != first)
+    later = ck.list_checkpoints(second / "checkpoints")
+    assert later and all((ck.seq_of(p) or 0) > ck.seq_of(previous) for p in later)
+
+
+def make_checkpoint(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    out = subprocess.run(["mpirun", "-n", "3", sys.executable, "-m", "mpi4py",
+                          "jobs/synthetic.py", "--config", "jobs/synthetic.toml", "--run-dir",
+                          str(run), "--set", "run.duration_s=1.5", "--set", "layout.actors=1",
+                          "--set", "checkpoint.every_seconds=0.5", *SMALL], cwd=REPO,
+                         env=mpi_env(), capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    done = [p for p in ck.list_checkpoints(run / "checkpoints") if ck.is_complete(p)]
+    assert done, out.stdout
+    return done[-1]
+
+
+def test_inspect_good_and_damaged_checkpoints(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path)
+    good = cli("inspect", str(path), "--verify")
+    assert good.returncode == 0, good.stderr
+    assert "[verified: every dataset matches its checksum]" in good.stdout
+    for fragment in ("spec         obs: float32[4], action: int64[], reward: float32[]",
+                     "prio min", "capacity_rows = 20000", "rank 1 (buffer)"):
+        assert fragment in good.stdout
+    report = json.loads(cli("inspect", str(path), "--json").stdout)
+    assert report["ok"] and report["rows"] == sum(s["rows"] for s in report["shards"]) > 0
+    # a flipped byte in the experience: only --verify reads it
+    import h5py
+
+    f = path / "buffer-0000.h5"
+    with h5py.File(f, "r") as h:
+        off = h["/shards/0/columns/obs"].id.get_offset()
+    with open(f, "r+b") as fh:
+        fh.seek(off + 3)
+        b = fh.read(1)
+        fh.seek(off + 3)
+        fh.write(bytes([b[0] ^ 0x10]))
+    assert cli("inspect", str(path)).returncode == 0
+    bad = cli("inspect", str(path), "--verify")
+    assert bad.returncode == 1
+    assert "REFUSED" in bad.stdout
+    assert "buffer-0000.h5: dataset /shards/0/columns/obs fails its checksum" in bad.stderr
+    (path / ck.DONE).unlink()
+    gone = cli("inspect", str(path))
+    assert gone.returncode == 1 and "no DONE marker" in gone.stderr
+
+
+@pytest.mark.parametrize("args", [["--smoke"]])
+def test_checkpoint_benchmark_smoke(args: list[str]) -> None:
+    out = cli("bench", "--json", "checkpoint", *args, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["checkpoints"] == 2 and result["failed"] == 0
+    assert result["pause_s_max"] > 0 and result["write_gbps"] > 0
+    assert result["plain_write_gbps"] > 0 and result["read_gbps"] > 0
+    assert "pause (cut) per checkpoint" in out.stdout

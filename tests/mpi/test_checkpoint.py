@@ -1,0 +1,400 @@
+"""Checkpoints of a running data plane: cut under concurrent ingest, restore at the same
+and at a different number of buffer ranks, stop agreement with a final checkpoint,
+fallback past refused checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from conduit_hpc import CheckpointError, ExperienceDataPlane, Role
+from conduit_hpc import checkpoint as ck
+from conduit_hpc.buffer import Tag
+from conduit_hpc.checkpointing import CheckpointAgent
+from conduit_hpc.placement import Placement, plan_round_robin
+from conduit_hpc.stopping import StopCoordinator
+from conduit_hpc.testing import checked_batch, make_config, row_consistent
+
+COMM = MPI.COMM_WORLD
+
+
+@pytest.fixture
+def shared_dir():
+    path = Path(COMM.bcast(tempfile.mkdtemp(prefix="conduit-ckpt-") if COMM.rank == 0
+                           else None))
+    yield path
+    # not a blocking Barrier: after a failure on one rank the others may never come
+    req = COMM.Ibarrier()
+    end = time.monotonic() + 30
+    while not req.Test() and time.monotonic() < end:
+        time.sleep(0.01)
+    if COMM.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def prio_of(writer: np.ndarray, wseq: np.ndarray) -> np.ndarray:
+    return 0.25 + ((np.asarray(writer) * 7919 + np.asarray(wseq)) % 13).astype(float)
+
+
+def ingest(edp: ExperienceDataPlane, first: int, batches: int, rows: int = 3,
+           pause_s: float = 0.0) -> list[tuple[int, int, int, int]]:
+    """Batches of ``rows`` rows with priorities; (shard, first_seq, first_wseq, rows) each."""
+    out = []
+    w = first
+    for _ in range(batches):
+        b = checked_batch(edp.world_rank, w, rows)
+        r = edp.ingest(b, priorities=prio_of(b["writer"], b["wseq"]))
+        out.append((r.shard_id, r.first_seq, w, rows))
+        w += rows
+        if pause_s:
+            time.sleep(pause_s)
+    return out
+
+
+def held(edp: ExperienceDataPlane) -> list[tuple[int, int, int, float, int]]:
+    """Every row the buffers hold: (writer, wseq, shard, priority, seq), all ranks."""
+    mine = []
+    for s in edp.owned_shards():
+        s.poll()
+        seqs, cols, _ = s.ring.read_committed()
+        assert row_consistent(cols).all(), "a torn row"
+        visible = s.index.gens[seqs % s.ring.capacity] == seqs + 1
+        p = s.index.priority[seqs % s.ring.capacity]
+        mine += [(int(w), int(q), s.shard_id, float(pp), int(sq)) for w, q, pp, sq, v in
+                 zip(cols["writer"], cols["wseq"], p, seqs, visible, strict=True) if v]
+    return sorted(r for part in edp.roles.world.allgather(mine) for r in part)
+
+
+def cfg_for(buffers: int, per_buffer: int, capacity: int = 8000, **more):
+    return make_config(layout={"learners": 0, "buffers": buffers},
+                       storage={"capacity_rows": capacity, "shards_per_buffer": per_buffer,
+                                "priority_exponent": 0.6}, **more)
+
+
+def wait_for(path: Path, timeout_s: float = 60.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if path.exists():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("shared_memory", ["auto", "never"])
+def test_cut_under_ingest_restores_every_row_before_it_once(shared_dir, shared_memory) -> None:
+    root = shared_dir
+    # phase 1: one buffer rank, two shards; actors ingest while the buffer side checkpoints
+    cfg = cfg_for(1, 2, transport={"shared_memory": shared_memory})
+    with ExperienceDataPlane(cfg) as edp:
+        agent = CheckpointAgent(edp, root, keep=0)
+        receipts: list = []
+        after_done: list = []
+        if edp.role is Role.ACTOR:
+            actors = edp.roles.actor
+            first_actor = actors.Get_rank() == 0
+            receipts = ingest(edp, 0, 20)
+            if first_actor:
+                agent.request(reason="test")
+            receipts += ingest(edp, 60, 30, pause_s=0.001)  # races with the cut and write
+            if first_actor:  # rows written after the checkpoint is complete: after the cut
+                assert wait_for(root / "ckpt-000001" / ck.DONE), "no checkpoint appeared"
+                after_done = ingest(edp, 1000, 5)
+            edp.done()
+        else:
+            edp.serve()
+        agent.finish()
+        world = edp.roles.world
+        all_receipts = [r for part in world.allgather(receipts) for r in part]
+        writers = world.allgather((edp.world_rank, receipts + after_done))
+        late = {(w, ws + i) for w, rs in world.allgather((edp.world_rank, after_done))
+                for _, _, ws, n in rs for i in range(n)}
+        live = held(edp)
+    assert all_receipts and len(live) == sum(n for rs in [r for _, r in writers]
+                                             for *_, n in rs)
+    c = ck.open_checkpoint(root / "ckpt-000001", spec=edp.spec)
+    # the expected content of the cut: every row with seq < the shard's commit cursor
+    expected = set()
+    for w, rs in writers:
+        for shard, first, ws, n in rs:
+            for i in range(n):
+                if first + i < c.shards[shard].commit:
+                    expected.add((w, ws + i, shard, first + i))
+    assert 0 < len(expected) < len(live), "the cut was not taken during ingest"
+    assert not {(w, q) for w, q, *_ in expected} & late
+    stored = set()
+    for s in c.shards:
+        snap = c.read_shard(s.shard_id)
+        assert row_consistent(snap.columns).all()
+        np.testing.assert_array_equal(snap.priority, prio_of(snap.columns["writer"],
+                                                             snap.columns["wseq"]))
+        stored |= {(int(w), int(q), s.shard_id, int(sq)) for w, q, sq in zip(
+            snap.columns["writer"], snap.columns["wseq"], snap.seqs, strict=True)}
+    assert stored == expected
+    with h5py.File(root / "ckpt-000001" / ck.MANIFEST, "r") as f:  # the global view
+        assert len(f["experience/wseq"]) == len(expected)
+        assert set(zip(f["experience/writer"][:].tolist(), f["experience/wseq"][:].tolist(),
+                       strict=True)) == {(w, q) for w, q, *_ in expected}
+
+    want = sorted((w, q, prio_of(w, q).item()) for w, q, *_ in expected)
+
+    def restore_and_check(cfg, resharded: bool) -> list:
+        with ExperienceDataPlane(cfg) as edp2:
+            res = edp2.restore(root / "ckpt-000001")
+            assert res is not None and res.resharded is resharded and res.rows == len(want)
+            rows = held(edp2)
+            got = sorted((w, q, p) for w, q, _, p, _ in rows)
+            assert got == want, "every row before the cut exactly once, with its priority"
+            # the restored plane goes on: more rows come in and are kept with the others
+            extra = ingest(edp2, 5000, 4) if edp2.role is Role.ACTOR else []
+            edp2.done()
+            if edp2.role is Role.BUFFER:
+                edp2.serve()
+            n_extra = sum(n for part in edp2.roles.world.allgather(extra) for *_, n in part)
+            after = held(edp2)
+            assert len(after) == len(want) + n_extra
+        return rows
+
+    # the same shard capacities on another number of buffer ranks: shard by shard
+    rows = restore_and_check(cfg_for(2, 1, transport={"shared_memory": shared_memory}), False)
+    assert {r[2] for r in rows} <= {0, 1}
+    # another shard layout: resharded, priorities kept
+    rows = restore_and_check(cfg_for(2, 2), True)
+    per_shard = np.bincount([r[2] for r in rows], minlength=4)
+    assert per_shard.max() - per_shard.min() <= 1, per_shard  # dealt evenly
+    # the same layout: identical cursors and slots
+    with ExperienceDataPlane(cfg) as edp3:
+        edp3.restore(root / "ckpt-000001")
+        for s in edp3.owned_shards():
+            assert s.committed == c.shards[s.shard_id].commit
+        rows = held(edp3)
+        assert sorted((w, q, sh, sq) for w, q, sh, _, sq in rows) == sorted(expected)
+        edp3.done()
+        if edp3.role is Role.BUFFER:
+            edp3.serve()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_signal_on_one_rank_stops_all_and_final_checkpoint_round_trips(shared_dir) -> None:
+    root = shared_dir
+    cfg = cfg_for(1, 1, capacity=100_000)
+    with ExperienceDataPlane(cfg) as edp:
+        stop = StopCoordinator(edp)
+        agent = CheckpointAgent(edp, root)
+        rank = edp.world_rank
+        last_actor = edp.roles.actor_ranks[-1]
+        t0 = time.monotonic()
+        batches = 0
+        if edp.role is Role.ACTOR:
+            while not stop.requested():
+                ingest(edp, 3 * batches, 1)
+                batches += 1
+                if rank == last_actor and batches == 20:
+                    os.kill(os.getpid(), signal.SIGTERM)  # as SLURM or mpirun would
+                assert time.monotonic() - t0 < 60, "the stop never arrived"
+            edp.done()
+        else:
+            edp.serve()
+        agent.finish()
+        assert stop.agree()
+        gen = np.random.default_rng(100 + rank)
+        gen.random(rank + 1)
+        model = {"model/w": np.arange(6.0).reshape(2, 3) * rank, "optimizer/step": np.int64(9)}
+        if edp.role is Role.BUFFER:  # a learner's priority updates, before the save
+            (s,) = edp.owned_shards()
+            s.poll()
+            slots = np.arange(0, s.index.count, 3)
+            s.index.update(slots, s.index.gens[slots], np.full(len(slots), 11.0))
+            before = {"sum": s.index.sum._tree.copy(), "min": s.index.min._tree.copy(),
+                      "max": s.index.max_priority, "commit": s.committed}
+        result = edp.checkpoint(root, rng=ck.rng_to_json(gen), counters={"batches": batches},
+                                extra_state=model if edp.role is Role.BUFFER else None,
+                                agent=agent)
+        stop.close()
+        everyone_batches = edp.roles.world.allgather(batches)
+    assert result.path.name == "ckpt-000001" and (result.path / ck.DONE).exists()
+    assert sum(everyone_batches) > 0
+    c = ck.open_checkpoint(result.path, spec=edp.spec)
+    assert c.rows == 3 * sum(everyone_batches)
+    assert set(c.rng) == set(range(COMM.size))
+    assert c.counters[COMM.rank]["batches"] == batches
+    # restore: identical trees, this rank's RNG and the arrays come back
+    with ExperienceDataPlane(cfg) as edp2:
+        res = edp2.restore("latest", roots=[root])
+        assert res is not None and res.path == result.path and not res.resharded
+        restored = ck.rng_from_json(res.rng_state)
+        np.testing.assert_array_equal(restored.random(4), gen.random(4))
+        if edp2.role is Role.BUFFER:
+            (s,) = edp2.owned_shards()
+            np.testing.assert_array_equal(s.index.sum._tree, before["sum"])
+            np.testing.assert_array_equal(s.index.min._tree, before["min"])
+            assert s.index.max_priority == before["max"] >= 11.0
+            assert s.committed == before["commit"]
+            assert set(res.extra_state) == {"model/w", "optimizer/step"}
+            np.testing.assert_array_equal(res.extra_state["model/w"], model["model/w"])
+        else:
+            assert res.extra_state == {}
+        edp2.done()
+        if edp2.role is Role.BUFFER:
+            edp2.serve()
+
+
+def one_cycle(root: Path, rows_per_actor: int) -> None:
+    """A short job: actors ingest, then everyone writes a checkpoint."""
+    with ExperienceDataPlane(cfg_for(1, 1, capacity=1000)) as edp:
+        if edp.role is Role.ACTOR:
+            ingest(edp, 0, rows_per_actor, rows=1)
+            edp.done()
+        else:
+            edp.serve()
+        edp.checkpoint(root)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
+    root = shared_dir
+    for k in range(1, 5):
+        one_cycle(root, k)
+    COMM.Barrier()
+    if COMM.rank == 0:
+        (root / "ckpt-000002" / ck.DONE).unlink()  # killed before DONE
+        f3 = root / "ckpt-000003" / "buffer-0000.h5"
+        with open(f3, "r+b") as fh:  # truncated
+            fh.truncate(f3.stat().st_size - 100)
+        f4 = root / "ckpt-000004" / "buffer-0000.h5"
+        with h5py.File(f4, "r") as f:  # one flipped bit, found only when the data is read
+            off = f["/shards/0/columns/payload"].id.get_offset()
+        with open(f4, "r+b") as fh:
+            fh.seek(off + 5)
+            b = fh.read(1)
+            fh.seek(off + 5)
+            fh.write(bytes([b[0] ^ 1]))
+    COMM.Barrier()
+    actors = COMM.size - 1
+    with ExperienceDataPlane(cfg_for(1, 1, capacity=1000)) as edp:
+        res = edp.restore("latest", roots=[root])
+        assert res is not None and res.path.name == "ckpt-000001"
+        assert res.rows == actors
+        assert len(res.skipped) == 3
+        assert "buffer-0000.h5" in res.skipped[0] and "fails its checksum" in res.skipped[0]
+        assert "buffer-0000.h5 is truncated" in res.skipped[1]
+        assert "ckpt-000002: no DONE marker" in res.skipped[2]
+        assert len(held(edp)) == actors
+        # a given checkpoint is refused without fallback, on every rank alike
+        with pytest.raises(CheckpointError, match="fails its checksum"):
+            edp.restore(root / "ckpt-000004")
+        with pytest.raises(CheckpointError, match="no DONE marker"):
+            edp.restore(root / "ckpt-000002")
+        edp.done()
+        if edp.role is Role.BUFFER:
+            edp.serve()
+    with ExperienceDataPlane(cfg_for(1, 1, capacity=1000)) as edp:
+        assert edp.restore("latest", roots=[root / "nothing-here"]) is None
+        edp.done()
+        if edp.role is Role.BUFFER:
+            edp.serve()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_learner_requested_checkpoint_holds_the_learners_state(shared_dir) -> None:
+    root = shared_dir
+    cfg = make_config(layout={"learners": 1, "buffers": 1}, storage={"capacity_rows": 1000})
+    arrays = {"model/w": np.linspace(0, 1, 12).reshape(3, 4), "optimizer/step": np.int64(7)}
+    gen = np.random.default_rng(5)
+    with ExperienceDataPlane(cfg) as edp:
+        agent = CheckpointAgent(edp, root, keep=0)
+        if edp.role is Role.LEARNER:  # at the boundary of superstep 7
+            agent.request(parts_from=[edp.world_rank], superstep=7)
+            end = time.monotonic() + 60
+            while not agent.contribute(lambda: {"rng": ck.rng_to_json(gen),
+                                                "counters": {"superstep": 7},
+                                                "extra_state": arrays}):
+                assert time.monotonic() < end, "the leader never asked for the part"
+                time.sleep(0.005)
+            edp.done()
+        elif edp.role is Role.ACTOR:
+            ingest(edp, 0, 5)
+            edp.done()
+        else:
+            edp.serve()
+        agent.finish()
+        learner, leader = edp.roles.learner_ranks[0], edp.roles.buffer_ranks[0]
+    c = ck.open_checkpoint(root / "ckpt-000001", spec=edp.spec)
+    assert c.counters[learner] == {"role": "learner", "superstep": 7}
+    assert c.counters[leader]["request.superstep"] == 7
+    assert set(c.rng) == {learner}
+    np.testing.assert_array_equal(ck.rng_from_json(c.rng[learner]).random(3),
+                                  np.random.default_rng(5).random(3))
+    extra = c.extra_state()
+    np.testing.assert_array_equal(extra["model/w"], arrays["model/w"])
+    assert extra["optimizer/step"] == 7
+
+
+TEST_UPDATE = 97  # stands in for the scheduler's priority-update message
+TEST_INGESTED = 98  # an actor tells the learner it is done writing
+
+
+@pytest.mark.mpi(min_size=4)
+def test_superstep_boundary_cut_sees_every_update_sent_before_the_marker(shared_dir) -> None:
+    root = shared_dir
+    cfg = make_config(layout={"learners": 1, "buffers": 2},
+                      storage={"capacity_rows": 4000, "shards_per_buffer": 1})
+    # world rank 0 learns, 1 and 2 buffer; the first actor writes to the shard of rank 2
+    actors = range(3, COMM.size)
+    base = plan_round_robin(actor_ranks=actors, buffer_ranks=(1, 2), learner_ranks=(0,),
+                            capacity_rows=4000)
+    placement = Placement(shards=base.shards, learner_shards=base.learner_shards,
+                          actor_shards={a: (i + 1) % 2 for i, a in enumerate(actors)})
+    with ExperienceDataPlane(cfg, placement=placement) as edp:
+        agent = CheckpointAgent(edp, root, keep=0)
+        learner = edp.roles.learner_ranks[0]
+        if edp.server is not None:
+            def on_update(msg) -> None:  # every held row of this rank gets priority p
+                (p,) = msg.view(np.float64)
+                for s in edp.owned_shards():
+                    s.poll()
+                    slots = np.flatnonzero(s.index.gens > 0)
+                    s.index.update(slots, s.index.gens[slots], np.full(len(slots), p))
+            edp.server.handlers[TEST_UPDATE] = on_update
+            edp.serve()
+        elif edp.role is Role.ACTOR:
+            ingest(edp, 0, 10)
+            edp.channel.isend(learner, TEST_INGESTED, np.zeros(0, np.uint8))
+            edp.done()
+        else:
+            for _ in edp.roles.actor_ranks:  # rows are all written (not yet committed)
+                edp.channel.recv(tag=TEST_INGESTED, timeout_s=60, what="an actor")
+            first, late = edp.roles.buffer_ranks
+            for b in (first, late):  # superstep 1
+                edp.channel.isend(b, TEST_UPDATE, np.array([3.0]))
+            # superstep 2, then its marker behind the update on each channel; the
+            # second buffer hears of both only after the leader has started the cut
+            marker = np.frombuffer(json.dumps({"mark": 2, "part": True}).encode(), np.uint8)
+            for b in (first, late):
+                edp.channel.isend(b, TEST_UPDATE, np.array([7.5]))
+                edp.channel.isend(b, Tag.CKPT_MARK, marker)  # what agent.mark(2) sends
+                time.sleep(0.5)
+            end = time.monotonic() + 60
+            while not agent.contribute(lambda: {"counters": {"superstep": 2}}):
+                assert time.monotonic() < end, "the checkpoint never started"
+                time.sleep(0.005)
+            edp.done()
+        agent.finish()
+        rows = 10 * 3 * len(edp.roles.actor_ranks)
+    c = ck.open_checkpoint(root / "ckpt-000001", spec=edp.spec)
+    assert c.rows == rows
+    assert c.shards[1].rows > 0  # the late buffer holds rows
+    for s in c.shards:  # every row carries the update of superstep 2, on both buffers
+        np.testing.assert_array_equal(c.priorities(s.shard_id), np.full(s.rows, 7.5))
+    assert c.counters[learner]["superstep"] == 2
+    assert c.counters[edp.roles.buffer_ranks[0]]["request.superstep"] == 2

@@ -1,0 +1,297 @@
+"""The HDF5 checkpoint format: round trip, virtual datasets, refusals, retention, inspect."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from conduit_hpc import CheckpointError
+from conduit_hpc import checkpoint as ck
+from conduit_hpc.config import FieldConfig
+from conduit_hpc.spec import Spec
+from conduit_hpc.storage.snapshot import ShardSnapshot
+from conduit_hpc.testing import CHECKED_SPEC, checked_batch
+
+SPEC = Spec.from_config({k: FieldConfig(**v) for k, v in CHECKED_SPEC.items()})
+CONFIG_TOML = '[run]\nname = "unit"\n\n[storage]\ncapacity_rows = 60\n'
+
+
+def snapshot(shard_id: int, cap: int, commit: int, rows: int, seed: int) -> ShardSnapshot:
+    rng = np.random.default_rng(seed)
+    first = commit - rows
+    cols = checked_batch(shard_id, first, rows)
+    return ShardSnapshot(shard_id=shard_id, capacity=cap, commit=commit,
+                         seqs=np.arange(first, commit, dtype=np.int64), columns=cols,
+                         priority=rng.uniform(0, 3, rows), init_priority=np.full(rows, np.nan),
+                         max_priority=3.5 + shard_id, applied_updates=7 * shard_id,
+                         dropped_updates=shard_id, reserve=commit + 2)
+
+
+def snapshots() -> list[ShardSnapshot]:
+    # three shards of 20 slots over two "buffer ranks"; one wrapped, one empty
+    return [snapshot(0, 20, 57, 20, 0), snapshot(1, 20, 9, 9, 1), snapshot(2, 20, 0, 0, 2)]
+
+
+def write(root: Path, seq: int, snaps: list[ShardSnapshot] | None = None, *,
+          extra: dict | None = None, spec: Spec = SPEC) -> Path:
+    """A checkpoint as the collective save writes it, without MPI."""
+    snaps = snapshots() if snaps is None else snaps
+    tmp = root / f".tmp-{ck.checkpoint_name(seq)}-1"
+    tmp.mkdir(parents=True)
+    by_file = {"buffer-0000.h5": snaps[:2], "buffer-0001.h5": snaps[2:]}
+    parts = []
+    for r, (name, ss) in enumerate(by_file.items()):
+        rec = ck.write_shard_file(tmp / name, ss, attrs={"world_rank": r + 1})
+        parts.append({"world_rank": r + 1, "role": "buffer", "rng": None,
+                      "counters": {"passes": 10 + r}, "files": [rec["file"]],
+                      "shards": rec["shards"]})
+    gen = np.random.default_rng(42)
+    gen.random(3)
+    learner = {"world_rank": 0, "role": "learner", "rng": ck.rng_to_json(gen),
+               "counters": {"superstep": 1234, "samples": 5.5e6}, "files": [], "shards": []}
+    if extra is not None:
+        learner["files"] = [ck.write_arrays_file(tmp / ck.LEARNER_FILE, extra)]
+    parts.append(learner)
+    placement = {"shards": [{"shard_id": s.shard_id, "owner_rank": 1 + (s.shard_id >= 2),
+                             "tier": "buffer_host", "capacity_rows": s.capacity}
+                            for s in snaps],
+                 "actor_shards": {"3": 0}, "learner_shards": {"0": [0, 1, 2]}}
+    layout = {"world_size": 4, "learner_ranks": [0], "buffer_ranks": [1, 2],
+              "actor_ranks": [3], "node_of": [0, 0, 0, 0]}
+    rec = ck.write_manifest(tmp, seq=seq, spec=spec, config_toml=CONFIG_TOML, layout=layout,
+                            placement=placement, parts=parts)
+    final = root / ck.checkpoint_name(seq)
+    ck.finalize(tmp, final, rec)
+    return final
+
+
+EXTRA = {"model/fc1.weight": np.arange(12, dtype=np.float32).reshape(3, 4),
+         "model/fc1.bias": np.zeros(4, np.float32),
+         "optimizer/step": np.int64(17), "optimizer/exp_avg/0": np.ones((3, 4)),
+         "torch_rng": np.arange(16, dtype=np.uint8), "flags": np.array([True, False])}
+
+
+def test_round_trip_of_every_piece_of_state(tmp_path: Path) -> None:
+    path = write(tmp_path, 3, extra=EXTRA)
+    c = ck.open_checkpoint(path, spec=SPEC)
+    assert c.seq == 3 and c.schema_version == ck.SCHEMA_VERSION
+    assert c.spec == SPEC and c.config_toml == CONFIG_TOML
+    assert c.layout["buffer_ranks"] == [1, 2] and c.placement["actor_shards"] == {"3": 0}
+    assert c.rows == 29 and c.capacities == [20, 20, 20]
+    for s in snapshots():
+        got = c.read_shard(s.shard_id)
+        for k in ("shard_id", "capacity", "commit", "max_priority", "applied_updates",
+                  "dropped_updates", "reserve"):
+            assert getattr(got, k) == getattr(s, k), k
+        np.testing.assert_array_equal(got.seqs, s.seqs)
+        np.testing.assert_array_equal(got.priority, s.priority)
+        np.testing.assert_array_equal(got.init_priority, s.init_priority)
+        for name in SPEC.names:
+            np.testing.assert_array_equal(got.columns[name], s.columns[name])
+            assert got.columns[name].dtype == s.columns[name].dtype
+    extra = c.extra_state()
+    assert set(extra) == set(EXTRA)
+    for k, v in EXTRA.items():
+        np.testing.assert_array_equal(extra[k], v)
+        assert extra[k].dtype == np.asarray(v).dtype
+    assert c.counters[0] == {"role": "learner", "superstep": 1234, "samples": 5.5e6}
+    assert c.counters[2]["passes"] == 11
+    # the RNG continues where it was
+    gen = np.random.default_rng(42)
+    gen.random(3)
+    np.testing.assert_array_equal(ck.rng_from_json(c.rng[0]).random(5), gen.random(5))
+    assert set(c.rng) == {0}
+    c.verify()
+
+
+def test_virtual_datasets_read_every_shard_as_one_array(tmp_path: Path) -> None:
+    path = write(tmp_path, 1, extra=EXTRA)
+    moved = tmp_path / "elsewhere"
+    shutil.move(path, moved)  # source paths are relative: the directory can move
+    snaps = snapshots()
+    with h5py.File(moved / ck.MANIFEST, "r") as f:
+        for name in SPEC.names:
+            assert f[f"experience/{name}"].is_virtual
+            np.testing.assert_array_equal(f[f"experience/{name}"][:], np.concatenate(
+                [s.columns[name] for s in snaps]))
+        np.testing.assert_array_equal(f["index/priority"][:],
+                                      np.concatenate([s.priority for s in snaps]))
+        np.testing.assert_array_equal(f["index/seq"][:], np.concatenate([s.seqs for s in snaps]))
+        np.testing.assert_array_equal(f["index/shard"][:], [0] * 20 + [1] * 9)
+        np.testing.assert_array_equal(f["learner/model/fc1.weight"][:],
+                                      EXTRA["model/fc1.weight"])
+        np.testing.assert_array_equal(f["shards/rows"][:], [20, 9, 0])
+
+
+def test_empty_buffer_gives_empty_global_arrays(tmp_path: Path) -> None:
+    path = write(tmp_path, 1, [snapshot(i, 8, 0, 0, i) for i in range(3)])
+    with h5py.File(path / ck.MANIFEST, "r") as f:
+        assert f["experience/payload"].shape == (0, 6)
+    assert ck.open_checkpoint(path).rows == 0
+
+
+def flip_byte_in(path: Path, dataset: str, index: int = 0) -> None:
+    with h5py.File(path, "r") as f:
+        off = f[dataset].id.get_offset()
+    with open(path, "r+b") as fh:
+        fh.seek(off + index)
+        b = fh.read(1)
+        fh.seek(off + index)
+        fh.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_refuses_a_directory_without_done(tmp_path: Path) -> None:
+    path = write(tmp_path, 1)
+    (path / ck.DONE).unlink()
+    with pytest.raises(CheckpointError, match=r"ckpt-000001: no DONE marker"):
+        ck.open_checkpoint(path)
+
+
+def test_refuses_a_truncated_file(tmp_path: Path) -> None:
+    path = write(tmp_path, 1)
+    f = path / "buffer-0000.h5"
+    size = f.stat().st_size
+    with open(f, "r+b") as fh:
+        fh.truncate(size // 2)
+    with pytest.raises(CheckpointError, match=rf"buffer-0000.h5 is truncated.*{size // 2} "
+                                              rf"bytes, {size} were written"):
+        ck.open_checkpoint(path)
+
+
+def test_refuses_a_dataset_whose_checksum_differs(tmp_path: Path) -> None:
+    path = write(tmp_path, 1)
+    flip_byte_in(path / "buffer-0000.h5", "/shards/1/columns/payload", 11)
+    c = ck.open_checkpoint(path)  # the cheap checks pass: sizes are right
+    c.read_shard(0)  # another dataset of the same file is fine
+    with pytest.raises(CheckpointError, match=r"buffer-0000.h5: dataset "
+                                              r"/shards/1/columns/payload fails its checksum"):
+        c.read_shard(1)
+    with pytest.raises(CheckpointError, match="fails its checksum"):
+        c.verify()
+
+
+def test_refuses_a_damaged_manifest(tmp_path: Path) -> None:
+    path = write(tmp_path, 1)
+    m = path / ck.MANIFEST
+    with h5py.File(m, "r") as f:
+        off = f["shards/rows"].id.get_offset()
+    with open(m, "r+b") as fh:
+        fh.seek(off)
+        fh.write(b"\x07")
+    with pytest.raises(CheckpointError, match=r"manifest.h5 fails its checksum"):
+        ck.open_checkpoint(path)
+
+
+def test_refuses_a_schema_from_the_future(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(ck.files, "SCHEMA_VERSION", ck.SCHEMA_VERSION + 1)
+    path = write(tmp_path, 1)
+    monkeypatch.undo()
+    with pytest.raises(CheckpointError, match=r"schema version 2 is newer than this "
+                                              r"conduit_hpc reads \(1\)"):
+        ck.open_checkpoint(path)
+
+
+def test_refuses_a_checkpoint_of_a_different_spec(tmp_path: Path) -> None:
+    path = write(tmp_path, 1)
+    other = Spec.from_dict({"writer": ("int32", ()), "wseq": ("int64", ()),
+                            "payload": ("int64", (5,)), "check": ("uint64", ())})
+    with pytest.raises(CheckpointError, match=r"different spec: field 'payload' is "
+                                              r"int64\[6\].*int64\[5\]"):
+        ck.open_checkpoint(path, spec=other)
+    fewer = Spec.from_dict({"writer": ("int32", ())})
+    with pytest.raises(CheckpointError, match="'wseq' is in the checkpoint but not"):
+        ck.open_checkpoint(path, spec=fewer)
+
+
+def test_refuses_what_is_not_a_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        ck.open_checkpoint(tmp_path / "nope")
+    d = tmp_path / "ckpt-000001"
+    d.mkdir()
+    (d / ck.DONE).write_text("{not json")
+    with pytest.raises(CheckpointError, match="DONE marker is damaged"):
+        ck.open_checkpoint(d)
+
+
+def test_extra_state_refuses_objects_and_bad_names(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="only numeric and bool arrays"):
+        ck.write_arrays_file(tmp_path / "x.h5", {"a": np.array(["s"], dtype=object)})
+    with pytest.raises(CheckpointError, match="array name 'a//b'"):
+        ck.write_arrays_file(tmp_path / "y.h5", {"a//b": np.zeros(2)})
+    with pytest.raises(CheckpointError, match="bit generator 'Evil'"):
+        ck.rng_from_json(json.dumps({"bit_generator": "Evil", "state": {}}))
+
+
+def test_prune_keeps_the_newest_and_clears_leftovers(tmp_path: Path) -> None:
+    for seq in range(1, 6):
+        write(tmp_path, seq, [snapshot(i, 4, 2, 2, i) for i in range(3)])
+    (tmp_path / "ckpt-000002" / ck.DONE).unlink()  # an incomplete one, older than newest
+    (tmp_path / ".tmp-ckpt-000006-99").mkdir()
+    (tmp_path / ".tmp-ckpt-000007-99").mkdir()
+    removed = ck.prune(tmp_path, 2, in_flight=[tmp_path / ".tmp-ckpt-000007-99"])
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == [".tmp-ckpt-000007-99", "ckpt-000004", "ckpt-000005"], removed
+    assert ck.next_seq(tmp_path) == 8
+
+
+def test_newest_first_orders_by_completion_time(tmp_path: Path) -> None:
+    a = write(tmp_path / "run-a", 9, [snapshot(i, 4, 1, 1, i) for i in range(3)])
+    b = write(tmp_path / "run-b", 1, [snapshot(i, 4, 1, 1, i) for i in range(3)])
+    assert ck.newest_first([tmp_path / "run-a", tmp_path / "run-b"]) == [b, a]
+
+
+def test_inspect_reports_good_and_damaged(tmp_path: Path) -> None:
+    path = write(tmp_path, 4, extra=EXTRA)
+    good = ck.inspect_checkpoint(path, verify=True)
+    assert good["ok"] and good["verified"] and good["error"] is None
+    assert [s["rows"] for s in good["shards"]] == [20, 9, 0]
+    s0 = snapshots()[0]
+    assert good["shards"][0]["priority_max"] == pytest.approx(s0.priority.max())
+    assert good["shards"][2]["priority_min"] is None
+    assert good["counters"][0]["superstep"] == 1234
+    assert "model/fc1.weight" in good["extra_arrays"]
+    # a root: the newest complete checkpoint, and the list of all
+    listing = ck.inspect_checkpoint(tmp_path)
+    assert listing["ok"] and listing["path"] == str(path) and len(listing["checkpoints"]) == 1
+    flip_byte_in(path / "buffer-0000.h5", "/shards/0/columns/wseq")
+    cheap = ck.inspect_checkpoint(path)
+    assert cheap["ok"]  # priorities are fine; only --verify reads the columns
+    bad = ck.inspect_checkpoint(path, verify=True)
+    assert not bad["ok"] and "fails its checksum" in bad["error"]
+    (path / ck.DONE).unlink()
+    gone = ck.inspect_checkpoint(path)
+    assert not gone["ok"] and "no DONE marker" in gone["error"]
+
+
+def test_checkpoint_config_section(tmp_path: Path) -> None:
+    from conduit_hpc import Config, ConfigError
+
+    cfg = Config.from_dict({"checkpoint": {"every_seconds": 30, "keep": 5}})
+    assert cfg.checkpoint.every_seconds == 30.0 and cfg.checkpoint.keep == 5
+    assert cfg.checkpoint.directory == "checkpoints" and cfg.checkpoint.on_stop
+    for raw, fragment in [({"keep": -1}, "checkpoint.keep must be >= 0"),
+                          ({"every_seconds": -2.0}, "checkpoint.every_seconds must be"),
+                          ({"every_supersteps": -1}, "checkpoint.every_supersteps must be"),
+                          ({"directory": " "}, "checkpoint.directory must be a non-empty"),
+                          ({"every_minutes": 1}, "unknown key 'checkpoint.every_minutes'")]:
+        with pytest.raises(ConfigError, match=fragment):
+            Config.from_dict({"checkpoint": raw})
+
+
+def test_checkpoint_roots_follow_the_run_directory(tmp_path: Path) -> None:
+    from conduit_hpc import Config
+    from conduit_hpc.resume import checkpoint_root, resume_roots
+
+    cfg = Config.from_dict({"run": {"name": "job"}})
+    for name in ("job-1", "job-2", "other-1"):
+        (tmp_path / name).mkdir()
+    assert checkpoint_root(cfg, tmp_path / "job-2") == tmp_path / "job-2" / "checkpoints"
+    assert resume_roots(cfg, tmp_path / "job-2") == [tmp_path / "job-2" / "checkpoints",
+                                                     tmp_path / "job-1" / "checkpoints"]
+    absolute = Config.from_dict({"checkpoint": {"directory": str(tmp_path / "shared")}})
+    assert resume_roots(absolute, tmp_path / "job-2") == [tmp_path / "shared"]
