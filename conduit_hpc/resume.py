@@ -218,7 +218,8 @@ def restore_data_plane(edp: ExperienceDataPlane, source: str | Path = "latest", 
         if me == leader:
             _skip(skipped, verdict["error"], candidates)
     for s in edp.owned_shards():
-        restore_snapshot(s.ring, s.index, snaps[s.shard_id])
+        with s.writing():  # the tree lives in shared memory: change it under the seqlock
+            restore_snapshot(s.ring, s.index, snaps[s.shard_id])
         s.hidden_upto = snaps[s.shard_id].commit
     world.Barrier()  # no rank ingests before every shard is back
     same_world = int(ckpt.layout.get("world_size", -1)) == edp.roles.world_size

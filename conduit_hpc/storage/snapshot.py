@@ -266,7 +266,7 @@ def restore_snapshot(ring: ShardRing, index: PriorityIndex, snap: ShardSnapshot)
     index.gens[:] = gens
     index.priority[:] = prio
     index.sum.load(scaled)
-    index.min.load(np.where(gens > 0, scaled, np.inf))
+    index.min.load(np.where((gens > 0) & (scaled > 0), scaled, np.inf))
     index.max_priority = float(snap.max_priority)
     index.applied_updates = int(snap.applied_updates)
     index.dropped_updates = int(snap.dropped_updates)
