@@ -17,10 +17,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from .config import SchedulerConfig
 from .errors import DataPlaneClosed, DataPlaneTimeout
@@ -32,6 +31,9 @@ from .storage.ring import ShardRing
 from .transport.channel import Channel
 from .transport.rma import RmaWindow
 from .wire import PriorityUpdate, SampleReply, SampleRequest, Tag, unpack_rows
+
+if TYPE_CHECKING:  # torch loads only on ranks that use it (learners, weight sharing)
+    import torch
 
 __all__ = ["Batch", "ControlBlock", "Deliverer", "WeightsBoard", "select_device"]
 
@@ -132,6 +134,8 @@ class WeightsBoard:
 
 def flat_parameters(model: torch.nn.Module) -> np.ndarray:
     """Every parameter, flattened into one float32 array (host copy)."""
+    import torch
+
     with torch.no_grad():
         return torch.cat([p.detach().reshape(-1).float().cpu()
                           for p in model.parameters()]).numpy()
@@ -139,6 +143,8 @@ def flat_parameters(model: torch.nn.Module) -> np.ndarray:
 
 def load_flat(model: torch.nn.Module, flat: np.ndarray) -> None:
     """Inverse of :func:`flat_parameters`."""
+    import torch
+
     with torch.no_grad():
         o = 0
         for p in model.parameters():
@@ -150,6 +156,8 @@ def load_flat(model: torch.nn.Module, flat: np.ndarray) -> None:
 def select_device(kind: str, local_learner_index: int) -> torch.device:
     """The learner's device: its node-local GPU (bound by node-local learner index,
     never by world rank) when asked for or available, else the CPU."""
+    import torch
+
     if kind in ("auto", "cuda") and torch.cuda.is_available():
         return torch.device("cuda", local_learner_index % torch.cuda.device_count())
     if kind == "cuda":
@@ -235,6 +243,9 @@ class Deliverer:
         self.required: dict[int, int] = {}  # ... that a direct search must wait for
         self.resampled = 0
         self.limiter_wait_s = 0.0
+        import torch
+
+        self._torch = torch
         self._stream = (torch.cuda.Stream(device) if device.type == "cuda" else None)
 
     # -- statistics and the rate limiter -------------------------------------------
@@ -443,6 +454,7 @@ class Deliverer:
 
     def _to_device(self, data: Mapping[str, np.ndarray], indices: np.ndarray,
                    weights: np.ndarray, superstep: int, staleness: int) -> Batch:
+        torch = self._torch
         if self.device.type == "cpu":
             tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in data.items()}
             return Batch(tensors, indices, torch.from_numpy(weights), superstep, staleness)

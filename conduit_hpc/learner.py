@@ -17,10 +17,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from .config import SchedulerConfig
 from .delivery import (
@@ -35,6 +34,9 @@ from .delivery import (
 from .errors import DataPlaneTimeout
 from .metrics import LEARNER_COLUMNS, CsvSink, LiveStatus, latency_summary
 from .scheduler import DataPlaneThread, PrefetchClock
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["LearnerEndpoint"]
 

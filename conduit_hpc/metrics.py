@@ -86,9 +86,10 @@ class CsvSink:
 
 
 def latency_summary(rows: Sequence[Mapping[str, Any]], *, skip: int = 0) -> dict[str, float]:
-    """Median and p99 of exposed and iteration latency (after ``skip`` warm-up rows)."""
+    """Median and p99 of exposed and iteration latency (after ``skip`` warm-up rows);
+    ``supersteps`` counts every row, ``measured`` the ones the statistics cover."""
     use = rows[skip:] if len(rows) > skip else rows
-    out: dict[str, float] = {"supersteps": float(len(use))}
+    out: dict[str, float] = {"supersteps": float(len(rows)), "measured": float(len(use))}
     for key in ("exposed_s", "iteration_s", "compute_s", "sample_s", "gather_s",
                 "transform_s", "copy_s", "limiter_wait_s"):
         vals = np.array([float(r[key]) for r in use if key in r], dtype=float)

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from conduit_hpc import Config, ExperienceDataPlane, Role, Spec
 from conduit_hpc.checkpoint import rng_from_json, rng_to_json
@@ -89,7 +88,9 @@ def random_batch(spec: Spec, rows: int, rng: np.random.Generator) -> dict[str, n
 class MatmulCompute:
     """Emulated learner compute: repeated square matmuls, calibrated to a duration."""
 
-    def __init__(self, seconds: float, size: int, device: torch.device) -> None:
+    def __init__(self, seconds: float, size: int, device: object) -> None:
+        import torch  # only learners pay for importing torch
+
         self.a = torch.randn(size, size, device=device)
         self.b = torch.randn(size, size, device=device)
         for _ in range(3):
@@ -163,6 +164,7 @@ def run(cfg: SyntheticConfig, run_dir: Path | None = None, resume: str = "") -> 
                       flush=True)
             elif resume:
                 print("resume: no checkpoint found; starting fresh", flush=True)
+            print(f"running: checkpoints under {root}", flush=True)
         if edp.role is Role.ACTOR:
             actor_loop(edp, cfg, rng, stop)
         elif edp.role is Role.BUFFER:
