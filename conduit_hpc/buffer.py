@@ -198,6 +198,14 @@ class BufferServer:
         #: called once per pass after the commits (e.g. the checkpoint agent); each
         #: returns work done and must not block
         self.hooks: list[Callable[[], int]] = []
+        #: sources whose messages wait (in order) until :meth:`release` - between a
+        #: learner's checkpoint marker and this rank's cut, so that the cut holds exactly
+        #: what that learner sent before the marker
+        self.holding: dict[int, float] = {}
+        self.held: list[Message] = []
+        #: tags that are never held (the checkpoint protocol itself)
+        self.pass_through: set[int] = {Tag.CKPT_CUT, Tag.CKPT_PART, Tag.CKPT_REQUEST,
+                                       Tag.CKPT_MARK, Tag.STOP}
         self.passes = 0
         self.samples_served = 0
         self.rows_served = 0
@@ -282,16 +290,38 @@ class BufferServer:
                 else:
                     self.deferred.append(old)
         while (msg := self.channel.poll()) is not None:
-            handler = self.handlers.get(msg.tag)
-            if handler is None:
-                raise RuntimeError(f"buffer got a message with unknown tag {msg.tag} "
-                                   f"from rank {msg.source}")
-            handler(msg)
+            if msg.source in self.holding and msg.tag not in self.pass_through:
+                self.held.append(msg)
+            else:
+                self._dispatch(msg)
             work += 1
         for hook in self.hooks:
             work += hook()
         self.passes += 1
         return work
+
+    def _dispatch(self, msg: Message) -> None:
+        handler = self.handlers.get(msg.tag)
+        if handler is None:
+            raise RuntimeError(f"buffer got a message with unknown tag {msg.tag} "
+                               f"from rank {msg.source}")
+        handler(msg)
+
+    def hold(self, source: int) -> None:
+        """Keep messages from ``source`` (in order) until :meth:`release`. Local."""
+        self.holding.setdefault(source, time.monotonic())
+
+    def release(self) -> int:
+        """Handle every held message, in arrival order, and stop holding. Local."""
+        held, self.held = self.held, []
+        self.holding.clear()
+        for msg in held:
+            self._dispatch(msg)
+        return len(held)
+
+    def held_since(self) -> float | None:
+        """When the oldest hold began (``time.monotonic``), or None."""
+        return min(self.holding.values(), default=None)
 
     def serve(self) -> None:
         """Run passes until every peer is done, then one last commit pass. Blocks; see

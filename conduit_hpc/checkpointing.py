@@ -297,6 +297,9 @@ class CheckpointAgent:
         info = _from_bytes(msg.payload)
         s = int(info["mark"])
         self._marks.setdefault(s, set()).add(msg.source)
+        if not self._closing and self.edp.server is not None:
+            # what this learner sends after its marker belongs after the cut
+            self.edp.server.hold(msg.source)
         if info.get("part"):
             self._mark_parts.setdefault(s, set()).add(msg.source)
         if self.is_leader and self._marked(s) and not self._closing:
@@ -370,6 +373,7 @@ class CheckpointAgent:
             for m in [m for m in self._marks if m <= mark]:
                 del self._marks[m]
         snaps, cut_s = _cut(self.edp.server.shards, self.staging)
+        self.edp.server.release()  # messages sent after the markers apply after the cut
         self.cuts_s.append(cut_s)
         self._last_cut_seq = seq
         self._writing_seq = seq
@@ -406,6 +410,15 @@ class CheckpointAgent:
         """One step of the protocol; called by the buffer loop each pass. Local, never
         blocks; returns work done."""
         work = 0
+        server = self.edp.server
+        since = server.held_since() if server is not None else None
+        if since is not None and (self._closing or time.monotonic() - since >
+                                  self.edp.config.run.timeout_s / 2):
+            # a boundary whose cut never came (closing, or the checkpoint was dropped):
+            # let the learners' messages through rather than stall them
+            log.warning("releasing messages held for a checkpoint cut that did not come")
+            assert server is not None
+            work += server.release()
         if self._deferred is not None and self._marked(self._deferred[2]):
             seq, tmp, mark = self._deferred
             self._deferred = None

@@ -238,6 +238,7 @@ class Deliverer:
         self.timeout_s, self.poll_s = timeout_s, poll_interval_s
         self.window = config.window
         self._request_id = 0
+        self.superstep_offset = 0  # supersteps done before a restore (beta schedule)
         self.acks, self._sync, self.rank = dict(acks), sync, rank
         self.sent: dict[int, int] = {}  # priority-update messages sent, per owner
         self.required: dict[int, int] = {}  # ... that a direct search must wait for
@@ -397,6 +398,7 @@ class Deliverer:
             data = self.transform(out)
         t3 = time.perf_counter()
         timings["transform_s"] = t3 - t2
+        superstep += self.superstep_offset
         beta = self._beta(superstep)
         weights = (np.ones(B, np.float32) if self.cfg.sampler == "sequence"
                    else importance_weights(mass, stats, beta))

@@ -543,9 +543,27 @@ class ExperienceDataPlane:
         """Restore the replay state from a checkpoint. **Collective** on the job's
         ranks; call right after construction, before any ingest. Blocks for the reads.
         See :func:`conduit_hpc.resume.restore_data_plane`."""
+        from .checkpoint import rng_from_json
         from .resume import restore_data_plane
 
-        return restore_data_plane(self, source, roots=roots)
+        result = restore_data_plane(self, source, roots=roots)
+        if result is not None and self.learner is not None:
+            # the scheduler's position and the sampler's random state come back too
+            mine = result.counters.get(self.world_rank, {})
+            self.learner.d.superstep_offset = int(mine.get("superstep", 0))
+            if result.rng_state:
+                self.learner.d.rng = rng_from_json(result.rng_state)
+        return result
+
+    def checkpoint_every(self, agent: Any, every_supersteps: int,
+                         provide: Any = None) -> None:
+        """Learners: take part in checkpoints cut at every ``every_supersteps``-th
+        superstep boundary through ``agent`` (a
+        :class:`~conduit_hpc.checkpointing.CheckpointAgent`); ``provide()`` returns this
+        learner's state (``extra_state``: named arrays such as the model and optimizer,
+        lead learner only; ``counters``). Other ranks: no-op. Local."""
+        if self.learner is not None and every_supersteps > 0:
+            self.learner.attach_checkpoints(agent, every_supersteps, provide)
 
     def checkpoint(self, root: Path, **kwargs: Any) -> SaveResult:
         """Write a complete checkpoint now. **Collective** on the job's ranks (buffers

@@ -78,6 +78,8 @@ class LearnerEndpoint:
         self._row: dict[str, Any] | None = None
         self._extra: dict[str, Any] = {}
         self.priority_rows = 0
+        self._ckpt: tuple[Any, int, Callable[[], dict[str, Any]]] | None = None
+        self._part: dict[str, Any] | None = None  # a checkpoint part not yet handed in
         self._thread: DataPlaneThread | None = None
         self.started = False  # the thread starts at the first next_batch(), so that
         # collectives before it (share_weights) run while one thread makes MPI calls
@@ -124,12 +126,61 @@ class LearnerEndpoint:
             self._thread.post(fn)
 
     # -- the learner's calls -----------------------------------------------------------
+    # -- checkpoints at superstep boundaries ------------------------------------------
+    def attach_checkpoints(self, agent: Any, every_supersteps: int,
+                           provide: Callable[[], dict[str, Any]] | None) -> None:
+        """Take part in checkpoints cut at every ``every_supersteps``-th boundary: the
+        marker goes to the buffers behind this learner's priority updates, then this
+        learner's part - the sampler's RNG, its counters and, from ``provide()`` (the
+        lead learner's model and optimizer as named arrays, read at the boundary), its
+        state - is handed in when the checkpoint asks for it."""
+        self._ckpt = (agent, every_supersteps, provide or (lambda: {}))
+
+    def _checkpoint_boundary(self, s: int) -> None:
+        assert self._ckpt is not None
+        agent, every, provide = self._ckpt
+        if every <= 0 or s == 0 or s % every or self._part is not None:
+            return
+        state = provide()
+        part: dict[str, Any] = {
+            "counters": {"superstep": s + self.d.superstep_offset,
+                         "priority_rows": self.priority_rows,
+                         "limiter_wait_s": self.d.limiter_wait_s,
+                         **state.get("counters", {})}}
+        if "extra_state" in state:
+            part["extra_state"] = state["extra_state"]
+        self._part = part
+        d = self.d
+
+        def mark() -> None:  # after this learner's updates of supersteps < s
+            from .checkpoint import rng_to_json
+
+            part["rng"] = rng_to_json(d.rng)
+            agent.mark(s)
+
+        self._post(mark)
+
+    def _hand_in(self) -> None:
+        """Offer the pending checkpoint part (the agent sends it once asked)."""
+        if self._ckpt is None or self._part is None:
+            return
+        agent, part = self._ckpt[0], self._part
+
+        def offer() -> None:
+            if agent.contribute(lambda: part) and self._part is part:
+                self._part = None
+
+        self._post(offer)
+
     def next_batch(self) -> Batch:
         """Batch for the next superstep; ends the current one. Blocks (bounded)."""
         t0 = time.perf_counter()
         if not self.started:
             self._start()
         s = self._superstep + 1
+        if self._ckpt is not None:
+            self._hand_in()
+            self._checkpoint_boundary(s)
         if self._thread is None:
             self.d.mark()
             self.clock.request()
@@ -150,7 +201,8 @@ class LearnerEndpoint:
         t1 = time.perf_counter()
         self._close_superstep(t0)
         self._superstep = s
-        self._row = {"superstep": s, "mode": self.mode, "exposed_s": t1 - t0,
+        self._row = {"superstep": s + self.d.superstep_offset, "mode": self.mode,
+                     "exposed_s": t1 - t0,
                      "rows": len(batch), "staleness": batch.staleness, **batch.timings,
                      "_call": t0}
         self._last_return = t1
@@ -216,6 +268,11 @@ class LearnerEndpoint:
     def stop(self) -> dict[str, float]:
         """Stop the thread (pending calls are done first), flush metrics, and return
         the latency summary. Blocks (bounded)."""
+        deadline = time.monotonic() + self.timeout_s / 4
+        while self._part is not None and time.monotonic() < deadline:
+            self._hand_in()  # a checkpoint still waits for this learner's part
+            self._run(lambda: None, "a checkpoint hand-in")
+            time.sleep(0.01)
         if self._thread is not None:
             self._thread.stop(self.timeout_s)
             self._thread = None

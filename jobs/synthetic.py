@@ -165,6 +165,9 @@ def run(cfg: SyntheticConfig, run_dir: Path | None = None, resume: str = "") -> 
             elif resume:
                 print("resume: no checkpoint found; starting fresh", flush=True)
             print(f"running: checkpoints under {root}", flush=True)
+        # learners: checkpoints also cut at every `every_supersteps`-th superstep boundary
+        edp.checkpoint_every(agent, ccfg.every_supersteps,
+                             lambda: {"counters": {"rows_sampled": edp.learner.priority_rows}})
         if edp.role is Role.ACTOR:
             actor_loop(edp, cfg, rng, stop)
         elif edp.role is Role.BUFFER:

@@ -1,0 +1,121 @@
+"""Checkpoints cut at learner superstep boundaries of a real job (next_batch,
+update_priorities), and restore of the learner's position and sampler state."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc import checkpoint as ck
+from conduit_hpc.checkpointing import CheckpointAgent
+from conduit_hpc.testing import checked_batch, make_config
+
+COMM = MPI.COMM_WORLD
+EVERY = 5
+
+
+@pytest.fixture
+def shared_dir():
+    path = Path(COMM.bcast(tempfile.mkdtemp(prefix="conduit-ckpt-") if COMM.rank == 0
+                           else None))
+    yield path
+    req = COMM.Ibarrier()
+    end = time.monotonic() + 30
+    while not req.Test() and time.monotonic() < end:
+        time.sleep(0.01)
+    if COMM.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def config(mode: str):
+    return make_config(layout={"learners": 1, "buffers": 1},
+                       storage={"capacity_rows": 8192, "priority_exponent": 1.0},
+                       scheduler={"mode": mode, "batch_rows": 16, "min_fill_rows": 64})
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode", ["edp", "sync"])
+def test_boundary_checkpoints_hold_exactly_the_updates_before_the_boundary(
+        shared_dir, mode: str) -> None:
+    model = {"model/w": np.arange(6.0).reshape(2, 3)}
+    history: list[tuple[int, np.ndarray, float]] = []  # (superstep, indices, priority)
+    with ExperienceDataPlane(config(mode)) as edp:
+        agent = CheckpointAgent(edp, shared_dir, keep=0)
+        edp.checkpoint_every(agent, EVERY, lambda: {"extra_state": model})
+        if edp.role is Role.ACTOR:
+            for i in range(40):  # a fixed set of rows: nothing is overwritten
+                edp.ingest(checked_batch(edp.world_rank, 8 * i, 8))
+            edp.done()
+        elif edp.role is Role.LEARNER:
+            for s in range(3 * EVERY + 2):
+                b = edp.next_batch()
+                p = float(s + 1)
+                edp.update_priorities(b.indices, np.full(len(b), p))
+                history.append((s, b.indices.copy(), p))
+            edp.done()
+        else:
+            edp.serve()
+        agent.finish()
+        history = next(h for h in COMM.allgather(history) if h)
+        learner = edp.roles.learner_ranks[0]
+    done = [p for p in ck.list_checkpoints(shared_dir) if ck.is_complete(p)]
+    assert len(done) >= 2
+    for path in done:
+        c = ck.open_checkpoint(path, spec=edp.spec)
+        boundary = c.counters[learner]["superstep"]
+        assert boundary % EVERY == 0 and boundary > 0
+        np.testing.assert_array_equal(c.extra_state()["model/w"], model["model/w"])
+        want: dict[tuple[int, int], float] = {}
+        for s, idx, p in history:  # the last update sent before the boundary wins
+            if s < boundary:
+                for shard, _slot, gen in idx.tolist():
+                    want[(shard, gen - 1)] = p
+        for sid in range(len(c.shards)):
+            snap = c.read_shard(sid)
+            got = dict(zip(((sid, int(q)) for q in snap.seqs), snap.priority.tolist(),
+                           strict=True))
+            for key, p in want.items():
+                if key[0] == sid:
+                    assert got[key] == p, (boundary, key)
+            # rows updated only at or after the boundary still have their first priority
+            later = {(sh, g - 1) for s, idx, _ in history if s >= boundary
+                     for sh, _sl, g in idx.tolist() if sh == sid} - set(want)
+            for key in later:
+                assert got[key] == 1.0, (boundary, key)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_restore_brings_back_the_learners_position_and_sampler_state(shared_dir) -> None:
+    cfg = config("sync")
+    with ExperienceDataPlane(cfg) as edp:
+        agent = CheckpointAgent(edp, shared_dir, keep=0)
+        edp.checkpoint_every(agent, EVERY, None)
+        if edp.role is Role.ACTOR:
+            for i in range(20):
+                edp.ingest(checked_batch(edp.world_rank, 8 * i, 8))
+            edp.done()
+        elif edp.role is Role.LEARNER:
+            for _ in range(EVERY + 2):
+                b = edp.next_batch()
+                edp.update_priorities(b.indices, np.ones(len(b)))
+            edp.done()
+        else:
+            edp.serve()
+        agent.finish()
+    with ExperienceDataPlane(cfg) as edp:
+        restored = edp.restore("latest", roots=[shared_dir])
+        assert restored is not None
+        if edp.role is Role.LEARNER:
+            assert edp.learner.d.superstep_offset == EVERY
+            first = edp.next_batch()
+            assert first.superstep == EVERY  # the scheduler continues where it was
+        elif edp.role is Role.BUFFER:
+            edp.serve()
+        edp.done()
