@@ -198,6 +198,9 @@ class BufferServer:
         #: called once per pass after the commits (e.g. the checkpoint agent); each
         #: returns work done and must not block
         self.hooks: list[Callable[[], int]] = []
+        #: each returns True while this rank must keep serving after every peer is done
+        #: (adaptive placement finishing a move or forwarding updates); must not block
+        self.keep_open: list[Callable[[], bool]] = []
         #: sources whose messages wait (in order) until :meth:`release` - between a
         #: learner's checkpoint marker and this rank's cut, so that the cut holds exactly
         #: what that learner sent before the marker
@@ -275,8 +278,8 @@ class BufferServer:
 
     @property
     def finished(self) -> bool:
-        """True once every peer said it is done."""
-        return not self.waiting_for
+        """True once every peer said it is done (and nothing keeps this rank open)."""
+        return not self.waiting_for and not any(k() for k in self.keep_open)
 
     def step(self) -> int:
         """One pass: commits, index, stats, then every pending message. Returns work

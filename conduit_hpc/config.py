@@ -399,6 +399,24 @@ class Config:
             name = getattr(sch, key)
             require(not name or name in self.spec, f"scheduler.{key}", name,
                     f"empty or one of the spec fields ({', '.join(self.spec)})")
+        if self.placement.adaptive:  # what re-placing a running job supports (replace.py)
+            why = "with placement.adaptive = true"
+            require(self.placement.scope == "global", "placement.scope", self.placement.scope,
+                    f"'global' {why} (partitioned re-placement is not implemented)")
+            require(sch.sampler != "sequence", "scheduler.sampler", sch.sampler,
+                    f"'uniform' or 'prioritized' {why} (moving rows would cut sequences)")
+            require(self.storage.shards_per_buffer == 1, "storage.shards_per_buffer",
+                    self.storage.shards_per_buffer, f"1 {why} (one shard per buffer rank)")
+            require(self.layout.learners >= 1, "layout.learners", self.layout.learners,
+                    f">= 1 {why} (the lead learner reports the telemetry)")
+            ck = self.checkpoint
+            require(ck.every_seconds == 0 and ck.every_supersteps == 0 and not ck.on_stop,
+                    "checkpoint", {"every_seconds": ck.every_seconds,
+                                   "every_supersteps": ck.every_supersteps,
+                                   "on_stop": ck.on_stop},
+                    f"off (every_seconds = 0, every_supersteps = 0, on_stop = false) {why}: "
+                    f"a shard that rows moved out of holds a non-contiguous run of rows, "
+                    f"which the checkpoint format does not store")
 
     # -- loading -------------------------------------------------------------------
     @classmethod

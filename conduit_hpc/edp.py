@@ -56,6 +56,7 @@ from .wire import Tag
 
 if TYPE_CHECKING:
     from .checkpointing import SaveResult
+    from .replace import Replacement
     from .resume import RestoreResult
 
 __all__ = ["ExperienceDataPlane", "IngestReceipt", "IngestStats"]
@@ -200,6 +201,12 @@ class ExperienceDataPlane:
         else:
             self._actor_metrics = CsvSink(self._metrics_file(f"actor-{me}.csv"), ACTOR_COLUMNS,
                                           keep=False)
+        #: adaptive re-placement in the running job (``[placement] adaptive``), collective
+        self.replacement: Replacement | None = None
+        if config.placement.adaptive:
+            from .replace import Replacement
+
+            self.replacement = Replacement(self)
 
     def _metrics_file(self, name: str) -> Path | None:
         return self.run_dir / "metrics" / name if self.run_dir else None
@@ -329,7 +336,8 @@ class ExperienceDataPlane:
             if len(prio) != n:
                 raise SpecError(f"priorities has {len(prio)} entries but the batch has "
                                 f"{n} rows")
-        sid = self.placement.actor_shards[self.world_rank]
+        sid = (self.placement.actor_shards[self.world_rank] if self.replacement is None
+               else self.replacement.shard_for(self.ingest_stats.batches))
         ring = self.rings[sid]
         if n > ring.capacity:
             raise SpecError(f"batch of {n} rows exceeds the shard capacity of "
@@ -513,7 +521,9 @@ class ExperienceDataPlane:
         Returns:
             dict: ``actors`` (world rank -> ingest counters), ``shards`` (shard id ->
             committed, held, dropped and applied priority updates), ``learners`` (world
-            rank -> latency summary), ``rows_ingested``, ``bytes_ingested``.
+            rank -> latency summary), ``rows_ingested``, ``bytes_ingested``,
+            ``replacement`` (world rank -> its part of adaptive re-placement, see
+            :meth:`~conduit_hpc.replace.Replacement.summary`; empty when off).
         """
         mine: dict[str, Any] = {"rank": self.world_rank, "role": self.role.value}
         if self.role is Role.ACTOR:
@@ -527,6 +537,8 @@ class ExperienceDataPlane:
                               for s in self.server.shards}
         if self.role is Role.LEARNER:
             mine["learner"] = self._learner_summary
+        if self.replacement is not None:
+            mine["replacement"] = self.replacement.summary()
         everyone = self.roles.world.allgather(mine)
         actors = {d["rank"]: d["ingest"] for d in everyone if "ingest" in d}
         shards: dict[int, Any] = {}
@@ -535,7 +547,9 @@ class ExperienceDataPlane:
         return {"actors": actors, "shards": dict(sorted(shards.items())),
                 "learners": {d["rank"]: d["learner"] for d in everyone if "learner" in d},
                 "rows_ingested": sum(a["rows"] for a in actors.values()),
-                "bytes_ingested": sum(a["bytes"] for a in actors.values())}
+                "bytes_ingested": sum(a["bytes"] for a in actors.values()),
+                "replacement": {d["rank"]: d["replacement"] for d in everyone
+                                if "replacement" in d}}
 
     # -- checkpoints (conduit_hpc.checkpointing holds the logic) ----------------------
     def restore(self, source: str | Path = "latest", *,
@@ -606,6 +620,8 @@ class ExperienceDataPlane:
         self.channel.drain(timeout)
         self.roles.world.Barrier()
         self._closed = True
+        if self.replacement is not None:
+            self.replacement.close()
         if self._weights_window is not None:
             self._weights_window.close()
         self._control_window.close()

@@ -81,6 +81,10 @@ class LearnerEndpoint:
         self._ckpt: tuple[Any, int, Callable[[], dict[str, Any]]] | None = None
         self._part: dict[str, Any] | None = None  # a checkpoint part not yet handed in
         self._thread: DataPlaneThread | None = None
+        #: called at the end of every ``next_batch`` (in the caller's thread) with the
+        #: superstep, the batch and its exposed seconds; must not block or call MPI (use
+        #: :meth:`post`) - e.g. adaptive placement's telemetry
+        self.on_superstep: list[Callable[[int, Batch, float], None]] = []
         self.started = False  # the thread starts at the first next_batch(), so that
         # collectives before it (share_weights) run while one thread makes MPI calls
 
@@ -118,6 +122,12 @@ class LearnerEndpoint:
         ``edp`` mode, after every call queued before it; inline otherwise). Blocks for
         the result (bounded by ``timeout_s``)."""
         return self._run(fn, what)
+
+    def post(self, fn: Callable[[], Any]) -> None:
+        """Queue ``fn`` where this rank's MPI calls are made (the data-plane thread in
+        ``edp`` mode, after every call queued before it; inline otherwise). Does not wait
+        for it; its errors surface at the next call."""
+        self._post(fn)
 
     def _post(self, fn: Callable[[], Any]) -> None:
         if self._thread is None:
@@ -207,6 +217,8 @@ class LearnerEndpoint:
                      "_call": t0}
         self._last_return = t1
         self._publish(s)
+        for hook in self.on_superstep:
+            hook(s, batch, t1 - t0)
         return batch
 
     def _close_superstep(self, t_next_call: float) -> None:

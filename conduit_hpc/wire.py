@@ -39,6 +39,15 @@ class Tag(enum.IntEnum):
     CKPT_CUT = 42  # first buffer rank -> buffer ranks: cut your shards now
     CKPT_PART = 43  # buffer rank -> first buffer rank: my file is written
     CKPT_MARK = 44  # learner -> every buffer rank: my messages of superstep s are sent
+    # adaptive re-placement in a running job (conduit_hpc.replace)
+    REPLACE_TELEMETRY = 60  # lead learner -> coordinator: samples per shard, timings
+    REPLACE_STATS_REQ = 61  # coordinator -> buffer ranks: report the rows you hold
+    REPLACE_STATS = 62  # buffer rank -> coordinator: held rows by sampling mass
+    REPLACE_MOVE = 63  # coordinator -> owner: move these rows (JSON)
+    REPLACE_MOVED = 64  # owner -> coordinator: moved (JSON counts)
+    REPLACE_FWD = 65  # owner -> owner: priority updates for rows that moved
+    REPLACE_FWD_ACK = 66  # owner -> owner: a forward is applied (or dropped), chain included
+    REPLACE_QUIET = 67  # buffer -> buffer ranks: every peer is done, nothing of mine in flight
 
 
 def _cat(*arrays: np.ndarray) -> np.ndarray:

@@ -32,6 +32,7 @@ many rows it can take without that; re-placement moves into fresh rings sized fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -140,7 +141,8 @@ class MoveRecord:
 
 
 def move_rows(src: ShardRing, src_index: PriorityIndex, dst: ShardRing,
-              slots: np.ndarray, *, chunk_rows: int = 4096) -> MoveRecord:
+              slots: np.ndarray, *, chunk_rows: int = 4096,
+              hide: Callable[[np.ndarray], None] | None = None) -> MoveRecord:
     """Move the rows held at ``slots`` of ``src`` to the end of ``dst``. Owner of ``src``
     only; blocks while it writes (like :meth:`ShardRing.write`, bounded by the ring's
     ``timeout_s``); local otherwise (no collective).
@@ -151,6 +153,10 @@ def move_rows(src: ShardRing, src_index: PriorityIndex, dst: ShardRing,
         dst (ShardRing): a client of the destination shard (any owner).
         slots (np.ndarray): source slots to move (see :func:`select_rows`).
         chunk_rows (int): rows per destination write (bounded copies).
+        hide (Callable[[np.ndarray], None] | None): hides the moved source slots (default:
+            ``src_index.invalidate``); a running owner passes one that does it inside the
+            shard's seqlock (``OwnedShard.writing``), so that readers searching the tree
+            in shared memory never see it half-changed.
 
     Returns:
         MoveRecord: what moved where, for forwarding late priority updates.
@@ -192,7 +198,7 @@ def move_rows(src: ShardRing, src_index: PriorityIndex, dst: ShardRing,
         dst_seqs[lo:hi] = np.arange(first, first + hi - lo)
     # the rows are now in the destination: hide them here (only where still ours)
     still = src_index.gens[slots] == gens
-    src_index.invalidate(slots[still])
+    (src_index.invalidate if hide is None else hide)(slots[still])
     return MoveRecord(src_slots=slots, src_gens=gens, dst_seqs=dst_seqs,
                       dst_capacity=dst.capacity, priorities=prio, skipped=skipped)
 
