@@ -150,6 +150,15 @@ class ExperienceDataPlane:
                 capacity_rows=config.storage.capacity_rows,
                 shards_per_buffer=config.storage.shards_per_buffer)
         self.placement = placement
+        replan = None
+        if config.placement.adaptive:  # the cluster model against the job, before windows
+            from .replace import plan_replacement
+
+            try:
+                replan = plan_replacement(config, roles, placement, self.spec)
+            except ConduitError:
+                roles.close()  # every rank raises alike (decided from shared data)
+                raise
         self.run_dir = Path(run_dir) if run_dir else None
         me = roles.world_rank
         layouts = [ShardLayout(self.spec, s.capacity_rows) for s in placement.shards]
@@ -203,10 +212,10 @@ class ExperienceDataPlane:
                                           keep=False)
         #: adaptive re-placement in the running job (``[placement] adaptive``), collective
         self.replacement: Replacement | None = None
-        if config.placement.adaptive:
+        if replan is not None:
             from .replace import Replacement
 
-            self.replacement = Replacement(self)
+            self.replacement = Replacement(self, replan)
 
     def _metrics_file(self, name: str) -> Path | None:
         return self.run_dir / "metrics" / name if self.run_dir else None

@@ -44,6 +44,7 @@ __all__ = [
     "job_placement",
     "on_job_shards",
     "plan_in_place",
+    "planned_rows",
 ]
 
 Order = Literal["hottest", "oldest"]
@@ -83,9 +84,13 @@ def job_placement(placement: Placement, cluster: ClusterModel, roster: Roster) -
 
 def job_cluster(cluster: ClusterModel, roster: Roster, placement: Placement,
                 workload: Workload) -> ClusterModel:
-    """``cluster`` with each node's ``buffer_host_bytes`` set to what its largest shard
-    holds (``capacity_rows x bytes_per_row``) plus the planner's rounding margin, so that
-    a plan never puts more rows at a location than its shard's ring has slots. Local.
+    """``cluster`` with each node's ``buffer_host_bytes`` set so that a plan for
+    :func:`planned_rows` rows never puts more rows at a location than its shard's ring
+    has slots: ``capacity_rows x bytes_per_row`` plus the planner's rounding margin less
+    one row (the LP then stays a row below the ring, and rounding adds at most one). The
+    model has one buffer capacity per node: shards of one node that differ (round robin
+    differs by a row at most) are modelled at the largest; :func:`plan_in_place` fills
+    each shard only up to its own ring. Local.
 
     Args:
         placement (Placement): the job's placement (:func:`job_placement`).
@@ -96,11 +101,17 @@ def job_cluster(cluster: ClusterModel, roster: Roster, placement: Placement,
     for i, n in enumerate(cluster.nodes):
         caps = [rows_of[b] for b in roster.buffers[i] if b in rows_of]
         if caps:
-            cap = max(caps) * bpr + 2 * (bpr + SHARD_OVERHEAD_BYTES)
+            cap = max(caps) * bpr + SHARD_OVERHEAD_BYTES
             n = replace(n, buffer_host_bytes=cap)
         nodes.append(n)
     return ClusterModel(name=cluster.name, nodes=tuple(nodes), paths=cluster.paths,
                         source=cluster.source)
+
+
+def planned_rows(job: Placement) -> int:
+    """Rows the policy plans the replay for: every ring's slots less one row each (the
+    static planner's rounding margin, see :func:`job_cluster`)."""
+    return max(1, job.capacity_rows - len(job.shards))
 
 
 def on_job_shards(plan: Placement, job: Placement) -> Placement:

@@ -93,9 +93,9 @@ def run_actor(edp: ExperienceDataPlane) -> list[tuple[int, int]]:
         rep = edp.replacement
         assert rep is not None and rep.router is not None
         # the move is complete and this actor has seen the new routing
-        if moved_at is None and wseq % (10 * INGEST) == 0 and rep.router.version >= 1:
-            if rep.moves_done() >= 1:
-                moved_at = wseq
+        if (moved_at is None and wseq % (10 * INGEST) == 0 and rep.router.version >= 1
+                and rep.moves_done() >= 1):
+            moved_at = wseq
         if moved_at is not None and wseq - moved_at >= AFTER_MOVE_ROWS:
             break
     edp.done()
@@ -204,7 +204,7 @@ def test_running_job_replaces_shards_exactly_once_and_samples_by_priority(
     mv = moves[0]
     assert mv["moved_rows"] > 0 and mv["planned_rows"] > 0
     assert 0 < mv["inserts_at_start"] < summary["rows_ingested"]
-    assert 0 < mv["samples_at_start"]
+    assert mv["samples_at_start"] > 0
     assert mv["samples_at_end"] < BATCH * (learner["phase_a"] + PHASE_B)
     assert all(r.get("routing_version", 1) >= 1 for r in rep.values()), rep
     # the late update for rows that had moved was forwarded to their new owner

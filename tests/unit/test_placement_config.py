@@ -18,10 +18,38 @@ def test_static_adaptive_section_loads() -> None:
     cfg = Config.from_dict({"placement": {
         "planner": "static", "cluster": "jobs/cluster-local.toml", "scope": "partitioned",
         "sampling": "prioritized", "tiers": ["learner_host", "buffer_host"],
-        "adaptive": True, "min_gain": 0.2, "patience": 2}})
+        "min_gain": 0.2, "patience": 2}})
     p = cfg.placement
     assert (p.planner, p.scope, p.tiers, p.patience) == (
         "static", "partitioned", ("learner_host", "buffer_host"), 2)
+
+
+def test_adaptive_in_a_running_job_loads_with_what_it_supports() -> None:
+    cfg = Config.from_dict({"placement": {"adaptive": True, "interval_supersteps": 50},
+                            "checkpoint": {"on_stop": False}})
+    assert cfg.placement.adaptive and cfg.placement.interval_supersteps == 50
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({"placement": {"scope": "partitioned"}}, "placement.scope must be 'global'"),
+        ({"scheduler": {"sampler": "sequence", "sequence_length": 4}},
+         "scheduler.sampler must be 'uniform' or 'prioritized' with placement.adaptive"),
+        ({"storage": {"shards_per_buffer": 2}}, "storage.shards_per_buffer must be 1"),
+        ({"layout": {"learners": 0}}, "layout.learners must be >= 1"),
+        ({"checkpoint": {"on_stop": True}}, "checkpoint must be off"),
+        ({"checkpoint": {"on_stop": False, "every_seconds": 5.0}},
+         "'every_seconds': 5.0"),
+    ],
+)
+def test_adaptive_refuses_what_a_running_job_cannot_re_place(raw: dict,
+                                                             fragment: str) -> None:
+    raw = {"checkpoint": {"on_stop": False}, **raw}
+    raw["placement"] = {"adaptive": True, **raw.get("placement", {})}
+    with pytest.raises(ConfigError) as info:
+        Config.from_dict(raw)
+    assert fragment in str(info.value)
 
 
 @pytest.mark.parametrize(
