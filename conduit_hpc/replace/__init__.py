@@ -208,6 +208,7 @@ class Replacement:
         if self.coordinator is not None:
             out["history"] = self.coordinator.history
             out["moves"] = sum(h.get("action") == "move" for h in self.coordinator.history)
+            out["skipped_looks"] = self.coordinator.skipped_looks
         if self.mover is not None:
             out["counters"] = dict(self.mover.counters)
         if self.router is not None:

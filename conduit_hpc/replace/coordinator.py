@@ -76,6 +76,7 @@ class Coordinator:
         self.current: int | None = None
         self.record: dict[str, Any] = {}
         self.history: list[dict[str, Any]] = []
+        self.skipped_looks = 0  # while cooling down after a move
         self._inserts = (self.control.read(C_INSERTS), time.monotonic())
         h = server.handlers
         h[Tag.REPLACE_TELEMETRY] = self._on_telemetry
@@ -92,9 +93,25 @@ class Coordinator:
         self._timing += mean * steps
         self._steps += steps
         self.superstep = superstep
+        if self._cooling():
+            # the policy would only say "cooling down": skip the look, its round trip of
+            # held-row reports and its LP, which all run inside buffer progress loops
+            self.skipped_looks += 1
+            self._reset_window()
+            return
         # looks only while peers run: once all are done no report can follow
         if self.state == "idle" and self.server.waiting_for:
             self._start_look()
+
+    def _cooling(self) -> bool:
+        last = self.policy.last_move_superstep
+        return (self.state == "idle" and last is not None
+                and self.superstep - last < self.policy.knobs.cooldown_supersteps)
+
+    def _reset_window(self) -> None:
+        self.counts[:] = 0
+        self._timing[:] = 0.0
+        self._steps = 0
 
     def _start_look(self) -> None:
         self.look += 1
@@ -138,9 +155,7 @@ class Coordinator:
         held = {s.shard_id: s.held for s in samples}
         self.record = {"look": self.look, "superstep": self.superstep, "held": held,
                        "sample_share": {i: int(c) for i, c in enumerate(self.counts)}}
-        self.counts[:] = 0
-        self._timing[:] = 0.0
-        self._steps = 0
+        self._reset_window()
         if t is None:
             self._finish("hold", "no samples since the last look")
             return

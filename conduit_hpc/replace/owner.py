@@ -27,8 +27,10 @@ if TYPE_CHECKING:
 
 __all__ = ["ShardMover"]
 
-#: rows per ``move_rows`` call (one per progress-loop pass)
+#: most rows and bytes per ``move_rows`` call (one call per progress-loop pass, so that
+#: the owner keeps committing and answering samples while it moves)
 CHUNK_ROWS = 1024
+CHUNK_BYTES = 4 << 20
 #: points per shard in a held-rows report (larger shards are summarised)
 SAMPLE_POINTS = 4096
 
@@ -66,10 +68,11 @@ class ShardMover:
 
     Args:
         edp (ExperienceDataPlane): this buffer rank's data plane.
-        chunk_rows (int): rows per ``move_rows`` call.
+        chunk_rows (int | None): rows per ``move_rows`` call (default: ``CHUNK_ROWS``, at
+            most ``CHUNK_BYTES`` of rows).
     """
 
-    def __init__(self, edp: ExperienceDataPlane, *, chunk_rows: int = CHUNK_ROWS) -> None:
+    def __init__(self, edp: ExperienceDataPlane, *, chunk_rows: int | None = None) -> None:
         server = edp.server
         assert server is not None
         self.server: BufferServer = server
@@ -79,7 +82,8 @@ class ShardMover:
         self.buffers = frozenset(edp.roles.buffer_ranks)
         self.owner_of = {s.shard_id: s.owner_rank for s in edp.placement.shards}
         self.timeout_s = edp.config.run.timeout_s
-        self.chunk_rows = chunk_rows
+        self.chunk_rows = chunk_rows or max(1, min(CHUNK_ROWS,
+                                                  CHUNK_BYTES // max(edp.spec.row_bytes, 1)))
         #: per source shard: (look, destination shard, record) of each chunk moved
         self.records: dict[int, list[tuple[int, int, MoveRecord]]] = {}
         self.job: _Job | None = None
