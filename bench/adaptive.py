@@ -30,10 +30,11 @@ updates; it samples ``--batch`` rows per superstep through ``edp`` mode and "com
 ``--live-compute-s`` (a sleep). The *off* run measures what a batch from node 1 costs; the
 cluster model of the *on* run takes its link from that measurement (node 1's effective
 bandwidth as the learner sees it; this machine's shared memory, 8 GB/s, within a node), so
-the policy judges with numbers this job measured. Reported per run: mean and median
-exposed latency (first 10 % of supersteps dropped), the share of rows read from node 0,
-and for the *on* run when it moved, how many rows, and the exposed latency before and
-after the move.
+the policy judges with numbers this job measured (looks every 20 supersteps, ``min_gain``
+0.1, patience 2, ``--live-cooldown`` 200). ``--live-repeats`` pairs (off, then on) run back
+to back. Reported per run: mean and median exposed latency (first 10 % of supersteps
+dropped), the share of rows read on the learner's node, a trace per look window, and for
+the *on* run its moves (supersteps, rows, seconds) and the policy's time per look.
 """
 
 from __future__ import annotations
@@ -257,7 +258,9 @@ def run_live(args: argparse.Namespace) -> dict:
                           "moved_rows": sum(int(m["moved_rows"]) for m in moves),
                           "move_supersteps": [int(m["superstep"]) for m in moves],
                           "move_seconds": sum(float(m["seconds"]) for m in moves),
-                          "off_moves": len(off["history"])}
+                          "looks": len(on["history"]), "off_looks": len(off["history"]),
+                          "policy_s_max": max((float(h.get("policy_s", 0.0))
+                                               for h in on["history"]), default=0.0)}
             pair["on_over_off"] = pair["on"]["mean_exposed_s"] / pair["off"]["mean_exposed_s"]
             if moves:
                 first = int(moves[0]["superstep"])

@@ -268,6 +268,8 @@ class LearnerEndpoint:
         idx, p = check_update(indices, priorities,
                               {sid: r.capacity for sid, r in self.d.rings.items()})
         self.priority_rows += len(idx)
+        if len(idx) == 0:  # nothing to send (send_priorities needs a row)
+            return
         d = self.d
         self._post(lambda: d.send_priorities(idx, p))
 

@@ -159,8 +159,10 @@ class Coordinator:
         if t is None:
             self._finish("hold", "no samples since the last look")
             return
+        t0 = time.perf_counter()
         d = self.policy.observe(t)
-        self.record.update(current_s=d.current_s, proposed_s=d.proposed_s,
+        self.record.update(policy_s=time.perf_counter() - t0,
+                           current_s=d.current_s, proposed_s=d.proposed_s,
                            predicted_move_s=d.move_s, compute_s=t.compute_s,
                            actor_rows_per_s=t.actor_rows_per_s)
         if d.action == "hold" or d.placement is None:

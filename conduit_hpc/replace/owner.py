@@ -94,10 +94,14 @@ class ShardMover:
         self.child_parent: dict[int, tuple[int, int] | None] = {}
         self.open: dict[tuple[int, int], int] = {}  # received forward -> open items
         self.pending: list[_Pending] = []
+        #: per shard, the generation each slot last got a learner's own update for: a
+        #: forwarded update (sent for an older batch) never overwrites one of those
+        self.direct = {s.shard_id: np.zeros(s.ring.capacity, np.int64) for s in server.shards}
         self.quiet_from: set[int] = set()
         self.declared_at: float | None = None
         self.counters = dict.fromkeys(("moved_rows", "skipped_rows", "moves", "forwarded",
-                                       "forward_applied", "forward_dropped"), 0)
+                                       "forward_applied", "forward_superseded",
+                                       "forward_dropped"), 0)
         h = server.handlers
         self._priority = h[Tag.PRIORITY]
         h[Tag.PRIORITY] = self._on_priority
@@ -186,13 +190,13 @@ class ShardMover:
     # -- forwarding late priority updates ------------------------------------------
     def _on_priority(self, msg: Message) -> None:
         self._priority(msg)  # the normal path: applied where the row still is
-        if not self.records:
-            return
         up = PriorityUpdate.unpack(msg.payload)
+        ix = self.server.by_id[up.shard_id].index
+        hit = ix.gens[up.slots] == up.gens
+        self.direct[up.shard_id][up.slots[hit]] = up.gens[hit]
         if not self.records.get(up.shard_id):
             return
-        ix = self.server.by_id[up.shard_id].index
-        miss = np.flatnonzero(ix.gens[up.slots] != up.gens)
+        miss = np.flatnonzero(~hit)
         if miss.size:
             self._forward(up.shard_id, up.slots[miss], up.gens[miss], up.priorities[miss],
                           None)
@@ -235,11 +239,17 @@ class ShardMover:
         shard = self.server.by_id[sid]
         ix = shard.index
         live = (ix.gens[slots] == gens) & (gens > 0)
+        # a learner updates in superstep order: one it sent to the row's new place is
+        # for a later batch than any that reached the old place, so it stands
+        newer = live & (self.direct[sid][slots] == gens)
+        if newer.any():
+            self.counters["forward_superseded"] += int(newer.sum())
+            live &= ~newer
         if live.any():
             with shard.writing():
                 ix.update(slots[live], gens[live], prios[live])
             self.counters["forward_applied"] += int(live.sum())
-        rest = np.flatnonzero(~live)
+        rest = np.flatnonzero(~live & ~newer)
         if rest.size:
             rest = rest[~self._forward(sid, slots[rest], gens[rest], prios[rest], parent)]
         if rest.size:

@@ -57,7 +57,21 @@ def test_plan_smoke_reports_planning_time() -> None:
 
 
 def test_adaptive_smoke_compares_on_and_off() -> None:
-    r = bench("adaptive", "--smoke")
+    r = bench("adaptive", "--smoke", "--no-live")
     first = r["results"][0]
     assert not first["skew_known_at_start"] and first["moves"] == 1
     assert first["on_mean_exposed_s"] < first["off_mean_exposed_s"]
+    assert "live" not in r
+
+
+def test_adaptive_live_smoke_runs_off_and_on_on_the_real_data_plane() -> None:
+    r = bench("adaptive", "--smoke", "--taus", "300")["live"]
+    (pair,) = r["pairs"]
+    # the off run never looks; the on run's coordinator looked at measured telemetry
+    assert pair["off_looks"] == 0 and pair["looks"] >= 1
+    assert pair["remote_gbps_measured"] > 0
+    for mode in ("off", "on"):
+        assert pair[mode]["mean_exposed_s"] > 0 and len(pair["trace_ms"][mode]) == 15
+    assert pair["off"]["local_share"] == 0.0  # the start plan: every row on node 1
+    if pair["moves"]:  # the policy moved: rows came to the learner's node
+        assert pair["moved_rows"] > 0 and pair["on"]["local_share"] > 0

@@ -107,35 +107,49 @@ def run_learner(edp: ExperienceDataPlane, seed: int) -> dict:
     n_actors = len(edp.roles.actor_ranks)
     rep = edp.replacement
     assert rep is not None
+    remote = len(edp.roles.buffer_ranks) - 1  # the shard on node 1
     last: dict[tuple[int, int], float] = {}
-    # the first batch's rows (all on node 1 then) get no update until they have moved;
-    # then one, by the indices they had: their old owner must forward it
-    late: list | None = None
+    # Late updates, sent by the indices rows had on node 1 once they have moved (their
+    # old owner must forward them): for the first batch's rows, which get no other
+    # update; and for the second batch's, updated as usual meanwhile - where one of
+    # those reached a row at its new place, it stands (it is for a later batch)
+    late: list[tuple[np.ndarray, np.ndarray, list]] = []
     frozen: set[tuple[int, int]] = set()
-    steps = forwarded = 0
+    at_new_place: set[tuple[int, int]] = set()
+    steps, moved_at, late_rows = 0, -1, 0
+    superseded: set[tuple[int, int]] = set()
     while True:  # phase A: sample and update while the actors ingest
         b = edp.next_batch()
         cols = {k: v.numpy() for k, v in b.data.items()}
         assert row_consistent(cols).all(), "a torn row was delivered"
         keys = list(zip(cols["writer"].tolist(), cols["wseq"].tolist(), strict=True))
         p = base_priority(cols["writer"], cols["wseq"]) * rng.uniform(0.5, 2.0, len(b))
-        if late is None:
-            late, frozen = [b.indices.copy(), p, keys], set(keys)
-        else:
-            keep = np.array([k not in frozen for k in keys])
-            edp.update_priorities(b.indices[keep], p[keep])
-            last.update((k, float(x)) for k, x, ok in zip(keys, p, keep, strict=True) if ok)
+        if len(late) < 2:
+            late.append((b.indices.copy(), p * 1.5, keys))
+            frozen |= set(keys) if not late[1:] else set()
+        keep = np.array([k not in frozen for k in keys])
+        edp.update_priorities(b.indices[keep], p[keep])
+        for (k, x, ok), sid in zip(zip(keys, p, keep, strict=True), b.indices[:, 0],
+                                   strict=True):
+            if ok:
+                last[k] = float(x)
+                if sid != remote:
+                    at_new_place.add(k)
         steps += 1
         if steps % 10 == 0:
             done, moved = edp.learner.run_on_thread(
                 lambda: (edp.control.read(C_ACTORS_DONE), rep.moves_done()),
                 "the actors' done count")
-            if moved and not forwarded:
-                idx, lp, lkeys = late
-                edp.update_priorities(idx, lp)
-                last.update((k, float(x)) for k, x in zip(lkeys, lp, strict=True))
-                forwarded = len(frozen)
-            if done >= n_actors and forwarded:
+            if moved and moved_at < 0:
+                moved_at = steps
+            if moved_at >= 0 and not late_rows and steps >= moved_at + 20:
+                superseded = {k for _, _, ks in late[1:] for k in ks} & at_new_place
+                for idx, lp, lkeys in late:
+                    edp.update_priorities(idx, lp)
+                    last.update((k, float(x)) for k, x in zip(lkeys, lp, strict=True)
+                                if k not in at_new_place)
+                    late_rows += len(lkeys)
+            if done >= n_actors and late_rows:
                 break
         assert steps < 20_000, "the actors never finished"
     drawn: Counter[tuple[int, int]] = Counter()
@@ -150,7 +164,7 @@ def run_learner(edp: ExperienceDataPlane, seed: int) -> dict:
         per_shard.update(b.indices[:, 0].tolist())
     edp.done()
     return {"last": last, "drawn": drawn, "per_shard": per_shard, "phase_a": steps,
-            "late_rows": forwarded}
+            "late_rows": late_rows, "superseded": len(superseded)}
 
 
 def audit(edp: ExperienceDataPlane) -> dict:
@@ -207,9 +221,13 @@ def test_running_job_replaces_shards_exactly_once_and_samples_by_priority(
     assert mv["samples_at_start"] > 0
     assert mv["samples_at_end"] < BATCH * (learner["phase_a"] + PHASE_B)
     assert all(r.get("routing_version", 1) >= 1 for r in rep.values()), rep
-    # the late update for rows that had moved was forwarded to their new owner
-    forwarded = sum(r.get("counters", {}).get("forwarded", 0) for r in rep.values())
-    assert forwarded >= learner["late_rows"] > 0, rep
+    # the late updates for rows that had moved were forwarded to their new owner; those
+    # for rows updated at their new place meanwhile gave way
+    count = Counter()
+    for r in rep.values():
+        count.update(r.get("counters", {}))
+    assert count["forwarded"] > 0 and learner["late_rows"] > 0, rep
+    assert count["forward_superseded"] > 0 and learner["superseded"] > 0, rep
     # every row written is held exactly once, untorn, at the priority the learner last
     # gave it (late updates for moved rows were forwarded), or its initial one
     assert len(written) == len(set(written))
