@@ -5,8 +5,12 @@ the priorities."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +20,7 @@ from scipy.stats import chisquare
 
 from conduit_hpc import ExperienceDataPlane, Role
 from conduit_hpc.delivery import C_ACTORS_DONE
+from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.placement import Placement, plan_round_robin
 from conduit_hpc.storage.migrate import held_slots
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
@@ -184,16 +189,30 @@ def audit(edp: ExperienceDataPlane) -> dict:
 
 
 @pytest.mark.mpi(min_size=4)
-def test_running_job_replaces_shards_exactly_once_and_samples_by_priority(
-        tmp_path: Path) -> None:
+def test_running_job_replaces_shards_exactly_once_and_samples_by_priority() -> None:
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
-    path = None
-    if comm.Get_rank() == 0:
-        path = tmp_path / "cluster.toml"
-        path.write_text(CLUSTER)
-    cluster = comm.bcast(str(path) if path else None, root=0)
-    cfg = config(size, cluster)
+    with shared_file(comm, CLUSTER) as cluster:
+        cfg = config(size, cluster)
+        run_and_check(cfg, size)
+
+
+@contextmanager
+def shared_file(comm: MPI.Intracomm, text: str) -> Iterator[str]:
+    """A file rank 0 writes, its path on every rank (one node); removed at the end."""
+    tmp = tempfile.mkdtemp(prefix="conduit-replace-") if comm.Get_rank() == 0 else None
+    if tmp:
+        (Path(tmp) / "cluster.toml").write_text(text)
+    tmp = comm.bcast(tmp, root=0)
+    try:
+        yield str(Path(tmp) / "cluster.toml")
+    finally:
+        comm.Barrier()
+        if comm.Get_rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_and_check(cfg, size: int) -> None:
     mine: dict = {}
     with ExperienceDataPlane(cfg, placement=start_placement(cfg, size)) as edp:
         if edp.role is Role.ACTOR:
@@ -263,3 +282,13 @@ def test_running_job_replaces_shards_exactly_once_and_samples_by_priority(
     assert len(e_bins) > 50
     stat = chisquare(o_bins, e_bins * o_bins.sum() / e_bins.sum())
     assert stat.pvalue > 1e-4, (stat, len(e_bins))
+
+
+@pytest.mark.mpi(min_size=4)
+def test_a_cluster_model_that_does_not_describe_the_job_is_refused_on_every_rank() -> None:
+    comm = MPI.COMM_WORLD
+    one_node = CLUSTER[:CLUSTER.index("[[nodes]]", CLUSTER.index("[[nodes]]") + 1)]
+    with shared_file(comm, one_node) as cluster:
+        cfg = config(comm.Get_size(), cluster)
+        with pytest.raises(ConfigError, match="the job runs on 2 nodes but cluster"):
+            ExperienceDataPlane(cfg, placement=start_placement(cfg, comm.Get_size()))
