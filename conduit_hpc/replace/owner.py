@@ -34,9 +34,6 @@ CHUNK_BYTES = 4 << 20
 #: points per shard in a held-rows report (larger shards are summarised)
 SAMPLE_POINTS = 4096
 
-# ---------------------------------------------------------------------------------
-# owners: moving rows, forwarding late updates, stopping together
-
 
 @dataclass
 class _Job:
@@ -50,7 +47,7 @@ class _Job:
 
 @dataclass
 class _Pending:
-    """Forwarded updates for rows the destination has been written but not committed."""
+    """Forwarded updates for rows written into this rank's shard but not committed yet."""
 
     shard_id: int
     slots: np.ndarray
