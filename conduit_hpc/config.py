@@ -399,7 +399,7 @@ class Config:
             name = getattr(sch, key)
             require(not name or name in self.spec, f"scheduler.{key}", name,
                     f"empty or one of the spec fields ({', '.join(self.spec)})")
-        if self.placement.adaptive:  # what re-placing a running job supports (replace.py)
+        if self.placement.adaptive:  # what re-placing a running job supports (replace/)
             why = "with placement.adaptive = true"
             require(self.placement.scope == "global", "placement.scope", self.placement.scope,
                     f"'global' {why} (partitioned re-placement is not implemented)")

@@ -26,21 +26,23 @@ costs, never its probability. A re-placement is:
    between), hiding the moved rows in its index inside the shard's seqlock. Owners move
    one after another, so no two owners wait on each other's commits;
 3. **late priority updates** - an update for a row that moved since it was sampled is
-   forwarded by the old owner to the new one (``MoveRecord.forward``), chains included;
-   every forward is acknowledged only once applied (Dijkstra-Scholten), so at the end
-   buffer ranks know that nothing is in flight (:attr:`Tag.REPLACE_QUIET`) before they
-   stop serving.
+   forwarded by the old owner to the new one (``MoveRecord.forward``), chains included.
+   A forwarded update never overwrites one the row got at its new place (a learner
+   updates in superstep order, so that one is for a later batch). Every forward is
+   acknowledged only once applied (Dijkstra-Scholten), so at the end buffer ranks know
+   that nothing is in flight (:attr:`Tag.REPLACE_QUIET`) before they stop serving.
 
 **Roles.** The *coordinator* is the first buffer rank (it owns the control block and the
 board). It runs the policy in its progress loop on telemetry the job measures: per-shard
 sample counts from the lead learner's batches, the learner's compute and iteration time,
 the actors' insert rate (control block), the rows every owner holds by sampling mass (a
 ``REPLACE_STATS`` round trip: the heat of the replay and where its hottest rows are), and
-the links of the cluster model (``[placement] cluster``, or the start-up probe).
+the links of the cluster model (``[placement] cluster``, or the start-up probe). While the
+policy cools down after a move, looks are skipped (no round trip, no LP).
 
 **Guarantees** (tested under MPI with concurrent ingest and sampling): a moved row is
 never lost, duplicated or torn; once a move is over, every row is held by exactly one
-shard at the priority it had (updates included), so sampling is again exactly
+shard at the priority it had (later updates included), so sampling is again exactly
 proportional to ``priority ** alpha`` over the whole replay. *While* a chunk is in flight
 a row can be visible in both shards, or (until the destination's next commit pass) in
 neither, for a moment - one chunk at a time. A move appends rows to the destination ring
