@@ -191,6 +191,8 @@ class Coordinator:
     def _advance(self) -> None:
         if self.current is not None:
             return
+        if not self.server.waiting_for:
+            self.queue.clear()  # every peer is done: the rest of the move buys nothing
         if not self.queue:
             r = self.record
             r["moves_done"] = self.board.mark_moved()

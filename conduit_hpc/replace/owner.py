@@ -159,6 +159,10 @@ class ShardMover:
     def _run_chunk(self) -> int:
         job = self.job
         assert job is not None
+        if not self.server.waiting_for:
+            # every peer is done: nobody samples or ingests any more, so the rest of the
+            # move buys nothing; each chunk moved is complete, the others stay put
+            job.chunks.clear()
         if job.chunks:
             src, dst, slots = job.chunks.popleft()
             shard = self.server.by_id[src]
