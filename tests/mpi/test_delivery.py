@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -136,10 +138,12 @@ def test_late_update_for_overwritten_row_is_dropped_and_counted() -> None:
             actor_ingest(edp)
         elif edp.role is Role.LEARNER:
             stale = edp.next_batch().indices.copy()
-            for _ in range(2000):  # until the ring has overwritten every stale row
+            deadline = time.monotonic() + 60
+            while True:  # until the ring has overwritten every stale row
                 newest = int(edp.next_batch().indices[:, 2].max())
                 if newest - int(stale[:, 2].max()) > 64:
                     break
+                assert time.monotonic() < deadline, "the actors never lapped the ring"
             edp.update_priorities(stale, np.full(len(stale), 3.0))
             edp.next_batch()  # the update is applied before this sample is served
             lapped = len(stale)
