@@ -42,7 +42,27 @@ def git_sha() -> str:
     return out.stdout.strip() or "unknown"
 
 
-def job_toml(case: str, mode: str, compute_s: float, supersteps: int) -> str:
+MATMUL = 96
+
+
+def matmul_seconds(size: int = MATMUL, repeats: int = 200) -> float:
+    """Best-of time of one ``size`` x ``size`` float32 torch matmul, measured here."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(1)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        best = min(best, (time.perf_counter() - t0) / repeats)
+    return best
+
+
+def job_toml(case: str, mode: str, compute_s: float, supersteps: int, reps: int) -> str:
     c = CASES[case]
     lines = ['[run]', 'name = "bench"', "timeout_s = 120.0", "", "[layout]", "learners = 1",
              "buffers = 1", "actors = 1", ""]
@@ -54,14 +74,18 @@ def job_toml(case: str, mode: str, compute_s: float, supersteps: int) -> str:
               f"min_fill_rows = {4 * c['batch']}", "",
               "[synthetic]", f"batch_rows = {c['ingest_batch']}",
               f"actor_rate_rows_s = {c['actor_rate']}", f"supersteps = {supersteps}",
-              f"compute_s = {compute_s}", "matmul_size = 96"]
+              f"compute_s = {compute_s}", f"matmul_size = {MATMUL}",
+              f"matmul_reps = {reps}"]
     return "\n".join(lines) + "\n"
 
 
-def run_once(case: str, mode: str, compute_s: float, supersteps: int, work: Path) -> dict:
-    """One job; returns the learner's per-superstep rows (after warm-up)."""
+def run_once(case: str, mode: str, compute_s: float, supersteps: int, work: Path,
+             matmul_s: float) -> dict:
+    """One job; returns the learner's per-superstep rows (after warm-up). Compute is a
+    fixed number of matmuls (``compute_s / matmul_s``), the same work in every mode."""
+    reps = max(1, round(compute_s / matmul_s)) if compute_s > 0 else 0
     cfg = work / f"{case}-{mode}-{compute_s:.6f}.toml"
-    cfg.write_text(job_toml(case, mode, compute_s, supersteps))
+    cfg.write_text(job_toml(case, mode, compute_s, supersteps, reps))
     from conduit_hpc.runner import launch
 
     rc, run_dir = launch(cfg, runs_root=work / "runs", quiet=True, timeout_s=600,
@@ -78,7 +102,7 @@ def run_once(case: str, mode: str, compute_s: float, supersteps: int, work: Path
     path = np.array([sum(float(r[k]) for k in ("sample_s", "gather_s", "transform_s",
                                                  "copy_s")) for r in use])
     comp = np.array([float(r["compute_s"]) for r in use])
-    return {"case": case, "mode": mode, "compute_target_s": compute_s,
+    return {"case": case, "mode": mode, "compute_target_s": compute_s, "matmul_reps": reps,
             "supersteps": len(use), "exposed_median_s": float(np.median(ex)),
             "exposed_p99_s": float(np.percentile(ex, 99)),
             "iteration_median_s": float(np.median(it)),
@@ -100,15 +124,16 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     sha = git_sha()
+    matmul_s = matmul_seconds()
     results: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="conduit-bench-") as tmp:
         work = Path(tmp)
         for case in args.cases.split(","):
-            calib = run_once(case, "sync", 0.0, args.supersteps, work)
+            calib = run_once(case, "sync", 0.0, args.supersteps, work, matmul_s)
             path_s = calib["exposed_median_s"]
             for factor in [float(f) for f in args.factors.split(",")]:
                 for mode in MODES:
-                    r = run_once(case, mode, factor * path_s, args.supersteps, work)
+                    r = run_once(case, mode, factor * path_s, args.supersteps, work, matmul_s)
                     r.update(factor=factor, calibrated_path_s=path_s, git_sha=sha,
                              bench="exposed_latency")
                     results.append(r)

@@ -46,6 +46,8 @@ class SyntheticSection:
             ``run.duration_s``).
         compute_s (float): emulated learner compute per superstep (torch matmuls).
         matmul_size (int): side of the square matrices multiplied.
+        matmul_reps (int): matmuls per superstep; 0 calibrates it from ``compute_s`` at
+            start-up (benchmarks fix it, so that every mode does the same work).
         priorities (bool): learners send random priorities back each superstep.
     """
 
@@ -54,6 +56,7 @@ class SyntheticSection:
     supersteps: int = 0
     compute_s: float = 0.002
     matmul_size: int = 128
+    matmul_reps: int = 0
     priorities: bool = True
 
     def __post_init__(self) -> None:
@@ -63,6 +66,7 @@ class SyntheticSection:
         require(self.supersteps >= 0, "supersteps", self.supersteps, ">= 0")
         require(self.compute_s >= 0, "compute_s", self.compute_s, ">= 0")
         require(self.matmul_size > 0, "matmul_size", self.matmul_size, "> 0")
+        require(self.matmul_reps >= 0, "matmul_reps", self.matmul_reps, ">= 0")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,7 +92,7 @@ def random_batch(spec: Spec, rows: int, rng: np.random.Generator) -> dict[str, n
 class MatmulCompute:
     """Emulated learner compute: repeated square matmuls, calibrated to a duration."""
 
-    def __init__(self, seconds: float, size: int, device: object) -> None:
+    def __init__(self, seconds: float, size: int, device: object, reps: int = 0) -> None:
         import torch  # only learners pay for importing torch
 
         self.a = torch.randn(size, size, device=device)
@@ -99,7 +103,7 @@ class MatmulCompute:
         for _ in range(10):
             self.a @ self.b
         one = (time.perf_counter() - t0) / 10
-        self.reps = max(1, round(seconds / one)) if seconds > 0 else 0
+        self.reps = reps or (max(1, round(seconds / one)) if seconds > 0 else 0)
 
     def __call__(self) -> float:
         out = 0.0
@@ -130,7 +134,7 @@ def actor_loop(edp: ExperienceDataPlane, cfg: SyntheticConfig, rng: np.random.Ge
 def learner_loop(edp: ExperienceDataPlane, cfg: SyntheticConfig, rng: np.random.Generator,
                  stop: StopCoordinator) -> None:
     syn = cfg.synthetic
-    compute = MatmulCompute(syn.compute_s, syn.matmul_size, edp.device)
+    compute = MatmulCompute(syn.compute_s, syn.matmul_size, edp.device, syn.matmul_reps)
     t_end = time.perf_counter() + (cfg.run.duration_s or 3.0)
     step = 0
     while (syn.supersteps and step < syn.supersteps) or (
