@@ -484,6 +484,8 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         if math.isnan(v):
             return "-"
+        if abs(v) < 1e-9:
+            return "0"
         return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
     return str(v)
 
@@ -549,7 +551,7 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
             notes.append(note)
     stats = [run_stats(r) for r in runs]
     lines = ["# conduit_hpc run report", ""]
-    lines += [f"Runs: " + ", ".join(f"`{r.path}`" for r in runs), ""]
+    lines += ["Runs: " + ", ".join(f"`{r.path}`" for r in runs), ""]
     lines += ["## Summary", "", "| | " + " | ".join(r.label for r in runs) + " |",
               "|---|" + "---|" * len(runs)]
     for key, title in STAT_ROWS:

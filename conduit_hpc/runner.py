@@ -18,6 +18,7 @@ forwarded to the ranks as ``SIGUSR1`` (a stop request); a second ``SIGTERM`` sto
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -365,10 +366,8 @@ class _Forwarder:
             print(f"conduit-hpc: {name} received; asking the ranks to stop (SIGUSR1)",
                   file=sys.stderr, flush=True)
             self.forwarded = True
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

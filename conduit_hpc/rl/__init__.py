@@ -32,4 +32,5 @@ __all__ = [
     "sync_target",
     "to_tensors",
     "train_single_process",
+    "true_next_obs",
 ]

@@ -148,7 +148,7 @@ def make_vector_env(env_id: str, num_envs: int, seed: int) -> Any:
 
     env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
                        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
-    obs, _ = env.reset(seed=[seed + i for i in range(num_envs)])
+    obs, _ = env.reset(seed=[seed + i for i in range(num_envs)])  # type: ignore[arg-type]
     env.action_space.seed(seed)
     return env, obs
 

@@ -13,10 +13,10 @@ import pytest
 from conduit_hpc.errors import ConduitError
 from conduit_hpc.report import load_run, run_stats, write_report
 
-LEARNER = ("superstep,time_s,mode,iteration_s,exposed_s,compute_s,sample_s,gather_s,"
-           "transform_s,copy_s,rows,staleness,limiter_wait_s").split(",")
-ACTOR = "time_s,rows,rows_per_s,limiter_wait_s,policy_version".split(",")
-EPISODES = "time_s,env_steps,actor,episode_return".split(",")
+LEARNER = ["superstep", "time_s", "mode", "iteration_s", "exposed_s", "compute_s", "sample_s",
+           "gather_s", "transform_s", "copy_s", "rows", "staleness", "limiter_wait_s"]
+ACTOR = ["time_s", "rows", "rows_per_s", "limiter_wait_s", "policy_version"]
+EPISODES = ["time_s", "env_steps", "actor", "episode_return"]
 
 
 def write_rows(path: Path, header: list[str], rows: list[dict]) -> None:
