@@ -39,6 +39,7 @@ class EpisodeLog:
         self.recent: deque[float] = deque(maxlen=window)
         self.returns: list[float] = []
         self.steps_at: list[int] = []
+        self.envs: list[int] = []
         self._fh: TextIO | None = None
         self._writer: csv.DictWriter[str] | None = None
         if path is not None:
@@ -68,6 +69,7 @@ class EpisodeLog:
             self.recent.append(ret)
             self.returns.append(ret)
             self.steps_at.append(env_steps)
+            self.envs.append(int(e))
             if self._writer is not None:
                 self._writer.writerow({"time_s": f"{time.perf_counter() - self.t0:.4f}",
                                        "env_steps": env_steps, "actor": self.actor,

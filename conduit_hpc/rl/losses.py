@@ -104,6 +104,8 @@ def initial_priorities(net: nn.Module, batch: Mapping[str, np.ndarray | torch.Te
     """
     t = to_tensors(batch)
     q = net(t["obs"]).gather(1, t["action"].unsqueeze(1)).squeeze(1)
-    y = double_dqn_targets(net, target if target is not None else net, t["reward"],
-                           t["next_obs"], t["discount"])
+    if target is None:  # one network: the double-DQN target is its own max
+        y = t["reward"] + t["discount"] * net(t["next_obs"]).max(dim=1).values
+    else:
+        y = double_dqn_targets(net, target, t["reward"], t["next_obs"], t["discount"])
     return (y - q).abs().double().numpy() + floor
