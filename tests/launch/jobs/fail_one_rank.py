@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 from mpi4py import MPI
 
 from conduit_hpc import Config
+from conduit_hpc.errors import DataPlaneTimeout
 from conduit_hpc.runner import job_main
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FailSection:
     rank: int = 2
+    conduit_error: bool = False  # raise a ConduitError (one-line report) instead
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,6 +27,8 @@ def run(cfg: FailConfig) -> None:
     comm = MPI.COMM_WORLD
     comm.Barrier()
     if comm.Get_rank() == cfg.fail.rank:
+        if cfg.fail.conduit_error:
+            raise DataPlaneTimeout(f"deliberate timeout on world rank {cfg.fail.rank}")
         raise RuntimeError(f"deliberate failure on world rank {cfg.fail.rank}")
     comm.Barrier()  # never completes: the failing rank does not arrive
 
