@@ -141,14 +141,14 @@ def test_preemption_warning_checkpoints_requeues_and_resumes(slurm, tmp_path) ->
     sig = sh(slurm, "scancel", "--batch", "--signal=TERM", jid)
     assert sig.returncode == 0, sig.stderr
     wait_for_text(output, "requeueing job", 60)
-    # SLURM holds a requeued job back for ~2 minutes (BeginTime); release it now
-    deadline = time.monotonic() + 60
-    while job_state(slurm, jid).get("JobState") != "PENDING":
-        assert time.monotonic() < deadline, job_state(slurm, jid)
-        time.sleep(0.3)
-    upd = sh(slurm, "scontrol", "update", f"JobId={jid}", "StartTime=now")
-    assert upd.returncode == 0, upd.stderr
-    wait_for_text(output, "resume requested", 90)
+    # SLURM holds a requeued job back for ~2 minutes (Reason=BeginTime): release it
+    deadline = time.monotonic() + 120
+    while "resume requested" not in output.read_text(errors="replace"):
+        state = job_state(slurm, jid)
+        assert time.monotonic() < deadline, (state, output.read_text(errors="replace"))
+        if state.get("JobState") == "PENDING" and state.get("Reason") == "BeginTime":
+            sh(slurm, "scontrol", "update", f"JobId={jid}", "StartTime=now")
+        time.sleep(0.5)
     wait_gone(slurm, jid, 90)
     state = job_state(slurm, jid)
     text = output.read_text()
