@@ -209,21 +209,41 @@ def _rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
     return out
 
 
+def _episode_x(ep: Table) -> tuple[np.ndarray, str]:
+    """Each episode's position: env steps, else time, else episode number."""
+    if _has(ep, "env_steps"):
+        return ep["env_steps"], "environment steps"
+    if _has(ep, "time_s"):
+        return ep["time_s"], "time (s)"
+    return np.arange(len(ep["episode_return"]), dtype=float), "episode"
+
+
+def _scored_episodes(ep: Table) -> tuple[np.ndarray, np.ndarray]:
+    """(x, return) of the episodes that count toward the convergence test, sorted by x.
+    Episodes whose ``scored`` column is 0 (explorers with a large epsilon) are left out."""
+    x, _ = _episode_x(ep)
+    ret = ep["episode_return"]
+    keep = ep["scored"] > 0 if _has(ep, "scored") else np.ones(len(ret), dtype=bool)
+    order = np.argsort(x[keep], kind="stable")
+    return x[keep][order], ret[keep][order]
+
+
 def _episode_stats(ep: Table | None) -> dict[str, Any]:
     if not _has(ep, "episode_return"):
         return {}
     assert ep is not None
-    ret = ep["episode_return"]
-    order = np.argsort(ep["env_steps"], kind="stable") if _has(ep, "env_steps") else \
-        np.argsort(ep["time_s"], kind="stable") if _has(ep, "time_s") else np.arange(len(ret))
-    ret = ret[order]
+    x, ret = _scored_episodes(ep)
+    out: dict[str, Any] = {"episodes": len(ep["episode_return"])}
+    if _has(ep, "scored"):
+        out["scored_episodes"] = len(ret)
+    if not len(ret):
+        return out
     roll = _rolling_mean(ret, 20)
-    out: dict[str, Any] = {"episodes": len(ret), "final_mean_return_20": float(roll[-1]),
-                           "best_mean_return_20": float(roll[19:].max()) if len(roll) >= 20
-                           else float("nan")}
+    out["final_mean_return_20"] = float(roll[-1])
+    out["best_mean_return_20"] = float(roll[19:].max()) if len(roll) >= 20 else float("nan")
     hit = np.flatnonzero((roll >= TARGET_RETURN) & (np.arange(len(roll)) >= 19))
     if len(hit) and _has(ep, "env_steps"):
-        out["env_steps_to_475"] = int(ep["env_steps"][order][hit[0]])
+        out["env_steps_to_475"] = int(x[hit[0]])
     return out
 
 
@@ -309,16 +329,14 @@ def plot_returns(runs: Sequence[RunData], out: Path) -> tuple[Path | None, str]:
     for r in have:
         ep = r.episodes
         assert ep is not None
-        if _has(ep, "env_steps"):
-            x = ep["env_steps"]
-        elif _has(ep, "time_s"):
-            x, xlabel = ep["time_s"], "time (s)"
-        else:
-            x, xlabel = np.arange(len(ep["episode_return"]), dtype=float), "episode"
-        order = np.argsort(x, kind="stable")
-        x, y = x[order], ep["episode_return"][order]
-        line = ax.plot(x, _rolling_mean(y, 20), lw=2, label=f"{r.label} (mean of 20)")[0]
-        ax.scatter(x, y, s=4, alpha=0.25, color=line.get_color())
+        x_all, xlabel = _episode_x(ep)
+        order = np.argsort(x_all, kind="stable")
+        x, y = _scored_episodes(ep)
+        scored = "scored " if _has(ep, "scored") else ""
+        line = ax.plot(x, _rolling_mean(y, 20), lw=2,
+                       label=f"{r.label} (mean of 20 {scored}episodes)")[0]
+        ax.scatter(x_all[order], ep["episode_return"][order], s=4, alpha=0.2,
+                   color=line.get_color())
     ax.axhline(TARGET_RETURN, color="grey", ls="--", lw=1, label=f"target {TARGET_RETURN:g}")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("episode return")
@@ -504,8 +522,9 @@ STAT_ROWS = (
     ("actor_limiter_wait_s", "rate-limiter wait, actors (s)"),
     ("learner_limiter_wait_s", "rate-limiter wait, learners (s)"),
     ("episodes", "episodes"),
-    ("final_mean_return_20", "mean return, last 20 episodes"),
-    ("best_mean_return_20", "best mean return over 20 episodes"),
+    ("scored_episodes", "scored episodes (near-greedy explorers)"),
+    ("final_mean_return_20", "mean return, last 20 (scored) episodes"),
+    ("best_mean_return_20", "best mean return over 20 (scored) episodes"),
     ("env_steps_to_475", "env steps to mean return 475"),
 )
 

@@ -59,9 +59,13 @@ class DQNSection:
         epsilon_alpha (float): spread exponent of the ladder.
         max_grad_norm (float): gradient clipping (0 = off).
         huber_delta (float): Huber threshold of the loss.
-        target_return (float): stop when the mean return of the last ``window``
+        target_return (float): stop when the mean return of the last ``window`` scored
             episodes reaches this.
         window (int): episodes in that mean.
+        score_max_epsilon (float): episodes of env slots whose ladder epsilon is at most
+            this are *scored* (enter that mean); the more exploring slots only feed
+            replay. 1.0 scores every episode. At least the least-exploring slot is
+            always scored. (With 8 slots and 0.05: slots 3-7, epsilon 0.026 .. 0.0007.)
         max_env_steps (int): step budget.
     """
 
@@ -88,6 +92,7 @@ class DQNSection:
     huber_delta: float = 1.0
     target_return: float = 475.0
     window: int = 20
+    score_max_epsilon: float = 0.05
     max_env_steps: int = 200_000
 
     def __post_init__(self) -> None:
@@ -120,12 +125,23 @@ class DQNSection:
         require(self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, ">= 0")
         require(self.huber_delta > 0, "huber_delta", self.huber_delta, "> 0")
         require(self.window >= 1, "window", self.window, ">= 1")
+        require(0.0 < self.score_max_epsilon <= 1.0, "score_max_epsilon",
+                self.score_max_epsilon, "in (0, 1]")
         require(self.max_env_steps >= 1, "max_env_steps", self.max_env_steps, ">= 1")
 
     def beta(self, env_steps: int) -> float:
         """Importance-sampling exponent after ``env_steps`` environment steps."""
         frac = min(1.0, env_steps / self.beta_steps)
         return self.beta_start + frac * (self.beta_end - self.beta_start)
+
+    def epsilons(self) -> np.ndarray:
+        """The ladder's epsilon of each of the ``num_envs`` env slots."""
+        return epsilon_ladder(self.num_envs, self.epsilon, self.epsilon_alpha)
+
+    def scored_slots(self) -> np.ndarray:
+        """Bool per env slot: its episodes count toward the convergence test."""
+        eps = self.epsilons()
+        return eps <= max(self.score_max_epsilon, float(eps.min()))
 
     def updates_due(self, inserted: int) -> int:
         """Learner updates that should have happened once ``inserted`` rows went in."""
@@ -166,8 +182,9 @@ def _build_nets(hp: DQNSection, obs_dim: int, n_actions: int
 def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path | None = None,
                          time_limit_s: float = 0.0, progress_every_s: float = 0.0
                          ) -> dict[str, Any]:
-    """Train DQN in this process until the mean return of the last ``hp.window``
-    episodes reaches ``hp.target_return``, ``hp.max_env_steps`` run out, or
+    """Train DQN in this process until the mean return of the last ``hp.window`` scored
+    episodes (see ``score_max_epsilon``) reaches ``hp.target_return``,
+    ``hp.max_env_steps`` run out, or
     ``time_limit_s`` (0 = none) passes.
 
     Not collective (no MPI); blocks for the whole training. With ``run_dir``, writes
@@ -190,10 +207,11 @@ def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path |
                                 "discount": ((), "float32")},
                                hp.replay_capacity, hp.priority_exponent)
     nstep = NStepAccumulator(hp.num_envs, hp.n_step, hp.gamma)
-    eps = epsilon_ladder(hp.num_envs, hp.epsilon, hp.epsilon_alpha)
+    eps = hp.epsilons()
     metrics = Path(run_dir) / "metrics" if run_dir is not None else None
     t0 = time.perf_counter()
-    episodes = EpisodeLog(hp.num_envs, window=hp.window, t0=t0,
+    episodes = EpisodeLog(hp.num_envs, window=hp.window, t0=t0, epsilons=eps,
+                          scored=hp.scored_slots(),
                           path=metrics / "episodes.csv" if metrics else None)
     env_steps = updates = 0
     reached_at: int | None = None
@@ -232,7 +250,7 @@ def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path |
             if progress_every_s and now - last_print >= progress_every_s:
                 last_print = now
                 print(f"[dqn seed {seed}] {env_steps:>7} env steps  {updates:>6} updates  "
-                      f"mean return (last {hp.window}) {episodes.mean_recent:6.1f}  "
+                      f"mean return (last {hp.window} scored) {episodes.mean_recent:6.1f}  "
                       f"{now - t0:6.1f} s", flush=True)
             if time_limit_s and now - t0 > time_limit_s:
                 break

@@ -142,3 +142,20 @@ def test_report_of_an_empty_run_dir_says_why_everything_is_missing(tmp_path) -> 
 def test_report_refuses_a_missing_directory(tmp_path) -> None:
     with pytest.raises(ConduitError, match="does not exist"):
         write_report([tmp_path / "nope"])
+
+
+def test_return_curve_and_stats_use_only_scored_episodes(tmp_path) -> None:
+    run = tmp_path / "run"
+    (run / "metrics").mkdir(parents=True)
+    rows = []
+    for i in range(60):  # near-greedy slots reach 500; the explorer stays at 100
+        rows.append({"time_s": i, "env_steps": 100 * i, "actor": 2,
+                     "episode_return": 500 if i % 2 else 100, "epsilon": 0.001 if i % 2
+                     else 0.4, "scored": i % 2})
+    write_rows(run / "metrics" / "episodes.csv", [*EPISODES, "epsilon", "scored"], rows)
+    stats = run_stats(load_run(run))
+    assert stats["episodes"] == 60 and stats["scored_episodes"] == 30
+    assert stats["final_mean_return_20"] == 500 and stats["env_steps_to_475"] == 100 * 39
+    md = write_report([run])
+    png_is_plot(md.parent / "returns.png")
+    assert "scored episodes (near-greedy explorers)" in md.read_text()

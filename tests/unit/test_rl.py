@@ -325,6 +325,24 @@ def test_episode_log_writes_the_episodes_csv(tmp_path) -> None:
     assert log.mean_recent == 1.5 and log.reached(1.5) and not log.reached(2)
 
 
+def test_only_near_greedy_slots_are_scored(tmp_path) -> None:
+    hp = DQNSection(num_envs=8, score_max_epsilon=0.05)
+    # ladder 0.4 ** (1 .. 8): 0.4, 0.16, 0.064, 0.0256, ... -> slots 3..7 scored
+    assert hp.scored_slots().tolist() == [False] * 3 + [True] * 5
+    assert DQNSection(num_envs=1).scored_slots().tolist() == [True]  # the least-exploring
+    assert DQNSection(score_max_epsilon=1.0).scored_slots().all()
+    log = EpisodeLog(2, path=tmp_path / "e.csv", window=2, epsilons=np.array([0.4, 0.01]),
+                     scored=np.array([False, True]))
+    log.step(np.array([1.0, 1.0]), np.array([True, False]), env_steps=2)  # explorer ends
+    log.step(np.array([1.0, 1.0]), np.array([True, True]), env_steps=4)
+    log.close()
+    assert list(log.recent) == [2.0] and log.returns == [1.0, 1.0, 2.0]
+    lines = (tmp_path / "e.csv").read_text().splitlines()
+    assert lines[0] == "time_s,env_steps,actor,episode_return,epsilon,scored"
+    assert [ln.split(",")[3:] for ln in lines[1:]] == [["1", "0.4", "0"], ["1", "0.4", "0"],
+                                                       ["2", "0.01", "1"]]
+
+
 def test_short_single_process_run_trains_and_writes_metrics(tmp_path) -> None:
     torch.set_num_threads(1)
     hp = DQNSection(max_env_steps=2400, learning_starts=400, replay_capacity=5000)
