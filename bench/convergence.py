@@ -72,7 +72,7 @@ def run_single(hp: Any, seed: int, out: Path, time_limit_s: float) -> dict[str, 
     torch.set_num_threads(1)
     run_dir = out / f"single-seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(f'[run]\nname = "dqn-single"\nseed = {seed}\n')
+    (run_dir / "config.toml").write_text(f'[run]\nname = "dqn"\nseed = {seed}\n')
     result = train_single_process(hp, seed=seed, run_dir=run_dir, time_limit_s=time_limit_s)
     return {**result, "run_dir": str(run_dir)}
 
@@ -191,7 +191,8 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def print_table(by_mode: dict[str, dict[str, Any]], hp: Any) -> None:
     print(f"\nCartPole-v1: env steps and wall time to mean return {hp.target_return:g} over "
-          f"the last {hp.window} episodes (budget {hp.max_env_steps:,} steps)")
+          f"the last {hp.window} scored episodes (explorers with epsilon <= "
+          f"{hp.score_max_epsilon:g}; budget {hp.max_env_steps:,} steps)")
     print(f"{'mode':>8} {'reached':>8} {'steps (median)':>15} {'wall s (median)':>16} "
           f"{'steps/single':>13} {'wall/single':>12}")
     for mode, s in by_mode.items():

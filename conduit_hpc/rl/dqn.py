@@ -262,7 +262,8 @@ def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path |
         episodes.close()
         env.close()
     wall = time.perf_counter() - t0
-    result = {"seed": seed, "reached": reached_at is not None, "env_steps": env_steps,
+    result = {"mode": "single-process", "seed": seed, "reached": reached_at is not None,
+              "env_steps": env_steps,
               "env_steps_to_target": reached_at, "wall_s": wall, "updates": updates,
               "episodes": len(episodes.returns), "final_mean_return": episodes.mean_recent}
     if metrics is not None:

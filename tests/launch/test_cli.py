@@ -164,4 +164,4 @@ def test_convergence_smoke_then_report_draws_the_return_curve(tmp_path) -> None:
     assert png.exists() and png.stat().st_size > 10_000
     md = (report_dir / "report.md").read_text()
     assert "![Return curve](returns.png)" in md
-    assert "timeline of dqn-single skipped (no learner-*.csv)" in md
+    assert "timeline of dqn [single-process] skipped (no learner-*.csv)" in md
