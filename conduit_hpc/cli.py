@@ -1,4 +1,4 @@
-"""``conduit-hpc``: run | info | plan | probe | bench | inspect (and, as they land: report).
+"""``conduit-hpc``: run | info | plan | probe | bench | inspect | slurm | report.
 
 Every sub-command is a function ``cmd_<name>(args) -> int`` registered in
 :data:`COMMANDS`; :func:`main` turns a :class:`~conduit_hpc.errors.ConduitError` into one
@@ -48,12 +48,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.mode:
         sets.append(f"scheduler.mode={args.mode}")
     rc, run_dir = launch(args.config, nranks=args.n, overrides=sets, runs_root=args.runs,
-                         resume=args.resume, timeout_s=args.timeout)
+                         resume=args.resume, timeout_s=args.timeout, launcher=args.launcher,
+                         run_dir=args.run_dir or None)
     print(f"run directory: {run_dir}", file=sys.stderr)
     return rc
 
 
-@command("run", "run a job (TOML) on local ranks through mpirun")
+@command("run", "run a job (TOML) through mpirun, or srun inside a SLURM allocation")
 def _build_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="job TOML; the job script is the .py beside it")
     p.add_argument("-n", type=int, default=None, help="ranks (default: from [layout])")
@@ -65,6 +66,11 @@ def _build_run(p: argparse.ArgumentParser) -> None:
                    help="override a config value, e.g. --set storage.capacity_rows=1000")
     p.add_argument("--runs", default="runs", help="parent of run directories")
     p.add_argument("--timeout", type=float, default=None, help="wall-clock limit (s)")
+    p.add_argument("--launcher", choices=("auto", "mpirun", "srun"), default="auto",
+                   help="auto: srun --mpi=pmix inside a SLURM allocation, else mpirun "
+                        "($CONDUIT_LAUNCHER sets the default)")
+    p.add_argument("--run-dir", default="", help="use this run directory (kept across a "
+                   "requeued SLURM job) instead of a new one under --runs")
 
 
 # ---------------------------------------------------------------------------------
@@ -212,6 +218,44 @@ def _build_inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", action="store_true", help="read every dataset and check "
                    "its checksum")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+# slurm
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from .slurm import render_sbatch, request_from_args, write_or_print
+
+    cmd = "conduit-hpc " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["slurm"] else ""
+    text = render_sbatch(args.config, request_from_args(args), command=cmd)
+    write_or_print(text, args.out)
+    if args.out:
+        print(f"wrote {args.out}; submit with: sbatch {args.out}", file=sys.stderr)
+    return 0
+
+
+@command("slurm", "render an sbatch script for a job (one node, or many nodes with GPUs)")
+def _build_slurm(p: argparse.ArgumentParser) -> None:
+    from .slurm import add_arguments
+
+    add_arguments(p)
+
+
+# ---------------------------------------------------------------------------------
+# report
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    md = write_report(args.run_dirs, args.out or None)
+    print(f"report: {md} (plots beside it)")
+    return 0
+
+
+@command("report", "PNG plots and a markdown summary of one or several runs")
+def _build_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories")
+    p.add_argument("--out", default="", help="output folder (default RUN_DIR/report for "
+                   "one run, report-<time> beside the first run for several)")
 
 
 # ---------------------------------------------------------------------------------

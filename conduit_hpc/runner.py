@@ -1,13 +1,18 @@
-"""Launching jobs: the rank-side entry helper and the ``mpirun`` wrapper.
+"""Launching jobs: the rank-side entry helper and the ``mpirun``/``srun`` wrapper.
 
 Job scripts end with ``job_main(MyConfig, run)``: it parses ``--config``/``--set``/
 ``--run-dir``, loads the config, runs the job, and turns a
 :class:`~conduit_hpc.errors.ConduitError` into one ``conduit-hpc: error`` line and a
-non-zero exit (which, under ``python -m mpi4py``, aborts every rank: no hang).
+non-zero exit (which, under ``python -m mpi4py``, aborts every rank: no hang). It also
+turns ``SIGUSR1`` into a *stop request* (:func:`stop_requested`) that a job polls at a
+safe point (a superstep boundary) to checkpoint and end early - this is how a SLURM
+preemption warning reaches the ranks (see ``slurm/README.md``).
 
 :func:`launch` is what ``conduit-hpc run`` does: resolve the config, make the run
-directory, and start the ranks with ``mpirun`` (or ``srun`` inside a SLURM allocation)
-with the environment that the MPI wheel needs, under a timeout.
+directory, and start the ranks with ``mpirun``, or with ``srun --mpi=pmix`` inside a
+SLURM allocation (:func:`choose_launcher`), with the environment that the MPI wheel
+needs, per-rank logs, under a timeout. ``SIGTERM``/``SIGUSR1`` sent to the launcher are
+forwarded to the ranks as ``SIGUSR1`` (a stop request); a second ``SIGTERM`` stops them.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from typing import Any, TypeVar
 from .config import Config
 from .errors import ConduitError
 
-__all__ = ["ERROR_PREFIX", "job_main", "launch", "mpi_env", "to_toml"]
+__all__ = ["ERROR_PREFIX", "choose_launcher", "job_main", "launch", "mpi_env",
+           "stop_requested", "to_toml"]
 
 ERROR_PREFIX = "conduit-hpc: error"
 C = TypeVar("C", bound=Config)
@@ -63,6 +69,7 @@ def job_main(config_cls: type[C], run: Callable[..., Any],
     rank = _world_rank()
     if args.run_dir:
         _log_to_files(Path(args.run_dir) / "logs", rank)
+    install_stop_handler()
     try:
         cfg = config_cls.from_toml(args.config, args.set)
         kwargs: dict[str, Any] = {}
@@ -80,19 +87,44 @@ def job_main(config_cls: type[C], run: Callable[..., Any],
 
 
 def _log_to_files(logs: Path, rank: int) -> None:
-    """Send this rank's stdout and stderr to ``logs/rank-N.out`` and ``.err`` (the
-    launcher follows rank 0's). Done by the rank itself: ``mpirun --output dir=``
-    loses output to a directory-creation race in some PMIx versions."""
-    logs.mkdir(parents=True, exist_ok=True)
+    """Send this rank's stdout and stderr to ``logs/rank.N/stdout`` and ``stderr`` (the
+    launcher follows rank 0's). Done by the rank itself, under ``mpirun`` and ``srun``
+    alike: ``mpirun --output dir=`` loses output to a directory-creation race in some
+    PMIx versions."""
+    where = logs / f"rank.{rank}"
+    where.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    for stream, suffix in ((sys.stdout, "out"), (sys.stderr, "err")):
-        fd = os.open(logs / f"rank-{rank}.{suffix}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                     0o644)
+    for stream, name in ((sys.stdout, "stdout"), (sys.stderr, "stderr")):
+        fd = os.open(where / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, stream.fileno())
         os.close(fd)
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
+
+
+_STOP = {"signal": 0}
+
+
+def _on_stop_signal(signum: int, frame: object) -> None:
+    _STOP["signal"] = signum
+
+
+def install_stop_handler() -> None:
+    """Make ``SIGUSR1`` set the stop request (main thread only; idempotent)."""
+    signal.signal(signal.SIGUSR1, _on_stop_signal)
+
+
+def stop_requested() -> bool:
+    """Whether this process got a stop request (``SIGUSR1``: a preemption warning
+    forwarded by ``conduit-hpc run`` or by ``srun``/``mpirun``).
+
+    Not collective and rank-dependent (a signal may reach ranks at different times):
+    a job decides to stop from an agreement over all ranks (e.g. an ``allreduce`` of
+    this flag with ``MPI.LOR`` at a superstep boundary), then checkpoints and returns.
+    Does not block.
+    """
+    return _STOP["signal"] != 0
 
 
 def _world_rank() -> int:
@@ -179,102 +211,196 @@ def entry_for(config_path: Path, cfg: Config) -> Path:
     return config_path.with_suffix(".py")
 
 
+LAUNCHERS = ("auto", "mpirun", "srun")
+
+
+def _mpi_flavour() -> str:
+    """``openmpi`` or ``mpich`` from the MPI library in this environment (no MPI import)."""
+    lib = Path(sys.prefix, "lib")
+    if (lib / "libmpi.so.40").exists():
+        return "openmpi"
+    if (lib / "libmpi.so.12").exists():
+        return "mpich"
+    return "unknown"
+
+
+def _srun_mpi_plugins() -> str:
+    try:
+        out = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True,
+                             timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout + out.stderr
+
+
+def choose_launcher(requested: str = "auto") -> tuple[str, str]:
+    """Pick how to start ranks: ``(launcher, srun_mpi_plugin)``.
+
+    ``auto`` (or ``$CONDUIT_LAUNCHER``) takes ``srun`` inside a SLURM allocation
+    (``SLURM_JOB_ID`` set, ``srun`` on ``PATH``) when SLURM has the plugin this MPI needs
+    (``pmix`` for the Open MPI wheel, ``pmi2`` for MPICH), and ``mpirun`` otherwise
+    (which also works inside an allocation). Not collective; may run ``srun --mpi=list``.
+
+    Raises:
+        ConduitError: an unknown launcher, or ``srun`` requested outside an allocation.
+    """
+    req = requested if requested != "auto" else os.environ.get("CONDUIT_LAUNCHER", "auto")
+    req = req or "auto"
+    if req not in LAUNCHERS:
+        raise ConduitError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {req!r}")
+    plugin = {"openmpi": "pmix", "mpich": "pmi2"}.get(_mpi_flavour(), "pmix")
+    in_alloc = bool(os.environ.get("SLURM_JOB_ID")) and shutil.which("srun") is not None
+    if req == "srun":
+        if not in_alloc:
+            raise ConduitError("launcher 'srun' needs a SLURM allocation (SLURM_JOB_ID is "
+                               "not set or srun is not on PATH); use sbatch/salloc or "
+                               "--launcher mpirun")
+        return "srun", plugin
+    if req == "mpirun" or not in_alloc:
+        return "mpirun", ""
+    return ("srun", plugin) if plugin in _srun_mpi_plugins() else ("mpirun", "")
+
+
 def launch(config_path: str | Path, *, nranks: int | None = None,
            overrides: Sequence[str] = (), runs_root: str | Path = "runs",
            resume: str = "", timeout_s: float | None = None, quiet: bool = False,
-           config_cls: type[Config] = Config, entry: str | Path | None = None
+           config_cls: type[Config] = Config, launcher: str = "auto",
+           run_dir: str | Path | None = None, entry: str | Path | None = None
            ) -> tuple[int, Path]:
     """Start a job's ranks and wait. Blocks at most ``timeout_s`` (default: the job's
     ``run.duration_s`` + ``run.timeout_s`` + 60 s).
 
+    Per-rank output goes to ``RUN_DIR/logs/rank.N/{stdout,stderr}`` (written by the
+    ranks themselves; rank 0's stdout is also copied to ours while the job runs).
+    ``SIGTERM`` or ``SIGUSR1`` received while waiting is forwarded to the ranks as
+    ``SIGUSR1`` (see :func:`stop_requested`), and the budget is extended by
+    ``run.timeout_s`` + 60 s so that they can write a final checkpoint; a second
+    ``SIGTERM`` stops them.
+
     Args:
-        entry: the job script (default: the ``.py`` beside the TOML file).
+        launcher (str): ``auto``, ``mpirun`` or ``srun`` (see :func:`choose_launcher`).
+        run_dir (str | Path | None): use this directory (created if needed; kept across a
+            requeued SLURM job so that ``--resume`` finds its checkpoints) instead of a
+            new ``runs_root/<name>-<timestamp>``; earlier logs move to ``logs.<k>``.
+        entry (str | Path | None): the job script (default: the ``.py`` beside the TOML).
 
     Returns:
         tuple[int, Path]: the exit status (0 on success) and the run directory.
 
     Raises:
         ConfigError: the config does not load (checked before any rank starts).
+        ConduitError: a bad launcher, or more ranks than the SLURM allocation has tasks.
     """
     path = Path(config_path)
     cfg = _load_loose(path, overrides, config_cls)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    run_dir = Path(runs_root) / f"{cfg.run.name}-{stamp}"
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    which, plugin = choose_launcher(launcher)
+    n = nranks or (int(os.environ["SLURM_NTASKS"]) if which == "srun" and
+                   os.environ.get("SLURM_NTASKS", "").isdigit() else ranks_for(cfg))
+    slots = os.environ.get("SLURM_NTASKS", "")
+    if which == "srun" and slots.isdigit() and n > int(slots):
+        raise ConduitError(f"-n {n} exceeds the {slots} tasks of this SLURM allocation "
+                           f"(SLURM_NTASKS); ask sbatch for more tasks or use "
+                           f"--launcher mpirun (which may oversubscribe)")
+    if run_dir is None:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+        run_dir = Path(runs_root) / f"{cfg.run.name}-{stamp}"
+    run_dir = Path(run_dir)
+    logs = run_dir / "logs"
+    if logs.exists():
+        k = 1
+        while (run_dir / f"logs.{k}").exists():
+            k += 1
+        logs.rename(run_dir / f"logs.{k}")
+    logs.mkdir(parents=True, exist_ok=True)
     raw = _raw_with_overrides(path, overrides)
     (run_dir / "config.toml").write_text(to_toml(raw))
-    n = nranks or ranks_for(cfg)
     entry = Path(entry) if entry is not None else entry_for(path, cfg)
     job_args = ["--config", str((run_dir / "config.toml").resolve()), "--run-dir",
                 str(run_dir.resolve())]
     if resume:
         job_args += ["--resume", resume]
     py = [sys.executable, "-m", "mpi4py", str(entry), *job_args]
-    if os.environ.get("SLURM_JOB_ID") and shutil.which("srun") and \
-            os.environ.get("CONDUIT_LAUNCHER", "") == "srun":
-        cmd = ["srun", "--mpi=pmix", "-n", str(n), *py]
+    # ranks write their own logs (logs/rank.N/); what comes before that (a failed
+    # start) is in logs/launcher.log
+    if which == "srun":
+        cmd = ["srun", f"--mpi={plugin}", "-n", str(n), "--kill-on-bad-exit=1", *py]
     else:
         cmd = ["mpirun", "-n", str(n), *py]
     budget = timeout_s or (cfg.run.duration_s + cfg.run.timeout_s + 60.0)
     (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
-    with open(run_dir / "logs" / "launcher.log", "w") as launcher_log:
+    with open(logs / "launcher.log", "w") as launcher_log, _Forwarder() as fwd:
         proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True,
                                 stdout=launcher_log, stderr=subprocess.STDOUT)
+        fwd.proc = proc
         follower = _Follower(run_dir, quiet)
         deadline = time.monotonic() + budget
-        graceful = _GracefulStop(proc, grace_s=cfg.run.timeout_s + 60.0)
+        fwd.grace_s = cfg.run.timeout_s + 60.0
         rc: int | None = None
-        try:
-            while rc is None:
-                try:
-                    rc = proc.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
+        while rc is None:
+            try:
+                rc = proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                follower.pump()
+                fwd.act()
+                deadline = fwd.extend(deadline)
+                if time.monotonic() > deadline:
+                    _stop(proc)
                     follower.pump()
-                    deadline = graceful.extend(deadline)
-                    if time.monotonic() > deadline:
-                        _stop(proc)
-                        follower.pump()
-                        print(f"{ERROR_PREFIX}: job ran past its {budget:.0f} s budget and "
-                              f"was stopped; logs in {run_dir / 'logs'}", file=sys.stderr)
-                        return 124, run_dir
-        finally:
-            graceful.close()
+                    print(f"{ERROR_PREFIX}: job ran past its {budget:.0f} s budget and was "
+                          f"stopped; logs in {logs}", file=sys.stderr)
+                    return 124, run_dir
         follower.pump()
         follower.finish()
     if rc != 0:
         print(first_error(run_dir) or f"{ERROR_PREFIX}: job exited with status {rc}; "
-              f"logs in {run_dir / 'logs'}", file=sys.stderr)
+              f"logs in {logs}", file=sys.stderr)
     return rc, run_dir
 
 
-class _GracefulStop:
-    """While a job runs, SIGTERM to this launcher (SLURM's preemption warning, ``kill``)
-    becomes SIGUSR1 to ``mpirun``, which forwards it to every rank: the job stops, writes
-    a final checkpoint and exits (``mpirun`` itself would kill the ranks within a
-    fraction of a second of a SIGTERM). The launcher then waits up to ``grace_s`` more."""
+class _Forwarder:
+    """While the launcher waits: the first SIGTERM/SIGUSR1 (SLURM's preemption warning,
+    ``kill``) becomes SIGUSR1 to the ranks - a stop request, after which they write a
+    final checkpoint (``mpirun`` itself would kill them within a fraction of a second
+    of a SIGTERM) - and the wait is extended by ``grace_s``; a second SIGTERM stops
+    them."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], grace_s: float) -> None:
-        self.proc, self.grace_s = proc, grace_s
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pending: list[int] = []
+        self.forwarded = False
+        self.grace_s = 60.0
         self.at: float | None = None
-        self._old: Any = None
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, self._on_term)
+        self._old: dict[int, Any] = {}
 
-    def _on_term(self, signum: int, frame: Any) -> None:
-        if self.at is None:
-            self.at = time.monotonic()
-            print("conduit-hpc: SIGTERM: asking every rank to stop and checkpoint "
-                  "(SIGUSR1 to mpirun)", file=sys.stderr, flush=True)
+    def __enter__(self) -> _Forwarder:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signal handlers can only be set in the main thread
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            self._old[sig] = signal.signal(sig, lambda s, f: self.pending.append(s))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+    def act(self) -> None:
+        while self.pending and self.proc is not None:
+            sig = self.pending.pop(0)
+            if sig == signal.SIGTERM and self.forwarded:
+                print(f"{ERROR_PREFIX}: second SIGTERM; stopping the ranks", file=sys.stderr)
+                _stop(self.proc)
+                return
+            name = signal.Signals(sig).name
+            print(f"conduit-hpc: {name} received; asking the ranks to stop (SIGUSR1): "
+                  f"asking every rank to stop and checkpoint", file=sys.stderr, flush=True)
+            self.forwarded = True
+            self.at = self.at or time.monotonic()
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGUSR1)
+                self.proc.send_signal(signal.SIGUSR1)
 
     def extend(self, deadline: float) -> float:
+        """The wait's deadline, extended by ``grace_s`` after a forwarded stop."""
         return deadline if self.at is None else max(deadline, self.at + self.grace_s)
-
-    def close(self) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
-            self._old = None
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -315,15 +441,16 @@ class _Follower:
 
 
 def _rank_log(run_dir: Path, rank: int, name: str) -> Path | None:
-    f = run_dir / "logs" / f"rank-{rank}.{'out' if name == 'stdout' else 'err'}"
+    f = run_dir / "logs" / f"rank.{rank}" / name
     return f if f.exists() else None
 
 
 def first_error(run_dir: Path) -> str | None:
     """The first ``conduit-hpc: error`` line any rank wrote, or the last line of the
-    first Python traceback, as one message; ``None`` if there is neither."""
-    logs = sorted((run_dir / "logs").glob("rank-*.err"),
-                  key=lambda p: int(p.stem.split("-")[1]))
+    first Python traceback (a rank's, else the launcher's), as one message; ``None`` if
+    there is neither."""
+    logs = sorted((run_dir / "logs").glob("rank.*/stderr"),
+                  key=lambda p: int(p.parent.name.split(".")[1]))
     launcher = run_dir / "logs" / "launcher.log"
     for f in logs:
         for line in f.read_text(errors="replace").splitlines():
@@ -333,7 +460,7 @@ def first_error(run_dir: Path) -> str | None:
         text = f.read_text(errors="replace")
         if "Traceback (most recent call last)" in text:
             tail = [ln for ln in text.splitlines() if re.match(r"^\w[\w.]*(Error|Exception)", ln)]
-            where = (f"world rank {f.stem.split('-')[1]}" if f.name.startswith("rank-")
+            where = (f"world rank {f.parent.name.split('.')[1]}" if f.name == "stderr"
                      else "a rank")
             if tail:
                 return (f"{ERROR_PREFIX} on {where}: {tail[-1]} "

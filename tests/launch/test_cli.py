@@ -98,3 +98,68 @@ def test_a_rank_raising_midway_ends_the_job_with_one_message(tmp_path) -> None:
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
     assert len(errors) == 1, out.stderr
     assert "world rank 0" in errors[0] and "injected failure at superstep 20" in errors[0]
+@pytest.mark.parametrize(
+    ("args", "fragment", "traceback"),
+    [([], "RuntimeError: deliberate failure on world rank 2", True),
+     (["--set", "fail.conduit_error=true"], "DataPlaneTimeout: deliberate timeout", False)],
+)
+def test_an_exception_on_one_rank_is_one_message_not_a_hang(tmp_path, args, fragment,
+                                                            traceback) -> None:
+    out = cli("run", "tests/launch/jobs/fail_one_rank.toml", "-n", "4", "--runs", str(tmp_path),
+              *args, timeout=120)
+    assert out.returncode != 0
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
+    assert len(errors) == 1, out.stderr
+    assert f"on world rank 2: {fragment}" in errors[0]
+    assert "Traceback" not in out.stderr
+    # what the rank wrote is kept in its own log (mpirun makes a file per rank that wrote)
+    run_dir = next(tmp_path.iterdir())
+    logs = {p.parent.name: p.read_text() for p in run_dir.glob("logs/**/rank.*/stderr")}
+    assert fragment.split(":")[0] in logs["rank.2"]
+    assert ("Traceback" in logs["rank.2"]) == traceback
+
+
+def test_srun_outside_an_allocation_is_refused(tmp_path) -> None:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    out = subprocess.run([sys.executable, "-m", "conduit_hpc.cli", "run",
+                          "jobs/synthetic.toml", "--launcher", "srun", "--runs", str(tmp_path)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 2
+    assert "launcher 'srun' needs a SLURM allocation" in out.stderr
+
+
+def test_slurm_renders_and_refuses_impossible_layouts(tmp_path) -> None:
+    out = cli("slurm", "jobs/synthetic.toml", "--nodes", "2", "--set", "layout.per_node=true",
+              "--set", "layout.actors=0", "--ntasks-per-node", "4", "-o", str(tmp_path / "j.sh"))
+    assert out.returncode == 0, out.stderr
+    assert subprocess.run(["bash", "-n", str(tmp_path / "j.sh")], timeout=30,
+                          check=False).returncode == 0
+    assert "#SBATCH --gpus-per-node=1" in (tmp_path / "j.sh").read_text()
+    bad = cli("slurm", "jobs/synthetic.toml", "--nodes", "1", "--ntasks-per-node", "2",
+              "--set", "layout.actors=0")
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("conduit-hpc: error: ConfigError: --nodes 1 x "
+                                 "--ntasks-per-node 2 = 2 tasks")
+    assert "more roles than tasks" in bad.stderr
+
+
+def test_convergence_smoke_then_report_draws_the_return_curve(tmp_path) -> None:
+    import json
+
+    out = cli("bench", "--json", "convergence", "--smoke", "--modes", "single", "--out",
+              str(tmp_path), timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    (single,) = result["results"]
+    assert single["env_steps"] >= 3000 and single["episodes"] > 10
+    rep = cli("report", single["run_dir"], timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    report_dir = tmp_path / "single-seed0" / "report"
+    png = report_dir / "returns.png"
+    assert png.exists() and png.stat().st_size > 10_000
+    md = (report_dir / "report.md").read_text()
+    assert "![Return curve](returns.png)" in md
+    assert "timeline of dqn [single-process] skipped (no learner-*.csv)" in md

@@ -82,3 +82,13 @@ def test_import_has_no_side_effects() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=False)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_rl_report_and_slurm_import_no_mpi_or_h5py() -> None:
+    """DQN pieces, reports and sbatch rendering run on a login node without MPI."""
+    for name in ("rl", "report", "slurm"):
+        for path in modules(name):
+            _, ext = our_imports(path)
+            bad = {e for e in ext if e.split(".")[0] in {"mpi4py", "h5py"}
+                   or e.startswith("torch.distributed")}
+            assert not bad, f"{path.name} imports {bad}"

@@ -1,0 +1,214 @@
+"""Environment steps and wall time to reach mean return 475 on CartPole-v1.
+
+    conduit-hpc bench convergence [--smoke] [--seeds 0,1,2] [--modes single,edp,sync,service]
+
+Modes, with the same DQN hyperparameters (the ``[dqn]`` section of
+``jobs/dqn_cartpole.toml`` when it exists, else :class:`conduit_hpc.rl.DQNSection`'s
+defaults, which are the tuned values; ``--set key=value`` overrides either):
+
+* ``single``: the single-process baseline (:func:`conduit_hpc.rl.train_single_process`,
+  a plain in-process prioritized replay), run here;
+* ``edp``, ``sync``, ``service``: the distributed job through the data plane, run as
+  ``conduit-hpc run jobs/dqn_cartpole.toml --mode MODE --set run.seed=S``; each run's
+  ``metrics/summary.json`` must hold ``reached``, ``env_steps_to_target`` and ``wall_s``
+  (and ``env_steps``, ``updates``). Until that job exists these modes are reported as
+  skipped, with the reason.
+
+Goal: the same env steps to 475 in every mode (convergence preserved), less wall time
+in ``edp``. One JSON line per run (with the git sha), a table per mode with ratios to
+``single``, and ``report.md`` + ``returns.png`` over all runs in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+JOB = REPO / "jobs" / "dqn_cartpole.toml"
+MODES = ("single", "edp", "sync", "service")
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
+                              capture_output=True, text=True, timeout=10,
+                              check=False).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def hyperparameters(config: Path, overrides: list[str]) -> Any:
+    """The ``[dqn]`` section of the job (or the defaults), with ``--set`` overrides."""
+    from conduit_hpc.config import config_from_dict, parse_override, tomllib
+    from conduit_hpc.rl import DQNSection
+
+    raw: dict[str, Any] = {}
+    if config.exists():
+        raw = dict(tomllib.loads(config.read_text()).get("dqn", {}))
+    for ov in overrides:
+        key, value = parse_override(ov)
+        raw[key.removeprefix("dqn.")] = value
+    return config_from_dict(DQNSection, raw)
+
+
+# ---------------------------------------------------------------------------------
+# the modes
+
+
+def run_single(hp: Any, seed: int, out: Path, time_limit_s: float) -> dict[str, Any]:
+    import torch
+
+    from conduit_hpc.rl import train_single_process
+
+    torch.set_num_threads(1)
+    run_dir = out / f"single-seed{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(f'[run]\nname = "dqn"\nseed = {seed}\n')
+    result = train_single_process(hp, seed=seed, run_dir=run_dir, time_limit_s=time_limit_s)
+    return {**result, "run_dir": str(run_dir)}
+
+
+def run_data_plane(mode: str, hp_sets: list[str], seed: int, out: Path,
+                   time_limit_s: float) -> dict[str, Any]:
+    """One run of the distributed job in ``mode`` (the slot the data-plane modes fill)."""
+    if not JOB.exists():
+        return {"skipped": f"{JOB.relative_to(REPO)} does not exist yet (the distributed "
+                           "DQN job comes with the scheduler's next_batch/update_priorities)"}
+    runs = out / f"{mode}-seed{seed}"
+    cmd = [sys.executable, "-m", "conduit_hpc.cli", "run", str(JOB), "--mode", mode,
+           "--runs", str(runs), "--set", f"run.seed={seed}",
+           *[a for s in hp_sets for a in ("--set", s if s.startswith("dqn.") else
+                                          f"dqn.{s}")]]
+    if time_limit_s:
+        cmd += ["--timeout", str(time_limit_s + 120)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False,
+                          timeout=(time_limit_s or 3600) + 300)
+    wall = time.perf_counter() - t0
+    run_dirs = sorted(runs.glob("*/")) if runs.exists() else []
+    if proc.returncode != 0 or not run_dirs:
+        return {"failed": f"exit {proc.returncode}: {proc.stderr.strip()[-400:]}",
+                "wall_s": wall}
+    summary_path = run_dirs[-1] / "metrics" / "summary.json"
+    if not summary_path.exists():
+        return {"failed": f"{summary_path} missing", "wall_s": wall}
+    summary = json.loads(summary_path.read_text())
+    return {"reached": bool(summary.get("reached")),
+            "env_steps": summary.get("env_steps"),
+            "env_steps_to_target": summary.get("env_steps_to_target"),
+            "wall_s": float(summary.get("wall_s", wall)), "updates": summary.get("updates"),
+            "launch_wall_s": wall, "run_dir": str(run_dirs[-1])}
+
+
+# ---------------------------------------------------------------------------------
+# driver
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="conduit-hpc bench convergence")
+    p.add_argument("--smoke", action="store_true",
+                   help="one seed, a 3,000-step budget: checks the machinery, not convergence")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--config", default=str(JOB), help="job TOML whose [dqn] section to use")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a [dqn] hyperparameter, e.g. --set lr=5e-4")
+    p.add_argument("--time-limit", type=float, default=0.0, help="seconds per run (0: none)")
+    p.add_argument("--out", default="", help="folder for runs and the report "
+                   "(default runs/convergence-<time>)")
+    args = p.parse_args(argv)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    modes = args.modes.split(",")
+    for m in modes:
+        if m not in MODES:
+            raise SystemExit(f"--modes: unknown mode {m!r}; known: {', '.join(MODES)}")
+    sets = list(args.set)
+    if args.smoke:
+        seeds = seeds[:1]
+        sets += ["max_env_steps=3000", "learning_starts=500"]
+    hp = hyperparameters(Path(args.config), sets)
+    out = Path(args.out) if args.out else REPO / "runs" / (
+        "convergence-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    out.mkdir(parents=True, exist_ok=True)
+    sha = git_sha()
+    results: list[dict[str, Any]] = []
+    for mode in modes:
+        for seed in seeds:
+            if mode == "single":
+                r = run_single(hp, seed, out, args.time_limit)
+            else:
+                r = run_data_plane(mode, sets, seed, out, args.time_limit)
+            r.update(bench="convergence", mode=mode, seed=seed, git_sha=sha,
+                     target_return=hp.target_return, max_env_steps=hp.max_env_steps)
+            results.append(r)
+            print(json.dumps(r, default=str), flush=True)
+    by_mode = summarise(results)
+    print_table(by_mode, hp)
+    from conduit_hpc.report import write_report
+
+    run_dirs = [r["run_dir"] for r in results if r.get("run_dir")]
+    report = str(write_report(run_dirs, out / "report")) if run_dirs else ""
+    if report:
+        print(f"report: {report}")
+    return {"results": results, "by_mode": by_mode, "report": report, "git_sha": sha,
+            "hyperparameters": {k: getattr(hp, k) for k in hp.__dataclass_fields__}}
+
+
+def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per mode: runs, how many reached 475, median env steps and wall time to it, and
+    the ratios to ``single``."""
+    by: dict[str, dict[str, Any]] = {}
+    for mode in dict.fromkeys(r["mode"] for r in results):
+        rs = [r for r in results if r["mode"] == mode]
+        skipped = [r["skipped"] for r in rs if "skipped" in r]
+        if skipped:
+            by[mode] = {"runs": len(rs), "skipped": skipped[0]}
+            continue
+        hit = [r for r in rs if r.get("reached")]
+        by[mode] = {"runs": len(rs), "reached": len(hit),
+                    "failed": [r["failed"] for r in rs if "failed" in r],
+                    "median_env_steps_to_475": statistics.median(
+                        r["env_steps_to_target"] for r in hit) if hit else None,
+                    "median_wall_s_to_475": statistics.median(r["wall_s"] for r in hit)
+                    if hit else None}
+    base = by.get("single", {})
+    for s in by.values():
+        if s.get("median_wall_s_to_475") and base.get("median_wall_s_to_475"):
+            s["wall_ratio_to_single"] = s["median_wall_s_to_475"] / base["median_wall_s_to_475"]
+            s["steps_ratio_to_single"] = (s["median_env_steps_to_475"]
+                                          / base["median_env_steps_to_475"])
+    return by
+
+
+def print_table(by_mode: dict[str, dict[str, Any]], hp: Any) -> None:
+    print(f"\nCartPole-v1: env steps and wall time to mean return {hp.target_return:g} over "
+          f"the last {hp.window} scored episodes (explorers with epsilon <= "
+          f"{hp.score_max_epsilon:g}; budget {hp.max_env_steps:,} steps)")
+    print(f"{'mode':>8} {'reached':>8} {'steps (median)':>15} {'wall s (median)':>16} "
+          f"{'steps/single':>13} {'wall/single':>12}")
+    for mode, s in by_mode.items():
+        if "skipped" in s:
+            print(f"{mode:>8}  skipped: {s['skipped']}")
+            continue
+        steps = s["median_env_steps_to_475"]
+        wall = s["median_wall_s_to_475"]
+        print(f"{mode:>8} {s['reached']:>4}/{s['runs']:<3} "
+              f"{(f'{steps:,.0f}' if steps else '-'):>15} "
+              f"{(f'{wall:,.1f}' if wall else '-'):>16} "
+              f"{s.get('steps_ratio_to_single', float('nan')):>13.2f} "
+              f"{s.get('wall_ratio_to_single', float('nan')):>12.2f}")
+        for f in s["failed"]:
+            print(f"{'':>10}failed: {f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

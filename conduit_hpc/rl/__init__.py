@@ -1,0 +1,36 @@
+"""DQN building blocks (pure torch/numpy; no MPI, no data plane).
+
+The single-process baseline and the distributed Ape-X-style job share every piece:
+:class:`QNetwork`, the epsilon ladder, the n-step accumulator, the double-DQN loss,
+actor-side initial priorities and the hyperparameters (:class:`DQNSection`).
+Importing this package imports torch.
+"""
+
+from .dqn import DQNSection, make_vector_env, train_single_process
+from .episodes import EPISODE_COLUMNS, EpisodeLog
+from .exploration import epsilon_greedy, epsilon_ladder
+from .losses import double_dqn_loss, double_dqn_targets, initial_priorities, to_tensors
+from .nstep import NStepAccumulator, true_next_obs
+from .qnet import QNetwork, copy_weights, sync_target
+from .replay import PrioritizedReplay, ReplaySample
+
+__all__ = [
+    "EPISODE_COLUMNS",
+    "DQNSection",
+    "EpisodeLog",
+    "NStepAccumulator",
+    "PrioritizedReplay",
+    "QNetwork",
+    "ReplaySample",
+    "copy_weights",
+    "double_dqn_loss",
+    "double_dqn_targets",
+    "epsilon_greedy",
+    "epsilon_ladder",
+    "initial_priorities",
+    "make_vector_env",
+    "sync_target",
+    "to_tensors",
+    "train_single_process",
+    "true_next_obs",
+]

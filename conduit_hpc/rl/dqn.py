@@ -1,0 +1,271 @@
+"""DQN hyperparameters (the ``[dqn]`` section) and the single-process Ape-X-style DQN.
+
+:func:`train_single_process` is the baseline that ``bench/convergence.py`` compares the
+data-plane modes against: the same network, n-step returns, epsilon ladder, double-DQN
+loss, actor-side initial priorities and target updates as the distributed job, with a
+plain in-process :class:`~conduit_hpc.rl.replay.PrioritizedReplay` in place of the data
+plane. Both read their hyperparameters from one :class:`DQNSection`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import require
+from .episodes import EpisodeLog
+from .exploration import epsilon_greedy, epsilon_ladder
+from .losses import double_dqn_loss, initial_priorities, to_tensors
+from .nstep import NStepAccumulator, true_next_obs
+from .qnet import QNetwork, copy_weights, sync_target
+from .replay import PrioritizedReplay
+
+__all__ = ["DQNSection", "make_vector_env", "train_single_process"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DQNSection:
+    """``[dqn]``: hyperparameters shared by the single-process baseline and the
+    distributed job.
+
+    The defaults are tuned for CartPole-v1: 8 of 8 seeds reached a mean return of 475
+    over 20 scored episodes in 32k-82k env steps (median about 52k). ``bench/README.md``
+    records the sweep: what was tried and what failed.
+
+    Attributes:
+        env_id (str): Gymnasium environment id (discrete actions, flat observations).
+        num_envs (int): environment slots in total; the distributed job splits them over
+            its actor ranks, and the epsilon ladder runs over all of them.
+        hidden (tuple[int, ...]): hidden layer widths of the Q network.
+        dueling (bool): dueling head.
+        gamma (float): discount per step.
+        n_step (int): steps per transition.
+        lr (float): Adam learning rate.
+        batch_size (int): rows per learner update.
+        replay_capacity (int): rows held by the replay.
+        priority_exponent (float): alpha of prioritized replay (0 = uniform).
+        beta_start (float): importance-sampling exponent at the start...
+        beta_end (float): ... annealed linearly to this over ``beta_steps`` env steps.
+        beta_steps (int): env steps of the beta schedule.
+        learning_starts (int): rows in replay before the first update.
+        samples_per_insert (float): rows sampled per row inserted (replay ratio); the
+            learner makes ``samples_per_insert / batch_size`` updates per inserted row.
+        target_period (int): learner updates between target-network syncs.
+        actor_sync_period (int): learner updates between weight copies to actors.
+        epsilon (float): base epsilon of the Ape-X ladder.
+        epsilon_alpha (float): spread exponent of the ladder.
+        max_grad_norm (float): gradient clipping (0 = off).
+        huber_delta (float): Huber threshold of the loss.
+        target_return (float): stop when the mean return of the last ``window`` scored
+            episodes reaches this.
+        window (int): episodes in that mean.
+        score_max_epsilon (float): episodes of env slots whose ladder epsilon is at most
+            this are *scored* (enter that mean); the more exploring slots only feed
+            replay. 1.0 scores every episode. At least the least-exploring slot is
+            always scored. (With 8 slots and 0.05: slots 3-7, epsilon 0.026 .. 0.0007.)
+        max_env_steps (int): step budget.
+    """
+
+    env_id: str = "CartPole-v1"
+    num_envs: int = 8
+    hidden: tuple[int, ...] = (128, 128)
+    dueling: bool = False
+    gamma: float = 0.99
+    n_step: int = 3
+    lr: float = 2e-3
+    batch_size: int = 64
+    replay_capacity: int = 100_000
+    priority_exponent: float = 0.6
+    beta_start: float = 0.4
+    beta_end: float = 1.0
+    beta_steps: int = 50_000
+    learning_starts: int = 1_000
+    samples_per_insert: float = 16.0
+    target_period: int = 100
+    actor_sync_period: int = 10
+    epsilon: float = 0.4
+    epsilon_alpha: float = 7.0
+    max_grad_norm: float = 10.0
+    huber_delta: float = 1.0
+    target_return: float = 475.0
+    window: int = 20
+    score_max_epsilon: float = 0.05
+    max_env_steps: int = 200_000
+
+    def __post_init__(self) -> None:
+        require(bool(self.env_id), "env_id", self.env_id, "a Gymnasium environment id")
+        require(self.num_envs >= 1, "num_envs", self.num_envs, ">= 1")
+        require(len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden), "hidden",
+                self.hidden, "a non-empty list of positive widths")
+        require(0.0 <= self.gamma <= 1.0, "gamma", self.gamma, "in [0, 1]")
+        require(self.n_step >= 1, "n_step", self.n_step, ">= 1")
+        require(self.lr > 0, "lr", self.lr, "> 0")
+        require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
+        require(self.replay_capacity >= self.batch_size, "replay_capacity",
+                self.replay_capacity, f">= batch_size ({self.batch_size})")
+        require(self.priority_exponent >= 0, "priority_exponent", self.priority_exponent,
+                ">= 0")
+        require(0.0 <= self.beta_start <= 1.0, "beta_start", self.beta_start, "in [0, 1]")
+        require(0.0 <= self.beta_end <= 1.0, "beta_end", self.beta_end, "in [0, 1]")
+        require(self.beta_steps >= 1, "beta_steps", self.beta_steps, ">= 1")
+        require(self.batch_size <= self.learning_starts <= self.replay_capacity,
+                "learning_starts", self.learning_starts,
+                f"between batch_size ({self.batch_size}) and replay_capacity "
+                f"({self.replay_capacity})")
+        require(self.samples_per_insert > 0, "samples_per_insert", self.samples_per_insert,
+                "> 0")
+        require(self.target_period >= 1, "target_period", self.target_period, ">= 1")
+        require(self.actor_sync_period >= 1, "actor_sync_period", self.actor_sync_period,
+                ">= 1")
+        require(0.0 < self.epsilon <= 1.0, "epsilon", self.epsilon, "in (0, 1]")
+        require(self.epsilon_alpha >= 0, "epsilon_alpha", self.epsilon_alpha, ">= 0")
+        require(self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, ">= 0")
+        require(self.huber_delta > 0, "huber_delta", self.huber_delta, "> 0")
+        require(self.window >= 1, "window", self.window, ">= 1")
+        require(0.0 < self.score_max_epsilon <= 1.0, "score_max_epsilon",
+                self.score_max_epsilon, "in (0, 1]")
+        require(self.max_env_steps >= 1, "max_env_steps", self.max_env_steps, ">= 1")
+
+    def beta(self, env_steps: int) -> float:
+        """Importance-sampling exponent after ``env_steps`` environment steps."""
+        frac = min(1.0, env_steps / self.beta_steps)
+        return self.beta_start + frac * (self.beta_end - self.beta_start)
+
+    def epsilons(self) -> np.ndarray:
+        """The ladder's epsilon of each of the ``num_envs`` env slots."""
+        return epsilon_ladder(self.num_envs, self.epsilon, self.epsilon_alpha)
+
+    def scored_slots(self) -> np.ndarray:
+        """Bool per env slot: its episodes count toward the convergence test."""
+        eps = self.epsilons()
+        return eps <= max(self.score_max_epsilon, float(eps.min()))
+
+    def updates_due(self, inserted: int) -> int:
+        """Learner updates that should have happened once ``inserted`` rows went in."""
+        if inserted < self.learning_starts:
+            return 0
+        return int((inserted - self.learning_starts) * self.samples_per_insert
+                   / self.batch_size) + 1
+
+
+def make_vector_env(env_id: str, num_envs: int, seed: int) -> Any:
+    """A synchronous Gymnasium vector env in ``SAME_STEP`` autoreset mode (the step
+    that ends an episode returns the next episode's first observation and the final one
+    in ``info["final_obs"]``), reset with seeds ``seed .. seed + num_envs - 1``.
+
+    Returns:
+        tuple: ``(env, first_obs)``.
+    """
+    import gymnasium as gym
+    from gymnasium.vector import AutoresetMode
+
+    env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
+                       vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
+    obs, _ = env.reset(seed=[seed + i for i in range(num_envs)])  # type: ignore[arg-type]
+    env.action_space.seed(seed)
+    return env, obs
+
+
+def _build_nets(hp: DQNSection, obs_dim: int, n_actions: int
+                ) -> tuple[QNetwork, QNetwork, QNetwork]:
+    online = QNetwork(obs_dim, n_actions, hp.hidden, hp.dueling)
+    target = copy.deepcopy(online)
+    actor = copy.deepcopy(online)
+    for p in (*target.parameters(), *actor.parameters()):
+        p.requires_grad_(False)
+    return online, target, actor
+
+
+def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path | None = None,
+                         time_limit_s: float = 0.0, progress_every_s: float = 0.0
+                         ) -> dict[str, Any]:
+    """Train DQN in this process until the mean return of the last ``hp.window`` scored
+    episodes (see ``score_max_epsilon``) reaches ``hp.target_return``,
+    ``hp.max_env_steps`` run out, or
+    ``time_limit_s`` (0 = none) passes.
+
+    Not collective (no MPI); blocks for the whole training. With ``run_dir``, writes
+    ``metrics/episodes.csv`` and ``metrics/summary.json`` there.
+
+    Returns:
+        dict: ``reached`` (bool), ``env_steps`` (at the stop), ``env_steps_to_target``
+        (``None`` unless reached), ``wall_s``, ``updates``, ``episodes``,
+        ``final_mean_return``, ``seed``.
+    """
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    env, obs = make_vector_env(hp.env_id, hp.num_envs, seed)
+    obs_dim = int(np.prod(env.single_observation_space.shape))
+    n_actions = int(env.single_action_space.n)
+    online, target, actor = _build_nets(hp, obs_dim, n_actions)
+    opt = torch.optim.Adam(online.parameters(), lr=hp.lr)
+    replay = PrioritizedReplay({"obs": ((obs_dim,), "float32"), "action": ((), "int64"),
+                                "reward": ((), "float32"), "next_obs": ((obs_dim,), "float32"),
+                                "discount": ((), "float32")},
+                               hp.replay_capacity, hp.priority_exponent)
+    nstep = NStepAccumulator(hp.num_envs, hp.n_step, hp.gamma)
+    eps = hp.epsilons()
+    metrics = Path(run_dir) / "metrics" if run_dir is not None else None
+    t0 = time.perf_counter()
+    episodes = EpisodeLog(hp.num_envs, window=hp.window, t0=t0, epsilons=eps,
+                          scored=hp.scored_slots(),
+                          path=metrics / "episodes.csv" if metrics else None)
+    env_steps = updates = 0
+    reached_at: int | None = None
+    last_print = t0
+    try:
+        while env_steps < hp.max_env_steps:
+            with torch.no_grad():
+                q = actor(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+            action = epsilon_greedy(q, eps, rng)
+            next_obs, reward, term, trunc, info = env.step(action)
+            env_steps += hp.num_envs
+            rows = nstep.push(obs, action, reward, true_next_obs(next_obs, info), term, trunc)
+            obs = next_obs
+            episodes.step(reward, term | trunc, env_steps)
+            if len(rows["action"]):
+                replay.add(rows, initial_priorities(actor, rows))
+            while updates < hp.updates_due(replay.inserted):
+                sample = replay.sample(hp.batch_size, hp.beta(env_steps), rng)
+                loss, td = double_dqn_loss(online, target, to_tensors(sample.batch),
+                                           torch.from_numpy(sample.weights), hp.huber_delta)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if hp.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(online.parameters(), hp.max_grad_norm)
+                opt.step()
+                replay.update_priorities(sample.slots, sample.gens, td.abs().numpy() + 1e-6)
+                updates += 1
+                if updates % hp.target_period == 0:
+                    sync_target(online, target)
+                if updates % hp.actor_sync_period == 0:
+                    copy_weights(online, actor)
+            if episodes.reached(hp.target_return):
+                reached_at = env_steps
+                break
+            now = time.perf_counter()
+            if progress_every_s and now - last_print >= progress_every_s:
+                last_print = now
+                print(f"[dqn seed {seed}] {env_steps:>7} env steps  {updates:>6} updates  "
+                      f"mean return (last {hp.window} scored) {episodes.mean_recent:6.1f}  "
+                      f"{now - t0:6.1f} s", flush=True)
+            if time_limit_s and now - t0 > time_limit_s:
+                break
+    finally:
+        episodes.close()
+        env.close()
+    wall = time.perf_counter() - t0
+    result = {"mode": "single-process", "seed": seed, "reached": reached_at is not None,
+              "env_steps": env_steps,
+              "env_steps_to_target": reached_at, "wall_s": wall, "updates": updates,
+              "episodes": len(episodes.returns), "final_mean_return": episodes.mean_recent}
+    if metrics is not None:
+        (metrics / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result

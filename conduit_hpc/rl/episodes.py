@@ -1,0 +1,118 @@
+"""Episode bookkeeping on an actor: returns per env, ``episodes.csv`` rows, and the
+"mean return of the last W episodes" convergence test. Pure Python/numpy.
+
+With an epsilon ladder, the explorers with a large epsilon end their episodes early and
+often, so "the last W episodes" of *all* envs mostly measures exploration noise, not the
+learned policy. A log can therefore *score* only some envs (the near-greedy ones, see
+``DQNSection.score_max_epsilon``): every episode is written, with its env's ``epsilon``
+and whether it is ``scored``, but only scored episodes enter the running mean.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from collections import deque
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+__all__ = ["EPISODE_COLUMNS", "EXTRA_COLUMNS", "EpisodeLog"]
+
+#: columns of ``RUN_DIR/metrics/episodes.csv`` (then ``epsilon``, ``scored`` when known)
+EPISODE_COLUMNS = ("time_s", "env_steps", "actor", "episode_return")
+EXTRA_COLUMNS = ("epsilon", "scored")
+
+
+class EpisodeLog:
+    """Running returns of ``num_envs`` envs; finished episodes to a CSV file.
+
+    Not collective; writing a row does not block beyond a buffered file write.
+
+    Args:
+        num_envs (int): environments stepped together.
+        actor (int): the actor id written in the ``actor`` column.
+        path (str | Path | None): ``episodes.csv`` to append to (header written when the
+            file is new); ``None`` keeps episodes in memory only.
+        window (int): scored episodes in the running mean.
+        t0 (float | None): ``time.perf_counter()`` origin of ``time_s`` (default: now).
+        epsilons (np.ndarray | None): ``(E,)`` exploration epsilon of each env (written
+            in the ``epsilon`` column).
+        scored (np.ndarray | None): ``(E,)`` bool, envs whose episodes enter the running
+            mean (default: all).
+    """
+
+    def __init__(self, num_envs: int, *, actor: int = 0, path: str | Path | None = None,
+                 window: int = 20, t0: float | None = None,
+                 epsilons: np.ndarray | None = None, scored: np.ndarray | None = None) -> None:
+        self.num_envs, self.actor, self.window = num_envs, actor, window
+        self.epsilons = None if epsilons is None else np.asarray(epsilons, dtype=np.float64)
+        self.scored = (np.ones(num_envs, dtype=bool) if scored is None
+                       else np.asarray(scored, dtype=bool))
+        if not self.scored.any():
+            raise ValueError("at least one env must be scored")
+        self.t0 = time.perf_counter() if t0 is None else t0
+        self._running = np.zeros(num_envs, dtype=np.float64)
+        self.recent: deque[float] = deque(maxlen=window)
+        self.returns: list[float] = []
+        self.steps_at: list[int] = []
+        self.envs: list[int] = []
+        self._fh: TextIO | None = None
+        self._writer: csv.DictWriter[str] | None = None
+        if path is not None:
+            p = Path(path)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            new = not p.exists() or p.stat().st_size == 0
+            self._fh = open(p, "a", newline="")  # noqa: SIM115 - closed in close()
+            columns = EPISODE_COLUMNS + (EXTRA_COLUMNS if self.epsilons is not None else ())
+            self._writer = csv.DictWriter(self._fh, fieldnames=columns)
+            if new:
+                self._writer.writeheader()
+
+    def step(self, reward: np.ndarray, done: np.ndarray, env_steps: int) -> list[float]:
+        """Add one step's rewards; return the returns of episodes that ended now.
+
+        Args:
+            reward (np.ndarray): ``(E,)`` rewards.
+            done (np.ndarray): ``(E,)`` terminated or truncated.
+            env_steps (int): environment steps so far (all envs of this log), written
+                with each finished episode.
+        """
+        self._running += np.asarray(reward, dtype=np.float64)
+        finished: list[float] = []
+        for e in np.flatnonzero(np.asarray(done)):
+            ret = float(self._running[e])
+            self._running[e] = 0.0
+            finished.append(ret)
+            if self.scored[e]:
+                self.recent.append(ret)
+            self.returns.append(ret)
+            self.steps_at.append(env_steps)
+            self.envs.append(int(e))
+            if self._writer is not None:
+                row = {"time_s": f"{time.perf_counter() - self.t0:.4f}",
+                       "env_steps": env_steps, "actor": self.actor,
+                       "episode_return": f"{ret:g}"}
+                if self.epsilons is not None:
+                    row.update(epsilon=f"{self.epsilons[e]:.6g}", scored=int(self.scored[e]))
+                self._writer.writerow(row)
+        if finished and self._fh is not None:
+            self._fh.flush()
+        return finished
+
+    @property
+    def mean_recent(self) -> float:
+        """Mean return of the last ``window`` scored episodes (``nan`` before the first)."""
+        return float(np.mean(self.recent)) if self.recent else float("nan")
+
+    def reached(self, target: float) -> bool:
+        """Whether ``window`` scored episodes have finished and their mean is >= ``target``."""
+        return len(self.recent) == self.window and self.mean_recent >= target
+
+    def close(self) -> None:
+        """Close the CSV file (idempotent)."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+            self._writer = None

@@ -1,0 +1,309 @@
+"""``conduit-hpc slurm JOB.toml --nodes N ...``: render an sbatch script from a template.
+
+The templates live in ``slurm/`` (``one_node.sbatch``, ``multi_node_gpu.sbatch``) with
+``{{name}}`` placeholders. What comes from the job's ``[layout]``:
+
+* **tasks per node** - with ``per_node = true`` the layout's per-node count
+  (``learners + buffers + actors``; with ``actors = 0``, "the rest", at least one actor
+  unless ``--ntasks-per-node`` says more); with whole-world counts, the layout's world
+  size spread over the nodes;
+* **GPUs per node** - on several nodes, one per learner on a node unless given; on one
+  node none unless given;
+* the **role comment** in the script: which node-local ranks are learners, buffers and
+  actors.
+
+Impossible layouts (more roles than tasks, a fixed-size layout that cannot fill the
+nodes, more learners on a node than GPUs) are refused with a :class:`ConfigError` that
+names the option, the value and what the layout needs. Pure Python; no MPI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import Config, LayoutConfig, require
+from .errors import ConfigError
+
+__all__ = ["SlurmRequest", "plan_tasks", "render_sbatch"]
+
+REPO = Path(__file__).resolve().parent.parent
+TEMPLATES = {"one-node": "one_node.sbatch", "multi-node": "multi_node_gpu.sbatch"}
+_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlurmRequest:
+    """What the user asked ``conduit-hpc slurm`` for (``None`` = from the layout).
+
+    Attributes:
+        nodes (int): nodes to allocate.
+        ntasks_per_node (int | None): MPI ranks per node.
+        gpus_per_node (int | None): GPUs per node (0 = none).
+        time (str): wall-time limit in a SLURM format (``MM``, ``HH:MM:SS``, ``D-HH``...).
+        launcher (str): ``srun`` (``srun --mpi=pmix``) or ``mpirun``.
+        template (str): ``auto``, ``one-node`` or ``multi-node``.
+        partition (str): ``#SBATCH --partition`` (empty: the cluster default).
+        account (str): ``#SBATCH --account`` (empty: none).
+        modules (tuple[str, ...]): ``module load`` lines.
+        setup (tuple[str, ...]): extra shell lines before the launch (e.g. ``source``).
+        sbatch (tuple[str, ...]): extra ``#SBATCH`` options, e.g. ``--qos=high``.
+        signal_s (int): seconds of preemption warning (``--signal=B:TERM@s``); 0 = none.
+        requeue (bool): ``#SBATCH --requeue`` and requeue after a preemption warning.
+        output (str): ``#SBATCH --output`` path.
+        runs (str): parent of run directories.
+        overrides (tuple[str, ...]): ``--set key=value`` passed to ``conduit-hpc run``.
+    """
+
+    nodes: int = 1
+    ntasks_per_node: int | None = None
+    gpus_per_node: int | None = None
+    time: str = "01:00:00"
+    launcher: str = "srun"
+    template: str = "auto"
+    partition: str = ""
+    account: str = ""
+    modules: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
+    sbatch: tuple[str, ...] = ()
+    signal_s: int = 120
+    requeue: bool = True
+    output: str = ""
+    runs: str = ""
+    overrides: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        require(self.nodes >= 1, "--nodes", self.nodes, ">= 1")
+        require(self.ntasks_per_node is None or self.ntasks_per_node >= 1,
+                "--ntasks-per-node", self.ntasks_per_node, ">= 1")
+        require(self.gpus_per_node is None or self.gpus_per_node >= 0, "--gpus-per-node",
+                self.gpus_per_node, ">= 0")
+        require(bool(_TIME.match(self.time)), "--time", self.time,
+                "a SLURM time such as 30, 02:00:00 or 1-12")
+        require(self.launcher in ("srun", "mpirun"), "--launcher", self.launcher,
+                "srun or mpirun")
+        require(self.template in ("auto", *TEMPLATES), "--template", self.template,
+                "auto, one-node or multi-node")
+        require(self.signal_s >= 0, "--signal-secs", self.signal_s, ">= 0")
+        for opt in self.sbatch:
+            require(opt.startswith("--") and "\n" not in opt, "--sbatch", opt,
+                    "a long sbatch option such as --qos=high")
+
+
+def _roles(layout: LayoutConfig, tasks: int) -> str:
+    lo, b = layout.learners, layout.buffers
+    parts = []
+    if lo:
+        parts.append(f"{_span(0, lo)} learner{'s' if lo > 1 else ''}")
+    parts.append(f"{_span(lo, b)} buffer{'s' if b > 1 else ''}")
+    parts.append(f"{_span(lo + b, tasks - lo - b)} actor{'s' if tasks - lo - b > 1 else ''}")
+    return ", ".join(parts)
+
+
+def _span(start: int, count: int) -> str:
+    return f"rank {start}" if count == 1 else f"ranks {start}-{start + count - 1}"
+
+
+def plan_tasks(layout: LayoutConfig, req: SlurmRequest) -> tuple[int, int, list[str]]:
+    """Tasks per node, GPUs per node and the role comment for a layout on ``req.nodes``.
+
+    Not collective; pure.
+
+    Raises:
+        ConfigError: the layout does not fit the request (names the option and why).
+    """
+    n, t = req.nodes, req.ntasks_per_node
+    lo, b, a = layout.learners, layout.buffers, layout.actors
+    roles_desc = (f"{lo} learner(s) + {b} buffer(s) + "
+                  f"{a if a else 'at least 1'} actor(s)")
+    if layout.per_node:
+        need = layout.fixed_ranks
+        if t is None:
+            t = need
+        if t < need:
+            raise ConfigError(
+                f"--ntasks-per-node must be >= {need} for this job's [layout] "
+                f"(per node: {roles_desc}), got {t}: more roles than tasks",
+                key="ntasks_per_node")
+        if a and t != need:
+            raise ConfigError(
+                f"--ntasks-per-node must be {need} for this job's [layout] (per node: "
+                f"{roles_desc}; layout.actors = 0 would take the rest), got {t}",
+                key="ntasks_per_node")
+        comment = [f"#   per node: {_roles(layout, t)} (node-local ranks; "
+                   f"[layout] per_node = true)"]
+        gpus_default = lo
+        learners_per_node = lo
+    else:
+        need = layout.fixed_ranks
+        if t is None:
+            if a and need % n:
+                raise ConfigError(
+                    f"--nodes {n} cannot hold this job's [layout] of exactly {need} ranks "
+                    f"({roles_desc}) evenly; give --ntasks-per-node, set layout.actors = 0 "
+                    f"(the rest are actors) or use per_node = true", key="nodes")
+            t = -(-need // n)
+        total = n * t
+        if total < need:
+            raise ConfigError(
+                f"--nodes {n} x --ntasks-per-node {t} = {total} tasks, but this job's "
+                f"[layout] needs {need} ({roles_desc}): more roles than tasks",
+                key="ntasks_per_node")
+        if a and total != need:
+            raise ConfigError(
+                f"--nodes {n} x --ntasks-per-node {t} = {total} tasks, but this job's "
+                f"[layout] uses exactly {need} ({roles_desc}); set layout.actors = 0 to "
+                f"make every remaining rank an actor", key="ntasks_per_node")
+        comment = [f"#   world ranks: {_roles(layout, total)} ([layout] counts for the "
+                   f"whole job; ranks fill node 0 first, {t} per node)"]
+        learners_per_node = min(lo, t)
+        gpus_default = learners_per_node
+    if req.gpus_per_node is not None:
+        gpus = req.gpus_per_node
+    else:  # one node: CPU unless asked; several nodes: a GPU per learner
+        gpus = gpus_default if req.nodes > 1 else 0
+    if gpus and learners_per_node > gpus:
+        raise ConfigError(
+            f"--gpus-per-node must be >= {learners_per_node} (the learners this [layout] "
+            f"puts on one node; each binds a GPU by node-local rank), got {gpus}",
+            key="gpus_per_node")
+    return t, gpus, comment
+
+
+def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
+                  config_cls: type[Config] = Config, command: str = "") -> str:
+    """The sbatch script for a job on ``req.nodes`` nodes.
+
+    Not collective; reads the job's TOML and the template; writes nothing.
+
+    Raises:
+        ConfigError: the config does not load, or the layout does not fit the request.
+    """
+    from .runner import _load_loose
+
+    path = Path(config_path)
+    cfg = _load_loose(path, req.overrides, config_cls)
+    t, gpus, comment = plan_tasks(cfg.layout, req)
+    template = req.template
+    if template == "auto":
+        template = "one-node" if req.nodes == 1 and not gpus else "multi-node"
+    if template == "one-node" and (req.nodes != 1 or gpus):
+        raise ConfigError(f"--template one-node is for 1 node without GPUs, got --nodes "
+                          f"{req.nodes} and {gpus} GPUs per node; use multi-node",
+                          key="template")
+    repo = REPO
+    try:
+        config_arg = str(path.resolve().relative_to(repo))
+    except ValueError:
+        config_arg = str(path.resolve())
+    runs = req.runs or str(repo / "runs")
+    requeue = []
+    if req.requeue:
+        requeue.append("#SBATCH --requeue")
+    if req.signal_s:
+        requeue.append(f"#SBATCH --signal=B:TERM@{req.signal_s}")
+    site = ([f"#SBATCH --partition={req.partition}"] if req.partition else []) + \
+        ([f"#SBATCH --account={req.account}"] if req.account else []) + \
+        [f"#SBATCH {opt}" for opt in req.sbatch]
+    setup = [f"module load {shlex.quote(m)}" for m in req.modules] + list(req.setup)
+    if not setup:
+        setup = ["# module load python/3.11   # e.g.; the venv below must be reachable",
+                 "# export VIRTUAL_ENV=/path/to/venv   # default: the repository's .venv"]
+    run_args = [f"--set {shlex.quote(o)}" for o in req.overrides]
+    if not req.requeue:
+        setup.append("export CONDUIT_REQUEUE=0")
+    values = {
+        "name": cfg.run.name,
+        "config": shlex.quote(config_arg),
+        "command": command or f"conduit-hpc slurm {config_arg} --nodes {req.nodes}",
+        "layout_comment": "\n".join(comment),
+        "nodes": str(req.nodes),
+        "ntasks_per_node": str(t),
+        "tasks": str(t * req.nodes),
+        "gpus_per_node": str(gpus),
+        "gpu_lines": f"#SBATCH --gpus-per-node={gpus}" if gpus else "",
+        "time": req.time,
+        "output": req.output or f"{runs}/slurm-%x-%j.out",
+        "requeue_lines": "\n".join(requeue),
+        "site_lines": "\n".join(site),
+        "setup_lines": "\n".join(setup),
+        "repo": shlex.quote(str(repo)),
+        "runs": shlex.quote(runs),
+        "launcher": req.launcher,
+        "run_args": " ".join(run_args),
+    }
+    text = (repo / "slurm" / TEMPLATES[template]).read_text()
+    missing = sorted(set(re.findall(r"{{(\w+)}}", text)) - set(values))
+    if missing:  # a template and this renderer disagree: a bug, not a user error
+        raise KeyError(f"template {TEMPLATES[template]} uses unknown placeholders {missing}")
+    for key, value in values.items():
+        text = text.replace("{{" + key + "}}", value)
+    # drop the lines that an empty optional placeholder left behind
+    lines = [ln.rstrip() for ln in text.splitlines()]
+    out: list[str] = []
+    for ln in lines:
+        if not ln and out and not out[-1]:
+            continue
+        out.append(ln)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def request_from_args(args: argparse.Namespace) -> SlurmRequest:
+    """A :class:`SlurmRequest` from the parsed ``conduit-hpc slurm`` arguments."""
+    g = vars(args)
+    return SlurmRequest(nodes=g["nodes"], ntasks_per_node=g["ntasks_per_node"],
+                        gpus_per_node=g["gpus_per_node"], time=g["time"],
+                        launcher=g["launcher"], template=g["template"],
+                        partition=g["partition"], account=g["account"],
+                        modules=tuple(g["module"]), setup=tuple(g["setup"]),
+                        sbatch=tuple(g["sbatch"]), signal_s=g["signal_secs"],
+                        requeue=not g["no_requeue"], output=g["output"], runs=g["runs"],
+                        overrides=tuple(g["set"]))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``conduit-hpc slurm`` options."""
+    add = p.add_argument
+    add("config", help="job TOML; the job script is the .py beside it")
+    add("--nodes", "-N", type=int, default=1, help="nodes (default 1)")
+    add("--ntasks-per-node", type=int, default=None,
+        help="MPI ranks per node (default: from the job's [layout])")
+    add("--gpus-per-node", type=int, default=None,
+        help="GPUs per node (default: one per learner on a node in the multi-node "
+             "template, 0 for one node)")
+    add("--time", "-t", default="01:00:00", help="wall-time limit (default 01:00:00)")
+    add("--launcher", choices=("srun", "mpirun"), default="srun",
+        help="srun --mpi=pmix (default) or mpirun inside the allocation")
+    add("--template", choices=("auto", *TEMPLATES), default="auto",
+        help="auto: one-node for 1 node without GPUs, else multi-node")
+    add("--partition", "-p", default="", help="#SBATCH --partition")
+    add("--account", "-A", default="", help="#SBATCH --account")
+    add("--module", action="append", default=[], metavar="NAME",
+        help="module load NAME (repeatable)")
+    add("--setup", action="append", default=[], metavar="LINE",
+        help="a shell line run before the launch (repeatable)")
+    add("--sbatch", action="append", default=[], metavar="OPTION",
+        help="an extra #SBATCH option, e.g. --sbatch=--qos=high (repeatable)")
+    add("--signal-secs", type=int, default=120,
+        help="preemption warning: SIGTERM this many seconds before the end; the job "
+             "checkpoints and is requeued (0: no warning)")
+    add("--no-requeue", action="store_true", help="no --requeue, no requeue on warning")
+    add("--output", default="", help="#SBATCH --output (default RUNS/slurm-%%x-%%j.out)")
+    add("--runs", default="", help="parent of run directories (default REPO/runs)")
+    add("--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config value (passed to conduit-hpc run)")
+    add("-o", "--out", default="", help="write the script here (default: stdout)")
+
+
+def write_or_print(text: str, out: str) -> None:
+    """Write the script to ``out`` (executable) or print it."""
+    if out:
+        p = Path(out)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        p.chmod(0o755)
+    else:
+        print(text, end="")

@@ -1,0 +1,51 @@
+#!/bin/bash
+# Start a conduit_hpc job inside a SLURM allocation (from an sbatch script or salloc):
+#   slurm/launch.sh srun|mpirun JOB.toml [conduit-hpc run options ...]
+# - sets the environment of the Open MPI wheel (scripts/mpi_env.sh: yield when idle, ...);
+# - runs `conduit-hpc run JOB.toml --launcher srun|mpirun ...` (srun --mpi=pmix, or plain
+#   mpirun inside the allocation), which keeps per-rank logs in the run directory;
+# - a preemption warning (SIGTERM to this shell, from `#SBATCH --signal=B:TERM@<secs>`)
+#   is forwarded: the ranks get SIGUSR1, checkpoint at their next safe point and end;
+#   then, when CONDUIT_REQUEUE=1 (the default) and the job was submitted with --requeue,
+#   the job is requeued, and its next attempt (SLURM_RESTART_COUNT > 0) passes --resume.
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+launcher=${1:?usage: launch.sh srun|mpirun JOB.toml [conduit-hpc run options]}
+shift
+case "$launcher" in srun|mpirun) ;; *) echo "launch.sh: launcher must be srun or mpirun, got '$launcher'" >&2; exit 2;; esac
+# shellcheck source=../scripts/mpi_env.sh
+source "$repo/scripts/mpi_env.sh"
+export PYTHONUNBUFFERED=1
+
+extra=()
+if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then
+  extra+=(--resume)
+fi
+echo "conduit-hpc: job ${SLURM_JOB_ID:-?} attempt $(( ${SLURM_RESTART_COUNT:-0} + 1 ))" \
+     "on ${SLURM_JOB_NODELIST:-?} (${SLURM_NTASKS:-?} tasks), launcher $launcher${extra[*]:+, resuming}"
+
+warned=0
+"$VIRTUAL_ENV/bin/conduit-hpc" run "$@" --launcher "$launcher" "${extra[@]}" &
+child=$!
+on_warning() {
+  warned=1
+  echo "conduit-hpc: preemption warning (SIGTERM); asking the job to checkpoint and stop"
+  kill -TERM "$child" 2>/dev/null
+}
+trap on_warning TERM
+rc=0
+while :; do
+  wait "$child"
+  rc=$?
+  # wait returns early (status > 128) when a trapped signal arrives; wait again
+  kill -0 "$child" 2>/dev/null || break
+done
+trap - TERM
+echo "conduit-hpc: job finished with status $rc"
+if [ "$warned" = 1 ] && [ "${CONDUIT_REQUEUE:-1}" = 1 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+  echo "conduit-hpc: requeueing job $SLURM_JOB_ID (the next attempt resumes)"
+  scontrol requeue "$SLURM_JOB_ID" && exit 0
+  echo "conduit-hpc: scontrol requeue failed" >&2
+fi
+exit "$rc"
