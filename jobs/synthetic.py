@@ -181,7 +181,10 @@ def run(cfg: SyntheticConfig, run_dir: Path | None = None, resume: str = "") -> 
         edp.done()
         agent.finish()
         final = None
-        if stop.agree() and ccfg.on_stop:
+        stopped = stop.agree()
+        if stopped and rank == 0:
+            print("stopped early: stop requested", flush=True)
+        if stopped and ccfg.on_stop:
             final = edp.checkpoint(root, rng=rng_to_json(rng), agent=agent, keep=ccfg.keep,
                                    counters={"rows_ingested": edp.ingest_stats.rows})
         summary = edp.summary()
