@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from .storage.ring import ShardRing
 from .transport.channel import Channel, Message
 from .wire import PriorityUpdate, SampleReply, SampleRequest, Tag, pack_rows
 
-__all__ = ["BufferServer", "OwnedShard", "SequenceWindow", "Tag"]
+__all__ = ["BufferServer", "OwnedShard", "SequenceWindow", "ServerExtension", "Tag"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +162,17 @@ class OwnedShard:
                            ix.min.min if ix.count else np.inf)
 
 
+class ServerExtension(Protocol):
+    """Extra work of a buffer rank's loop (e.g. :mod:`conduit_hpc.longhaul`'s forwarder):
+    :meth:`step` runs every pass after the messages (returns work done, never blocks);
+    :meth:`finish` once when the loop ends. An extension may add handlers and peers to
+    wait for."""
+
+    def step(self) -> int: ...
+
+    def finish(self) -> None: ...
+
+
 class BufferServer:
     """Progress loop of a buffer rank.
 
@@ -195,6 +207,7 @@ class BufferServer:
             Tag.DONE: self._on_done, Tag.SAMPLE: self._on_sample,
             Tag.SERVICE: self._on_service, Tag.PRIORITY: self._on_priority}
         self.deferred: list[Message] = []
+        self.extensions: list[ServerExtension] = []
         self.passes = 0
         self.samples_served = 0
         self.rows_served = 0
@@ -285,6 +298,8 @@ class BufferServer:
                                    f"from rank {msg.source}")
             handler(msg)
             work += 1
+        for ext in self.extensions:
+            work += ext.step()
         self.passes += 1
         return work
 
@@ -301,3 +316,5 @@ class BufferServer:
                     time.sleep(min(self.poll_interval_s * (idle - 20), 0.0005))
         for s in self.shards:
             s.poll()
+        for ext in self.extensions:
+            ext.finish()

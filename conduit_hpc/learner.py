@@ -88,6 +88,7 @@ class LearnerEndpoint:
 
     # -- thread side -----------------------------------------------------------------
     def _prefetch_step(self) -> bool:
+        self.d.channel.progress()  # e.g. release messages held for a long link
         if not self.clock.may_prepare():
             return False
         t, staleness = self.clock.start()

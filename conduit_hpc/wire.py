@@ -33,6 +33,7 @@ class Tag(enum.IntEnum):
     PRIORITY = 4  # learner -> owner: new priorities for (slot, generation)
     SERVICE = 5  # learner -> owner: sample and send the rows themselves
     SERVICE_REPLY = 6  # owner -> learner: SAMPLE_REPLY plus the rows
+    FORWARD = 7  # edge buffer -> cloud buffer: rows with priorities (longhaul forward)
 
 
 def _cat(*arrays: np.ndarray) -> np.ndarray:
