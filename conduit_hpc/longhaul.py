@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,52 +116,53 @@ class Topology:
         return self.cloud if rank in self.edge else self.edge
 
     @classmethod
-    def from_roles(cls, config: Config, roles: RoleComms) -> Topology:
+    def build(cls, config: Config, *, world_size: int, actor_ranks: Sequence[int],
+              buffer_ranks: Sequence[int], learner_ranks: Sequence[int]) -> Topology:
         """Check the deployment against the roles. Deterministic: every rank raises the
-        same :class:`ConfigError` together.
+        same :class:`ConfigError` together. Local.
 
         Raises:
             ConfigError: naming ``longhaul.edge_ranks`` or ``layout.*`` and what is needed.
         """
         lh = config.longhaul
-        n = roles.world_size
+        n = world_size
         key = "longhaul.edge_ranks"
         if any(r >= n for r in lh.edge_ranks):
             raise ConfigError(f"{key} must name world ranks below the world size {n}, got "
                               f"{list(lh.edge_ranks)!r}", key=key)
-        if len(roles.learner_ranks) != 1:
+        if len(learner_ranks) != 1:
             raise ConfigError(f"layout.learners must be 1 with longhaul.mode = {lh.mode!r} "
                               f"(one learner in the data centre), got "
-                              f"{len(roles.learner_ranks)}", key="layout.learners")
-        if len(roles.buffer_ranks) != 2:
+                              f"{len(learner_ranks)}", key="layout.learners")
+        if len(buffer_ranks) != 2:
             raise ConfigError(f"layout.buffers must be 2 with longhaul.mode = {lh.mode!r} "
                               f"(one at the edge, one in the data centre), got "
-                              f"{len(roles.buffer_ranks)}", key="layout.buffers")
+                              f"{len(buffer_ranks)}", key="layout.buffers")
         if config.storage.shards_per_buffer != 1:
             raise ConfigError(f"storage.shards_per_buffer must be 1 with longhaul.mode = "
                               f"{lh.mode!r}, got {config.storage.shards_per_buffer}",
                               key="storage.shards_per_buffer")
         edge = (frozenset(lh.edge_ranks) if lh.edge_ranks
-                else frozenset((*roles.actor_ranks, roles.buffer_ranks[-1])))
-        (learner,) = roles.learner_ranks
+                else frozenset((*actor_ranks, buffer_ranks[-1])))
+        (learner,) = learner_ranks
         if learner in edge:
             raise ConfigError(f"{key} must not hold the learner (world rank {learner}), got "
                               f"{sorted(edge)}", key=key)
-        missing = sorted(set(roles.actor_ranks) - edge)
+        missing = sorted(set(actor_ranks) - edge)
         if missing:
             raise ConfigError(f"{key} must hold every actor rank; {missing} are missing "
                               f"from {sorted(edge)}", key=key)
-        edge_buffers = [b for b in roles.buffer_ranks if b in edge]
+        edge_buffers = [b for b in buffer_ranks if b in edge]
         if len(edge_buffers) != 1:
             raise ConfigError(f"{key} must hold exactly one of the buffer ranks "
-                              f"{list(roles.buffer_ranks)}, got {sorted(edge)}", key=key)
-        (cloud_buffer,) = [b for b in roles.buffer_ranks if b not in edge]
+                              f"{list(buffer_ranks)}, got {sorted(edge)}", key=key)
+        (cloud_buffer,) = [b for b in buffer_ranks if b not in edge]
         cloud = frozenset(range(n)) - edge
         return cls(edge=edge, cloud=cloud, edge_buffer=edge_buffers[0],
                    cloud_buffer=cloud_buffer, learner=learner)
 
 
-def plan_longhaul(config: Config, topo: Topology, actor_ranks: tuple[int, ...]) -> Placement:
+def plan_longhaul(config: Config, topo: Topology, actor_ranks: Sequence[int]) -> Placement:
     """Shard 0 on the edge buffer (written by every actor); in ``forward`` also shard 1
     on the cloud buffer. The learner reads shard 1 (``forward``) or shard 0
     (``edge_replay``). Both shards hold ``storage.capacity_rows``.
@@ -220,22 +221,23 @@ def unpack_forward(spec: Spec, payload: np.ndarray
 
 
 def crossing_priorities(tag: int, payload: np.ndarray, spec: Spec,
-                        shards: Mapping[int, OwnedShard]) -> np.ndarray | None:
+                        priorities: Mapping[int, np.ndarray]) -> np.ndarray | None:
     """The priorities of the rows a message from the edge buffer hands to the link -
     the one definition used in both placements (see :mod:`conduit_hpc.longhaul_metrics`):
     the raw priority the edge replay holds for each row at that moment. A forward
     message carries them (read from the edge index when forwarded); a service reply
-    names (shard, slot, generation) and they are read from the index now. ``None`` for
-    messages that carry no rows."""
+    names (shard, slot, generation) and they are read from ``priorities`` (shard id ->
+    the index's raw priority per slot) now. ``None`` for messages that carry no rows.
+    Local; pure but for reading ``priorities``."""
     if tag == Tag.FORWARD:
         _, _, prio, _ = unpack_forward(spec, payload)
         return np.array(prio, copy=True)
     if tag == Tag.SERVICE_REPLY:
         rep, _ = SampleReply.unpack(payload)
-        shard = shards.get(rep.shard_id)
-        if shard is None:
+        held = priorities.get(rep.shard_id)
+        if held is None:
             return None
-        return shard.index.priority[rep.slots].copy()
+        return held[rep.slots].copy()
     return None
 
 
@@ -329,8 +331,9 @@ class EdgeForwarder:
 
     Each pass: if more than ``queue_rows`` committed rows wait, the oldest beyond that
     are dropped (counted); then messages of up to ``forward_rows`` rows are handed to the
-    link while it can start them within one message time (so at most about one message
-    waits in the link and nothing queues out of sight). A row found overwritten before
+    link while it would finish sending them within two message times (so the link never
+    idles for want of a message, at most about one waits in it, and nothing queues out of
+    sight). A row found overwritten before
     it could be sent is dropped too. When the loop ends, what still waits is counted as
     unsent and an end marker follows the last message.
 
@@ -367,7 +370,7 @@ class EdgeForwarder:
         while self.next_seq < commit:
             k = min(commit - self.next_seq, self.forward_rows)
             nbytes = forward_message_bytes(self.spec, k)
-            if ch.ready_at(nbytes) > ch.clock() + nbytes / ch.link.params.bytes_per_s:
+            if ch.ready_at(nbytes) > ch.clock() + 2 * nbytes / ch.link.params.bytes_per_s:
                 break  # the link is busy: the rows wait here, where the bound applies
             seqs = np.arange(self.next_seq, self.next_seq + k, dtype=np.int64)
             slots = seqs % cap
@@ -475,7 +478,10 @@ class LongHaul:
     def __init__(self, config: Config, roles: RoleComms) -> None:
         self.config, self.roles = config, roles
         self.lh = config.longhaul
-        self.topology = Topology.from_roles(config, roles)
+        self.topology = Topology.build(config, world_size=roles.world_size,
+                                       actor_ranks=roles.actor_ranks,
+                                       buffer_ranks=roles.buffer_ranks,
+                                       learner_ranks=roles.learner_ranks)
         self.me = roles.world_rank
         self.params = LinkParams(self.lh.bytes_per_s, self.lh.latency_s, self.lh.burst_bytes)
         self.counters = LinkCounters()
@@ -537,7 +543,8 @@ class LongHaul:
 
     def _count_crossing(self, dest: int, tag: int, payload: np.ndarray) -> None:
         assert self._spec is not None
-        prio = crossing_priorities(tag, payload, self._spec, self._shards)
+        prio = crossing_priorities(tag, payload, self._spec,
+                                   {sid: s.index.priority for sid, s in self._shards.items()})
         if prio is not None:
             self.counters.rows_crossed += len(prio)
             self.counters.priority_sum += float(prio.sum())

@@ -90,15 +90,17 @@ def superstep_columns(prev: LinkSnapshot, cur: LinkSnapshot,
 
 def windowed_mean_priority(rows: Sequence[float], priority_sums: Sequence[float],
                            window: int) -> np.ndarray:
-    """Average priority of transferred rows over a sliding window of supersteps: the
-    window's priority sum / the window's rows (NaN where no row crossed in it)."""
-    r = np.asarray(rows, dtype=float)
-    p = np.asarray(priority_sums, dtype=float)
+    """Average priority of transferred rows over the trailing ``window`` supersteps at
+    each superstep: the window's priority sum / the window's rows (NaN where no row
+    crossed in it)."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window!r}")
-    k = np.ones(min(window, max(len(r), 1)))
-    rs = np.convolve(np.nan_to_num(r), k, mode="same")
-    ps = np.convolve(np.nan_to_num(p), k, mode="same")
+    r = np.concatenate([[0.0], np.cumsum(np.nan_to_num(np.asarray(rows, dtype=float)))])
+    p = np.concatenate([[0.0], np.cumsum(np.nan_to_num(np.asarray(priority_sums,
+                                                                  dtype=float)))])
+    hi = np.arange(1, len(r))
+    lo = np.maximum(hi - window, 0)
+    rs, ps = r[hi] - r[lo], p[hi] - p[lo]
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(rs > 0, ps / np.where(rs > 0, rs, 1.0), np.nan)
 

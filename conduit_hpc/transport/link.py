@@ -1,20 +1,23 @@
 """An emulated long link: bandwidth and one-way latency, paid by every message crossing it.
 
 Two node groups (say an edge site and a data centre) are joined by a link with a
-bandwidth (bytes per second, per direction) and a one-way latency. The emulation is
-**sender-side pacing**: each sender keeps a :class:`LinkModel` per direction - a token
-bucket of ``burst_bytes`` filled at the link's rate, plus the latency - and holds every
-message to the far side until the time it would have reached the far end:
+bandwidth ``r`` (bytes per second, per direction) and a one-way latency ``L``. The
+emulation is **sender-side pacing**: each sender keeps a :class:`LinkModel` per direction -
+a token bucket of depth ``b = burst_bytes`` filled at rate ``r``, whose tokens may go
+negative (a debt that later bytes queue behind), plus the latency - and holds every
+message to the far side until it would have reached the far end. A message of ``n`` bytes
+handed over at time ``now`` takes ``n`` tokens; with ``paid`` the time at which the bucket
+has paid for every byte handed over so far:
 
-    start    = max(now, start of the previous message, the time the bucket holds n bytes)
-    arrive   = start + latency_s
+    paid'  = max(now - b / r, paid) + n / r    (the bucket has paid for its last byte)
+    depart = max(now, paid')                   (its last byte leaves)
+    arrive = depart + L                        (it is released to the receiver)
 
-A message of ``n`` bytes takes ``n`` tokens (a message larger than the bucket waits until
-the bucket has refilled to ``n``, so the long-run rate is exactly the link's). With
-``burst_bytes = 0`` this is a store-and-forward serializer: message ``i`` starts when its
-last byte has been paid for, ``start_i = max(now_i, start_{i-1} + n_i / rate)``. The
-bucket starts full. Everything is computed from the clock values passed in, so the model
-is exact and repeatable, and is unit-tested against a simulated clock.
+With ``b = 0`` this is a store-and-forward serializer (``depart_i = max(now_i,
+depart_{i-1}) + n_i / r``); with ``b >= n`` a message on an idle link departs at once; in
+any interval of length ``T`` at most ``b + r * T`` bytes depart. Messages keep their
+order. The bucket starts full. Everything is computed from the clock values passed in, so
+the model is exact and repeatable (unit-tested against a simulated clock).
 
 :class:`LinkedChannel` is a :class:`~conduit_hpc.transport.channel.Channel` that routes
 messages to ranks on the far side through a :class:`LinkModel`: they wait in a FIFO and are
@@ -72,10 +75,10 @@ class LinkParams:
 
 @dataclass(frozen=True, slots=True)
 class Crossing:
-    """When one message crosses: it leaves at ``start_s`` (the bucket paid for it) and
-    reaches the far end at ``arrive_s = start_s + latency_s``."""
+    """When one message crosses: its last byte leaves at ``depart_s`` and it reaches the
+    far end at ``arrive_s = depart_s + latency_s``."""
 
-    start_s: float
+    depart_s: float
     arrive_s: float
     nbytes: int
 
@@ -89,43 +92,45 @@ class LinkModel:
 
     Attributes:
         bytes_total (int), messages_total (int): what has been scheduled.
-        wait_s_total (float): sum over messages of ``start - now`` (time spent queued for
-            the bucket, not counting the latency).
+        wait_s_total (float): sum over messages of ``depart - now`` (time spent in the
+            bucket, not counting the latency).
     """
 
     def __init__(self, params: LinkParams, *, start_s: float = 0.0) -> None:
         self.params = params
         self._rate = float(params.bytes_per_s)
-        # the bucket is empty at virtual time _empty_at: tokens(t) = rate * (t - _empty_at),
-        # capped at the bucket depth
-        self._empty_at = start_s - params.burst_bytes / self._rate
-        self._last_start = -math.inf
+        self._burst_s = params.burst_bytes / self._rate
+        # the bucket holds min(b, r * (t - paid)) tokens at time t (negative: a debt)
+        self._paid = start_s - self._burst_s
         self.bytes_total = 0
         self.messages_total = 0
         self.wait_s_total = 0.0
 
+    @property
+    def paid_s(self) -> float:
+        """Time at which the bucket has paid for every byte scheduled so far."""
+        return self._paid
+
     def ready_at(self, nbytes: int, now: float) -> float:
-        """When a message of ``nbytes`` handed over at ``now`` would start (no change)."""
-        return max(now, self._last_start, self._empty_at + nbytes / self._rate)
+        """When the last byte of a message of ``nbytes`` handed over at ``now`` would
+        depart (nothing changes)."""
+        return max(now, max(now - self._burst_s, self._paid) + nbytes / self._rate)
 
     def schedule(self, nbytes: int, now: float) -> Crossing:
-        """Take a message of ``nbytes`` at time ``now``; returns when it starts and when
-        it arrives. Messages keep their order.
+        """Take a message of ``nbytes`` at time ``now``; returns when it departs and when
+        it arrives. Messages keep their order (for non-decreasing ``now``).
 
         Raises:
             TransportError: a negative size.
         """
         if nbytes < 0:
             raise TransportError(f"nbytes must be >= 0, got {nbytes!r}")
-        start = self.ready_at(nbytes, now)
-        cap = max(self.params.burst_bytes, nbytes)
-        tokens = min(float(cap), self._rate * (start - self._empty_at))
-        self._empty_at = start - (tokens - nbytes) / self._rate
-        self._last_start = start
+        self._paid = max(now - self._burst_s, self._paid) + nbytes / self._rate
+        depart = max(now, self._paid)
         self.bytes_total += nbytes
         self.messages_total += 1
-        self.wait_s_total += start - now
-        return Crossing(start, start + self.params.latency_s, nbytes)
+        self.wait_s_total += depart - now
+        return Crossing(depart, depart + self.params.latency_s, nbytes)
 
 
 class _Held:
@@ -174,8 +179,8 @@ class LinkedChannel(Channel):
 
     # -- sending -------------------------------------------------------------------
     def ready_at(self, nbytes: int) -> float:
-        """Clock time at which a message of ``nbytes`` to a far rank would start if
-        handed over now (``<= clock()``: the link takes it at once). Local."""
+        """Clock time at which the last byte of a message of ``nbytes`` to a far rank
+        would depart if handed over now. Local."""
         return self.link.ready_at(nbytes, self.clock())
 
     def isend(self, dest: int, tag: int, payload: np.ndarray) -> None:
