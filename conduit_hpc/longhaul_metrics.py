@@ -23,11 +23,12 @@ One definition serves both placements (``forward`` and ``edge_replay``):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = [
     "LINK_COLUMNS",
@@ -88,7 +89,7 @@ def superstep_columns(prev: LinkSnapshot, cur: LinkSnapshot,
             "dropped_rows": float(cur.dropped), "backlog_rows": float(cur.backlog)}
 
 
-def windowed_mean_priority(rows: Sequence[float], priority_sums: Sequence[float],
+def windowed_mean_priority(rows: ArrayLike, priority_sums: ArrayLike,
                            window: int) -> np.ndarray:
     """Average priority of transferred rows over the trailing ``window`` supersteps at
     each superstep: the window's priority sum / the window's rows (NaN where no row
@@ -105,7 +106,7 @@ def windowed_mean_priority(rows: Sequence[float], priority_sums: Sequence[float]
         return np.where(rs > 0, ps / np.where(rs > 0, rs, 1.0), np.nan)
 
 
-def settled_mean(values: Sequence[float], *, skip_fraction: float = 0.5) -> float:
+def settled_mean(values: ArrayLike, *, skip_fraction: float = 0.5) -> float:
     """Mean of the finite values after the first ``skip_fraction`` of them (the part of
     a loss curve after it has settled). NaN if nothing is left.
 

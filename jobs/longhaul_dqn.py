@@ -203,6 +203,7 @@ def actor_dqn(edp: ExperienceDataPlane, cfg: LongHaulJobConfig, net: torch.nn.Mo
     from conduit_hpc.rl import (
         EpisodeLog,
         NStepAccumulator,
+        copy_weights,
         epsilon_greedy,
         epsilon_ladder,
         initial_priorities,
@@ -222,6 +223,11 @@ def actor_dqn(edp: ExperienceDataPlane, cfg: LongHaulJobConfig, net: torch.nn.Mo
     episodes = EpisodeLog(k, actor=edp.world_rank, path=path, window=hp.window, t0=t0)
     pace = Pacer(job.actor_rows_s)
     env_steps = 0
+    # the actor's target network follows the learner's: the weights published at the
+    # learner's last multiple of dqn.target_period, so that initial priorities are the
+    # same double-DQN |TD| the learner sends back (on the same scale)
+    target = copy.deepcopy(net)
+    synced = edp.policy_version // hp.target_period
     try:
         while not edp.should_stop:
             pace.wait(edp)
@@ -237,9 +243,11 @@ def actor_dqn(edp: ExperienceDataPlane, cfg: LongHaulJobConfig, net: torch.nn.Mo
             episodes.step(reward, term | trunc, env_steps)
             if len(rows["action"]):
                 batch = {f: rows[f] for f in FIELDS}
-                edp.ingest(batch, priorities=initial_priorities(net, batch))
+                edp.ingest(batch, priorities=initial_priorities(net, batch, target=target))
             pace.done += k
-            edp.pull_weights()
+            if edp.pull_weights() and edp.policy_version // hp.target_period != synced:
+                synced = edp.policy_version // hp.target_period
+                copy_weights(net, target)
     finally:
         episodes.close()
         env.close()
@@ -279,7 +287,7 @@ def learner_loop(edp: ExperienceDataPlane, cfg: LongHaulJobConfig, online: torch
         edp.update_priorities(batch.indices, td.abs().cpu().double().numpy() + 1e-6)
         if wl is None and (step + 1) % cfg.dqn.target_period == 0:  # type: ignore[union-attr]
             sync_target(online, target)
-        value = float(loss)
+        value = float(loss.detach())
         losses.append(value)
         edp.log(loss=value, td_abs_mean=float(td.abs().mean()))
         rest = job.learner_step_s - (time.perf_counter() - t0)
@@ -289,6 +297,15 @@ def learner_loop(edp: ExperienceDataPlane, cfg: LongHaulJobConfig, online: torch
 
 
 # ---------------------------------------------------------------------------------
+
+
+def warm_up_optimizer() -> None:
+    """One Adam step on a throwaway parameter, so that the imports torch makes at the
+    first step happen before the actors start, not in the first superstep."""
+    w = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.Adam([w])
+    (w * 2).sum().backward()
+    opt.step()
 
 
 def build_model(cfg: LongHaulJobConfig, wl: Regression | None) -> torch.nn.Module:
@@ -315,6 +332,7 @@ def run(cfg: LongHaulJobConfig, run_dir: Path | None = None) -> dict[str, Any]:
         model = build_model(cfg, wl) if edp.role is not Role.BUFFER else None
         if model is not None and edp.role is Role.LEARNER:
             model = model.to(edp.device)
+            warm_up_optimizer()  # torch.optim's first step imports for seconds
         edp.share_weights(model)  # collective; actors start from the learner's weights
         t0 = time.perf_counter()
         if edp.role is Role.ACTOR:
