@@ -141,8 +141,8 @@ class ExperienceDataPlane:
         roles = self.roles
         # long-haul deployment (edge / data centre across one emulated link), if on
         self._longhaul = LongHaul(config, roles) if config.longhaul.mode != "off" else None
-        if placement is None and self._longhaul is not None:
-            placement = self._longhaul.placement()
+        if self._longhaul is not None:
+            placement = self._longhaul.placement(placement)
         if placement is None:
             placement = plan_round_robin(
                 actor_ranks=roles.actor_ranks, buffer_ranks=roles.buffer_ranks,

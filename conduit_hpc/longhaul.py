@@ -495,8 +495,16 @@ class LongHaul:
         self._edge_committed = 0
 
     # -- construction hooks (edp) --------------------------------------------------
-    def placement(self) -> Placement:
-        """The deployment's placement (see :func:`plan_longhaul`). Local."""
+    def placement(self, given: Placement | None = None) -> Placement:
+        """The deployment's placement (see :func:`plan_longhaul`). Local.
+
+        Raises:
+            ConfigError: a placement was given (the deployment places shards itself).
+        """
+        if given is not None:
+            raise ConfigError(f"longhaul.mode = {self.lh.mode!r} places the shards itself; "
+                              f"do not pass a placement to ExperienceDataPlane",
+                              key="longhaul.mode")
         return plan_longhaul(self.config, self.topology, self.roles.actor_ranks)
 
     def make_channel(self, comm: MPI.Intracomm, poll_interval_s: float) -> LinkedChannel:

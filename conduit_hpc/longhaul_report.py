@@ -7,9 +7,10 @@ see :data:`~conduit_hpc.longhaul_metrics.LINK_COLUMNS` - and the job's ``loss``)
 ``metrics/summary.json``, ``metrics/episodes.csv`` (when the workload has episodes) and
 ``config.toml``, groups runs by ``longhaul.mode`` (and link budget), and writes
 
-* ``longhaul.png`` - TD loss, average priority of transferred experiences, bytes per
-  second crossing the link each way (against the bandwidth), and return, per superstep
-  (time for return), one colour per mode, one line per run;
+* ``longhaul.png`` (``longhaul-<kB/s>kBps.png`` per link budget when there are several) -
+  TD loss, average priority of transferred experiences, bytes per second crossing the
+  link each way (against the bandwidth), and return, per superstep (time for return),
+  one colour per mode, one line per run;
 * ``longhaul.md`` - a row per run and the ``edge_replay / forward`` ratios of the
   average transferred priority and of the settled TD loss, per link budget.
 
@@ -176,8 +177,9 @@ def _rolling(x: np.ndarray, window: int) -> np.ndarray:
         return (c[hi] - c[lo]) / (n[hi] - n[lo])
 
 
-def plot(runs: Sequence[LongHaulRun], out: Path, window: int = 50) -> Path:
-    """``longhaul.png``: loss, transferred priority, link bytes/s, return."""
+def plot(runs: Sequence[LongHaulRun], out: Path, window: int = 50,
+         name: str = "longhaul.png") -> Path:
+    """``name`` in ``out``: loss, transferred priority, link bytes/s, return."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -224,7 +226,7 @@ def plot(runs: Sequence[LongHaulRun], out: Path, window: int = 50) -> Path:
             ax.legend(fontsize=8)
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "longhaul.png"
+    path = out / name
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -266,9 +268,14 @@ def write_longhaul_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -
     file. Local; reads files only."""
     runs = [load_longhaul_run(d) for d in run_dirs]
     out = Path(out_dir)
-    png = plot(runs, out)
+    budgets = sorted({r.bandwidth_bytes_s for r in runs})
+    figures = []
+    for bw in budgets:  # one figure per link budget (all of them if there is one)
+        name = "longhaul.png" if len(budgets) == 1 else f"longhaul-{bw / 1e3:g}kBps.png"
+        png = plot([r for r in runs if r.bandwidth_bytes_s == bw], out, name=name)
+        figures.append(f"Link {bw / 1e3:g} kB/s per direction:\n\n![]({png.name})\n")
     md = out / "longhaul.md"
-    md.write_text(f"# Long-haul placements side by side\n\n![]({png.name})\n\n"
+    md.write_text("# Long-haul placements side by side\n\n" + "\n".join(figures) + "\n"
                   + markdown(runs))
     return md
 

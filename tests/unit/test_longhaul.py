@@ -214,3 +214,32 @@ def test_merge_link_stats_adds_per_direction_and_averages_priorities() -> None:
     assert m["late_s_max"] == 0.002 and m["mode"] == "forward"
     empty = merge_link_stats([], mode="edge_replay", bytes_per_s=1.0, latency_s=0.0)
     assert math.isnan(empty["priority_mean_crossed"])
+
+
+def test_report_ratios_on_hand_made_runs(tmp_path) -> None:
+    from pathlib import Path
+
+    from conduit_hpc.longhaul_report import LongHaulRun, markdown, plot, ratios
+
+    def run(mode: str, seed: int, prio: float, loss: float, bw: float = 5e4) -> LongHaulRun:
+        n = 10
+        learner = {"superstep": np.arange(n, dtype=float), "loss": np.r_[np.full(5, 9.0),
+                                                                         np.full(5, loss)],
+                   "xfer_rows": np.full(n, 4.0), "xfer_priority_sum": np.full(n, 4 * prio),
+                   "iteration_s": np.full(n, 0.1), "link_e2c_bytes": np.full(n, 100.0),
+                   "link_c2e_bytes": np.zeros(n)}
+        return LongHaulRun(path=Path(f"/runs/{mode}-{seed}"), mode=mode,
+                           bandwidth_bytes_s=bw, seed=seed, learner=learner,
+                           summary={"final_mean_return": 100.0 + seed})
+
+    runs = [run("forward", 0, 1.0, 0.4), run("forward", 1, 1.0, 0.6),
+            run("edge_replay", 0, 3.0, 0.1), run("edge_replay", 1, 5.0, 0.1),
+            run("forward", 0, 1.0, 1.0, bw=1e6)]  # no edge_replay at this budget: no ratio
+    (t,) = ratios(runs)
+    assert t["bandwidth_bytes_s"] == 5e4 and t["seeds"] == 2
+    assert t["priority_mean_ratio"] == 4.0  # (3 + 5) / 2 over 1
+    assert t["loss_settled_ratio"] == pytest.approx(0.2)  # settled: second half only
+    assert t["forward_final_return"] == 100.5
+    text = markdown(runs)
+    assert "| 50 | 2 | 4 | 0.2 |" in text
+    assert plot(runs, tmp_path).stat().st_size > 10_000
