@@ -71,7 +71,7 @@ def run_one(args: argparse.Namespace, workload: str, mode: str, seed: int,
             f"job.workload={workload}", f"job.supersteps={args.supersteps}",
             f"job.learner_step_s={args.learner_step_s!r}",
             f"job.actor_rows_s={args.actor_rows_s!r}", f"scheduler.batch_rows={args.batch}",
-            f"scheduler.min_fill_rows={args.min_fill}",
+            f"scheduler.min_fill_rows={args.min_fill}", f"longhaul.queue_rows={args.queue_rows}",
             f"scheduler.beta_anneal_supersteps={args.supersteps}"]
     rc, run_dir = launch(JOB, overrides=sets, runs_root=work, quiet=True,
                          timeout_s=args.timeout)
@@ -108,13 +108,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--actor-rows-s", type=float, default=1000.0)
     p.add_argument("--latency-s", type=float, default=0.02)
     p.add_argument("--min-fill", type=int, default=1000)
+    p.add_argument("--queue-rows", type=int, default=4096,
+                   help="forward: rows the edge holds for the link before dropping")
     p.add_argument("--timeout", type=float, default=1800.0, help="per run (s)")
     p.add_argument("--out", default="", help="runs, plots and table go here (default: "
                    "bench/out/longhaul; with --smoke and no --out, a temporary folder)")
     args = p.parse_args(argv)
-    if args.smoke:
-        args.workload, args.seeds, args.budgets = "regression", "0", "0.5"
+    if args.smoke:  # a short queue and a tighter link, so that forward drops in seconds
+        args.workload, args.seeds, args.budgets = "regression", "0", "0.25"
         args.supersteps, args.min_fill, args.timeout = 60, 256, 300.0
+        args.queue_rows = 256
     workload = args.workload
     if workload == "auto":
         workload = "dqn" if have_rl() else "regression"
