@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from .storage.ring import ShardRing
 from .transport.channel import Channel, Message
 from .wire import PriorityUpdate, SampleReply, SampleRequest, Tag, pack_rows
 
-__all__ = ["BufferServer", "OwnedShard", "SequenceWindow", "Tag"]
+__all__ = ["BufferServer", "OwnedShard", "SequenceWindow", "ServerExtension", "Tag"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +162,17 @@ class OwnedShard:
                            ix.min.min if ix.count else np.inf)
 
 
+class ServerExtension(Protocol):
+    """Extra work of a buffer rank's loop (e.g. :mod:`conduit_hpc.longhaul`'s forwarder):
+    :meth:`step` runs every pass after the messages (returns work done, never blocks);
+    :meth:`finish` once when the loop ends. An extension may add handlers and peers to
+    wait for."""
+
+    def step(self) -> int: ...
+
+    def finish(self) -> None: ...
+
+
 class BufferServer:
     """Progress loop of a buffer rank.
 
@@ -209,6 +221,7 @@ class BufferServer:
         #: tags that are never held (the checkpoint protocol itself)
         self.pass_through: set[int] = {Tag.CKPT_CUT, Tag.CKPT_PART, Tag.CKPT_REQUEST,
                                        Tag.CKPT_MARK, Tag.STOP}
+        self.extensions: list[ServerExtension] = []
         self.passes = 0
         self.samples_served = 0
         self.rows_served = 0
@@ -300,6 +313,8 @@ class BufferServer:
             work += 1
         for hook in self.hooks:
             work += hook()
+        for ext in self.extensions:
+            work += ext.step()
         self.passes += 1
         return work
 
@@ -339,3 +354,5 @@ class BufferServer:
                     time.sleep(min(self.poll_interval_s * (idle - 20), 0.0005))
         for s in self.shards:
             s.poll()
+        for ext in self.extensions:
+            ext.finish()

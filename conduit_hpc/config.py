@@ -36,6 +36,7 @@ __all__ = [
     "Config",
     "FieldConfig",
     "LayoutConfig",
+    "LongHaulConfig",
     "PlacementConfig",
     "RunConfig",
     "SchedulerConfig",
@@ -379,6 +380,59 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LongHaulConfig:
+    """``[longhaul]``: actors and a buffer at the edge, the learner in a data centre,
+    joined by one long link (see ``docs/longhaul.md``).
+
+    Attributes:
+        mode (str): ``off``; ``forward`` (the edge buffer forwards every experience,
+            FIFO, across the link into the replay beside the learner; what the link
+            cannot carry queues, up to ``queue_rows``, and the oldest is dropped and
+            counted); ``edge_replay`` (the prioritized replay stays on the edge buffer;
+            only the learner's sampled batches cross, priority updates flow back).
+        bandwidth_gbps (float): the link's bandwidth per direction in GB/s (10**9 bytes
+            per second), as in the cluster model's ``[[links]]``.
+        latency_s (float): one-way latency every message crossing the link pays.
+        burst_bytes (int): token-bucket depth of the link (0: a plain serializer).
+        edge_ranks (tuple[int, ...]): world ranks at the edge; empty: every actor and the
+            last buffer rank. The other ranks are in the data centre.
+        queue_rows (int): ``forward``: rows the edge buffer holds for the link at most.
+        forward_rows (int): ``forward``: rows per forwarded message.
+        publish_every_s (float): how often buffer ranks publish their link counters for
+            the learner's per-superstep metrics and append to ``link-<rank>.csv``.
+    """
+
+    mode: Literal["off", "forward", "edge_replay"] = "off"
+    bandwidth_gbps: float = 0.001
+    latency_s: float = 0.01
+    burst_bytes: int = 0
+    edge_ranks: tuple[int, ...] = ()
+    queue_rows: int = 4096
+    forward_rows: int = 64
+    publish_every_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        require(_finite(self.bandwidth_gbps) and self.bandwidth_gbps > 0, "bandwidth_gbps",
+                self.bandwidth_gbps, "a finite number > 0 (GB/s per direction)")
+        require(_finite(self.latency_s) and self.latency_s >= 0, "latency_s", self.latency_s,
+                "a finite number >= 0 (seconds, one way)")
+        require(self.burst_bytes >= 0, "burst_bytes", self.burst_bytes, ">= 0")
+        require(all(r >= 0 for r in self.edge_ranks)
+                and len(set(self.edge_ranks)) == len(self.edge_ranks), "edge_ranks",
+                self.edge_ranks, "distinct world ranks >= 0 (empty: actors + last buffer)")
+        require(self.queue_rows >= 1, "queue_rows", self.queue_rows, ">= 1")
+        require(1 <= self.forward_rows <= self.queue_rows, "forward_rows", self.forward_rows,
+                f"between 1 and queue_rows ({self.queue_rows})")
+        require(_finite(self.publish_every_s) and 0 < self.publish_every_s <= 10,
+                "publish_every_s", self.publish_every_s, "between 0 (excluded) and 10")
+
+    @property
+    def bytes_per_s(self) -> float:
+        """The bandwidth in bytes per second."""
+        return self.bandwidth_gbps * 1e9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Config:
     """The whole job configuration; every rank must hold an equal one."""
 
@@ -390,6 +444,7 @@ class Config:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    longhaul: LongHaulConfig = field(default_factory=LongHaulConfig)
 
     def __post_init__(self) -> None:
         for name in self.spec:
@@ -417,6 +472,11 @@ class Config:
                     f"off (every_seconds = 0, every_supersteps = 0, on_stop = false) {why}: "
                     f"a shard that rows moved out of holds a non-contiguous run of rows, "
                     f"which the checkpoint format does not store")
+        if self.longhaul.mode == "edge_replay":
+            # rows must cross the link in the owner's replies, never be read in place
+            require(sch.fetch == "owner" or sch.mode == "service", "scheduler.fetch",
+                    sch.fetch, "'owner' with longhaul.mode = 'edge_replay' (the edge buffer "
+                    "samples and sends the rows across the link)")
 
     # -- loading -------------------------------------------------------------------
     @classmethod

@@ -35,7 +35,8 @@ from .wire import PriorityUpdate, SampleReply, SampleRequest, Tag, unpack_rows
 if TYPE_CHECKING:  # torch loads only on ranks that use it (learners, weight sharing)
     import torch
 
-__all__ = ["Batch", "ControlBlock", "Deliverer", "WeightsBoard", "select_device"]
+__all__ = ["Batch", "ControlBlock", "Deliverer", "PendingBatch", "WeightsBoard",
+           "select_device"]
 
 # control block slots (int64): rows written by actors, rows sampled by learners, ranks
 # done, the lead learner's superstep, and rows actors have reserved (admitted or waiting)
@@ -166,6 +167,19 @@ def select_device(kind: str, local_learner_index: int) -> torch.device:
 
 
 @dataclass
+class PendingBatch:
+    """A batch whose rows the owners are sampling and sending (see
+    :meth:`Deliverer.begin`): request id -> the batch positions it fills."""
+
+    superstep: int
+    staleness: int
+    stats: list[ShardStats]
+    ids: dict[int, tuple[int, int]]
+    t0: float
+    waited: float
+
+
+@dataclass
 class Batch:
     """One learner batch.
 
@@ -248,6 +262,8 @@ class Deliverer:
 
         self._torch = torch
         self._stream = (torch.cuda.Stream(device) if device.type == "cuda" else None)
+        # replies that arrived while another batch's were awaited (pipelined owner fetch)
+        self._stash: dict[int, tuple[SampleReply, np.ndarray]] = {}
 
     # -- statistics and the rate limiter -------------------------------------------
     def shard_stats(self) -> list[ShardStats]:
@@ -282,6 +298,7 @@ class Deliverer:
             if time.monotonic() > deadline:
                 raise DataPlaneTimeout(f"learner waited {self.timeout_s:.1f} s to sample "
                                        f"{rows} rows: {lim.explain(state)}")
+            self.channel.progress()  # e.g. messages held for a long link still go out
             time.sleep(self.poll_s)
         self.control.add(C_SAMPLES, rows)
         waited = time.perf_counter() - t0
@@ -298,12 +315,14 @@ class Deliverer:
 
     def _collect(self, tag: Tag, ids: set[int], what: str) -> dict[int, tuple[SampleReply,
                                                                                np.ndarray]]:
-        got: dict[int, tuple[SampleReply, np.ndarray]] = {}
+        got = {i: self._stash.pop(i) for i in ids if i in self._stash}
         while len(got) < len(ids):
             msg = self.channel.recv(tag=tag, timeout_s=self.timeout_s, what=what)
             rep, rest = SampleReply.unpack(msg.payload)
             if rep.request_id in ids:
                 got[rep.request_id] = (rep, rest)
+            else:  # for another batch in flight (see begin())
+                self._stash[rep.request_id] = (rep, rest)
         return got
 
     def _draw(self, tag: Tag, stats: list[ShardStats], rows: int
@@ -368,19 +387,26 @@ class Deliverer:
     # -- one batch ---------------------------------------------------------------------
     def prepare(self, superstep: int, staleness: int, *, service: bool = False) -> Batch:
         """Sample, gather, check, transform and copy one batch. Blocks (bounded)."""
-        B, w = self.cfg.batch_rows, self.window
+        B = self.cfg.batch_rows
         timings = {"sample_s": 0.0, "gather_s": 0.0, "transform_s": 0.0, "copy_s": 0.0}
         stats, waited = self._admit(B)
         timings["limiter_wait_s"] = waited
         t0 = time.perf_counter()
+        parts = self._draw(Tag.SERVICE if service else Tag.SAMPLE, stats, B)
+        timings["sample_s"] = time.perf_counter() - t0
+        return self._assemble(superstep, staleness, stats, parts, timings, service=service)
+
+    def _assemble(self, superstep: int, staleness: int, stats: list[ShardStats],
+                  parts: list[tuple[int, int, SampleReply, np.ndarray]],
+                  timings: dict[str, float], *, service: bool) -> Batch:
+        """Gather (or unpack the owners' rows), transform, weigh and copy one batch."""
+        B, w = self.cfg.batch_rows, self.window
         lead = (B, w) if w > 1 else (B,)
         out = {f.name: np.empty((*lead, *f.shape), dtype=f.dtype) for f in self.spec}
         flat = {k: v.reshape(B * w, *v.shape[len(lead):]) for k, v in out.items()}
         indices = np.empty((B, 3), dtype=np.int64)
         mass = np.empty(B, dtype=np.float64)
-        parts = self._draw(Tag.SERVICE if service else Tag.SAMPLE, stats, B)
         t1 = time.perf_counter()
-        timings["sample_s"] = t1 - t0
         for a, b, rep, rows in parts:
             sid = rep.shard_id
             indices[a:b, 0], indices[a:b, 1], indices[a:b, 2] = sid, rep.slots, rep.gens
@@ -406,6 +432,43 @@ class Deliverer:
         timings["copy_s"] = time.perf_counter() - t3
         batch.timings = timings
         return batch
+
+    # -- pipelined owner fetch: several batches in flight (edp with fetch = owner) -------
+    def begin(self, superstep: int, staleness: int) -> PendingBatch:
+        """Start a batch that the shards' owners sample and send: admit it, draw its
+        targets and send one request per shard; returns at once. Requests of several
+        batches may be in flight (across a long link their latency then overlaps).
+        Blocks only while the rate limiter or the minimum fill holds sampling back."""
+        B = self.cfg.batch_rows
+        stats, waited = self._admit(B)
+        t0 = time.perf_counter()
+        totals = np.array([s.total for s in stats])
+        shard_pos, local = allocate_targets(totals, B, self.rng)
+        bounds = np.searchsorted(shard_pos, np.arange(len(stats) + 1))
+        ids: dict[int, tuple[int, int]] = {}
+        for k in range(len(stats)):
+            a, b = int(bounds[k]), int(bounds[k + 1])
+            if b > a:
+                ids[self._request(Tag.SERVICE, k, local[a:b])] = (a, b)
+        return PendingBatch(superstep, staleness, stats, ids, t0, waited)
+
+    def arrived(self, pending: PendingBatch) -> bool:
+        """Whether every reply of ``pending`` is here (receives what has arrived). Local;
+        never blocks."""
+        while (msg := self.channel.poll(tag=Tag.SERVICE_REPLY)) is not None:
+            rep, rest = SampleReply.unpack(msg.payload)
+            self._stash[rep.request_id] = (rep, rest)
+        return all(i in self._stash for i in pending.ids)
+
+    def complete(self, pending: PendingBatch) -> Batch:
+        """Wait for ``pending``'s replies (bounded by ``timeout_s``) and assemble it."""
+        replies = self._collect(Tag.SERVICE_REPLY, set(pending.ids), "service replies")
+        parts = sorted(((a, b, replies[i][0], replies[i][1])
+                        for i, (a, b) in pending.ids.items()), key=lambda x: x[0])
+        timings = {"sample_s": time.perf_counter() - pending.t0, "gather_s": 0.0,
+                   "transform_s": 0.0, "copy_s": 0.0, "limiter_wait_s": pending.waited}
+        return self._assemble(pending.superstep, pending.staleness, pending.stats, parts,
+                              timings, service=True)
 
     def _beta(self, superstep: int) -> float:
         from .sampling import beta_at

@@ -43,6 +43,7 @@ from .delivery import (
 )
 from .errors import ConduitError, ConfigError, DataPlaneClosed, DataPlaneTimeout, SpecError
 from .learner import LearnerEndpoint
+from .longhaul import LongHaul
 from .metrics import ACTOR_COLUMNS, CsvSink
 from .placement.placement import Placement, plan_round_robin
 from .roles import Role, RoleComms, check_same_config, split_roles
@@ -143,6 +144,10 @@ class ExperienceDataPlane:
         check_same_config(comm, config)
         self.roles: RoleComms = split_roles(comm, config.layout)
         roles = self.roles
+        # long-haul deployment (edge / data centre across one emulated link), if on
+        self._longhaul = LongHaul(config, roles) if config.longhaul.mode != "off" else None
+        if self._longhaul is not None:
+            placement = self._longhaul.placement(placement)
         if placement is None:
             placement = plan_round_robin(
                 actor_ranks=roles.actor_ranks, buffer_ranks=roles.buffer_ranks,
@@ -188,7 +193,9 @@ class ExperienceDataPlane:
             ring = self.rings[s.shard_id]
             if ring.views is None:
                 ring.views = ring.layout.views(self._window.own_segment(), ring.base)
-        self.channel = Channel(roles.world, poll_interval_s=tcfg.poll_interval_s)
+        self.channel = (Channel(roles.world, poll_interval_s=tcfg.poll_interval_s)
+                        if self._longhaul is None else
+                        self._longhaul.make_channel(roles.world, tcfg.poll_interval_s))
         self.limiter = RateLimiter(sch.samples_per_insert, sch.min_fill_rows, sch.error_buffer)
         self.ingest_stats = IngestStats()
         self._done_sent = False
@@ -216,6 +223,8 @@ class ExperienceDataPlane:
             from .replace import Replacement
 
             self.replacement = Replacement(self, replan)
+        if self._longhaul is not None:
+            self._longhaul.attach(self)  # collective
 
     def _metrics_file(self, name: str) -> Path | None:
         return self.run_dir / "metrics" / name if self.run_dir else None
@@ -491,6 +500,8 @@ class ExperienceDataPlane:
         until the batch is ready (bounded by ``run.timeout_s``). Learner ranks only.
         """
         self._require(Role.LEARNER, "next_batch()")
+        if self._longhaul is not None:
+            self._longhaul.end_superstep()
         return self.learner.next_batch()
 
     def update_priorities(self, indices: ArrayLike, priorities: ArrayLike) -> None:
@@ -548,17 +559,22 @@ class ExperienceDataPlane:
             mine["learner"] = self._learner_summary
         if self.replacement is not None:
             mine["replacement"] = self.replacement.summary()
+        if self._longhaul is not None:
+            mine["longhaul"] = self._longhaul.local_stats()
         everyone = self.roles.world.allgather(mine)
         actors = {d["rank"]: d["ingest"] for d in everyone if "ingest" in d}
         shards: dict[int, Any] = {}
         for d in everyone:
             shards.update(d.get("shards", {}))
-        return {"actors": actors, "shards": dict(sorted(shards.items())),
-                "learners": {d["rank"]: d["learner"] for d in everyone if "learner" in d},
-                "rows_ingested": sum(a["rows"] for a in actors.values()),
-                "bytes_ingested": sum(a["bytes"] for a in actors.values()),
-                "replacement": {d["rank"]: d["replacement"] for d in everyone
-                                if "replacement" in d}}
+        out = {"actors": actors, "shards": dict(sorted(shards.items())),
+               "learners": {d["rank"]: d["learner"] for d in everyone if "learner" in d},
+               "rows_ingested": sum(a["rows"] for a in actors.values()),
+               "bytes_ingested": sum(a["bytes"] for a in actors.values()),
+               "replacement": {d["rank"]: d["replacement"] for d in everyone
+                               if "replacement" in d}}
+        if self._longhaul is not None:
+            out["longhaul"] = self._longhaul.merge([d.get("longhaul") for d in everyone])
+        return out
 
     # -- checkpoints (conduit_hpc.checkpointing holds the logic) ----------------------
     def restore(self, source: str | Path = "latest", *,
@@ -605,12 +621,16 @@ class ExperienceDataPlane:
             return
         self._done_sent = True
         if self.learner is not None:
+            if self._longhaul is not None:
+                self._longhaul.end_superstep()
             self._learner_summary = self.learner.stop()
         if self._actor_metrics is not None:
             self._log_actor(time.perf_counter())
             self._actor_metrics.close()
         for b in self.roles.buffer_ranks:
             self.channel.isend(b, Tag.DONE, np.zeros(0, np.uint8))
+        if self._longhaul is not None:
+            self._longhaul.release_held()  # the buffers must see it while we wait
 
     def close(self) -> None:
         """Finish and free everything. **Collective** on the job's ranks; idempotent.
@@ -631,6 +651,8 @@ class ExperienceDataPlane:
         self._closed = True
         if self.replacement is not None:
             self.replacement.close()
+        if self._longhaul is not None:
+            self._longhaul.close()
         if self._weights_window is not None:
             self._weights_window.close()
         self._control_window.close()

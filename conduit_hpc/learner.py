@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from .delivery import (
     Batch,
     ControlBlock,
     Deliverer,
+    PendingBatch,
     WeightsBoard,
     check_update,
     flat_parameters,
@@ -65,6 +67,10 @@ class LearnerEndpoint:
         self.mode = config.mode
         # the owner samples and sends the rows: always in service mode, by choice else
         self._by_owner = config.mode == "service" or config.fetch == "owner"
+        # edp + owner fetch: the requests of every batch the clock allows are in flight
+        # at once, so a long link's latency overlaps (batches still complete in order)
+        self._pipelined = self.mode == "edp" and config.fetch == "owner"
+        self._pending: deque[PendingBatch] = deque()
         self.clock = PrefetchClock(config.prefetch_depth if self.mode == "edp" else 0)
         self.metrics = CsvSink(metrics_path, LEARNER_COLUMNS)
         self.status = LiveStatus() if status else None
@@ -96,6 +102,9 @@ class LearnerEndpoint:
 
     # -- thread side -----------------------------------------------------------------
     def _prefetch_step(self) -> bool:
+        self.d.channel.progress()  # e.g. release messages held for a long link
+        if self._pipelined:
+            return self._pipelined_step()
         if not self.clock.may_prepare():
             return False
         t, staleness = self.clock.start()
@@ -104,6 +113,26 @@ class LearnerEndpoint:
             self._ready[t] = batch
             self._cv.notify_all()
         return True
+
+    def _pipelined_step(self) -> bool:
+        did = False
+        while self.clock.may_prepare():
+            t, staleness = self.clock.start()
+            self._pending.append(self.d.begin(t, staleness))
+            did = True
+        if self._pending and self.d.arrived(self._pending[0]):
+            batch = self.d.complete(self._pending.popleft())
+            with self._cv:
+                self._ready[batch.superstep] = batch
+                self._cv.notify_all()
+            did = True
+        return did
+
+    def _finish_pending(self) -> None:
+        """Receive the replies of batches still in flight (so that no owner's send is
+        left unmatched when this learner stops)."""
+        while self._pending:
+            self.d.complete(self._pending.popleft())
 
     def _request(self) -> None:
         """On the thread, after every update queued before it: end the superstep."""
@@ -288,6 +317,9 @@ class LearnerEndpoint:
             self._run(lambda: None, "a checkpoint hand-in")
             time.sleep(0.01)
         if self._thread is not None:
+            if self._pipelined:
+                self._thread.call(self._finish_pending, timeout_s=self.timeout_s,
+                                  what="replies of prefetched batches")
             self._thread.stop(self.timeout_s)
             self._thread = None
         if self._row is not None and self._last_return is not None:

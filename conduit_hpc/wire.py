@@ -48,6 +48,7 @@ class Tag(enum.IntEnum):
     REPLACE_FWD = 65  # owner -> owner: priority updates for rows that moved
     REPLACE_FWD_ACK = 66  # owner -> owner: a forward is applied (or dropped), chain included
     REPLACE_QUIET = 67  # buffer -> buffer ranks: every peer is done, nothing of mine in flight
+    FORWARD = 7  # edge buffer -> cloud buffer: rows with priorities (longhaul forward)
 
 
 def _cat(*arrays: np.ndarray) -> np.ndarray:

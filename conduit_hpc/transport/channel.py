@@ -85,6 +85,13 @@ class Channel:
         self._pending.append((req, raw))  # the buffer lives until the send completes
         self._reap()
 
+    def progress(self) -> int:
+        """Complete finished sends (a subclass may also release messages it holds, see
+        :class:`~conduit_hpc.transport.link.LinkedChannel`). Returns messages released.
+        Local; never blocks."""
+        self._reap()
+        return 0
+
     def _reap(self) -> None:
         if self._pending:
             self._pending = [(r, b) for r, b in self._pending if not r.Test()]

@@ -1,0 +1,196 @@
+"""Long-haul placements side by side: ``edge_replay`` against ``forward`` at two link budgets.
+
+    conduit-hpc bench longhaul [--smoke] [--workload auto|dqn|regression] [--seeds 0,1,2]
+                               [--budgets 0.5,4] [--supersteps N] [--out DIR]
+
+The job is ``jobs/longhaul_dqn.toml`` (2 actors and a buffer at the edge, a buffer and
+the learner in the data centre, one emulated link). Actors are paced at
+``--actor-rows-s`` rows per second each; the link budget is a multiple of what they
+produce as ``forward`` would ship it (rows + their priorities): ``0.5`` is *tight* (the
+link carries half of it), ``4`` is *loose*. The learner is the same in both placements
+(``--batch`` rows per update, at least ``--learner-step-s`` per update, ``--supersteps``
+updates), sized so that ``edge_replay``'s sampled batches fit the tight budget.
+
+For each budget, seed and placement one run; reported per run (one JSON line each, with
+the git sha) and per budget, over seeds: the ratio ``edge_replay / forward`` of the
+average priority of transferred experiences (during training) and of the learner's TD
+loss after it settles (mean of the second half of the supersteps), and the return
+reached (``dqn``). The marks are the study's: priority x3.92 and loss at 26 %.
+``--out`` gets ``longhaul.png`` and ``longhaul.md`` (see ``conduit_hpc.longhaul_report``).
+
+``--workload auto`` runs DQN on CartPole when ``conduit_hpc.rl`` (issue 6) is importable
+and the ``regression`` workload otherwise (said in the output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+JOB = REPO / "jobs" / "longhaul_dqn.toml"
+MODES = ("forward", "edge_replay")
+MARK_PRIORITY = 3.92
+MARK_LOSS = 0.26
+ROW_BYTES = 48  # obs[4] f32, action i64, reward f32, next_obs[4] f32, discount f32
+
+
+def git_sha() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                         capture_output=True, text=True, timeout=10, check=False)
+    return out.stdout.strip() or "unknown"
+
+
+def have_rl() -> bool:
+    try:
+        import conduit_hpc.rl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def forward_demand_bytes_s(actors: int, rows_s: float) -> float:
+    """What ``forward`` must ship: every row with its priority (message headers aside)."""
+    return actors * rows_s * (ROW_BYTES + 8)
+
+
+def run_one(args: argparse.Namespace, workload: str, mode: str, seed: int,
+            bandwidth_bytes_s: float, work: Path) -> dict[str, Any]:
+    from conduit_hpc.longhaul_report import load_longhaul_run
+    from conduit_hpc.runner import launch
+
+    sets = [f"longhaul.mode={mode}", f"longhaul.bandwidth_gbps={bandwidth_bytes_s / 1e9!r}",
+            f"longhaul.latency_s={args.latency_s!r}", f"run.seed={seed}",
+            f"job.workload={workload}", f"job.supersteps={args.supersteps}",
+            f"job.learner_step_s={args.learner_step_s!r}",
+            f"job.actor_rows_s={args.actor_rows_s!r}", f"scheduler.batch_rows={args.batch}",
+            f"scheduler.min_fill_rows={args.min_fill}", f"longhaul.queue_rows={args.queue_rows}",
+            f"scheduler.beta_anneal_supersteps={args.supersteps}"]
+    rc, run_dir = launch(JOB, overrides=sets, runs_root=work, quiet=True,
+                         timeout_s=args.timeout)
+    if rc != 0:
+        raise RuntimeError(f"{mode} seed {seed} at {bandwidth_bytes_s:g} B/s failed with "
+                           f"status {rc}; logs in {run_dir / 'logs'}")
+    run = load_longhaul_run(run_dir)
+    s = run.summary
+    return {"bench": "longhaul", "workload": workload, "mode": mode, "seed": seed,
+            "bandwidth_bytes_s": bandwidth_bytes_s, "run_dir": str(run_dir),
+            "updates": s.get("updates"), "wall_s": s.get("wall_s"),
+            "priority_mean_training": run.priority_mean,
+            "priority_mean_run": s.get("link_priority_mean_crossed"),
+            "loss_settled": run.loss_settled, "final_mean_return": run.final_return,
+            "env_steps": s.get("env_steps"), "rows_ingested": s.get("rows_ingested"),
+            "rows_crossed": s.get("link_rows_crossed"),
+            "rows_dropped": s.get("link_rows_dropped"),
+            "e2c_util": s.get("link_e2c_util"), "c2e_util": s.get("link_c2e_util"),
+            "exposed_median_s": s.get("exposed_median_s"),
+            "iteration_median_s": s.get("iteration_median_s"),
+            "late_s_max": s.get("link_late_s_max")}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="conduit-hpc bench longhaul")
+    p.add_argument("--smoke", action="store_true", help="tiny run for the test suite")
+    p.add_argument("--workload", choices=("auto", "dqn", "regression"), default="auto")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--budgets", default="0.5,4",
+                   help="link bandwidth as multiples of what forward must ship")
+    p.add_argument("--supersteps", type=int, default=3000)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--learner-step-s", type=float, default=0.05)
+    p.add_argument("--actor-rows-s", type=float, default=1000.0)
+    p.add_argument("--latency-s", type=float, default=0.02)
+    p.add_argument("--min-fill", type=int, default=1000)
+    p.add_argument("--queue-rows", type=int, default=4096,
+                   help="forward: rows the edge holds for the link before dropping")
+    p.add_argument("--timeout", type=float, default=1800.0, help="per run (s)")
+    p.add_argument("--out", default="", help="runs, plots and table go here (default: "
+                   "bench/out/longhaul; with --smoke and no --out, a temporary folder)")
+    args = p.parse_args(argv)
+    if args.smoke:  # a short queue and a tighter link, so that forward drops in seconds
+        args.workload, args.seeds, args.budgets = "regression", "0", "0.25"
+        args.supersteps, args.min_fill, args.timeout = 60, 256, 300.0
+        args.queue_rows = 256
+    workload = args.workload
+    if workload == "auto":
+        workload = "dqn" if have_rl() else "regression"
+    if workload == "dqn" and not have_rl():
+        raise SystemExit("--workload dqn needs conduit_hpc.rl (issue 6)")
+    print(f"longhaul bench: workload {workload}"
+          + ("" if workload == "dqn" or args.workload != "auto" else
+             " (conduit_hpc.rl not importable: the DQN pieces of issue 6 are not here)"),
+          flush=True)
+    demand = forward_demand_bytes_s(2, args.actor_rows_s)
+    sha = git_sha()
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="conduit-longhaul-") as tmp:
+        keep = bool(args.out) or not args.smoke
+        out = Path(args.out) if args.out else REPO / "bench" / "out" / "longhaul"
+        work = out / "runs" if keep else Path(tmp)
+        for factor in [float(x) for x in args.budgets.split(",")]:
+            for seed in [int(x) for x in args.seeds.split(",")]:
+                for mode in MODES:
+                    r = run_one(args, workload, mode, seed, factor * demand, work)
+                    r.update(budget_factor=factor, git_sha=sha)
+                    results.append(r)
+                    print(json.dumps(r), flush=True)
+        table = summarize(results)
+        if keep:
+            from conduit_hpc.longhaul_report import write_longhaul_report
+
+            md = write_longhaul_report([r["run_dir"] for r in results], out)
+            print(f"plots and table: {md}")
+    print_table(table)
+    for t in table:
+        print(json.dumps({"bench": "longhaul", "summary": t, "git_sha": sha}), flush=True)
+    return {"workload": workload, "results": results, "ratios": table}
+
+
+def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per budget, means over seeds and the ``edge_replay / forward`` ratios."""
+    out = []
+    for factor in sorted({r["budget_factor"] for r in results}):
+        by = {m: [r for r in results if r["budget_factor"] == factor and r["mode"] == m]
+              for m in MODES}
+        if not all(by.values()):
+            continue
+        row: dict[str, Any] = {"budget_factor": factor,
+                               "bandwidth_bytes_s": by["forward"][0]["bandwidth_bytes_s"],
+                               "seeds": len(by["edge_replay"])}
+        for m in MODES:
+            for key in ("priority_mean_training", "loss_settled", "final_mean_return",
+                        "e2c_util", "exposed_median_s", "wall_s"):
+                vals = [float(r[key]) for r in by[m] if r.get(key) is not None
+                        and math.isfinite(float(r[key]))]
+                row[f"{m}_{key}"] = sum(vals) / len(vals) if vals else math.nan
+        f_p, e_p = row["forward_priority_mean_training"], row["edge_replay_priority_mean_training"]
+        f_l, e_l = row["forward_loss_settled"], row["edge_replay_loss_settled"]
+        row["priority_ratio"] = e_p / f_p if f_p else math.nan
+        row["loss_ratio"] = e_l / f_l if f_l else math.nan
+        row["meets_priority_mark"] = bool(row["priority_ratio"] >= MARK_PRIORITY)
+        row["meets_loss_mark"] = bool(row["loss_ratio"] <= MARK_LOSS)
+        out.append(row)
+    return out
+
+
+def print_table(table: list[dict[str, Any]]) -> None:
+    print(f"\n{'budget':>7} {'kB/s':>8} {'seeds':>5} {'priority x':>11} {'loss ratio':>11} "
+          f"{'return fwd':>11} {'return edge':>12} {'util fwd':>9} {'util edge':>10}")
+    for t in table:
+        print(f"{t['budget_factor']:>7g} {t['bandwidth_bytes_s'] / 1e3:>8.1f} {t['seeds']:>5} "
+              f"{t['priority_ratio']:>11.3f} {t['loss_ratio']:>11.3f} "
+              f"{t['forward_final_mean_return']:>11.1f} "
+              f"{t['edge_replay_final_mean_return']:>12.1f} "
+              f"{t['forward_e2c_util']:>9.2f} {t['edge_replay_e2c_util']:>10.2f}")
+    print(f"(marks: priority x{MARK_PRIORITY}, loss ratio <= {MARK_LOSS})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

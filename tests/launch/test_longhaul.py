@@ -1,0 +1,103 @@
+"""End to end: the long-haul job in both placements (through the benchmark's smoke
+size), its metrics files and report, and its refusals. Every subprocess has a timeout."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conduit_hpc.longhaul_metrics import LINK_COLUMNS
+from conduit_hpc.testing import REPO
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "conduit_hpc.cli", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def have_rl() -> bool:
+    try:
+        import conduit_hpc.rl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_both_placements_run_end_to_end_at_a_tight_link(tmp_path: Path) -> None:
+    out = cli("bench", "--json", "longhaul", "--smoke", "--out", str(tmp_path), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    runs = {r["mode"]: r for r in result["results"]}
+    assert set(runs) == {"forward", "edge_replay"}
+    for mode, r in runs.items():
+        metrics = Path(r["run_dir"]) / "metrics"
+        with open(metrics / "learner-0.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert len(rows) == r["updates"] == 60
+        assert set(LINK_COLUMNS) | {"loss", "td_abs_mean", "exposed_s"} <= set(rows[0])
+        assert {row["mode"] for row in rows} == {"edp"}
+        for rank in (1, 2):  # both buffer ranks log their side of the link
+            assert (metrics / f"link-{rank}.csv").exists()
+        summary = json.loads((metrics / "summary.json").read_text())
+        assert summary["mode"] == mode and summary["workload"] == "regression"
+        # every byte sent across arrived, both ways
+        assert summary["link_e2c_bytes"] == summary["link_e2c_received_bytes"] > 0
+        assert summary["link_c2e_bytes"] == summary["link_c2e_received_bytes"]
+        assert 0 < summary["link_e2c_util"] <= 1.0 + 1e-6
+    fwd = json.loads((Path(runs["forward"]["run_dir"]) / "metrics" / "summary.json")
+                     .read_text())
+    # forward: the link carried less than the actors produced; the rest was dropped,
+    # counted, or still queued at the edge when the job ended
+    assert fwd["link_rows_dropped"] > 0
+    assert fwd["link_edge_rows_committed"] == (fwd["link_rows_forwarded"]
+                                               + fwd["link_rows_dropped"]
+                                               + fwd["link_rows_unsent"])
+    assert fwd["link_rows_received"] == fwd["link_rows_forwarded"]
+    edge = json.loads((Path(runs["edge_replay"]["run_dir"]) / "metrics" / "summary.json")
+                      .read_text())
+    # edge_replay: only sampled batches crossed, and priority updates crossed back
+    assert edge["link_rows_dropped"] == edge["link_rows_forwarded"] == 0
+    assert edge["link_rows_crossed"] >= 60 * 32
+    assert edge["link_c2e_bytes"] >= 60 * 32 * 24  # (slot, generation, priority) per row
+    (ratio,) = result["ratios"]
+    assert ratio["priority_ratio"] > 0 and ratio["loss_ratio"] > 0
+    # the side-by-side report
+    assert (tmp_path / "longhaul.png").stat().st_size > 10_000
+    md = (tmp_path / "longhaul.md").read_text()
+    assert "edge_replay / forward" in md and md.count("| forward |") == 1
+
+
+def test_a_layout_that_does_not_fit_is_one_clear_message(tmp_path: Path) -> None:
+    out = cli("run", "jobs/longhaul_dqn.toml", "--runs", str(tmp_path), "-n", "4",
+              "--set", "layout.buffers=1", "--set", "layout.actors=2",
+              "--set", "job.workload=regression", timeout=120)
+    assert out.returncode != 0
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
+    assert len(errors) == 1, out.stderr
+    assert "layout.buffers must be 2 with longhaul.mode = 'edge_replay'" in errors[0]
+
+
+@pytest.mark.skipif(have_rl(), reason="conduit_hpc.rl is here: the DQN workload runs")
+def test_dqn_workload_without_the_dqn_pieces_is_refused(tmp_path: Path) -> None:
+    out = cli("run", "jobs/longhaul_dqn.toml", "--runs", str(tmp_path), timeout=120)
+    assert out.returncode != 0
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
+    assert len(errors) == 1 and "needs the DQN pieces (conduit_hpc.rl" in errors[0]
+
+
+@pytest.mark.skipif(not have_rl(), reason="needs conduit_hpc.rl (issue 6)")
+def test_dqn_workload_runs_in_edge_replay(tmp_path: Path) -> None:
+    out = cli("run", "jobs/longhaul_dqn.toml", "--runs", str(tmp_path),
+              "--set", "job.supersteps=40", "--set", "scheduler.min_fill_rows=256",
+              timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    metrics = next(tmp_path.iterdir()) / "metrics"
+    summary = json.loads((metrics / "summary.json").read_text())
+    assert summary["workload"] == "dqn" and summary["updates"] == 40
+    assert summary["env_steps"] > 0 and summary["link_rows_crossed"] >= 40 * 64
+    assert (metrics / "episodes.csv").exists()

@@ -1,0 +1,183 @@
+"""The long-haul deployment end to end at a tight link budget, in both placements.
+
+World rank 0 is the learner, 1 the data-centre buffer, 2 the edge buffer, the rest are
+actors at the edge; every channel message between the sides crosses the emulated link.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc.longhaul import CLOUD_SHARD, EDGE_SHARD, FORWARD_HEAD
+from conduit_hpc.testing import checked_batch, make_config, row_consistent
+
+COMM = MPI.COMM_WORLD
+RATE = 60_000.0  # bytes/s per direction: far less than the actors produce
+LATENCY = 0.004
+
+
+def config(mode: str, **longhaul):
+    return make_config(
+        layout={"learners": 1, "buffers": 2},
+        storage={"capacity_rows": 2048, "priority_exponent": 1.0},
+        scheduler={"mode": "edp", "fetch": "owner", "batch_rows": 16, "prefetch_depth": 2,
+                   "min_fill_rows": 64},
+        longhaul={"mode": mode, "bandwidth_gbps": RATE / 1e9, "latency_s": LATENCY,
+                  "queue_rows": 256, "forward_rows": 32, "publish_every_s": 0.005,
+                  **longhaul})
+
+
+def actor_ingest(edp, rows=16, max_batches=100_000):
+    """Checked rows with priority = 1 + wseq % 7 until the learner stops."""
+    wseq = 0
+    for _ in range(max_batches):
+        if edp.should_stop:
+            break
+        edp.ingest(checked_batch(edp.world_rank, wseq, rows),
+                   priorities=1.0 + (np.arange(wseq, wseq + rows) % 7))
+        wseq += rows
+        time.sleep(0.0005)  # leave the 2 cores some room; still far above the link
+    return wseq
+
+
+@pytest.mark.mpi(min_size=4)
+def test_forward_drops_exactly_what_the_link_could_not_carry() -> None:
+    cfg = config("forward")
+    t0 = time.monotonic()
+    t_span = 0.0
+    with ExperienceDataPlane(cfg) as edp:
+        row_bytes = edp.spec.row_bytes
+        n_actors = len(edp.roles.actor_ranks)
+        assert edp.placement.learner_shards == {0: (CLOUD_SHARD,)}
+        assert set(edp.placement.actor_shards.values()) == {EDGE_SHARD}
+        cloud_rows = None
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp)
+        elif edp.role is Role.LEARNER:
+            steps = 0
+            # at least 30 supersteps, and on until the edge had to drop rows
+            while steps < 30 or edp._longhaul.snapshot().dropped == 0:
+                b = edp.next_batch()
+                cols = {k: v.numpy() for k, v in b.data.items()}
+                assert row_consistent(cols).all(), "a torn row reached the learner"
+                assert (b.indices[:, 0] == CLOUD_SHARD).all()
+                edp.update_priorities(b.indices, np.ones(len(b)))
+                steps += 1
+                assert steps < 20_000
+        else:
+            edp.serve()
+            t_span = time.monotonic() - t0
+            if edp.world_rank == 1:  # the data-centre replay: what crossed, in order
+                (shard,) = edp.owned_shards()
+                _, cols, prio = shard.ring.read_committed()
+                cloud_rows = (cols["writer"], cols["wseq"], prio, row_consistent(cols).all())
+        edp.done()
+        summary = edp.summary()
+        spans = edp.roles.world.allgather(t_span)
+        cloud_rows = next(c for c in edp.roles.world.allgather(cloud_rows) if c is not None)
+    lh = summary["longhaul"]
+    # every row committed at the edge was forwarded, dropped or still queued at the end
+    assert lh["edge_rows_committed"] == (lh["rows_forwarded"] + lh["rows_dropped"]
+                                         + lh["rows_unsent"])
+    assert lh["rows_dropped"] > 0, lh  # the link carries less than the actors produce
+    # what was forwarded arrived, every byte of it, and nothing else crossed that way
+    assert lh["rows_received"] == lh["rows_forwarded"] == lh["rows_crossed"] > 0
+    assert lh["e2c_received_bytes"] == lh["e2c_bytes"]
+    forward_messages = lh["e2c_messages"] - n_actors  # actors' zero-byte DONE messages
+    assert lh["e2c_bytes"] == (lh["rows_forwarded"] * (row_bytes + 8)
+                               + FORWARD_HEAD * forward_messages)
+    # pacing: bytes reached the data centre no faster than the link's rate since the
+    # link was set up (the bucket starts empty with burst_bytes = 0)
+    assert lh["e2c_bytes"] <= RATE * spans[2]
+    # the priorities that crossed are the actors' (1 .. 7), carried with the rows
+    assert 1.0 <= lh["priority_mean_crossed"] <= 7.0
+    writer, wseq, prio, intact = cloud_rows
+    assert intact
+    np.testing.assert_array_equal(prio, 1.0 + wseq % 7)
+    # FIFO: each actor's rows reach the data centre in the order it wrote them
+    for w in np.unique(writer):
+        assert (np.diff(wseq[writer == w]) > 0).all()
+    assert len(writer) == min(lh["rows_received"], cfg.storage.capacity_rows)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_edge_replay_priority_updates_cross_back_to_the_right_rows() -> None:
+    cfg = config("edge_replay")
+    depth = cfg.scheduler.prefetch_depth
+    with ExperienceDataPlane(cfg) as edp:
+        assert edp.placement.learner_shards == {0: (EDGE_SHARD,)}
+        favoured, delivered = None, 0
+        if edp.role is Role.ACTOR:
+            # a fixed set of rows, then stop: nothing is overwritten afterwards
+            n_actors = len(edp.roles.actor_ranks)
+            for i in range(128 // 16 // n_actors + 1):
+                edp.ingest(checked_batch(edp.world_rank, 16 * i, 16),
+                           priorities=np.full(16, 2.0))
+        elif edp.role is Role.LEARNER:
+            b = edp.next_batch()
+            keep = tuple(b.indices[0].tolist())
+            for s in range(12):
+                if s:
+                    b = edp.next_batch()
+                assert b.staleness <= depth
+                assert (b.indices[:, 0] == EDGE_SHARD).all()
+                assert row_consistent({k: v.numpy() for k, v in b.data.items()}).all()
+                delivered += len(b)
+                edp.update_priorities(b.indices, np.full(len(b), 0.5))
+                edp.update_priorities(np.array([keep]), [5.0])
+            favoured = keep
+        else:
+            edp.serve()
+        edp.done()
+        summary = edp.summary()
+        favoured = next(f for f in edp.roles.world.allgather(favoured) if f is not None)
+        delivered = max(edp.roles.world.allgather(delivered))
+        if edp.world_rank == 2:  # the edge buffer holds the replay and its priorities
+            (shard,) = edp.owned_shards()
+            _sid, slot, gen = favoured
+            assert shard.index.gens[slot] == gen
+            assert shard.index.priority[slot] == 5.0  # crossed back to that very row
+            assert shard.index.applied_updates >= 12 * 17
+            held = shard.index.priority[shard.index.gens > 0]
+            assert set(np.unique(held)) <= {0.5, 2.0, 5.0}
+        if edp.world_rank == 1:
+            assert not edp.owned_shards()  # nothing lives in the data centre
+    lh = summary["longhaul"]
+    # only sampled batches crossed: the ones delivered and at most `depth` prefetched
+    assert delivered <= lh["rows_crossed"] <= delivered + depth * 16
+    assert lh["rows_forwarded"] == lh["rows_dropped"] == lh["rows_received"] == 0
+    # bytes: both directions were used and arrived in full
+    assert lh["e2c_bytes"] == lh["e2c_received_bytes"] > 0
+    assert lh["c2e_bytes"] == lh["c2e_received_bytes"] > 0
+    # crossing priorities were the actors' 2.0, the learner's 0.5 or the favoured 5.0
+    assert 0.5 <= lh["priority_mean_crossed"] <= 5.0
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("mode", ["forward", "edge_replay"])
+def test_no_rank_is_left_waiting_when_the_job_ends(mode: str) -> None:
+    # a long latency relative to the job: the last messages are still held by the link
+    # when ranks finish; every rank must still get past done(), summary() and close()
+    cfg = config(mode, latency_s=0.05)
+    t0 = time.monotonic()
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp)
+        elif edp.role is Role.LEARNER:
+            for _ in range(5):
+                b = edp.next_batch()
+                edp.update_priorities(b.indices, np.ones(len(b)))
+        else:
+            edp.serve()
+        edp.done()
+        held_after_done = edp._longhaul.channel.held
+        summary = edp.summary()
+    took = COMM.allgather(time.monotonic() - t0)
+    assert held_after_done == 0  # done()/serve() released everything for the link
+    assert summary["longhaul"]["e2c_received_bytes"] == summary["longhaul"]["e2c_bytes"]
+    assert max(took) < cfg.run.timeout_s
