@@ -93,8 +93,6 @@ class RmaWindow:
         if self._owns_second:
             assert self._shm is not None
             self._shm.Lock_all(MPI.MODE_NOCHECK)
-        self._i64 = np.zeros(1, dtype=np.int64)
-        self._r64 = np.zeros(1, dtype=np.int64)
 
     # -- introspection -------------------------------------------------------------
     @property
@@ -174,26 +172,27 @@ class RmaWindow:
         """Atomically add ``value`` to the int64 at ``displacement`` and return the old
         value. Blocks until the result is back (flushes the target)."""
         self._check(target_rank, displacement, 8)
-        self._i64[0] = value
-        self._win.Fetch_and_op([self._i64, MPI.INT64_T], [self._r64, MPI.INT64_T],
-                               target_rank, displacement, MPI.SUM)
+        val, res = np.array([value], np.int64), np.zeros(1, np.int64)
+        self._win.Fetch_and_op([val, MPI.INT64_T], [res, MPI.INT64_T], target_rank,
+                               displacement, MPI.SUM)
         self._win.Flush(target_rank)
-        return int(self._r64[0])
+        return int(res[0])
 
     def atomic_read(self, target_rank: int, displacement: int) -> int:
         """Atomically read the int64 at ``displacement`` (``MPI_NO_OP``). Blocks."""
         self._check(target_rank, displacement, 8)
-        self._win.Fetch_and_op([self._i64, MPI.INT64_T], [self._r64, MPI.INT64_T],
-                               target_rank, displacement, MPI.NO_OP)
+        val, res = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        self._win.Fetch_and_op([val, MPI.INT64_T], [res, MPI.INT64_T], target_rank,
+                               displacement, MPI.NO_OP)
         self._win.Flush(target_rank)
-        return int(self._r64[0])
+        return int(res[0])
 
     def atomic_write(self, target_rank: int, displacement: int, value: int) -> None:
         """Atomically replace the int64 at ``displacement`` (``MPI_REPLACE``). Blocks."""
         self._check(target_rank, displacement, 8)
-        self._i64[0] = value
-        self._win.Fetch_and_op([self._i64, MPI.INT64_T], [self._r64, MPI.INT64_T],
-                               target_rank, displacement, MPI.REPLACE)
+        val, res = np.array([value], np.int64), np.zeros(1, np.int64)
+        self._win.Fetch_and_op([val, MPI.INT64_T], [res, MPI.INT64_T], target_rank,
+                               displacement, MPI.REPLACE)
         self._win.Flush(target_rank)
 
     def flush(self, target_rank: int | None = None) -> None:

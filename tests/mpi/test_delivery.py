@@ -189,7 +189,10 @@ def test_rate_limiter_holds_the_ratio_and_releases_actors_when_learner_stops(mod
         elif edp.role is Role.LEARNER:
             for _ in range(30):
                 edp.next_batch()
-                inserts, samples = edp.control.read(C_INSERTS), edp.control.read(C_SAMPLES)
+                # (read where this rank's MPI calls are made: the data-plane thread)
+                inserts, samples = edp.learner.run_on_thread(
+                    lambda: (edp.control.read(C_INSERTS), edp.control.read(C_SAMPLES)),
+                    "counters")
                 # the learner never samples ahead of what was inserted
                 assert inserts * spi - samples >= lim.min_diff
         else:
