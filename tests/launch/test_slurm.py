@@ -142,7 +142,7 @@ def test_preemption_warning_checkpoints_requeues_and_resumes(slurm, tmp_path) ->
     assert sig.returncode == 0, sig.stderr
     wait_for_text(output, "requeueing job", 60)
     # SLURM holds a requeued job back for ~2 minutes (Reason=BeginTime): release it
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while "resumed from" not in output.read_text(errors="replace"):
         state = job_state(slurm, jid)
         assert time.monotonic() < deadline, (state, output.read_text(errors="replace"))
