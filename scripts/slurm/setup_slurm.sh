@@ -32,7 +32,10 @@ ClusterName=conduit
 SlurmctldHost=$HOST(127.0.0.1)
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$BASE/munge/munge.socket
+# cred_expire: credential lifetime, and how long a requeued job waits before it may
+# start again (default 120 s). Forcing an earlier start (scontrol update StartTime=now)
+# races the revoked credential of the previous attempt ("Job credential revoked").
+AuthInfo=socket=$BASE/munge/munge.socket,cred_expire=20
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=$SLURMCTLD_PORT
@@ -66,6 +69,11 @@ NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$NCPU_DECL Boards=1 SocketsPerBoard=1 Cor
 PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
 : > "$BASE/etc/plugstack.conf"
+# PMIx client directories under BASE: job ids restart at 1 with every fresh slurmctld,
+# and a step that failed leaves /tmp/spmix_appdir_<uid>_<job>.<step> behind, which
+# would make the same step id of a later instance fail to launch ("File exists").
+mkdir -p "$BASE/pmix"
+echo "PMIxCliTmpDirBase=$BASE/pmix" > "$BASE/etc/mpi.conf"
 export SLURM_CONF=$BASE/etc/slurm.conf
 
 slurmctld -c    # -c: start clean (no saved jobs); daemonizes, writes its pid file

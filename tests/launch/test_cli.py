@@ -98,6 +98,24 @@ def test_a_rank_raising_midway_ends_the_job_with_one_message(tmp_path) -> None:
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
     assert len(errors) == 1, out.stderr
     assert "world rank 0" in errors[0] and "injected failure at superstep 20" in errors[0]
+
+
+def test_ranks_that_never_started_are_a_failure_even_when_the_launcher_says_0(
+        tmp_path, capsys) -> None:
+    # what srun does after a PMIx set-up failure ("task launch failed", exit 0): the
+    # entry below exits 0 without ever becoming a rank of the job (no logs/rank.N)
+    from conduit_hpc.runner import launch
+
+    noop = tmp_path / "noop.py"
+    noop.write_text("raise SystemExit(0)\n")
+    rc, run_dir = launch(REPO / "jobs/synthetic.toml", nranks=3, entry=noop,
+                         runs_root=tmp_path / "runs", quiet=True, timeout_s=120)
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "exited 0 but rank(s) 0, 1, 2 of 3 never started" in err, err
+    assert str(run_dir / "logs" / "launcher.log") in err
+
+
 @pytest.mark.parametrize(
     ("args", "fragment", "traceback"),
     [([], "RuntimeError: deliberate failure on world rank 2", True),
