@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MPIENV := source $(CURDIR)/scripts/mpi_env.sh
 TEST_TIMEOUT ?= 600
+# the launch tier starts ~40 jobs (each test also has its own pytest-timeout, 300 s)
+LAUNCH_TIMEOUT ?= 1200
 
 .PHONY: run test lint unit mpi launch venv clean bench-smoke
 
@@ -33,7 +35,7 @@ mpi: $(STAMP)
 	$(MPIENV) && scripts/run_mpi_tests.sh 3 4 6
 
 launch: $(STAMP)
-	$(MPIENV) && timeout $(TEST_TIMEOUT) $(BIN)/python -m pytest -q tests/launch
+	$(MPIENV) && timeout $(LAUNCH_TIMEOUT) $(BIN)/python -m pytest -q -rs --durations=12 tests/launch
 
 test: lint unit mpi launch
 
