@@ -13,7 +13,8 @@ back with ``update_priorities()``. All of it is the public data-plane API plus
 The job ends when the mean return of the last ``dqn.window`` *scored* episodes (env
 slots whose ladder epsilon is at most ``dqn.score_max_epsilon``, as in the
 single-process baseline) reaches ``dqn.target_return``, when ``dqn.max_env_steps`` env
-steps (all actors) or ``job.max_supersteps`` learner updates are spent, or on SIGTERM /
+steps (all actors), ``job.max_supersteps`` learner updates or ``run.duration_s`` seconds
+of training are spent, or on SIGTERM /
 SIGUSR1 to any rank. Actors report finished episodes and their env-step counts to the
 lead learner (``Tag.EPISODES`` messages); the learner decides, stops, and every other
 rank follows through the data plane's ``should_stop`` (actors) and the end of
@@ -234,6 +235,8 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, net: torch.nn
                 why = "env-step budget"
         if not why and job.max_supersteps and updater.updates >= job.max_supersteps:
             why = "superstep budget"
+        if not why and cfg.run.duration_s and now - t0 >= cfg.run.duration_s:
+            why = "time budget"
         if why:
             break
         batch = edp.next_batch()
