@@ -20,6 +20,12 @@ lead learner (``Tag.EPISODES`` messages); the learner decides, stops, and every 
 rank follows through the data plane's ``should_stop`` (actors) and the end of
 ``serve()`` (buffers). A signal goes through :class:`~conduit_hpc.stopping.StopCoordinator`.
 
+Checkpoints (``[checkpoint]``): every ``every_supersteps`` learner updates (the replay,
+the networks and Adam's moments, the counters; ``every_seconds`` adds buffer-side ones
+without the learner's state), and a final one when a signal stops the job;
+``conduit-hpc run ... --resume`` continues from the newest complete one (the actors'
+environments start new episodes).
+
 Outputs under the run directory: ``metrics/learner-<rank>.csv`` (per superstep, with
 ``loss`` and ``td_abs_mean``), ``metrics/actor-<rank>.csv``, ``metrics/episodes.csv``
 (``time_s,env_steps,actor,episode_return`` + ``epsilon,scored,actor_env_steps``; the
@@ -42,8 +48,10 @@ import numpy as np
 import torch
 
 from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role
+from conduit_hpc.checkpointing import CheckpointAgent
 from conduit_hpc.config import require
 from conduit_hpc.metrics import write_summary
+from conduit_hpc.resume import RestoreResult, checkpoint_root, resume_roots
 from conduit_hpc.rl import (
     ApexActor,
     DQNSection,
@@ -132,8 +140,10 @@ class ReturnReferee:
     steps spent. Local; :meth:`poll` never blocks beyond one turn of the data-plane
     thread (it makes the rank's MPI calls there)."""
 
-    def __init__(self, edp: ExperienceDataPlane, hp: DQNSection) -> None:
+    def __init__(self, edp: ExperienceDataPlane, hp: DQNSection,
+                 env_steps_offset: int = 0) -> None:
         self.edp, self.hp = edp, hp
+        self.env_steps_offset = env_steps_offset  # steps of the run this one resumes
         self.recent: deque[float] = deque(maxlen=hp.window)
         self.actor_steps: dict[int, int] = {}
         self.episodes = 0
@@ -143,7 +153,7 @@ class ReturnReferee:
 
     @property
     def env_steps(self) -> int:
-        return sum(self.actor_steps.values())
+        return self.env_steps_offset + sum(self.actor_steps.values())
 
     @property
     def mean(self) -> float:
@@ -211,14 +221,23 @@ def actor_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, net: torch.nn.M
     return {"env_steps": actor.env_steps, "episodes": len(actor.episodes.returns)}
 
 
-def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, net: torch.nn.Module,
-                 stop: StopCoordinator) -> dict[str, Any]:
+def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNUpdater,
+                 stop: StopCoordinator, agent: CheckpointAgent,
+                 env_steps_offset: int) -> dict[str, Any]:
     hp, job = cfg.dqn, cfg.job
-    updater = DQNUpdater(hp, net)
     lead = edp.world_rank == edp.roles.learner_ranks[0]
-    referee = ReturnReferee(edp, hp) if lead else None
+    referee = ReturnReferee(edp, hp, env_steps_offset) if lead else None
+
+    def state() -> dict[str, Any]:  # at checkpoint boundaries: the model and counters
+        counters = {"updates": updater.updates,
+                    "env_steps": referee.env_steps if referee else 0}
+        if not lead:
+            return {"counters": counters}
+        return {"counters": counters, "extra_state": updater.state_arrays()}
+
+    edp.checkpoint_every(agent, cfg.checkpoint.every_supersteps, state)
     t0 = last_poll = last_print = time.perf_counter()
-    printed_updates = 0
+    printed_updates = updater.updates
     why = ""
     while True:
         now = time.perf_counter()
@@ -252,7 +271,8 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, net: torch.nn
                   f"supersteps {updater.updates:>6,}  {rate:6.0f} updates/s", flush=True)
             last_print, printed_updates = now, updater.updates
     wall = time.perf_counter() - t0
-    out: dict[str, Any] = {"updates": updater.updates, "why": why, "wall_s": wall}
+    out: dict[str, Any] = {"updates": updater.updates, "why": why, "wall_s": wall,
+                           "env_steps_offset": env_steps_offset}
     if referee is not None:
         out.update(reached_at=referee.reached_at, reached_after_s=referee.reached_after_s,
                    mean=referee.mean, episodes_seen=referee.episodes,
@@ -274,19 +294,35 @@ def build_net(cfg: DQNCartPoleConfig) -> torch.nn.Module:
     return QNetwork(obs_dim, n_actions, hp.hidden, hp.dueling)
 
 
-def run(cfg: DQNCartPoleConfig, run_dir: Path | None = None) -> dict[str, Any]:
+def run(cfg: DQNCartPoleConfig, run_dir: Path | None = None,
+        resume: str = "") -> dict[str, Any]:
     torch.set_num_threads(1)
+    ccfg = cfg.checkpoint
     out: dict[str, Any] = {}
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
         k = check_config(cfg, len(edp.roles.actor_ranks))
         stop = StopCoordinator(edp)  # SIGTERM / SIGUSR1 anywhere: every rank stops
+        rank = edp.world_rank
+        restored = edp.restore(resume, roots=resume_roots(cfg, run_dir)) if resume else None
+        root = checkpoint_root(cfg, run_dir)
+        agent = CheckpointAgent(edp, root, every_seconds=ccfg.every_seconds, keep=ccfg.keep,
+                                first_seq=restored.seq + 1 if restored else 1)
         net = build_net(cfg) if edp.role is not Role.BUFFER else None
+        updater = None
         if net is not None and edp.role is Role.LEARNER:
             net = net.to(edp.device)
-            DQNUpdater(cfg.dqn, net).warm_up()
+            updater = DQNUpdater(cfg.dqn, net)
+            updater.warm_up()
+            if restored is not None and restored.extra_state:
+                updater.load_state_arrays(restored.extra_state)
+                print(f"resume: model, target network and optimizer from checkpoint "
+                      f"{restored.seq} (after {updater.updates:,} updates)", flush=True)
+            elif restored is not None:
+                print(f"resume: checkpoint {restored.seq} holds no learner state (a "
+                      f"buffer-side periodic one); the model starts fresh", flush=True)
         edp.share_weights(net)  # collective; actors start from the learner's weights
-        rank = edp.world_rank
         if rank == 0:
+            say_restored(restored, resume)
             print(f"dqn_cartpole: {len(edp.roles.learner_ranks)} learner, "
                   f"{len(edp.roles.buffer_ranks)} buffer, {len(edp.roles.actor_ranks)} "
                   f"actor ranks x {k} envs, mode {cfg.scheduler.mode}, target mean-"
@@ -298,21 +334,51 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None = None) -> dict[str, Any]:
         elif edp.role is Role.BUFFER:
             edp.serve()
         else:
-            assert net is not None
-            out = learner_loop(edp, cfg, net, stop)
+            assert updater is not None
+            offset = resumed_env_steps(restored, edp.roles.learner_ranks)
+            out = learner_loop(edp, cfg, updater, stop, agent, offset)
         edp.done()
+        agent.finish()
         stopped = stop.agree()
+        final = None
+        if stopped and ccfg.on_stop:  # collective: the replay, the model, the counters
+            lead = updater is not None and rank == edp.roles.learner_ranks[0]
+            final = edp.checkpoint(
+                root, agent=agent, keep=ccfg.keep,
+                counters={"updates": out.get("updates", 0),
+                          "env_steps": out.get("env_steps_seen", 0)},
+                extra_state=updater.state_arrays() if lead and updater else None)
         summary = edp.summary()
         stats = edp.roles.world.allgather((edp.role.value, edp.world_rank, out))
         stop.close()
         wall = time.perf_counter() - t0
     if rank == 0:
+        if final is not None:
+            print(f"final checkpoint written: {final.path}", flush=True)
         flat = flat_summary(cfg, summary, stats, wall, stopped)
         if run_dir is not None:
             merge_episode_files(run_dir / "metrics")
             write_summary(run_dir / "metrics" / "summary.json", flat)
         report(flat)
     return summary
+
+
+def resumed_env_steps(restored: RestoreResult | None, learners: tuple[int, ...]) -> int:
+    """Env steps spent by the run a checkpoint came from (0 for a fresh run)."""
+    if restored is None:
+        return 0
+    return int(restored.counters.get(learners[0], {}).get("env_steps", 0))
+
+
+def say_restored(restored: RestoreResult | None, resume: str) -> None:
+    if restored is None:
+        if resume:
+            print("resume: no checkpoint found; starting fresh", flush=True)
+        return
+    for reason in restored.skipped:
+        print(f"resume: skipped a checkpoint: {reason}", flush=True)
+    print(f"resumed from {restored.path} (checkpoint {restored.seq}): {restored.rows:,} "
+          f"rows{', resharded' if restored.resharded else ''}", flush=True)
 
 
 def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],
@@ -333,7 +399,8 @@ def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],
         "target_return": cfg.dqn.target_return,
         "stopped_by": "stop requested" if stopped else learner.get("why", ""),
         "wall_s": learner_wall,
-        "env_steps": sum(a.get("env_steps", 0) for a in actors),
+        "env_steps": (learner.get("env_steps_offset", 0)
+                      + sum(a.get("env_steps", 0) for a in actors)),
         "episodes": sum(a.get("episodes", 0) for a in actors),
         "updates": learner.get("updates", 0),
         "supersteps": int(lat.get("supersteps", learner.get("updates", 0))),

@@ -172,6 +172,49 @@ class DQNUpdater:
             sync_target(self.online, self.target)
         return float(loss.detach()), td
 
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """The online and target networks and Adam's moments as named numeric arrays
+        (a checkpoint's ``extra_state``; no pickle). Not collective."""
+        out: dict[str, np.ndarray] = {}
+        for prefix, net in (("online", self.online), ("target", self.target)):
+            for name, t in net.state_dict().items():
+                out[f"{prefix}/{name}"] = t.detach().cpu().numpy().copy()
+        for i, st in self.opt.state_dict()["state"].items():
+            for name, t in st.items():
+                out[f"adam/{i}/{name}"] = torch.as_tensor(t).detach().cpu().numpy().copy()
+        out["updates"] = np.array([self.updates], dtype=np.int64)
+        return out
+
+    def load_state_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Load what :meth:`state_arrays` wrote (same architecture). Not collective.
+
+        Raises:
+            KeyError: an array of the networks is missing (the message names it).
+        """
+        for prefix, net in (("online", self.online), ("target", self.target)):
+            state = {}
+            for name, t in net.state_dict().items():
+                key = f"{prefix}/{name}"
+                if key not in arrays:
+                    raise KeyError(f"checkpoint state lacks {key!r}")
+                state[name] = torch.tensor(np.asarray(arrays[key]), dtype=t.dtype,
+                                           device=t.device)
+            net.load_state_dict(state)
+        sd = self.opt.state_dict()
+        moments: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in arrays.items():
+            parts = key.split("/")
+            if parts[0] == "adam" and len(parts) == 3:
+                t = torch.tensor(np.asarray(value))  # a copy: never share memory
+                if parts[2] != "step":
+                    t = t.to(self.device)
+                moments.setdefault(int(parts[1]), {})[parts[2]] = t
+        if moments:
+            sd["state"] = moments
+            self.opt.load_state_dict(sd)
+        if "updates" in arrays:
+            self.updates = int(np.asarray(arrays["updates"]).reshape(-1)[0])
+
     def warm_up(self) -> None:
         """One Adam step on a throwaway parameter: torch imports for seconds at the
         first optimizer step, which should not land in the first timed superstep."""

@@ -159,3 +159,29 @@ def test_job_refuses_semantics_that_differ_from_the_algorithms() -> None:
     with pytest.raises(ConfigError, match="max_supersteps"):
         job.DQNCartPoleConfig.from_toml(REPO / "jobs" / "dqn_cartpole.toml",
                                         ["job.max_supersteps=-1"])
+
+
+def test_updater_state_round_trips_through_named_arrays() -> None:
+    hp = DQNSection(target_period=3)
+    torch.manual_seed(2)
+    a = DQNUpdater(hp, QNetwork(4, 2, (8,)))
+    rng = np.random.default_rng(1)
+    batch = {"obs": rng.standard_normal((6, 4)).astype(np.float32),
+             "action": rng.integers(0, 2, 6), "reward": np.ones(6, np.float32),
+             "next_obs": rng.standard_normal((6, 4)).astype(np.float32),
+             "discount": np.full(6, 0.9, np.float32)}
+    for _ in range(4):
+        a.update(batch, None)
+    arrays = a.state_arrays()
+    assert all(isinstance(v, np.ndarray) for v in arrays.values())
+    b = DQNUpdater(hp, QNetwork(4, 2, (8,)))
+    b.load_state_arrays(arrays)
+    assert b.updates == 4
+    # the next step is the same on both: networks, target and Adam moments came back
+    la, _ = a.update(batch, None)
+    lb, _ = b.update(batch, None)
+    assert la == pytest.approx(lb)
+    for pa, pb in zip(a.online.parameters(), b.online.parameters(), strict=True):
+        assert torch.allclose(pa, pb)
+    with pytest.raises(KeyError, match="online/"):
+        b.load_state_arrays({k: v for k, v in arrays.items() if not k.startswith("online")})
