@@ -99,7 +99,7 @@ class DQNCartPoleConfig(Config):
     dqn: DQNSection = field(default_factory=DQNSection)
 
 
-def check_config(cfg: DQNCartPoleConfig, n_actors: int) -> int:
+def check_config(cfg: DQNCartPoleConfig, n_actors: int, n_learners: int = 1) -> int:
     """The data plane's semantics must be the algorithm's: same batch, fill, replay
     ratio, weight period and priority exponent as ``[dqn]`` (the single-process baseline
     reads ``[dqn]`` alone). Deterministic: every rank raises together.
@@ -124,6 +124,10 @@ def check_config(cfg: DQNCartPoleConfig, n_actors: int) -> int:
     if sch.sampler != "prioritized":
         raise ConfigError(f"scheduler.sampler must be 'prioritized' for Ape-X DQN, got "
                           f"{sch.sampler!r}", key="scheduler.sampler")
+    if n_learners != 1:
+        raise ConfigError(f"this job trains on one learner rank (no gradient all-reduce "
+                          f"between learners); the layout gives {n_learners}",
+                          key="layout.learners")
     if n_actors < 1 or hp.num_envs % n_actors:
         raise ConfigError(f"dqn.num_envs must be a positive multiple of the number of "
                           f"actor ranks ({n_actors}), got {hp.num_envs}", key="dqn.num_envs")
@@ -300,7 +304,7 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None = None,
     ccfg = cfg.checkpoint
     out: dict[str, Any] = {}
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
-        k = check_config(cfg, len(edp.roles.actor_ranks))
+        k = check_config(cfg, len(edp.roles.actor_ranks), len(edp.roles.learner_ranks))
         stop = StopCoordinator(edp)  # SIGTERM / SIGUSR1 anywhere: every rank stops
         rank = edp.world_rank
         restored = edp.restore(resume, roots=resume_roots(cfg, run_dir)) if resume else None

@@ -147,6 +147,8 @@ def test_job_refuses_semantics_that_differ_from_the_algorithms() -> None:
     assert job.check_config(cfg, 4) == 2
     with pytest.raises(ConfigError, match=r"dqn\.num_envs must be a positive multiple"):
         job.check_config(cfg, 3)
+    with pytest.raises(ConfigError, match="one learner rank"):
+        job.check_config(cfg, 4, 2)
     bad = job.DQNCartPoleConfig.from_toml(REPO / "jobs" / "dqn_cartpole.toml",
                                           ["scheduler.batch_rows=32"])
     with pytest.raises(ConfigError, match=r"scheduler.batch_rows must equal "
