@@ -47,7 +47,6 @@ from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role
 from conduit_hpc.config import require
 from conduit_hpc.longhaul_metrics import settled_mean
 from conduit_hpc.metrics import write_summary
-from conduit_hpc.rl.episodes import merge_episode_files
 from conduit_hpc.runner import job_main
 
 try:  # the DQN pieces (issue 6); the regression workload runs without them
@@ -326,6 +325,8 @@ def run(cfg: LongHaulJobConfig, run_dir: Path | None = None) -> dict[str, Any]:
         flat = flat_summary(cfg, summary, job_stats, wall)
         print(json.dumps(flat, sort_keys=True), flush=True)
         if run_dir is not None:
+            from conduit_hpc.rl.episodes import merge_episode_files
+
             merge_episode_files(run_dir / "metrics")
             write_summary(run_dir / "metrics" / "summary.json", flat)
     return summary
