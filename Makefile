@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(MPIENV) && $(BIN)/conduit-hpc run jobs/synthetic.toml
+	$(MPIENV) && $(BIN)/conduit-hpc run jobs/dqn_cartpole.toml
 
 lint: $(STAMP)
 	$(BIN)/ruff check conduit_hpc tests bench jobs

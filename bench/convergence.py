@@ -10,9 +10,12 @@ defaults, which are the tuned values; ``--set key=value`` overrides either):
   a plain in-process prioritized replay), run here;
 * ``edp``, ``sync``, ``service``: the distributed job through the data plane, run as
   ``conduit-hpc run jobs/dqn_cartpole.toml --mode MODE --set run.seed=S``; each run's
-  ``metrics/summary.json`` must hold ``reached``, ``env_steps_to_target`` and ``wall_s``
-  (and ``env_steps``, ``updates``). Until that job exists these modes are reported as
-  skipped, with the reason.
+  ``metrics/summary.json`` holds ``reached``, ``env_steps_to_target``,
+  ``wall_s_to_target`` and ``wall_s`` (and ``env_steps``, ``updates``). A ``[dqn]``
+  override that the data plane also carries (batch size, learning starts, replay ratio,
+  weight period, priority exponent) is passed to both sections, which the job requires
+  to agree. ``wall_s`` is the training loop's time from the moment every rank is set up
+  (as for ``single``), not counting the launch.
 
 Goal: the same env steps to 475 in every mode (convergence preserved), less wall time
 in ``edp``. One JSON line per run (with the git sha), a table per mode with ratios to
@@ -35,6 +38,23 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 JOB = REPO / "jobs" / "dqn_cartpole.toml"
 MODES = ("single", "edp", "sync", "service")
+#: [dqn] keys whose value the data plane also holds (the job refuses a mismatch)
+MIRRORED = {"batch_size": "scheduler.batch_rows", "learning_starts": "scheduler.min_fill_rows",
+            "samples_per_insert": "scheduler.samples_per_insert",
+            "actor_sync_period": "scheduler.weights_every",
+            "priority_exponent": "storage.priority_exponent"}
+
+
+def job_overrides(hp_sets: list[str]) -> list[str]:
+    """``--set`` arguments for the job: each ``[dqn]`` override, and its data-plane twin."""
+    out: list[str] = []
+    for s in hp_sets:
+        key, _, value = s.partition("=")
+        key = key.removeprefix("dqn.")
+        out += ["--set", f"dqn.{key}={value}"]
+        if key in MIRRORED:
+            out += ["--set", f"{MIRRORED[key]}={value}"]
+    return out
 
 
 def git_sha() -> str:
@@ -85,9 +105,8 @@ def run_data_plane(mode: str, hp_sets: list[str], seed: int, out: Path,
                            "DQN job comes with the scheduler's next_batch/update_priorities)"}
     runs = out / f"{mode}-seed{seed}"
     cmd = [sys.executable, "-m", "conduit_hpc.cli", "run", str(JOB), "--mode", mode,
-           "--runs", str(runs), "--set", f"run.seed={seed}",
-           *[a for s in hp_sets for a in ("--set", s if s.startswith("dqn.") else
-                                          f"dqn.{s}")]]
+           "--runs", str(runs), "--set", f"run.seed={seed}", "--set",
+           "job.progress_every_s=0", *job_overrides(hp_sets)]
     if time_limit_s:
         cmd += ["--timeout", str(time_limit_s + 120)]
     t0 = time.perf_counter()
@@ -102,10 +121,16 @@ def run_data_plane(mode: str, hp_sets: list[str], seed: int, out: Path,
     if not summary_path.exists():
         return {"failed": f"{summary_path} missing", "wall_s": wall}
     summary = json.loads(summary_path.read_text())
-    return {"reached": bool(summary.get("reached")),
+    reached = bool(summary.get("reached"))
+    to_target = summary.get("wall_s_to_target") if reached else None
+    return {"reached": reached,
             "env_steps": summary.get("env_steps"),
             "env_steps_to_target": summary.get("env_steps_to_target"),
-            "wall_s": float(summary.get("wall_s", wall)), "updates": summary.get("updates"),
+            "wall_s": float(to_target if to_target is not None
+                            else summary.get("wall_s", wall)),
+            "updates": summary.get("updates"),
+            "exposed_mean_s": summary.get("exposed_mean_s"),
+            "ingest_rows_per_s": summary.get("ingest_rows_per_s"),
             "launch_wall_s": wall, "run_dir": str(run_dirs[-1])}
 
 

@@ -49,6 +49,8 @@ class Tag(enum.IntEnum):
     REPLACE_FWD_ACK = 66  # owner -> owner: a forward is applied (or dropped), chain included
     REPLACE_QUIET = 67  # buffer -> buffer ranks: every peer is done, nothing of mine in flight
     FORWARD = 7  # edge buffer -> cloud buffer: rows with priorities (longhaul forward)
+    # RL jobs (jobs/dqn_cartpole.py): float64 payloads
+    EPISODES = 80  # actor -> lead learner: env steps so far, then (return, scored) pairs
 
 
 def _cat(*arrays: np.ndarray) -> np.ndarray:

@@ -33,7 +33,6 @@ link budget, not this machine's two cores, decides what crosses. Per-superstep m
 from __future__ import annotations
 
 import copy
-import csv
 import json
 import math
 import time
@@ -200,59 +199,32 @@ def actor_regression(edp: ExperienceDataPlane, cfg: LongHaulJobConfig, wl: Regre
 
 def actor_dqn(edp: ExperienceDataPlane, cfg: LongHaulJobConfig, net: torch.nn.Module,
               run_dir: Path | None, t0: float) -> dict[str, Any]:
-    from conduit_hpc.rl import (
-        EpisodeLog,
-        NStepAccumulator,
-        copy_weights,
-        epsilon_greedy,
-        epsilon_ladder,
-        initial_priorities,
-        make_vector_env,
-        true_next_obs,
-    )
+    from conduit_hpc.rl import ApexActor
 
     hp, job = cfg.dqn, cfg.job
     k = job.envs_per_actor
     a = edp.roles.role_rank
-    seed = cfg.run.seed * 1000 + a * k
-    env, obs = make_vector_env(hp.env_id, k, seed)
-    rng = np.random.default_rng(seed)
-    eps = epsilon_ladder(hp.num_envs, hp.epsilon, hp.epsilon_alpha)[a * k:(a + 1) * k]
-    nstep = NStepAccumulator(k, hp.n_step, hp.gamma)
     path = run_dir / "metrics" / f"episodes-{edp.world_rank}.csv" if run_dir else None
-    episodes = EpisodeLog(k, actor=edp.world_rank, path=path, window=hp.window, t0=t0)
+    actor = ApexActor(hp, net, actor_index=a, envs_per_actor=k,
+                      seed=cfg.run.seed * 1000 + a * k, episodes_path=path,
+                      actor_id=edp.world_rank, t0=t0)
+    actor.weights_loaded(edp.policy_version)
     pace = Pacer(job.actor_rows_s)
-    env_steps = 0
-    # the actor's target network follows the learner's: the weights published at the
-    # learner's last multiple of dqn.target_period, so that initial priorities are the
-    # same double-DQN |TD| the learner sends back (on the same scale)
-    target = copy.deepcopy(net)
-    synced = edp.policy_version // hp.target_period
     try:
         while not edp.should_stop:
             pace.wait(edp)
             if edp.should_stop:
                 break
-            with torch.no_grad():
-                q = net(torch.as_tensor(obs, dtype=torch.float32)).numpy()
-            action = epsilon_greedy(q, eps, rng)
-            next_obs, reward, term, trunc, info = env.step(action)
-            env_steps += k
-            rows = nstep.push(obs, action, reward, true_next_obs(next_obs, info), term, trunc)
-            obs = next_obs
-            episodes.step(reward, term | trunc, env_steps)
-            if len(rows["action"]):
-                batch = {f: rows[f] for f in FIELDS}
-                edp.ingest(batch, priorities=initial_priorities(net, batch, target=target))
+            out = actor.step()
+            if len(out.priorities):
+                edp.ingest(out.rows, priorities=out.priorities)
             pace.done += k
-            if edp.pull_weights() and edp.policy_version // hp.target_period != synced:
-                synced = edp.policy_version // hp.target_period
-                copy_weights(net, target)
+            if edp.pull_weights():
+                actor.weights_loaded(edp.policy_version)
     finally:
-        episodes.close()
-        env.close()
-    return {"env_steps": env_steps, "episodes": len(episodes.returns),
-            "returns": episodes.returns[-hp.window:]}
+        actor.close()
+    return {"env_steps": actor.env_steps, "episodes": len(actor.episodes.returns),
+            "returns": actor.episodes.returns[-hp.window:]}
 
 
 # ---------------------------------------------------------------------------------
@@ -353,7 +325,9 @@ def run(cfg: LongHaulJobConfig, run_dir: Path | None = None) -> dict[str, Any]:
         flat = flat_summary(cfg, summary, job_stats, wall)
         print(json.dumps(flat, sort_keys=True), flush=True)
         if run_dir is not None:
-            merge_episodes(run_dir / "metrics")
+            from conduit_hpc.rl.episodes import merge_episode_files
+
+            merge_episode_files(run_dir / "metrics")
             write_summary(run_dir / "metrics" / "summary.json", flat)
     return summary
 
@@ -382,25 +356,6 @@ def flat_summary(cfg: LongHaulJobConfig, summary: dict[str, Any],
     out["link_c2e_util"] = lh["c2e_bytes"] / (bps * wall) if wall > 0 else math.nan
     out["actor_bytes_per_s"] = summary["bytes_ingested"] / wall if wall > 0 else math.nan
     return out
-
-
-def merge_episodes(metrics: Path) -> None:
-    """The actors' ``episodes-<rank>.csv`` files as one ``episodes.csv``, by time."""
-    parts = sorted(metrics.glob("episodes-*.csv"))
-    if not parts:
-        return
-    rows: list[dict[str, str]] = []
-    header: list[str] = []
-    for p in parts:
-        with open(p, newline="") as f:
-            r = csv.DictReader(f)
-            header = list(r.fieldnames or header)
-            rows.extend(r)
-    rows.sort(key=lambda r: float(r["time_s"]))
-    with open(metrics / "episodes.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=header)
-        w.writeheader()
-        w.writerows(rows)
 
 
 if __name__ == "__main__":

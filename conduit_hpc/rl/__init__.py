@@ -6,8 +6,9 @@ actor-side initial priorities and the hyperparameters (:class:`DQNSection`).
 Importing this package imports torch.
 """
 
+from .apex import ActorStep, ApexActor, DQNUpdater
 from .dqn import DQNSection, make_vector_env, train_single_process
-from .episodes import EPISODE_COLUMNS, EpisodeLog
+from .episodes import EPISODE_COLUMNS, EpisodeLog, merge_episode_files
 from .exploration import epsilon_greedy, epsilon_ladder
 from .losses import double_dqn_loss, double_dqn_targets, initial_priorities, to_tensors
 from .nstep import NStepAccumulator, true_next_obs
@@ -16,7 +17,10 @@ from .replay import PrioritizedReplay, ReplaySample
 
 __all__ = [
     "EPISODE_COLUMNS",
+    "ActorStep",
+    "ApexActor",
     "DQNSection",
+    "DQNUpdater",
     "EpisodeLog",
     "NStepAccumulator",
     "PrioritizedReplay",
@@ -29,6 +33,7 @@ __all__ = [
     "epsilon_ladder",
     "initial_priorities",
     "make_vector_env",
+    "merge_episode_files",
     "sync_target",
     "to_tensors",
     "train_single_process",

@@ -22,9 +22,9 @@ import torch
 from ..config import require
 from .episodes import EpisodeLog
 from .exploration import epsilon_greedy, epsilon_ladder
-from .losses import double_dqn_loss, initial_priorities, to_tensors
+from .losses import initial_priorities
 from .nstep import NStepAccumulator, true_next_obs
-from .qnet import QNetwork, copy_weights, sync_target
+from .qnet import QNetwork, copy_weights
 from .replay import PrioritizedReplay
 
 __all__ = ["DQNSection", "make_vector_env", "train_single_process"]
@@ -173,14 +173,12 @@ def make_vector_env(env_id: str, num_envs: int, seed: int) -> Any:
     return env, obs
 
 
-def _build_nets(hp: DQNSection, obs_dim: int, n_actions: int
-                ) -> tuple[QNetwork, QNetwork, QNetwork]:
+def _build_nets(hp: DQNSection, obs_dim: int, n_actions: int) -> tuple[QNetwork, QNetwork]:
     online = QNetwork(obs_dim, n_actions, hp.hidden, hp.dueling)
-    target = copy.deepcopy(online)
     actor = copy.deepcopy(online)
-    for p in (*target.parameters(), *actor.parameters()):
+    for p in actor.parameters():
         p.requires_grad_(False)
-    return online, target, actor
+    return online, actor
 
 
 def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path | None = None,
@@ -204,8 +202,10 @@ def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path |
     env, obs = make_vector_env(hp.env_id, hp.num_envs, seed)
     obs_dim = int(np.prod(env.single_observation_space.shape))
     n_actions = int(env.single_action_space.n)
-    online, target, actor = _build_nets(hp, obs_dim, n_actions)
-    opt = torch.optim.Adam(online.parameters(), lr=hp.lr)
+    from .apex import DQNUpdater  # apex imports this module
+
+    online, actor = _build_nets(hp, obs_dim, n_actions)
+    updater = DQNUpdater(hp, online)  # the distributed learner's update, target included
     replay = PrioritizedReplay({"obs": ((obs_dim,), "float32"), "action": ((), "int64"),
                                 "reward": ((), "float32"), "next_obs": ((obs_dim,), "float32"),
                                 "discount": ((), "float32")},
@@ -217,7 +217,7 @@ def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path |
     episodes = EpisodeLog(hp.num_envs, window=hp.window, t0=t0, epsilons=eps,
                           scored=hp.scored_slots(),
                           path=metrics / "episodes.csv" if metrics else None)
-    env_steps = updates = 0
+    env_steps = 0
     reached_at: int | None = None
     last_print = t0
     try:
@@ -232,20 +232,11 @@ def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path |
             episodes.step(reward, term | trunc, env_steps)
             if len(rows["action"]):
                 replay.add(rows, initial_priorities(actor, rows))
-            while updates < hp.updates_due(replay.inserted):
+            while updater.updates < hp.updates_due(replay.inserted):
                 sample = replay.sample(hp.batch_size, hp.beta(env_steps), rng)
-                loss, td = double_dqn_loss(online, target, to_tensors(sample.batch),
-                                           torch.from_numpy(sample.weights), hp.huber_delta)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if hp.max_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(online.parameters(), hp.max_grad_norm)
-                opt.step()
+                _, td = updater.update(sample.batch, sample.weights)
                 replay.update_priorities(sample.slots, sample.gens, td.abs().numpy() + 1e-6)
-                updates += 1
-                if updates % hp.target_period == 0:
-                    sync_target(online, target)
-                if updates % hp.actor_sync_period == 0:
+                if updater.updates % hp.actor_sync_period == 0:
                     copy_weights(online, actor)
             if episodes.reached(hp.target_return):
                 reached_at = env_steps
@@ -253,7 +244,8 @@ def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path |
             now = time.perf_counter()
             if progress_every_s and now - last_print >= progress_every_s:
                 last_print = now
-                print(f"[dqn seed {seed}] {env_steps:>7} env steps  {updates:>6} updates  "
+                print(f"[dqn seed {seed}] {env_steps:>7} env steps  "
+                      f"{updater.updates:>6} updates  "
                       f"mean return (last {hp.window} scored) {episodes.mean_recent:6.1f}  "
                       f"{now - t0:6.1f} s", flush=True)
             if time_limit_s and now - t0 > time_limit_s:
@@ -264,7 +256,7 @@ def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path |
     wall = time.perf_counter() - t0
     result = {"mode": "single-process", "seed": seed, "reached": reached_at is not None,
               "env_steps": env_steps,
-              "env_steps_to_target": reached_at, "wall_s": wall, "updates": updates,
+              "env_steps_to_target": reached_at, "wall_s": wall, "updates": updater.updates,
               "episodes": len(episodes.returns), "final_mean_return": episodes.mean_recent}
     if metrics is not None:
         (metrics / "summary.json").write_text(json.dumps(result, indent=1) + "\n")

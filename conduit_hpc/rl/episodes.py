@@ -18,7 +18,7 @@ from typing import TextIO
 
 import numpy as np
 
-__all__ = ["EPISODE_COLUMNS", "EXTRA_COLUMNS", "EpisodeLog"]
+__all__ = ["EPISODE_COLUMNS", "EXTRA_COLUMNS", "EpisodeLog", "merge_episode_files"]
 
 #: columns of ``RUN_DIR/metrics/episodes.csv`` (then ``epsilon``, ``scored`` when known)
 EPISODE_COLUMNS = ("time_s", "env_steps", "actor", "episode_return")
@@ -40,7 +40,8 @@ class EpisodeLog:
         epsilons (np.ndarray | None): ``(E,)`` exploration epsilon of each env (written
             in the ``epsilon`` column).
         scored (np.ndarray | None): ``(E,)`` bool, envs whose episodes enter the running
-            mean (default: all).
+            mean (default: all). None scored is allowed (an actor of the distributed
+            job that holds only explorers): its running mean stays ``nan``.
     """
 
     def __init__(self, num_envs: int, *, actor: int = 0, path: str | Path | None = None,
@@ -50,8 +51,6 @@ class EpisodeLog:
         self.epsilons = None if epsilons is None else np.asarray(epsilons, dtype=np.float64)
         self.scored = (np.ones(num_envs, dtype=bool) if scored is None
                        else np.asarray(scored, dtype=bool))
-        if not self.scored.any():
-            raise ValueError("at least one env must be scored")
         self.t0 = time.perf_counter() if t0 is None else t0
         self._running = np.zeros(num_envs, dtype=np.float64)
         self.recent: deque[float] = deque(maxlen=window)
@@ -116,3 +115,43 @@ class EpisodeLog:
             self._fh.close()
             self._fh = None
             self._writer = None
+
+
+def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
+                        out_name: str = "episodes.csv") -> int:
+    """Merge the actors' per-rank episode files into one ``episodes.csv``, by time.
+
+    Each actor's ``env_steps`` column counts its own steps; in the merged file it is
+    the job's total at that moment (the sum over actors of each one's latest count,
+    walking the rows in time order), and the actor's own count moves to
+    ``actor_env_steps``. Not collective; call on one rank after the actors closed
+    their files.
+
+    Returns:
+        int: episodes written (0 when there is no per-rank file; nothing is written).
+    """
+    metrics = Path(metrics)
+    parts = sorted(metrics.glob(pattern))
+    if not parts:
+        return 0
+    rows: list[dict[str, str]] = []
+    header: list[str] = list(EPISODE_COLUMNS)
+    for p in parts:
+        with open(p, newline="") as f:
+            reader = csv.DictReader(f)
+            for name in reader.fieldnames or ():
+                if name not in header:
+                    header.append(name)
+            rows.extend(reader)
+    rows.sort(key=lambda r: float(r["time_s"]))
+    latest: dict[str, int] = {}
+    for row in rows:
+        own = int(row["env_steps"])
+        latest[row["actor"]] = own
+        row["actor_env_steps"] = str(own)
+        row["env_steps"] = str(sum(latest.values()))
+    with open(metrics / out_name, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[*header, "actor_env_steps"])
+        w.writeheader()
+        w.writerows(rows)
+    return len(rows)

@@ -1,0 +1,444 @@
+"""Ape-X-style distributed DQN on Gymnasium CartPole-v1, through the data plane.
+
+Ranks (``[layout]``): learners, buffers and actors. Each actor steps
+``dqn.num_envs / actors`` vectorised environments with its slice of the Ape-X epsilon
+ladder, emits n-step transitions with initial priorities (``|TD|`` from its copy of
+the network) through :meth:`~conduit_hpc.ExperienceDataPlane.ingest`, and loads the
+learner's weights when they are published (every ``scheduler.weights_every``
+supersteps). The lead learner takes prioritized batches with ``next_batch()``, trains
+with the importance-weighted double-DQN loss and a target network, and sends ``|TD|``
+back with ``update_priorities()``. All of it is the public data-plane API plus
+:mod:`conduit_hpc.rl` - the example to copy.
+
+The job ends when the mean return of the last ``dqn.window`` *scored* episodes (env
+slots whose ladder epsilon is at most ``dqn.score_max_epsilon``, as in the
+single-process baseline) reaches ``dqn.target_return``, when ``dqn.max_env_steps`` env
+steps (all actors), ``job.max_supersteps`` learner updates or ``run.duration_s`` seconds
+of training are spent, or on SIGTERM /
+SIGUSR1 to any rank. Actors report finished episodes and their env-step counts to the
+lead learner (``Tag.EPISODES`` messages); the learner decides, stops, and every other
+rank follows through the data plane's ``should_stop`` (actors) and the end of
+``serve()`` (buffers). A signal goes through :class:`~conduit_hpc.stopping.StopCoordinator`.
+
+Checkpoints (``[checkpoint]``): every ``every_supersteps`` learner updates (the replay,
+the networks and Adam's moments, the counters; ``every_seconds`` adds buffer-side ones
+without the learner's state), and a final one when a signal stops the job;
+``conduit-hpc run ... --resume`` continues from the newest complete one (the actors'
+environments start new episodes).
+
+Outputs under the run directory: ``metrics/learner-<rank>.csv`` (per superstep, with
+``loss`` and ``td_abs_mean``), ``metrics/actor-<rank>.csv``, ``metrics/episodes.csv``
+(``time_s,env_steps,actor,episode_return`` + ``epsilon,scored,actor_env_steps``; the
+``env_steps`` column is the job's total) and ``metrics/summary.json``.
+
+    conduit-hpc run jobs/dqn_cartpole.toml [--mode edp|sync|service] [--set run.seed=N]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role
+from conduit_hpc.checkpointing import CheckpointAgent
+from conduit_hpc.config import require
+from conduit_hpc.metrics import write_summary
+from conduit_hpc.resume import RestoreResult, checkpoint_root, resume_roots
+from conduit_hpc.rl import (
+    ApexActor,
+    DQNSection,
+    DQNUpdater,
+    QNetwork,
+    make_vector_env,
+    merge_episode_files,
+)
+from conduit_hpc.runner import job_main
+from conduit_hpc.stopping import StopCoordinator
+from conduit_hpc.wire import Tag
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApexSection:
+    """``[job]``: budgets and reporting of the distributed job (the algorithm's knobs
+    are in ``[dqn]``).
+
+    Attributes:
+        max_supersteps (int): learner updates before the job ends (0: no such budget;
+            ``dqn.max_env_steps`` always applies).
+        progress_every_s (float): seconds between progress lines (0: none).
+        poll_every_s (float): seconds between the learner's looks at episode reports
+            and stop requests.
+        report_every_s (float): an actor reports its env-step count at least this often
+            (and its finished episodes within ``poll_every_s / 2``).
+    """
+
+    max_supersteps: int = 0
+    progress_every_s: float = 5.0
+    poll_every_s: float = 0.05
+    report_every_s: float = 0.25
+
+    def __post_init__(self) -> None:
+        require(self.max_supersteps >= 0, "max_supersteps", self.max_supersteps,
+                ">= 0 (0: no superstep budget)")
+        for name in ("progress_every_s", "poll_every_s", "report_every_s"):
+            v = getattr(self, name)
+            require(math.isfinite(v) and v >= 0, name, v, ">= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DQNCartPoleConfig(Config):
+    job: ApexSection = field(default_factory=ApexSection)
+    dqn: DQNSection = field(default_factory=DQNSection)
+
+
+def check_config(cfg: DQNCartPoleConfig, n_actors: int, n_learners: int = 1) -> int:
+    """The data plane's semantics must be the algorithm's: same batch, fill, replay
+    ratio, weight period and priority exponent as ``[dqn]`` (the single-process baseline
+    reads ``[dqn]`` alone). Deterministic: every rank raises together.
+
+    Returns:
+        int: environments per actor.
+    """
+    hp, sch = cfg.dqn, cfg.scheduler
+    pairs = (("scheduler.batch_rows", sch.batch_rows, "dqn.batch_size", hp.batch_size),
+             ("scheduler.min_fill_rows", sch.min_fill_rows, "dqn.learning_starts",
+              hp.learning_starts),
+             ("scheduler.samples_per_insert", sch.samples_per_insert,
+              "dqn.samples_per_insert", hp.samples_per_insert),
+             ("scheduler.weights_every", sch.weights_every, "dqn.actor_sync_period",
+              hp.actor_sync_period),
+             ("storage.priority_exponent", cfg.storage.priority_exponent,
+              "dqn.priority_exponent", hp.priority_exponent))
+    for key, value, other, want in pairs:
+        if value != want:
+            raise ConfigError(f"{key} must equal {other} = {want!r} (the data plane keeps "
+                              f"the algorithm's semantics), got {value!r}", key=key)
+    if sch.sampler != "prioritized":
+        raise ConfigError(f"scheduler.sampler must be 'prioritized' for Ape-X DQN, got "
+                          f"{sch.sampler!r}", key="scheduler.sampler")
+    if n_learners != 1:
+        raise ConfigError(f"this job trains on one learner rank (no gradient all-reduce "
+                          f"between learners); the layout gives {n_learners}",
+                          key="layout.learners")
+    if n_actors < 1 or hp.num_envs % n_actors:
+        raise ConfigError(f"dqn.num_envs must be a positive multiple of the number of "
+                          f"actor ranks ({n_actors}), got {hp.num_envs}", key="dqn.num_envs")
+    return hp.num_envs // n_actors
+
+
+# ---------------------------------------------------------------------------------
+# the lead learner's view of the episodes
+
+
+class ReturnReferee:
+    """On the lead learner: the actors' episode reports, the mean return of the last
+    ``window`` scored episodes (in the order they reached the learner) and the env
+    steps spent. Local; :meth:`poll` never blocks beyond one turn of the data-plane
+    thread (it makes the rank's MPI calls there)."""
+
+    def __init__(self, edp: ExperienceDataPlane, hp: DQNSection,
+                 env_steps_offset: int = 0) -> None:
+        self.edp, self.hp = edp, hp
+        self.env_steps_offset = env_steps_offset  # steps of the run this one resumes
+        self.recent: deque[float] = deque(maxlen=hp.window)
+        self.actor_steps: dict[int, int] = {}
+        self.episodes = 0
+        self.reached_at: int | None = None
+        self.reached_after_s: float | None = None
+        self.t0 = time.perf_counter()
+
+    @property
+    def env_steps(self) -> int:
+        return self.env_steps_offset + sum(self.actor_steps.values())
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.recent)) if self.recent else math.nan
+
+    def _drain(self) -> None:
+        ch = self.edp.channel
+        while (msg := ch.poll(tag=Tag.EPISODES)) is not None:
+            v = msg.view(np.float64)
+            self.actor_steps[msg.source] = int(v[0])
+            for ret, scored in v[1:].reshape(-1, 2):
+                self.episodes += 1
+                if not scored:
+                    continue
+                self.recent.append(float(ret))
+                if (self.reached_at is None and len(self.recent) == self.hp.window
+                        and self.mean >= self.hp.target_return):
+                    self.reached_at = self.env_steps
+                    self.reached_after_s = time.perf_counter() - self.t0
+
+    def poll(self) -> None:
+        """Read every report that has arrived."""
+        assert self.edp.learner is not None
+        self.edp.learner.run_on_thread(self._drain, "episode reports")
+
+
+# ---------------------------------------------------------------------------------
+# roles
+
+
+def actor_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, net: torch.nn.Module,
+               k: int, stop: StopCoordinator, run_dir: Path | None,
+               t0: float) -> dict[str, Any]:
+    hp, job = cfg.dqn, cfg.job
+    a = edp.roles.role_rank
+    path = run_dir / "metrics" / f"episodes-{edp.world_rank}.csv" if run_dir else None
+    actor = ApexActor(hp, net, actor_index=a, envs_per_actor=k,
+                      seed=cfg.run.seed * 1000 + a * k, episodes_path=path,
+                      actor_id=edp.world_rank, t0=t0)
+    actor.weights_loaded(edp.policy_version)
+    lead = edp.roles.learner_ranks[0]
+    pending: list[float] = []
+    last_report = time.perf_counter()
+    i = 0
+    try:
+        while not edp.should_stop:
+            if i % 32 == 0 and stop.requested():
+                break
+            i += 1
+            out = actor.step()
+            if len(out.priorities):
+                edp.ingest(out.rows, priorities=out.priorities)
+            for ret, scored in zip(out.returns, out.scored, strict=True):
+                pending += [ret, float(scored)]
+            now = time.perf_counter()
+            if ((pending and now - last_report >= job.poll_every_s / 2)
+                    or now - last_report >= job.report_every_s):
+                edp.channel.isend(lead, Tag.EPISODES,
+                                  np.array([actor.env_steps, *pending], dtype=np.float64))
+                pending, last_report = [], now
+            if edp.pull_weights():
+                actor.weights_loaded(edp.policy_version)
+    finally:
+        actor.close()
+    return {"env_steps": actor.env_steps, "episodes": len(actor.episodes.returns)}
+
+
+def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNUpdater,
+                 stop: StopCoordinator, agent: CheckpointAgent,
+                 env_steps_offset: int) -> dict[str, Any]:
+    hp, job = cfg.dqn, cfg.job
+    lead = edp.world_rank == edp.roles.learner_ranks[0]
+    referee = ReturnReferee(edp, hp, env_steps_offset) if lead else None
+
+    def state() -> dict[str, Any]:  # at checkpoint boundaries: the model and counters
+        counters = {"updates": updater.updates,
+                    "env_steps": referee.env_steps if referee else 0}
+        if not lead:
+            return {"counters": counters}
+        return {"counters": counters, "extra_state": updater.state_arrays()}
+
+    edp.checkpoint_every(agent, cfg.checkpoint.every_supersteps, state)
+    t0 = last_poll = last_print = time.perf_counter()
+    printed_updates = updater.updates
+    why = ""
+    while True:
+        now = time.perf_counter()
+        if now - last_poll >= job.poll_every_s:
+            last_poll = now
+            if referee is not None:
+                referee.poll()
+            if stop.requested():
+                why = "stop requested"
+        if referee is not None and not why:
+            if referee.reached_at is not None:
+                why = "target"
+            elif referee.env_steps >= hp.max_env_steps:
+                why = "env-step budget"
+        if not why and job.max_supersteps and updater.updates >= job.max_supersteps:
+            why = "superstep budget"
+        if not why and cfg.run.duration_s and now - t0 >= cfg.run.duration_s:
+            why = "time budget"
+        if why:
+            break
+        batch = edp.next_batch()
+        loss, td = updater.update(batch.data, batch.weights)
+        prio = td.abs().double().cpu().numpy() + 1e-6
+        edp.update_priorities(batch.indices, prio)
+        edp.log(loss=loss, td_abs_mean=float(prio.mean()))
+        if (referee is not None and job.progress_every_s
+                and now - last_print >= job.progress_every_s):
+            rate = (updater.updates - printed_updates) / max(now - last_print, 1e-9)
+            print(f"[dqn {cfg.scheduler.mode}] {now - t0:6.1f} s  env steps "
+                  f"{referee.env_steps:>7,}  mean-{hp.window} return {referee.mean:6.1f}  "
+                  f"supersteps {updater.updates:>6,}  {rate:6.0f} updates/s", flush=True)
+            last_print, printed_updates = now, updater.updates
+    wall = time.perf_counter() - t0
+    out: dict[str, Any] = {"updates": updater.updates, "why": why, "wall_s": wall,
+                           "env_steps_offset": env_steps_offset}
+    if referee is not None:
+        out.update(reached_at=referee.reached_at, reached_after_s=referee.reached_after_s,
+                   mean=referee.mean, episodes_seen=referee.episodes,
+                   env_steps_seen=referee.env_steps)
+    return out
+
+
+# ---------------------------------------------------------------------------------
+
+
+def build_net(cfg: DQNCartPoleConfig) -> torch.nn.Module:
+    """The Q network, the same initial weights on every rank."""
+    hp = cfg.dqn
+    env, _ = make_vector_env(hp.env_id, 1, cfg.run.seed)
+    obs_dim = int(np.prod(env.single_observation_space.shape))
+    n_actions = int(env.single_action_space.n)
+    env.close()
+    torch.manual_seed(cfg.run.seed)
+    return QNetwork(obs_dim, n_actions, hp.hidden, hp.dueling)
+
+
+def run(cfg: DQNCartPoleConfig, run_dir: Path | None = None,
+        resume: str = "") -> dict[str, Any]:
+    torch.set_num_threads(1)
+    ccfg = cfg.checkpoint
+    out: dict[str, Any] = {}
+    with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
+        k = check_config(cfg, len(edp.roles.actor_ranks), len(edp.roles.learner_ranks))
+        stop = StopCoordinator(edp)  # SIGTERM / SIGUSR1 anywhere: every rank stops
+        rank = edp.world_rank
+        restored = edp.restore(resume, roots=resume_roots(cfg, run_dir)) if resume else None
+        root = checkpoint_root(cfg, run_dir)
+        agent = CheckpointAgent(edp, root, every_seconds=ccfg.every_seconds, keep=ccfg.keep,
+                                first_seq=restored.seq + 1 if restored else 1)
+        net = build_net(cfg) if edp.role is not Role.BUFFER else None
+        updater = None
+        if net is not None and edp.role is Role.LEARNER:
+            net = net.to(edp.device)
+            updater = DQNUpdater(cfg.dqn, net)
+            updater.warm_up()
+            if restored is not None and restored.extra_state:
+                updater.load_state_arrays(restored.extra_state)
+                print(f"resume: model, target network and optimizer from checkpoint "
+                      f"{restored.seq} (after {updater.updates:,} updates)", flush=True)
+            elif restored is not None:
+                print(f"resume: checkpoint {restored.seq} holds no learner state (a "
+                      f"buffer-side periodic one); the model starts fresh", flush=True)
+        edp.share_weights(net)  # collective; actors start from the learner's weights
+        if rank == 0:
+            say_restored(restored, resume)
+            print(f"dqn_cartpole: {len(edp.roles.learner_ranks)} learner, "
+                  f"{len(edp.roles.buffer_ranks)} buffer, {len(edp.roles.actor_ranks)} "
+                  f"actor ranks x {k} envs, mode {cfg.scheduler.mode}, target mean-"
+                  f"{cfg.dqn.window} return {cfg.dqn.target_return:g}", flush=True)
+        t0 = time.perf_counter()
+        if edp.role is Role.ACTOR:
+            assert net is not None
+            out = actor_loop(edp, cfg, net, k, stop, run_dir, t0)
+        elif edp.role is Role.BUFFER:
+            edp.serve()
+        else:
+            assert updater is not None
+            offset = resumed_env_steps(restored, edp.roles.learner_ranks)
+            out = learner_loop(edp, cfg, updater, stop, agent, offset)
+        edp.done()
+        agent.finish()
+        stopped = stop.agree()
+        final = None
+        if stopped and ccfg.on_stop:  # collective: the replay, the model, the counters
+            lead = updater is not None and rank == edp.roles.learner_ranks[0]
+            final = edp.checkpoint(
+                root, agent=agent, keep=ccfg.keep,
+                counters={"updates": out.get("updates", 0),
+                          "env_steps": out.get("env_steps_seen", 0)},
+                extra_state=updater.state_arrays() if lead and updater else None)
+        summary = edp.summary()
+        stats = edp.roles.world.allgather((edp.role.value, edp.world_rank, out))
+        stop.close()
+        wall = time.perf_counter() - t0
+    if rank == 0:
+        if final is not None:
+            print(f"final checkpoint written: {final.path}", flush=True)
+        flat = flat_summary(cfg, summary, stats, wall, stopped)
+        if run_dir is not None:
+            merge_episode_files(run_dir / "metrics")
+            write_summary(run_dir / "metrics" / "summary.json", flat)
+        report(flat)
+    return summary
+
+
+def resumed_env_steps(restored: RestoreResult | None, learners: tuple[int, ...]) -> int:
+    """Env steps spent by the run a checkpoint came from (0 for a fresh run)."""
+    if restored is None:
+        return 0
+    return int(restored.counters.get(learners[0], {}).get("env_steps", 0))
+
+
+def say_restored(restored: RestoreResult | None, resume: str) -> None:
+    if restored is None:
+        if resume:
+            print("resume: no checkpoint found; starting fresh", flush=True)
+        return
+    for reason in restored.skipped:
+        print(f"resume: skipped a checkpoint: {reason}", flush=True)
+    print(f"resumed from {restored.path} (checkpoint {restored.seq}): {restored.rows:,} "
+          f"rows{', resharded' if restored.resharded else ''}", flush=True)
+
+
+def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],
+                 stats: list[tuple[str, int, dict[str, Any]]], wall: float,
+                 stopped: bool) -> dict[str, Any]:
+    """The run's headline numbers (``summary.json``)."""
+    lead = min(r for role, r, _ in stats if role == "learner")
+    learner = next(s for role, r, s in stats if r == lead)
+    actors = [s for role, _, s in stats if role == "actor"]
+    lat = summary["learners"].get(lead, {})
+    learner_wall = float(learner.get("wall_s", wall))
+    reached_at = learner.get("reached_at")
+    return {
+        "job": "dqn_cartpole", "mode": cfg.scheduler.mode, "seed": cfg.run.seed,
+        "reached": reached_at is not None,
+        "env_steps_to_target": reached_at,
+        "wall_s_to_target": learner.get("reached_after_s"),
+        "target_return": cfg.dqn.target_return,
+        "stopped_by": "stop requested" if stopped else learner.get("why", ""),
+        "wall_s": learner_wall,
+        "env_steps": (learner.get("env_steps_offset", 0)
+                      + sum(a.get("env_steps", 0) for a in actors)),
+        "episodes": sum(a.get("episodes", 0) for a in actors),
+        "updates": learner.get("updates", 0),
+        "supersteps": int(lat.get("supersteps", learner.get("updates", 0))),
+        "updates_per_s": learner.get("updates", 0) / learner_wall if learner_wall else 0.0,
+        "final_mean_return": learner.get("mean", math.nan),
+        "exposed_mean_s": lat.get("exposed_mean_s", math.nan),
+        "exposed_median_s": lat.get("exposed_median_s", math.nan),
+        "iteration_mean_s": lat.get("iteration_mean_s", math.nan),
+        "iteration_median_s": lat.get("iteration_median_s", math.nan),
+        "rows_ingested": summary["rows_ingested"],
+        "ingest_rows_per_s": summary["rows_ingested"] / wall if wall > 0 else 0.0,
+        "limiter_wait_s": sum(a["limiter_wait_s"] for a in summary["actors"].values()),
+    }
+
+
+def report(flat: dict[str, Any]) -> None:
+    """The final summary, in words, then as one JSON line."""
+    if flat["reached"]:
+        head = (f"reached mean return {flat['target_return']:g} after "
+                f"{flat['env_steps_to_target']:,} env steps "
+                f"({flat['wall_s_to_target']:.1f} s)")
+    else:
+        head = (f"did not reach {flat['target_return']:g} (stopped by "
+                f"{flat['stopped_by']}); final mean return {flat['final_mean_return']:.1f}")
+    print(f"dqn_cartpole ({flat['mode']}): {head}\n"
+          f"  {flat['env_steps']:,} env steps, {flat['episodes']:,} episodes, "
+          f"{flat['supersteps']:,} supersteps ({flat['updates_per_s']:.0f}/s) in "
+          f"{flat['wall_s']:.1f} s\n"
+          f"  exposed latency mean {flat['exposed_mean_s'] * 1e3:.3f} ms, iteration mean "
+          f"{flat['iteration_mean_s'] * 1e3:.3f} ms; ingest "
+          f"{flat['ingest_rows_per_s']:,.0f} rows/s ({flat['rows_ingested']:,} rows, "
+          f"limiter wait {flat['limiter_wait_s']:.1f} s over actors)", flush=True)
+    print(json.dumps(flat, sort_keys=True, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    job_main(DQNCartPoleConfig, run)
