@@ -67,9 +67,11 @@ def job_main(config_cls: type[C], run: Callable[..., Any],
     """
     args = job_arguments(argv)
     rank = _world_rank()
+    # the handler first: the launcher forwards a stop request only once every rank's
+    # logs/rank.N exists (before that, SIGUSR1's default action would kill the rank)
+    install_stop_handler()
     if args.run_dir:
         _log_to_files(Path(args.run_dir) / "logs", rank)
-    install_stop_handler()
     try:
         cfg = config_cls.from_toml(args.config, args.set)
         kwargs: dict[str, Any] = {}
@@ -332,6 +334,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True,
                                 stdout=launcher_log, stderr=subprocess.STDOUT)
         fwd.proc = proc
+        fwd.ready = lambda: all((logs / f"rank.{r}").is_dir() for r in range(n))
         follower = _Follower(run_dir, quiet)
         deadline = time.monotonic() + budget
         fwd.grace_s = cfg.run.timeout_s + 60.0
@@ -370,10 +373,13 @@ class _Forwarder:
     ``kill``) becomes SIGUSR1 to the ranks - a stop request, after which they write a
     final checkpoint (``mpirun`` itself would kill them within a fraction of a second
     of a SIGTERM) - and the wait is extended by ``grace_s``; a second SIGTERM stops
-    them."""
+    them. A request that comes while the ranks start is held until ``ready()`` (every
+    rank has installed its handler), since SIGUSR1 would kill a rank before that."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
+        self.ready: Callable[[], bool] = lambda: True
+        self.held = False
         self.pending: list[int] = []
         self.forwarded = False
         self.grace_s = 60.0
@@ -392,6 +398,16 @@ class _Forwarder:
             signal.signal(sig, old)
 
     def act(self) -> None:
+        if self.pending and self.proc is not None and not self.forwarded and not self.ready():
+            if self.pending.count(signal.SIGTERM) >= 2:
+                print(f"{ERROR_PREFIX}: second SIGTERM; stopping the ranks", file=sys.stderr)
+                _stop(self.proc)
+            elif not self.held:
+                print("conduit-hpc: stop request while the ranks start; passing it on once "
+                      "every rank is up", file=sys.stderr, flush=True)
+                self.held = True
+                self.at = self.at or time.monotonic()
+            return
         while self.pending and self.proc is not None:
             sig = self.pending.pop(0)
             if sig == signal.SIGTERM and self.forwarded:

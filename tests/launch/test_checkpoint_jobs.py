@@ -109,6 +109,20 @@ def test_sigterm_writes_a_final_checkpoint_and_exits_0(tmp_path: Path) -> None:
     assert set(c.rng) == set(range(6))  # every rank's RNG state
 
 
+def test_sigterm_while_the_ranks_start_is_held_then_honoured(tmp_path: Path) -> None:
+    # SIGUSR1's default action kills a rank that has not installed its handler yet
+    # (exit 138): the launcher holds the request until every rank is up
+    job = Proc([sys.executable, "-m", "conduit_hpc.cli", "run", "jobs/synthetic.toml",
+                "--runs", str(tmp_path), "--set", "run.duration_s=300", *SMALL])
+    time.sleep(0.5)  # mpirun is starting the ranks (their imports take seconds)
+    job.p.send_signal(signal.SIGTERM)
+    rc, out, err = job.finish()
+    assert rc == 0, err
+    assert "stop request while the ranks start" in err
+    assert "stopped early: stop requested" in out
+    assert any(ln.startswith("final checkpoint written:") for ln in out.splitlines()), out
+
+
 def test_killed_while_writing_resumes_from_the_previous_complete_checkpoint(
         tmp_path: Path) -> None:
     first = tmp_path / "synthetic-first"
