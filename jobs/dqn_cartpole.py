@@ -363,6 +363,7 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None = None,
         if run_dir is not None:
             merge_episode_files(run_dir / "metrics")
             write_summary(run_dir / "metrics" / "summary.json", flat)
+            print(return_curve(run_dir / "metrics" / "episodes.csv"), flush=True)
         report(flat)
     return summary
 
@@ -418,6 +419,27 @@ def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],
         "ingest_rows_per_s": summary["rows_ingested"] / wall if wall > 0 else 0.0,
         "limiter_wait_s": sum(a["limiter_wait_s"] for a in summary["actors"].values()),
     }
+
+
+def return_curve(path: Path, bins: int = 10) -> str:
+    """The return curve in one line: mean return of the scored episodes in each of
+    ``bins`` equal spans of env steps (``conduit-hpc report RUN_DIR`` draws it)."""
+    import csv
+
+    if not path.exists():
+        return "return curve: no episodes"
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("scored", "1") in ("1", "True", "true")]
+    if not rows:
+        return "return curve: no scored episodes"
+    steps = np.array([int(r["env_steps"]) for r in rows], dtype=np.float64)
+    rets = np.array([float(r["episode_return"]) for r in rows])
+    edges = np.linspace(0.0, steps.max(), bins + 1)
+    which = np.clip(np.searchsorted(edges, steps, side="right") - 1, 0, bins - 1)
+    means = [f"{rets[which == b].mean():.0f}" if (which == b).any() else "-"
+             for b in range(bins)]
+    return (f"return curve (mean scored return per {edges[1]:,.0f} env steps): "
+            + " ".join(means))
 
 
 def report(flat: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ def test_short_dqn_run_learns_in_every_mode(mode: str, tmp_path: Path) -> None:
     summary = json.loads((run_dir / "metrics" / "summary.json").read_text())
     assert set(summary) >= SUMMARY_KEYS, sorted(SUMMARY_KEYS - set(summary))
     assert summary["mode"] == mode
+    assert re.search(r"return curve \(mean scored return per [\d,]+ env steps\): \d", proc.stdout)
     # the job stopped on its budget (or, by luck, on the target), every rank together
     assert summary["stopped_by"] in ("superstep budget", "target"), summary["stopped_by"]
     if not summary["reached"]:
