@@ -6,8 +6,9 @@ Reads the metrics files of each run (in ``RUN_DIR/metrics/``, or ``RUN_DIR`` its
   sample_s,gather_s,transform_s,copy_s,rows,staleness,limiter_wait_s`` (+ job columns);
   one row per superstep; durations are seconds spent in that superstep.
 * ``actor-<world_rank>.csv``: ``time_s,rows,rows_per_s,limiter_wait_s,policy_version``;
-  ``rows`` and ``limiter_wait_s`` are taken as amounts since the actor's previous row,
-  ``rows_per_s`` as its ingest rate at ``time_s``.
+  ``rows`` and ``limiter_wait_s`` are the actor's running totals at ``time_s`` (as
+  ``ExperienceDataPlane`` writes them; :func:`load_run` turns them into amounts since
+  the previous row), ``rows_per_s`` its ingest rate since the previous row.
 * ``episodes.csv``: ``time_s,env_steps,actor,episode_return``.
 * ``summary.json``: a flat dict of the run's headline numbers.
 
@@ -142,9 +143,16 @@ def load_run(path: str | Path) -> RunData:
             if not m:
                 continue
             try:
-                target[int(m.group(1))] = read_csv(f)
+                table = read_csv(f)
             except (OSError, UnicodeDecodeError, csv.Error) as err:
                 run.problems.append(f"{f.name}: unreadable ({err})")
+                continue
+            if kind == "actor":
+                for col in ("rows", "limiter_wait_s"):  # running totals -> per row
+                    v = table.get(col)
+                    if v is not None and v.dtype == np.float64:
+                        table[col] = np.diff(np.nan_to_num(v), prepend=0.0)
+            target[int(m.group(1))] = table
     if (metrics / "episodes.csv").exists():
         try:
             run.episodes = read_csv(metrics / "episodes.csv")

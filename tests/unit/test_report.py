@@ -53,8 +53,9 @@ def make_run(root: Path, mode: str, *, supersteps: int = 300, seed: int = 0,
     for a in range(2, 6):
         times = np.linspace(0.1, t[-1], 20)
         write_rows(metrics / f"actor-{a}.csv", ACTOR,
-                   [{"time_s": f"{x:.4f}", "rows": 400, "rows_per_s": 4000 + 100 * a,
-                     "limiter_wait_s": 0.001 * (i % 3), "policy_version": i}
+                   # running totals, as ExperienceDataPlane writes them
+                   [{"time_s": f"{x:.4f}", "rows": 400 * (i + 1), "rows_per_s": 4000 + 100 * a,
+                     "limiter_wait_s": 0.002 * (i + 1), "policy_version": i}
                     for i, x in enumerate(times)])
     returns = np.clip(np.r_[np.linspace(10, 500, 80), np.full(40, 500.0)]
                       + rng.normal(0, 20, 120), 8, 500)
@@ -109,6 +110,8 @@ def test_stats_follow_the_numbers_in_the_files(tmp_path) -> None:
     # four actors at 4200..4500 rows/s
     assert edp["ingest_rows_per_s"] == pytest.approx(4200 + 4300 + 4400 + 4500, rel=0.01)
     assert edp["learner_limiter_wait_s"] == pytest.approx(30 * 0.0005)
+    # the actors' running totals: 20 rows of 0.002 s each, four actors
+    assert edp["actor_limiter_wait_s"] == pytest.approx(4 * 20 * 0.002)
     assert edp["episodes"] == 120
 
 
