@@ -349,7 +349,11 @@ def plot_returns(runs: Sequence[RunData], out: Path) -> tuple[Path | None, str]:
     ax.set_xlabel(xlabel)
     ax.set_ylabel("episode return")
     ax.set_title("Return curve")
-    ax.legend(fontsize=8)
+    if len(have) > 4:  # many runs: the legend goes below the axes, not over the curves
+        fig.set_size_inches(8, 4.5 + 0.18 * (len(have) + 1))
+        fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", fontsize=7)
+    else:
+        ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     path = out / "returns.png"
     fig.savefig(path, dpi=100)
