@@ -359,8 +359,10 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         # a launcher can report success for a step whose tasks never started (srun after
         # a PMIx set-up failure): every rank of a job writes its logs/rank.N first thing
         shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
-        print(f"{ERROR_PREFIX}: {which} exited 0 but rank(s) {shown} of {n} never started; "
-              f"see {logs / 'launcher.log'}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}: {which} exited 0 but rank(s) {shown} of {n} never started "
+              f"(or wrote their logs where this node cannot see them: the run directory "
+              f"must be on a shared filesystem); see {logs / 'launcher.log'}",
+              file=sys.stderr)
         return 1, run_dir
     if rc != 0:
         print(first_error(run_dir) or f"{ERROR_PREFIX}: job exited with status {rc}; "
