@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from conduit_hpc.longhaul_metrics import LINK_COLUMNS
 from conduit_hpc.testing import REPO
 
@@ -18,14 +16,6 @@ from conduit_hpc.testing import REPO
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "conduit_hpc.cli", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def have_rl() -> bool:
-    try:
-        import conduit_hpc.rl  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def test_both_placements_run_end_to_end_at_a_tight_link(tmp_path: Path) -> None:
@@ -82,15 +72,6 @@ def test_a_layout_that_does_not_fit_is_one_clear_message(tmp_path: Path) -> None
     assert "layout.buffers must be 2 with longhaul.mode = 'edge_replay'" in errors[0]
 
 
-@pytest.mark.skipif(have_rl(), reason="conduit_hpc.rl is here: the DQN workload runs")
-def test_dqn_workload_without_the_dqn_pieces_is_refused(tmp_path: Path) -> None:
-    out = cli("run", "jobs/longhaul_dqn.toml", "--runs", str(tmp_path), timeout=120)
-    assert out.returncode != 0
-    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
-    assert len(errors) == 1 and "needs the DQN pieces (conduit_hpc.rl" in errors[0]
-
-
-@pytest.mark.skipif(not have_rl(), reason="needs conduit_hpc.rl (issue 6)")
 def test_dqn_workload_runs_in_edge_replay(tmp_path: Path) -> None:
     out = cli("run", "jobs/longhaul_dqn.toml", "--runs", str(tmp_path),
               "--set", "job.supersteps=40", "--set", "scheduler.min_fill_rows=256",
