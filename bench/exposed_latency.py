@@ -62,7 +62,8 @@ def matmul_seconds(size: int = MATMUL, repeats: int = 200) -> float:
     return best
 
 
-def job_toml(case: str, mode: str, compute_s: float, supersteps: int, reps: int) -> str:
+def job_toml(case: str, mode: str, compute_s: float, supersteps: int, reps: int,
+             fetch: str = "direct") -> str:
     c = CASES[case]
     lines = ['[run]', 'name = "bench"', "timeout_s = 120.0", "", "[layout]", "learners = 1",
              "buffers = 1", "actors = 1", ""]
@@ -71,6 +72,7 @@ def job_toml(case: str, mode: str, compute_s: float, supersteps: int, reps: int)
     lines += ["[storage]", f"capacity_rows = {c['capacity']}", "",
               "[scheduler]", f'mode = "{mode}"', f"batch_rows = {c['batch']}",
               "prefetch_depth = 2", 'sampler = "prioritized"',
+              f'fetch = "{fetch if mode != "service" else "direct"}"',
               f"min_fill_rows = {4 * c['batch']}", "",
               "[synthetic]", f"batch_rows = {c['ingest_batch']}",
               f"actor_rate_rows_s = {c['actor_rate']}", f"supersteps = {supersteps}",
@@ -80,12 +82,12 @@ def job_toml(case: str, mode: str, compute_s: float, supersteps: int, reps: int)
 
 
 def run_once(case: str, mode: str, compute_s: float, supersteps: int, work: Path,
-             matmul_s: float) -> dict:
+             matmul_s: float, fetch: str = "direct") -> dict:
     """One job; returns the learner's per-superstep rows (after warm-up). Compute is a
     fixed number of matmuls (``compute_s / matmul_s``), the same work in every mode."""
     reps = max(1, round(compute_s / matmul_s)) if compute_s > 0 else 0
     cfg = work / f"{case}-{mode}-{compute_s:.6f}.toml"
-    cfg.write_text(job_toml(case, mode, compute_s, supersteps, reps))
+    cfg.write_text(job_toml(case, mode, compute_s, supersteps, reps, fetch))
     from conduit_hpc.runner import launch
 
     rc, run_dir = launch(cfg, runs_root=work / "runs", quiet=True, timeout_s=600,
@@ -118,6 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--cases", default="float4,atari")
     p.add_argument("--factors", default="0.5,1,2", help="compute as multiples of the path")
     p.add_argument("--out", default=str(REPO / "bench" / "out"), help="PNG/JSON folder")
+    p.add_argument("--fetch", choices=("direct", "owner"), default="direct",
+                   help="scheduler.fetch of edp and sync (service always asks the owner)")
     args = p.parse_args(argv)
     if args.smoke:
         args.supersteps, args.cases, args.factors = 40, "float4", "1"
@@ -129,11 +133,12 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="conduit-bench-") as tmp:
         work = Path(tmp)
         for case in args.cases.split(","):
-            calib = run_once(case, "sync", 0.0, args.supersteps, work, matmul_s)
+            calib = run_once(case, "sync", 0.0, args.supersteps, work, matmul_s, args.fetch)
             path_s = calib["exposed_median_s"]
             for factor in [float(f) for f in args.factors.split(",")]:
                 for mode in MODES:
-                    r = run_once(case, mode, factor * path_s, args.supersteps, work, matmul_s)
+                    r = run_once(case, mode, factor * path_s, args.supersteps, work, matmul_s,
+                                 args.fetch)
                     r.update(factor=factor, calibrated_path_s=path_s, git_sha=sha,
                              bench="exposed_latency")
                     results.append(r)
