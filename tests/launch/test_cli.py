@@ -73,6 +73,19 @@ def test_ingest_benchmark_smoke() -> None:
     assert all(r["rows"] > 0 and r["ratio_to_memcpy"] > 0 for r in result["results"])
 
 
+def test_exposed_latency_benchmark_smoke(tmp_path) -> None:
+    import json
+
+    out = cli("bench", "--json", "exposed-latency", "--smoke", "--out", str(tmp_path),
+              timeout=300)  # --smoke: 40 supersteps of float4 rows at 1x, no files
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    runs = result["results"]
+    assert {r["mode"] for r in runs} == {"edp", "sync", "service"}
+    assert all(r["supersteps"] > 0 and r["iteration_median_s"] > 0 for r in runs)
+    assert {r["case"] for r in result["reductions"]} == {"float4"}
+
+
 @pytest.mark.parametrize("mode", ["edp", "sync", "service"])
 def test_synthetic_job_in_each_mode_writes_metrics(tmp_path, mode: str) -> None:
     import csv
