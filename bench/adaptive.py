@@ -50,7 +50,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from scale import cluster_of, git_sha  # noqa: E402
+from scale import cluster_of  # noqa: E402
+
+from conduit_hpc.metrics import git_sha  # noqa: E402
 
 
 def run(tau: float, supersteps: int, interval: int, cluster: object, workload: object,

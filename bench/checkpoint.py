@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,16 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
+from conduit_hpc.metrics import git_sha
+
 HERE = Path(__file__).resolve().parent
-
-
-def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
-                              capture_output=True, text=True, timeout=10,
-                              check=False).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 # ---------------------------------------------------------------------------------

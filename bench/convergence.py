@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from conduit_hpc.metrics import git_sha
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 JOB = REPO / "jobs" / "dqn_cartpole.toml"
@@ -55,15 +57,6 @@ def job_overrides(hp_sets: list[str]) -> list[str]:
         if key in MIRRORED:
             out += ["--set", f"{MIRRORED[key]}={value}"]
     return out
-
-
-def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
-                              capture_output=True, text=True, timeout=10,
-                              check=False).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 def hyperparameters(config: Path, overrides: list[str]) -> Any:

@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from conduit_hpc.metrics import git_sha
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -34,12 +35,6 @@ CASES = {
     "atari": {"spec": {"obs": ("uint8", [4, 84, 84]), "next_obs": ("uint8", [4, 84, 84])},
               "batch": 32, "actor_rate": 400.0, "ingest_batch": 16, "capacity": 4_000},
 }
-
-
-def git_sha() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                         capture_output=True, text=True, timeout=10, check=False)
-    return out.stdout.strip() or "unknown"
 
 
 MATMUL = 96

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from conduit_hpc.metrics import git_sha
 
 HERE = Path(__file__).resolve().parent
 ROWS = {
@@ -25,15 +26,6 @@ ROWS = {
     "atari": {"obs": {"dtype": "uint8", "shape": [4, 84, 84]},
               "next_obs": {"dtype": "uint8", "shape": [4, 84, 84]}},
 }
-
-
-def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
-                              capture_output=True, text=True, timeout=10,
-                              check=False).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 def memcpy_gbps(nbytes: int = 64 << 20, repeats: int = 7) -> float:

@@ -27,11 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from conduit_hpc.metrics import git_sha
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -40,12 +41,6 @@ MODES = ("forward", "edge_replay")
 MARK_PRIORITY = 3.92
 MARK_LOSS = 0.26
 ROW_BYTES = 48  # obs[4] f32, action i64, reward f32, next_obs[4] f32, discount f32
-
-
-def git_sha() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                         capture_output=True, text=True, timeout=10, check=False)
-    return out.stdout.strip() or "unknown"
 
 
 def have_rl() -> bool:

@@ -23,7 +23,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from scale import cluster_of, git_sha  # noqa: E402
+from scale import cluster_of  # noqa: E402
+
+from conduit_hpc.metrics import git_sha  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -30,7 +30,6 @@ import csv
 import json
 import queue
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -40,18 +39,11 @@ from typing import Any
 
 import numpy as np
 
+from conduit_hpc.metrics import git_sha
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 MODES = ("edp", "sync", "service")
-
-
-def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
-                              capture_output=True, text=True, timeout=10,
-                              check=False).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 # ---------------------------------------------------------------------------------

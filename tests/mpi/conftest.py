@@ -1,6 +1,13 @@
 from __future__ import annotations
 
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+from mpi4py import MPI
 
 TRANSPORTS = {
     # shared-memory windows, direct numpy access
@@ -15,3 +22,28 @@ TRANSPORTS = {
 @pytest.fixture(params=sorted(TRANSPORTS))
 def transport_sections(request) -> dict:
     return TRANSPORTS[request.param]
+
+
+def bounded_barrier(comm: MPI.Comm, timeout_s: float = 30.0) -> bool:
+    """A barrier that gives up after ``timeout_s`` (returns whether every rank came):
+    for clean-up, where after a failure on one rank the others may never arrive."""
+    req = comm.Ibarrier()
+    end = time.monotonic() + timeout_s
+    while not req.Test():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A temporary directory made by rank 0, its path on every rank (one node);
+    removed at the end once every rank is done with it (or 30 s passed)."""
+    comm = MPI.COMM_WORLD
+    path = Path(comm.bcast(tempfile.mkdtemp(prefix="conduit-mpi-") if comm.rank == 0
+                           else None))
+    yield path
+    bounded_barrier(comm)
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)

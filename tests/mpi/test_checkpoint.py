@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,18 +26,6 @@ from conduit_hpc.testing import checked_batch, make_config, row_consistent
 COMM = MPI.COMM_WORLD
 
 
-@pytest.fixture
-def shared_dir():
-    path = Path(COMM.bcast(tempfile.mkdtemp(prefix="conduit-ckpt-") if COMM.rank == 0
-                           else None))
-    yield path
-    # not a blocking Barrier: after a failure on one rank the others may never come
-    req = COMM.Ibarrier()
-    end = time.monotonic() + 30
-    while not req.Test() and time.monotonic() < end:
-        time.sleep(0.01)
-    if COMM.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def prio_of(writer: np.ndarray, wseq: np.ndarray) -> np.ndarray:

@@ -3,11 +3,6 @@ update_priorities), and restore of the learner's position and sampler state."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-import time
-from pathlib import Path
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -21,17 +16,6 @@ COMM = MPI.COMM_WORLD
 EVERY = 5
 
 
-@pytest.fixture
-def shared_dir():
-    path = Path(COMM.bcast(tempfile.mkdtemp(prefix="conduit-ckpt-") if COMM.rank == 0
-                           else None))
-    yield path
-    req = COMM.Ibarrier()
-    end = time.monotonic() + 30
-    while not req.Test() and time.monotonic() < end:
-        time.sleep(0.01)
-    if COMM.rank == 0:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def config(mode: str):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import bounded_barrier
 from mpi4py import MPI
 from scipy.stats import chisquare
 
@@ -207,7 +208,7 @@ def shared_file(comm: MPI.Intracomm, text: str) -> Iterator[str]:
     try:
         yield str(Path(tmp) / "cluster.toml")
     finally:
-        comm.Barrier()
+        bounded_barrier(comm)  # not a Barrier: after a failure others may never come
         if comm.Get_rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
 
