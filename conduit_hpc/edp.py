@@ -498,6 +498,13 @@ class ExperienceDataPlane:
         :class:`~conduit_hpc.delivery.Batch`: torch tensors on the learner's device,
         ``indices`` and importance ``weights``). Ends the current superstep. Blocks
         until the batch is ready (bounded by ``run.timeout_s``). Learner ranks only.
+
+        Raises:
+            DataPlaneClosed: every actor finished (e.g. on a stop request) while fewer
+                than ``scheduler.min_fill_rows`` rows were held, so no batch can come.
+                The data plane stays usable for the end of the run (``done``, a final
+                checkpoint): a job that asked to stop treats it as the end of its loop.
+            DataPlaneTimeout: no batch within ``run.timeout_s``.
         """
         self._require(Role.LEARNER, "next_batch()")
         if self._longhaul is not None:

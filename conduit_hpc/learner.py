@@ -33,7 +33,7 @@ from .delivery import (
     check_update,
     flat_parameters,
 )
-from .errors import DataPlaneTimeout
+from .errors import DataPlaneClosed, DataPlaneTimeout
 from .metrics import LEARNER_COLUMNS, CsvSink, LiveStatus, latency_summary
 from .scheduler import DataPlaneThread, PrefetchClock
 
@@ -87,6 +87,7 @@ class LearnerEndpoint:
         self._ckpt: tuple[Any, int, Callable[[], dict[str, Any]]] | None = None
         self._part: dict[str, Any] | None = None  # a checkpoint part not yet handed in
         self._thread: DataPlaneThread | None = None
+        self._closed: DataPlaneClosed | None = None  # the thread saw the stream end
         #: called at the end of every ``next_batch`` (in the caller's thread) with the
         #: superstep, the batch and its exposed seconds; must not block or call MPI (use
         #: :meth:`post`) - e.g. adaptive placement's telemetry
@@ -103,8 +104,20 @@ class LearnerEndpoint:
     # -- thread side -----------------------------------------------------------------
     def _prefetch_step(self) -> bool:
         self.d.channel.progress()  # e.g. release messages held for a long link
-        if self._pipelined:
-            return self._pipelined_step()
+        if self._closed is not None:  # no new batches; those in flight still complete
+            return self._complete_arrived()
+        try:
+            return self._pipelined_step() if self._pipelined else self._prepare_step()
+        except DataPlaneClosed as err:
+            # the end of the stream (every actor finished below the minimum fill), not
+            # a failure of the thread: next_batch() raises it once the batches already
+            # made are handed out, and calls (done, checkpoints, stop checks) still run
+            with self._cv:
+                self._closed = err
+                self._cv.notify_all()
+            return False
+
+    def _prepare_step(self) -> bool:
         if not self.clock.may_prepare():
             return False
         t, staleness = self.clock.start()
@@ -120,13 +133,16 @@ class LearnerEndpoint:
             t, staleness = self.clock.start()
             self._pending.append(self.d.begin(t, staleness))
             did = True
-        if self._pending and self.d.arrived(self._pending[0]):
-            batch = self.d.complete(self._pending.popleft())
-            with self._cv:
-                self._ready[batch.superstep] = batch
-                self._cv.notify_all()
-            did = True
-        return did
+        return self._complete_arrived() or did
+
+    def _complete_arrived(self) -> bool:
+        if not (self._pending and self.d.arrived(self._pending[0])):
+            return False
+        batch = self.d.complete(self._pending.popleft())
+        with self._cv:
+            self._ready[batch.superstep] = batch
+            self._cv.notify_all()
+        return True
 
     def _finish_pending(self) -> None:
         """Receive the replies of batches still in flight (so that no owner's send is
@@ -231,6 +247,8 @@ class LearnerEndpoint:
             with self._cv:
                 while s not in self._ready:
                     self._thread.raise_if_failed()
+                    if self._closed is not None and not self._pending:
+                        raise DataPlaneClosed(str(self._closed))
                     if time.monotonic() > deadline:
                         raise DataPlaneTimeout(f"learner waited {self.timeout_s:.1f} s for "
                                                f"batch {s}")
@@ -271,6 +289,8 @@ class LearnerEndpoint:
             self.status.update(self._status_text())
 
     def _status_text(self) -> str:
+        if self._superstep < 0:
+            return f"[{self.mode}] no batch delivered yet"
         rows = self.metrics.rows[-50:]
         exp = np.median([r["exposed_s"] for r in rows]) * 1e3 if rows else float("nan")
         it = np.nanmedian([r["iteration_s"] for r in rows]) * 1e3 if rows else float("nan")

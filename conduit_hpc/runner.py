@@ -37,7 +37,7 @@ from .config import Config
 from .errors import ConduitError
 
 __all__ = ["ERROR_PREFIX", "choose_launcher", "job_main", "launch", "mpi_env",
-           "stop_requested", "to_toml"]
+           "stop_requested", "stop_signal", "to_toml"]
 
 ERROR_PREFIX = "conduit-hpc: error"
 C = TypeVar("C", bound=Config)
@@ -127,6 +127,11 @@ def stop_requested() -> bool:
     Does not block.
     """
     return _STOP["signal"] != 0
+
+
+def stop_signal() -> int:
+    """The signal of this process's stop request (0: none yet). Local."""
+    return _STOP["signal"]
 
 
 def _world_rank() -> int:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
+from .runner import stop_signal
 from .transport.channel import Message
 from .wire import Tag
 
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
     from .edp import ExperienceDataPlane
 
 __all__ = ["StopCoordinator"]
-
-
 
 
 class StopCoordinator:
@@ -39,8 +38,10 @@ class StopCoordinator:
     ``conduit-hpc run`` turns a SIGTERM it receives into SIGUSR1 for ``mpirun``.
 
     Construct on every rank after the data plane (local; installs signal handlers when
-    called from the main thread). Buffer ranks watch for a stop inside their progress
-    loop; other ranks call :meth:`requested` in their loops.
+    called from the main thread). A stop request that reached the rank earlier (the
+    ``SIGUSR1`` that :func:`conduit_hpc.runner.job_main`'s handler recorded while the
+    data plane was being set up) counts as received here. Buffer ranks watch for a stop
+    inside their progress loop; other ranks call :meth:`requested` in their loops.
 
     Args:
         edp (ExperienceDataPlane): this rank's data plane.
@@ -50,7 +51,8 @@ class StopCoordinator:
     def __init__(self, edp: ExperienceDataPlane,
                  signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
         self.edp = edp
-        self.signal_received: int | None = None
+        # a request that came before this object existed is not lost
+        self.signal_received: int | None = stop_signal() or None
         self.remote = False
         self._sent = False
         self._old: dict[int, Any] = {}

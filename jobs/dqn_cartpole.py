@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role
+from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlane, Role
 from conduit_hpc.checkpointing import CheckpointAgent
 from conduit_hpc.config import require
 from conduit_hpc.metrics import write_summary
@@ -262,7 +262,13 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
             why = "time budget"
         if why:
             break
-        batch = edp.next_batch()
+        try:
+            batch = edp.next_batch()
+        except DataPlaneClosed:
+            if stop.requested():  # the actors stopped before the buffer was filled
+                why = "stop requested"
+                break
+            raise
         loss, td = updater.update(batch.data, batch.weights)
         prio = td.abs().double().cpu().numpy() + 1e-6
         edp.update_priorities(batch.indices, prio)

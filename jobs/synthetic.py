@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conduit_hpc import Config, ExperienceDataPlane, Role, Spec
+from conduit_hpc import Config, DataPlaneClosed, ExperienceDataPlane, Role, Spec
 from conduit_hpc.checkpoint import rng_from_json, rng_to_json
 from conduit_hpc.checkpointing import CheckpointAgent, gather_json
 from conduit_hpc.config import require
@@ -141,7 +141,12 @@ def learner_loop(edp: ExperienceDataPlane, cfg: SyntheticConfig, rng: np.random.
             not syn.supersteps and time.perf_counter() < t_end):
         if step % 16 == 0 and stop.requested():
             break
-        batch = edp.next_batch()
+        try:
+            batch = edp.next_batch()
+        except DataPlaneClosed:
+            if stop.requested():  # the actors stopped before the buffer was filled
+                break
+            raise
         compute()
         if syn.priorities and cfg.scheduler.sampler == "prioritized":
             edp.update_priorities(batch.indices, rng.random(len(batch)) + 0.01)

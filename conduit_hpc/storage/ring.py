@@ -364,8 +364,15 @@ class ShardRing:
                 total, mn = float(f[H_TOTAL]), float(f[H_MIN])
                 if total > 0 and float(v.tree[1]) > 0:
                     slots = prefix_search(v.tree, targets)
-                    gens = v.gens[slots]
-                    mass = v.tree[slots + len(v.tree) // 2]
+                    # a tree read while the owner rewrites it (the version check below
+                    # then retries) can lead the search into the padding leaves past
+                    # the capacity: never index with those; -1 (nothing drawn) if a
+                    # consistent read should ever give one
+                    inside = slots < self.capacity
+                    safe = np.where(inside, slots, 0)
+                    gens = np.where(inside, v.gens[safe], 0)
+                    mass = np.where(inside, v.tree[safe + len(v.tree) // 2], 0.0)
+                    slots = np.where(inside, slots, -1)
                 else:
                     slots = np.full(len(targets), -1, np.int64)
                     gens, mass = np.zeros(len(targets), np.int64), np.zeros(len(targets))

@@ -68,21 +68,41 @@ class Proc:
         return rc, "".join(self.seen), self.p.stderr.read()
 
     def kill(self) -> None:
-        """SIGKILL every process of the session (mpirun puts ranks in groups of their own,
-        so killing the process group is not enough)."""
-        kill_session(self.p.pid)
+        """SIGKILL every process of the session and of its descendants' sessions
+        (mpirun puts ranks in groups of their own, and ``conduit-hpc run`` starts mpirun
+        in a session of its own, so killing the process group is not enough)."""
+        kill_tree(self.p.pid)
         self.p.wait(timeout=30)
 
+    def children(self) -> list[int]:
+        return [pid for pid, (ppid, _) in processes().items() if ppid == self.p.pid]
 
-def kill_session(sid: int) -> None:
+
+def processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, session id) of every process."""
+    out = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[3]) == sid:  # fields after the name: state ppid pgrp session
+        out[int(stat.parent.name)] = (int(fields[1]), int(fields[3]))  # state ppid pgrp sid
+    return out
+
+
+def kill_tree(root: int) -> None:
+    procs = processes()
+    tree, sessions = {root}, {root}
+    grown = True
+    while grown:
+        more = {pid for pid, (ppid, _) in procs.items() if ppid in tree} - tree
+        tree |= more
+        sessions |= {procs[pid][1] for pid in more}
+        grown = bool(more)
+    for pid, (_, sid) in procs.items():
+        if pid in tree or sid in sessions:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(stat.parent.name), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -114,7 +134,12 @@ def test_sigterm_while_the_ranks_start_is_held_then_honoured(tmp_path: Path) -> 
     # (exit 138): the launcher holds the request until every rank is up
     job = Proc([sys.executable, "-m", "conduit_hpc.cli", "run", "jobs/synthetic.toml",
                 "--runs", str(tmp_path), "--set", "run.duration_s=300", *SMALL])
-    time.sleep(0.5)  # mpirun is starting the ranks (their imports take seconds)
+    # once the launcher has started mpirun (its handlers are set by then), the ranks are
+    # still importing for seconds: that is when the request comes
+    end = time.monotonic() + 60
+    while not job.children():
+        assert time.monotonic() < end and job.p.poll() is None, "mpirun never started"
+        time.sleep(0.01)
     job.p.send_signal(signal.SIGTERM)
     rc, out, err = job.finish()
     assert rc == 0, err

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from conduit_hpc import CheckpointError, ExperienceDataPlane, Role
+from conduit_hpc import CheckpointError, ExperienceDataPlane, Role, runner
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.buffer import Tag
 from conduit_hpc.checkpointing import CheckpointAgent
@@ -168,6 +168,34 @@ def test_cut_under_ingest_restores_every_row_before_it_once(shared_dir, shared_m
         edp3.done()
         if edp3.role is Role.BUFFER:
             edp3.serve()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_stop_request_before_the_coordinator_exists_is_not_lost() -> None:
+    # job_main's handler records a SIGUSR1 that comes while the data plane is being set
+    # up; the StopCoordinator built after it must count it (else the job runs on)
+    cfg = cfg_for(1, 1, capacity=1000)
+    old = signal.getsignal(signal.SIGUSR1)
+    runner.install_stop_handler()
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            if edp.world_rank == edp.roles.actor_ranks[-1]:
+                os.kill(os.getpid(), signal.SIGUSR1)  # the launcher's forwarded request
+            stop = StopCoordinator(edp)
+            t0 = time.monotonic()
+            if edp.role is Role.ACTOR:
+                while not stop.requested():
+                    assert time.monotonic() - t0 < 60, "the stop never arrived"
+                    time.sleep(0.01)
+                edp.done()
+            else:
+                edp.serve()
+            stopped = stop.agree()
+            stop.close()
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+        runner._STOP["signal"] = 0
+    assert stopped
 
 
 @pytest.mark.mpi(min_size=3)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc import DataPlaneClosed, ExperienceDataPlane, Role
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD
@@ -171,6 +171,34 @@ def test_ends_cleanly_when_actors_stop_first(mode: str) -> None:
             edp.serve()
         edp.done()
         edp.summary()
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode", [*MODES, "edp+owner"])
+def test_actors_that_stop_below_the_fill_close_the_stream_and_the_rank_stays_usable(
+        mode: str) -> None:
+    # e.g. a stop request before the buffer filled: the learner's next_batch() raises
+    # DataPlaneClosed (in edp mode from the data-plane thread), and the learner can still
+    # end the run with everyone (done, summary, a collective)
+    cfg = config(mode, scheduler={"min_fill_rows": 10_000})
+    closed = ""
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp, max_batches=2, until_stop=False)
+        elif edp.role is Role.LEARNER:
+            with pytest.raises(DataPlaneClosed, match="every actor finished") as info:
+                edp.next_batch()
+            closed = str(info.value)
+            with pytest.raises(DataPlaneClosed):  # it stays closed
+                edp.next_batch()
+        else:
+            edp.serve()
+        edp.done()
+        summary = edp.summary()
+        anyone = edp.roles.world.allreduce(closed, op=MPI.MAX)
+    actors = COMM.Get_size() - 2
+    assert summary["rows_ingested"] == actors * 2 * 16
+    assert f"with {actors * 2 * 16} rows held" in anyone
 
 
 @pytest.mark.mpi(min_size=3)

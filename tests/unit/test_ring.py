@@ -113,3 +113,31 @@ def test_rows_being_overwritten_are_hidden_from_sampling(shard) -> None:
     owned.poll()
     assert owned.index.gens[0] == 0 and owned.index.gens[1] == 0
     assert owned.index.count == 6
+
+
+def test_a_tree_read_mid_rewrite_never_indexes_past_the_capacity() -> None:
+    # capacity 5 -> 8 leaves, 3 of them padding; a reader that loads the tree while the
+    # owner rewrites it can see a node with mass whose children have none (the seqlock
+    # makes it retry) - the search must not fail on the padding slot it is led to
+    lay = ShardLayout(SPEC, 5)
+    win = RmaWindow(MPI.COMM_SELF, lay.nbytes, node_comm=MPI.COMM_SELF, shared=True)
+    try:
+        ring = ShardRing(win, 0, 0, lay, timeout_s=2.0)
+        owner_ring = ShardRing(win, 0, 0, lay, timeout_s=2.0)
+        owner_ring.views = lay.views(win.own_segment(), 0)
+        v = owner_ring.views
+        owned = OwnedShard(0, owner_ring, PriorityIndex(5, alpha=1.0, sum_buffer=v.tree,
+                                                        gens_buffer=v.gens))
+        ring.write(SPEC.validate(checked_batch(1, 0, 5)))
+        owned.poll()
+        assert ring.views is not None and len(ring.views.tree) == 16
+        slots, gens, mass, held, total, _ = ring.search(np.array([0.5, 4.5]))
+        assert held == 5 and total == 5.0
+        assert ((slots >= 0) & (slots < 5)).all() and (mass == 1.0).all()
+        tree = ring.views.tree
+        tree[2] = tree[6] = tree[7] = 0.0  # torn: the root still holds mass, no leaf does
+        slots, gens, mass, *_ = ring.search(np.array([0.5, 4.5]))
+        np.testing.assert_array_equal(slots, [-1, -1])
+        assert (gens == 0).all() and (mass == 0).all()
+    finally:
+        win.close()
