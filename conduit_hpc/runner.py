@@ -337,7 +337,8 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
     with open(logs / "launcher.log", "w") as launcher_log, _Forwarder() as fwd:
         proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True,
-                                stdout=launcher_log, stderr=subprocess.STDOUT)
+                                stdout=launcher_log, stderr=subprocess.STDOUT,
+                                preexec_fn=_parent_death_signal())
         fwd.proc = proc
         fwd.ready = lambda: all((logs / f"rank.{r}").is_dir() for r in range(n))
         follower = _Follower(run_dir, quiet)
@@ -432,6 +433,21 @@ class _Forwarder:
     def extend(self, deadline: float) -> float:
         """The wait's deadline, extended by ``grace_s`` after a forwarded stop."""
         return deadline if self.at is None else max(deadline, self.at + self.grace_s)
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for the launcher's child: SIGTERM it when ``conduit-hpc run``
+    dies (even by SIGKILL), so that no orphaned mpirun keeps the ranks running - they
+    are in a session of their own and no terminal or process-group signal reaches them.
+    Linux only (``None`` elsewhere). ``prctl`` is looked up here, in the parent, so the
+    child between fork and exec only makes the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig, sig = 1, int(signal.SIGTERM)
+    return lambda: prctl(pr_set_pdeathsig, sig)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

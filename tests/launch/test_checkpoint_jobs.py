@@ -148,6 +148,33 @@ def test_sigterm_while_the_ranks_start_is_held_then_honoured(tmp_path: Path) -> 
     assert any(ln.startswith("final checkpoint written:") for ln in out.splitlines()), out
 
 
+def test_a_killed_launcher_takes_mpirun_and_the_ranks_with_it(tmp_path: Path) -> None:
+    # mpirun runs in a session of its own: without the parent-death signal, a SIGKILLed
+    # `conduit-hpc run` would leave the job running for its whole duration
+    job = Proc([sys.executable, "-m", "conduit_hpc.cli", "run", "jobs/synthetic.toml",
+                "--runs", str(tmp_path), "--set", "run.duration_s=300", *SMALL])
+    sid = 0
+    try:
+        job.wait_line("running: checkpoints under")
+        (launcher,) = job.children()
+        sid = processes()[launcher][1]
+        assert sid != os.getsid(job.p.pid)  # its own session (why this matters)
+        ranks = [pid for pid, (ppid, _) in processes().items() if ppid == launcher]
+        assert len(ranks) == 6
+        job.p.kill()
+        job.p.wait(timeout=30)
+        end = time.monotonic() + 60
+        while left := [pid for pid, (_, s) in processes().items() if s == sid]:
+            assert time.monotonic() < end, f"still running 60 s after the launcher died: {left}"
+            time.sleep(0.1)
+    finally:
+        kill_tree(job.p.pid)
+        for pid, (_, s) in processes().items():
+            if sid and s == sid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
 def test_killed_while_writing_resumes_from_the_previous_complete_checkpoint(
         tmp_path: Path) -> None:
     first = tmp_path / "synthetic-first"
