@@ -279,6 +279,7 @@ class Deliverer:
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
         lim = self.limiter
+        fenced = False
         while True:
             stats = self.shard_stats()
             held = sum(s.count for s in stats)
@@ -291,6 +292,13 @@ class Deliverer:
                 # no insert will ever come: the ratio no longer binds, the fill must
                 if held >= lim.min_size_to_sample and mass > 0:
                     break
+                if not fenced and any(self.sent.values()):
+                    # the mass may be 0 only until this learner's own updates in flight
+                    # land (e.g. every row zeroed, one raised again): look once more
+                    # after the owners have applied them all
+                    self._fence()
+                    fenced = True
+                    continue
                 raise DataPlaneClosed(
                     f"every actor finished with {held} rows held (total priority mass "
                     f"{mass:g}); sampling needs scheduler.min_fill_rows = "
@@ -304,6 +312,20 @@ class Deliverer:
         waited = time.perf_counter() - t0
         self.limiter_wait_s += waited
         return stats, waited
+
+    def _fence(self) -> None:
+        """Wait (bounded) until every owner this learner sent priority updates to has
+        applied them: one 1-target sample request per such owner - an owner handles a
+        learner's messages in order, so its reply comes after those updates."""
+        ids = set()
+        for owner, n in self.sent.items():
+            pos = next((k for k, sid in enumerate(self.shard_ids)
+                        if self.owners[int(sid)] == owner), None)
+            if n and pos is not None:
+                ids.add(self._request(Tag.SAMPLE, pos, np.zeros(1)))
+        if ids:
+            self._collect(Tag.SAMPLE_REPLY, ids, "the owners' replies after this learner's "
+                          "priority updates")
 
     # -- sampling --------------------------------------------------------------------
     def _request(self, tag: Tag, shard_pos: int, targets: np.ndarray) -> int:
