@@ -236,6 +236,9 @@ class BufferServer:
     def _on_sample(self, msg: Message) -> None:
         req = SampleRequest.unpack(msg.payload)
         shard = self.by_id[req.shard_id]
+        # commit first: rows written before the request was sent are visible in memory
+        # by now, and the reply's stats must count them (a learner's fence relies on it)
+        shard.poll()
         rep = shard.sample(req.targets)
         rep = SampleReply(req.request_id, rep.shard_id, rep.slots, rep.gens, rep.mass,
                           rep.held, rep.total, rep.min_mass)

@@ -292,10 +292,11 @@ class Deliverer:
                 # no insert will ever come: the ratio no longer binds, the fill must
                 if held >= lim.min_size_to_sample and mass > 0:
                     break
-                if not fenced and any(self.sent.values()):
-                    # the mass may be 0 only until this learner's own updates in flight
-                    # land (e.g. every row zeroed, one raised again): look once more
-                    # after the owners have applied them all
+                if not fenced:
+                    # the stats may lag: rows the actors wrote before they finished that
+                    # an owner has not committed yet, or this learner's own priority
+                    # updates in flight (every row zeroed, one raised again) - look once
+                    # more after every owner has committed and applied them
                     self._fence()
                     fenced = True
                     continue
@@ -314,18 +315,14 @@ class Deliverer:
         return stats, waited
 
     def _fence(self) -> None:
-        """Wait (bounded) until every owner this learner sent priority updates to has
-        applied them: one 1-target sample request per such owner - an owner handles a
-        learner's messages in order, so its reply comes after those updates."""
-        ids = set()
-        for owner, n in self.sent.items():
-            pos = next((k for k, sid in enumerate(self.shard_ids)
-                        if self.owners[int(sid)] == owner), None)
-            if n and pos is not None:
-                ids.add(self._request(Tag.SAMPLE, pos, np.zeros(1)))
+        """Wait (bounded) until the owners of this learner's shards have committed the
+        rows written so far and applied this learner's priority updates: one 1-target
+        sample request per shard - an owner handles a learner's messages in order and
+        commits a shard before it answers a sample request of it, and the rows were in
+        its memory before the request was sent."""
+        ids = {self._request(Tag.SAMPLE, k, np.zeros(1)) for k in range(len(self.shard_ids))}
         if ids:
-            self._collect(Tag.SAMPLE_REPLY, ids, "the owners' replies after this learner's "
-                          "priority updates")
+            self._collect(Tag.SAMPLE_REPLY, ids, "the owners' replies to a fence")
 
     # -- sampling --------------------------------------------------------------------
     def _request(self, tag: Tag, shard_pos: int, targets: np.ndarray) -> int:
