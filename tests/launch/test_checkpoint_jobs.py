@@ -90,9 +90,11 @@ def processes() -> dict[int, tuple[int, int]]:
     return out
 
 
-def kill_tree(root: int) -> None:
+def kill_tree(root: int, *sessions_too: int) -> None:
+    """SIGKILL ``root``, its descendants, everything in their sessions and in
+    ``sessions_too`` (e.g. an orphaned mpirun's, once ``root`` is gone)."""
     procs = processes()
-    tree, sessions = {root}, {root}
+    tree, sessions = {root}, {root, *sessions_too}
     grown = True
     while grown:
         more = {pid for pid, (ppid, _) in procs.items() if ppid in tree} - tree
@@ -168,11 +170,7 @@ def test_a_killed_launcher_takes_mpirun_and_the_ranks_with_it(tmp_path: Path) ->
             assert time.monotonic() < end, f"still running 60 s after the launcher died: {left}"
             time.sleep(0.1)
     finally:
-        kill_tree(job.p.pid)
-        for pid, (_, s) in processes().items():
-            if sid and s == sid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        kill_tree(job.p.pid, *([sid] if sid else []))
 
 
 def test_killed_while_writing_resumes_from_the_previous_complete_checkpoint(

@@ -26,8 +26,6 @@ from conduit_hpc.testing import checked_batch, make_config, row_consistent
 COMM = MPI.COMM_WORLD
 
 
-
-
 def prio_of(writer: np.ndarray, wseq: np.ndarray) -> np.ndarray:
     return 0.25 + ((np.asarray(writer) * 7919 + np.asarray(wseq)) % 13).astype(float)
 

@@ -16,8 +16,6 @@ COMM = MPI.COMM_WORLD
 EVERY = 5
 
 
-
-
 def config(mode: str):
     return make_config(layout={"learners": 1, "buffers": 1},
                        storage={"capacity_rows": 8192, "priority_exponent": 1.0},
