@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conduit_hpc.metrics import git_sha
+from conduit_hpc.plane.metrics import git_sha
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,12 +49,12 @@ def worker(args: argparse.Namespace) -> None:
 
     from conduit_hpc import ExperienceDataPlane, Role
     from conduit_hpc import checkpoint as ck
-    from conduit_hpc.checkpointing import (
+    from conduit_hpc.features.checkpointing.agent import (
         CheckpointAgent,
         bcast_json,
         gather_json,
     )
-    from conduit_hpc.stopping import StopCoordinator
+    from conduit_hpc.features.checkpointing.stopping import StopCoordinator
     from conduit_hpc.storage.snapshot import restore_snapshot
     from conduit_hpc.testing import make_config
 

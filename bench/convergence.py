@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conduit_hpc.metrics import git_sha
+from conduit_hpc.plane.metrics import git_sha
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -97,7 +97,7 @@ def run_data_plane(mode: str, hp_sets: list[str], seed: int, out: Path,
         return {"skipped": f"{JOB.relative_to(REPO)} does not exist yet (the distributed "
                            "DQN job comes with the scheduler's next_batch/update_priorities)"}
     runs = out / f"{mode}-seed{seed}"
-    cmd = [sys.executable, "-m", "conduit_hpc.cli", "run", str(JOB), "--mode", mode,
+    cmd = [sys.executable, "-m", "conduit_hpc.tools.cli", "run", str(JOB), "--mode", mode,
            "--runs", str(runs), "--set", f"run.seed={seed}", "--set",
            "job.progress_every_s=0", *job_overrides(hp_sets)]
     if time_limit_s:
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(json.dumps(r, default=str), flush=True)
     by_mode = summarise(results)
     print_table(by_mode, hp)
-    from conduit_hpc.report import write_report
+    from conduit_hpc.tools.report.run import write_report
 
     run_dirs = [r["run_dir"] for r in results if r.get("run_dir")]
     report = str(write_report(run_dirs, out / "report")) if run_dirs else ""

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conduit_hpc.metrics import git_sha
+from conduit_hpc.plane.metrics import git_sha
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -83,7 +83,7 @@ def run_once(case: str, mode: str, compute_s: float, supersteps: int, work: Path
     reps = max(1, round(compute_s / matmul_s)) if compute_s > 0 else 0
     cfg = work / f"{case}-{mode}-{compute_s:.6f}.toml"
     cfg.write_text(job_toml(case, mode, compute_s, supersteps, reps, fetch))
-    from conduit_hpc.runner import launch
+    from conduit_hpc.tools.launcher import launch
 
     rc, run_dir = launch(cfg, runs_root=work / "runs", quiet=True, timeout_s=600,
                          entry=REPO / "jobs" / "synthetic.py")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conduit_hpc.metrics import git_sha
+from conduit_hpc.plane.metrics import git_sha
 
 HERE = Path(__file__).resolve().parent
 ROWS = {

@@ -16,7 +16,7 @@ the git sha) and per budget, over seeds: the ratio ``edge_replay / forward`` of 
 average priority of transferred experiences (during training) and of the learner's TD
 loss after it settles (mean of the second half of the supersteps), and the return
 reached (``dqn``). The marks are the study's: priority x3.92 and loss at 26 %.
-``--out`` gets ``longhaul.png`` and ``longhaul.md`` (see ``conduit_hpc.longhaul_report``).
+``--out`` gets ``longhaul.png`` and ``longhaul.md`` (see ``conduit_hpc.tools.report.longhaul``).
 
 ``--workload auto`` runs DQN on CartPole when ``conduit_hpc.rl`` (issue 6) is importable
 and the ``regression`` workload otherwise (said in the output).
@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from conduit_hpc.metrics import git_sha
+from conduit_hpc.plane.metrics import git_sha
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -58,8 +58,8 @@ def forward_demand_bytes_s(actors: int, rows_s: float) -> float:
 
 def run_one(args: argparse.Namespace, workload: str, mode: str, seed: int,
             bandwidth_bytes_s: float, work: Path) -> dict[str, Any]:
-    from conduit_hpc.longhaul_report import load_longhaul_run
-    from conduit_hpc.runner import launch
+    from conduit_hpc.tools.launcher import launch
+    from conduit_hpc.tools.report.longhaul import load_longhaul_run
 
     sets = [f"longhaul.mode={mode}", f"longhaul.bandwidth_gbps={bandwidth_bytes_s / 1e9!r}",
             f"longhaul.latency_s={args.latency_s!r}", f"run.seed={seed}",
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
                     print(json.dumps(r), flush=True)
         table = summarize(results)
         if keep:
-            from conduit_hpc.longhaul_report import write_longhaul_report
+            from conduit_hpc.tools.report.longhaul import write_longhaul_report
 
             md = write_longhaul_report([r["run_dir"] for r in results], out)
             print(f"plots and table: {md}")

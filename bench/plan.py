@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE))
 
 from scale import cluster_of  # noqa: E402
 
-from conduit_hpc.metrics import git_sha  # noqa: E402
+from conduit_hpc.plane.metrics import git_sha  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from conduit_hpc.metrics import git_sha
+from conduit_hpc.plane.metrics import git_sha
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -4,7 +4,7 @@ Importing this package has no side effects: it does not initialise MPI's communi
 beyond what ``mpi4py`` does on import, probes no hardware and starts nothing.
 """
 
-from .config import (
+from conduit_hpc.config import (
     CheckpointConfig,
     Config,
     FieldConfig,
@@ -13,7 +13,7 @@ from .config import (
     StorageConfig,
     TransportConfig,
 )
-from .errors import (
+from conduit_hpc.errors import (
     CheckpointError,
     ConduitError,
     ConfigError,
@@ -27,7 +27,7 @@ from .errors import (
     TransportError,
     WorldTooSmall,
 )
-from .spec import Field, Spec
+from conduit_hpc.spec import Field, Spec
 
 __version__ = "0.1.0"
 
@@ -63,11 +63,11 @@ def __getattr__(name: str) -> object:
     # ExperienceDataPlane and Role import mpi4py.MPI (which initialises MPI); load them
     # on first use so that `import conduit_hpc` stays cheap on a login node.
     if name == "ExperienceDataPlane":
-        from .edp import ExperienceDataPlane
+        from conduit_hpc.plane.front import ExperienceDataPlane
 
         return ExperienceDataPlane
     if name == "Role":
-        from .roles import Role
+        from conduit_hpc.plane.roles import Role
 
         return Role
     raise AttributeError(f"module 'conduit_hpc' has no attribute {name!r}")

@@ -29,7 +29,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-from .errors import ConfigError
+from conduit_hpc.errors import ConfigError
 
 __all__ = [
     "CheckpointConfig",
@@ -45,6 +45,7 @@ __all__ = [
     "config_from_dict",
     "parse_override",
     "require",
+    "to_toml",
 ]
 
 T = TypeVar("T")
@@ -350,7 +351,7 @@ class PlacementConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointConfig:
-    """``[checkpoint]``: HDF5 experience checkpoints (see ``conduit_hpc.checkpointing``).
+    """``[checkpoint]``: HDF5 experience checkpoints (see ``features.checkpointing``).
 
     Attributes:
         directory (str): checkpoint root; relative paths are under the run directory
@@ -674,3 +675,35 @@ def config_from_dict(cls: type[T], raw: Mapping[str, Any]) -> T:
         ConfigError: naming the dotted key, the value and what was expected.
     """
     return _build(cls, raw, "")
+
+
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} as a TOML value")
+
+
+def to_toml(data: Mapping[str, Any]) -> str:
+    """Write a nested mapping of scalars and lists as TOML (tables for mappings)."""
+    lines: list[str] = []
+
+    def table(prefix: str, d: Mapping[str, Any]) -> None:
+        scalars = {k: v for k, v in d.items() if not isinstance(v, Mapping)}
+        subs = {k: v for k, v in d.items() if isinstance(v, Mapping)}
+        if prefix and (scalars or not subs):
+            lines.append(f"\n[{prefix}]")
+        for k, v in scalars.items():
+            lines.append(f"{k} = {_toml_value(v)}")
+        for k, v in subs.items():
+            table(f"{prefix}.{k}" if prefix else k, v)
+
+    table("", data)
+    return "\n".join(lines).lstrip("\n") + "\n"

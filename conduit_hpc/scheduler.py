@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError, DataPlaneTimeout
+from conduit_hpc.errors import ConfigError, DataPlaneTimeout
 
 __all__ = ["DataPlaneThread", "LimiterState", "PrefetchClock", "RateLimiter"]
 

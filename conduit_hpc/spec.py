@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import FieldConfig
-from .errors import SpecError
+from conduit_hpc.config import FieldConfig
+from conduit_hpc.errors import SpecError
 
 __all__ = ["Field", "Spec"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import Config
+from conduit_hpc.config import Config
 
 __all__ = [
     "REPO",
@@ -82,7 +82,7 @@ def mpirun(n: int, args: Sequence[str], *, timeout_s: float = 120.0,
            env: Mapping[str, str] | None = None,
            cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``python -m mpi4py ARGS`` on ``n`` ranks with a timeout; capture output."""
-    from .runner import mpi_env
+    from conduit_hpc.tools.launcher import mpi_env
 
     cmd = ["mpirun", "-n", str(n), sys.executable, "-m", "mpi4py", *args]
     full_env = mpi_env(os.environ if env is None else {**os.environ, **env})

@@ -18,7 +18,8 @@ of training are spent, or on SIGTERM /
 SIGUSR1 to any rank. Actors report finished episodes and their env-step counts to the
 lead learner (``Tag.EPISODES`` messages); the learner decides, stops, and every other
 rank follows through the data plane's ``should_stop`` (actors) and the end of
-``serve()`` (buffers). A signal goes through :class:`~conduit_hpc.stopping.StopCoordinator`.
+``serve()`` (buffers). A signal goes through
+:class:`~conduit_hpc.features.checkpointing.stopping.StopCoordinator`.
 
 Checkpoints (``[checkpoint]``): every ``every_supersteps`` learner updates (the replay,
 the networks and Adam's moments, the counters; ``every_seconds`` adds buffer-side ones
@@ -48,10 +49,13 @@ import numpy as np
 import torch
 
 from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlane, Role
-from conduit_hpc.checkpointing import CheckpointAgent
 from conduit_hpc.config import require
-from conduit_hpc.metrics import write_summary
-from conduit_hpc.resume import RestoreResult, checkpoint_root, resume_roots
+from conduit_hpc.features.checkpointing.agent import CheckpointAgent
+from conduit_hpc.features.checkpointing.resume import RestoreResult, checkpoint_root, resume_roots
+from conduit_hpc.features.checkpointing.stopping import StopCoordinator
+from conduit_hpc.job import job_main
+from conduit_hpc.plane.metrics import write_summary
+from conduit_hpc.protocol import Tag
 from conduit_hpc.rl import (
     ApexActor,
     DQNSection,
@@ -60,9 +64,6 @@ from conduit_hpc.rl import (
     make_vector_env,
     merge_episode_files,
 )
-from conduit_hpc.runner import job_main
-from conduit_hpc.stopping import StopCoordinator
-from conduit_hpc.wire import Tag
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

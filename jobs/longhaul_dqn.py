@@ -45,9 +45,9 @@ import torch
 
 from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role
 from conduit_hpc.config import require
-from conduit_hpc.longhaul_metrics import settled_mean
-from conduit_hpc.metrics import write_summary
-from conduit_hpc.runner import job_main
+from conduit_hpc.features.longhaul.metrics import settled_mean
+from conduit_hpc.job import job_main
+from conduit_hpc.plane.metrics import write_summary
 
 try:  # the DQN pieces (issue 6); the regression workload runs without them
     from conduit_hpc.rl import DQNSection

@@ -27,12 +27,12 @@ import numpy as np
 
 from conduit_hpc import Config, DataPlaneClosed, ExperienceDataPlane, Role, Spec
 from conduit_hpc.checkpoint import rng_from_json, rng_to_json
-from conduit_hpc.checkpointing import CheckpointAgent, gather_json
 from conduit_hpc.config import require
-from conduit_hpc.metrics import write_summary
-from conduit_hpc.resume import checkpoint_root, resume_roots
-from conduit_hpc.runner import job_main
-from conduit_hpc.stopping import StopCoordinator
+from conduit_hpc.features.checkpointing.agent import CheckpointAgent, gather_json
+from conduit_hpc.features.checkpointing.resume import checkpoint_root, resume_roots
+from conduit_hpc.features.checkpointing.stopping import StopCoordinator
+from conduit_hpc.job import job_main
+from conduit_hpc.plane.metrics import write_summary
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

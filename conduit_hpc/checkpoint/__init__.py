@@ -3,7 +3,7 @@
 The only package that imports ``h5py`` (:mod:`.hdf5`, :mod:`.report`); :mod:`.files` holds
 what needs no HDF5 (names, markers, retention, JSON encodings). Nothing here uses MPI: the
 collective protocol that decides *when* and *who* writes lives in
-:mod:`conduit_hpc.checkpointing`.
+:mod:`conduit_hpc.features.checkpointing.agent`.
 
 A checkpoint is a directory ``ckpt-NNNNNN`` under a checkpoint root::
 
@@ -26,7 +26,7 @@ the future or a checkpoint of a different spec is refused with a
 arrays, strings and JSON are read back: no pickle is ever loaded, nothing is executed.
 """
 
-from .files import (
+from conduit_hpc.checkpoint.files import (
     CHUNK_BYTES,
     DONE,
     FORMAT,
@@ -48,7 +48,7 @@ from .files import (
     spec_from_json,
     spec_to_json,
 )
-from .hdf5 import (
+from conduit_hpc.checkpoint.hdf5 import (
     Checkpoint,
     ShardRecord,
     finalize,
@@ -57,7 +57,7 @@ from .hdf5 import (
     write_manifest,
     write_shard_file,
 )
-from .report import format_report, inspect_checkpoint
+from conduit_hpc.tools.report.checkpoint import format_report, inspect_checkpoint
 
 __all__ = [
     "CHUNK_BYTES",

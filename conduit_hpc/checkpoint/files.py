@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError
-from ..spec import Field, Spec
+from conduit_hpc.errors import CheckpointError
+from conduit_hpc.spec import Field, Spec
 
 SCHEMA_VERSION = 1
 FORMAT = "conduit_hpc experience checkpoint"

@@ -1,6 +1,6 @@
 """The HDF5 side of checkpoints: writing shard, array and manifest files, opening and
 reading them back with every check. The package's only ``h5py`` user besides
-:mod:`~conduit_hpc.checkpoint.report`. See :mod:`conduit_hpc.checkpoint`.
+:mod:`~conduit_hpc.tools.report.checkpoint`. See :mod:`conduit_hpc.checkpoint`.
 
 Every function and method here is local (no MPI, no collective), blocks for its own disk
 I/O, and returns the same on every rank for the same files.
@@ -20,11 +20,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from ..errors import CheckpointError
-from ..spec import Spec
-from ..storage.snapshot import ShardSnapshot, SnapshotStaging
-from . import files as _files
-from .files import (
+from conduit_hpc.checkpoint import files as _files
+from conduit_hpc.checkpoint.files import (
     CHUNK_BYTES,
     DONE,
     FILE_RE,
@@ -40,6 +37,9 @@ from .files import (
     spec_from_json,
     spec_to_json,
 )
+from conduit_hpc.errors import CheckpointError
+from conduit_hpc.spec import Spec
+from conduit_hpc.storage.snapshot import ShardSnapshot, SnapshotStaging
 
 
 class _DirtyLimit:

@@ -7,8 +7,8 @@
 * :mod:`.placement` - the immutable :class:`Placement` every planner returns.
 """
 
-from .cluster import ClusterModel, LinkSpec, NodeSpec, Roster
-from .placement import (
+from conduit_hpc.placement.cluster import ClusterModel, LinkSpec, NodeSpec, Roster
+from conduit_hpc.placement.placement import (
     Bottleneck,
     LearnerPrediction,
     Placement,
@@ -23,11 +23,11 @@ def __getattr__(name: str) -> object:
     # the planners need scipy; load them on first use so that importing the data plane
     # (which only needs Placement) stays cheap on every rank
     if name == "Workload":
-        from .model import Workload
+        from conduit_hpc.placement.model import Workload
 
         return Workload
     if name == "plan_static":
-        from .static import plan_static
+        from conduit_hpc.placement.static import plan_static
 
         return plan_static
     raise AttributeError(f"module 'conduit_hpc.placement' has no attribute {name!r}")

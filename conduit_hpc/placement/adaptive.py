@@ -33,11 +33,19 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import ConfigError
-from .cluster import ClusterModel, Roster
-from .model import BUF, GPU, Allocation, Topology, Workload, ingest_matrix, predict
-from .placement import Placement, PlanPrediction
-from .static import partition_rows, plan_static
+from conduit_hpc.errors import ConfigError
+from conduit_hpc.placement.cluster import ClusterModel, Roster
+from conduit_hpc.placement.model import (
+    BUF,
+    GPU,
+    Allocation,
+    Topology,
+    Workload,
+    ingest_matrix,
+    predict,
+)
+from conduit_hpc.placement.placement import Placement, PlanPrediction
+from conduit_hpc.placement.static import partition_rows, plan_static
 
 __all__ = [
     "AdaptiveKnobs",

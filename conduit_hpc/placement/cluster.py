@@ -66,8 +66,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-from ..config import config_from_dict, require
-from ..errors import ConfigError
+from conduit_hpc.config import config_from_dict, require
+from conduit_hpc.errors import ConfigError
 
 __all__ = [
     "TIERS",

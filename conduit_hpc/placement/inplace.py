@@ -6,7 +6,7 @@ one per buffer rank, at that rank's location in the cluster model (``node.buf<j>
 Re-placing is then (a) routing actors' rows to other shards and (b) moving rows between
 the existing shards so that the hottest rows sit where learners read them fastest.
 
-This module is the semantics of that, for :mod:`conduit_hpc.replace` (the composition
+This module is the semantics of that, for :mod:`conduit_hpc.features.replace` (the composition
 layer that runs it on MPI ranks):
 
 * :func:`job_placement` - the job's placement as the cost model sees it (each shard at its
@@ -31,11 +31,11 @@ from typing import Literal
 
 import numpy as np
 
-from ..errors import ConfigError
-from .adaptive import Move
-from .cluster import ClusterModel, Roster
-from .model import SHARD_OVERHEAD_BYTES, Workload
-from .placement import Placement, ShardPlacement, ShardWeights
+from conduit_hpc.errors import ConfigError
+from conduit_hpc.placement.adaptive import Move
+from conduit_hpc.placement.cluster import ClusterModel, Roster
+from conduit_hpc.placement.model import SHARD_OVERHEAD_BYTES, Workload
+from conduit_hpc.placement.placement import Placement, ShardPlacement, ShardWeights
 
 __all__ = [
     "HeldSample",

@@ -37,10 +37,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-from ..config import config_from_dict, require
-from ..errors import ConfigError
-from .cluster import TIERS, ClusterModel, LinkTable, Roster
-from .placement import Bottleneck, LearnerPrediction, PlanPrediction
+from conduit_hpc.config import config_from_dict, require
+from conduit_hpc.errors import ConfigError
+from conduit_hpc.placement.cluster import TIERS, ClusterModel, LinkTable, Roster
+from conduit_hpc.placement.placement import Bottleneck, LearnerPrediction, PlanPrediction
 
 __all__ = [
     "INDEX_BYTES_PER_ROW",
@@ -186,8 +186,8 @@ class Workload:
     @classmethod
     def from_job(cls, raw: Mapping[str, Any]) -> tuple[Workload, list[str]]:
         """Derive a workload from a job config mapping; notes say what was assumed."""
-        from ..config import FieldConfig
-        from ..spec import Spec
+        from conduit_hpc.config import FieldConfig
+        from conduit_hpc.spec import Spec
 
         notes: list[str] = []
         spec_raw = raw.get("spec", {})

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
+from conduit_hpc.errors import ConfigError
 
 __all__ = [
     "Bottleneck",

@@ -42,9 +42,9 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from ..errors import ConfigError, PlacementInfeasible
-from .cluster import TIERS, ClusterModel, Roster
-from .model import (
+from conduit_hpc.errors import ConfigError, PlacementInfeasible
+from conduit_hpc.placement.cluster import TIERS, ClusterModel, Roster
+from conduit_hpc.placement.model import (
     BUF,
     GPU,
     HOST,
@@ -57,7 +57,7 @@ from .model import (
     ingest_matrix,
     predict,
 )
-from .placement import Placement, ShardPlacement, ShardWeights, _fmt_bytes
+from conduit_hpc.placement.placement import Placement, ShardPlacement, ShardWeights, _fmt_bytes
 
 __all__ = ["Column", "LpSolution", "allocation_to_placement", "plan_static", "solve_columns"]
 

@@ -6,14 +6,19 @@ actor-side initial priorities and the hyperparameters (:class:`DQNSection`).
 Importing this package imports torch.
 """
 
-from .apex import ActorStep, ApexActor, DQNUpdater
-from .dqn import DQNSection, make_vector_env, train_single_process
-from .episodes import EPISODE_COLUMNS, EpisodeLog, merge_episode_files
-from .exploration import epsilon_greedy, epsilon_ladder
-from .losses import double_dqn_loss, double_dqn_targets, initial_priorities, to_tensors
-from .nstep import NStepAccumulator, true_next_obs
-from .qnet import QNetwork, copy_weights, sync_target
-from .replay import PrioritizedReplay, ReplaySample
+from conduit_hpc.rl.apex import ActorStep, ApexActor, DQNUpdater
+from conduit_hpc.rl.dqn import DQNSection, make_vector_env, train_single_process
+from conduit_hpc.rl.episodes import EPISODE_COLUMNS, EpisodeLog, merge_episode_files
+from conduit_hpc.rl.exploration import epsilon_greedy, epsilon_ladder
+from conduit_hpc.rl.losses import (
+    double_dqn_loss,
+    double_dqn_targets,
+    initial_priorities,
+    to_tensors,
+)
+from conduit_hpc.rl.nstep import NStepAccumulator, true_next_obs
+from conduit_hpc.rl.qnet import QNetwork, copy_weights, sync_target
+from conduit_hpc.rl.replay import PrioritizedReplay, ReplaySample
 
 __all__ = [
     "EPISODE_COLUMNS",

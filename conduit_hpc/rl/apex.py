@@ -24,12 +24,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from .dqn import DQNSection, make_vector_env
-from .episodes import EpisodeLog
-from .exploration import epsilon_greedy
-from .losses import FIELDS, double_dqn_loss, initial_priorities, to_tensors
-from .nstep import NStepAccumulator, true_next_obs
-from .qnet import copy_weights, sync_target
+from conduit_hpc.rl.dqn import DQNSection, make_vector_env
+from conduit_hpc.rl.episodes import EpisodeLog
+from conduit_hpc.rl.exploration import epsilon_greedy
+from conduit_hpc.rl.losses import FIELDS, double_dqn_loss, initial_priorities, to_tensors
+from conduit_hpc.rl.nstep import NStepAccumulator, true_next_obs
+from conduit_hpc.rl.qnet import copy_weights, sync_target
 
 __all__ = ["ActorStep", "ApexActor", "DQNUpdater"]
 

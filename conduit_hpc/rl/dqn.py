@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import require
-from .episodes import EpisodeLog
-from .exploration import epsilon_greedy, epsilon_ladder
-from .losses import initial_priorities
-from .nstep import NStepAccumulator, true_next_obs
-from .qnet import QNetwork, copy_weights
-from .replay import PrioritizedReplay
+from conduit_hpc.config import require
+from conduit_hpc.rl.episodes import EpisodeLog
+from conduit_hpc.rl.exploration import epsilon_greedy, epsilon_ladder
+from conduit_hpc.rl.losses import initial_priorities
+from conduit_hpc.rl.nstep import NStepAccumulator, true_next_obs
+from conduit_hpc.rl.qnet import QNetwork, copy_weights
+from conduit_hpc.rl.replay import PrioritizedReplay
 
 __all__ = ["DQNSection", "make_vector_env", "train_single_process"]
 
@@ -202,7 +202,7 @@ def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path |
     env, obs = make_vector_env(hp.env_id, hp.num_envs, seed)
     obs_dim = int(np.prod(env.single_observation_space.shape))
     n_actions = int(env.single_action_space.n)
-    from .apex import DQNUpdater  # apex imports this module
+    from conduit_hpc.rl.apex import DQNUpdater  # apex imports this module
 
     online, actor = _build_nets(hp, obs_dim, n_actions)
     updater = DQNUpdater(hp, online)  # the distributed learner's update, target included

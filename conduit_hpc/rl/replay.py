@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..storage.priority import PriorityIndex
+from conduit_hpc.storage.priority import PriorityIndex
 
 __all__ = ["PrioritizedReplay", "ReplaySample"]
 

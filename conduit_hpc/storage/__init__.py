@@ -1,9 +1,9 @@
 """Replay storage: shard rings, priority trees. Plain numpy; no MPI import."""
 
-from .migrate import MoveRecord, free_slots, held_slots, move_rows, select_rows
-from .priority import PriorityIndex, check_priorities
-from .ring import ShardLayout, ShardRing, ring_segments
-from .sumtree import MinTree, SumTree
+from conduit_hpc.storage.migrate import MoveRecord, free_slots, held_slots, move_rows, select_rows
+from conduit_hpc.storage.priority import PriorityIndex, check_priorities
+from conduit_hpc.storage.ring import ShardLayout, ShardRing, ring_segments
+from conduit_hpc.storage.sumtree import MinTree, SumTree
 
 __all__ = [
     "MinTree",

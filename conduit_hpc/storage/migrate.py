@@ -38,8 +38,8 @@ from typing import Literal
 
 import numpy as np
 
-from .priority import PriorityIndex
-from .ring import H_COMMIT, ShardRing
+from conduit_hpc.storage.priority import PriorityIndex
+from conduit_hpc.storage.ring import H_COMMIT, ShardRing
 
 __all__ = ["MoveRecord", "free_slots", "held_slots", "move_rows", "select_rows"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .sumtree import MinTree, SumTree
+from conduit_hpc.storage.sumtree import MinTree, SumTree
 
 __all__ = ["PriorityIndex"]
 

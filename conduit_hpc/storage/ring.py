@@ -41,10 +41,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DataPlaneTimeout, SpecError
-from ..spec import Spec
-from ..transport.base import Transport
-from .sumtree import prefix_search, tree_nodes
+from conduit_hpc.errors import DataPlaneTimeout, SpecError
+from conduit_hpc.spec import Spec
+from conduit_hpc.storage.sumtree import prefix_search, tree_nodes
+from conduit_hpc.transport.base import Transport
 
 __all__ = ["RingSegment", "ShardLayout", "ShardRing", "ring_segments"]
 

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..spec import Spec
-from .priority import PriorityIndex
-from .ring import H_COMMIT, H_RESERVE, ShardRing, ring_segments
+from conduit_hpc.spec import Spec
+from conduit_hpc.storage.priority import PriorityIndex
+from conduit_hpc.storage.ring import H_COMMIT, H_RESERVE, ShardRing, ring_segments
 
 __all__ = [
     "ReshardPlan",

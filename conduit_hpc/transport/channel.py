@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import DataPlaneTimeout, TransportError
+from conduit_hpc.errors import DataPlaneTimeout, TransportError
 
 __all__ = ["Channel", "Message"]
 

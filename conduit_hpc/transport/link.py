@@ -40,8 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import DataPlaneTimeout, TransportError
-from .channel import Channel, Message
+from conduit_hpc.errors import DataPlaneTimeout, TransportError
+from conduit_hpc.transport.channel import Channel, Message
 
 __all__ = ["Crossing", "LinkModel", "LinkParams", "LinkedChannel"]
 

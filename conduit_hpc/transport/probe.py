@@ -3,7 +3,7 @@ nodes, and host<->GPU copies when there is a GPU.
 
 Knows nothing of experience or roles: it measures bytes per second and latencies and
 returns plain numbers (:class:`LinkMeasurements`), the same on every rank. The composition
-layer (:mod:`conduit_hpc.probe`) turns them into a
+layer (:mod:`conduit_hpc.plane.probe`) turns them into a
 :class:`~conduit_hpc.placement.cluster.ClusterModel`.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .rma import RmaWindow
+from conduit_hpc.transport.rma import RmaWindow
 
 __all__ = ["LinkMeasurements", "measure_gpu", "measure_links", "measure_memcpy"]
 

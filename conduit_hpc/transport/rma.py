@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import TransportError
+from conduit_hpc.errors import TransportError
 
 __all__ = ["RmaWindow"]
 

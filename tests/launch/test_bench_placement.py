@@ -11,7 +11,7 @@ from conduit_hpc.testing import REPO
 
 
 def bench(*args: str, timeout: float = 300) -> dict:
-    out = subprocess.run([sys.executable, "-m", "conduit_hpc.cli", "bench", "--json", *args],
+    out = subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", "bench", "--json", *args],
                          cwd=REPO, capture_output=True, text=True, timeout=timeout,
                          check=False)
     assert out.returncode == 0, out.stderr

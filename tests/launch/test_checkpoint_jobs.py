@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conduit_hpc import checkpoint as ck
-from conduit_hpc.runner import mpi_env
 from conduit_hpc.testing import REPO
+from conduit_hpc.tools.launcher import mpi_env
 
 SMALL = ["--set", "storage.capacity_rows=20000", "--set", "synthetic.actor_rate_rows_s=20000"]
 
@@ -108,12 +108,12 @@ def kill_tree(root: int, *sessions_too: int) -> None:
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "conduit_hpc.cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_sigterm_writes_a_final_checkpoint_and_exits_0(tmp_path: Path) -> None:
-    job = Proc([sys.executable, "-m", "conduit_hpc.cli", "run", "jobs/synthetic.toml",
+    job = Proc([sys.executable, "-m", "conduit_hpc.tools.cli", "run", "jobs/synthetic.toml",
                 "--runs", str(tmp_path), "--set", "run.duration_s=300", "--set",
                 "checkpoint.every_seconds=0.0", *SMALL])
     job.wait_line("running: checkpoints under")
@@ -134,7 +134,7 @@ def test_sigterm_writes_a_final_checkpoint_and_exits_0(tmp_path: Path) -> None:
 def test_sigterm_while_the_ranks_start_is_held_then_honoured(tmp_path: Path) -> None:
     # SIGUSR1's default action kills a rank that has not installed its handler yet
     # (exit 138): the launcher holds the request until every rank is up
-    job = Proc([sys.executable, "-m", "conduit_hpc.cli", "run", "jobs/synthetic.toml",
+    job = Proc([sys.executable, "-m", "conduit_hpc.tools.cli", "run", "jobs/synthetic.toml",
                 "--runs", str(tmp_path), "--set", "run.duration_s=300", *SMALL])
     # once the launcher has started mpirun (its handlers are set by then), the ranks are
     # still importing for seconds: that is when the request comes
@@ -153,7 +153,7 @@ def test_sigterm_while_the_ranks_start_is_held_then_honoured(tmp_path: Path) -> 
 def test_a_killed_launcher_takes_mpirun_and_the_ranks_with_it(tmp_path: Path) -> None:
     # mpirun runs in a session of its own: without the parent-death signal, a SIGKILLed
     # `conduit-hpc run` would leave the job running for its whole duration
-    job = Proc([sys.executable, "-m", "conduit_hpc.cli", "run", "jobs/synthetic.toml",
+    job = Proc([sys.executable, "-m", "conduit_hpc.tools.cli", "run", "jobs/synthetic.toml",
                 "--runs", str(tmp_path), "--set", "run.duration_s=300", *SMALL])
     sid = 0
     try:

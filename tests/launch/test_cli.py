@@ -11,7 +11,7 @@ from conduit_hpc.testing import REPO
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "conduit_hpc.cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -117,7 +117,7 @@ def test_ranks_that_never_started_are_a_failure_even_when_the_launcher_says_0(
         tmp_path, capsys) -> None:
     # what srun does after a PMIx set-up failure ("task launch failed", exit 0): the
     # entry below exits 0 without ever becoming a rank of the job (no logs/rank.N)
-    from conduit_hpc.runner import launch
+    from conduit_hpc.tools.launcher import launch
 
     noop = tmp_path / "noop.py"
     noop.write_text("raise SystemExit(0)\n")
@@ -154,7 +154,7 @@ def test_srun_outside_an_allocation_is_refused(tmp_path) -> None:
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    out = subprocess.run([sys.executable, "-m", "conduit_hpc.cli", "run",
+    out = subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", "run",
                           "jobs/synthetic.toml", "--launcher", "srun", "--runs", str(tmp_path)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
                          check=False)

@@ -27,7 +27,7 @@ SUMMARY_KEYS = {"reached", "env_steps_to_target", "wall_s", "env_steps", "update
 def test_short_dqn_run_learns_in_every_mode(mode: str, tmp_path: Path) -> None:
     supersteps = 2000
     proc = subprocess.run(
-        [sys.executable, "-m", "conduit_hpc.cli", "run", str(JOB), "--mode", mode,
+        [sys.executable, "-m", "conduit_hpc.tools.cli", "run", str(JOB), "--mode", mode,
          "--runs", str(tmp_path), "--set", f"job.max_supersteps={supersteps}",
          "--set", "job.progress_every_s=0"],
         cwd=REPO, capture_output=True, text=True, timeout=220, check=False)
@@ -60,7 +60,7 @@ def test_short_dqn_run_learns_in_every_mode(mode: str, tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_resume_continues_training_from_the_checkpointed_model(tmp_path: Path) -> None:
-    common = [sys.executable, "-m", "conduit_hpc.cli", "run", str(JOB), "--runs",
+    common = [sys.executable, "-m", "conduit_hpc.tools.cli", "run", str(JOB), "--runs",
               str(tmp_path), "--set", "job.progress_every_s=0", "--set",
               "checkpoint.every_supersteps=100"]
     first = subprocess.run([*common, "--set", "job.max_supersteps=250"], cwd=REPO,

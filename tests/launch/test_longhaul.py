@@ -9,12 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conduit_hpc.longhaul_metrics import LINK_COLUMNS
+from conduit_hpc.features.longhaul.metrics import LINK_COLUMNS
 from conduit_hpc.testing import REPO
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "conduit_hpc.cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 

@@ -11,7 +11,7 @@ from conduit_hpc.testing import REPO
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "conduit_hpc.cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 

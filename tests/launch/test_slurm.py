@@ -73,7 +73,7 @@ def sh(env: dict[str, str], *cmd: str, timeout: float = 60) -> subprocess.Comple
 
 def render(tmp_path: Path, *args: str) -> Path:
     script = tmp_path / "job.sbatch"
-    out = subprocess.run([sys.executable, "-m", "conduit_hpc.cli", "slurm",
+    out = subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", "slurm",
                           "jobs/synthetic.toml", "--time", "5",
                           "--output", str(tmp_path / "%x-%j.out"),
                           "--runs", str(tmp_path / "runs"), "-o", str(script), *args],
@@ -188,7 +188,7 @@ def test_multi_node_template_runs_the_job_through_mpirun(slurm, tmp_path) -> Non
 
 
 def test_rank_failure_under_srun_is_one_message_and_nonzero(slurm, tmp_path) -> None:
-    out = sh(slurm, "salloc", "-Q", "-n", "4", sys.executable, "-m", "conduit_hpc.cli",
+    out = sh(slurm, "salloc", "-Q", "-n", "4", sys.executable, "-m", "conduit_hpc.tools.cli",
              "run", str(REPO / "tests/launch/jobs/fail_one_rank.toml"), "--runs",
              str(tmp_path), timeout=120)
     assert out.returncode != 0

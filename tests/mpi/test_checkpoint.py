@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from conduit_hpc import CheckpointError, ExperienceDataPlane, Role, runner
+from conduit_hpc import CheckpointError, ExperienceDataPlane, Role, job
 from conduit_hpc import checkpoint as ck
-from conduit_hpc.buffer import Tag
-from conduit_hpc.checkpointing import CheckpointAgent
+from conduit_hpc.features.checkpointing.agent import CheckpointAgent
+from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.placement import Placement, plan_round_robin
-from conduit_hpc.stopping import StopCoordinator
+from conduit_hpc.plane.buffer import Tag
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD
@@ -174,7 +174,7 @@ def test_a_stop_request_before_the_coordinator_exists_is_not_lost() -> None:
     # up; the StopCoordinator built after it must count it (else the job runs on)
     cfg = cfg_for(1, 1, capacity=1000)
     old = signal.getsignal(signal.SIGUSR1)
-    runner.install_stop_handler()
+    job.install_stop_handler()
     try:
         with ExperienceDataPlane(cfg) as edp:
             if edp.world_rank == edp.roles.actor_ranks[-1]:
@@ -192,7 +192,7 @@ def test_a_stop_request_before_the_coordinator_exists_is_not_lost() -> None:
             stop.close()
     finally:
         signal.signal(signal.SIGUSR1, old)
-        runner._STOP["signal"] = 0
+        job._STOP["signal"] = 0
     assert stopped
 
 

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
 from conduit_hpc import checkpoint as ck
-from conduit_hpc.checkpointing import CheckpointAgent
+from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.testing import checked_batch, make_config
 
 COMM = MPI.COMM_WORLD

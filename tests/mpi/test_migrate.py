@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from conduit_hpc.buffer import OwnedShard
 from conduit_hpc.config import FieldConfig
+from conduit_hpc.plane.buffer import OwnedShard
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage import PriorityIndex, ShardLayout, ShardRing
 from conduit_hpc.storage.migrate import held_slots, move_rows, select_rows

@@ -8,8 +8,8 @@ from mpi4py import MPI
 from conduit_hpc.config import LayoutConfig
 from conduit_hpc.placement.model import Workload
 from conduit_hpc.placement.static import plan_static
-from conduit_hpc.probe import probe_cluster
-from conduit_hpc.roles import split_roles
+from conduit_hpc.plane.probe import probe_cluster
+from conduit_hpc.plane.roles import split_roles
 
 
 @pytest.mark.mpi(min_size=3)

@@ -20,9 +20,9 @@ from mpi4py import MPI
 from scipy.stats import chisquare
 
 from conduit_hpc import ExperienceDataPlane, Role
-from conduit_hpc.delivery import C_ACTORS_DONE
 from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.placement import Placement, plan_round_robin
+from conduit_hpc.plane.delivery import C_ACTORS_DONE
 from conduit_hpc.storage.migrate import held_slots
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
 

@@ -4,7 +4,7 @@ import pytest
 from mpi4py import MPI
 
 from conduit_hpc import ConfigError, ConfigMismatch, LayoutConfig, WorldTooSmall
-from conduit_hpc.roles import Role, check_same_config, split_roles
+from conduit_hpc.plane.roles import Role, check_same_config, split_roles
 from conduit_hpc.testing import make_config
 
 COMM = MPI.COMM_WORLD

@@ -285,7 +285,7 @@ def test_checkpoint_config_section(tmp_path: Path) -> None:
 
 def test_checkpoint_roots_follow_the_run_directory(tmp_path: Path) -> None:
     from conduit_hpc import Config
-    from conduit_hpc.resume import checkpoint_root, resume_roots
+    from conduit_hpc.features.checkpointing.resume import checkpoint_root, resume_roots
 
     cfg = Config.from_dict({"run": {"name": "job"}})
     for name in ("job-1", "job-2", "other-1"):

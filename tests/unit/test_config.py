@@ -5,8 +5,7 @@ from pathlib import Path
 import pytest
 
 from conduit_hpc import Config, ConfigError
-from conduit_hpc.config import parse_override
-from conduit_hpc.runner import to_toml
+from conduit_hpc.config import parse_override, to_toml
 
 GOOD = """
 [run]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conduit_hpc import ConfigError, Spec
-from conduit_hpc.longhaul import (
+from conduit_hpc.features.longhaul.feature import (
     CLOUD_SHARD,
     EDGE_SHARD,
     F_END,
@@ -20,15 +20,15 @@ from conduit_hpc.longhaul import (
     plan_longhaul,
     unpack_forward,
 )
-from conduit_hpc.longhaul_metrics import (
+from conduit_hpc.features.longhaul.metrics import (
     LinkSnapshot,
     merge_link_stats,
     settled_mean,
     superstep_columns,
     windowed_mean_priority,
 )
+from conduit_hpc.protocol import SampleReply, Tag
 from conduit_hpc.testing import make_config
-from conduit_hpc.wire import SampleReply, Tag
 
 SPEC = {"obs": {"dtype": "float32", "shape": [4]}, "action": {"dtype": "int64"}}
 
@@ -219,7 +219,7 @@ def test_merge_link_stats_adds_per_direction_and_averages_priorities() -> None:
 def test_report_ratios_on_hand_made_runs(tmp_path) -> None:
     from pathlib import Path
 
-    from conduit_hpc.longhaul_report import LongHaulRun, markdown, plot, ratios
+    from conduit_hpc.tools.report.longhaul import LongHaulRun, markdown, plot, ratios
 
     def run(mode: str, seed: int, prio: float, loss: float, bw: float = 5e4) -> LongHaulRun:
         n = 10

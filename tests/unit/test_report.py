@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conduit_hpc.errors import ConduitError
-from conduit_hpc.report import load_run, run_stats, write_report
+from conduit_hpc.tools.report.run import load_run, run_stats, write_report
 
 LEARNER = ["superstep", "time_s", "mode", "iteration_s", "exposed_s", "compute_s", "sample_s",
            "gather_s", "transform_s", "copy_s", "rows", "staleness", "limiter_wait_s"]

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from conduit_hpc import SpecError
-from conduit_hpc.buffer import OwnedShard
 from conduit_hpc.config import FieldConfig
+from conduit_hpc.plane.buffer import OwnedShard
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage import PriorityIndex, ShardLayout, ShardRing, ring_segments
 from conduit_hpc.testing import CHECKED_SPEC, checked_batch, row_consistent

@@ -11,8 +11,8 @@ import pytest
 
 from conduit_hpc.config import LayoutConfig
 from conduit_hpc.errors import ConfigError
-from conduit_hpc.slurm import SlurmRequest, plan_tasks, render_sbatch
 from conduit_hpc.testing import REPO
+from conduit_hpc.tools.slurm import SlurmRequest, plan_tasks, render_sbatch
 
 JOB = REPO / "jobs" / "synthetic.toml"
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi4py import MPI
 
-from conduit_hpc.buffer import OwnedShard
 from conduit_hpc.config import FieldConfig
+from conduit_hpc.plane.buffer import OwnedShard
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage import PriorityIndex, ShardLayout, ShardRing
 from conduit_hpc.storage.snapshot import (

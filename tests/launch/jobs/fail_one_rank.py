@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from conduit_hpc import Config
 from conduit_hpc.errors import DataPlaneTimeout
-from conduit_hpc.runner import job_main
+from conduit_hpc.job import job_main
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conduit_hpc import ConduitError, Config, ExperienceDataPlane, Role
-from conduit_hpc.runner import job_main
+from conduit_hpc.job import job_main
 from conduit_hpc.testing import checked_batch
 
 

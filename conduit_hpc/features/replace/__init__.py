@@ -66,22 +66,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..placement.adaptive import AdaptiveKnobs, AdaptivePolicy
-from ..placement.cluster import ClusterModel, Roster
-from ..placement.inplace import job_cluster, job_placement, planned_rows
-from ..placement.model import Workload
-from ..placement.placement import Placement
-from ..roles import Role
-from ..transport.rma import RmaWindow
-from .board import ActorRouter, PlacementBoard, TelemetryTap
-from .coordinator import Coordinator
-from .owner import ShardMover
+from conduit_hpc.features.replace.board import ActorRouter, PlacementBoard, TelemetryTap
+from conduit_hpc.features.replace.coordinator import Coordinator
+from conduit_hpc.features.replace.owner import ShardMover
+from conduit_hpc.placement.adaptive import AdaptiveKnobs, AdaptivePolicy
+from conduit_hpc.placement.cluster import ClusterModel, Roster
+from conduit_hpc.placement.inplace import job_cluster, job_placement, planned_rows
+from conduit_hpc.placement.model import Workload
+from conduit_hpc.placement.placement import Placement
+from conduit_hpc.plane.roles import Role
+from conduit_hpc.transport.rma import RmaWindow
 
 if TYPE_CHECKING:
-    from ..config import Config
-    from ..edp import ExperienceDataPlane
-    from ..roles import RoleComms
-    from ..spec import Spec
+    from conduit_hpc.config import Config
+    from conduit_hpc.plane.front import ExperienceDataPlane
+    from conduit_hpc.plane.roles import RoleComms
+    from conduit_hpc.spec import Spec
 
 __all__ = ["ActorRouter", "Coordinator", "PlacementBoard", "Replacement", "ReplacementPlan",
            "ShardMover", "TelemetryTap", "job_workload", "plan_replacement"]
@@ -134,7 +134,7 @@ def plan_replacement(config: Config, roles: RoleComms, placement: Placement, spe
         if pc.cluster:
             cluster = ClusterModel.from_toml(pc.cluster)
         else:
-            from ..probe import probe_cluster
+            from conduit_hpc.plane.probe import probe_cluster
 
             cluster, _, _ = probe_cluster(roles)
     roster = Roster.from_ranks(cluster, roles.node_of, roles.learner_ranks,
@@ -149,7 +149,7 @@ class Replacement:
 
     **Collective** on the job's ranks (construction: the placement board's window;
     :meth:`close`). Built by
-    :class:`~conduit_hpc.edp.ExperienceDataPlane` when ``[placement] adaptive = true``.
+    :class:`~conduit_hpc.plane.front.ExperienceDataPlane` when ``[placement] adaptive = true``.
 
     Args:
         edp (ExperienceDataPlane): this rank's data plane (roles, shards, server or

@@ -16,11 +16,11 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .errors import ConduitError
+from conduit_hpc.errors import ConduitError
 
 __all__ = ["COMMANDS", "main"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int],
                 str]
@@ -42,7 +42,7 @@ def command(name: str, help: str) -> Callable[[Callable[[argparse.ArgumentParser
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import launch
+    from conduit_hpc.tools.launcher import launch
 
     sets = list(args.set)
     if args.mode:
@@ -79,45 +79,16 @@ def _build_run(p: argparse.ArgumentParser) -> None:
 
 def cmd_info(args: argparse.Namespace) -> int:
     if args.n and "OMPI_COMM_WORLD_SIZE" not in os.environ and "PMI_SIZE" not in os.environ:
-        from .runner import mpi_env
+        from conduit_hpc.tools.launcher import mpi_env
 
         cmd = ["mpirun", "-n", str(args.n), sys.executable, "-m", "mpi4py", "-m",
-               "conduit_hpc.cli", "info"]
+               "conduit_hpc.plane.info"]
         if args.config:
             cmd += ["--config", args.config]
         return subprocess.run(cmd, env=mpi_env(), timeout=120, check=False).returncode
-    from mpi4py import MPI
+    from conduit_hpc.plane.info import print_info
 
-    from .config import Config, LayoutConfig
-    from .roles import split_roles
-
-    comm = MPI.COMM_WORLD
-    layout = Config.from_toml(args.config).layout if args.config else LayoutConfig(
-        learners=0 if comm.Get_size() < 3 else 1, buffers=1)
-    roles = split_roles(comm, layout)
-    host = MPI.Get_processor_name()
-    rows = roles.world.gather((roles.world_rank, roles.role.value, roles.node_of[
-        roles.world_rank], roles.node_rank, host), root=0)
-    if roles.world_rank == 0:
-        level = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
-                 MPI.THREAD_SERIALIZED: "serialized",
-                 MPI.THREAD_MULTIPLE: "multiple"}[MPI.Query_thread()]
-        print(f"MPI library   : {MPI.Get_library_version().splitlines()[0].strip()}")
-        print(f"MPI standard  : {'.'.join(map(str, MPI.Get_version()))}")
-        print(f"thread level  : {level}")
-        print(f"world size    : {roles.world_size}")
-        print(f"nodes         : {len(set(roles.node_of))}")
-        print("world_rank  role     node  node_rank  host")
-        assert rows is not None
-        for r, role, node, nr, h in rows:
-            print(f"{r:>10}  {role:<7}  {node:>4}  {nr:>9}  {h}")
-        groups: dict[int, list[int]] = {}
-        for r, node in enumerate(roles.node_of):
-            groups.setdefault(node, []).append(r)
-        for node, ranks in sorted(groups.items()):
-            print(f"node {node} shares memory among world ranks {ranks}")
-    roles.close()
-    return 0
+    return print_info(args.config)
 
 
 @command("info", "print MPI library, thread level, world size, roles and node sharing")
@@ -131,7 +102,7 @@ def _build_info(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .placement.report import plan_command
+    from conduit_hpc.tools.report.plan import plan_command
 
     return plan_command(args.cluster, args.workload, as_json=args.json, method=args.method,
                         scope=args.scope, top=args.top)
@@ -150,10 +121,10 @@ def _build_plan(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from .runner import mpi_env
+    from conduit_hpc.tools.launcher import mpi_env
 
     cmd = ["mpirun", "-n", str(args.n), sys.executable, "-m", "mpi4py", "-m",
-           "conduit_hpc.probe", "--learners", str(args.learners), "--emulate-nodes",
+           "conduit_hpc.plane.probe", "--learners", str(args.learners), "--emulate-nodes",
            str(args.emulate_nodes)]
     if args.out:
         cmd += ["--out", args.out]
@@ -202,7 +173,7 @@ def _build_bench(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .checkpoint import format_report, inspect_checkpoint
+    from conduit_hpc.checkpoint import format_report, inspect_checkpoint
 
     report = inspect_checkpoint(args.path, verify=args.verify)
     print(json.dumps(report, default=str) if args.json else format_report(report))
@@ -222,7 +193,7 @@ def _build_inspect(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
-    from .slurm import render_sbatch, request_from_args, write_or_print
+    from conduit_hpc.tools.slurm import render_sbatch, request_from_args, write_or_print
 
     cmd = "conduit-hpc " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["slurm"] else ""
     text = render_sbatch(args.config, request_from_args(args), command=cmd)
@@ -234,7 +205,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
 @command("slurm", "render an sbatch script for a job (one node, or many nodes with GPUs)")
 def _build_slurm(p: argparse.ArgumentParser) -> None:
-    from .slurm import add_arguments
+    from conduit_hpc.tools.slurm import add_arguments
 
     add_arguments(p)
 
@@ -244,7 +215,7 @@ def _build_slurm(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import write_report
+    from conduit_hpc.tools.report.run import write_report
 
     md = write_report(args.run_dirs, args.out or None)
     print(f"report: {md} (plots beside it)")

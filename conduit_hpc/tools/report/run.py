@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConduitError
+from conduit_hpc.errors import ConduitError
 
 __all__ = ["RunData", "load_run", "write_report"]
 
@@ -122,7 +122,7 @@ def load_run(path: str | Path) -> RunData:
     metrics = p / "metrics" if (p / "metrics").is_dir() else p
     config: dict[str, Any] = {}
     if (p / "config.toml").exists():
-        from .config import tomllib
+        from conduit_hpc.config import tomllib
 
         try:
             config = tomllib.loads((p / "config.toml").read_text())

@@ -25,9 +25,18 @@ import numpy as np
 from mpi4py import MPI
 from numpy.typing import ArrayLike
 
-from .buffer import BufferServer, OwnedShard, SequenceWindow
-from .config import Config
-from .delivery import (
+from conduit_hpc.config import Config
+from conduit_hpc.errors import (
+    ConduitError,
+    ConfigError,
+    DataPlaneClosed,
+    DataPlaneTimeout,
+    SpecError,
+)
+from conduit_hpc.features.longhaul.feature import LongHaul
+from conduit_hpc.placement.placement import Placement, plan_round_robin
+from conduit_hpc.plane.buffer import BufferServer, OwnedShard, SequenceWindow
+from conduit_hpc.plane.delivery import (
     C_ACTORS_DONE,
     C_INSERTS,
     C_LEARNER_VERSION,
@@ -41,24 +50,21 @@ from .delivery import (
     load_flat,
     select_device,
 )
-from .errors import ConduitError, ConfigError, DataPlaneClosed, DataPlaneTimeout, SpecError
-from .learner import LearnerEndpoint
-from .longhaul import LongHaul
-from .metrics import ACTOR_COLUMNS, CsvSink
-from .placement.placement import Placement, plan_round_robin
-from .roles import Role, RoleComms, check_same_config, split_roles
-from .scheduler import LimiterState, RateLimiter
-from .spec import Spec
-from .storage.priority import PriorityIndex, check_priorities
-from .storage.ring import ShardLayout, ShardRing
-from .transport.channel import Channel
-from .transport.rma import RmaWindow
-from .wire import Tag
+from conduit_hpc.plane.learner import LearnerEndpoint
+from conduit_hpc.plane.metrics import ACTOR_COLUMNS, CsvSink
+from conduit_hpc.plane.roles import Role, RoleComms, check_same_config, split_roles
+from conduit_hpc.protocol import Tag
+from conduit_hpc.scheduler import LimiterState, RateLimiter
+from conduit_hpc.spec import Spec
+from conduit_hpc.storage.priority import PriorityIndex, check_priorities
+from conduit_hpc.storage.ring import ShardLayout, ShardRing
+from conduit_hpc.transport.channel import Channel
+from conduit_hpc.transport.rma import RmaWindow
 
 if TYPE_CHECKING:
-    from .checkpointing import SaveResult
-    from .replace import Replacement
-    from .resume import RestoreResult
+    from conduit_hpc.features.checkpointing.agent import SaveResult
+    from conduit_hpc.features.checkpointing.resume import RestoreResult
+    from conduit_hpc.features.replace import Replacement
 
 __all__ = ["ExperienceDataPlane", "IngestReceipt", "IngestStats"]
 
@@ -157,7 +163,7 @@ class ExperienceDataPlane:
         self.placement = placement
         replan = None
         if config.placement.adaptive:  # the cluster model against the job, before windows
-            from .replace import plan_replacement
+            from conduit_hpc.features.replace import plan_replacement
 
             try:
                 replan = plan_replacement(config, roles, placement, self.spec)
@@ -220,7 +226,7 @@ class ExperienceDataPlane:
         #: adaptive re-placement in the running job (``[placement] adaptive``), collective
         self.replacement: Replacement | None = None
         if replan is not None:
-            from .replace import Replacement
+            from conduit_hpc.features.replace import Replacement
 
             self.replacement = Replacement(self, replan)
         if self._longhaul is not None:
@@ -495,7 +501,7 @@ class ExperienceDataPlane:
     # -- deliver (learners) ----------------------------------------------------------
     def next_batch(self) -> Any:
         """The batch for this learner's next superstep (a
-        :class:`~conduit_hpc.delivery.Batch`: torch tensors on the learner's device,
+        :class:`~conduit_hpc.plane.delivery.Batch`: torch tensors on the learner's device,
         ``indices`` and importance ``weights``). Ends the current superstep. Blocks
         until the batch is ready (bounded by ``run.timeout_s``). Learner ranks only.
 
@@ -532,7 +538,7 @@ class ExperienceDataPlane:
     # -- serve (buffers) -----------------------------------------------------------
     def serve(self) -> None:
         """Run the buffer progress loop until every non-buffer rank is done. Buffer
-        ranks only; blocks (see :mod:`conduit_hpc.buffer` for why not forever)."""
+        ranks only; blocks (see :mod:`conduit_hpc.plane.buffer` for why not forever)."""
         self._require(Role.BUFFER, "serve()")
         assert self.server is not None
         self.server.serve()
@@ -550,7 +556,7 @@ class ExperienceDataPlane:
             committed, held, dropped and applied priority updates), ``learners`` (world
             rank -> latency summary), ``rows_ingested``, ``bytes_ingested``,
             ``replacement`` (world rank -> its part of adaptive re-placement, see
-            :meth:`~conduit_hpc.replace.Replacement.summary`; empty when off).
+            :meth:`~conduit_hpc.features.replace.Replacement.summary`; empty when off).
         """
         mine: dict[str, Any] = {"rank": self.world_rank, "role": self.role.value}
         if self.role is Role.ACTOR:
@@ -583,14 +589,14 @@ class ExperienceDataPlane:
             out["longhaul"] = self._longhaul.merge([d.get("longhaul") for d in everyone])
         return out
 
-    # -- checkpoints (conduit_hpc.checkpointing holds the logic) ----------------------
+    # -- checkpoints (features.checkpointing holds the logic) -----------------------
     def restore(self, source: str | Path = "latest", *,
                 roots: Sequence[Path] = ()) -> RestoreResult | None:
         """Restore the replay state from a checkpoint. **Collective** on the job's
         ranks; call right after construction, before any ingest. Blocks for the reads.
-        See :func:`conduit_hpc.resume.restore_data_plane`."""
-        from .checkpoint import rng_from_json
-        from .resume import restore_data_plane
+        See :func:`conduit_hpc.features.checkpointing.resume.restore_data_plane`."""
+        from conduit_hpc.checkpoint import rng_from_json
+        from conduit_hpc.features.checkpointing.resume import restore_data_plane
 
         result = restore_data_plane(self, source, roots=roots)
         if result is not None and self.learner is not None:
@@ -605,7 +611,7 @@ class ExperienceDataPlane:
                          provide: Any = None) -> None:
         """Learners: take part in checkpoints cut at every ``every_supersteps``-th
         superstep boundary through ``agent`` (a
-        :class:`~conduit_hpc.checkpointing.CheckpointAgent`); ``provide()`` returns this
+        :class:`~.features.checkpointing.agent.CheckpointAgent`); ``provide()`` returns this
         learner's state (``extra_state``: named arrays such as the model and optimizer,
         lead learner only; ``counters``). Other ranks: no-op. Local."""
         if self.learner is not None and every_supersteps > 0:
@@ -614,8 +620,8 @@ class ExperienceDataPlane:
     def checkpoint(self, root: Path, **kwargs: Any) -> SaveResult:
         """Write a complete checkpoint now. **Collective** on the job's ranks (buffers
         outside ``serve``); blocks until it is on disk. See
-        :func:`conduit_hpc.checkpointing.save_checkpoint` for the arguments."""
-        from .checkpointing import save_checkpoint
+        :func:`conduit_hpc.features.checkpointing.agent.save_checkpoint` for the arguments."""
+        from conduit_hpc.features.checkpointing.agent import save_checkpoint
 
         return save_checkpoint(self, root, **kwargs)
 

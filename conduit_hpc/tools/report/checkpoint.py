@@ -10,9 +10,16 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError
-from .files import DONE, LEARNER_FILE, MANIFEST, is_complete, list_checkpoints, spec_to_json
-from .hdf5 import open_checkpoint
+from conduit_hpc.checkpoint.files import (
+    DONE,
+    LEARNER_FILE,
+    MANIFEST,
+    is_complete,
+    list_checkpoints,
+    spec_to_json,
+)
+from conduit_hpc.checkpoint.hdf5 import open_checkpoint
+from conduit_hpc.errors import CheckpointError
 
 
 def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, Any]:

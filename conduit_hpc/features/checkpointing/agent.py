@@ -4,9 +4,9 @@
 
 * :class:`CheckpointAgent` - periodic checkpoints on the buffer side while ingest and
   delivery go on. The buffer leader (first buffer rank) starts one every
-  ``checkpoint.every_seconds`` or on a :attr:`~conduit_hpc.buffer.Tag.CKPT_REQUEST`
+  ``checkpoint.every_seconds`` or on a :attr:`~conduit_hpc.plane.buffer.Tag.CKPT_REQUEST`
   message from any rank (a learner at a superstep boundary), by sending
-  :attr:`~conduit_hpc.buffer.Tag.CKPT_CUT` to every buffer rank. Each buffer rank cuts
+  :attr:`~conduit_hpc.plane.buffer.Tag.CKPT_CUT` to every buffer rank. Each buffer rank cuts
   its shards inside its progress loop (a commit pass, then one ``memcpy`` per field into
   preallocated staging memory - the only pause ingest and delivery see), writes its file
   on a background thread, and sends its part (file record, cursors, counters) to the
@@ -23,9 +23,9 @@
   (the final checkpoint on stop; every rank contributes its RNG state and counters, one
   rank may contribute named arrays such as the learner's model and optimizer).
 
-Restoring (collective, at start-up) is :mod:`conduit_hpc.resume`.
+Restoring (collective, at start-up) is :mod:`conduit_hpc.features.checkpointing.resume`.
 
-:class:`~conduit_hpc.stopping.StopCoordinator` turns SIGTERM / SIGUSR1 into a stop every
+:class:`~.stopping.StopCoordinator` turns SIGTERM / SIGUSR1 into a stop every
 rank sees, after which jobs call :func:`save_checkpoint` together.
 
 Control messages carry JSON bytes and small collectives move JSON bytes in ``uint8``
@@ -48,19 +48,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
-from . import checkpoint as ck
-from .buffer import OwnedShard, Tag
-from .errors import CheckpointError, DataPlaneTimeout
-from .runner import to_toml
-from .storage.snapshot import (
+from conduit_hpc import checkpoint as ck
+from conduit_hpc.config import to_toml
+from conduit_hpc.errors import CheckpointError, DataPlaneTimeout
+from conduit_hpc.plane.buffer import OwnedShard, Tag
+from conduit_hpc.storage.snapshot import (
     ShardSnapshot,
     SnapshotStaging,
     take_snapshot,
 )
-from .transport.channel import Message
+from conduit_hpc.transport.channel import Message
 
 if TYPE_CHECKING:
-    from .edp import ExperienceDataPlane
+    from conduit_hpc.plane.front import ExperienceDataPlane
 
 __all__ = [
     "CheckpointAgent",

@@ -15,10 +15,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..errors import PlacementInfeasible
-from .cluster import TIERS, ClusterModel, Roster
-from .model import Topology, Workload
-from .placement import Placement, PlanPrediction, _fmt_bytes
+from conduit_hpc.errors import PlacementInfeasible
+from conduit_hpc.placement.cluster import TIERS, ClusterModel, Roster
+from conduit_hpc.placement.model import Topology, Workload
+from conduit_hpc.placement.placement import Placement, PlanPrediction, _fmt_bytes
 
 __all__ = ["plan_command", "plan_json", "render_infeasible", "render_plan"]
 
@@ -166,7 +166,7 @@ def plan_command(cluster_path: str, workload_path: str | None, *, as_json: bool,
     """Load, plan and print. Raises :class:`PlacementInfeasible` after explaining it."""
     import sys
 
-    from .static import plan_static
+    from conduit_hpc.placement.static import plan_static
 
     out = out or sys.stdout
     cluster = ClusterModel.from_toml(cluster_path)

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .config import SchedulerConfig
-from .delivery import (
+from conduit_hpc.config import SchedulerConfig
+from conduit_hpc.errors import DataPlaneClosed, DataPlaneTimeout
+from conduit_hpc.plane.delivery import (
     C_LEARNER_VERSION,
     Batch,
     ControlBlock,
@@ -33,9 +34,8 @@ from .delivery import (
     check_update,
     flat_parameters,
 )
-from .errors import DataPlaneClosed, DataPlaneTimeout
-from .metrics import LEARNER_COLUMNS, CsvSink, LiveStatus, latency_summary
-from .scheduler import DataPlaneThread, PrefetchClock
+from conduit_hpc.plane.metrics import LEARNER_COLUMNS, CsvSink, LiveStatus, latency_summary
+from conduit_hpc.scheduler import DataPlaneThread, PrefetchClock
 
 if TYPE_CHECKING:
     import torch
@@ -208,7 +208,7 @@ class LearnerEndpoint:
         d = self.d
 
         def mark() -> None:  # after this learner's updates of supersteps < s
-            from .checkpoint import rng_to_json
+            from conduit_hpc.checkpoint import rng_to_json
 
             part["rng"] = rng_to_json(d.rng)
             agent.mark(s)

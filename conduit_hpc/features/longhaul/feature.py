@@ -18,7 +18,7 @@ same job:
   prefetched ahead of the learner in ``edp`` mode so the link's latency hides behind
   compute); priority updates cross back. The cloud buffer holds nothing.
 
-Metrics (definitions in :mod:`conduit_hpc.longhaul_metrics`): buffer ranks publish their
+Metrics (definitions in :mod:`conduit_hpc.features.longhaul.metrics`): buffer ranks publish their
 link counters on a small board in the learner's memory (one-sided atomics every
 ``publish_every_s``) and append them to ``metrics/link-<rank>.csv``; the learner adds
 per-superstep link columns to ``learner-<rank>.csv``; :meth:`LongHaul.local_stats`
@@ -45,21 +45,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
-from .buffer import BufferServer, OwnedShard
-from .config import Config
-from .errors import ConfigError
-from .longhaul_metrics import LinkSnapshot, merge_link_stats, superstep_columns
-from .metrics import CsvSink
-from .placement.placement import Placement, ShardPlacement
-from .roles import Role, RoleComms
-from .spec import Spec
-from .transport.channel import Message
-from .transport.link import LinkedChannel, LinkParams
-from .transport.rma import RmaWindow
-from .wire import SampleReply, Tag, pack_rows, unpack_rows
+from conduit_hpc.config import Config
+from conduit_hpc.errors import ConfigError
+from conduit_hpc.features.longhaul.metrics import LinkSnapshot, merge_link_stats, superstep_columns
+from conduit_hpc.placement.placement import Placement, ShardPlacement
+from conduit_hpc.plane.buffer import BufferServer, OwnedShard
+from conduit_hpc.plane.metrics import CsvSink
+from conduit_hpc.plane.roles import Role, RoleComms
+from conduit_hpc.protocol import SampleReply, Tag, pack_rows, unpack_rows
+from conduit_hpc.spec import Spec
+from conduit_hpc.transport.channel import Message
+from conduit_hpc.transport.link import LinkedChannel, LinkParams
+from conduit_hpc.transport.rma import RmaWindow
 
 if TYPE_CHECKING:
-    from .edp import ExperienceDataPlane
+    from conduit_hpc.plane.front import ExperienceDataPlane
 
 __all__ = [
     "CloudReceiver",
@@ -223,7 +223,7 @@ def unpack_forward(spec: Spec, payload: np.ndarray
 def crossing_priorities(tag: int, payload: np.ndarray, spec: Spec,
                         priorities: Mapping[int, np.ndarray]) -> np.ndarray | None:
     """The priorities of the rows a message from the edge buffer hands to the link -
-    the one definition used in both placements (see :mod:`conduit_hpc.longhaul_metrics`):
+    the one definition used in both placements (see :mod:`conduit_hpc.features.longhaul.metrics`):
     the raw priority the edge replay holds for each row at that moment. A forward
     message carries them (read from the edge index when forwarded); a service reply
     names (shard, slot, generation) and they are read from ``priorities`` (shard id ->
@@ -465,7 +465,7 @@ class CloudReceiver:
 
 class LongHaul:
     """The long-haul deployment of one rank's data plane (built by
-    :class:`~conduit_hpc.edp.ExperienceDataPlane` when ``longhaul.mode != "off"``).
+    :class:`~conduit_hpc.plane.front.ExperienceDataPlane` when ``longhaul.mode != "off"``).
 
     Args:
         config (Config): the job's config.

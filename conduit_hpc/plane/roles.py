@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
-from .config import Config, LayoutConfig
-from .errors import ConfigError, ConfigMismatch, WorldTooSmall
+from conduit_hpc.config import Config, LayoutConfig
+from conduit_hpc.errors import ConfigError, ConfigMismatch, WorldTooSmall
 
 __all__ = ["Role", "RoleComms", "agree", "check_same_config", "split_roles"]
 

@@ -25,12 +25,12 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Config, LayoutConfig, require
-from .errors import ConfigError
+from conduit_hpc.config import Config, LayoutConfig, require
+from conduit_hpc.errors import ConfigError
 
 __all__ = ["SlurmRequest", "plan_tasks", "render_sbatch"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = {"one-node": "one_node.sbatch", "multi-node": "multi_node_gpu.sbatch"}
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
 
@@ -182,7 +182,7 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
     Raises:
         ConfigError: the config does not load, or the layout does not fit the request.
     """
-    from .runner import _load_loose
+    from conduit_hpc.tools.launcher import _load_loose
 
     path = Path(config_path)
     cfg = _load_loose(path, req.overrides, config_cls)

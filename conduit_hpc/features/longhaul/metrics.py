@@ -123,7 +123,7 @@ def settled_mean(values: ArrayLike, *, skip_fraction: float = 0.5) -> float:
 
 def merge_link_stats(per_rank: Iterable[Mapping[str, Any] | None], *, mode: str,
                      bytes_per_s: float, latency_s: float) -> dict[str, Any]:
-    """Job totals from every rank's :meth:`~conduit_hpc.longhaul.LongHaul.local_stats`
+    """Job totals from every rank's :meth:`.feature.LongHaul.local_stats`
     (``None`` for ranks without any).
 
     Returns:

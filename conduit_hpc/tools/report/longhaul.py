@@ -1,9 +1,9 @@
 """The two long-haul placements side by side: plots and a markdown table.
 
-    python -m conduit_hpc.longhaul_report RUN_DIR [RUN_DIR ...] [--out DIR]
+    python -m conduit_hpc.tools.report.longhaul RUN_DIR [RUN_DIR ...] [--out DIR]
 
 Reads each run's ``metrics/learner-0.csv`` (the data plane's columns plus the link's -
-see :data:`~conduit_hpc.longhaul_metrics.LINK_COLUMNS` - and the job's ``loss``),
+see :data:`~conduit_hpc.features.longhaul.metrics.LINK_COLUMNS` - and the job's ``loss``),
 ``metrics/summary.json``, ``metrics/episodes.csv`` (when the workload has episodes) and
 ``config.toml``, groups runs by ``longhaul.mode`` (and link budget), and writes
 
@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from .config import tomllib
-from .longhaul_metrics import settled_mean, windowed_mean_priority
+from conduit_hpc.config import tomllib
+from conduit_hpc.features.longhaul.metrics import settled_mean, windowed_mean_priority
 
 __all__ = ["LongHaulRun", "is_longhaul_run", "load_longhaul_run", "ratios",
            "write_longhaul_report"]
@@ -281,7 +281,7 @@ def write_longhaul_report(run_dirs: Sequence[str | Path], out_dir: str | Path) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m conduit_hpc.longhaul_report",
+    p = argparse.ArgumentParser(prog="python -m conduit_hpc.tools.report.longhaul",
                                 description="compare long-haul runs")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", default="", help="output folder (default: beside the first run)")

@@ -1,10 +1,10 @@
 """Stopping together: SIGTERM / SIGUSR1 on any rank become a stop every rank sees.
 
-A rank that gets the signal sends :attr:`~conduit_hpc.buffer.Tag.STOP` to every other
+A rank that gets the signal sends :attr:`~conduit_hpc.plane.buffer.Tag.STOP` to every other
 rank; buffer ranks notice it inside their progress loop, other ranks when they call
 :meth:`StopCoordinator.requested` in theirs. After their loops, all ranks call
 :meth:`StopCoordinator.agree` (one all-reduce) and then, if it says so, write a final
-checkpoint together (:func:`conduit_hpc.checkpointing.save_checkpoint`). Nothing here can
+checkpoint together (:func:`.agent.save_checkpoint`). Nothing here can
 hang: the signal handler only sets a flag, messages are non-blocking, and the agreement
 is one collective that every rank reaches after its loop.
 """
@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
-from .runner import stop_signal
-from .transport.channel import Message
-from .wire import Tag
+from conduit_hpc.job import stop_signal
+from conduit_hpc.protocol import Tag
+from conduit_hpc.transport.channel import Message
 
 if TYPE_CHECKING:
-    from .edp import ExperienceDataPlane
+    from conduit_hpc.plane.front import ExperienceDataPlane
 
 __all__ = ["StopCoordinator"]
 
@@ -39,7 +39,7 @@ class StopCoordinator:
 
     Construct on every rank after the data plane (local; installs signal handlers when
     called from the main thread). A stop request that reached the rank earlier (the
-    ``SIGUSR1`` that :func:`conduit_hpc.runner.job_main`'s handler recorded while the
+    ``SIGUSR1`` that :func:`conduit_hpc.job.job_main`'s handler recorded while the
     data plane was being set up) counts as received here. Buffer ranks watch for a stop
     inside their progress loop; other ranks call :meth:`requested` in their loops.
 

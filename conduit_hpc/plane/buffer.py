@@ -24,11 +24,11 @@ from typing import Protocol
 
 import numpy as np
 
-from .sampling import valid_sequence_starts
-from .storage.priority import PriorityIndex
-from .storage.ring import ShardRing
-from .transport.channel import Channel, Message
-from .wire import PriorityUpdate, SampleReply, SampleRequest, Tag, pack_rows
+from conduit_hpc.protocol import PriorityUpdate, SampleReply, SampleRequest, Tag, pack_rows
+from conduit_hpc.sampling import valid_sequence_starts
+from conduit_hpc.storage.priority import PriorityIndex
+from conduit_hpc.storage.ring import ShardRing
+from conduit_hpc.transport.channel import Channel, Message
 
 __all__ = ["BufferServer", "OwnedShard", "SequenceWindow", "ServerExtension", "Tag"]
 
@@ -163,7 +163,7 @@ class OwnedShard:
 
 
 class ServerExtension(Protocol):
-    """Extra work of a buffer rank's loop (e.g. :mod:`conduit_hpc.longhaul`'s forwarder):
+    """Extra work of a buffer rank's loop (e.g. the long-haul forwarder):
     :meth:`step` runs every pass after the messages (returns work done, never blocks);
     :meth:`finish` once when the loop ends. An extension may add handlers and peers to
     wait for."""

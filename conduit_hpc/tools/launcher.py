@@ -1,13 +1,6 @@
-"""Launching jobs: the rank-side entry helper and the ``mpirun``/``srun`` wrapper.
+"""Launching jobs from a login node: the ``mpirun``/``srun`` wrapper.
 
-Job scripts end with ``job_main(MyConfig, run)``: it parses ``--config``/``--set``/
-``--run-dir``, loads the config, runs the job, and turns a
-:class:`~conduit_hpc.errors.ConduitError` into one ``conduit-hpc: error`` line and a
-non-zero exit (which, under ``python -m mpi4py``, aborts every rank: no hang). It also
-turns ``SIGUSR1`` into a *stop request* (:func:`stop_requested`) that a job polls at a
-safe point (a superstep boundary) to checkpoint and end early - this is how a SLURM
-preemption warning reaches the ranks (see ``slurm/README.md``).
-
+The rank side of a job (``job_main``, stop requests) is :mod:`conduit_hpc.job`.
 :func:`launch` is what ``conduit-hpc run`` does: resolve the config, make the run
 directory, and start the ranks with ``mpirun``, or with ``srun --mpi=pmix`` inside a
 SLURM allocation (:func:`choose_launcher`), with the environment that the MPI wheel
@@ -17,10 +10,8 @@ forwarded to the ranks as ``SIGUSR1`` (a stop request); a second ``SIGTERM`` sto
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as _dt
-import json
 import os
 import re
 import shutil
@@ -31,148 +22,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from .config import Config
-from .errors import ConduitError
+from conduit_hpc.config import Config, to_toml
+from conduit_hpc.errors import ConduitError
+from conduit_hpc.job import ERROR_PREFIX
 
-__all__ = ["ERROR_PREFIX", "choose_launcher", "job_main", "launch", "mpi_env",
-           "stop_requested", "stop_signal", "to_toml"]
-
-ERROR_PREFIX = "conduit-hpc: error"
-C = TypeVar("C", bound=Config)
-
-
-# ---------------------------------------------------------------------------------
-# rank side
-
-
-def job_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="conduit_hpc job (run under mpirun)")
-    p.add_argument("--config", required=True, help="job TOML file")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value (TOML literal)")
-    p.add_argument("--run-dir", default="", help="directory for this run's outputs")
-    p.add_argument("--resume", nargs="?", const="latest", default="",
-                   help="resume from the latest (or the given) checkpoint")
-    return p.parse_args(argv)
-
-
-def job_main(config_cls: type[C], run: Callable[..., Any],
-             argv: Sequence[str] | None = None) -> None:
-    """Entry point of a job script on every rank.
-
-    ``run`` is called as ``run(config)`` or, if it accepts them, with keyword arguments
-    ``run_dir`` (Path | None) and ``resume`` (str).
-    """
-    args = job_arguments(argv)
-    rank = _world_rank()
-    # the handler first: the launcher forwards a stop request only once every rank's
-    # logs/rank.N exists (before that, SIGUSR1's default action would kill the rank)
-    install_stop_handler()
-    if args.run_dir:
-        _log_to_files(Path(args.run_dir) / "logs", rank)
-    try:
-        cfg = config_cls.from_toml(args.config, args.set)
-        kwargs: dict[str, Any] = {}
-        code = getattr(run, "__code__", None)
-        names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount] if code else ()
-        if "run_dir" in names:
-            kwargs["run_dir"] = Path(args.run_dir) if args.run_dir else None
-        if "resume" in names:
-            kwargs["resume"] = args.resume
-        run(cfg, **kwargs)
-    except ConduitError as err:
-        print(f"{ERROR_PREFIX} on world rank {rank}: {type(err).__name__}: {err}",
-              file=sys.stderr, flush=True)
-        sys.exit(3)
-
-
-def _log_to_files(logs: Path, rank: int) -> None:
-    """Send this rank's stdout and stderr to ``logs/rank.N/stdout`` and ``stderr`` (the
-    launcher follows rank 0's). Done by the rank itself, under ``mpirun`` and ``srun``
-    alike: ``mpirun --output dir=`` loses output to a directory-creation race in some
-    PMIx versions."""
-    where = logs / f"rank.{rank}"
-    where.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    for stream, name in ((sys.stdout, "stdout"), (sys.stderr, "stderr")):
-        fd = os.open(where / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, stream.fileno())
-        os.close(fd)
-        if hasattr(stream, "reconfigure"):
-            stream.reconfigure(line_buffering=True)
-
-
-_STOP = {"signal": 0}
-
-
-def _on_stop_signal(signum: int, frame: object) -> None:
-    _STOP["signal"] = signum
-
-
-def install_stop_handler() -> None:
-    """Make ``SIGUSR1`` set the stop request (main thread only; idempotent)."""
-    signal.signal(signal.SIGUSR1, _on_stop_signal)
-
-
-def stop_requested() -> bool:
-    """Whether this process got a stop request (``SIGUSR1``: a preemption warning
-    forwarded by ``conduit-hpc run`` or by ``srun``/``mpirun``).
-
-    Not collective and rank-dependent (a signal may reach ranks at different times):
-    a job decides to stop from an agreement over all ranks (e.g. an ``allreduce`` of
-    this flag with ``MPI.LOR`` at a superstep boundary), then checkpoints and returns.
-    Does not block.
-    """
-    return _STOP["signal"] != 0
-
-
-def stop_signal() -> int:
-    """The signal of this process's stop request (0: none yet). Local."""
-    return _STOP["signal"]
-
-
-def _world_rank() -> int:
-    for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return 0
-
-
-# ---------------------------------------------------------------------------------
-# TOML output (the resolved config of a run)
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, list | tuple):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {v!r} as a TOML value")
-
-
-def to_toml(data: Mapping[str, Any]) -> str:
-    """Write a nested mapping of scalars and lists as TOML (tables for mappings)."""
-    lines: list[str] = []
-
-    def table(prefix: str, d: Mapping[str, Any]) -> None:
-        scalars = {k: v for k, v in d.items() if not isinstance(v, Mapping)}
-        subs = {k: v for k, v in d.items() if isinstance(v, Mapping)}
-        if prefix and (scalars or not subs):
-            lines.append(f"\n[{prefix}]")
-        for k, v in scalars.items():
-            lines.append(f"{k} = {_toml_value(v)}")
-        for k, v in subs.items():
-            table(f"{prefix}.{k}" if prefix else k, v)
-
-    table("", data)
-    return "\n".join(lines).lstrip("\n") + "\n"
+__all__ = ["choose_launcher", "launch", "mpi_env"]
 
 
 # ---------------------------------------------------------------------------------
@@ -516,7 +372,7 @@ def first_error(run_dir: Path) -> str | None:
 
 
 def _raw_with_overrides(path: Path, overrides: Sequence[str]) -> dict[str, Any]:
-    from .config import _set_dotted, parse_override, tomllib
+    from conduit_hpc.config import _set_dotted, parse_override, tomllib
 
     raw = tomllib.loads(path.read_text())
     for ov in overrides:
@@ -527,7 +383,7 @@ def _raw_with_overrides(path: Path, overrides: Sequence[str]) -> dict[str, Any]:
 
 def _load_loose(path: Path, overrides: Sequence[str], config_cls: type[Config]) -> Config:
     """Check the sections the library knows; job sections are checked by the job."""
-    from .config import config_from_dict
+    from conduit_hpc.config import config_from_dict
 
     raw = _raw_with_overrides(path, overrides)
     known = {f for f in config_cls.__dataclass_fields__}

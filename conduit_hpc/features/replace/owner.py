@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import DataPlaneTimeout
-from ..placement.inplace import HeldSample
-from ..storage.migrate import MoveRecord, held_slots, move_rows, select_rows
-from ..storage.ring import H_COMMIT
-from ..wire import PriorityUpdate, Tag
-from .board import _cat, _i64, _json, _unjson, pack_samples
+from conduit_hpc.errors import DataPlaneTimeout
+from conduit_hpc.features.replace.board import _cat, _i64, _json, _unjson, pack_samples
+from conduit_hpc.placement.inplace import HeldSample
+from conduit_hpc.protocol import PriorityUpdate, Tag
+from conduit_hpc.storage.migrate import MoveRecord, held_slots, move_rows, select_rows
+from conduit_hpc.storage.ring import H_COMMIT
 
 if TYPE_CHECKING:
-    from ..buffer import BufferServer, OwnedShard
-    from ..edp import ExperienceDataPlane
-    from ..transport.channel import Message
+    from conduit_hpc.plane.buffer import BufferServer, OwnedShard
+    from conduit_hpc.plane.front import ExperienceDataPlane
+    from conduit_hpc.transport.channel import Message
 
 __all__ = ["ShardMover"]
 

@@ -9,10 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..delivery import C_INSERTS, C_SAMPLES
-from ..errors import DataPlaneTimeout
-from ..placement.adaptive import AdaptivePolicy, Telemetry
-from ..placement.inplace import (
+from conduit_hpc.errors import DataPlaneTimeout
+from conduit_hpc.features.replace.board import (
+    PlacementBoard,
+    _i64,
+    _json,
+    _unjson,
+    _unpack_telemetry,
+    unpack_samples,
+)
+from conduit_hpc.features.replace.owner import ShardMover
+from conduit_hpc.placement.adaptive import AdaptivePolicy, Telemetry
+from conduit_hpc.placement.inplace import (
     HeldSample,
     heat_of,
     moves_by_source,
@@ -20,14 +28,13 @@ from ..placement.inplace import (
     plan_in_place,
     rows_moving,
 )
-from ..placement.placement import Placement
-from ..wire import Tag
-from .board import PlacementBoard, _i64, _json, _unjson, _unpack_telemetry, unpack_samples
-from .owner import ShardMover
+from conduit_hpc.placement.placement import Placement
+from conduit_hpc.plane.delivery import C_INSERTS, C_SAMPLES
+from conduit_hpc.protocol import Tag
 
 if TYPE_CHECKING:
-    from ..edp import ExperienceDataPlane
-    from ..transport.channel import Message
+    from conduit_hpc.plane.front import ExperienceDataPlane
+    from conduit_hpc.transport.channel import Message
 
 __all__ = ["Coordinator"]
 

@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .config import SchedulerConfig
-from .errors import DataPlaneClosed, DataPlaneTimeout
-from .sampling import ShardStats, allocate_targets, importance_weights
-from .scheduler import LimiterState, RateLimiter
-from .spec import Spec
-from .storage.priority import check_priorities
-from .storage.ring import ShardRing
-from .transport.channel import Channel
-from .transport.rma import RmaWindow
-from .wire import PriorityUpdate, SampleReply, SampleRequest, Tag, unpack_rows
+from conduit_hpc.config import SchedulerConfig
+from conduit_hpc.errors import DataPlaneClosed, DataPlaneTimeout
+from conduit_hpc.protocol import PriorityUpdate, SampleReply, SampleRequest, Tag, unpack_rows
+from conduit_hpc.sampling import ShardStats, allocate_targets, importance_weights
+from conduit_hpc.scheduler import LimiterState, RateLimiter
+from conduit_hpc.spec import Spec
+from conduit_hpc.storage.priority import check_priorities
+from conduit_hpc.storage.ring import ShardRing
+from conduit_hpc.transport.channel import Channel
+from conduit_hpc.transport.rma import RmaWindow
 
 if TYPE_CHECKING:  # torch loads only on ranks that use it (learners, weight sharing)
     import torch
@@ -490,7 +490,7 @@ class Deliverer:
                               timings, service=True)
 
     def _beta(self, superstep: int) -> float:
-        from .sampling import beta_at
+        from conduit_hpc.sampling import beta_at
 
         c = self.cfg
         if c.sampler == "uniform":

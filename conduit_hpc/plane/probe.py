@@ -5,7 +5,7 @@ over the job's role split and hands plain numbers to
 :meth:`~conduit_hpc.placement.cluster.ClusterModel.from_measurements`. Used when
 ``[placement] planner = "static"`` has no ``cluster`` file, and by ``conduit-hpc probe``.
 
-    mpirun -n 4 python -m mpi4py -m conduit_hpc.probe --out cluster.toml
+    mpirun -n 4 python -m mpi4py -m conduit_hpc.plane.probe --out cluster.toml
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from collections.abc import Sequence
 
 from mpi4py import MPI
 
-from .config import LayoutConfig
-from .placement.cluster import ClusterModel, Roster
-from .roles import RoleComms, split_roles
-from .transport.probe import LinkMeasurements, measure_links
+from conduit_hpc.config import LayoutConfig
+from conduit_hpc.placement.cluster import ClusterModel, Roster
+from conduit_hpc.plane.roles import RoleComms, split_roles
+from conduit_hpc.transport.probe import LinkMeasurements, measure_links
 
 __all__ = ["probe_cluster"]
 

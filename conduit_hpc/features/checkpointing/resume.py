@@ -18,14 +18,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import checkpoint as ck
-from .checkpointing import bcast_json, gather_json
-from .config import Config
-from .errors import CheckpointError
-from .storage.snapshot import ShardSnapshot, build_resharded, plan_reshard, restore_snapshot
+from conduit_hpc import checkpoint as ck
+from conduit_hpc.config import Config
+from conduit_hpc.errors import CheckpointError
+from conduit_hpc.features.checkpointing.agent import bcast_json, gather_json
+from conduit_hpc.storage.snapshot import (
+    ShardSnapshot,
+    build_resharded,
+    plan_reshard,
+    restore_snapshot,
+)
 
 if TYPE_CHECKING:
-    from .edp import ExperienceDataPlane
+    from conduit_hpc.plane.front import ExperienceDataPlane
 
 __all__ = ["RestoreResult", "checkpoint_root", "restore_data_plane", "resume_roots"]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .spec import Spec
+from conduit_hpc.spec import Spec
 
 __all__ = [
     "PriorityUpdate",
@@ -33,13 +33,13 @@ class Tag(enum.IntEnum):
     PRIORITY = 4  # learner -> owner: new priorities for (slot, generation)
     SERVICE = 5  # learner -> owner: sample and send the rows themselves
     SERVICE_REPLY = 6  # owner -> learner: SAMPLE_REPLY plus the rows
-    # checkpoints and stopping (conduit_hpc.checkpointing); payloads are JSON bytes
+    # checkpoints and stopping (conduit_hpc.features.checkpointing.agent); payloads are JSON bytes
     STOP = 40  # a rank was asked to stop (SIGTERM/SIGUSR1): every rank stops
     CKPT_REQUEST = 41  # any rank -> first buffer rank: please checkpoint
     CKPT_CUT = 42  # first buffer rank -> buffer ranks: cut your shards now
     CKPT_PART = 43  # buffer rank -> first buffer rank: my file is written
     CKPT_MARK = 44  # learner -> every buffer rank: my messages of superstep s are sent
-    # adaptive re-placement in a running job (conduit_hpc.replace)
+    # adaptive re-placement in a running job (conduit_hpc.features.replace)
     REPLACE_TELEMETRY = 60  # lead learner -> coordinator: samples per shard, timings
     REPLACE_STATS_REQ = 61  # coordinator -> buffer ranks: report the rows you hold
     REPLACE_STATS = 62  # buffer rank -> coordinator: held rows by sampling mass

@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import DataPlaneTimeout
-from ..placement.inplace import HeldSample
-from ..placement.placement import ShardWeights
-from ..transport.rma import RmaWindow
-from ..wire import Tag
+from conduit_hpc.errors import DataPlaneTimeout
+from conduit_hpc.placement.inplace import HeldSample
+from conduit_hpc.placement.placement import ShardWeights
+from conduit_hpc.protocol import Tag
+from conduit_hpc.transport.rma import RmaWindow
 
 if TYPE_CHECKING:
-    from ..delivery import Batch
-    from ..learner import LearnerEndpoint
-    from ..transport.channel import Channel
+    from conduit_hpc.plane.delivery import Batch
+    from conduit_hpc.plane.learner import LearnerEndpoint
+    from conduit_hpc.transport.channel import Channel
 
 __all__ = ["ActorRouter", "PlacementBoard", "TelemetryTap", "pack_samples", "unpack_samples"]
 

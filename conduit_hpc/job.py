@@ -1,0 +1,132 @@
+"""The job contract on every rank: ``job_main`` and stop requests.
+
+A job script is a Python file beside its TOML file (``jobs/NAME.py`` for
+``jobs/NAME.toml``) that ends with ``job_main(MyConfig, run)``. On every rank
+``job_main`` parses ``--config``/``--set``/``--run-dir``/``--resume``, loads the config,
+sends the rank's output to ``RUN_DIR/logs/rank.N/``, and calls
+``run(config, run_dir=..., resume=...)``; a :class:`~conduit_hpc.errors.ConduitError`
+becomes one ``conduit-hpc: error`` line and exit status 3 (which, under
+``python -m mpi4py``, aborts every rank: no hang). It also turns ``SIGUSR1`` into a *stop
+request* (:func:`stop_requested`) that a job polls at a safe point (a superstep
+boundary) to checkpoint and end early - this is how a SLURM preemption warning reaches
+the ranks (see ``slurm/README.md``). See ``docs/writing-a-job.md``.
+
+Imports nothing that starts MPI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from conduit_hpc.config import Config
+from conduit_hpc.errors import ConduitError
+
+__all__ = ["ERROR_PREFIX", "install_stop_handler", "job_arguments", "job_main",
+           "stop_requested", "stop_signal"]
+
+ERROR_PREFIX = "conduit-hpc: error"
+C = TypeVar("C", bound=Config)
+
+
+
+
+def job_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="conduit_hpc job (run under mpirun)")
+    p.add_argument("--config", required=True, help="job TOML file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value (TOML literal)")
+    p.add_argument("--run-dir", default="", help="directory for this run's outputs")
+    p.add_argument("--resume", nargs="?", const="latest", default="",
+                   help="resume from the latest (or the given) checkpoint")
+    return p.parse_args(argv)
+
+
+def job_main(config_cls: type[C], run: Callable[..., Any],
+             argv: Sequence[str] | None = None) -> None:
+    """Entry point of a job script on every rank.
+
+    ``run`` is called as ``run(config)`` or, if it accepts them, with keyword arguments
+    ``run_dir`` (Path | None) and ``resume`` (str).
+    """
+    args = job_arguments(argv)
+    rank = _world_rank()
+    # the handler first: the launcher forwards a stop request only once every rank's
+    # logs/rank.N exists (before that, SIGUSR1's default action would kill the rank)
+    install_stop_handler()
+    if args.run_dir:
+        _log_to_files(Path(args.run_dir) / "logs", rank)
+    try:
+        cfg = config_cls.from_toml(args.config, args.set)
+        kwargs: dict[str, Any] = {}
+        code = getattr(run, "__code__", None)
+        names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount] if code else ()
+        if "run_dir" in names:
+            kwargs["run_dir"] = Path(args.run_dir) if args.run_dir else None
+        if "resume" in names:
+            kwargs["resume"] = args.resume
+        run(cfg, **kwargs)
+    except ConduitError as err:
+        print(f"{ERROR_PREFIX} on world rank {rank}: {type(err).__name__}: {err}",
+              file=sys.stderr, flush=True)
+        sys.exit(3)
+
+
+def _log_to_files(logs: Path, rank: int) -> None:
+    """Send this rank's stdout and stderr to ``logs/rank.N/stdout`` and ``stderr`` (the
+    launcher follows rank 0's). Done by the rank itself, under ``mpirun`` and ``srun``
+    alike: ``mpirun --output dir=`` loses output to a directory-creation race in some
+    PMIx versions."""
+    where = logs / f"rank.{rank}"
+    where.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for stream, name in ((sys.stdout, "stdout"), (sys.stderr, "stderr")):
+        fd = os.open(where / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, stream.fileno())
+        os.close(fd)
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
+
+
+_STOP = {"signal": 0}
+
+
+def _on_stop_signal(signum: int, frame: object) -> None:
+    _STOP["signal"] = signum
+
+
+def install_stop_handler() -> None:
+    """Make ``SIGUSR1`` set the stop request (main thread only; idempotent)."""
+    signal.signal(signal.SIGUSR1, _on_stop_signal)
+
+
+def stop_requested() -> bool:
+    """Whether this process got a stop request (``SIGUSR1``: a preemption warning
+    forwarded by ``conduit-hpc run`` or by ``srun``/``mpirun``).
+
+    Not collective and rank-dependent (a signal may reach ranks at different times):
+    a job decides to stop from an agreement over all ranks (e.g. an ``allreduce`` of
+    this flag with ``MPI.LOR`` at a superstep boundary), then checkpoints and returns.
+    Does not block.
+    """
+    return _STOP["signal"] != 0
+
+
+def stop_signal() -> int:
+    """The signal of this process's stop request (0: none yet). Local."""
+    return _STOP["signal"]
+
+
+def _world_rank() -> int:
+    for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+

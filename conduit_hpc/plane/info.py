@@ -1,0 +1,60 @@
+"""``conduit-hpc info`` on MPI ranks: the MPI library, thread level, roles and nodes.
+
+Run as ``mpirun -n N python -m mpi4py -m conduit_hpc.plane.info [--config JOB.toml]``
+(``conduit-hpc info -n N`` does this). **Collective** over ``COMM_WORLD``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from mpi4py import MPI
+
+from conduit_hpc.config import Config, LayoutConfig
+from conduit_hpc.plane.roles import split_roles
+
+__all__ = ["print_info"]
+
+
+def print_info(config: str = "") -> int:
+    """Print the table on world rank 0. **Collective** over ``COMM_WORLD``; returns 0."""
+
+    comm = MPI.COMM_WORLD
+    layout = Config.from_toml(config).layout if config else LayoutConfig(
+        learners=0 if comm.Get_size() < 3 else 1, buffers=1)
+    roles = split_roles(comm, layout)
+    host = MPI.Get_processor_name()
+    rows = roles.world.gather((roles.world_rank, roles.role.value, roles.node_of[
+        roles.world_rank], roles.node_rank, host), root=0)
+    if roles.world_rank == 0:
+        level = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+                 MPI.THREAD_SERIALIZED: "serialized",
+                 MPI.THREAD_MULTIPLE: "multiple"}[MPI.Query_thread()]
+        print(f"MPI library   : {MPI.Get_library_version().splitlines()[0].strip()}")
+        print(f"MPI standard  : {'.'.join(map(str, MPI.Get_version()))}")
+        print(f"thread level  : {level}")
+        print(f"world size    : {roles.world_size}")
+        print(f"nodes         : {len(set(roles.node_of))}")
+        print("world_rank  role     node  node_rank  host")
+        assert rows is not None
+        for r, role, node, nr, h in rows:
+            print(f"{r:>10}  {role:<7}  {node:>4}  {nr:>9}  {h}")
+        groups: dict[int, list[int]] = {}
+        for r, node in enumerate(roles.node_of):
+            groups.setdefault(node, []).append(r)
+        for node, ranks in sorted(groups.items()):
+            print(f"node {node} shares memory among world ranks {ranks}")
+    roles.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="conduit_hpc.plane.info")
+    p.add_argument("--config", default="")
+    return print_info(p.parse_args(argv).config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
