@@ -1,0 +1,123 @@
+"""Bounded waiting: one helper for every place a rank waits for something.
+
+Every blocking wait of the data plane has a deadline and says what it waited for when
+the deadline passes (a hang is worse than a crash). :func:`wait_until` polls a condition
+with a :class:`Backoff` - spin a little, then yield, then sleep with growing pauses up
+to a ceiling - so that a short wait costs microseconds and a long one does not burn a
+core that an oversubscribed rank needs (mpi4py's ``futures._core.Backoff`` is the
+model). Plain Python; imports nothing of ours but :mod:`conduit_hpc.errors`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from conduit_hpc.errors import ConduitError, DataPlaneTimeout
+
+__all__ = ["Backoff", "Deadline", "wait_until"]
+
+T = TypeVar("T")
+
+
+class Backoff:
+    """Growing pauses between polls.
+
+    The first ``spins`` calls of :meth:`pause` return at once, the next few yield the
+    processor (``sleep(0)``), then the pause doubles from ``min_sleep_s`` up to
+    ``max_sleep_s``. :meth:`reset` after progress.
+
+    Args:
+        max_sleep_s (float): the longest pause (>= 0).
+        min_sleep_s (float): the first real pause.
+        spins (int): polls before the first yield.
+    """
+
+    __slots__ = ("_n", "_sleep", "max_sleep_s", "min_sleep_s", "spins")
+
+    def __init__(self, max_sleep_s: float = 0.001, *, min_sleep_s: float = 0.00002,
+                 spins: int = 20) -> None:
+        if not max_sleep_s >= 0:
+            raise ValueError(f"max_sleep_s must be >= 0, got {max_sleep_s!r}")
+        self.max_sleep_s = float(max_sleep_s)
+        self.min_sleep_s = min(float(min_sleep_s), self.max_sleep_s)
+        self.spins = int(spins)
+        self._n = 0
+        self._sleep = self.min_sleep_s
+
+    def reset(self) -> None:
+        """Progress was made: start again from spinning."""
+        self._n = 0
+        self._sleep = self.min_sleep_s
+
+    def pause(self) -> None:
+        """Wait a little (or not at all, early on). Blocks at most ``max_sleep_s``."""
+        self._n += 1
+        if self._n <= self.spins:
+            return
+        if self._n <= self.spins + 4 or self.max_sleep_s == 0:
+            time.sleep(0)
+            return
+        time.sleep(self._sleep)
+        self._sleep = min(self._sleep * 2, self.max_sleep_s)
+
+
+class Deadline:
+    """A point in time after which a wait gives up with a named error.
+
+    Args:
+        timeout_s (float): seconds from now.
+        what (str): what is waited for (ends up in the error message).
+        error (type[ConduitError]): raised by :meth:`check` once expired.
+    """
+
+    __slots__ = ("_end", "error", "timeout_s", "what")
+
+    def __init__(self, timeout_s: float, what: str,
+                 error: type[ConduitError] = DataPlaneTimeout) -> None:
+        self.timeout_s = float(timeout_s)
+        self.what = what
+        self.error = error
+        self._end = time.monotonic() + self.timeout_s
+
+    @property
+    def expired(self) -> bool:
+        return time.monotonic() > self._end
+
+    @property
+    def remaining_s(self) -> float:
+        return max(0.0, self._end - time.monotonic())
+
+    def check(self, detail: str | Callable[[], str] = "") -> None:
+        """Raise :attr:`error` if the deadline passed; ``detail`` (or its result) is
+        appended to the message."""
+        if time.monotonic() > self._end:
+            more = detail() if callable(detail) else detail
+            raise self.error(f"waited {self.timeout_s:.1f} s for {self.what}"
+                             + (f": {more}" if more else ""))
+
+
+def wait_until(condition: Callable[[], T], *, timeout_s: float, what: str,
+               error: type[ConduitError] = DataPlaneTimeout,
+               max_sleep_s: float = 0.001, detail: str | Callable[[], str] = "",
+               between: Callable[[], object] | None = None) -> T:
+    """Poll ``condition`` until it returns something truthy, and return that.
+
+    Blocks at most ``timeout_s`` (plus one poll). ``between`` runs after every poll
+    that found nothing (e.g. to make progress on outstanding messages).
+
+    Raises:
+        DataPlaneTimeout (or ``error``): the condition stayed false; the message names
+            ``what`` and ``detail``.
+    """
+    deadline = Deadline(timeout_s, what, error)
+    backoff = Backoff(max_sleep_s)
+    while True:
+        value = condition()
+        if value:
+            return value
+        deadline.check(detail)
+        if between is not None:
+            between()
+        backoff.pause()

@@ -1,0 +1,60 @@
+"""The shared bounded wait."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conduit_hpc.errors import ConfigError, DataPlaneTimeout
+from conduit_hpc.wait import Backoff, Deadline, wait_until
+
+
+def test_wait_until_returns_the_first_truthy_value() -> None:
+    calls = iter([0, None, "", 7, 8])
+    assert wait_until(lambda: next(calls), timeout_s=5, what="a value") == 7
+
+
+def test_wait_until_gives_up_naming_what_and_the_detail() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(DataPlaneTimeout, match=r"waited 0.1 s for the owner: cursor at 3"):
+        wait_until(lambda: False, timeout_s=0.1, what="the owner", detail=lambda: "cursor at 3")
+    assert 0.1 <= time.monotonic() - t0 < 2.0
+
+
+def test_wait_until_raises_the_error_type_asked_for() -> None:
+    with pytest.raises(ConfigError):
+        wait_until(lambda: False, timeout_s=0.0, what="x", error=ConfigError)
+
+
+def test_between_runs_after_each_empty_poll() -> None:
+    seen: list[int] = []
+    n = iter(range(100))
+    wait_until(lambda: len(seen) >= 3, timeout_s=5, what="3 calls",
+               between=lambda: seen.append(next(n)))
+    assert seen == [0, 1, 2]
+
+
+def test_backoff_pauses_grow_to_the_ceiling_and_reset() -> None:
+    b = Backoff(0.004, min_sleep_s=0.001, spins=2)
+    for _ in range(20):
+        b.pause()
+    assert b._sleep == pytest.approx(0.004)
+    b.reset()
+    t0 = time.perf_counter()
+    b.pause()
+    b.pause()
+    assert time.perf_counter() - t0 < 0.001  # spinning again
+    with pytest.raises(ValueError, match="max_sleep_s"):
+        Backoff(-1.0)
+
+
+def test_deadline() -> None:
+    d = Deadline(10, "nothing")
+    assert not d.expired and 9 < d.remaining_s <= 10
+    d.check()
+    e = Deadline(0, "the end")
+    time.sleep(0.001)
+    assert e.expired and e.remaining_s == 0
+    with pytest.raises(DataPlaneTimeout, match="the end"):
+        e.check()
