@@ -31,10 +31,12 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.plane.metrics import git_sha
 
 HERE = Path(__file__).resolve().parent
@@ -49,14 +51,11 @@ def worker(args: argparse.Namespace) -> None:
 
     from conduit_hpc import ExperienceDataPlane, Role
     from conduit_hpc import checkpoint as ck
-    from conduit_hpc.features.checkpointing.agent import (
-        CheckpointAgent,
-        bcast_json,
-        gather_json,
-    )
+    from conduit_hpc.features.checkpointing.agent import CheckpointAgent
     from conduit_hpc.features.checkpointing.stopping import StopCoordinator
     from conduit_hpc.storage.snapshot import restore_snapshot
     from conduit_hpc.testing import make_config
+    from conduit_hpc.transport.objects import bcast_json, gather_json
 
     comm = MPI.COMM_WORLD
     cap = max(1000, int(args.gb * 1e9 / args.row_bytes))
@@ -115,12 +114,12 @@ def worker(args: argparse.Namespace) -> None:
                         agent.request(reason="bench")
                 return 0
 
-            server.hooks.insert(0, gap_hook)
+            server.add_extension(_PassHook(gap_hook), first=True)
             out["plain_write_s"] = [plain_write(root, edp.world_rank, agent)]
             world.Barrier()
             first_pass[0] = server.passes
             last[0] = time.perf_counter()
-            server.hooks.append(driver)
+            server.add_extension(_PassHook(driver))
             edp.serve()
             out["gaps"] = gaps
         agent.finish()
@@ -297,3 +296,13 @@ def print_table(r: dict) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+class _PassHook(BufferExtension):
+    """A function run on every pass of the buffer loop."""
+
+    def __init__(self, fn: Callable[[], int]) -> None:
+        self.fn = fn
+
+    def on_pass(self) -> int:
+        return self.fn()

@@ -63,6 +63,7 @@ def __getattr__(name: str) -> object:
     # ExperienceDataPlane and Role import mpi4py.MPI (which initialises MPI); load them
     # on first use so that `import conduit_hpc` stays cheap on a login node.
     if name == "ExperienceDataPlane":
+        import conduit_hpc.features  # noqa: F401 - registers the built-in features
         from conduit_hpc.plane.front import ExperienceDataPlane
 
         return ExperienceDataPlane

@@ -50,6 +50,7 @@ import torch
 
 from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlane, Role
 from conduit_hpc.config import require
+from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.checkpointing.resume import RestoreResult, checkpoint_root, resume_roots
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
@@ -240,7 +241,7 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
             return {"counters": counters}
         return {"counters": counters, "extra_state": updater.state_arrays()}
 
-    edp.checkpoint_every(agent, cfg.checkpoint.every_supersteps, state)
+    agent.every_supersteps(cfg.checkpoint.every_supersteps, state)
     t0 = last_poll = last_print = time.perf_counter()
     printed_updates = updater.updates
     why = ""
@@ -314,7 +315,8 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None = None,
         k = check_config(cfg, len(edp.roles.actor_ranks), len(edp.roles.learner_ranks))
         stop = StopCoordinator(edp)  # SIGTERM / SIGUSR1 anywhere: every rank stops
         rank = edp.world_rank
-        restored = edp.restore(resume, roots=resume_roots(cfg, run_dir)) if resume else None
+        restored = (restore_data_plane(edp, resume, roots=resume_roots(cfg, run_dir))
+                    if resume else None)
         root = checkpoint_root(cfg, run_dir)
         agent = CheckpointAgent(edp, root, every_seconds=ccfg.every_seconds, keep=ccfg.keep,
                                 first_seq=restored.seq + 1 if restored else 1)
@@ -354,8 +356,7 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None = None,
         final = None
         if stopped and ccfg.on_stop:  # collective: the replay, the model, the counters
             lead = updater is not None and rank == edp.roles.learner_ranks[0]
-            final = edp.checkpoint(
-                root, agent=agent, keep=ccfg.keep,
+            final = save_checkpoint(edp, root, agent=agent, keep=ccfg.keep,
                 counters={"updates": out.get("updates", 0),
                           "env_steps": out.get("env_steps_seen", 0)},
                 extra_state=updater.state_arrays() if lead and updater else None)

@@ -28,6 +28,7 @@ import numpy as np
 from conduit_hpc import Config, DataPlaneClosed, ExperienceDataPlane, Role, Spec
 from conduit_hpc.checkpoint import rng_from_json, rng_to_json
 from conduit_hpc.config import require
+from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent, gather_json
 from conduit_hpc.features.checkpointing.resume import checkpoint_root, resume_roots
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
@@ -158,7 +159,8 @@ def run(cfg: SyntheticConfig, run_dir: Path | None = None, resume: str = "") -> 
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
         stop = StopCoordinator(edp)  # SIGTERM / SIGUSR1 anywhere: every rank stops
         rank = edp.world_rank
-        restored = edp.restore(resume, roots=resume_roots(cfg, run_dir)) if resume else None
+        restored = (restore_data_plane(edp, resume, roots=resume_roots(cfg, run_dir))
+                    if resume else None)
         root = checkpoint_root(cfg, run_dir)
         agent = CheckpointAgent(edp, root, every_seconds=ccfg.every_seconds, keep=ccfg.keep,
                                 first_seq=restored.seq + 1 if restored else 1)
@@ -175,7 +177,7 @@ def run(cfg: SyntheticConfig, run_dir: Path | None = None, resume: str = "") -> 
                 print("resume: no checkpoint found; starting fresh", flush=True)
             print(f"running: checkpoints under {root}", flush=True)
         # learners: checkpoints also cut at every `every_supersteps`-th superstep boundary
-        edp.checkpoint_every(agent, ccfg.every_supersteps,
+        agent.every_supersteps(ccfg.every_supersteps,
                              lambda: {"counters": {"rows_sampled": edp.learner.priority_rows}})
         if edp.role is Role.ACTOR:
             actor_loop(edp, cfg, rng, stop)
@@ -190,14 +192,14 @@ def run(cfg: SyntheticConfig, run_dir: Path | None = None, resume: str = "") -> 
         if stopped and rank == 0:
             print("stopped early: stop requested", flush=True)
         if stopped and ccfg.on_stop:
-            final = edp.checkpoint(root, rng=rng_to_json(rng), agent=agent, keep=ccfg.keep,
+            final = save_checkpoint(edp, root, rng=rng_to_json(rng), agent=agent, keep=ccfg.keep,
                                    counters={"rows_ingested": edp.ingest_stats.rows})
         summary = edp.summary()
         summary["checkpoints"] = gather_json(edp.roles.world, {
             "completed": agent.completed, "failed": agent.failed, "cuts_s": agent.cuts_s},
             root=0)
         stop.close()
-        wall = time.perf_counter() - edp._t0
+        wall = time.perf_counter() - edp.started_at
     if rank == 0:
         report(summary, cfg, wall)
         report_checkpoints(summary["checkpoints"], final)

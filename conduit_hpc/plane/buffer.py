@@ -16,55 +16,48 @@ aborts the whole job on an uncaught exception.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 import numpy as np
 
+from conduit_hpc.errors import TransportError
+from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.protocol import PriorityUpdate, SampleReply, SampleRequest, Tag, pack_rows
-from conduit_hpc.sampling import valid_sequence_starts
+from conduit_hpc.sampling import ShardDrawer
 from conduit_hpc.storage.priority import PriorityIndex
 from conduit_hpc.storage.ring import ShardRing
 from conduit_hpc.transport.channel import Channel, Message
+from conduit_hpc.wait import Backoff
 
-__all__ = ["BufferServer", "OwnedShard", "SequenceWindow", "ServerExtension", "Tag"]
-
-
-@dataclass(frozen=True, slots=True)
-class SequenceWindow:
-    """How the sequence sampler cuts windows (``length`` rows; ``episode_field`` and
-    ``stream_field`` name spec fields, or are empty)."""
-
-    length: int
-    episode_field: str = ""
-    stream_field: str = ""
-    cross_episode: bool = False
-    refresh_s: float = 0.02
+__all__ = ["BufferServer", "OwnedShard"]
 
 
 @dataclass(eq=False)
 class OwnedShard:
-    """A shard this rank owns: its ring client and priority index.
+    """A shard this rank owns: its ring client, priority index and drawer.
 
     Attributes:
         shard_id (int): global shard number.
         ring (ShardRing): direct access to the memory.
         index (PriorityIndex): priorities of visible rows.
-        sequence (SequenceWindow | None): set when the sampler draws windows.
+        drawer (ShardDrawer | None): the sampler's owner side (default: tree search).
         hidden_upto (int): seqs below this that lap older rows have had those rows hidden.
     """
 
     shard_id: int
     ring: ShardRing
     index: PriorityIndex
-    sequence: SequenceWindow | None = None
+    drawer: ShardDrawer | None = None
     hidden_upto: int = 0
-    _starts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    _starts_at: float = -1.0
     _dirty: bool = True
+
+    def __post_init__(self) -> None:
+        if self.drawer is None:
+            from conduit_hpc.sampling import TreeDrawer
+
+            self.drawer = TreeDrawer()
 
     @property
     def committed(self) -> int:
@@ -105,76 +98,32 @@ class OwnedShard:
         try:
             yield
         finally:
-            self.ring.index_write_end(*self._stats())
+            assert self.drawer is not None
+            self.drawer.changed()
+            self.ring.index_write_end(*self.drawer.stats(self.index))
             self._dirty = False
 
-    def _stats(self) -> tuple[int, float, float, float]:
-        ix = self.index
-        if self.sequence is not None:
-            starts = self._window_starts()  # the cache sample() draws from
-            return len(starts), float(len(starts)), 1.0, ix.max_priority
-        return ix.count, ix.total, ix.min.min if ix.count else np.inf, ix.max_priority
-
-    # -- sampling ------------------------------------------------------------------
-    def _window_starts(self, force: bool = False) -> np.ndarray:
-        """Seqs that start a valid window (sequence sampler), cached briefly."""
-        seq = self.sequence
-        assert seq is not None and self.ring.views is not None
-        now = time.monotonic()
-        if not force and now - self._starts_at < seq.refresh_s:
-            return self._starts
-        cap = self.ring.capacity
-        commit = self.committed
-        lo = max(0, commit - cap)
-        seqs = np.arange(lo, commit, dtype=np.int64)
-        slots = seqs % cap
-        held = self.index.gens[slots] == seqs + 1
-        cols = self.ring.views.columns
-        ends = cols[seq.episode_field][slots].astype(bool) if seq.episode_field else None
-        stream = cols[seq.stream_field][slots] if seq.stream_field else None
-        starts = valid_sequence_starts(held, seq.length, episode_end=ends, stream=stream,
-                                       cross_episode=seq.cross_episode)
-        self._starts, self._starts_at = seqs[starts] if len(seqs) else starts, now
-        return self._starts
+    def span(self) -> float:
+        """The range the sampler's targets for this shard are drawn from."""
+        assert self.drawer is not None
+        return self.drawer.span(self.index)
 
     def sample(self, targets: np.ndarray) -> SampleReply:
-        """Rows for mass offsets ``targets`` (window indices for sequences): slot,
-        generation and mass of each; slot -1 where the shard has nothing to draw right
-        now (every row hidden while being overwritten) - the learner draws again. Local.
-        """
-        ix = self.index
-        n = len(targets)
-        empty = SampleReply(0, self.shard_id, np.full(n, -1, np.int64), np.zeros(n, np.int64),
-                            np.zeros(n), 0, 0.0, np.inf)
-        if self.sequence is not None:
-            starts = self._window_starts()
-            if len(starts) == 0:
-                return empty
-            pick = starts[np.clip(targets.astype(np.int64), 0, len(starts) - 1)]
-            slots = pick % self.ring.capacity
-            return SampleReply(0, self.shard_id, slots, pick + 1, np.ones(len(pick)),
-                               len(starts), float(len(starts)), 1.0)
-        if ix.total <= 0:
-            return empty
-        slots = ix.sum.prefix_search(targets)
-        return SampleReply(0, self.shard_id, slots, ix.gens[slots].copy(),
-                           ix.sum[slots].copy(), ix.count, ix.total,
-                           ix.min.min if ix.count else np.inf)
-
-
-class ServerExtension(Protocol):
-    """Extra work of a buffer rank's loop (e.g. the long-haul forwarder):
-    :meth:`step` runs every pass after the messages (returns work done, never blocks);
-    :meth:`finish` once when the loop ends. An extension may add handlers and peers to
-    wait for."""
-
-    def step(self) -> int: ...
-
-    def finish(self) -> None: ...
+        """Rows for ``targets``: slot, generation and mass of each; slot -1 where the
+        shard has nothing to draw right now (every row hidden while being overwritten) -
+        the learner draws again. Local."""
+        assert self.drawer is not None
+        slots, gens, mass = self.drawer.draw(self.index, targets)
+        held, total, mn, _ = self.drawer.stats(self.index)
+        return SampleReply(0, self.shard_id, slots, gens, mass, held, total, mn)
 
 
 class BufferServer:
     """Progress loop of a buffer rank.
+
+    Features add work through :class:`~conduit_hpc.plane.extensions.BufferExtension`
+    objects (:meth:`add_extension`); see that module for the events and the rule that
+    none of them blocks.
 
     Args:
         shards (list[OwnedShard]): the shards this rank owns.
@@ -184,6 +133,7 @@ class BufferServer:
             says it is done (the data plane counts them in its control block).
         poll_interval_s (float): longest sleep between passes when idle.
         seed (int): seed of the resampling of rows found torn in service mode.
+        window (int): rows per sampled item (sequence windows: > 1).
         acks (np.ndarray | None): int64 per rank in shared memory: priority-update
             messages applied from that rank (learners that search trees directly wait
             for their updates to be counted here).
@@ -192,7 +142,7 @@ class BufferServer:
 
     def __init__(self, shards: list[OwnedShard], channel: Channel, peers: tuple[int, ...],
                  *, on_done: Callable[[int], None] | None = None,
-                 poll_interval_s: float = 0.0002, seed: int = 0,
+                 poll_interval_s: float = 0.0002, seed: int = 0, window: int = 1,
                  acks: np.ndarray | None = None,
                  sync: Callable[[], None] | None = None) -> None:
         self.shards = shards
@@ -201,37 +151,47 @@ class BufferServer:
         self.waiting_for = set(peers)
         self.poll_interval_s = poll_interval_s
         self.on_done = on_done
+        self.window = window
         self.acks, self.sync = acks, sync
         self.rng = np.random.default_rng(seed)
-        self.handlers: dict[int, Callable[[Message], None]] = {
+        self._handlers: dict[int, Callable[[Message], None]] = {
             Tag.DONE: self._on_done, Tag.SAMPLE: self._on_sample,
             Tag.SERVICE: self._on_service, Tag.PRIORITY: self._on_priority}
         self.deferred: list[Message] = []
-        #: called once per pass after the commits (e.g. the checkpoint agent); each
-        #: returns work done and must not block
-        self.hooks: list[Callable[[], int]] = []
-        #: each returns True while this rank must keep serving after every peer is done
-        #: (adaptive placement finishing a move or forwarding updates); must not block
-        self.keep_open: list[Callable[[], bool]] = []
-        #: sources whose messages wait (in order) until :meth:`release` - between a
-        #: learner's checkpoint marker and this rank's cut, so that the cut holds exactly
-        #: what that learner sent before the marker
-        self.holding: dict[int, float] = {}
-        self.held: list[Message] = []
-        #: tags that are never held (the checkpoint protocol itself)
-        self.pass_through: set[int] = {Tag.CKPT_CUT, Tag.CKPT_PART, Tag.CKPT_REQUEST,
-                                       Tag.CKPT_MARK, Tag.STOP}
-        self.extensions: list[ServerExtension] = []
+        self.extensions: list[BufferExtension] = []
         self.passes = 0
         self.samples_served = 0
         self.rows_served = 0
 
+    def add_extension(self, ext: BufferExtension, *, first: bool = False) -> None:
+        """Add a feature's work to the loop (after the others, or before them with
+        ``first``); its :attr:`~BufferExtension.tags` must not be taken already. Local."""
+        for tag in ext.tags:
+            if tag in self._handlers:
+                raise TransportError(f"message tag {tag} of {type(ext).__name__} is "
+                                     f"handled already")
+            self._handlers[tag] = ext.on_message
+        if first:
+            self.extensions.insert(0, ext)
+        else:
+            self.extensions.append(ext)
+
+    def wait_for(self, rank: int) -> None:
+        """Do not end the loop before ``rank`` says it is done. Local."""
+        self.waiting_for.add(rank)
+
+    def peer_done(self, rank: int) -> None:
+        """``rank`` will send nothing more (its DONE, or a feature's end marker)."""
+        if rank in self.waiting_for:
+            self.waiting_for.discard(rank)
+            if self.on_done is not None:
+                self.on_done(rank)
+            for ext in self.extensions:
+                ext.on_peer_done(rank)
+
     # -- handlers ------------------------------------------------------------------
     def _on_done(self, msg: Message) -> None:
-        if msg.source in self.waiting_for:
-            self.waiting_for.discard(msg.source)
-            if self.on_done is not None:
-                self.on_done(msg.source)
+        self.peer_done(msg.source)
 
     def _on_sample(self, msg: Message) -> None:
         req = SampleRequest.unpack(msg.payload)
@@ -255,7 +215,7 @@ class BufferServer:
         req = SampleRequest.unpack(msg.payload)
         shard = self.by_id[req.shard_id]
         rep = shard.sample(req.targets)
-        window = shard.sequence.length if shard.sequence is not None else 1
+        window = self.window
         cap = shard.ring.capacity
         slots, gens, mass = rep.slots.copy(), rep.gens.copy(), rep.mass.copy()
         for _ in range(8):
@@ -268,9 +228,7 @@ class BufferServer:
             if not bad.any():
                 break
             # draw replacements in the same shard
-            fresh = shard.sample(self.rng.random(int(bad.sum())) * max(shard.index.total, 0.0)
-                                 if shard.sequence is None else
-                                 self.rng.random(int(bad.sum())) * len(shard._window_starts()))
+            fresh = shard.sample(self.rng.random(int(bad.sum())) * max(shard.span(), 0.0))
             slots[bad], gens[bad], mass[bad] = fresh.slots, fresh.gens, fresh.mass
         else:
             return False
@@ -287,6 +245,8 @@ class BufferServer:
         shard = self.by_id[up.shard_id]
         with shard.writing():
             shard.index.update(up.slots, up.gens, up.priorities)
+        for ext in self.extensions:
+            ext.on_priority_update(up)
         if self.acks is not None:
             self.acks[msg.source] += 1
             if self.sync is not None:
@@ -294,12 +254,12 @@ class BufferServer:
 
     @property
     def finished(self) -> bool:
-        """True once every peer said it is done (and nothing keeps this rank open)."""
-        return not self.waiting_for and not any(k() for k in self.keep_open)
+        """True once every peer said it is done (and no extension keeps this rank open)."""
+        return not self.waiting_for and not any(e.keep_open() for e in self.extensions)
 
     def step(self) -> int:
-        """One pass: commits, index, stats, then every pending message. Returns work
-        done. Local; never blocks."""
+        """One pass: commits, index, stats, then every pending message, then the
+        extensions. Returns work done. Local; never blocks."""
         work = sum(s.poll() for s in self.shards)
         if self.deferred:
             waiting, self.deferred = self.deferred, []
@@ -309,53 +269,32 @@ class BufferServer:
                 else:
                     self.deferred.append(old)
         while (msg := self.channel.poll()) is not None:
-            if msg.source in self.holding and msg.tag not in self.pass_through:
-                self.held.append(msg)
-            else:
-                self._dispatch(msg)
+            if not any(e.intercept(msg) for e in self.extensions):
+                self.dispatch(msg)
             work += 1
-        for hook in self.hooks:
-            work += hook()
         for ext in self.extensions:
-            work += ext.step()
+            work += ext.on_pass()
         self.passes += 1
         return work
 
-    def _dispatch(self, msg: Message) -> None:
-        handler = self.handlers.get(msg.tag)
+    def dispatch(self, msg: Message) -> None:
+        """Handle ``msg`` by its tag (an extension hands back what it intercepted)."""
+        handler = self._handlers.get(msg.tag)
         if handler is None:
-            raise RuntimeError(f"buffer got a message with unknown tag {msg.tag} "
-                               f"from rank {msg.source}")
+            raise TransportError(f"buffer got a message with unknown tag {msg.tag} "
+                                 f"from rank {msg.source}")
         handler(msg)
-
-    def hold(self, source: int) -> None:
-        """Keep messages from ``source`` (in order) until :meth:`release`. Local."""
-        self.holding.setdefault(source, time.monotonic())
-
-    def release(self) -> int:
-        """Handle every held message, in arrival order, and stop holding. Local."""
-        held, self.held = self.held, []
-        self.holding.clear()
-        for msg in held:
-            self._dispatch(msg)
-        return len(held)
-
-    def held_since(self) -> float | None:
-        """When the oldest hold began (``time.monotonic``), or None."""
-        return min(self.holding.values(), default=None)
 
     def serve(self) -> None:
         """Run passes until every peer is done, then one last commit pass. Blocks; see
         the module docstring for why it cannot block forever."""
-        idle = 0
+        backoff = Backoff(max(self.poll_interval_s, 0.0005))
         while not self.finished:
             if self.step():
-                idle = 0
+                backoff.reset()
             else:
-                idle += 1
-                if idle > 20:
-                    time.sleep(min(self.poll_interval_s * (idle - 20), 0.0005))
+                backoff.pause()
         for s in self.shards:
             s.poll()
         for ext in self.extensions:
-            ext.finish()
+            ext.on_finish()

@@ -1,112 +1,61 @@
 """The Experience Data Plane: the ingest, place and deliver control points.
 
 One :class:`ExperienceDataPlane` per rank, built by every rank of the job together. It
-splits the world into roles, agrees on the config, lays shards out as the placement
-says in RMA windows, and then:
+splits the world into roles, agrees on the config, decides the placement (with the
+features that place shards themselves), lays shards out in RMA windows, builds this
+rank's endpoint and lets the features attach. Then it dispatches:
 
-* on **actor** ranks, :meth:`~ExperienceDataPlane.ingest` validates a batch and appends
-  it to the actor's shard (one atomic reservation, one put per field, one commit),
-  waiting only where the rate limiter or the policy-lag bound says so;
-* on **buffer** ranks, :meth:`~ExperienceDataPlane.serve` runs the progress loop that
-  commits rows and answers requests until every other rank is done;
-* on **learner** ranks, :meth:`~ExperienceDataPlane.next_batch` returns a ready batch
-  and :meth:`~ExperienceDataPlane.update_priorities` feeds back TD errors;
+* on **actor** ranks, :meth:`~ExperienceDataPlane.ingest` (the
+  :class:`~conduit_hpc.plane.actor.ActorEndpoint`);
+* on **buffer** ranks, :meth:`~ExperienceDataPlane.serve` (the
+  :class:`~conduit_hpc.plane.buffer.BufferServer` loop);
+* on **learner** ranks, :meth:`~ExperienceDataPlane.next_batch` and
+  :meth:`~ExperienceDataPlane.update_priorities` (the
+  :class:`~conduit_hpc.plane.learner.LearnerEndpoint`);
 * every rank calls :meth:`~ExperienceDataPlane.close` (collective) at the end.
+
+Features (checkpointing, live re-placement, long-haul) plug in through
+:mod:`conduit_hpc.plane.extensions`; this module imports none of them. Their public
+handles here: :attr:`config`, :attr:`spec`, :attr:`roles`, :attr:`placement`,
+:attr:`rings`, :attr:`window`, :attr:`control`, :attr:`channel`, :attr:`run_dir`,
+:attr:`started_at`, and the endpoint of this rank's role (:attr:`actor`,
+:attr:`server`, :attr:`learner`; ``None`` for the other roles).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 from numpy.typing import ArrayLike
 
 from conduit_hpc.config import Config
-from conduit_hpc.errors import (
-    ConduitError,
-    ConfigError,
-    DataPlaneClosed,
-    DataPlaneTimeout,
-    SpecError,
-)
-from conduit_hpc.features.longhaul.feature import LongHaul
+from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed
 from conduit_hpc.placement.placement import Placement, plan_round_robin
-from conduit_hpc.plane.buffer import BufferServer, OwnedShard, SequenceWindow
-from conduit_hpc.plane.delivery import (
-    C_ACTORS_DONE,
-    C_INSERTS,
-    C_LEARNER_VERSION,
-    C_LEARNERS_DONE,
-    C_RESERVED,
-    C_SAMPLES,
-    ControlBlock,
-    Deliverer,
-    WeightsBoard,
-    flat_parameters,
-    load_flat,
-    select_device,
-)
-from conduit_hpc.plane.learner import LearnerEndpoint
-from conduit_hpc.plane.metrics import ACTOR_COLUMNS, CsvSink
+from conduit_hpc.plane.actor import ActorEndpoint, IngestReceipt
+from conduit_hpc.plane.buffer import BufferServer, OwnedShard
+from conduit_hpc.plane.control import C_ACTORS_DONE, C_LEARNERS_DONE, ControlBlock
+from conduit_hpc.plane.delivery import Deliverer
+from conduit_hpc.plane.extensions import Feature, feature_factories
+from conduit_hpc.plane.learner import MODES, EdpMode, LearnerEndpoint
 from conduit_hpc.plane.roles import Role, RoleComms, check_same_config, split_roles
+from conduit_hpc.plane.staging import Batch, Stager, select_device
+from conduit_hpc.plane.weights import WeightsBoard, flat_parameters, load_flat
 from conduit_hpc.protocol import Tag
-from conduit_hpc.scheduler import LimiterState, RateLimiter
+from conduit_hpc.sampling import make_sampler
+from conduit_hpc.scheduler import RateLimiter
 from conduit_hpc.spec import Spec
-from conduit_hpc.storage.priority import PriorityIndex, check_priorities
+from conduit_hpc.storage.priority import PriorityIndex
 from conduit_hpc.storage.ring import ShardLayout, ShardRing
 from conduit_hpc.transport.channel import Channel
+from conduit_hpc.transport.objects import allgather_json
 from conduit_hpc.transport.rma import RmaWindow
 
-if TYPE_CHECKING:
-    from conduit_hpc.features.checkpointing.agent import SaveResult
-    from conduit_hpc.features.checkpointing.resume import RestoreResult
-    from conduit_hpc.features.replace import Replacement
-
-__all__ = ["ExperienceDataPlane", "IngestReceipt", "IngestStats"]
-
-
-class IngestReceipt(NamedTuple):
-    """What one :meth:`ExperienceDataPlane.ingest` call wrote.
-
-    Attributes:
-        rows (int): rows written.
-        shard_id (int): the shard they went to.
-        first_seq (int): shard sequence number of the first row (rows are consecutive).
-    """
-
-    rows: int
-    shard_id: int
-    first_seq: int
-
-
-class IngestStats:
-    """Counters of one actor's ingest.
-
-    Attributes:
-        rows (int): rows ingested.
-        batches (int): calls that wrote rows.
-        bytes (int): payload bytes written.
-        seconds (float): wall time spent inside ``ingest``.
-        limiter_wait_s (float): part of it spent waiting for the rate limiter.
-        lag_wait_s (float): part of it spent waiting for fresher weights.
-    """
-
-    __slots__ = ("batches", "bytes", "lag_wait_s", "limiter_wait_s", "rows", "seconds")
-
-    def __init__(self) -> None:
-        self.rows = 0
-        self.batches = 0
-        self.bytes = 0
-        self.seconds = 0.0
-        self.limiter_wait_s = 0.0
-        self.lag_wait_s = 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {k: getattr(self, k) for k in self.__slots__}
+__all__ = ["ExperienceDataPlane"]
 
 
 class ExperienceDataPlane:
@@ -131,7 +80,9 @@ class ExperienceDataPlane:
         ConfigMismatch: ranks hold different configs (on every rank).
         WorldTooSmall: the layout needs more ranks (on every rank).
         SpecError: the config's spec is empty or invalid (on every rank).
-        ConfigError: ``edp`` mode without MPI_THREAD_SERIALIZED (on every rank).
+        ConfigError: ``edp`` mode without MPI_THREAD_SERIALIZED, a feature the config
+            asks for cannot run with this layout, ``device = "cuda"`` without a GPU (on
+            every rank, except the last: on the learner).
     """
 
     def __init__(self, config: Config, comm: MPI.Intracomm | None = None, *,
@@ -142,7 +93,7 @@ class ExperienceDataPlane:
         # deterministic checks first, so that every rank raises the same error
         self.spec = Spec.from_config(config.spec)
         sch = config.scheduler
-        if sch.mode == "edp" and MPI.Query_thread() < MPI.THREAD_SERIALIZED:
+        if MODES[sch.mode] is EdpMode and MPI.Query_thread() < MPI.THREAD_SERIALIZED:
             raise ConfigError("scheduler.mode = 'edp' needs MPI_THREAD_SERIALIZED or "
                               "better (a data-plane thread makes the learner's MPI calls); "
                               f"MPI granted level {MPI.Query_thread()}",
@@ -150,119 +101,113 @@ class ExperienceDataPlane:
         check_same_config(comm, config)
         self.roles: RoleComms = split_roles(comm, config.layout)
         roles = self.roles
-        # long-haul deployment (edge / data centre across one emulated link), if on
-        self._longhaul = LongHaul(config, roles) if config.longhaul.mode != "off" else None
-        if self._longhaul is not None:
-            placement = self._longhaul.placement(placement)
-        if placement is None:
-            placement = plan_round_robin(
-                actor_ranks=roles.actor_ranks, buffer_ranks=roles.buffer_ranks,
-                learner_ranks=roles.learner_ranks,
-                capacity_rows=config.storage.capacity_rows,
-                shards_per_buffer=config.storage.shards_per_buffer)
-        self.placement = placement
-        replan = None
-        if config.placement.adaptive:  # the cluster model against the job, before windows
-            from conduit_hpc.features.replace import plan_replacement
-
-            try:
-                replan = plan_replacement(config, roles, placement, self.spec)
-            except ConduitError:
-                roles.close()  # every rank raises alike (decided from shared data)
-                raise
+        try:
+            self.features: list[Feature] = [
+                make(config, roles) for cls, make in feature_factories().values()
+                if cls.wanted(config)]
+            for f in self.features:
+                placement = f.placement(placement) or placement
+            if placement is None:
+                placement = plan_round_robin(
+                    actor_ranks=roles.actor_ranks, buffer_ranks=roles.buffer_ranks,
+                    learner_ranks=roles.learner_ranks,
+                    capacity_rows=config.storage.capacity_rows,
+                    shards_per_buffer=config.storage.shards_per_buffer)
+            for f in self.features:
+                f.check(placement, self.spec)
+        except ConduitError:
+            roles.close()  # every rank raises alike (decided from shared data)
+            raise
+        self.placement: Placement = placement
         self.run_dir = Path(run_dir) if run_dir else None
-        me = roles.world_rank
-        layouts = [ShardLayout(self.spec, s.capacity_rows) for s in placement.shards]
-        # each owner's segment starts with int64[world_size] acknowledgements: how many
-        # priority-update messages it has applied from each rank (see Deliverer.mark)
-        self._ack_bytes = (8 * roles.world_size + 63) // 64 * 64
-        bases: dict[int, int] = {}
-        used: dict[int, int] = {}
-        for s, lay in zip(placement.shards, layouts, strict=True):
-            bases[s.shard_id] = used.get(s.owner_rank, self._ack_bytes)
-            used[s.owner_rank] = bases[s.shard_id] + lay.nbytes
-        tcfg = config.transport
-        shared = tcfg.shared_memory == "auto"
-        self._window = RmaWindow(roles.world, used.get(me, 0), node_comm=roles.node,
-                                 shared=shared)
-        self._control_owner = roles.buffer_ranks[0]
-        self._control_window = RmaWindow(roles.world, 64 if me == self._control_owner else 0,
-                                         node_comm=roles.node, shared=shared)
-        self.control = ControlBlock(self._control_window, self._control_owner)
-        timeout = config.run.timeout_s
-        self.rings: dict[int, ShardRing] = {
-            s.shard_id: ShardRing(self._window, s.owner_rank, bases[s.shard_id], lay,
-                                  timeout_s=timeout, poll_interval_s=tcfg.poll_interval_s)
-            for s, lay in zip(placement.shards, layouts, strict=True)}
-        # the owner always maps its own memory, whatever the sharing policy
-        for s in placement.shards_of(me):
-            ring = self.rings[s.shard_id]
-            if ring.views is None:
-                ring.views = ring.layout.views(self._window.own_segment(), ring.base)
-        self.channel = (Channel(roles.world, poll_interval_s=tcfg.poll_interval_s)
-                        if self._longhaul is None else
-                        self._longhaul.make_channel(roles.world, tcfg.poll_interval_s))
+        self.started_at = time.perf_counter()
+        self._make_storage()
+        self.channel: Channel = next(
+            (c for f in self.features
+             if (c := f.channel(roles.world, config.transport.poll_interval_s)) is not None),
+            None) or Channel(roles.world, poll_interval_s=config.transport.poll_interval_s)
         self.limiter = RateLimiter(sch.samples_per_insert, sch.min_fill_rows, sch.error_buffer)
-        self.ingest_stats = IngestStats()
         self._done_sent = False
         self._closed = False
         self._weights_window: RmaWindow | None = None
         self.weights: WeightsBoard | None = None
         self._model: Any = None
         self.server: BufferServer | None = None
-        self.learner: Any = None
+        self.learner: LearnerEndpoint | None = None
+        self.actor: ActorEndpoint | None = None
         self._learner_summary: dict[str, float] = {}
-        self._actor_metrics: CsvSink | None = None
-        self._t0 = time.perf_counter()
-        self._last_actor_log = self._t0
-        self._rows_at_log = 0
         if roles.role is Role.BUFFER:
             self._init_buffer()
         elif roles.role is Role.LEARNER:
             self._init_learner(transform)
         else:
-            self._actor_metrics = CsvSink(self._metrics_file(f"actor-{me}.csv"), ACTOR_COLUMNS,
-                                          keep=False)
-        #: adaptive re-placement in the running job (``[placement] adaptive``), collective
-        self.replacement: Replacement | None = None
-        if replan is not None:
-            from conduit_hpc.features.replace import Replacement
+            self._init_actor()
+        for f in self.features:
+            f.attach(self)  # collective where a feature makes windows
 
-            self.replacement = Replacement(self, replan)
-        if self._longhaul is not None:
-            self._longhaul.attach(self)  # collective
+    # -- construction --------------------------------------------------------------
+    def _make_storage(self) -> None:
+        """Windows for the shards, the control block, the ring clients."""
+        roles, me, cfg = self.roles, self.roles.world_rank, self.config
+        layouts = [ShardLayout(self.spec, s.capacity_rows) for s in self.placement.shards]
+        # each owner's segment starts with int64[world_size] acknowledgements: how many
+        # priority-update messages it has applied from each rank (see Deliverer.mark)
+        self._ack_bytes = (8 * roles.world_size + 63) // 64 * 64
+        bases: dict[int, int] = {}
+        used: dict[int, int] = {}
+        for s, lay in zip(self.placement.shards, layouts, strict=True):
+            bases[s.shard_id] = used.get(s.owner_rank, self._ack_bytes)
+            used[s.owner_rank] = bases[s.shard_id] + lay.nbytes
+        shared = cfg.transport.shared_memory == "auto"
+        self.window = RmaWindow(roles.world, used.get(me, 0), node_comm=roles.node,
+                                shared=shared)
+        self._control_owner = roles.buffer_ranks[0]
+        self._control_window = RmaWindow(roles.world, 64 if me == self._control_owner else 0,
+                                         node_comm=roles.node, shared=shared)
+        self.control = ControlBlock(self._control_window, self._control_owner)
+        self.rings: dict[int, ShardRing] = {
+            s.shard_id: ShardRing(self.window, s.owner_rank, bases[s.shard_id], lay,
+                                  timeout_s=cfg.run.timeout_s,
+                                  poll_interval_s=cfg.transport.poll_interval_s)
+            for s, lay in zip(self.placement.shards, layouts, strict=True)}
+        # the owner always maps its own memory, whatever the sharing policy
+        for s in self.placement.shards_of(me):
+            ring = self.rings[s.shard_id]
+            if ring.views is None:
+                ring.views = ring.layout.views(self.window.own_segment(), ring.base)
 
     def _metrics_file(self, name: str) -> Path | None:
         return self.run_dir / "metrics" / name if self.run_dir else None
 
     def _init_buffer(self) -> None:
         cfg, roles, me = self.config, self.roles, self.roles.world_rank
-        scfg, sch = cfg.storage, cfg.scheduler
-        alpha = 0.0 if sch.sampler == "uniform" else scfg.priority_exponent
-        seqwin = (SequenceWindow(sch.window, sch.episode_field, sch.stream_field,
-                                 sch.cross_episode) if sch.sampler == "sequence" else None)
+        sampler = make_sampler(cfg, cfg.run.seed + me)
         owned = []
         for s in self.placement.shards_of(me):
             ring = self.rings[s.shard_id]
-            assert ring.views is not None
+            views = ring.views
+            assert views is not None
             # the tree and generations live in the window: node-local learners search
             # them directly (under the shard's seqlock) instead of asking
-            index = PriorityIndex(s.capacity_rows, alpha=alpha,
-                                  initial_priority=scfg.initial_priority,
-                                  sum_buffer=ring.views.tree, gens_buffer=ring.views.gens)
-            owned.append(OwnedShard(s.shard_id, ring, index, sequence=seqwin))
+            index = PriorityIndex(s.capacity_rows, alpha=sampler.alpha,
+                                  initial_priority=cfg.storage.initial_priority,
+                                  sum_buffer=views.tree, gens_buffer=views.gens)
+            drawer = sampler.drawer(views.columns, ring.capacity,
+                                    lambda v=views: int(v.header[1]))
+            owned.append(OwnedShard(s.shard_id, ring, index, drawer))
         peers = tuple(r for r in range(roles.world_size) if r not in roles.buffer_ranks)
         on_done = self._count_done if me == self._control_owner else None
-        seg = self._window.own_segment()
-        acks = seg[:8 * roles.world_size].view(np.int64)
+        acks = self.window.own_segment()[:8 * roles.world_size].view(np.int64)
         self.server = BufferServer(owned, self.channel, peers, on_done=on_done,
                                    poll_interval_s=cfg.transport.poll_interval_s,
-                                   seed=cfg.run.seed + me, acks=acks,
-                                   sync=self._window.sync)
+                                   seed=cfg.run.seed + me, window=sampler.window, acks=acks,
+                                   sync=self.window.sync)
 
     def _count_done(self, rank: int) -> None:
-        slot = C_LEARNERS_DONE if rank in self.roles.learner_ranks else C_ACTORS_DONE
-        self.control.add(slot, 1)
+        if rank in self.roles.learner_ranks:
+            self.control.add(C_LEARNERS_DONE, 1)
+        elif rank in self.roles.actor_ranks:
+            self.control.add(C_ACTORS_DONE, 1)
 
     def _init_learner(self, transform: Any) -> None:
         cfg, roles, me = self.config, self.roles, self.roles.world_rank
@@ -272,21 +217,34 @@ class ExperienceDataPlane:
         owners = {s: self.placement.shards[s].owner_rank for s in mine}
         acks = {}
         for o in set(owners.values()):
-            view = self._window.local_view(o)
+            view = self.window.local_view(o)
             if view is not None:
                 acks[o] = view[:8 * roles.world_size].view(np.int64)
         d = Deliverer(spec=self.spec, rings={s: self.rings[s] for s in mine}, owners=owners,
-                      acks=acks, sync=self._window.sync, rank=me,
+                      acks=acks, sync=self.window.sync, rank=me,
                       channel=self.channel, control=self.control, limiter=self.limiter,
-                      config=cfg.scheduler, n_actors=len(roles.actor_ranks),
-                      device=self.device, transform=transform, seed=cfg.run.seed + me,
-                      timeout_s=cfg.run.timeout_s,
+                      config=cfg.scheduler, sampler=make_sampler(cfg, cfg.run.seed + me),
+                      fetch=MODES[cfg.scheduler.mode].fetch_for(cfg.scheduler),
+                      n_actors=len(roles.actor_ranks), stager=Stager(self.device),
+                      transform=transform, timeout_s=cfg.run.timeout_s,
                       poll_interval_s=cfg.transport.poll_interval_s)
         self.learner = LearnerEndpoint(d, cfg.scheduler, self.control,
                                        lead=me == roles.learner_ranks[0],
                                        metrics_path=self._metrics_file(f"learner-{me}.csv"),
                                        timeout_s=cfg.run.timeout_s,
                                        status=me == 0 and self.run_dir is not None)
+
+    def _init_actor(self) -> None:
+        me = self.roles.world_rank
+        routes = [f.route for f in self.features]
+
+        def route(batches: int) -> int | None:
+            return next((s for r in routes if (s := r(batches)) is not None), None)
+
+        self.actor = ActorEndpoint(self.config, self.spec, me, self.rings,
+                                   self.placement.actor_shards[me], route, self.control,
+                                   self.limiter, lambda: self.should_stop,
+                                   self._metrics_file(f"actor-{me}.csv"))
 
     # -- context -------------------------------------------------------------------
     def __enter__(self) -> ExperienceDataPlane:
@@ -306,6 +264,10 @@ class ExperienceDataPlane:
     @property
     def world_rank(self) -> int:
         return self.roles.world_rank
+
+    def feature(self, name: str) -> Feature | None:
+        """The attached feature called ``name`` (``None`` if the config has it off)."""
+        return next((f for f in self.features if f.name == name), None)
 
     def _require(self, role: Role, what: str) -> None:
         if self._closed:
@@ -348,97 +310,15 @@ class ExperienceDataPlane:
             DataPlaneTimeout: a wait ran past ``run.timeout_s``.
         """
         self._require(Role.ACTOR, "ingest()")
-        t0 = time.perf_counter()
-        data = self.spec.validate(batch)
-        n = self.spec.rows_of(data)
-        prio = None
-        if priorities is not None:
-            try:
-                prio = check_priorities(priorities)
-            except ValueError as err:
-                raise SpecError(str(err)) from err
-            if len(prio) != n:
-                raise SpecError(f"priorities has {len(prio)} entries but the batch has "
-                                f"{n} rows")
-        sid = (self.placement.actor_shards[self.world_rank] if self.replacement is None
-               else self.replacement.shard_for(self.ingest_stats.batches))
-        ring = self.rings[sid]
-        if n > ring.capacity:
-            raise SpecError(f"batch of {n} rows exceeds the shard capacity of "
-                            f"{ring.capacity} rows; split it or raise storage.capacity_rows")
-        sch = self.config.scheduler
-        if self.limiter.enabled and n > sch.max_insert_batch:
-            raise SpecError(f"batch of {n} rows exceeds scheduler.max_insert_batch = "
-                            f"{sch.max_insert_batch} (the rate limiter's tolerance is "
-                            f"sized for it)")
-        if n == 0:
-            return IngestReceipt(0, sid, -1)
-        self._wait_policy_lag()
-        self._admit(n)
-        first = ring.write(data, prio)
-        self.control.add(C_INSERTS, n)
-        st = self.ingest_stats
-        st.rows += n
-        st.batches += 1
-        st.bytes += n * self.spec.row_bytes
-        now = time.perf_counter()
-        st.seconds += now - t0
-        if now - self._last_actor_log > 1.0:
-            self._log_actor(now)
-        return IngestReceipt(n, sid, first)
+        assert self.actor is not None
+        return self.actor.ingest(batch, priorities)
 
-    def _admit(self, n: int) -> None:
-        """With the ratio on, reserve ``n`` inserts and wait until the ratio allows
-        them. Reserving first means concurrent actors never overshoot together."""
-        if not self.limiter.enabled:
-            return
-        old = self.control.add(C_RESERVED, n)
-        lim = self.limiter
-        t0 = time.perf_counter()
-        deadline = time.monotonic() + self.config.run.timeout_s
-        while True:
-            state = LimiterState(old, self.control.read(C_SAMPLES), 0)
-            if lim.can_insert(state, n) or self.should_stop:
-                break
-            if time.monotonic() > deadline:
-                raise DataPlaneTimeout(f"actor {self.world_rank} waited "
-                                       f"{self.config.run.timeout_s:.1f} s to insert {n} "
-                                       f"rows: {lim.explain(state)}")
-            time.sleep(self.config.transport.poll_interval_s * 5)
-        self.ingest_stats.limiter_wait_s += time.perf_counter() - t0
-
-    def _wait_policy_lag(self) -> None:
-        lag = self.config.scheduler.max_policy_lag
-        if not lag:
-            return
-        if self.weights is None:
-            raise ConfigError("scheduler.max_policy_lag > 0 needs share_weights(model) on "
-                              "every rank before ingest", key="scheduler.max_policy_lag")
-        t0 = time.perf_counter()
-        deadline = time.monotonic() + self.config.run.timeout_s
-        while self.control.read(C_LEARNER_VERSION) - self.weights.seen_superstep > lag:
-            if self.should_stop:
-                break
-            if not self.pull_weights():
-                if time.monotonic() > deadline:
-                    raise DataPlaneTimeout(
-                        f"actor {self.world_rank} waited {self.config.run.timeout_s:.1f} s "
-                        f"for weights newer than learner superstep "
-                        f"{self.weights.seen_superstep}")
-                time.sleep(self.config.transport.poll_interval_s * 5)
-        self.ingest_stats.lag_wait_s += time.perf_counter() - t0
-
-    def _log_actor(self, now: float) -> None:
-        st = self.ingest_stats
-        sink = self._actor_metrics
-        if sink is None:
-            return
-        sink.add({"time_s": now - self._t0, "rows": st.rows,
-                  "rows_per_s": (st.rows - self._rows_at_log) / (now - self._last_actor_log),
-                  "limiter_wait_s": st.limiter_wait_s,
-                  "policy_version": self.weights.seen_superstep if self.weights else -1})
-        sink.flush()
-        self._last_actor_log, self._rows_at_log = now, st.rows
+    @property
+    def ingest_stats(self) -> Any:
+        """This actor's :class:`~conduit_hpc.plane.actor.IngestStats` (actors only)."""
+        self._require(Role.ACTOR, "ingest_stats")
+        assert self.actor is not None
+        return self.actor.stats
 
     # -- weights (learners -> actors) ----------------------------------------------
     def share_weights(self, model: Any) -> None:
@@ -458,15 +338,16 @@ class ExperienceDataPlane:
                                   "from then on)")
         roles = self.roles
         n = int(flat_parameters(model).size) if model is not None else -1
-        sizes = roles.world.allgather(n)
+        sizes = np.zeros(roles.world_size, dtype=np.int64)
+        roles.world.Allgather(np.array([n], dtype=np.int64), sizes)
         lead = roles.learner_ranks[0] if roles.learner_ranks else -1
         if lead < 0:
             return
-        want = sizes[lead]
+        want = int(sizes[lead])
         bad = [r for r in (*roles.actor_ranks, *roles.learner_ranks) if sizes[r] != want]
         if bad:
             raise ConfigError(f"share_weights: ranks {bad} passed models with "
-                              f"{[sizes[r] for r in bad]} parameters, the lead learner "
+                              f"{[int(sizes[r]) for r in bad]} parameters, the lead learner "
                               f"{want}", key="model")
         me = roles.world_rank
         self._weights_window = RmaWindow(roles.world, 64 + 4 * want if me == lead else 0,
@@ -477,6 +358,8 @@ class ExperienceDataPlane:
         if self.learner is not None:
             self.learner.weights, self.learner.model = self.weights, model
             self.learner.publish_now()
+        if self.actor is not None:
+            self.actor.weights, self.actor.pull = self.weights, self.pull_weights
         roles.world.Barrier()  # the first weights are out before any actor pulls
         if roles.role is Role.ACTOR:
             self.pull_weights()  # every actor starts from the learner's weights
@@ -499,9 +382,9 @@ class ExperienceDataPlane:
         return self.weights.seen_superstep if self.weights is not None else -1
 
     # -- deliver (learners) ----------------------------------------------------------
-    def next_batch(self) -> Any:
+    def next_batch(self) -> Batch:
         """The batch for this learner's next superstep (a
-        :class:`~conduit_hpc.plane.delivery.Batch`: torch tensors on the learner's device,
+        :class:`~conduit_hpc.plane.staging.Batch`: torch tensors on the learner's device,
         ``indices`` and importance ``weights``). Ends the current superstep. Blocks
         until the batch is ready (bounded by ``run.timeout_s``). Learner ranks only.
 
@@ -513,8 +396,7 @@ class ExperienceDataPlane:
             DataPlaneTimeout: no batch within ``run.timeout_s``.
         """
         self._require(Role.LEARNER, "next_batch()")
-        if self._longhaul is not None:
-            self._longhaul.end_superstep()
+        assert self.learner is not None
         return self.learner.next_batch()
 
     def update_priorities(self, indices: ArrayLike, priorities: ArrayLike) -> None:
@@ -528,11 +410,13 @@ class ExperienceDataPlane:
                 priority (nothing is sent).
         """
         self._require(Role.LEARNER, "update_priorities()")
+        assert self.learner is not None
         self.learner.update_priorities(np.asarray(indices), priorities)
 
     def log(self, **values: float) -> None:
         """Add job columns (``loss=...``) to this learner's current superstep metrics."""
         self._require(Role.LEARNER, "log()")
+        assert self.learner is not None
         self.learner.log(**values)
 
     # -- serve (buffers) -----------------------------------------------------------
@@ -554,76 +438,35 @@ class ExperienceDataPlane:
         Returns:
             dict: ``actors`` (world rank -> ingest counters), ``shards`` (shard id ->
             committed, held, dropped and applied priority updates), ``learners`` (world
-            rank -> latency summary), ``rows_ingested``, ``bytes_ingested``,
-            ``replacement`` (world rank -> its part of adaptive re-placement, see
-            :meth:`~conduit_hpc.features.replace.Replacement.summary`; empty when off).
+            rank -> latency summary), ``rows_ingested``, ``bytes_ingested``, and one
+            entry per attached feature (its ``merge`` of every rank's part; for
+            ``replacement`` and ``longhaul`` see those features).
         """
         mine: dict[str, Any] = {"rank": self.world_rank, "role": self.role.value}
-        if self.role is Role.ACTOR:
-            mine["ingest"] = self.ingest_stats.as_dict()
+        if self.actor is not None:
+            mine["ingest"] = self.actor.stats.as_dict()
         if self.server is not None:
             for s in self.server.shards:
                 s.poll()
-            mine["shards"] = {s.shard_id: {"committed": s.committed, "held": s.index.count,
-                                           "dropped_updates": s.index.dropped_updates,
-                                           "applied_updates": s.index.applied_updates}
-                              for s in self.server.shards}
-        if self.role is Role.LEARNER:
+            mine["shards"] = {str(s.shard_id): {
+                "committed": s.committed, "held": s.index.count,
+                "dropped_updates": s.index.dropped_updates,
+                "applied_updates": s.index.applied_updates} for s in self.server.shards}
+        if self.learner is not None:
             mine["learner"] = self._learner_summary
-        if self.replacement is not None:
-            mine["replacement"] = self.replacement.summary()
-        if self._longhaul is not None:
-            mine["longhaul"] = self._longhaul.local_stats()
-        everyone = self.roles.world.allgather(mine)
+        mine["features"] = {f.name: f.summary() for f in self.features}
+        everyone = allgather_json(self.roles.world, mine)
         actors = {d["rank"]: d["ingest"] for d in everyone if "ingest" in d}
         shards: dict[int, Any] = {}
         for d in everyone:
-            shards.update(d.get("shards", {}))
+            shards.update({int(k): v for k, v in d.get("shards", {}).items()})
         out = {"actors": actors, "shards": dict(sorted(shards.items())),
                "learners": {d["rank"]: d["learner"] for d in everyone if "learner" in d},
                "rows_ingested": sum(a["rows"] for a in actors.values()),
-               "bytes_ingested": sum(a["bytes"] for a in actors.values()),
-               "replacement": {d["rank"]: d["replacement"] for d in everyone
-                               if "replacement" in d}}
-        if self._longhaul is not None:
-            out["longhaul"] = self._longhaul.merge([d.get("longhaul") for d in everyone])
+               "bytes_ingested": sum(a["bytes"] for a in actors.values())}
+        for f in self.features:
+            out[f.name] = f.merge([d["features"].get(f.name) for d in everyone])
         return out
-
-    # -- checkpoints (features.checkpointing holds the logic) -----------------------
-    def restore(self, source: str | Path = "latest", *,
-                roots: Sequence[Path] = ()) -> RestoreResult | None:
-        """Restore the replay state from a checkpoint. **Collective** on the job's
-        ranks; call right after construction, before any ingest. Blocks for the reads.
-        See :func:`conduit_hpc.features.checkpointing.resume.restore_data_plane`."""
-        from conduit_hpc.checkpoint import rng_from_json
-        from conduit_hpc.features.checkpointing.resume import restore_data_plane
-
-        result = restore_data_plane(self, source, roots=roots)
-        if result is not None and self.learner is not None:
-            # the scheduler's position and the sampler's random state come back too
-            mine = result.counters.get(self.world_rank, {})
-            self.learner.d.superstep_offset = int(mine.get("superstep", 0))
-            if result.rng_state:
-                self.learner.d.rng = rng_from_json(result.rng_state)
-        return result
-
-    def checkpoint_every(self, agent: Any, every_supersteps: int,
-                         provide: Any = None) -> None:
-        """Learners: take part in checkpoints cut at every ``every_supersteps``-th
-        superstep boundary through ``agent`` (a
-        :class:`~.features.checkpointing.agent.CheckpointAgent`); ``provide()`` returns this
-        learner's state (``extra_state``: named arrays such as the model and optimizer,
-        lead learner only; ``counters``). Other ranks: no-op. Local."""
-        if self.learner is not None and every_supersteps > 0:
-            self.learner.attach_checkpoints(agent, every_supersteps, provide)
-
-    def checkpoint(self, root: Path, **kwargs: Any) -> SaveResult:
-        """Write a complete checkpoint now. **Collective** on the job's ranks (buffers
-        outside ``serve``); blocks until it is on disk. See
-        :func:`conduit_hpc.features.checkpointing.agent.save_checkpoint` for the arguments."""
-        from conduit_hpc.features.checkpointing.agent import save_checkpoint
-
-        return save_checkpoint(self, root, **kwargs)
 
     # -- lifetime ------------------------------------------------------------------
     def done(self) -> None:
@@ -634,16 +477,13 @@ class ExperienceDataPlane:
             return
         self._done_sent = True
         if self.learner is not None:
-            if self._longhaul is not None:
-                self._longhaul.end_superstep()
             self._learner_summary = self.learner.stop()
-        if self._actor_metrics is not None:
-            self._log_actor(time.perf_counter())
-            self._actor_metrics.close()
+        if self.actor is not None:
+            self.actor.close()
         for b in self.roles.buffer_ranks:
             self.channel.isend(b, Tag.DONE, np.zeros(0, np.uint8))
-        if self._longhaul is not None:
-            self._longhaul.release_held()  # the buffers must see it while we wait
+        for f in self.features:
+            f.before_done()  # e.g. messages held for a link: the buffers must see them
 
     def close(self) -> None:
         """Finish and free everything. **Collective** on the job's ranks; idempotent.
@@ -662,13 +502,11 @@ class ExperienceDataPlane:
         self.channel.drain(timeout)
         self.roles.world.Barrier()
         self._closed = True
-        if self.replacement is not None:
-            self.replacement.close()
-        if self._longhaul is not None:
-            self._longhaul.close()
+        for f in self.features:
+            f.close()
         if self._weights_window is not None:
             self._weights_window.close()
         self._control_window.close()
-        self._window.close()
+        self.window.close()
         self.channel.close()
         self.roles.close()

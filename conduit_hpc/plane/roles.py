@@ -16,6 +16,7 @@ from mpi4py import MPI
 
 from conduit_hpc.config import Config, LayoutConfig
 from conduit_hpc.errors import ConfigError, ConfigMismatch, WorldTooSmall
+from conduit_hpc.transport.objects import allgather_json
 
 __all__ = ["Role", "RoleComms", "agree", "check_same_config", "split_roles"]
 
@@ -110,9 +111,9 @@ def _node_split(world: MPI.Intracomm, emulate_nodes: int) -> tuple[MPI.Intracomm
     else:
         node = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)  # type: ignore[assignment]
         leader = node.allreduce(rank, op=MPI.MIN)
-        leaders = sorted(set(world.allgather(leader)))
+        leaders = sorted(set(allgather_json(world, int(leader))))
         color = leaders.index(leader)
-    return node, tuple(int(c) for c in world.allgather(color))
+    return node, tuple(int(c) for c in allgather_json(world, int(color)))
 
 
 def _assign(layout: LayoutConfig,
@@ -196,7 +197,7 @@ def check_same_config(comm: MPI.Intracomm, config: Config) -> None:
 
     **Collective** on ``comm`` (one all-gather of a 64-character digest).
     """
-    digests = comm.allgather(config.digest())
+    digests = allgather_json(comm, config.digest())
     if len(set(digests)) > 1:
         groups: dict[str, list[int]] = {}
         for r, d in enumerate(digests):

@@ -17,10 +17,12 @@ from mpi4py import MPI
 
 from conduit_hpc import CheckpointError, ExperienceDataPlane, Role, job
 from conduit_hpc import checkpoint as ck
+from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.placement import Placement, plan_round_robin
-from conduit_hpc.plane.buffer import Tag
+from conduit_hpc.plane.extensions import BufferExtension
+from conduit_hpc.protocol import Tag
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD
@@ -134,7 +136,7 @@ def test_cut_under_ingest_restores_every_row_before_it_once(shared_dir, shared_m
 
     def restore_and_check(cfg, resharded: bool) -> list:
         with ExperienceDataPlane(cfg) as edp2:
-            res = edp2.restore(root / "ckpt-000001")
+            res = restore_data_plane(edp2, root / "ckpt-000001")
             assert res is not None and res.resharded is resharded and res.rows == len(want)
             rows = held(edp2)
             got = sorted((w, q, p) for w, q, _, p, _ in rows)
@@ -158,7 +160,7 @@ def test_cut_under_ingest_restores_every_row_before_it_once(shared_dir, shared_m
     assert per_shard.max() - per_shard.min() <= 1, per_shard  # dealt evenly
     # the same layout: identical cursors and slots
     with ExperienceDataPlane(cfg) as edp3:
-        edp3.restore(root / "ckpt-000001")
+        restore_data_plane(edp3, root / "ckpt-000001")
         for s in edp3.owned_shards():
             assert s.committed == c.shards[s.shard_id].commit
         rows = held(edp3)
@@ -229,7 +231,7 @@ def test_signal_on_one_rank_stops_all_and_final_checkpoint_round_trips(shared_di
             s.index.update(slots, s.index.gens[slots], np.full(len(slots), 11.0))
             before = {"sum": s.index.sum._tree.copy(), "min": s.index.min._tree.copy(),
                       "max": s.index.max_priority, "commit": s.committed}
-        result = edp.checkpoint(root, rng=ck.rng_to_json(gen), counters={"batches": batches},
+        result = save_checkpoint(edp, root, rng=ck.rng_to_json(gen), counters={"batches": batches},
                                 extra_state=model if edp.role is Role.BUFFER else None,
                                 agent=agent)
         stop.close()
@@ -242,7 +244,7 @@ def test_signal_on_one_rank_stops_all_and_final_checkpoint_round_trips(shared_di
     assert c.counters[COMM.rank]["batches"] == batches
     # restore: identical trees, this rank's RNG and the arrays come back
     with ExperienceDataPlane(cfg) as edp2:
-        res = edp2.restore("latest", roots=[root])
+        res = restore_data_plane(edp2, "latest", roots=[root])
         assert res is not None and res.path == result.path and not res.resharded
         restored = ck.rng_from_json(res.rng_state)
         np.testing.assert_array_equal(restored.random(4), gen.random(4))
@@ -269,7 +271,7 @@ def one_cycle(root: Path, rows_per_actor: int) -> None:
             edp.done()
         else:
             edp.serve()
-        edp.checkpoint(root)
+        save_checkpoint(edp, root)
 
 
 @pytest.mark.mpi(min_size=3)
@@ -294,7 +296,7 @@ def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
     COMM.Barrier()
     actors = COMM.size - 1
     with ExperienceDataPlane(cfg_for(1, 1, capacity=1000)) as edp:
-        res = edp.restore("latest", roots=[root])
+        res = restore_data_plane(edp, "latest", roots=[root])
         assert res is not None and res.path.name == "ckpt-000001"
         assert res.rows == actors
         assert len(res.skipped) == 3
@@ -304,14 +306,14 @@ def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
         assert len(held(edp)) == actors
         # a given checkpoint is refused without fallback, on every rank alike
         with pytest.raises(CheckpointError, match="fails its checksum"):
-            edp.restore(root / "ckpt-000004")
+            restore_data_plane(edp, root / "ckpt-000004")
         with pytest.raises(CheckpointError, match="no DONE marker"):
-            edp.restore(root / "ckpt-000002")
+            restore_data_plane(edp, root / "ckpt-000002")
         edp.done()
         if edp.role is Role.BUFFER:
             edp.serve()
     with ExperienceDataPlane(cfg_for(1, 1, capacity=1000)) as edp:
-        assert edp.restore("latest", roots=[root / "nothing-here"]) is None
+        assert restore_data_plane(edp, "latest", roots=[root / "nothing-here"]) is None
         edp.done()
         if edp.role is Role.BUFFER:
             edp.serve()
@@ -371,13 +373,17 @@ def test_superstep_boundary_cut_sees_every_update_sent_before_the_marker(shared_
         agent = CheckpointAgent(edp, root, keep=0)
         learner = edp.roles.learner_ranks[0]
         if edp.server is not None:
-            def on_update(msg) -> None:  # every held row of this rank gets priority p
-                (p,) = msg.view(np.float64)
-                for s in edp.owned_shards():
-                    s.poll()
-                    slots = np.flatnonzero(s.index.gens > 0)
-                    s.index.update(slots, s.index.gens[slots], np.full(len(slots), p))
-            edp.server.handlers[TEST_UPDATE] = on_update
+            class OnUpdate(BufferExtension):  # every held row of this rank gets priority p
+                tags = frozenset({TEST_UPDATE})
+
+                def on_message(self, msg) -> None:
+                    (p,) = msg.view(np.float64)
+                    for s in edp.owned_shards():
+                        s.poll()
+                        slots = np.flatnonzero(s.index.gens > 0)
+                        s.index.update(slots, s.index.gens[slots], np.full(len(slots), p))
+
+            edp.server.add_extension(OnUpdate())
             edp.serve()
         elif edp.role is Role.ACTOR:
             ingest(edp, 0, 10)

@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
 from conduit_hpc import checkpoint as ck
+from conduit_hpc.features.checkpointing import restore_data_plane
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.testing import checked_batch, make_config
 
@@ -30,7 +31,7 @@ def test_boundary_checkpoints_hold_exactly_the_updates_before_the_boundary(
     history: list[tuple[int, np.ndarray, float]] = []  # (superstep, indices, priority)
     with ExperienceDataPlane(config(mode)) as edp:
         agent = CheckpointAgent(edp, shared_dir, keep=0)
-        edp.checkpoint_every(agent, EVERY, lambda: {"extra_state": model})
+        agent.every_supersteps(EVERY, lambda: {"extra_state": model})
         if edp.role is Role.ACTOR:
             for i in range(40):  # a fixed set of rows: nothing is overwritten
                 edp.ingest(checked_batch(edp.world_rank, 8 * i, 8))
@@ -80,7 +81,7 @@ def test_restore_brings_back_the_learners_position_and_sampler_state(shared_dir)
     cfg = config("sync")
     with ExperienceDataPlane(cfg) as edp:
         agent = CheckpointAgent(edp, shared_dir, keep=0)
-        edp.checkpoint_every(agent, EVERY, None)
+        agent.every_supersteps(EVERY, None)
         if edp.role is Role.ACTOR:
             for i in range(20):
                 edp.ingest(checked_batch(edp.world_rank, 8 * i, 8))
@@ -94,10 +95,10 @@ def test_restore_brings_back_the_learners_position_and_sampler_state(shared_dir)
             edp.serve()
         agent.finish()
     with ExperienceDataPlane(cfg) as edp:
-        restored = edp.restore("latest", roots=[shared_dir])
+        restored = restore_data_plane(edp, "latest", roots=[shared_dir])
         assert restored is not None
         if edp.role is Role.LEARNER:
-            assert edp.learner.d.superstep_offset == EVERY
+            assert edp.learner.superstep_offset == EVERY
             first = edp.next_batch()
             assert first.superstep == EVERY  # the scheduler continues where it was
         elif edp.role is Role.BUFFER:

@@ -208,7 +208,7 @@ def test_rate_limiter_holds_the_ratio_and_releases_actors_when_learner_stops(mod
     cfg = config(mode, scheduler={"samples_per_insert": spi, "error_buffer": err,
                                   "max_insert_batch": 16, "min_fill_rows": 64,
                                   "batch_rows": 32})
-    from conduit_hpc.plane.delivery import C_INSERTS, C_SAMPLES
+    from conduit_hpc.plane.control import C_INSERTS, C_SAMPLES
 
     with ExperienceDataPlane(cfg) as edp:
         lim = edp.limiter

@@ -61,7 +61,7 @@ def test_forward_drops_exactly_what_the_link_could_not_carry() -> None:
         elif edp.role is Role.LEARNER:
             steps = 0
             # at least 30 supersteps, and on until the edge had to drop rows
-            while steps < 30 or edp._longhaul.snapshot().dropped == 0:
+            while steps < 30 or edp.feature("longhaul").snapshot().dropped == 0:
                 b = edp.next_batch()
                 cols = {k: v.numpy() for k, v in b.data.items()}
                 assert row_consistent(cols).all(), "a torn row reached the learner"
@@ -175,7 +175,7 @@ def test_no_rank_is_left_waiting_when_the_job_ends(mode: str) -> None:
         else:
             edp.serve()
         edp.done()
-        held_after_done = edp._longhaul.channel.held
+        held_after_done = edp.feature("longhaul").link.held
         summary = edp.summary()
     took = COMM.allgather(time.monotonic() - t0)
     assert held_after_done == 0  # done()/serve() released everything for the link

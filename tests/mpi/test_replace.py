@@ -22,7 +22,7 @@ from scipy.stats import chisquare
 from conduit_hpc import ExperienceDataPlane, Role
 from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.placement import Placement, plan_round_robin
-from conduit_hpc.plane.delivery import C_ACTORS_DONE
+from conduit_hpc.plane.control import C_ACTORS_DONE
 from conduit_hpc.storage.migrate import held_slots
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
 
@@ -96,7 +96,7 @@ def run_actor(edp: ExperienceDataPlane) -> list[tuple[int, int]]:
         batch = checked_batch(rank, wseq, INGEST)
         edp.ingest(batch, priorities=base_priority(batch["writer"], batch["wseq"]))
         wseq += INGEST
-        rep = edp.replacement
+        rep = edp.feature("replacement")
         assert rep is not None and rep.router is not None
         # the move is complete and this actor has seen the new routing
         if (moved_at is None and wseq % (10 * INGEST) == 0 and rep.router.version >= 1
@@ -111,7 +111,7 @@ def run_actor(edp: ExperienceDataPlane) -> list[tuple[int, int]]:
 def run_learner(edp: ExperienceDataPlane, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     n_actors = len(edp.roles.actor_ranks)
-    rep = edp.replacement
+    rep = edp.feature("replacement")
     assert rep is not None
     remote = len(edp.roles.buffer_ranks) - 1  # the shard on node 1
     last: dict[tuple[int, int], float] = {}

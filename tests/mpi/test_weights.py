@@ -7,7 +7,8 @@ import torch
 from mpi4py import MPI
 
 from conduit_hpc import ConfigError, ExperienceDataPlane, Role
-from conduit_hpc.plane.delivery import C_LEARNER_VERSION, flat_parameters
+from conduit_hpc.plane.control import C_LEARNER_VERSION
+from conduit_hpc.plane.weights import flat_parameters
 from conduit_hpc.testing import checked_batch, make_config
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from conduit_hpc import ConfigError, DataPlaneTimeout
-from conduit_hpc.plane.delivery import check_update
 from conduit_hpc.protocol import PriorityUpdate, SampleReply, SampleRequest, pack_rows, unpack_rows
+from conduit_hpc.sampling import check_update
 from conduit_hpc.scheduler import DataPlaneThread, LimiterState, PrefetchClock, RateLimiter
 from conduit_hpc.testing import make_config
 

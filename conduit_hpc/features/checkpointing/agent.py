@@ -46,21 +46,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mpi4py import MPI
 
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.config import to_toml
 from conduit_hpc.errors import CheckpointError, DataPlaneTimeout
-from conduit_hpc.plane.buffer import OwnedShard, Tag
+from conduit_hpc.features.checkpointing.boundary import BoundaryHook
+from conduit_hpc.plane.buffer import OwnedShard
+from conduit_hpc.plane.extensions import BufferExtension
+from conduit_hpc.protocol import Tag
 from conduit_hpc.storage.snapshot import (
     ShardSnapshot,
     SnapshotStaging,
     take_snapshot,
 )
 from conduit_hpc.transport.channel import Message
+from conduit_hpc.transport.objects import bcast_json, gather_json
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.front import ExperienceDataPlane
+
+Handler = Callable[["Message"], None]
 
 __all__ = [
     "CheckpointAgent",
@@ -86,32 +91,6 @@ def _to_bytes(obj: Any) -> np.ndarray:
 
 def _from_bytes(buf: np.ndarray) -> Any:
     return json.loads(bytes(buf).decode())
-
-
-def bcast_json(comm: MPI.Intracomm, obj: Any, root: int) -> Any:
-    """Broadcast a JSON-able object from ``root``. **Collective** on ``comm``; blocks."""
-    n = np.zeros(1, dtype=np.int64)
-    data = _to_bytes(obj) if comm.Get_rank() == root else np.zeros(0, np.uint8)
-    n[0] = len(data)
-    comm.Bcast(n, root=root)
-    buf = data.copy() if comm.Get_rank() == root else np.empty(int(n[0]), np.uint8)
-    comm.Bcast(buf, root=root)
-    return _from_bytes(buf)
-
-
-def gather_json(comm: MPI.Intracomm, obj: Any, root: int) -> list[Any] | None:
-    """Gather one JSON-able object per rank at ``root`` (None elsewhere). **Collective**."""
-    data = _to_bytes(obj)
-    sizes = np.zeros(comm.Get_size(), dtype=np.int64) if comm.Get_rank() == root else None
-    comm.Gather(np.array([len(data)], dtype=np.int64), sizes, root=root)
-    if comm.Get_rank() != root:
-        comm.Gatherv(data, None, root=root)
-        return None
-    assert sizes is not None
-    buf = np.empty(int(sizes.sum()), np.uint8)
-    comm.Gatherv(data, [buf, sizes, MPI.BYTE], root=root)
-    offs = np.concatenate([[0], np.cumsum(sizes)])
-    return [_from_bytes(buf[offs[i]:offs[i + 1]]) for i in range(len(sizes))]
 
 
 # ---------------------------------------------------------------------------------
@@ -189,13 +168,15 @@ class _Flight:
     expected: set[int] = field(default_factory=set)
 
 
-class CheckpointAgent:
+class CheckpointAgent(BufferExtension):
     """Buffer-side checkpoints while the job runs.
 
     Construct on every rank of the job (local, no collective); it does work only on
-    buffer ranks, where it attaches to the progress loop (message handlers and a per-pass
-    hook). Staging memory equal to this rank's shards is allocated and touched here, so
-    that a cut is a plain ``memcpy``.
+    buffer ranks, where it is an extension of the progress loop (its messages, a per-pass
+    step, and holding a learner's messages between its marker and this rank's cut).
+    Learners take part in superstep-boundary checkpoints through
+    :meth:`every_supersteps`. Staging memory equal to this rank's shards is allocated
+    and touched here, so that a cut is a plain ``memcpy``.
 
     Args:
         edp (ExperienceDataPlane): this rank's data plane.
@@ -245,19 +226,63 @@ class CheckpointAgent:
         self._mark_parts: dict[int, set[int]] = {}  # superstep -> ranks with a part
         self._deferred: tuple[int, Path, int] | None = None  # a cut waiting for markers
         self.staging: dict[int, SnapshotStaging] = {}
+        #: sources whose messages wait (in order) until :meth:`release` - between a
+        #: learner's checkpoint marker and this rank's cut, so that the cut holds exactly
+        #: what that learner sent before the marker
+        self.holding: dict[int, float] = {}
+        self.held: list[Message] = []
+        self._handlers: dict[int, Handler] = {
+            Tag.CKPT_CUT: self._on_cut, Tag.CKPT_PART: self._on_part,
+            Tag.CKPT_REQUEST: self._on_request, Tag.CKPT_MARK: self._on_mark}
         if self.is_buffer:
             assert edp.server is not None
             for s in edp.server.shards:
                 self.staging[s.shard_id] = SnapshotStaging(edp.spec, s.ring.capacity)
-            h = edp.server.handlers
-            h[Tag.CKPT_CUT] = self._on_cut
-            h[Tag.CKPT_PART] = self._on_part
-            h[Tag.CKPT_REQUEST] = self._on_request
-            h[Tag.CKPT_MARK] = self._on_mark
-            edp.server.hooks.append(self.poll)
+            edp.server.add_extension(self)
             if self.is_leader:
                 self.root.mkdir(parents=True, exist_ok=True)
                 ck.prune(self.root, self.keep)  # leftovers of a crashed run in this root
+
+    # -- the buffer loop's events (see BufferExtension) --------------------------------
+    tags = frozenset({Tag.CKPT_CUT, Tag.CKPT_PART, Tag.CKPT_REQUEST, Tag.CKPT_MARK})
+    #: tags never held (the checkpoint and stop protocols themselves)
+    PASS_THROUGH = frozenset({*tags, Tag.STOP})
+
+    def on_message(self, msg: Message) -> None:
+        self._handlers[msg.tag](msg)
+
+    def intercept(self, msg: Message) -> bool:
+        if msg.source in self.holding and msg.tag not in self.PASS_THROUGH:
+            self.held.append(msg)
+            return True
+        return False
+
+    def on_pass(self) -> int:
+        return self.poll()
+
+    def hold(self, source: int) -> None:
+        """Keep messages from ``source`` (in order) until :meth:`release`. Local."""
+        self.holding.setdefault(source, time.monotonic())
+
+    def release(self) -> int:
+        """Hand every held message back to the loop, in arrival order. Local."""
+        held, self.held = self.held, []
+        self.holding.clear()
+        assert self.edp.server is not None
+        for msg in held:
+            self.edp.server.dispatch(msg)
+        return len(held)
+
+    # -- learners ------------------------------------------------------------------
+    def every_supersteps(self, every: int,
+                         provide: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Learners: take part in checkpoints cut at every ``every``-th superstep
+        boundary; ``provide()`` returns this learner's state (``extra_state``: named
+        arrays such as the model and optimizer, lead learner only; ``counters``). Other
+        ranks, or ``every <= 0``: no-op. Local."""
+        if self.edp.learner is not None and every > 0:
+            self.edp.learner.add_hook(BoundaryHook(self, self.edp.learner, every,
+                                                   provide or (lambda: {})))
 
     # -- any rank ------------------------------------------------------------------
     def request(self, *, parts_from: Sequence[int] = (), **info: Any) -> None:
@@ -297,9 +322,9 @@ class CheckpointAgent:
         info = _from_bytes(msg.payload)
         s = int(info["mark"])
         self._marks.setdefault(s, set()).add(msg.source)
-        if not self._closing and self.edp.server is not None:
+        if not self._closing:
             # what this learner sends after its marker belongs after the cut
-            self.edp.server.hold(msg.source)
+            self.hold(msg.source)
         if info.get("part"):
             self._mark_parts.setdefault(s, set()).add(msg.source)
         if self.is_leader and self._marked(s) and not self._closing:
@@ -373,7 +398,7 @@ class CheckpointAgent:
             for m in [m for m in self._marks if m <= mark]:
                 del self._marks[m]
         snaps, cut_s = _cut(self.edp.server.shards, self.staging)
-        self.edp.server.release()  # messages sent after the markers apply after the cut
+        self.release()  # messages sent after the markers apply after the cut
         self.cuts_s.append(cut_s)
         self._last_cut_seq = seq
         self._writing_seq = seq
@@ -410,15 +435,13 @@ class CheckpointAgent:
         """One step of the protocol; called by the buffer loop each pass. Local, never
         blocks; returns work done."""
         work = 0
-        server = self.edp.server
-        since = server.held_since() if server is not None else None
+        since = min(self.holding.values(), default=None)
         if since is not None and (self._closing or time.monotonic() - since >
                                   self.edp.config.run.timeout_s / 2):
             # a boundary whose cut never came (closing, or the checkpoint was dropped):
             # let the learners' messages through rather than stall them
             log.warning("releasing messages held for a checkpoint cut that did not come")
-            assert server is not None
-            work += server.release()
+            work += self.release()
         if self._deferred is not None and self._marked(self._deferred[2]):
             seq, tmp, mark = self._deferred
             self._deferred = None

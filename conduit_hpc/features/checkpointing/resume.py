@@ -21,13 +21,13 @@ import numpy as np
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.config import Config
 from conduit_hpc.errors import CheckpointError
-from conduit_hpc.features.checkpointing.agent import bcast_json, gather_json
 from conduit_hpc.storage.snapshot import (
     ShardSnapshot,
     build_resharded,
     plan_reshard,
     restore_snapshot,
 )
+from conduit_hpc.transport.objects import bcast_json, gather_json
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.front import ExperienceDataPlane
@@ -228,10 +228,16 @@ def restore_data_plane(edp: ExperienceDataPlane, source: str | Path = "latest", 
         s.hidden_upto = snaps[s.shard_id].commit
     world.Barrier()  # no rank ingests before every shard is back
     same_world = int(ckpt.layout.get("world_size", -1)) == edp.roles.world_size
-    return RestoreResult(path=ckpt.path, seq=ckpt.seq, rows=ckpt.rows - dropped,
-                         resharded=resharded, dropped=dropped, counters=ckpt.counters,
-                         rng_state=ckpt.rng.get(me) if same_world else None,
-                         extra_state=extra, config_toml=ckpt.config_toml, skipped=skipped)
+    result = RestoreResult(path=ckpt.path, seq=ckpt.seq, rows=ckpt.rows - dropped,
+                           resharded=resharded, dropped=dropped, counters=ckpt.counters,
+                           rng_state=ckpt.rng.get(me) if same_world else None,
+                           extra_state=extra, config_toml=ckpt.config_toml, skipped=skipped)
+    if edp.learner is not None:
+        # the scheduler's position and the sampler's random state come back too
+        mine = result.counters.get(me, {})
+        edp.learner.resume_at(int(mine.get("superstep", 0)),
+                              ck.rng_from_json(result.rng_state) if result.rng_state else None)
+    return result
 
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from conduit_hpc.job import stop_signal
+from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.protocol import Tag
 from conduit_hpc.transport.channel import Message
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["StopCoordinator"]
 
 
-class StopCoordinator:
+class StopCoordinator(BufferExtension):
     """Turn SIGTERM / SIGUSR1 on any rank into a stop every rank sees.
 
     ``mpirun`` (Open MPI 5) forwards SIGUSR1 to every rank and keeps the job running, but
@@ -60,14 +61,20 @@ class StopCoordinator:
             for s in signals:
                 self._old[s] = signal.signal(s, self._on_signal)
         if edp.server is not None:
-            edp.server.handlers[Tag.STOP] = self._on_stop_message
-            edp.server.hooks.append(self._hook)
+            edp.server.add_extension(self)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.signal_received = signum
 
-    def _on_stop_message(self, msg: Message) -> None:
+    # -- the buffer loop's events (see BufferExtension) --------------------------------
+    tags = frozenset({Tag.STOP})
+
+    def on_message(self, msg: Message) -> None:
         self.remote = True
+
+    def on_pass(self) -> int:
+        self._broadcast()
+        return 0
 
     def trigger(self) -> None:
         """Request a stop from code (as a signal would). Local."""
@@ -80,10 +87,6 @@ class StopCoordinator:
             for r in range(ch.size):
                 if r != ch.rank:
                     ch.isend(r, Tag.STOP, np.zeros(0, np.uint8))
-
-    def _hook(self) -> int:
-        self._broadcast()
-        return 0
 
     def requested(self) -> bool:
         """Whether a stop was requested here or anywhere else. Local; never blocks

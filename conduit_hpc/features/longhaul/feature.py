@@ -50,6 +50,7 @@ from conduit_hpc.errors import ConfigError
 from conduit_hpc.features.longhaul.metrics import LinkSnapshot, merge_link_stats, superstep_columns
 from conduit_hpc.placement.placement import Placement, ShardPlacement
 from conduit_hpc.plane.buffer import BufferServer, OwnedShard
+from conduit_hpc.plane.extensions import BufferExtension, Feature, LearnerHook
 from conduit_hpc.plane.metrics import CsvSink
 from conduit_hpc.plane.roles import Role, RoleComms
 from conduit_hpc.protocol import SampleReply, Tag, pack_rows, unpack_rows
@@ -280,14 +281,14 @@ class BoardPublisher:
                  counters: LinkCounters, csv_path: Path | None, every_s: float,
                  t0: float) -> None:
         self.board, self.owner, self.rank = board, owner, rank
-        self.channel, self.c = channel, counters
+        self.link, self.c = channel, counters
         self.every_s, self.t0 = every_s, t0
         self.sink = CsvSink(csv_path, LINK_CSV_COLUMNS, keep=False)
         self._last = -math.inf
         self._sent = np.zeros(BOARD_FIELDS, dtype=np.int64)
 
     def values(self) -> np.ndarray:
-        ch, c = self.channel, self.c
+        ch, c = self.link, self.c
         v = np.zeros(BOARD_FIELDS, dtype=np.int64)
         v[B_BYTES_OUT], v[B_MESSAGES_OUT], v[B_BYTES_IN] = (ch.bytes_out, ch.messages_out,
                                                            ch.bytes_in)
@@ -308,7 +309,7 @@ class BoardPublisher:
         for i in np.flatnonzero(v != self._sent):
             self.board.atomic_write(self.owner, base + 8 * int(i), int(v[i]))
         self._sent = v
-        ch, c = self.channel, self.c
+        ch, c = self.link, self.c
         self.sink.add({"time_s": now - self.t0, "clock_s": now, "bytes_out": ch.bytes_out,
                        "messages_out": ch.messages_out, "bytes_in": ch.bytes_in,
                        "held_messages": ch.held, "held_bytes": ch.held_bytes,
@@ -326,7 +327,7 @@ class BoardPublisher:
 # buffer-side extensions
 
 
-class EdgeForwarder:
+class EdgeForwarder(BufferExtension):
     """``forward``: moves committed rows of the edge ring across the link, oldest first.
 
     Each pass: if more than ``queue_rows`` committed rows wait, the oldest beyond that
@@ -350,7 +351,7 @@ class EdgeForwarder:
     def __init__(self, shard: OwnedShard, channel: LinkedChannel, dest: int, *,
                  queue_rows: int, forward_rows: int, counters: LinkCounters,
                  publisher: BoardPublisher, timeout_s: float) -> None:
-        self.shard, self.channel, self.dest = shard, channel, dest
+        self.shard, self.link, self.dest = shard, channel, dest
         self.timeout_s = timeout_s
         self.queue_rows, self.forward_rows = queue_rows, forward_rows
         self.c, self.publisher = counters, publisher
@@ -358,8 +359,8 @@ class EdgeForwarder:
         self.next_seq = 0  # oldest committed row neither forwarded nor dropped
         self.finished = False
 
-    def step(self) -> int:
-        shard, ch, c = self.shard, self.channel, self.c
+    def on_pass(self) -> int:
+        shard, ch, c = self.shard, self.link, self.c
         commit = shard.committed
         backlog = commit - self.next_seq
         if backlog > self.queue_rows:
@@ -389,7 +390,7 @@ class EdgeForwarder:
         self.publisher.maybe()
         return work
 
-    def finish(self) -> None:
+    def on_finish(self) -> None:
         if self.finished:
             return
         self.finished = True
@@ -398,28 +399,28 @@ class EdgeForwarder:
         self.c.rows_backlog = 0
         self.next_seq = commit
         end = pack_forward(self.spec, commit, np.zeros(0), {}, flags=F_END)
-        self.channel.isend(self.dest, Tag.FORWARD, end)
-        self.channel.release_held(self.timeout_s)  # before this rank enters collectives
+        self.link.isend(self.dest, Tag.FORWARD, end)
+        self.link.release_held(self.timeout_s)  # before this rank enters collectives
         self.publisher.maybe(force=True)
 
 
-class EdgeReplayStation:
+class EdgeReplayStation(BufferExtension):
     """``edge_replay`` on the edge buffer: only publishes counters (the rows cross in
     the buffer's service replies; :func:`crossing_priorities` counts them)."""
 
     def __init__(self, publisher: BoardPublisher, timeout_s: float) -> None:
         self.publisher, self.timeout_s = publisher, timeout_s
 
-    def step(self) -> int:
+    def on_pass(self) -> int:
         self.publisher.maybe()
         return 0
 
-    def finish(self) -> None:
-        self.publisher.channel.release_held(self.timeout_s)
+    def on_finish(self) -> None:
+        self.publisher.link.release_held(self.timeout_s)
         self.publisher.maybe(force=True)
 
 
-class CloudReceiver:
+class CloudReceiver(BufferExtension):
     """``forward`` on the cloud buffer: writes forwarded rows, with the priorities they
     crossed with, into the replay beside the learner; the loop does not end before the
     edge buffer's end marker (so every forwarded message is received).
@@ -432,16 +433,17 @@ class CloudReceiver:
         publisher (BoardPublisher): publishes them.
     """
 
+    tags = frozenset({Tag.FORWARD})
+
     def __init__(self, server: BufferServer, shard: OwnedShard | None, edge_buffer: int, *,
                  counters: LinkCounters, publisher: BoardPublisher) -> None:
         self.shard, self.c, self.publisher = shard, counters, publisher
         self.server = server
         if shard is not None:
             self.spec = shard.ring.layout.spec
-            server.handlers[Tag.FORWARD] = self._on_forward
-            server.waiting_for.add(edge_buffer)
+            server.wait_for(edge_buffer)
 
-    def _on_forward(self, msg: Message) -> None:
+    def on_message(self, msg: Message) -> None:
         assert self.shard is not None
         _, flags, prio, cols = unpack_forward(self.spec, msg.payload)
         if len(prio):
@@ -449,13 +451,13 @@ class CloudReceiver:
             self.shard.poll()  # commit now: the next write never waits on this one
             self.c.rows_received += len(prio)
         if flags & F_END:
-            self.server.waiting_for.discard(msg.source)
+            self.server.peer_done(msg.source)
 
-    def step(self) -> int:
+    def on_pass(self) -> int:
         self.publisher.maybe()
         return 0
 
-    def finish(self) -> None:
+    def on_finish(self) -> None:
         self.publisher.maybe(force=True)
 
 
@@ -463,9 +465,11 @@ class CloudReceiver:
 # the composition
 
 
-class LongHaul:
-    """The long-haul deployment of one rank's data plane (built by
-    :class:`~conduit_hpc.plane.front.ExperienceDataPlane` when ``longhaul.mode != "off"``).
+class LongHaul(Feature):
+    """The long-haul deployment of one rank's data plane, a
+    :class:`~conduit_hpc.plane.extensions.Feature` the plane builds when
+    ``longhaul.mode != "off"``: it places the shards, makes the linked channel, attaches
+    the buffer loops' extensions and the learner's link columns.
 
     Args:
         config (Config): the job's config.
@@ -474,6 +478,12 @@ class LongHaul:
     Raises:
         ConfigError: the layout does not fit the deployment (on every rank).
     """
+
+    name = "longhaul"
+
+    @classmethod
+    def wanted(cls, config: Config) -> bool:
+        return config.longhaul.mode != "off"
 
     def __init__(self, config: Config, roles: RoleComms) -> None:
         self.config, self.roles = config, roles
@@ -485,7 +495,7 @@ class LongHaul:
         self.me = roles.world_rank
         self.params = LinkParams(self.lh.bytes_per_s, self.lh.latency_s, self.lh.burst_bytes)
         self.counters = LinkCounters()
-        self.channel: LinkedChannel | None = None
+        self.link: LinkedChannel | None = None
         self._board: RmaWindow | None = None
         self._publisher: BoardPublisher | None = None
         self._shards: dict[int, OwnedShard] = {}
@@ -507,18 +517,18 @@ class LongHaul:
                               key="longhaul.mode")
         return plan_longhaul(self.config, self.topology, self.roles.actor_ranks)
 
-    def make_channel(self, comm: MPI.Intracomm, poll_interval_s: float) -> LinkedChannel:
+    def channel(self, comm: MPI.Intracomm, poll_interval_s: float) -> LinkedChannel:
         """This rank's channel: messages to the other side cross the link.
         **Collective** on ``comm`` (a duplicate)."""
-        self.channel = LinkedChannel(comm, far=self.topology.far_of(self.me),
+        self.link = LinkedChannel(comm, far=self.topology.far_of(self.me),
                                      params=self.params, poll_interval_s=poll_interval_s)
-        return self.channel
+        return self.link
 
     def attach(self, edp: ExperienceDataPlane) -> None:
         """Set up this rank's part: the counters board (**collective** on the world),
         the buffer loop's extensions, the learner's link columns."""
         roles, topo, me = self.roles, self.topology, self.me
-        assert self.channel is not None
+        assert self.link is not None
         self._spec = edp.spec
         self._board = RmaWindow(roles.world,
                                 8 * BOARD_FIELDS * roles.world_size if me == topo.learner else 0,
@@ -529,25 +539,27 @@ class LongHaul:
         server = edp.server
         if server is not None:
             csv = edp.run_dir / "metrics" / f"link-{me}.csv" if edp.run_dir else None
-            pub = BoardPublisher(self._board, topo.learner, me, self.channel, self.counters,
+            pub = BoardPublisher(self._board, topo.learner, me, self.link, self.counters,
                                  csv, self.lh.publish_every_s, t0)
             self._publisher = pub
             self._shards = {s.shard_id: s for s in server.shards}
             if me == topo.edge_buffer:
-                self.channel.on_send.append(self._count_crossing)
+                self.link.on_send.append(self._count_crossing)
                 if self.lh.mode == "forward":
-                    server.extensions.append(EdgeForwarder(
-                        self._shards[EDGE_SHARD], self.channel, topo.cloud_buffer,
+                    server.add_extension(EdgeForwarder(
+                        self._shards[EDGE_SHARD], self.link, topo.cloud_buffer,
                         queue_rows=self.lh.queue_rows, forward_rows=self.lh.forward_rows,
                         counters=self.counters, publisher=pub, timeout_s=timeout))
                 else:
-                    server.extensions.append(EdgeReplayStation(pub, timeout))
+                    server.add_extension(EdgeReplayStation(pub, timeout))
             else:
-                server.extensions.append(CloudReceiver(
+                server.add_extension(CloudReceiver(
                     server, self._shards.get(CLOUD_SHARD), topo.edge_buffer,
                     counters=self.counters, publisher=pub))
         elif roles.role is Role.LEARNER:
+            assert edp.learner is not None
             self._log = edp.learner.log
+            edp.learner.add_hook(_LinkColumns(self))
 
     def _count_crossing(self, dest: int, tag: int, payload: np.ndarray) -> None:
         assert self._spec is not None
@@ -562,14 +574,14 @@ class LongHaul:
         """The job's cumulative link counters as the learner sees them now: its own
         channel's, the buffers' from the board (as last published). Learner only;
         local, no MPI call (the board is in this rank's memory)."""
-        assert self._board is not None and self.channel is not None
+        assert self._board is not None and self.link is not None
         topo = self.topology
         b = self._board.own_segment()[:8 * BOARD_FIELDS * self.roles.world_size]
         board = b.view(np.int64).reshape(self.roles.world_size, BOARD_FIELDS)
         edge = sorted(topo.edge)
         cloud = [r for r in sorted(topo.cloud) if r != self.me]
         e2c = int(board[edge, B_BYTES_OUT].sum())
-        c2e = self.channel.bytes_out + int(board[cloud, B_BYTES_OUT].sum())
+        c2e = self.link.bytes_out + int(board[cloud, B_BYTES_OUT].sum())
         prio = board[:, B_PRIORITY_SUM].copy().view(np.float64)
         eb = topo.edge_buffer
         return LinkSnapshot(time_s=time.monotonic(), e2c_bytes=e2c, c2e_bytes=c2e,
@@ -588,19 +600,25 @@ class LongHaul:
         self._prev = cur
 
     # -- summary and lifetime --------------------------------------------------------
+    def before_done(self) -> None:
+        self.release_held()
+
+    def summary(self) -> dict[str, Any] | None:
+        return self.local_stats()
+
     def release_held(self) -> None:
         """Hand every message held for the link to MPI once due (``done`` calls it, so
         that the buffers get this rank's last messages even while it then waits in a
         collective). Blocks at most ``run.timeout_s``."""
-        if self.channel is not None:
-            self.channel.release_held(self.config.run.timeout_s)
+        if self.link is not None:
+            self.link.release_held(self.config.run.timeout_s)
 
     def local_stats(self) -> dict[str, Any]:
         """This rank's link counters (for ``ExperienceDataPlane.summary``). Local."""
-        assert self.channel is not None
+        assert self.link is not None
         c = self.counters
         out: dict[str, Any] = {"rank": self.me, "side": self.topology.side(self.me),
-                               **self.channel.stats(),
+                               **self.link.stats(),
                                "rows_crossed": c.rows_crossed,
                                "priority_sum_crossed": c.priority_sum,
                                "rows_forwarded": c.rows_forwarded,
@@ -623,3 +641,16 @@ class LongHaul:
         if self._board is not None:
             self._board.close()
             self._board = None
+
+
+class _LinkColumns(LearnerHook):
+    """The learner's link columns, added as each superstep ends."""
+
+    def __init__(self, feature: LongHaul) -> None:
+        self.feature = feature
+
+    def on_boundary(self, superstep: int) -> None:
+        self.feature.end_superstep()
+
+    def on_stop(self) -> None:
+        self.feature.end_superstep()

@@ -74,6 +74,7 @@ from conduit_hpc.placement.cluster import ClusterModel, Roster
 from conduit_hpc.placement.inplace import job_cluster, job_placement, planned_rows
 from conduit_hpc.placement.model import Workload
 from conduit_hpc.placement.placement import Placement
+from conduit_hpc.plane.extensions import Feature
 from conduit_hpc.plane.roles import Role
 from conduit_hpc.transport.rma import RmaWindow
 
@@ -144,21 +145,42 @@ def plan_replacement(config: Config, roles: RoleComms, placement: Placement, spe
     return ReplacementPlan(job_cluster(cluster, roster, job, workload), roster, job, workload)
 
 
-class Replacement:
-    """Adaptive re-placement on one rank of a running job (see the module docstring).
+class Replacement(Feature):
+    """Adaptive re-placement on one rank of a running job (see the module docstring), a
+    :class:`~conduit_hpc.plane.extensions.Feature` the plane builds when
+    ``[placement] adaptive = true``.
 
-    **Collective** on the job's ranks (construction: the placement board's window;
-    :meth:`close`). Built by
-    :class:`~conduit_hpc.plane.front.ExperienceDataPlane` when ``[placement] adaptive = true``.
+    :meth:`check` loads (or probes) the cluster model and checks it against the job
+    before any window exists; :meth:`attach` makes the placement board (**collective**:
+    its window) and this rank's part: the owners' movers and the coordinator on buffer
+    ranks, the actors' routers, the lead learner's telemetry.
 
     Args:
-        edp (ExperienceDataPlane): this rank's data plane (roles, shards, server or
-            learner endpoint already built).
-        plan (ReplacementPlan): from :func:`plan_replacement` (checked before the data
-            plane made any window).
+        config (Config): the job's config.
+        roles (RoleComms): this rank's roles.
     """
 
-    def __init__(self, edp: ExperienceDataPlane, plan: ReplacementPlan) -> None:
+    name = "replacement"
+
+    @classmethod
+    def wanted(cls, config: Config) -> bool:
+        return config.placement.adaptive
+
+    def __init__(self, config: Config, roles: RoleComms) -> None:
+        self.config, self.roles = config, roles
+        self.plan: ReplacementPlan | None = None
+        self._window: RmaWindow | None = None
+        self.mover: ShardMover | None = None
+        self.coordinator: Coordinator | None = None
+        self.router: ActorRouter | None = None
+        self.tap: TelemetryTap | None = None
+
+    def check(self, placement: Placement, spec: Spec) -> None:
+        self.plan = plan_replacement(self.config, self.roles, placement, spec)
+
+    def attach(self, edp: ExperienceDataPlane) -> None:
+        plan = self.plan
+        assert plan is not None
         cfg, roles = edp.config, edp.roles
         pc = cfg.placement
         self.job, workload, self.cluster, self.roster = (plan.job, plan.workload,
@@ -173,10 +195,6 @@ class Replacement:
                                  shared=cfg.transport.shared_memory == "auto")
         self.board = PlacementBoard(self._window, self.coordinator_rank, roles.actor_ranks,
                                     n_shards, cfg.run.timeout_s)
-        self.mover: ShardMover | None = None
-        self.coordinator: Coordinator | None = None
-        self.router: ActorRouter | None = None
-        self.tap: TelemetryTap | None = None
         if roles.role is Role.BUFFER:
             self.mover = ShardMover(edp)
             if me == self.coordinator_rank:
@@ -188,9 +206,13 @@ class Replacement:
         elif roles.role is Role.ACTOR:
             self.router = ActorRouter(self.board, me, edp.placement.actor_shards[me])
         elif me == roles.learner_ranks[0]:
+            assert edp.learner is not None
             self.tap = TelemetryTap(edp.learner, edp.channel, self.coordinator_rank, n_shards,
                                     pc.interval_supersteps)
-            edp.learner.on_superstep.append(self.tap)
+            edp.learner.add_hook(self.tap)
+
+    def route(self, batches: int) -> int | None:
+        return self.router.shard(batches) if self.router is not None else None
 
     def shard_for(self, batch_index: int) -> int:
         """Actors: the shard for this actor's ``batch_index``-th batch. Local but for an
@@ -221,5 +243,7 @@ class Replacement:
 
     def close(self) -> None:
         """Free the board. **Collective** on the job's ranks; idempotent."""
-        self._window.close()
+        if self._window is not None:
+            self._window.close()
+            self._window = None
 

@@ -13,6 +13,7 @@ import numpy as np
 from conduit_hpc.errors import DataPlaneTimeout
 from conduit_hpc.placement.inplace import HeldSample
 from conduit_hpc.placement.placement import ShardWeights
+from conduit_hpc.plane.extensions import LearnerHook
 from conduit_hpc.protocol import Tag
 from conduit_hpc.transport.rma import RmaWindow
 
@@ -186,7 +187,7 @@ class ActorRouter:
 # the lead learner's telemetry
 
 
-class TelemetryTap:
+class TelemetryTap(LearnerHook):
     """Counts the lead learner's samples per shard and its timings; every ``interval``
     supersteps sends them to the coordinator (from the rank's MPI thread).
 
@@ -208,7 +209,7 @@ class TelemetryTap:
         self._steps = 0
         self.reports = 0
 
-    def __call__(self, superstep: int, batch: Batch, exposed_s: float) -> None:
+    def on_superstep(self, superstep: int, batch: Batch, exposed_s: float) -> None:
         now = time.perf_counter()
         self.counts += np.bincount(batch.indices[:, 0], minlength=self.n_shards)[
             :self.n_shards]

@@ -4,6 +4,7 @@ turn. Composition layer."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -29,12 +30,15 @@ from conduit_hpc.placement.inplace import (
     rows_moving,
 )
 from conduit_hpc.placement.placement import Placement
-from conduit_hpc.plane.delivery import C_INSERTS, C_SAMPLES
+from conduit_hpc.plane.control import C_INSERTS, C_SAMPLES
+from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.protocol import Tag
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.front import ExperienceDataPlane
     from conduit_hpc.transport.channel import Message
+
+Handler = Callable[["Message"], None]
 
 __all__ = ["Coordinator"]
 
@@ -42,7 +46,7 @@ __all__ = ["Coordinator"]
 # the coordinator (first buffer rank)
 
 
-class Coordinator:
+class Coordinator(BufferExtension):
     """Runs the adaptive policy on the job's telemetry and carries out its moves.
 
     Lives in the first buffer rank's progress loop: a look starts when the lead
@@ -85,13 +89,20 @@ class Coordinator:
         self.history: list[dict[str, Any]] = []
         self.skipped_looks = 0  # while cooling down after a move
         self._inserts = (self.control.read(C_INSERTS), time.monotonic())
-        h = server.handlers
-        h[Tag.REPLACE_TELEMETRY] = self._on_telemetry
-        h[Tag.REPLACE_STATS] = self._on_stats
-        h[Tag.REPLACE_MOVED] = self._on_moved
+        self._handlers: dict[int, Handler] = {Tag.REPLACE_TELEMETRY: self._on_telemetry,
+                          Tag.REPLACE_STATS: self._on_stats, Tag.REPLACE_MOVED: self._on_moved}
         mover.busy = lambda: self.state != "idle"
         mover.on_local_done = lambda reply: self._moved(reply, self.me)
-        server.hooks.append(self.step)
+        server.add_extension(self)
+
+    # -- the buffer loop's events (see BufferExtension) --------------------------------
+    tags = frozenset({Tag.REPLACE_TELEMETRY, Tag.REPLACE_STATS, Tag.REPLACE_MOVED})
+
+    def on_message(self, msg: Message) -> None:
+        self._handlers[msg.tag](msg)
+
+    def on_pass(self) -> int:
+        return self.step()
 
     # -- looks -----------------------------------------------------------------------
     def _on_telemetry(self, msg: Message) -> None:

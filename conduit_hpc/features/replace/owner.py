@@ -16,6 +16,7 @@ import numpy as np
 from conduit_hpc.errors import DataPlaneTimeout
 from conduit_hpc.features.replace.board import _cat, _i64, _json, _unjson, pack_samples
 from conduit_hpc.placement.inplace import HeldSample
+from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.protocol import PriorityUpdate, Tag
 from conduit_hpc.storage.migrate import MoveRecord, held_slots, move_rows, select_rows
 from conduit_hpc.storage.ring import H_COMMIT
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from conduit_hpc.plane.buffer import BufferServer, OwnedShard
     from conduit_hpc.plane.front import ExperienceDataPlane
     from conduit_hpc.transport.channel import Message
+
+Handler = Callable[["Message"], None]
 
 __all__ = ["ShardMover"]
 
@@ -57,7 +60,7 @@ class _Pending:
     since: float
 
 
-class ShardMover:
+class ShardMover(BufferExtension):
     """A buffer rank's part: report held rows, move rows, forward late updates, and
     keep serving until no buffer rank has anything in flight. Runs inside the rank's
     progress loop (a hook and message handlers); never blocks but for ``move_rows``'s
@@ -99,16 +102,20 @@ class ShardMover:
         self.counters = dict.fromkeys(("moved_rows", "skipped_rows", "moves", "forwarded",
                                        "forward_applied", "forward_superseded",
                                        "forward_dropped"), 0)
-        h = server.handlers
-        self._priority = h[Tag.PRIORITY]
-        h[Tag.PRIORITY] = self._on_priority
-        h[Tag.REPLACE_STATS_REQ] = self._on_stats_request
-        h[Tag.REPLACE_MOVE] = self._on_move
-        h[Tag.REPLACE_FWD] = self._on_forward
-        h[Tag.REPLACE_FWD_ACK] = self._on_ack
-        h[Tag.REPLACE_QUIET] = self._on_quiet
-        server.hooks.append(self.step)
-        server.keep_open.append(self.keep_open)
+        self._handlers: dict[int, Handler] = {Tag.REPLACE_STATS_REQ: self._on_stats_request,
+                          Tag.REPLACE_MOVE: self._on_move, Tag.REPLACE_FWD: self._on_forward,
+                          Tag.REPLACE_FWD_ACK: self._on_ack, Tag.REPLACE_QUIET: self._on_quiet}
+        server.add_extension(self)
+
+    # -- the buffer loop's events (see BufferExtension) --------------------------------
+    tags = frozenset({Tag.REPLACE_STATS_REQ, Tag.REPLACE_MOVE, Tag.REPLACE_FWD,
+                      Tag.REPLACE_FWD_ACK, Tag.REPLACE_QUIET})
+
+    def on_message(self, msg: Message) -> None:
+        self._handlers[msg.tag](msg)
+
+    def on_pass(self) -> int:
+        return self.step()
 
     # -- held rows -----------------------------------------------------------------
     def samples(self) -> list[HeldSample]:
@@ -189,9 +196,8 @@ class ShardMover:
         return 1
 
     # -- forwarding late priority updates ------------------------------------------
-    def _on_priority(self, msg: Message) -> None:
-        self._priority(msg)  # the normal path: applied where the row still is
-        up = PriorityUpdate.unpack(msg.payload)
+    def on_priority_update(self, up: PriorityUpdate) -> None:
+        # applied where the row still is; forward what names rows that moved away
         ix = self.server.by_id[up.shard_id].index
         hit = ix.gens[up.slots] == up.gens
         self.direct[up.shard_id][up.slots[hit]] = up.gens[hit]

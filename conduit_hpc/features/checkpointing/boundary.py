@@ -1,0 +1,85 @@
+"""A learner's part in checkpoints cut at superstep boundaries (a
+:class:`~conduit_hpc.plane.extensions.LearnerHook`).
+
+At every ``every``-th boundary the learner reads its state (``provide()``: the lead
+learner's model and optimizer as named arrays, counters), then - where its MPI calls are
+made, behind its priority updates of the supersteps before - records the sampler's
+random state and sends its marker to the buffers. When the checkpoint asks for the
+part, it is handed in (at a later boundary, or when the learner stops).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from conduit_hpc.checkpoint import rng_to_json
+from conduit_hpc.plane.extensions import LearnerHook
+
+if TYPE_CHECKING:
+    from conduit_hpc.features.checkpointing.agent import CheckpointAgent
+    from conduit_hpc.plane.learner import LearnerEndpoint
+
+__all__ = ["BoundaryHook"]
+
+
+class BoundaryHook(LearnerHook):
+    """See the module docstring.
+
+    Args:
+        agent (CheckpointAgent): this rank's agent.
+        learner (LearnerEndpoint): this rank's learner endpoint.
+        every (int): supersteps between boundary checkpoints (> 0).
+        provide (Callable[[], dict]): this learner's state at a boundary.
+    """
+
+    def __init__(self, agent: CheckpointAgent, learner: LearnerEndpoint, every: int,
+                 provide: Callable[[], dict[str, Any]]) -> None:
+        self.agent, self.learner = agent, learner
+        self.every, self.provide = every, provide
+        self._part: dict[str, Any] | None = None  # a part not yet handed in
+
+    def on_boundary(self, superstep: int) -> None:
+        self._hand_in()
+        s = superstep
+        if s == 0 or s % self.every or self._part is not None:
+            return
+        state = self.provide()
+        ep = self.learner
+        part: dict[str, Any] = {
+            "counters": {"superstep": s + ep.superstep_offset,
+                         "priority_rows": ep.priority_rows,
+                         "limiter_wait_s": ep.limiter_wait_s,
+                         **state.get("counters", {})}}
+        if "extra_state" in state:
+            part["extra_state"] = state["extra_state"]
+        self._part = part
+        agent = self.agent
+
+        def mark() -> None:  # after this learner's updates of supersteps < s
+            part["rng"] = rng_to_json(ep.sampler_rng)
+            agent.mark(s)
+
+        ep.post(mark)
+
+    def _hand_in(self) -> None:
+        """Offer the pending part (the agent sends it once asked)."""
+        part = self._part
+        if part is None:
+            return
+        agent = self.agent
+
+        def offer() -> None:
+            if agent.contribute(lambda: part) and self._part is part:
+                self._part = None
+
+        self.learner.post(offer)
+
+    def on_stop(self) -> None:
+        # a checkpoint may still wait for this learner's part
+        deadline = time.monotonic() + self.learner.timeout_s / 4
+        while self._part is not None and time.monotonic() < deadline:
+            self._hand_in()
+            self.learner.run_on_thread(lambda: None, "a checkpoint hand-in")
+            time.sleep(0.01)

@@ -1,0 +1,206 @@
+"""The actor endpoint: ingest (validate, admit, write), the policy-lag bound, metrics.
+
+:meth:`ActorEndpoint.ingest` validates a batch against the spec, waits where the rate
+limiter or the policy-lag bound says so, and appends the rows to the actor's shard with
+one atomic reservation, one put per field and one commit stamp
+(:meth:`~conduit_hpc.storage.ShardRing.write`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import NamedTuple
+
+from numpy.typing import ArrayLike
+
+from conduit_hpc.config import Config
+from conduit_hpc.errors import ConfigError, SpecError
+from conduit_hpc.plane.control import (
+    C_INSERTS,
+    C_LEARNER_VERSION,
+    C_RESERVED,
+    C_SAMPLES,
+    ControlBlock,
+)
+from conduit_hpc.plane.metrics import ACTOR_COLUMNS, CsvSink
+from conduit_hpc.plane.weights import WeightsBoard
+from conduit_hpc.scheduler import LimiterState, RateLimiter
+from conduit_hpc.spec import Spec
+from conduit_hpc.storage.priority import check_priorities
+from conduit_hpc.storage.ring import ShardRing
+from conduit_hpc.wait import Backoff, Deadline
+
+__all__ = ["ActorEndpoint", "IngestReceipt", "IngestStats"]
+
+
+class IngestReceipt(NamedTuple):
+    """What one ingest call wrote.
+
+    Attributes:
+        rows (int): rows written.
+        shard_id (int): the shard they went to.
+        first_seq (int): shard sequence number of the first row (rows are consecutive).
+    """
+
+    rows: int
+    shard_id: int
+    first_seq: int
+
+
+class IngestStats:
+    """Counters of one actor's ingest.
+
+    Attributes:
+        rows (int): rows ingested.
+        batches (int): calls that wrote rows.
+        bytes (int): payload bytes written.
+        seconds (float): wall time spent inside ``ingest``.
+        limiter_wait_s (float): part of it spent waiting for the rate limiter.
+        lag_wait_s (float): part of it spent waiting for fresher weights.
+    """
+
+    __slots__ = ("batches", "bytes", "lag_wait_s", "limiter_wait_s", "rows", "seconds")
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.batches = 0
+        self.bytes = 0
+        self.seconds = 0.0
+        self.limiter_wait_s = 0.0
+        self.lag_wait_s = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+class ActorEndpoint:
+    """Ingest on one actor rank.
+
+    Args:
+        config (Config): the job's config.
+        spec (Spec): the row schema.
+        rank (int): this actor's world rank.
+        rings (Mapping[int, ShardRing]): ring clients of every shard.
+        home (int): the shard the placement gives this actor.
+        route (Callable[[int], int | None]): a feature's choice of shard for the next
+            batch (given the batches written so far), ``None``: ``home``.
+        control (ControlBlock): job-wide counters.
+        limiter (RateLimiter): the samples-per-insert limiter.
+        should_stop (Callable[[], bool]): every learner has finished.
+        metrics_path (Path | None): the actor's CSV of running totals.
+    """
+
+    def __init__(self, config: Config, spec: Spec, rank: int, rings: Mapping[int, ShardRing],
+                 home: int, route: Callable[[int], int | None], control: ControlBlock,
+                 limiter: RateLimiter, should_stop: Callable[[], bool],
+                 metrics_path: Path | None) -> None:
+        self.config, self.spec, self.rank = config, spec, rank
+        self.rings, self.home, self.route = rings, home, route
+        self.control, self.limiter, self.should_stop = control, limiter, should_stop
+        self.stats = IngestStats()
+        self.weights: WeightsBoard | None = None
+        self.pull: Callable[[], bool] = lambda: False
+        self.metrics = CsvSink(metrics_path, ACTOR_COLUMNS, keep=False)
+        self._t0 = self._last_log = time.perf_counter()
+        self._rows_at_log = 0
+
+    def ingest(self, batch: Mapping[str, object],
+               priorities: ArrayLike | None = None) -> IngestReceipt:
+        """See :meth:`conduit_hpc.plane.front.ExperienceDataPlane.ingest`."""
+        t0 = time.perf_counter()
+        data = self.spec.validate(batch)
+        n = self.spec.rows_of(data)
+        prio = None
+        if priorities is not None:
+            try:
+                prio = check_priorities(priorities)
+            except ValueError as err:
+                raise SpecError(str(err)) from err
+            if len(prio) != n:
+                raise SpecError(f"priorities has {len(prio)} entries but the batch has "
+                                f"{n} rows")
+        routed = self.route(self.stats.batches)
+        sid = self.home if routed is None else routed
+        ring = self.rings[sid]
+        if n > ring.capacity:
+            raise SpecError(f"batch of {n} rows exceeds the shard capacity of "
+                            f"{ring.capacity} rows; split it or raise storage.capacity_rows")
+        sch = self.config.scheduler
+        if self.limiter.enabled and n > sch.max_insert_batch:
+            raise SpecError(f"batch of {n} rows exceeds scheduler.max_insert_batch = "
+                            f"{sch.max_insert_batch} (the rate limiter's tolerance is "
+                            f"sized for it)")
+        if n == 0:
+            return IngestReceipt(0, sid, -1)
+        self._wait_policy_lag()
+        self._admit(n)
+        first = ring.write(data, prio)
+        self.control.add(C_INSERTS, n)
+        st = self.stats
+        st.rows += n
+        st.batches += 1
+        st.bytes += n * self.spec.row_bytes
+        now = time.perf_counter()
+        st.seconds += now - t0
+        if now - self._last_log > 1.0:
+            self.log(now)
+        return IngestReceipt(n, sid, first)
+
+    def _admit(self, n: int) -> None:
+        """With the ratio on, reserve ``n`` inserts and wait until the ratio allows
+        them. Reserving first means concurrent actors never overshoot together."""
+        if not self.limiter.enabled:
+            return
+        old = self.control.add(C_RESERVED, n)
+        lim = self.limiter
+        t0 = time.perf_counter()
+        deadline = Deadline(self.config.run.timeout_s,
+                            f"the rate limiter to let actor {self.rank} insert {n} rows")
+        backoff = Backoff(self.config.transport.poll_interval_s * 5)
+        while True:
+            state = LimiterState(old, self.control.read(C_SAMPLES), 0)
+            if lim.can_insert(state, n) or self.should_stop():
+                break
+            deadline.check(lambda: lim.explain(state))  # noqa: B023 - called at once
+            backoff.pause()
+        self.stats.limiter_wait_s += time.perf_counter() - t0
+
+    def _wait_policy_lag(self) -> None:
+        lag = self.config.scheduler.max_policy_lag
+        if not lag:
+            return
+        weights = self.weights
+        if weights is None:
+            raise ConfigError("scheduler.max_policy_lag > 0 needs share_weights(model) on "
+                              "every rank before ingest", key="scheduler.max_policy_lag")
+        t0 = time.perf_counter()
+        deadline = Deadline(self.config.run.timeout_s,
+                            f"weights newer than learner superstep {weights.seen_superstep} "
+                            f"on actor {self.rank}")
+        backoff = Backoff(self.config.transport.poll_interval_s * 5)
+        while self.control.read(C_LEARNER_VERSION) - weights.seen_superstep > lag:
+            if self.should_stop():
+                break
+            if not self.pull():
+                deadline.check()
+                backoff.pause()
+        self.stats.lag_wait_s += time.perf_counter() - t0
+
+    def log(self, now: float) -> None:
+        """Append the running totals to the actor's CSV."""
+        st = self.stats
+        self.metrics.add({"time_s": now - self._t0, "rows": st.rows,
+                          "rows_per_s": (st.rows - self._rows_at_log) / (now - self._last_log),
+                          "limiter_wait_s": st.limiter_wait_s,
+                          "policy_version": self.weights.seen_superstep if self.weights
+                          else -1})
+        self.metrics.flush()
+        self._last_log, self._rows_at_log = now, st.rows
+
+    def close(self) -> None:
+        """Write the last totals and close the CSV."""
+        self.log(time.perf_counter())
+        self.metrics.close()
+

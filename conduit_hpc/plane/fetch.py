@@ -1,0 +1,133 @@
+"""How a learner's rows are found and fetched: the :class:`Fetch` strategies.
+
+* :class:`DirectFetch` (``scheduler.fetch = "direct"``): this rank searches the trees of
+  shards in its node's shared memory itself (other shards' owners are asked for slots,
+  one message per shard) and copies the rows - numpy from shared memory, one indexed
+  RMA get per field otherwise - redrawing any row overwritten meanwhile.
+* :class:`OwnerFetch` (``"owner"``, and always in ``service`` mode): each shard's owner
+  samples and sends the rows in its reply. Several batches may be in flight at once
+  (:meth:`OwnerFetch.begin` / :meth:`~OwnerFetch.arrived` / :meth:`~OwnerFetch.complete`),
+  so that a long link's latency overlaps in ``edp`` mode.
+
+Config picks one by name (:data:`FETCHES`); no code path branches on the name.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from conduit_hpc.plane.delivery import Deliverer
+from conduit_hpc.plane.staging import Batch
+from conduit_hpc.protocol import Tag, unpack_rows
+from conduit_hpc.sampling import ShardStats
+
+__all__ = ["FETCHES", "DirectFetch", "Fetch", "OwnerFetch", "PendingBatch"]
+
+
+class Fetch(abc.ABC):
+    """Finds and fetches the rows of one batch for a :class:`Deliverer`."""
+
+    name: ClassVar[str]
+    #: several batches may be in flight at once (begin / arrived / complete)
+    pipelined: ClassVar[bool] = False
+    #: the request tag whose replies carry slots (and, for owners, rows)
+    request_tag: ClassVar[Tag]
+
+    def prepare(self, d: Deliverer, superstep: int, staleness: int) -> Batch:
+        """One batch, inline. Blocks (bounded)."""
+        B = d.cfg.batch_rows
+        timings = {"sample_s": 0.0, "gather_s": 0.0, "transform_s": 0.0, "copy_s": 0.0}
+        stats, waited = d.admit(B)
+        timings["limiter_wait_s"] = waited
+        t0 = time.perf_counter()
+        parts = d.draw(self.request_tag, stats, B)
+        timings["sample_s"] = time.perf_counter() - t0
+        return d.assemble(superstep, staleness, stats, parts, timings)
+
+    @abc.abstractmethod
+    def fill(self, d: Deliverer, a: int, b: int, rows: np.ndarray, indices: np.ndarray,
+             mass: np.ndarray, flat: dict[str, np.ndarray]) -> None:
+        """Put rows ``a .. b`` of the batch into ``flat`` (``rows``: bytes that came
+        with the reply)."""
+
+
+class DirectFetch(Fetch):
+    """Search and copy this rank itself (see the module docstring)."""
+
+    name = "direct"
+    request_tag = Tag.SAMPLE
+
+    def fill(self, d: Deliverer, a: int, b: int, rows: np.ndarray, indices: np.ndarray,
+             mass: np.ndarray, flat: dict[str, np.ndarray]) -> None:
+        d.gather_checked(int(indices[a, 0]), a, b, indices, mass, flat)
+
+
+@dataclass
+class PendingBatch:
+    """A batch whose rows the owners are sampling and sending (see
+    :meth:`OwnerFetch.begin`): request id -> the batch positions it fills."""
+
+    superstep: int
+    staleness: int
+    stats: list[ShardStats]
+    ids: dict[int, tuple[int, int]]
+    t0: float
+    waited: float
+
+
+class OwnerFetch(Fetch):
+    """The owners sample and send the rows (see the module docstring)."""
+
+    name = "owner"
+    pipelined = True
+    request_tag = Tag.SERVICE
+
+    def fill(self, d: Deliverer, a: int, b: int, rows: np.ndarray, indices: np.ndarray,
+             mass: np.ndarray, flat: dict[str, np.ndarray]) -> None:
+        w = d.window
+        for name, arr in unpack_rows(d.spec, rows, (b - a) * w).items():
+            flat[name][a * w:b * w] = arr
+
+    def begin(self, d: Deliverer, superstep: int, staleness: int) -> PendingBatch:
+        """Start a batch: admit it, draw its targets and send one request per shard;
+        returns at once. Blocks only while the rate limiter or the minimum fill holds
+        sampling back."""
+        B = d.cfg.batch_rows
+        stats, waited = d.admit(B)
+        t0 = time.perf_counter()
+        shard_pos, local = d.sampler.targets(stats, B)
+        bounds = np.searchsorted(shard_pos, np.arange(len(stats) + 1))
+        ids: dict[int, tuple[int, int]] = {}
+        for k in range(len(stats)):
+            a, b = int(bounds[k]), int(bounds[k + 1])
+            if b > a:
+                ids[d.request(Tag.SERVICE, k, local[a:b])] = (a, b)
+        return PendingBatch(superstep, staleness, stats, ids, t0, waited)
+
+    def arrived(self, d: Deliverer, pending: PendingBatch) -> bool:
+        """Whether every reply of ``pending`` is here (receives what has arrived). Local;
+        never blocks."""
+        from conduit_hpc.protocol import SampleReply
+
+        while (msg := d.channel.poll(tag=Tag.SERVICE_REPLY)) is not None:
+            rep, rest = SampleReply.unpack(msg.payload)
+            d.stash[rep.request_id] = (rep, rest)
+        return all(i in d.stash for i in pending.ids)
+
+    def complete(self, d: Deliverer, pending: PendingBatch) -> Batch:
+        """Wait for ``pending``'s replies (bounded by the timeout) and assemble it."""
+        replies = d.collect(Tag.SERVICE_REPLY, set(pending.ids), "service replies")
+        parts = sorted(((a, b, replies[i][0], replies[i][1])
+                        for i, (a, b) in pending.ids.items()), key=lambda x: x[0])
+        timings = {"sample_s": time.perf_counter() - pending.t0, "gather_s": 0.0,
+                   "transform_s": 0.0, "copy_s": 0.0, "limiter_wait_s": pending.waited}
+        return d.assemble(pending.superstep, pending.staleness, pending.stats, parts, timings)
+
+
+#: ``scheduler.fetch`` -> strategy
+FETCHES: dict[str, type[Fetch]] = {"direct": DirectFetch, "owner": OwnerFetch}

@@ -1,0 +1,106 @@
+"""Device staging: the one place that moves batches from host memory to the learner's
+device (the node-local GPU, bound by node-local learner index, or the CPU).
+
+Host arrays are handed to torch without a copy on the CPU; for a GPU they are pinned and
+copied on a side stream, and :class:`Batch` carries the CUDA event the learner waits on
+(:meth:`Batch.wait`), so the copy of batch ``s+1`` overlaps compute on batch ``s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from conduit_hpc.errors import ConfigError
+
+if TYPE_CHECKING:  # torch loads only on ranks that use it (learners)
+    import torch
+
+__all__ = ["Batch", "Stager", "select_device"]
+
+
+def select_device(kind: str, local_learner_index: int) -> torch.device:
+    """The learner's device: its node-local GPU (bound by node-local learner index,
+    never by world rank) when asked for or available, else the CPU.
+
+    Raises:
+        ConfigError: ``scheduler.device = "cuda"`` but torch sees no GPU.
+    """
+    import torch
+
+    if kind in ("auto", "cuda") and torch.cuda.is_available():
+        return torch.device("cuda", local_learner_index % torch.cuda.device_count())
+    if kind == "cuda":
+        raise ConfigError("scheduler.device must be 'auto' or 'cpu' on this machine: "
+                          "'cuda' was asked for but torch sees no GPU",
+                          key="scheduler.device")
+    return torch.device("cpu")
+
+
+@dataclass
+class Batch:
+    """One learner batch.
+
+    Attributes:
+        data (dict[str, torch.Tensor]): one tensor per field (``[B, ...]``, or
+            ``[B, L, ...]`` for sequences), on the learner's device.
+        indices (np.ndarray): int64 ``[B, 3]``: shard, slot, generation of each row
+            (the first row of a sequence); pass back to ``update_priorities``.
+        weights (torch.Tensor): float32 ``[B]`` importance weights (1 when uniform).
+        superstep (int): the superstep this batch is for.
+        staleness (int): supersteps of priority updates this batch was sampled without.
+        timings (dict[str, float]): seconds spent on sample, gather, transform, copy.
+    """
+
+    data: dict[str, torch.Tensor]
+    indices: np.ndarray
+    weights: torch.Tensor
+    superstep: int
+    staleness: int
+    timings: dict[str, float] = field(default_factory=dict)
+    ready: Any = None  # a CUDA event when the copy is asynchronous
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.data[name]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def wait(self) -> None:
+        """Block until the device copy is done (no-op on the CPU)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+            self.ready = None
+
+
+class Stager:
+    """Hands numpy batches to torch on ``device`` (see the module docstring).
+
+    Args:
+        device (torch.device): the learner's device.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        import torch
+
+        self._torch = torch
+        self.device = device
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def to_device(self, data: Mapping[str, np.ndarray], indices: np.ndarray,
+                  weights: np.ndarray, superstep: int, staleness: int) -> Batch:
+        """A :class:`Batch` of ``data`` on the device (asynchronous on a GPU)."""
+        torch = self._torch
+        if self._stream is None:
+            tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in data.items()}
+            return Batch(tensors, indices, torch.from_numpy(weights), superstep, staleness)
+        with torch.cuda.stream(self._stream):
+            tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).pin_memory().to(
+                self.device, non_blocking=True) for k, v in data.items()}
+            wt = torch.from_numpy(weights).pin_memory().to(self.device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return Batch(tensors, indices, wt, superstep, staleness, ready=event)

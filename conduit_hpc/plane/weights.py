@@ -1,0 +1,105 @@
+"""Weights from the lead learner to actors: a seqlocked board in one-sided memory.
+
+The lead learner publishes its parameters (float32, flattened) every
+``scheduler.weights_every`` supersteps with plain stores into its own segment; actors
+pull newer ones with one-sided reads (numpy copies on the same node).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from conduit_hpc.transport.rma import RmaWindow
+
+if TYPE_CHECKING:  # torch loads only on ranks that share weights
+    import torch
+
+__all__ = ["WeightsBoard", "flat_parameters", "load_flat"]
+
+
+class WeightsBoard:
+    """The lead learner's parameters, published for actors (seqlock on a version).
+
+    Layout in the owner's segment: int64 ``[version, superstep, nparams, 0 ...]`` (64
+    bytes) then float32 parameters. ``version`` is odd while the owner writes.
+
+    Args:
+        window (RmaWindow): window holding the board.
+        owner (int): lead learner's rank.
+        nparams (int): float32 parameters.
+    """
+
+    def __init__(self, window: RmaWindow, owner: int, nparams: int) -> None:
+        self.window, self.owner, self.nparams = window, owner, nparams
+        self.seen_version = 0
+        self.seen_superstep = -1
+        self._buf = np.empty(nparams, dtype=np.float32)
+
+    def publish(self, flat: np.ndarray, superstep: int) -> None:
+        """Owner only: store new parameters. Local (direct stores + memory barrier)."""
+        seg = self.window.own_segment()
+        head = seg[:64].view(np.int64)
+        v = int(head[0])
+        head[0] = v + 1
+        self.window.sync()
+        seg[64:64 + 4 * self.nparams].view(np.float32)[:] = flat
+        head[1] = superstep
+        head[2] = self.nparams
+        self.window.sync()
+        head[0] = v + 2
+        self.window.sync()
+
+    def published(self) -> tuple[int, int]:
+        """(version, learner superstep) of the newest publication. Blocks for a read."""
+        v = self.window.atomic_read(self.owner, 0)
+        s = self.window.atomic_read(self.owner, 8)
+        return v, s
+
+    def pull(self) -> np.ndarray | None:
+        """Newer parameters than last pulled, or ``None``. One-sided; blocks for the
+        copy."""
+        w = self.window
+        for _ in range(100):
+            v1 = w.atomic_read(self.owner, 0)
+            if v1 <= self.seen_version or v1 % 2:
+                if v1 % 2:
+                    time.sleep(0.0001)
+                    continue
+                return None
+            superstep = w.atomic_read(self.owner, 8)
+            view = w.local_view(self.owner)
+            if view is not None:
+                w.sync()
+                self._buf[:] = view[64:64 + 4 * self.nparams].view(np.float32)
+                w.sync()
+            else:
+                w.get(self.owner, 64, self._buf)
+                w.flush(self.owner)
+            if w.atomic_read(self.owner, 0) == v1:
+                self.seen_version, self.seen_superstep = v1, superstep
+                return self._buf.copy()
+        return None
+
+
+def flat_parameters(model: torch.nn.Module) -> np.ndarray:
+    """Every parameter, flattened into one float32 array (host copy)."""
+    import torch
+
+    with torch.no_grad():
+        return torch.cat([p.detach().reshape(-1).float().cpu()
+                          for p in model.parameters()]).numpy()
+
+
+def load_flat(model: torch.nn.Module, flat: np.ndarray) -> None:
+    """Inverse of :func:`flat_parameters`."""
+    import torch
+
+    with torch.no_grad():
+        o = 0
+        for p in model.parameters():
+            n = p.numel()
+            p.copy_(torch.from_numpy(flat[o:o + n]).view_as(p))
+            o += n

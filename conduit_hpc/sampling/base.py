@@ -1,0 +1,154 @@
+"""The sampler strategy: how learners draw rows from shards and weigh them.
+
+A :class:`Sampler` has two halves, both plain numpy:
+
+* **learner side** - draw stratified targets over the shards' published statistics
+  (:meth:`Sampler.targets`), redraw targets for rows found overwritten
+  (:meth:`Sampler.redraw`), importance weights (:meth:`Sampler.weights`), the check of a
+  priority update (:meth:`Sampler.check_update`), and its own state
+  (:meth:`Sampler.state_dict`: the random generator and the superstep offset that the
+  beta schedule counts from) for checkpoints;
+* **owner side** - a :class:`ShardDrawer` per shard, used by the shard's owner: what the
+  shard publishes for samplers (:meth:`ShardDrawer.stats`) and which rows the targets
+  fall on (:meth:`ShardDrawer.draw`).
+
+Strategies are picked by name (``scheduler.sampler``) through :func:`make_sampler`; no
+code path branches on the name. TorchRL's ``samplers/`` (one base owning priority
+updates and its own ``state_dict``, one file per strategy) is the model.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from conduit_hpc.sampling.stratified import ShardStats, allocate_targets
+from conduit_hpc.storage.priority import PriorityIndex, check_priorities
+
+__all__ = ["Draw", "Sampler", "ShardDrawer", "check_update"]
+
+#: (slots, generations, masses) of drawn rows; slot -1 where nothing could be drawn
+Draw = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+class ShardDrawer(abc.ABC):
+    """The owner's side of a sampler for one shard (single-threaded, owner only)."""
+
+    @abc.abstractmethod
+    def stats(self, index: PriorityIndex) -> tuple[int, float, float, float]:
+        """``(items, total mass, min mass, max priority)`` that samplers see."""
+
+    @abc.abstractmethod
+    def draw(self, index: PriorityIndex, targets: np.ndarray) -> Draw:
+        """Rows for ``targets`` (mass offsets, or item indices); slot -1 where the shard
+        has nothing to draw right now."""
+
+    @abc.abstractmethod
+    def span(self, index: PriorityIndex) -> float:
+        """The range targets are drawn from (for redraws): total mass or item count."""
+
+    def changed(self) -> None:  # noqa: B027 - optional hook, default does nothing
+        """The shard's rows or index changed (commits, hides, moves)."""
+
+
+class Sampler(abc.ABC):
+    """How learners sample (the learner side) and how owners draw (:meth:`drawer`).
+
+    Args:
+        batch_rows (int): items per batch.
+        seed (int): seed of the learner's random generator.
+    """
+
+    name: ClassVar[str]
+    #: rows per sampled item (> 1: sequence windows)
+    window: int = 1
+
+    def __init__(self, *, batch_rows: int, seed: int) -> None:
+        self.batch_rows = int(batch_rows)
+        self.rng = np.random.default_rng(seed)
+        self.superstep_offset = 0  # supersteps done before a restore (schedules)
+
+    # -- owner side ------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def alpha(self) -> float:
+        """Exponent the owners' priority index applies (0: every row mass 1)."""
+
+    @abc.abstractmethod
+    def drawer(self, columns: Mapping[str, np.ndarray], capacity: int,
+               committed: Any) -> ShardDrawer:
+        """The owner's drawer of one shard (``columns``: its field arrays in memory;
+        ``committed()``: its commit cursor)."""
+
+    # -- learner side ----------------------------------------------------------------
+    @property
+    def direct_search(self) -> bool:
+        """Whether a node-local learner may search the owner's tree itself."""
+        return self.window == 1
+
+    def targets(self, stats: list[ShardStats], rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stratified targets over the shards laid end to end: (shard position, local
+        target) per item, in draw order."""
+        return allocate_targets(np.array([s.total for s in stats]), rows, self.rng)
+
+    def redraw(self, span: float, n: int) -> np.ndarray:
+        """``n`` fresh targets in one shard whose range is ``span``."""
+        return self.rng.random(n) * max(span, 0.0)
+
+    @abc.abstractmethod
+    def weights(self, mass: np.ndarray, stats: list[ShardStats], superstep: int) -> np.ndarray:
+        """float32 importance weights of a batch drawn at ``superstep`` (counted from
+        this learner's start, :attr:`superstep_offset` is added)."""
+
+    def check_update(self, indices: Any, priorities: Any,
+                     capacities: Mapping[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """Validate an ``update_priorities`` call (see :func:`check_update`)."""
+        return check_update(indices, priorities, capacities)
+
+    # -- state -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state: the generator and the superstep offset."""
+        return {"rng": json.dumps(self.rng.bit_generator.state),
+                "superstep_offset": self.superstep_offset}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Inverse of :meth:`state_dict` (missing keys keep their value)."""
+        if state.get("rng"):
+            bg = np.random.PCG64()
+            bg.state = json.loads(state["rng"])
+            self.rng = np.random.Generator(bg)
+        if "superstep_offset" in state:
+            self.superstep_offset = int(state["superstep_offset"])
+
+
+def check_update(indices: Any, priorities: Any, shards: Mapping[int, int]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Validate an ``update_priorities`` call before anything is sent.
+
+    Raises:
+        ValueError: indices not ``[n, 3]`` int, an unknown shard, a slot out of range,
+            priorities of another length, or a negative, NaN or infinite priority.
+    """
+    idx = np.asarray(indices)
+    if idx.ndim != 2 or idx.shape[1] != 3 or idx.dtype.kind not in "iu":
+        raise ValueError(f"indices must be an integer array of shape [n, 3] (shard, slot, "
+                         f"generation) as delivered in Batch.indices, got dtype "
+                         f"{idx.dtype.name} shape {idx.shape}")
+    p = check_priorities(priorities)
+    if len(p) != len(idx):
+        raise ValueError(f"priorities has {len(p)} entries but indices has {len(idx)}")
+    idx = idx.astype(np.int64)
+    for sid in np.unique(idx[:, 0]):
+        if int(sid) not in shards:
+            raise ValueError(f"indices names shard {int(sid)}, which this learner does "
+                             f"not read (shards: {sorted(shards)})")
+        slots = idx[idx[:, 0] == sid, 1]
+        cap = shards[int(sid)]
+        if slots.min() < 0 or slots.max() >= cap:
+            raise ValueError(f"indices has slot {int(slots.max())} outside shard {int(sid)}'s "
+                             f"[0, {cap})")
+    return idx, p

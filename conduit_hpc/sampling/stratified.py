@@ -1,0 +1,107 @@
+"""Stratified global sampling across shards and importance weights. Plain numpy.
+
+The data plane samples in two steps. The learner sees each shard's total mass ``T_k``
+(sum of ``priority ** alpha`` over its held rows), row count and minimum, and draws
+``B`` stratified targets over ``[0, sum_k T_k)`` - target ``i`` uniform in segment
+``i`` of ``B`` equal segments, as Schaul et al. do over one sum-tree. Each target falls in
+one shard; the shard's owner finds the row by prefix search in its own tree. Laid end to
+end, the shards' trees are one tree, so the distribution is exactly that of a single
+buffer holding every row. Uniform sampling is the same with ``alpha = 0`` (every held row
+has mass 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ShardStats", "allocate_targets", "beta_at", "importance_weights"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStats:
+    """What a learner knows of one shard when it samples.
+
+    Attributes:
+        total (float): sum of ``priority ** alpha`` over held rows.
+        count (int): held rows.
+        min (float): smallest ``priority ** alpha`` of a held row (inf if none).
+    """
+
+    total: float
+    count: int
+    min: float
+
+
+def allocate_targets(totals: np.ndarray, batch: int, rng: np.random.Generator
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified targets over the shards laid end to end.
+
+    Args:
+        totals (np.ndarray): mass of each shard (>= 0, at least one > 0).
+        batch (int): rows to draw.
+        rng (np.random.Generator): source of randomness.
+
+    Returns:
+        tuple[np.ndarray, np.ndarray]: the shard of each target and the target's mass
+        offset inside that shard, in draw order.
+
+    Raises:
+        ValueError: every shard is empty, or ``batch`` < 1.
+    """
+    totals = np.asarray(totals, dtype=np.float64)
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch!r}")
+    grand = float(totals.sum())
+    if not grand > 0:
+        raise ValueError("cannot sample: every shard is empty")
+    u = (np.arange(batch) + rng.random(batch)) * (grand / batch)
+    cum = np.cumsum(totals)
+    shard = np.searchsorted(cum, u, side="right")
+    # rounding can push the last target to the end: give it to the last non-empty shard
+    last = int(np.flatnonzero(totals > 0)[-1])
+    shard = np.minimum(shard, last)
+    # a target landing in an empty shard (zero width) moves to the next non-empty one
+    empty = totals[shard] <= 0
+    if empty.any():
+        nonempty = np.flatnonzero(totals > 0)
+        shard[empty] = nonempty[np.searchsorted(nonempty, shard[empty]).clip(
+            max=len(nonempty) - 1)]
+    start = cum[shard] - totals[shard]
+    local = np.clip(u - start, 0.0, np.nextafter(totals[shard], 0.0))
+    return shard.astype(np.int64), local
+
+
+def importance_weights(p: np.ndarray, stats: list[ShardStats] | tuple[ShardStats, ...],
+                       beta: float) -> np.ndarray:
+    """Importance-sampling weights ``(N * P(i)) ** -beta`` normalised by the largest
+    possible weight (that of the smallest-priority row held anywhere).
+
+    Args:
+        p (np.ndarray): ``priority ** alpha`` of each sampled row.
+        stats: per-shard statistics of every shard sampled from.
+        beta (float): exponent, 0 gives weights of 1.
+
+    Returns:
+        np.ndarray: float32 weights in ``(0, 1]``.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    if beta == 0:
+        return np.ones(len(p), dtype=np.float32)
+    total = sum(s.total for s in stats)
+    n = sum(s.count for s in stats)
+    pmin = min((s.min for s in stats if s.count), default=float("inf"))
+    prob = p / total
+    w = np.power(n * prob, -beta)
+    wmax = (n * pmin / total) ** (-beta)
+    return (w / wmax).astype(np.float32)
+
+
+def beta_at(superstep: int, beta: float, beta_final: float, anneal_supersteps: int) -> float:
+    """Linear annealing of beta from ``beta`` to ``beta_final`` over
+    ``anneal_supersteps`` supersteps (0: constant ``beta``)."""
+    if anneal_supersteps <= 0:
+        return beta
+    frac = min(1.0, max(0, superstep) / anneal_supersteps)
+    return beta + (beta_final - beta) * frac

@@ -1,0 +1,122 @@
+"""The data-plane thread: runs a learner rank's experience path ahead of the learner.
+
+It is the only thread of its rank that makes MPI calls while it runs. The owner hands it
+callables (:meth:`DataPlaneThread.call` waits for the result through a
+:class:`concurrent.futures.Future`, :meth:`~DataPlaneThread.post` does not), run in
+order; whenever nothing is queued it runs one unit of ``background`` work (the
+prefetch step). An exception in the thread is re-raised in the owner at its next call.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from conduit_hpc.errors import DataPlaneTimeout
+from conduit_hpc.wait import Deadline
+
+__all__ = ["DataPlaneThread"]
+
+
+class DataPlaneThread:
+    """A worker thread for one learner rank's experience path.
+
+    Args:
+        background (Callable[[], bool]): one unit of ahead-of-time work; returns whether
+            it did anything (if not, the thread waits briefly for new calls).
+        idle_sleep_s (float): longest wait for new calls when idle.
+    """
+
+    def __init__(self, background: Callable[[], bool], *, idle_sleep_s: float = 0.0005,
+                 name: str = "conduit-dataplane") -> None:
+        self._background = background
+        self._idle = idle_sleep_s
+        self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _next(self) -> tuple[Callable[[], Any], Future[Any]] | None:
+        try:
+            return self._calls.get_nowait()
+        except queue.Empty:
+            pass
+        if self._background():
+            return None
+        try:
+            return self._calls.get(timeout=self._idle)
+        except queue.Empty:
+            return None
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                item = self._next()
+                if item is None:
+                    continue
+                fn, fut = item
+                try:
+                    fut.set_result(fn())
+                except BaseException as err:
+                    fut.set_exception(err)
+                    raise
+        except BaseException as err:
+            self._error = err
+            while True:  # wake anyone waiting on a queued call
+                try:
+                    _, fut = self._calls.get_nowait()
+                except queue.Empty:
+                    break
+                fut.set_exception(err)
+
+    def raise_if_failed(self) -> None:
+        """Re-raise an exception the thread died of (in the caller's thread)."""
+        if self._error is not None:
+            raise self._error
+
+    def _wait(self, fut: Future[Any], timeout_s: float, what: str) -> Any:
+        deadline = Deadline(timeout_s, what)
+        while True:
+            try:
+                return fut.result(timeout=min(0.05, max(deadline.remaining_s, 0.001)))
+            except FutureTimeout:
+                self.raise_if_failed()
+                deadline.check()
+
+    def call(self, fn: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
+        """Run ``fn`` on the thread, after every call queued before it; blocks for its
+        result at most ``timeout_s``.
+
+        Raises:
+            DataPlaneTimeout: no result in time (names ``what``).
+        """
+        self.raise_if_failed()
+        fut: Future[Any] = Future()
+        self._calls.put((fn, fut))
+        return self._wait(fut, timeout_s, what)
+
+    def post(self, fn: Callable[[], Any]) -> None:
+        """Queue ``fn`` without waiting for it (errors surface at the next call)."""
+        self.raise_if_failed()
+        self._calls.put((fn, Future()))
+
+    def stop(self, timeout_s: float) -> None:
+        """Finish the queued calls, stop, and join. Blocks at most ``timeout_s``."""
+        if not self._thread.is_alive():
+            self.raise_if_failed()
+            return
+        done: Future[Any] = Future()
+        self._calls.put((lambda: None, done))
+        self._wait(done, timeout_s, "the data-plane thread to drain")
+        self._stop.set()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise DataPlaneTimeout(f"data-plane thread did not stop within {timeout_s:.1f} s")
+        self.raise_if_failed()

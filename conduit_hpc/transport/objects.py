@@ -1,0 +1,70 @@
+"""Small JSON-able objects over MPI collectives, without pickle.
+
+mpi4py's lowercase collectives pickle; these send JSON text as ``uint8`` buffers
+(``Bcast``/``Gatherv``/``Allgatherv``), so that nothing a peer sends is ever unpickled.
+Every function is **collective** on ``comm`` and blocks until its part is done.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+__all__ = ["allgather_json", "bcast_json", "gather_json"]
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    raise TypeError(f"{type(v).__name__} is not JSON-able")
+
+
+def _to_bytes(obj: Any) -> np.ndarray:
+    text = json.dumps(obj, separators=(",", ":"), default=_plain)
+    return np.frombuffer(text.encode(), dtype=np.uint8)
+
+
+def _from_bytes(buf: np.ndarray) -> Any:
+    return json.loads(bytes(buf).decode())
+
+
+def bcast_json(comm: MPI.Intracomm, obj: Any, root: int) -> Any:
+    """Broadcast a JSON-able object from ``root``. **Collective** on ``comm``; blocks."""
+    n = np.zeros(1, dtype=np.int64)
+    data = _to_bytes(obj) if comm.Get_rank() == root else np.zeros(0, np.uint8)
+    n[0] = len(data)
+    comm.Bcast(n, root=root)
+    buf = data.copy() if comm.Get_rank() == root else np.empty(int(n[0]), np.uint8)
+    comm.Bcast(buf, root=root)
+    return _from_bytes(buf)
+
+
+def gather_json(comm: MPI.Intracomm, obj: Any, root: int) -> list[Any] | None:
+    """Gather one JSON-able object per rank at ``root`` (None elsewhere). **Collective**."""
+    data = _to_bytes(obj)
+    sizes = np.zeros(comm.Get_size(), dtype=np.int64) if comm.Get_rank() == root else None
+    comm.Gather(np.array([len(data)], dtype=np.int64), sizes, root=root)
+    if comm.Get_rank() != root:
+        comm.Gatherv(data, None, root=root)
+        return None
+    assert sizes is not None
+    buf = np.empty(int(sizes.sum()), np.uint8)
+    comm.Gatherv(data, [buf, sizes, MPI.BYTE], root=root)
+    offs = np.concatenate([[0], np.cumsum(sizes)])
+    return [_from_bytes(buf[offs[i]:offs[i + 1]]) for i in range(len(sizes))]
+
+
+def allgather_json(comm: MPI.Intracomm, obj: Any) -> list[Any]:
+    """One JSON-able object per rank, on every rank (rank order). **Collective**."""
+    data = _to_bytes(obj)
+    sizes = np.zeros(comm.Get_size(), dtype=np.int64)
+    comm.Allgather(np.array([len(data)], dtype=np.int64), sizes)
+    buf = np.empty(int(sizes.sum()), np.uint8)
+    comm.Allgatherv(data, [buf, sizes, MPI.BYTE])
+    offs = np.concatenate([[0], np.cumsum(sizes)])
+    return [_from_bytes(buf[offs[i]:offs[i + 1]]) for i in range(len(sizes))]
