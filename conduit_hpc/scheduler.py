@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from conduit_hpc.errors import ConfigError, DataPlaneTimeout
+from conduit_hpc.errors import DataPlaneTimeout
 
 __all__ = ["DataPlaneThread", "LimiterState", "PrefetchClock", "RateLimiter"]
 
@@ -50,10 +50,18 @@ class RateLimiter:
     """Samples-per-insert ratio with tolerance (Reverb's ``SampleToInsertRatio``).
 
     With ``diff = inserts * samples_per_insert - samples``, an insert of ``n`` rows is
-    allowed while ``diff + n * spi <= max_diff`` and a sample of ``n`` rows while
-    ``diff - n >= min_diff`` and at least ``min_size_to_sample`` rows are held, where
+    allowed while fewer than ``min_size_to_sample`` rows were inserted or
+    ``diff + n * spi <= max_diff``, and a sample of ``n`` rows while ``diff - n >=
+    min_diff`` and at least ``min_size_to_sample`` rows are held, where
     ``min_diff, max_diff = spi * min_size_to_sample -/+ error_buffer``.
     ``samples_per_insert = 0`` disables the ratio (only the minimum fill remains).
+
+    Inserts are free until the fill is reached (as in Reverb, whose inserts are one item
+    each; here the batch that crosses the fill is free too, so ``diff`` may pass
+    ``max_diff`` by up to ``spi * (max_insert_batch - 1)`` once, and learners sample it
+    back): no learner can sample before the fill, so an actor held back there would wait
+    forever. With ``2 * error_buffer >= spi * max_insert_batch + batch_rows`` (checked by
+    :class:`~conduit_hpc.config.SchedulerConfig`) one side can always move afterwards.
 
     Args:
         samples_per_insert (float): target ratio (>= 0).
@@ -82,7 +90,7 @@ class RateLimiter:
 
     def can_insert(self, s: LimiterState, n: int) -> bool:
         """Whether ``n`` more rows may be admitted now."""
-        if not self.enabled:
+        if not self.enabled or s.inserts < self.min_size_to_sample:
             return True
         return self.diff(s) + n * self.samples_per_insert <= self.max_diff
 
@@ -93,23 +101,6 @@ class RateLimiter:
         if not self.enabled:
             return True
         return self.diff(s) - n >= self.min_diff
-
-    def check_progress(self, max_insert_batch: int, sample_batch: int) -> None:
-        """Refuse settings under which actors and learners can wait for each other
-        forever: the tolerance must let either side move from any state.
-
-        Raises:
-            ConfigError: naming ``scheduler.error_buffer`` and the smallest safe value.
-        """
-        if not self.enabled:
-            return
-        need = self.samples_per_insert * max_insert_batch + sample_batch
-        if 2 * self.error_buffer < need:
-            raise ConfigError(
-                f"scheduler.error_buffer must be >= {need / 2:g} (half of "
-                f"samples_per_insert * max_insert_batch + batch_rows) or actors and "
-                f"learners can each wait for the other forever, got {self.error_buffer!r}",
-                key="scheduler.error_buffer")
 
     def explain(self, s: LimiterState) -> str:
         """The state in words, for wait and timeout messages."""
