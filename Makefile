@@ -32,7 +32,7 @@ unit: $(STAMP)
 	$(MPIENV) && timeout $(TEST_TIMEOUT) $(BIN)/python -m pytest -q tests/unit
 
 mpi: $(STAMP)
-	$(MPIENV) && scripts/run_mpi_tests.sh 3 4 6
+	$(MPIENV) && scripts/run_mpi_tests.sh 2 3 4 6
 
 launch: $(STAMP)
 	$(MPIENV) && timeout $(LAUNCH_TIMEOUT) $(BIN)/python -m pytest -q -rs --durations=12 tests/launch

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Run tests/mpi under mpirun at each rank count given (default: 3 4 6).
+# Run tests/mpi under mpirun at each rank count given (default: 2 3 4 6); a test that
+# needs more ranks declares @pytest.mark.mpi(min_size=N) and pytest-mpi skips it below N.
 # `python -m mpi4py` aborts the whole job when a rank fails, and `timeout` bounds it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/mpi_env.sh
 PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-600}
-sizes=("$@"); [ ${#sizes[@]} -eq 0 ] && sizes=(3 4 6)
+sizes=("$@"); [ ${#sizes[@]} -eq 0 ] && sizes=(2 3 4 6)
 status=0
 for n in "${sizes[@]}"; do
   echo "=== tests/mpi with $n ranks"

@@ -32,10 +32,18 @@ class RateLimiter:
     """Samples-per-insert ratio with tolerance (Reverb's ``SampleToInsertRatio``).
 
     With ``diff = inserts * samples_per_insert - samples``, an insert of ``n`` rows is
-    allowed while ``diff + n * spi <= max_diff`` and a sample of ``n`` rows while
-    ``diff - n >= min_diff`` and at least ``min_size_to_sample`` rows are held, where
+    allowed while fewer than ``min_size_to_sample`` rows were inserted or
+    ``diff + n * spi <= max_diff``, and a sample of ``n`` rows while ``diff - n >=
+    min_diff`` and at least ``min_size_to_sample`` rows are held, where
     ``min_diff, max_diff = spi * min_size_to_sample -/+ error_buffer``.
     ``samples_per_insert = 0`` disables the ratio (only the minimum fill remains).
+
+    Inserts are free until the fill is reached (as in Reverb, whose inserts are one item
+    each; here the batch that crosses the fill is free too, so ``diff`` may pass
+    ``max_diff`` by up to ``spi * (max_insert_batch - 1)`` once, and learners sample it
+    back): no learner can sample before the fill, so an actor held back there would wait
+    forever. With ``2 * error_buffer >= spi * max_insert_batch + batch_rows`` (checked by
+    :class:`~conduit_hpc.config.SchedulerConfig`) one side can always move afterwards.
 
     Args:
         samples_per_insert (float): target ratio (>= 0).
@@ -64,7 +72,7 @@ class RateLimiter:
 
     def can_insert(self, s: LimiterState, n: int) -> bool:
         """Whether ``n`` more rows may be admitted now."""
-        if not self.enabled:
+        if not self.enabled or s.inserts < self.min_size_to_sample:
             return True
         return self.diff(s) + n * self.samples_per_insert <= self.max_diff
 

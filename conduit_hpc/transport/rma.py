@@ -207,6 +207,8 @@ class RmaWindow:
 
     def sync(self) -> None:
         """Memory barrier between direct (numpy) loads/stores and other processes'."""
+        if self._closed:
+            raise TransportError("window used after close()")
         if self._shm is not None:
             self._shm.Sync()
         else:

@@ -159,18 +159,60 @@ def test_late_update_for_overwritten_row_is_dropped_and_counted() -> None:
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.parametrize("mode", MODES)
 def test_ends_cleanly_when_actors_stop_first(mode: str) -> None:
+    # the actors ingest 4 batches of 16 rows each (above the fill of 32), are done and
+    # leave; the learner keeps sampling what is held - every batch comes (the stream is
+    # not closed: the fill was reached), made only of rows the actors ingested - and the
+    # job ends on every rank
     cfg = config(mode, scheduler={"min_fill_rows": 32})
+    problems: list[str] = []
+    receipts: list = []
+    delivered = []
     with ExperienceDataPlane(cfg) as edp:
         if edp.role is Role.ACTOR:
-            actor_ingest(edp, max_batches=4, until_stop=False)
+            receipts = actor_ingest(edp, max_batches=4, until_stop=False)
             edp.done()  # actors leave early
         elif edp.role is Role.LEARNER:
-            for _ in range(40):  # keeps sampling what is held after the actors left
-                edp.next_batch()
+            n_actors = len(edp.roles.actor_ranks)
+            try:
+                # first until a row of every actor's last batch came: they all finished
+                finished: set[int] = set()
+                for _ in range(2000):
+                    writer, wseq = (edp.next_batch().data[k].numpy() for k in ("writer",
+                                                                                "wseq"))
+                    finished.update(writer[wseq >= 48].tolist())
+                    if len(finished) == n_actors:
+                        break
+                else:
+                    problems.append(f"saw the last batch of only {sorted(finished)}")
+                for _ in range(40):  # ... then from what they left behind
+                    b = edp.next_batch()
+                    cols = {k: v.numpy() for k, v in b.data.items()}
+                    if len(b) != 32 or not row_consistent(cols).all():
+                        problems.append(f"a batch of {len(b)} rows, torn or short")
+                    delivered.append((b.indices.copy(), cols["writer"].copy(),
+                                      cols["wseq"].copy()))
+            except DataPlaneClosed as err:
+                problems.append(f"the learner's stream closed: {err}")
         else:
             edp.serve()
         edp.done()
-        edp.summary()
+        all_receipts = edp.roles.world.allgather((edp.world_rank, receipts))
+        summary = edp.summary()
+        actors = len(edp.roles.actor_ranks)
+    rmap = ring_map(all_receipts)
+    for idx, writer, wseq in delivered:
+        for (shard, _slot, gen), w, q in zip(idx, writer, wseq, strict=True):
+            if rmap.get((int(shard), int(gen) - 1)) != (int(w), int(q)):
+                problems.append(f"row {(int(shard), int(gen) - 1)} is not what was ingested")
+    if summary["rows_ingested"] != actors * 4 * 16:
+        problems.append(f"{summary['rows_ingested']} rows ingested")
+    held = sum(s["held"] for s in summary["shards"].values())
+    if held != actors * 4 * 16:
+        problems.append(f"{held} rows held at the end")
+    # every rank got here (the data plane closed everywhere) and sees every rank's verdict
+    verdict = COMM.allreduce([f"rank {COMM.Get_rank()}: {p}" for p in problems[:5]])
+    assert verdict == []
+    assert COMM.allreduce(len(delivered)) == 40
 
 
 @pytest.mark.mpi(min_size=3)

@@ -65,7 +65,7 @@ def test_real_node_split_puts_everyone_on_one_node() -> None:
     roles.close()
 
 
-@pytest.mark.mpi(min_size=3)
+@pytest.mark.mpi(min_size=2)
 def test_world_too_small_raises_on_every_rank() -> None:
     size = COMM.Get_size()
     with pytest.raises(WorldTooSmall) as info:

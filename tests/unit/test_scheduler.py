@@ -7,8 +7,11 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conduit_hpc import ConfigError, DataPlaneTimeout
+from conduit_hpc.config import SchedulerConfig
 from conduit_hpc.protocol import PriorityUpdate, SampleReply, SampleRequest, pack_rows, unpack_rows
 from conduit_hpc.sampling import check_update
 from conduit_hpc.scheduler import DataPlaneThread, LimiterState, PrefetchClock, RateLimiter
@@ -20,8 +23,10 @@ def test_rate_limiter_both_sides_wait() -> None:
     # min_diff = 0, max_diff = 40
     s = LimiterState(inserts=5, samples=0, held=5)
     assert not lim.can_sample(s, 1)  # below the minimum fill
-    assert lim.can_insert(s, 10)  # diff 10 + 20 <= 40
-    assert not lim.can_insert(s, 16)  # 10 + 32 > 40: actors wait
+    assert lim.can_insert(s, 16)  # below the fill inserts are free (10 + 32 > 40)
+    s = LimiterState(inserts=10, samples=0, held=10)
+    assert lim.can_insert(s, 10)  # diff 20 + 20 <= 40
+    assert not lim.can_insert(s, 11)  # 20 + 22 > 40: actors wait
     s = LimiterState(inserts=20, samples=0, held=20)
     assert lim.can_sample(s, 40)  # diff 40 - 40 >= 0
     assert not lim.can_sample(s, 41)  # the learner waits
@@ -38,25 +43,78 @@ def test_rate_limiter_tolerance_and_disabled() -> None:
 
 
 def test_rate_limiter_refuses_impossible_settings() -> None:
-    lim = RateLimiter(samples_per_insert=1.0, min_size_to_sample=1, error_buffer=10.0)
-    with pytest.raises(ConfigError, match=r"error_buffer must be >= 144"):
-        lim.check_progress(max_insert_batch=32, sample_batch=256)
-    RateLimiter(1.0, 1, 144.0).check_progress(32, 256)
     with pytest.raises(ConfigError, match=r"scheduler\.error_buffer"):
         make_config(scheduler={"samples_per_insert": 4.0, "error_buffer": 100.0,
                                "max_insert_batch": 64, "batch_rows": 32})
 
 
-def test_rate_limiter_never_deadlocks_when_accepted() -> None:
-    # from any reachable state, one side can move (exhaustive over a small grid)
-    lim = RateLimiter(samples_per_insert=1.5, min_size_to_sample=4, error_buffer=20.0)
-    lim.check_progress(max_insert_batch=8, sample_batch=16)
-    for inserts in range(0, 200):
-        for samples in range(0, 300):
-            s = LimiterState(inserts, samples, inserts)
-            if lim.diff(s) > lim.max_diff or lim.diff(s) < lim.min_diff - 16:
-                continue  # unreachable
-            assert lim.can_insert(s, 8) or lim.can_sample(s, 16) or inserts < 4
+def stuck_state(lim: RateLimiter, max_insert_batch: int, batch_rows: int,
+                limit: int = 20_000) -> LimiterState | None:
+    """A limiter state reachable from empty in which an actor with a batch of up to
+    ``max_insert_batch`` rows and a learner asking for ``batch_rows`` rows both wait, or
+    ``None`` (exhaustive search). Model: one actor and one learner, no eviction (``held ==
+    inserts``); the limiter decides on the ratio's diff and on whether the fill is reached,
+    so states are told apart by ``(min(inserts, min_size_to_sample), diff)``."""
+    def key(s: LimiterState) -> tuple[int, float]:
+        return min(s.inserts, lim.min_size_to_sample), lim.diff(s)
+
+    start = LimiterState(0, 0, 0)
+    seen, todo = {key(start)}, [start]
+    while todo:
+        s = todo.pop()
+        nexts = [LimiterState(s.inserts + n, s.samples, s.held + n)
+                 for n in range(1, max_insert_batch + 1) if lim.can_insert(s, n)]
+        if lim.can_sample(s, batch_rows):
+            nexts.append(LimiterState(s.inserts, s.samples + batch_rows, s.held))
+        # an actor holds its next batch, of any size up to the largest: it is stuck when
+        # that batch may not go in and the learner may not sample
+        if not lim.can_insert(s, max_insert_batch) and not lim.can_sample(s, batch_rows):
+            return s
+        for t in nexts:
+            if key(t) not in seen:
+                seen.add(key(t))
+                todo.append(t)
+        assert len(seen) < limit, "the reachable states did not close: the search is wrong"
+    return None
+
+
+# ratios and tolerances that are multiples of 1/4 keep every diff exact in binary
+RATIOS = st.sampled_from([0.25, 0.5, 1.0, 1.5, 2.0, 4.0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(spi=RATIOS, batch_rows=st.integers(1, 24), max_insert_batch=st.integers(1, 24),
+       min_fill_rows=st.integers(1, 60), quarters=st.integers(0, 400))
+def test_an_accepted_ratio_never_deadlocks_and_a_deadlocking_one_is_refused(
+        spi: float, batch_rows: int, max_insert_batch: int, min_fill_rows: int,
+        quarters: int) -> None:
+    # the limiter the data plane builds from the config (plane/front.py)
+    lim = RateLimiter(spi, min_fill_rows, quarters / 4)
+    stuck = stuck_state(lim, max_insert_batch, batch_rows)
+    try:
+        SchedulerConfig(samples_per_insert=spi, error_buffer=quarters / 4,
+                        max_insert_batch=max_insert_batch, batch_rows=batch_rows,
+                        min_fill_rows=min_fill_rows)
+    except ConfigError as err:
+        assert "error_buffer" in str(err)
+        return
+    assert stuck is None, f"accepted, yet actors and learners both wait at {stuck}: " \
+                          f"{lim.explain(stuck)}"
+
+
+@pytest.mark.parametrize(("error_buffer", "refused"), [(10.0, True), (13.0, False)])
+def test_the_deadlock_search_finds_the_narrow_tolerance(error_buffer, refused) -> None:
+    # the property above is not vacuous: a tolerance narrower than (1 * 16 + 10) / 2 = 13
+    # rows lets actors and learners wait for each other, and the config refuses it
+    lim = RateLimiter(1.0, 4, error_buffer)
+    assert (stuck_state(lim, 16, 10) is not None) is refused
+    kwargs = {"samples_per_insert": 1.0, "min_fill_rows": 4, "error_buffer": error_buffer,
+              "max_insert_batch": 16, "batch_rows": 10}
+    if refused:
+        with pytest.raises(ConfigError, match="error_buffer"):
+            SchedulerConfig(**kwargs)
+    else:
+        SchedulerConfig(**kwargs)
 
 
 def test_policy_lag_must_cover_the_weights_cadence() -> None:
