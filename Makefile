@@ -25,7 +25,7 @@ run: $(STAMP)
 	$(MPIENV) && $(BIN)/conduit-hpc run jobs/dqn_cartpole.toml
 
 lint: $(STAMP)
-	$(BIN)/ruff check conduit_hpc tests bench jobs
+	$(BIN)/ruff check conduit_hpc tests jobs
 	$(BIN)/mypy
 
 unit: $(STAMP)

@@ -35,10 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conduit_hpc.plane.metrics import git_sha
-
-HERE = Path(__file__).resolve().parent
-
+from conduit_hpc.bench.common import git_sha, worker_command
 
 # ---------------------------------------------------------------------------------
 # worker (under mpirun: buffers first, then actors)
@@ -47,7 +44,6 @@ HERE = Path(__file__).resolve().parent
 def worker(args: argparse.Namespace) -> None:
     from mpi4py import MPI
 
-    from conduit_hpc import ExperienceDataPlane, Role
     from conduit_hpc import checkpoint as ck
     from conduit_hpc.features.checkpointing.agent import (
         CheckpointAgent,
@@ -55,6 +51,8 @@ def worker(args: argparse.Namespace) -> None:
         gather_json,
     )
     from conduit_hpc.features.checkpointing.stopping import StopCoordinator
+    from conduit_hpc.plane.front import ExperienceDataPlane
+    from conduit_hpc.plane.roles import Role
     from conduit_hpc.storage.snapshot import restore_snapshot
     from conduit_hpc.testing import make_config
 
@@ -259,10 +257,12 @@ def main(argv: list[str] | None = None) -> dict:
     root = Path(tempfile.mkdtemp(prefix="conduit-bench-ckpt-", dir=args.dir or None))
     try:
         n = args.buffers + args.actors
-        out = mpirun(n, [str(Path(__file__)), "--worker", "--root", str(root), "--gb",
-                         str(args.gb), "--row-bytes", str(args.row_bytes), "--buffers",
-                         str(args.buffers), "--actors", str(args.actors), "--checkpoints",
-                         str(args.checkpoints)], timeout_s=120 + 300 * args.gb)
+        out = mpirun(n, worker_command("conduit_hpc.bench.checkpoint", "--worker", "--root",
+                                       str(root), "--gb", str(args.gb), "--row-bytes",
+                                       str(args.row_bytes), "--buffers", str(args.buffers),
+                                       "--actors", str(args.actors), "--checkpoints",
+                                       str(args.checkpoints)),
+                     timeout_s=120 + 300 * args.gb)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if out.returncode != 0:
