@@ -39,5 +39,10 @@ launch: $(STAMP)
 
 test: lint unit mpi launch
 
+# two quick benchmark smoke runs (the launch tier runs every benchmark's smoke size)
+bench-smoke: $(STAMP)
+	$(MPIENV) && timeout $(TEST_TIMEOUT) $(BIN)/conduit-hpc bench plan --smoke
+	$(MPIENV) && timeout $(TEST_TIMEOUT) $(BIN)/conduit-hpc bench ingest --smoke
+
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -123,3 +123,23 @@ def test_a_short_synthetic_job_runs_from_the_install(outside) -> None:
     assert "learner 0 (edp): 10 supersteps" in out.stdout, out.stdout[-2000:]
     (run_dir,) = (work / "runs").iterdir()
     assert (run_dir / "config.toml").exists() and (run_dir / "logs" / "rank.2").is_dir()
+
+
+def test_a_rendered_sbatch_script_runs_through_the_packaged_launch_scripts(
+        installed: Path, outside) -> None:
+    # what the batch node does, without SLURM: bash runs the script (mpirun launcher);
+    # the only conduit-hpc is the install's (its bin/ first on PATH, no VIRTUAL_ENV)
+    work, env = outside
+    for name in ("synthetic.toml", "synthetic.py"):
+        shutil.copy2(REPO / "jobs" / name, work)
+    env = {k: v for k, v in env.items() if not k.startswith("SLURM_") and k != "VIRTUAL_ENV"}
+    env["PATH"] = f"{installed / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    out = cli(["slurm", "synthetic.toml", "--launcher", "mpirun", "--runs", str(work / "runs"),
+               "--set", "synthetic.supersteps=10", "--set", "layout.actors=1",
+               "-o", str(work / "job.sbatch")], work, env)
+    assert out.returncode == 0, out.stderr
+    job = run(["bash", str(work / "job.sbatch")], cwd=installed,
+              env={**env, "SLURM_JOB_ID": "4242"}, timeout=200)
+    assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
+    assert "launcher mpirun" in job.stdout and "job finished with status 0" in job.stdout
+    assert (work / "runs" / "synthetic-4242" / "logs" / "rank.2").is_dir()
