@@ -183,7 +183,10 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
                   config_cls: type[Config] = Config, command: str = "") -> str:
     """The sbatch script for a job on ``req.nodes`` nodes.
 
-    Not collective; reads the job's TOML and the template; writes nothing.
+    The script changes to the current directory (a relative config path is given
+    relative to it; ``runs/`` there is the default parent of run directories) and runs
+    the installed :func:`launch_script`. Not collective; reads the job's TOML and the
+    template; writes nothing.
 
     Raises:
         ConfigError: the config does not load, or the layout does not fit the request.
