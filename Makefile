@@ -25,7 +25,7 @@ run: $(STAMP)
 	$(MPIENV) && $(BIN)/conduit-hpc run jobs/dqn_cartpole.toml
 
 lint: $(STAMP)
-	$(BIN)/ruff check conduit_hpc tests bench jobs
+	$(BIN)/ruff check conduit_hpc tests jobs
 	$(BIN)/mypy
 
 unit: $(STAMP)
@@ -38,6 +38,11 @@ launch: $(STAMP)
 	$(MPIENV) && timeout $(LAUNCH_TIMEOUT) $(BIN)/python -m pytest -q -rs --durations=12 tests/launch
 
 test: lint unit mpi launch
+
+# two quick benchmark smoke runs (the launch tier runs every benchmark's smoke size)
+bench-smoke: $(STAMP)
+	$(MPIENV) && timeout $(TEST_TIMEOUT) $(BIN)/conduit-hpc bench plan --smoke
+	$(MPIENV) && timeout $(TEST_TIMEOUT) $(BIN)/conduit-hpc bench ingest --smoke
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

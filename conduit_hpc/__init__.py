@@ -4,6 +4,8 @@ Importing this package has no side effects: it does not initialise MPI's communi
 beyond what ``mpi4py`` does on import, probes no hardware and starts nothing.
 """
 
+from typing import TYPE_CHECKING
+
 from conduit_hpc.config import (
     CheckpointConfig,
     Config,
@@ -28,6 +30,10 @@ from conduit_hpc.errors import (
     WorldTooSmall,
 )
 from conduit_hpc.spec import Field, Spec
+
+if TYPE_CHECKING:  # loaded on first use (they import mpi4py.MPI, which initialises MPI)
+    from conduit_hpc.plane.front import ExperienceDataPlane
+    from conduit_hpc.plane.roles import Role
 
 __version__ = "0.1.0"
 

@@ -12,7 +12,6 @@ import io
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,7 +25,6 @@ __all__ = [
     "LEARNER_COLUMNS",
     "CsvSink",
     "LiveStatus",
-    "git_sha",
     "latency_summary",
     "write_summary",
 ]
@@ -100,18 +98,6 @@ def latency_summary(rows: Sequence[Mapping[str, Any]], *, skip: int = 0) -> dict
             out[f"{key[:-2]}_p99_s"] = float(np.percentile(vals, 99))
             out[f"{key[:-2]}_mean_s"] = float(vals.mean())
     return out
-
-
-def git_sha() -> str:
-    """The short commit of the checkout this package runs from (``"unknown"`` outside
-    a git checkout), for the provenance of benchmark results. Not collective."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                             cwd=Path(__file__).resolve().parent, capture_output=True,
-                             text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() or "unknown"
 
 
 def write_summary(path: Path, summary: Mapping[str, Any]) -> None:

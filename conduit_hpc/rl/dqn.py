@@ -1,7 +1,7 @@
 """DQN hyperparameters (the ``[dqn]`` section) and the single-process Ape-X-style DQN.
 
-:func:`train_single_process` is the baseline that ``bench/convergence.py`` compares the
-data-plane modes against: the same network, n-step returns, epsilon ladder, double-DQN
+:func:`train_single_process` is the baseline that ``conduit_hpc/bench/convergence.py``
+compares the data-plane modes against: the same network, n-step returns, epsilon ladder, double-DQN
 loss, actor-side initial priorities and target updates as the distributed job, with a
 plain in-process :class:`~conduit_hpc.rl.replay.PrioritizedReplay` in place of the data
 plane. Both read their hyperparameters from one :class:`DQNSection`.

@@ -1,40 +1,52 @@
 """``conduit-hpc``: run | info | plan | probe | bench | inspect | slurm | report.
 
-Every sub-command is a function ``cmd_<name>(args) -> int`` registered in
-:data:`COMMANDS`; :func:`main` turns a :class:`~conduit_hpc.errors.ConduitError` into one
-``conduit-hpc: error`` line and exit status 2.
+Every sub-command is a :class:`Command` - its name, one line of help, a function that
+adds its arguments and a function ``(args) -> int`` that runs it - listed in
+:data:`COMMANDS` at the end of this module; :func:`main` turns a
+:class:`~conduit_hpc.errors.ConduitError` into one ``conduit-hpc: error`` line and exit
+status 2. Nothing here imports MPI.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import ast
+import importlib
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from dataclasses import dataclass
+from importlib import resources
 
+from conduit_hpc import __version__
 from conduit_hpc.errors import ConduitError
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "Command", "benchmarks", "build_parser", "main"]
 
-REPO = Path(__file__).resolve().parents[2]
-
-Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int],
-                str]
-COMMANDS: dict[str, Command] = {}
+DESCRIPTION = ("conduit_hpc: an experience data plane for distributed RL on MPI ranks. "
+               "Run jobs, plan placements, render SLURM scripts, run benchmarks, inspect "
+               "checkpoints and report on runs.")
 
 
-def command(name: str, help: str) -> Callable[[Callable[[argparse.ArgumentParser], None]],
-                                              Callable[[argparse.ArgumentParser], None]]:
-    """Register ``cmd_<name>`` with the decorated argument builder."""
-    def deco(build: Callable[[argparse.ArgumentParser], None]
-             ) -> Callable[[argparse.ArgumentParser], None]:
-        COMMANDS[name] = (build, globals()[f"cmd_{name.replace('-', '_')}"], help)
-        return build
-    return deco
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One sub-command: ``conduit-hpc NAME ...``.
+
+    Attributes:
+        name (str): the sub-command's name.
+        help (str): one line for ``conduit-hpc --help`` (plain text).
+        add_arguments (Callable[[argparse.ArgumentParser], None]): adds its arguments.
+        run (Callable[[argparse.Namespace], int]): runs it; returns the exit status.
+        epilog (Callable[[], str] | None): text after its option list (built on demand).
+    """
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    epilog: Callable[[], str] | None = None
 
 
 # ---------------------------------------------------------------------------------
@@ -54,7 +66,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return rc
 
 
-@command("run", "run a job (TOML) through mpirun, or srun inside a SLURM allocation")
 def _build_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="job TOML; the job script is the .py beside it")
     p.add_argument("-n", type=int, default=None, help="ranks (default: from [layout])")
@@ -91,7 +102,6 @@ def cmd_info(args: argparse.Namespace) -> int:
     return print_info(args.config)
 
 
-@command("info", "print MPI library, thread level, world size, roles and node sharing")
 def _build_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", type=int, default=0, help="launch this many ranks with mpirun")
     p.add_argument("--config", default="", help="job TOML whose [layout] to show")
@@ -108,13 +118,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         scope=args.scope, top=args.top)
 
 
-@command("plan", "plan where shards live on a cluster model and print the plan")
 def _build_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("cluster", help="cluster model TOML (see jobs/cluster-*.toml)")
     p.add_argument("--workload", default=None,
                    help="job TOML: its [workload] table, or derived from [storage]/[spec]")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--method", choices=("auto", "symmetric", "flat"), default="auto")
+    p.add_argument("--method", choices=("auto", "symmetric", "flat"), default="auto",
+                   help="LP the static planner solves: symmetric (over placement patterns "
+                        "per class of interchangeable learners; small for any cluster "
+                        "size), flat (over every partition-location pair; exact, for small "
+                        "clusters) or auto (flat when small, else symmetric; default)")
     p.add_argument("--scope", choices=("global", "partitioned"), default=None,
                    help="override the workload's sampling scope")
     p.add_argument("--top", type=int, default=24, help="rows shown per table")
@@ -131,7 +144,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return subprocess.run(cmd, env=mpi_env(), timeout=300, check=False).returncode
 
 
-@command("probe", "measure this machine's links and print it as a cluster model (TOML)")
 def _build_probe(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", type=int, default=3, help="ranks to launch with mpirun")
     p.add_argument("--learners", type=int, default=1, help="learner ranks in the layout")
@@ -144,28 +156,50 @@ def _build_probe(p: argparse.ArgumentParser) -> None:
 # bench
 
 
+def benchmarks() -> dict[str, str]:
+    """``{name: first docstring line}`` of every benchmark module in
+    :mod:`conduit_hpc.bench` (names with ``-`` for ``_``), read from the source without
+    importing it. Not collective."""
+    out: dict[str, str] = {}
+    for res in sorted(resources.files("conduit_hpc.bench").iterdir(), key=lambda r: r.name):
+        stem, dot, ext = res.name.rpartition(".")
+        if not dot or ext != "py" or stem.startswith("_") or stem == "common":
+            continue
+        doc = ast.get_docstring(ast.parse(res.read_text())) or ""
+        out[stem.replace("_", "-")] = _plain(doc.strip().splitlines()[0] if doc.strip() else "")
+    return out
+
+
+def _plain(text: str) -> str:
+    """Docstring text without reStructuredText markup, for ``--help``."""
+    return text.replace("``", "").replace("*", "")
+
+
+def _bench_epilog() -> str:
+    rows = benchmarks()
+    width = max(map(len, rows), default=0)
+    return "benchmarks:\n" + "\n".join(f"  {name:<{width}}  {line}"
+                                        for name, line in rows.items()) + \
+        "\n\nconduit-hpc bench NAME --help shows a benchmark's own options."
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    name = args.name.replace("-", "_")
-    path = REPO / "bench" / f"{name}.py"
-    if not path.exists():
-        avail = sorted(p.stem.replace("_", "-") for p in (REPO / "bench").glob("*.py")
-                       if not p.stem.startswith("_"))
-        raise ConduitError(f"no benchmark {args.name!r}; available: {', '.join(avail)}")
-    spec = importlib.util.spec_from_file_location(f"conduit_bench_{name}", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    names = benchmarks()
+    name = args.name.replace("_", "-")
+    if name not in names:
+        raise ConduitError(f"no benchmark {args.name!r}; available: {', '.join(names)}")
+    mod = importlib.import_module(f"conduit_hpc.bench.{name.replace('-', '_')}")
     result = mod.main(args.args)
     if args.json:
         print(json.dumps(result, default=str))
     return 0
 
 
-@command("bench", "run a benchmark from bench/ (e.g. ingest, exposed-latency)")
 def _build_bench(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", help="benchmark name")
+    p.add_argument("name", metavar="NAME", help="benchmark name (listed below)")
     p.add_argument("--json", action="store_true", help="print the result dict as JSON")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="arguments for the benchmark")
 
 
 # ---------------------------------------------------------------------------------
@@ -183,12 +217,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("inspect", "describe a checkpoint (spec, rows, priorities, config, position)")
 def _build_inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="a checkpoint directory, or a root holding several")
     p.add_argument("--verify", action="store_true", help="read every dataset and check "
                    "its checksum")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+# ---------------------------------------------------------------------------------
 # slurm
 
 
@@ -203,7 +239,6 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("slurm", "render an sbatch script for a job (one node, or many nodes with GPUs)")
 def _build_slurm(p: argparse.ArgumentParser) -> None:
     from conduit_hpc.tools.slurm import add_arguments
 
@@ -222,7 +257,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("report", "PNG plots and a markdown summary of one or several runs")
 def _build_report(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories")
     p.add_argument("--out", default="", help="output folder (default RUN_DIR/report for "
@@ -232,19 +266,44 @@ def _build_report(p: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------------
 
 
+COMMANDS: dict[str, Command] = {c.name: c for c in (
+    Command("run", "run a job (TOML) through mpirun, or srun inside a SLURM allocation",
+            _build_run, cmd_run),
+    Command("info", "print MPI library, thread level, world size, roles and node sharing",
+            _build_info, cmd_info),
+    Command("plan", "plan where shards live on a cluster model and print the plan",
+            _build_plan, cmd_plan),
+    Command("probe", "measure this machine's links and print it as a cluster model (TOML)",
+            _build_probe, cmd_probe),
+    Command("bench", "run a benchmark (conduit-hpc bench --help lists them)",
+            _build_bench, cmd_bench, epilog=_bench_epilog),
+    Command("inspect", "describe a checkpoint (spec, rows, priorities, config, position)",
+            _build_inspect, cmd_inspect),
+    Command("slurm", "render an sbatch script for a job (one node, or many nodes with GPUs)",
+            _build_slurm, cmd_slurm),
+    Command("report", "PNG plots and a markdown summary of one or several runs",
+            _build_report, cmd_report),
+)}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="conduit-hpc", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    for name, (build, _, help) in COMMANDS.items():
-        build(sub.add_parser(name, help=help, description=help))
+    """The ``conduit-hpc`` argument parser with every command of :data:`COMMANDS`."""
+    p = argparse.ArgumentParser(prog="conduit-hpc", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"conduit-hpc {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for c in COMMANDS.values():
+        epilog = c.epilog() if c.epilog is not None else None
+        c.add_arguments(sub.add_parser(c.name, help=c.help, description=c.help,
+                                       epilog=epilog,
+                                       formatter_class=argparse.RawDescriptionHelpFormatter))
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``conduit-hpc ARGS``; returns the exit status (2 for a ConduitError)."""
     args = build_parser().parse_args(argv)
-    _, fn, _ = COMMANDS[args.command]
     try:
-        return fn(args)
+        return COMMANDS[args.command].run(args)
     except ConduitError as err:
         print(f"conduit-hpc: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 2

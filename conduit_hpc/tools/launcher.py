@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -35,29 +37,41 @@ __all__ = ["choose_launcher", "launch", "mpi_env"]
 # launcher side
 
 
+_DEFAULT_LINE = re.compile(r"^\s*export (\w+)=\$\{(\w+):-([^$}]*)\}\s*(#.*)?$")
+
+
+@functools.cache
+def _script_defaults() -> tuple[tuple[str, str, bool], ...]:
+    """``(name, value, root_only)`` from the ``export NAME=${NAME:-value}`` lines of the
+    packaged ``scripts/mpi_env.sh`` - the one place these values are written; lines
+    inside its ``if [ "$(id -u)" = 0 ]`` block are root-only."""
+    text = resources.files("conduit_hpc.tools").joinpath("scripts", "mpi_env.sh").read_text()
+    out, root_only = [], False
+    for line in text.splitlines():
+        if line.startswith("if ") and "id -u" in line:
+            root_only = True
+        elif line.startswith("fi"):
+            root_only = False
+        m = _DEFAULT_LINE.match(line)
+        if m and m.group(1) == m.group(2):
+            out.append((m.group(1), m.group(3), root_only))
+    return tuple(out)
+
+
 def mpi_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for ranks of the Open MPI pip wheel on a possibly oversubscribed
-    machine (values already set win). See ``docs/sharp-bits.md``."""
+    machine (values already set win): the defaults of the packaged ``mpi_env.sh``, which
+    the shell side (launch scripts, ``scripts/mpi_env.sh``) sources, plus this Python's
+    ``bin`` first on ``PATH`` and ``OPAL_PREFIX`` when the wheel's Open MPI is here. See
+    ``docs/sharp-bits.md``."""
     env = dict(os.environ if base is None else base)
     prefix = sys.prefix
-    defaults = {
-        "OPENBLAS_NUM_THREADS": "1",
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "OMPI_MCA_osc": "^ucx",
-        "OMPI_MCA_btl": "^ofi",
-        "OMPI_MCA_pml": "ob1",
-        "OMPI_MCA_mpi_yield_when_idle": "1",
-        "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
-        "PRTE_MCA_hwloc_default_binding_policy": "none",
-    }
+    is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    for name, value, root_only in _script_defaults():
+        if is_root or not root_only:
+            env.setdefault(name, value)
     if Path(prefix, "lib", "libmpi.so.40").exists():
-        defaults["OPAL_PREFIX"] = prefix
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        defaults["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
-        defaults["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
-    for k, v in defaults.items():
-        env.setdefault(k, v)
+        env.setdefault("OPAL_PREFIX", prefix)
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     return env

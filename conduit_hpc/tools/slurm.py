@@ -1,7 +1,12 @@
 """``conduit-hpc slurm JOB.toml --nodes N ...``: render an sbatch script from a template.
 
-The templates live in ``slurm/`` (``one_node.sbatch``, ``multi_node_gpu.sbatch``) with
-``{{name}}`` placeholders. What comes from the job's ``[layout]``:
+The templates are package data, ``conduit_hpc/tools/templates/`` (``one_node.sbatch``,
+``multi_node_gpu.sbatch``), rendered with :class:`string.Template` (``${name}``
+placeholders; ``$$`` is a literal ``$`` for the shell). The script runs in the directory
+``conduit-hpc slurm`` was called from and starts the job through the packaged
+``conduit_hpc/tools/scripts/launch_{srun,mpirun}.sh`` by its installed path, so a wheel
+install renders working scripts without a checkout. What comes from the job's
+``[layout]``:
 
 * **tasks per node** - with ``per_node = true`` the layout's per-node count
   (``learners + buffers + actors``; with ``actors = 0``, "the rest", at least one actor
@@ -22,15 +27,16 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+import string
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from conduit_hpc.config import Config, LayoutConfig, require
-from conduit_hpc.errors import ConfigError
+from conduit_hpc.errors import ConduitError, ConfigError
 
-__all__ = ["SlurmRequest", "plan_tasks", "render_sbatch"]
+__all__ = ["SlurmRequest", "launch_script", "plan_tasks", "render_sbatch"]
 
-REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = {"one-node": "one_node.sbatch", "multi-node": "multi_node_gpu.sbatch"}
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
 
@@ -177,7 +183,10 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
                   config_cls: type[Config] = Config, command: str = "") -> str:
     """The sbatch script for a job on ``req.nodes`` nodes.
 
-    Not collective; reads the job's TOML and the template; writes nothing.
+    The script changes to the current directory (a relative config path is given
+    relative to it; ``runs/`` there is the default parent of run directories) and runs
+    the installed :func:`launch_script`. Not collective; reads the job's TOML and the
+    template; writes nothing.
 
     Raises:
         ConfigError: the config does not load, or the layout does not fit the request.
@@ -194,12 +203,12 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
         raise ConfigError(f"--template one-node is for 1 node without GPUs, got --nodes "
                           f"{req.nodes} and {gpus} GPUs per node; use multi-node",
                           key="template")
-    repo = REPO
+    workdir = Path.cwd().resolve()
     try:
-        config_arg = str(path.resolve().relative_to(repo))
+        config_arg = str(path.resolve().relative_to(workdir))
     except ValueError:
         config_arg = str(path.resolve())
-    runs = req.runs or str(repo / "runs")
+    runs = req.runs or str(workdir / "runs")
     requeue = []
     if req.requeue:
         requeue.append("#SBATCH --requeue")
@@ -211,7 +220,8 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
     setup = [f"module load {shlex.quote(m)}" for m in req.modules] + list(req.setup)
     if not setup:
         setup = ["# module load python/3.11   # e.g.; the venv below must be reachable",
-                 "# export VIRTUAL_ENV=/path/to/venv   # default: the repository's .venv"]
+                 "# export VIRTUAL_ENV=/path/to/venv   # default: the checkout's .venv, "
+                 "else the venv conduit_hpc is installed in"]
     run_args = [f"--set {shlex.quote(o)}" for o in req.overrides]
     if not req.requeue:
         setup.append("export CONDUIT_REQUEUE=0")
@@ -230,17 +240,14 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
         "requeue_lines": "\n".join(requeue),
         "site_lines": "\n".join(site),
         "setup_lines": "\n".join(setup),
-        "repo": shlex.quote(str(repo)),
+        "workdir": shlex.quote(str(workdir)),
         "runs": shlex.quote(runs),
-        "launcher": req.launcher,
+        "launch_script": shlex.quote(str(launch_script(req.launcher))),
         "run_args": " ".join(run_args),
     }
-    text = (repo / "slurm" / TEMPLATES[template]).read_text()
-    missing = sorted(set(re.findall(r"{{(\w+)}}", text)) - set(values))
-    if missing:  # a template and this renderer disagree: a bug, not a user error
-        raise KeyError(f"template {TEMPLATES[template]} uses unknown placeholders {missing}")
-    for key, value in values.items():
-        text = text.replace("{{" + key + "}}", value)
+    # substitute() raises KeyError for a placeholder this renderer does not fill: a bug
+    # in the template or here, not a user error
+    text = string.Template(_template_text(TEMPLATES[template])).substitute(values)
     # drop the lines that an empty optional placeholder left behind
     lines = [ln.rstrip() for ln in text.splitlines()]
     out: list[str] = []
@@ -249,6 +256,21 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
             continue
         out.append(ln)
     return "\n".join(out).rstrip() + "\n"
+
+
+def _template_text(name: str) -> str:
+    return resources.files("conduit_hpc.tools").joinpath("templates", name).read_text()
+
+
+def launch_script(launcher: str) -> Path:
+    """The installed path of the packaged ``launch_<launcher>.sh`` (``srun`` or
+    ``mpirun``), which a rendered sbatch script runs with ``bash``. Not collective."""
+    res = resources.files("conduit_hpc.tools").joinpath("scripts", f"launch_{launcher}.sh")
+    path = Path(str(res))
+    if not path.is_file():  # e.g. a zipped install: an sbatch script needs a real file
+        raise ConduitError(f"launch script {res} is not a file on disk; install "
+                           f"conduit_hpc unzipped (pip install) to render sbatch scripts")
+    return path
 
 
 def request_from_args(args: argparse.Namespace) -> SlurmRequest:
@@ -292,7 +314,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
              "checkpoints and is requeued (0: no warning)")
     add("--no-requeue", action="store_true", help="no --requeue, no requeue on warning")
     add("--output", default="", help="#SBATCH --output (default RUNS/slurm-%%x-%%j.out)")
-    add("--runs", default="", help="parent of run directories (default REPO/runs)")
+    add("--runs", default="", help="parent of run directories (default: runs/ in "
+        "the current directory, where the script runs)")
     add("--set", action="append", default=[], metavar="KEY=VALUE",
         help="override a config value (passed to conduit-hpc run)")
     add("-o", "--out", default="", help="write the script here (default: stdout)")

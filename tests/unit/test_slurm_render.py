@@ -58,7 +58,7 @@ def test_renders_valid_scripts_for_several_layouts(tmp_path, sets, req, tasks_pe
     assert opts.get("gpus-per-node", "0") == str(gpus)
     assert "requeue" in opts and opts["signal"] == "B:TERM@120"
     assert roles in text
-    assert f"slurm/launch_{req.launcher}.sh" in text
+    assert f"tools/scripts/launch_{req.launcher}.sh " in text
     assert f"-n {tasks_per_node * req.nodes} " in text
     if req.partition:
         assert opts["partition"] == "gpu" and opts["account"] == "rl" and opts["qos"] == "high"

@@ -14,13 +14,11 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from conduit_hpc.plane.metrics import git_sha
+from conduit_hpc.bench.common import git_sha, worker_command
 
-HERE = Path(__file__).resolve().parent
 ROWS = {
     "float4": {"obs": {"dtype": "float32", "shape": [4]}},
     "atari": {"obs": {"dtype": "uint8", "shape": [4, 84, 84]},
@@ -128,9 +126,10 @@ def main(argv: list[str] | None = None) -> dict:
     for transport in args.transports.split(","):
         shared = {"shm": "auto", "rma": "never"}[transport]
         for n in [int(a) for a in args.actors.split(",")]:
-            out = mpirun(n + 1, [str(Path(__file__)), "--worker", "--duration",
-                                 str(args.duration), "--kinds", args.kinds, "--batches",
-                                 args.batches, "--transport", shared],
+            out = mpirun(n + 1, worker_command("conduit_hpc.bench.ingest", "--worker", "--duration",
+                                            str(args.duration), "--kinds", args.kinds,
+                                            "--batches", args.batches, "--transport",
+                                            shared),
                          timeout_s=120 + 20 * args.duration * 6)
             if out.returncode != 0:
                 raise RuntimeError(f"bench worker failed ({out.returncode}):\n{out.stderr}")

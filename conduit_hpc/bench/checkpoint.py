@@ -36,11 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from conduit_hpc.bench.common import git_sha, worker_command
 from conduit_hpc.plane.extensions import BufferExtension
-from conduit_hpc.plane.metrics import git_sha
-
-HERE = Path(__file__).resolve().parent
-
 
 # ---------------------------------------------------------------------------------
 # worker (under mpirun: buffers first, then actors)
@@ -258,10 +255,12 @@ def main(argv: list[str] | None = None) -> dict:
     root = Path(tempfile.mkdtemp(prefix="conduit-bench-ckpt-", dir=args.dir or None))
     try:
         n = args.buffers + args.actors
-        out = mpirun(n, [str(Path(__file__)), "--worker", "--root", str(root), "--gb",
-                         str(args.gb), "--row-bytes", str(args.row_bytes), "--buffers",
-                         str(args.buffers), "--actors", str(args.actors), "--checkpoints",
-                         str(args.checkpoints)], timeout_s=120 + 300 * args.gb)
+        out = mpirun(n, worker_command("conduit_hpc.bench.checkpoint", "--worker", "--root",
+                                       str(root), "--gb", str(args.gb), "--row-bytes",
+                                       str(args.row_bytes), "--buffers", str(args.buffers),
+                                       "--actors", str(args.actors), "--checkpoints",
+                                       str(args.checkpoints)),
+                     timeout_s=120 + 300 * args.gb)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if out.returncode != 0:

@@ -46,16 +46,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+import numpy as np
 
-from scale import cluster_of  # noqa: E402
+from conduit_hpc.bench.common import git_sha, repo_path, worker_command
+from conduit_hpc.bench.scale import cluster_of
 
-from conduit_hpc.plane.metrics import git_sha  # noqa: E402
+if TYPE_CHECKING:
+    from conduit_hpc.placement.cluster import ClusterModel
+    from conduit_hpc.placement.model import Workload
 
 
-def run(tau: float, supersteps: int, interval: int, cluster: object, workload: object,
+def run(tau: float, supersteps: int, interval: int, cluster: ClusterModel, workload: Workload,
         *, skew_known: bool) -> dict:
     from dataclasses import replace
 
@@ -68,7 +71,7 @@ def run(tau: float, supersteps: int, interval: int, cluster: object, workload: o
     from conduit_hpc.placement.static import plan_static
 
     # the plan at start: made knowing the skew (hot rows promoted), or not (uniform guess)
-    start = plan_static(cluster, workload if skew_known else  # type: ignore[arg-type]
+    start = plan_static(cluster, workload if skew_known else
                         replace(workload, heat=()))
     part_rows: dict[int, int] = {}
     for s in start.shards:
@@ -83,17 +86,17 @@ def run(tau: float, supersteps: int, interval: int, cluster: object, workload: o
             out[s.shard_id] = uniform + (s.share - uniform) * keep
         return out
 
-    policy = AdaptivePolicy(cluster, workload, start, knobs=AdaptiveKnobs(  # type: ignore[arg-type]
+    policy = AdaptivePolicy(cluster, workload, start, knobs=AdaptiveKnobs(
         min_gain=0.1, payback_supersteps=5000, patience=2, cooldown_supersteps=500))
-    heat = workload.heat  # type: ignore[attr-defined]
+    heat = tuple((float(b[0]), float(b[1])) for b in workload.heat)
     off_total = on_total = moved_s = 0.0
     last_move = 0
     trace = []
     for t in range(0, supersteps, interval):
-        off = predict_placement(cluster, workload, start,  # type: ignore[arg-type]
+        off = predict_placement(cluster, workload, start,
                                 shares=true_shares(start, t))
         shares_on = true_shares(policy.placement, t - last_move)
-        on = predict_placement(cluster, workload, policy.placement,  # type: ignore[arg-type]
+        on = predict_placement(cluster, workload, policy.placement,
                                shares=shares_on)
         off_total += off.max_exposed_s * interval
         on_total += on.max_exposed_s * interval
@@ -134,9 +137,7 @@ def live_config(args: argparse.Namespace, *, adaptive: bool, cluster: str) -> di
     }
 
 
-def _hot(actor: object, seq: object, every: int) -> object:
-    import numpy as np
-
+def _hot(actor: Any, seq: Any, every: int) -> np.ndarray:
     h = (np.asarray(actor, np.int64) * 7919 + np.asarray(seq, np.int64)) % every == 0
     return np.where(h, 100.0, 1.0)
 
@@ -184,6 +185,7 @@ def live_worker(cfg_path: str, out_path: str) -> None:
                 p = _hot(b.data["actor"].numpy(), b.data["seq"].numpy(), knobs["hot_every"])
                 edp.update_priorities(b.indices, p * rng.uniform(0.8, 1.25, len(b)))
             edp.done()
+            assert edp.learner is not None
             rows = edp.learner.metrics.rows
             out = {"exposed_s": [r["exposed_s"] for r in rows],
                    "path_s": [r["sample_s"] + r["gather_s"] for r in rows],
@@ -222,8 +224,9 @@ def _launch(args: argparse.Namespace, job: dict, work: Path, name: str) -> dict:
 
     (work / f"{name}.json").write_text(json.dumps(job))
     t0 = time.perf_counter()
-    out = mpirun(4, [str(Path(__file__).resolve()), "--live-worker", str(work / f"{name}.json"),
-                     str(work / f"{name}-out.json")], timeout_s=args.live_timeout_s)
+    out = mpirun(4, worker_command("conduit_hpc.bench.adaptive", "--live-worker",
+                                   str(work / f"{name}.json"), str(work / f"{name}-out.json")),
+                 timeout_s=args.live_timeout_s)
     if out.returncode != 0:
         raise RuntimeError(f"live run {name} failed with {out.returncode}:\n"
                            f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
@@ -314,7 +317,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--interval", type=int, default=100)
     p.add_argument("--taus", default="800,8000", help="drift time constants to compare")
     p.add_argument("--compute-s", type=float, default=0.0005)
-    p.add_argument("--cluster", default=str(HERE.parent / "jobs" / "cluster-128x8.toml"),
+    p.add_argument("--cluster", default=str(repo_path("jobs/cluster-128x8.toml")),
                    help="its first node type is used, one node")
     p.add_argument("--live", action=argparse.BooleanOptionalAction, default=True,
                    help="also compare off and on on the real data plane (4 ranks)")

@@ -20,15 +20,14 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from conduit_hpc.plane.metrics import git_sha
+from conduit_hpc.bench.common import git_sha, repo_path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
 MODES = ("sync", "service", "edp")
-CASES = {
+CASES: dict[str, dict[str, Any]] = {
     "float4": {"spec": {"obs": ("float32", [4]), "action": ("int64", []),
                         "reward": ("float32", [])},
                "batch": 256, "actor_rate": 4000.0, "ingest_batch": 64, "capacity": 100_000},
@@ -86,7 +85,7 @@ def run_once(case: str, mode: str, compute_s: float, supersteps: int, work: Path
     from conduit_hpc.tools.launcher import launch
 
     rc, run_dir = launch(cfg, runs_root=work / "runs", quiet=True, timeout_s=600,
-                         entry=REPO / "jobs" / "synthetic.py")
+                         entry=repo_path("jobs/synthetic.py"))
     if rc != 0:
         raise RuntimeError(f"{case}/{mode} failed with {rc}; logs in {run_dir}")
     (csv_path,) = (run_dir / "metrics").glob("learner-*.csv")
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--supersteps", type=int, default=300)
     p.add_argument("--cases", default="float4,atari")
     p.add_argument("--factors", default="0.5,1,2", help="compute as multiples of the path")
-    p.add_argument("--out", default=str(REPO / "bench" / "out"), help="PNG/JSON folder")
+    p.add_argument("--out", default=str(repo_path("bench/out")), help="PNG/JSON folder")
     p.add_argument("--fetch", choices=("direct", "owner"), default="direct",
                    help="scheduler.fetch of edp and sync (service always asks the owner)")
     args = p.parse_args(argv)

@@ -30,10 +30,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
 
 RECEIVER = r"""
 import json, socket, sys, time

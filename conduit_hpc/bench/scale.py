@@ -39,10 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from conduit_hpc.plane.metrics import git_sha
+from conduit_hpc.bench.common import git_sha, repo_path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
 MODES = ("edp", "sync", "service")
 
 
@@ -373,7 +371,7 @@ def predict_local(job_toml: Path, measured: dict[str, dict[str, float]],
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="conduit-hpc bench scale")
     p.add_argument("--smoke", action="store_true", help="two sizes, few repeats")
-    p.add_argument("--cluster", default=str(REPO / "jobs" / "cluster-128x8.toml"),
+    p.add_argument("--cluster", default=str(repo_path("jobs/cluster-128x8.toml")),
                    help="cluster whose first node type is replicated")
     p.add_argument("--sizes", default="8,16,32,64,128,256,512,1024")
     p.add_argument("--row-bytes", type=int, default=28_224, help="Atari frame stack")
@@ -384,10 +382,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--actor-rate", type=float, default=250.0, help="rows/s per actor")
     p.add_argument("--actors-per-learner", type=int, default=4)
     p.add_argument("--scope", choices=("global", "partitioned"), default="global")
-    p.add_argument("--png", default=str(REPO / "bench" / "scale.png"))
+    p.add_argument("--png", default=str(repo_path("bench/scale.png")))
     p.add_argument("--measured", nargs="*", default=[],
                    help="run directories of this machine to compare against")
-    p.add_argument("--job", default=str(REPO / "jobs" / "synthetic.toml"),
+    p.add_argument("--job", default=str(repo_path("jobs/synthetic.toml")),
                    help="job config of the --measured runs")
     p.add_argument("--cost", action="append", default=[], metavar="NAME=SECONDS",
                    help="replace a measured cost (what-if), e.g. gather_s_per_byte=4e-11")
@@ -426,7 +424,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.measured:
         measured = load_measured(args.measured)
         local = predict_local(Path(args.job), measured, costs,
-                              REPO / "jobs" / "cluster-local.toml")
+                              repo_path("jobs/cluster-local.toml"))
         comparison = compare_with_measured(local, measured)
     top = {m: max((r for r in results if r["mode"] == m), key=lambda r: r["gpus"])
            for m in MODES}

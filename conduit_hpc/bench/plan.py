@@ -18,14 +18,9 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from scale import cluster_of  # noqa: E402
-
-from conduit_hpc.plane.metrics import git_sha  # noqa: E402
+from conduit_hpc.bench.common import git_sha, repo_path
+from conduit_hpc.bench.scale import cluster_of
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -36,7 +31,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="conduit-hpc bench plan")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cluster", default=str(HERE.parent / "jobs" / "cluster-128x8.toml"))
+    p.add_argument("--cluster", default=str(repo_path("jobs/cluster-128x8.toml")))
     p.add_argument("--nodes", default="1,16,128")
     args = p.parse_args(argv)
     if args.smoke:
@@ -52,7 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
             for sampling in ("uniform", "prioritized"):
                 w = Workload(capacity_rows=50_000 * learners, row_bytes=28_224,
                              batch_rows=256, update_rate_hz=200, actor_rows_per_s=250,
-                             scope=scope, sampling=sampling,  # type: ignore[arg-type]
+                             scope=scope, sampling=sampling,
                              heat=heat if sampling == "prioritized" else ())
                 times, cpu = [], []
                 plan = None

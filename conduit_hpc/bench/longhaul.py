@@ -32,11 +32,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from conduit_hpc.plane.metrics import git_sha
+from conduit_hpc.bench.common import git_sha, repo_path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-JOB = REPO / "jobs" / "longhaul_dqn.toml"
+JOB = repo_path("jobs/longhaul_dqn.toml")
 MODES = ("forward", "edge_replay")
 MARK_PRIORITY = 3.92
 MARK_LOSS = 0.26
@@ -127,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="conduit-longhaul-") as tmp:
         keep = bool(args.out) or not args.smoke
-        out = Path(args.out) if args.out else REPO / "bench" / "out" / "longhaul"
+        out = Path(args.out) if args.out else repo_path("bench/out/longhaul")
         work = out / "runs" if keep else Path(tmp)
         for factor in [float(x) for x in args.budgets.split(",")]:
             for seed in [int(x) for x in args.seeds.split(",")]:

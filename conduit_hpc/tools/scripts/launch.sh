@@ -1,7 +1,9 @@
 #!/bin/bash
 # Start a conduit_hpc job inside a SLURM allocation (from an sbatch script or salloc):
-#   slurm/launch.sh srun|mpirun JOB.toml [conduit-hpc run options ...]
-# - sets the environment of the Open MPI wheel (scripts/mpi_env.sh: yield when idle, ...);
+#   bash launch.sh srun|mpirun JOB.toml [conduit-hpc run options ...]
+# (packaged with conduit_hpc in conduit_hpc/tools/scripts/; `conduit-hpc slurm` renders
+# sbatch scripts that call it by its installed path)
+# - sets the environment of the Open MPI wheel (mpi_env.sh beside this: yield when idle, ...);
 # - runs `conduit-hpc run JOB.toml --launcher srun|mpirun ...` (srun --mpi=pmix, or plain
 #   mpirun inside the allocation), which keeps per-rank logs in the run directory;
 # - a preemption warning (SIGTERM to this shell, from `#SBATCH --signal=B:TERM@<secs>`)
@@ -10,12 +12,11 @@
 #   the job is requeued, and its next attempt (SLURM_RESTART_COUNT > 0) passes --resume.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd "$here/.." && pwd)
 launcher=${1:?usage: launch.sh srun|mpirun JOB.toml [conduit-hpc run options]}
 shift
 case "$launcher" in srun|mpirun) ;; *) echo "launch.sh: launcher must be srun or mpirun, got '$launcher'" >&2; exit 2;; esac
-# shellcheck source=../scripts/mpi_env.sh
-source "$repo/scripts/mpi_env.sh"
+# shellcheck source=mpi_env.sh
+source "$here/mpi_env.sh"
 export PYTHONUNBUFFERED=1
 
 extra=()
@@ -25,8 +26,12 @@ fi
 echo "conduit-hpc: job ${SLURM_JOB_ID:-?} attempt $(( ${SLURM_RESTART_COUNT:-0} + 1 ))" \
      "on ${SLURM_JOB_NODELIST:-?} (${SLURM_NTASKS:-?} tasks), launcher $launcher${extra[*]:+, resuming}"
 
+cli=conduit-hpc  # the venv's, else the one on PATH
+if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/conduit-hpc" ]; then
+  cli=$VIRTUAL_ENV/bin/conduit-hpc
+fi
 warned=0
-"$VIRTUAL_ENV/bin/conduit-hpc" run "$@" --launcher "$launcher" "${extra[@]}" &
+"$cli" run "$@" --launcher "$launcher" "${extra[@]}" &
 child=$!
 on_warning() {
   warned=1

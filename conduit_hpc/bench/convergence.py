@@ -34,11 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conduit_hpc.plane.metrics import git_sha
+from conduit_hpc.bench.common import git_sha, repo_path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-JOB = REPO / "jobs" / "dqn_cartpole.toml"
+JOB = repo_path("jobs/dqn_cartpole.toml")
 MODES = ("single", "edp", "sync", "service")
 #: [dqn] keys whose value the data plane also holds (the job refuses a mismatch)
 MIRRORED = {"batch_size": "scheduler.batch_rows", "learning_starts": "scheduler.min_fill_rows",
@@ -94,7 +92,7 @@ def run_data_plane(mode: str, hp_sets: list[str], seed: int, out: Path,
                    time_limit_s: float) -> dict[str, Any]:
     """One run of the distributed job in ``mode`` (the slot the data-plane modes fill)."""
     if not JOB.exists():
-        return {"skipped": f"{JOB.relative_to(REPO)} does not exist yet (the distributed "
+        return {"skipped": f"{JOB} does not exist yet (the distributed "
                            "DQN job comes with the scheduler's next_batch/update_priorities)"}
     runs = out / f"{mode}-seed{seed}"
     cmd = [sys.executable, "-m", "conduit_hpc.tools.cli", "run", str(JOB), "--mode", mode,
@@ -103,7 +101,7 @@ def run_data_plane(mode: str, hp_sets: list[str], seed: int, out: Path,
     if time_limit_s:
         cmd += ["--timeout", str(time_limit_s + 120)]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False,
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
                           timeout=(time_limit_s or 3600) + 300)
     wall = time.perf_counter() - t0
     run_dirs = sorted(runs.glob("*/")) if runs.exists() else []
@@ -154,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
         seeds = seeds[:1]
         sets += ["max_env_steps=3000", "learning_starts=500"]
     hp = hyperparameters(Path(args.config), sets)
-    out = Path(args.out) if args.out else REPO / "runs" / (
+    out = Path(args.out) if args.out else repo_path("runs") / (
         "convergence-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
     sha = git_sha()

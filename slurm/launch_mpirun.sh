@@ -1,4 +1,0 @@
-#!/bin/bash
-# plain mpirun inside a SLURM allocation (see launch.sh):
-#   slurm/launch_mpirun.sh JOB.toml [conduit-hpc run options]
-exec "$(dirname "${BASH_SOURCE[0]}")/launch.sh" mpirun "$@"
