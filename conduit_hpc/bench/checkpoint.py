@@ -39,6 +39,16 @@ import numpy as np
 from conduit_hpc.bench.common import git_sha, worker_command
 from conduit_hpc.plane.extensions import BufferExtension
 
+class _PassHook(BufferExtension):
+    """A function run on every pass of the buffer loop."""
+
+    def __init__(self, fn: Callable[[], int]) -> None:
+        self.fn = fn
+
+    def on_pass(self) -> int:
+        return self.fn()
+
+
 # ---------------------------------------------------------------------------------
 # worker (under mpirun: buffers first, then actors)
 
@@ -295,13 +305,3 @@ def print_table(r: dict) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
-
-
-class _PassHook(BufferExtension):
-    """A function run on every pass of the buffer loop."""
-
-    def __init__(self, fn: Callable[[], int]) -> None:
-        self.fn = fn
-
-    def on_pass(self) -> int:
-        return self.fn()

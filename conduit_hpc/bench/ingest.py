@@ -48,6 +48,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from conduit_hpc import ExperienceDataPlane, Role
     from conduit_hpc.testing import make_config
+    from conduit_hpc.transport.objects import gather_json
 
     comm = MPI.COMM_WORLD
     results = []
@@ -79,7 +80,7 @@ def worker(args: argparse.Namespace) -> None:
                     edp.done()
                 else:
                     edp.serve()
-                stats = edp.roles.world.gather((rows, elapsed), root=0)
+                stats = gather_json(edp.roles.world, [rows, elapsed], root=0)
                 row_bytes = edp.spec.row_bytes
             if comm.rank == 0:
                 assert stats is not None

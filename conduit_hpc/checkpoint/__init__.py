@@ -57,7 +57,7 @@ from conduit_hpc.checkpoint.hdf5 import (
     write_manifest,
     write_shard_file,
 )
-from conduit_hpc.tools.report.checkpoint import format_report, inspect_checkpoint
+from conduit_hpc.checkpoint.inspect import format_report, inspect_checkpoint
 
 __all__ = [
     "CHUNK_BYTES",

@@ -1,6 +1,6 @@
 """The HDF5 side of checkpoints: writing shard, array and manifest files, opening and
 reading them back with every check. The package's only ``h5py`` user besides
-:mod:`~conduit_hpc.tools.report.checkpoint`. See :mod:`conduit_hpc.checkpoint`.
+:mod:`~conduit_hpc.checkpoint.inspect`. See :mod:`conduit_hpc.checkpoint`.
 
 Every function and method here is local (no MPI, no collective), blocks for its own disk
 I/O, and returns the same on every rank for the same files.

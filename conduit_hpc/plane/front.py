@@ -36,7 +36,7 @@ from numpy.typing import ArrayLike
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed
 from conduit_hpc.placement.placement import Placement, plan_round_robin
-from conduit_hpc.plane.actor import ActorEndpoint, IngestReceipt
+from conduit_hpc.plane.actor import ActorEndpoint, IngestReceipt, IngestStats
 from conduit_hpc.plane.buffer import BufferServer, OwnedShard
 from conduit_hpc.plane.control import C_ACTORS_DONE, C_LEARNERS_DONE, ControlBlock
 from conduit_hpc.plane.delivery import Deliverer
@@ -314,11 +314,9 @@ class ExperienceDataPlane:
         return self.actor.ingest(batch, priorities)
 
     @property
-    def ingest_stats(self) -> Any:
-        """This actor's :class:`~conduit_hpc.plane.actor.IngestStats` (actors only)."""
-        self._require(Role.ACTOR, "ingest_stats")
-        assert self.actor is not None
-        return self.actor.stats
+    def ingest_stats(self) -> IngestStats:
+        """This actor's ingest counters (all zero on other roles). Local."""
+        return self.actor.stats if self.actor is not None else IngestStats()
 
     # -- weights (learners -> actors) ----------------------------------------------
     def share_weights(self, model: Any) -> None:
@@ -464,6 +462,8 @@ class ExperienceDataPlane:
                "learners": {d["rank"]: d["learner"] for d in everyone if "learner" in d},
                "rows_ingested": sum(a["rows"] for a in actors.values()),
                "bytes_ingested": sum(a["bytes"] for a in actors.values())}
+        for name in feature_factories():  # every known feature; empty when off
+            out[name] = {}
         for f in self.features:
             out[f.name] = f.merge([d["features"].get(f.name) for d in everyone])
         return out

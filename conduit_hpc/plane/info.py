@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 from conduit_hpc.config import Config, LayoutConfig
 from conduit_hpc.plane.roles import split_roles
+from conduit_hpc.transport.objects import gather_json
 
 __all__ = ["print_info"]
 
@@ -26,8 +27,8 @@ def print_info(config: str = "") -> int:
         learners=0 if comm.Get_size() < 3 else 1, buffers=1)
     roles = split_roles(comm, layout)
     host = MPI.Get_processor_name()
-    rows = roles.world.gather((roles.world_rank, roles.role.value, roles.node_of[
-        roles.world_rank], roles.node_rank, host), root=0)
+    rows = gather_json(roles.world, [roles.world_rank, roles.role.value, roles.node_of[
+        roles.world_rank], roles.node_rank, host], root=0)
     if roles.world_rank == 0:
         level = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
                  MPI.THREAD_SERIALIZED: "serialized",

@@ -21,6 +21,7 @@ from mpi4py import MPI
 from conduit_hpc.config import LayoutConfig
 from conduit_hpc.placement.cluster import ClusterModel, Roster
 from conduit_hpc.plane.roles import RoleComms, split_roles
+from conduit_hpc.transport.objects import allgather_json, bcast_json
 from conduit_hpc.transport.probe import LinkMeasurements, measure_links
 
 __all__ = ["probe_cluster"]
@@ -59,8 +60,8 @@ def probe_cluster(roles: RoleComms, *, nbytes: int = 8 << 20,
     per_node = [(sum(roles.node_of[r] == i for r in roles.learner_ranks),
                  sum(roles.node_of[r] == i for r in roles.buffer_ranks),
                  sum(roles.node_of[r] == i for r in roles.actor_ranks)) for i in range(nodes)]
-    host = min(roles.world.allgather(_host_bytes()))
-    gpu = roles.world.bcast(_gpu_bytes() if roles.world_rank == 0 else 0, root=0)
+    host = min(allgather_json(roles.world, int(_host_bytes())))
+    gpu = bcast_json(roles.world, int(_gpu_bytes()) if roles.world_rank == 0 else 0, root=0)
     shm_gbps = max(m.memcpy_gbps, m.shm_get_gbps)
     nic_gbps = min(m.net_put_gbps, m.net_get_gbps) if nodes > 1 else 0.0
     gpus = m.gpus_per_node

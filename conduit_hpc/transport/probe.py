@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from mpi4py import MPI
 
+from conduit_hpc.transport.objects import allgather_json, bcast_json
 from conduit_hpc.transport.rma import RmaWindow
 
 __all__ = ["LinkMeasurements", "measure_gpu", "measure_links", "measure_memcpy"]
@@ -164,15 +165,15 @@ def measure_links(comm: MPI.Intracomm, node_comm: MPI.Intracomm, *, nbytes: int 
     """
     rank = comm.Get_rank()
     node_leader = node_comm.allreduce(rank, op=MPI.MIN)
-    leaders = sorted(set(comm.allgather(node_leader)))
+    leaders = sorted(set(allgather_json(comm, int(node_leader))))
     # memcpy: every node leader measures, then the median
     mine = measure_memcpy(max(nbytes, 8 << 20)) if rank == node_leader else -1.0
-    memcpys = [x for x in comm.allgather(mine) if x >= 0]
+    memcpys = [x for x in allgather_json(comm, float(mine)) if x >= 0]
     memcpy = statistics.median(memcpys) if memcpys else 0.0
     # a window over the whole comm, without shared memory: every access is MPI RMA
     win = RmaWindow(comm, nbytes, node_comm=None, shared=False)
     try:
-        node_ranks = comm.allgather(node_leader)
+        node_ranks = allgather_json(comm, int(node_leader))
         first_node = [r for r in range(comm.Get_size()) if node_ranks[r] == leaders[0]]
         shm = (0.0, 0.0, 0.0)
         if len(first_node) >= 2:
@@ -185,9 +186,9 @@ def measure_links(comm: MPI.Intracomm, node_comm: MPI.Intracomm, *, nbytes: int 
     finally:
         win.close()
     g = measure_gpu() if (gpu and rank == 0) else (0.0, 0.0, 0.0, 0.0, 0)
-    shm = comm.bcast(shm, root=first_node[0])
-    net = comm.bcast(net, root=leaders[0])
-    g = comm.bcast(g, root=0)
+    shm = tuple(bcast_json(comm, list(shm), root=first_node[0]))
+    net = tuple(bcast_json(comm, list(net), root=leaders[0]))
+    g = tuple(bcast_json(comm, list(g), root=0))
     return LinkMeasurements(
         memcpy_gbps=memcpy, shm_put_gbps=shm[0], shm_get_gbps=shm[1], shm_latency_s=shm[2],
         net_put_gbps=net[0], net_get_gbps=net[1], net_latency_s=net[2],

@@ -88,7 +88,8 @@ class RmaWindow:
             self._own = mine
         self._nbytes = alloc
         self.own_segment()[:] = 0  # segments start zeroed ...
-        self._sizes = np.asarray(comm.allgather(alloc), dtype=np.int64)  # ... before use
+        self._sizes = np.zeros(size, dtype=np.int64)  # ... before use
+        comm.Allgather(np.array([alloc], dtype=np.int64), self._sizes)
         self._win.Lock_all(MPI.MODE_NOCHECK)
         if self._owns_second:
             assert self._shm is not None

@@ -1,82 +1,252 @@
-"""House rules that a reviewer would otherwise check by eye."""
+"""House rules that a reviewer would otherwise check by eye: the import graph, who may
+import what, no pickle, no oversized modules, no side effects on import."""
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "conduit_hpc"
 
-# module (relative, no suffix) -> packages of ours it may import
-SEMANTIC = {"spec", "config", "errors", "storage", "placement"}
-ALLOWED_OURS = {"config", "errors", "spec", "storage", "placement", "transport"}
+# rooms whose code is plain Python: no MPI, NCCL, CUDA or HDF5
+SEMANTIC = ("spec", "config", "errors", "storage", "placement", "sampling", "scheduler",
+            "protocol", "wait")
+# package -> our packages it may import (besides itself)
+MAY_IMPORT = {
+    "errors": set(),
+    "wait": {"errors"},
+    "config": {"errors"},
+    "spec": {"config", "errors"},
+    "transport": {"errors", "wait"},
+    "storage": {"config", "errors", "spec", "wait", "transport"},  # transport.base only
+    "placement": {"config", "errors", "spec"},
+    "sampling": {"config", "errors", "spec", "storage"},
+    "scheduler": {"config", "errors", "wait"},
+    "protocol": {"errors", "spec"},
+}
+# modules too long for the ~450-line guideline, and why they stay whole
+LONG_OK: dict[str, str] = {}
 
 
-def our_imports(path: Path) -> tuple[set[str], set[str]]:
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(["conduit_hpc", *parts])
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+MODULES = all_modules()
+
+
+def _in_type_checking(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def imports_of(path: Path) -> Iterator[tuple[str, bool, bool]]:
+    """(imported module, type-checking only, function-local) for each import."""
     tree = ast.parse(path.read_text())
-    ours, external = set(), set()
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     for node in ast.walk(tree):
+        names: list[str] = []
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = path.relative_to(PKG).parts
-                base = list(parts[:-1])[: len(parts) - node.level]
-                mod = (node.module or "").split(".")
-                target = [*base, *mod] if node.module else base
-                if target:
-                    ours.add(".".join(target))
-                else:  # "from . import x" at top level
-                    ours.update(a.name for a in node.names)
-            elif node.module:
-                external.add(node.module)
+            assert node.level == 0, f"{path}: relative import (use absolute imports)"
+            if node.module:
+                # ``from pkg import module`` depends on that module (its package is
+                # initialised first by Python in any case), ``from mod import name`` on mod
+                subs = [f"{node.module}.{a.name}" for a in node.names]
+                mods = [s for s in subs if s in MODULES]
+                names = mods if len(mods) == len(subs) else [node.module, *mods]
         elif isinstance(node, ast.Import):
-            external.update(a.name for a in node.names)
-    return ours, external
+            names = [a.name for a in node.names]
+        if not names:
+            continue
+        local = False
+        p = node
+        while p in parents:
+            p = parents[p]
+            if isinstance(p, ast.FunctionDef | ast.AsyncFunctionDef):
+                local = True
+        tc = _in_type_checking(node, parents)
+        for n in names:
+            yield n, tc, local
 
 
-def modules(prefix: str) -> list[Path]:
-    p = PKG / prefix
-    return sorted(p.rglob("*.py")) if p.is_dir() else [p.with_suffix(".py")]
+def our_edges(runtime_only: bool) -> dict[str, set[str]]:
+    """module -> our modules it imports."""
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for mod, path in MODULES.items():
+        for name, tc, _ in imports_of(path):
+            if runtime_only and tc:
+                continue
+            if name in MODULES and name != mod:
+                graph[mod].add(name)
+    return graph
 
 
-@pytest.mark.parametrize("name", sorted(SEMANTIC))
-def test_semantic_modules_import_no_mpi_nccl_or_h5py(name: str) -> None:
-    for path in modules(name):
-        ours, ext = our_imports(path)
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return [*stack[stack.index(m):], m]
+            if m not in state and (c := visit(m)):
+                return c
+        state[n] = 2
+        stack.pop()
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (c := visit(n)):
+            return c
+    return None
+
+
+def room(mod: str) -> str:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_the_module_graph_has_no_cycle_even_through_function_local_imports() -> None:
+    assert find_cycle(our_edges(runtime_only=True)) is None
+
+
+def test_rooms_form_no_cycle_even_through_type_checking_imports() -> None:
+    rooms: dict[str, set[str]] = {}
+    for mod, deps in our_edges(runtime_only=False).items():
+        if mod == "conduit_hpc":  # the facade loads plane and features on first use
+            continue
+        rooms.setdefault(room(mod), set()).update(room(d) for d in deps if room(d) != room(mod))
+    assert find_cycle(rooms) is None
+
+
+def test_find_cycle_finds_one() -> None:  # the check above can fail
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("name", sorted(MAY_IMPORT))
+def test_lower_rooms_import_only_what_they_may(name: str) -> None:
+    allowed = MAY_IMPORT[name] | {name}
+    for mod, deps in our_edges(runtime_only=False).items():
+        if room(mod) != name:
+            continue
+        bad = {d for d in deps if room(d) not in allowed}
+        if name == "storage":  # written against the Transport protocol, and only that
+            bad |= {d for d in deps if room(d) == "transport" and d != "conduit_hpc.transport.base"}
+        assert not bad, f"{mod} imports {sorted(bad)}"
+
+
+def test_the_plane_imports_no_feature_and_features_no_tool() -> None:
+    for mod, deps in our_edges(runtime_only=False).items():
+        if room(mod) == "plane":
+            assert not {d for d in deps if room(d) in ("features", "tools", "bench")}, mod
+        if room(mod) == "features":
+            assert not {d for d in deps if room(d) in ("tools", "bench")}, mod
+
+
+def test_no_feature_reads_another_modules_private_names() -> None:
+    """``obj._x`` only on ``self``/``cls`` (and on a module's own names)."""
+    for path in (PKG / "features").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                base = node.value
+                own = isinstance(base, ast.Name) and base.id in ("self", "cls")
+                assert own, f"{path.relative_to(PKG)}:{node.lineno} reads .{node.attr}"
+
+
+@pytest.mark.parametrize("name", SEMANTIC)
+def test_semantic_rooms_import_no_mpi_nccl_cuda_or_h5py(name: str) -> None:
+    for mod, path in MODULES.items():
+        if room(mod) != name:
+            continue
+        ext = {n for n, _, _ in imports_of(path)}
         bad = {e for e in ext if e.split(".")[0] in {"mpi4py", "h5py", "cupy"}
                or e.startswith("torch.distributed")}
-        assert not bad, f"{path.name} imports {bad}"
-        # storage is written against the Transport protocol, and only that
-        tops = {o.split(".")[0] for o in ours if o != "transport.base"}
-        assert tops <= {"config", "errors", "spec", "storage", "placement"}, (path, ours)
+        assert not bad, f"{mod} imports {bad}"
 
 
-def test_transport_knows_nothing_of_rl() -> None:
-    for path in modules("transport"):
-        ours, _ = our_imports(path)
-        assert {o.split(".")[0] for o in ours} <= {"errors", "transport"}, (path.name, ours)
+RL_WORDS = re.compile(r"reward|episode|policy|dqn|gamma|epsilon|q_?net|td_error|"
+                      r"observation|bellman", re.I)
+
+
+@pytest.mark.parametrize("name", ["transport", "protocol"])
+def test_transport_and_protocol_carry_no_rl_words(name: str) -> None:
+    for path in (PKG / name).rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            ident = (node.id if isinstance(node, ast.Name) else node.attr
+                     if isinstance(node, ast.Attribute) else node.name
+                     if isinstance(node, ast.FunctionDef | ast.ClassDef) else None)
+            if ident is not None:
+                assert not RL_WORDS.search(ident), f"{path.name}:{node.lineno} {ident}"
 
 
 def test_h5py_only_in_checkpoint_and_no_pickle_anywhere() -> None:
-    for path in PKG.rglob("*.py"):
-        _, ext = our_imports(path)
-        if path.name != "checkpoint.py" and "checkpoint" not in path.parts:
-            assert "h5py" not in ext, path
-        assert "pickle" not in ext, path
+    for mod, path in MODULES.items():
+        ext = {n for n, _, _ in imports_of(path)}
+        if room(mod) != "checkpoint":
+            assert not {e for e in ext if e.split(".")[0] == "h5py"}, mod
+        assert not {e for e in ext if e.split(".")[0] in ("pickle", "cloudpickle", "dill")}, mod
+
+
+def test_no_pickling_collectives_or_messages() -> None:
+    """mpi4py's lowercase collectives and point-to-point calls pickle: use the buffer
+    forms (``Allgather``, ``Send``...) or :mod:`conduit_hpc.transport.objects`."""
+    lower = {"allgather", "gather", "bcast", "scatter", "alltoall", "allreduce", "reduce",
+             "send", "recv", "isend", "irecv", "sendrecv"}
+    found = []
+    for mod, path in MODULES.items():
+        text = path.read_text()
+        if "mpi4py" not in text:
+            continue
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in lower):
+                recv = ast.unparse(node.func.value)
+                # only communicators (our Channel's send/recv and a ring's gather move
+                # raw bytes)
+                if not re.search(r"(comm|world|node|COMM_WORLD|COMM_SELF)$", recv):
+                    continue
+                if node.func.attr in ("allreduce", "reduce") and "op=" in ast.unparse(node):
+                    continue  # scalars with an MPI op: no pickle of user data
+                found.append(f"{mod}:{node.lineno} calls {recv}.{node.func.attr} (pickles)")
+    assert not found, "\n".join(found)
 
 
 def test_no_module_is_too_long() -> None:
-    for path in PKG.rglob("*.py"):
-        assert len(path.read_text().splitlines()) <= 900, path
+    for mod, path in MODULES.items():
+        n = len(path.read_text().splitlines())
+        if mod in LONG_OK:
+            continue
+        assert n <= 460, f"{mod} has {n} lines (split it, or say why in LONG_OK)"
 
 
 def test_import_has_no_side_effects() -> None:
-    import subprocess
-    import sys
-
     code = ("import sys, conduit_hpc, conduit_hpc.config, conduit_hpc.spec, "
-            "conduit_hpc.storage, conduit_hpc.placement; "
+            "conduit_hpc.storage, conduit_hpc.placement, conduit_hpc.sampling, "
+            "conduit_hpc.scheduler, conduit_hpc.protocol; "
             "assert 'mpi4py.MPI' not in sys.modules, 'MPI imported'; "
             "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -84,11 +254,12 @@ def test_import_has_no_side_effects() -> None:
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
 
 
-def test_rl_report_and_slurm_import_no_mpi_or_h5py() -> None:
+def test_rl_and_tools_import_no_mpi_or_h5py() -> None:
     """DQN pieces, reports and sbatch rendering run on a login node without MPI."""
-    for name in ("rl", "tools"):
-        for path in modules(name):
-            _, ext = our_imports(path)
-            bad = {e for e in ext if e.split(".")[0] in {"mpi4py", "h5py"}
-                   or e.startswith("torch.distributed")}
-            assert not bad, f"{path.name} imports {bad}"
+    for mod, path in MODULES.items():
+        if room(mod) not in ("rl", "tools"):
+            continue
+        ext = {n for n, tc, local in imports_of(path) if not local}
+        bad = {e for e in ext if e.split(".")[0] in {"mpi4py", "h5py"}
+               or e.startswith("torch.distributed")}
+        assert not bad, f"{mod} imports {bad}"
