@@ -39,6 +39,7 @@ import numpy as np
 from conduit_hpc.bench.common import git_sha, worker_command
 from conduit_hpc.plane.extensions import BufferExtension
 
+
 class _PassHook(BufferExtension):
     """A function run on every pass of the buffer loop."""
 
