@@ -291,7 +291,10 @@ def build_model(cfg: LongHaulJobConfig, wl: Regression | None) -> torch.nn.Modul
     return net
 
 
-def run(cfg: LongHaulJobConfig, run_dir: Path | None = None) -> dict[str, Any]:
+def run(cfg: LongHaulJobConfig, run_dir: Path | None, resume: str) -> dict[str, Any]:
+    if resume:
+        raise ConfigError(f"this job writes no checkpoints, so --resume {resume!r} has "
+                          f"nothing to resume from", key="resume")
     if cfg.longhaul.mode == "off":
         raise ConfigError("longhaul.mode must be 'forward' or 'edge_replay' for this job, "
                           "got 'off'", key="longhaul.mode")
@@ -357,6 +360,8 @@ def flat_summary(cfg: LongHaulJobConfig, summary: dict[str, Any],
     out["actor_bytes_per_s"] = summary["bytes_ingested"] / wall if wall > 0 else math.nan
     return out
 
+
+JOB_CONFIG = LongHaulJobConfig  # [job] and [dqn] (see conduit_hpc.config.jobs)
 
 if __name__ == "__main__":
     job_main(LongHaulJobConfig, run)
