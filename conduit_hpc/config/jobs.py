@@ -45,8 +45,9 @@ def job_script_for(config_path: str | Path) -> Path:
 def declared_config(config_path: str | Path) -> tuple[type | None, str]:
     """The config class that the job script beside ``config_path`` declares.
 
-    The script is imported once per process (under ``_conduit_job_<hash>``, so a
-    script named like a library module shadows nothing).
+    The script is imported once per process and version of the file (under
+    ``_conduit_job_<hash of path and mtime>``, so a script named like a library module
+    shadows nothing, and an edited script is imported afresh).
 
     Returns:
         tuple[type | None, str]: the class, or ``None`` and why there is none.
@@ -59,7 +60,8 @@ def declared_config(config_path: str | Path) -> tuple[type | None, str]:
     if not script.is_file():
         return None, f"no job script {str(script)!r} beside the file declares them"
     resolved = script.resolve()
-    name = "_conduit_job_" + hashlib.sha256(str(resolved).encode()).hexdigest()[:16]
+    stamp = f"{resolved}:{resolved.stat().st_mtime_ns}"
+    name = "_conduit_job_" + hashlib.sha256(stamp.encode()).hexdigest()[:16]
     module = sys.modules.get(name)
     if module is None:
         spec = importlib.util.spec_from_file_location(name, resolved)
