@@ -170,7 +170,7 @@ def validate(cls: type[T], raw: Any) -> T:
     try:
         return typing.cast(T, _adapter(cls).validate_json(blob, strict=True).value)
     except ValidationError as err:
-        raise _translate(cls, raw, err) from None
+        raise _translate(cls, raw, err) from err
 
 
 def config_from_dict(cls: type[T], raw: Mapping[str, Any]) -> T:

@@ -147,8 +147,9 @@ class StorageConfig:
     priority_exponent: float = 0.6
 
     def __post_init__(self) -> None:
-        require(0 < self.capacity_rows <= MAX_ROWS, "capacity_rows", self.capacity_rows,
-                f"> 0 and <= 2**40 ({MAX_ROWS})")
+        require(self.capacity_rows > 0, "capacity_rows", self.capacity_rows, "> 0")
+        require(self.capacity_rows <= MAX_ROWS, "capacity_rows", self.capacity_rows,
+                f"<= 2**40 ({MAX_ROWS}) rows")
         require(1 <= self.shards_per_buffer <= min(self.capacity_rows, 2**20),
                 "shards_per_buffer", self.shards_per_buffer,
                 f">= 1 and <= min(capacity_rows, 2**20) ({min(self.capacity_rows, 2**20)})")

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from conduit_hpc.config import load, require, validate
+from conduit_hpc.config import load, require, to_toml, validate
 from conduit_hpc.errors import ConfigError
 
 __all__ = [
@@ -493,23 +493,9 @@ class ClusterModel:
         return out
 
     def to_toml(self) -> str:
-        """The model as a ``cluster.toml`` (one ``[[nodes]]`` entry per node)."""
-        def val(v: Any) -> str:
-            if isinstance(v, str):
-                return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-            if isinstance(v, dict):
-                return "{ " + ", ".join(f"{k} = {val(x)}" for k, x in v.items()) + " }"
-            if isinstance(v, list):
-                return "[" + ", ".join(val(x) for x in v) + "]"
-            return repr(v)
-
-        d = self.to_dict()
-        lines = [f"name = {val(d['name'])}"]
-        for key in ("nodes", "links"):
-            for entry in d.get(key, []):
-                lines.append(f"\n[[{key}]]")
-                lines.extend(f"{k} = {val(v)}" for k, v in entry.items())
-        return "\n".join(lines) + "\n"
+        """The model as a ``cluster.toml`` (one ``[[nodes]]`` entry per node; written by
+        ``tomli-w``, read back by :meth:`from_toml`)."""
+        return to_toml(self.to_dict())
 
     def with_bandwidth(self, overrides: Mapping[str, float]) -> ClusterModel:
         """A copy with measured bandwidths (GB/s) for link kinds, keyed ``kind`` (all

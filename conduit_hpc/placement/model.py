@@ -176,7 +176,7 @@ class Workload:
             try:
                 return cls.from_dict(raw["workload"]), []
             except ConfigError as err:
-                raise ConfigError(f"{p.name}: [workload] {err}", key=err.key) from None
+                raise ConfigError(f"{p.name}: [workload] {err}", key=err.key) from err
         return cls.from_job(Config.from_toml(p))
 
     @classmethod
