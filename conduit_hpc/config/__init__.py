@@ -37,11 +37,13 @@ from conduit_hpc.config.sections import (
     StorageConfig,
     TransportConfig,
 )
+from conduit_hpc.errors import ConfigError
 
 __all__ = [
     "JOB_CONFIG_NAME",
     "CheckpointConfig",
     "Config",
+    "ConfigError",
     "FieldConfig",
     "LayoutConfig",
     "LongHaulConfig",

@@ -338,7 +338,9 @@ def _type_name(tp: Any) -> str:
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(tp))
     if origin in (tuple, list):
-        return f"a list of {_type_name(get_args(tp)[0])}"
+        elem = get_args(tp)[0]
+        plural = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
+        return f"a list of {plural.get(elem) or _type_name(elem).removeprefix('a ')}"
     if origin in (dict, Mapping) or dataclasses.is_dataclass(tp):
         return "a table"
     if origin in (typing.Union, types.UnionType):

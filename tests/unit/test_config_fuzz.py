@@ -22,20 +22,22 @@ FUZZ = settings(max_examples=200, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
 
-def known_keys() -> list[str]:
-    """Dotted keys of every field of Config (spec fields as ``spec.obs.*``)."""
-    out: list[str] = []
+def known_keys() -> dict[str, Any]:
+    """Dotted keys of every field of Config (spec fields as ``spec.obs.*``): their types."""
+    out: dict[str, Any] = {}
     for sec in dataclasses.fields(Config):
         tp = typing.get_type_hints(Config)[sec.name]
         if sec.name == "spec":
             tp, prefix = typing.get_args(tp)[1], "spec.obs"
         else:
             prefix = sec.name
-        out += [f"{prefix}.{f.name}" for f in dataclasses.fields(tp)]
+        hints = typing.get_type_hints(tp)
+        out.update({f"{prefix}.{f.name}": hints[f.name] for f in dataclasses.fields(tp)})
     return out
 
 
-KEYS = known_keys()
+TYPES = known_keys()
+KEYS = sorted(TYPES)
 INT64 = 2**63 - 1
 scalars = st.one_of(
     st.booleans(),
@@ -51,6 +53,26 @@ scalars = st.one_of(
 values = st.recursive(scalars, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
     max_leaves=8)
+
+
+def typed(tp: Any) -> st.SearchStrategy[Any]:
+    """Values of the field's own type, often in range: loads get past the type checks."""
+    if typing.get_origin(tp) is typing.Literal:
+        return st.sampled_from(typing.get_args(tp))
+    if typing.get_origin(tp) is tuple:
+        return st.lists(typed(typing.get_args(tp)[0]), max_size=4)
+    if tp is bool:
+        return st.booleans()
+    if tp is int:
+        return st.one_of(st.integers(min_value=-2, max_value=5000),
+                         st.sampled_from([2**31, 2**40, 2**40 + 1, 2**62, INT64]))
+    if tp is float:
+        return st.one_of(st.floats(min_value=-1.0, max_value=1e4),
+                         st.sampled_from([0.0, 1e-9, 1e7, 1e300, math.inf, math.nan]))
+    if tp is str:
+        return st.sampled_from(["", "obs", "float32", "learner_gpu", "buffer_host", "x y",
+                                "checkpoints"])
+    return values
 
 
 def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
@@ -92,7 +114,9 @@ BASE = {"spec": {"obs": {"dtype": "float32", "shape": [4]}},
 
 
 @FUZZ
-@given(st.lists(st.tuples(st.sampled_from(KEYS), values), min_size=1, max_size=4))
+@given(st.lists(st.sampled_from(KEYS).flatmap(
+    lambda k: st.tuples(st.just(k), st.one_of(typed(TYPES[k]), typed(TYPES[k]), values))),
+    min_size=1, max_size=4))
 def test_random_values_for_known_keys(pairs: list[tuple[str, Any]]) -> None:
     raw: dict[str, Any] = {k: dict(v) for k, v in BASE.items()}
     raw["spec"] = {"obs": dict(BASE["spec"]["obs"])}
@@ -130,8 +154,21 @@ def test_random_bytes_files(blob: bytes) -> None:
     load_text(blob)
 
 
+def literal(value: Any) -> str:
+    """``value`` as a TOML literal (what a user types after ``--set key=``)."""
+    try:
+        return tomli_w.dumps({"v": value}).partition("=")[2].strip()
+    except (TypeError, ValueError):
+        return str(value)
+
+
+overrides = st.one_of(
+    st.tuples(st.one_of(st.sampled_from(KEYS), st.text(max_size=20)), st.text(max_size=20)),
+    st.sampled_from(KEYS).flatmap(
+        lambda k: st.tuples(st.just(k), typed(TYPES[k]).map(literal))))
+
+
 @FUZZ
-@given(st.lists(st.tuples(st.one_of(st.sampled_from(KEYS), st.text(max_size=20)),
-                          st.text(max_size=20)), max_size=3))
-def test_random_overrides(overrides: list[tuple[str, str]]) -> None:
-    load_text(tomli_w.dumps(BASE), [f"{k}={v}" for k, v in overrides])
+@given(st.lists(overrides, max_size=3))
+def test_random_overrides(pairs: list[tuple[str, str]]) -> None:
+    load_text(tomli_w.dumps(BASE), [f"{k}={v}" for k, v in pairs])
