@@ -1,10 +1,17 @@
 """The job contract on every rank: ``job_main`` and stop requests.
 
 A job script is a Python file beside its TOML file (``jobs/NAME.py`` for
-``jobs/NAME.toml``) that ends with ``job_main(MyConfig, run)``. On every rank
-``job_main`` parses ``--config``/``--set``/``--run-dir``/``--resume``, loads the config,
-sends the rank's output to ``RUN_DIR/logs/rank.N/``, and calls
-``run(config, run_dir=..., resume=...)``; a :class:`~conduit_hpc.errors.ConduitError`
+``jobs/NAME.toml``) that declares its config class (``JOB_CONFIG = MyConfig``, see
+:mod:`conduit_hpc.config.jobs`) and ends with::
+
+    if __name__ == "__main__":
+        job_main(MyConfig, run)
+
+On every rank ``job_main`` parses ``--config``/``--set``/``--run-dir``/``--resume``,
+loads the config, sends the rank's output to ``RUN_DIR/logs/rank.N/``, and calls
+``run(config, run_dir, resume)`` - always those three arguments: ``run_dir``
+(``Path | None``, ``None`` without ``--run-dir``) and ``resume`` (``str``: ``""``,
+``"latest"`` or a checkpoint path). A :class:`~conduit_hpc.errors.ConduitError`
 becomes one ``conduit-hpc: error`` line and exit status 3 (which, under
 ``python -m mpi4py``, aborts every rank: no hang). It also turns ``SIGUSR1`` into a *stop
 request* (:func:`stop_requested`) that a job polls at a safe point (a superstep
@@ -47,12 +54,15 @@ def job_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def job_main(config_cls: type[C], run: Callable[..., Any],
+def job_main(config_cls: type[C], run: Callable[[C, Path | None, str], Any],
              argv: Sequence[str] | None = None) -> None:
-    """Entry point of a job script on every rank.
+    """Entry point of a job script on every rank: ``run(config, run_dir, resume)``.
 
-    ``run`` is called as ``run(config)`` or, if it accepts them, with keyword arguments
-    ``run_dir`` (Path | None) and ``resume`` (str).
+    Args:
+        config_cls (type[Config]): the job's config class (loads ``--config``).
+        run (Callable): called once as ``run(config, run_dir, resume)`` with
+            ``run_dir: Path | None`` and ``resume: str`` (see the module docstring).
+        argv (Sequence[str] | None): the arguments (default: ``sys.argv[1:]``).
     """
     args = job_arguments(argv)
     rank = _world_rank()
@@ -63,14 +73,7 @@ def job_main(config_cls: type[C], run: Callable[..., Any],
         _log_to_files(Path(args.run_dir) / "logs", rank)
     try:
         cfg = config_cls.from_toml(args.config, args.set)
-        kwargs: dict[str, Any] = {}
-        code = getattr(run, "__code__", None)
-        names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount] if code else ()
-        if "run_dir" in names:
-            kwargs["run_dir"] = Path(args.run_dir) if args.run_dir else None
-        if "resume" in names:
-            kwargs["resume"] = args.resume
-        run(cfg, **kwargs)
+        run(cfg, Path(args.run_dir) if args.run_dir else None, args.resume)
     except ConduitError as err:
         print(f"{ERROR_PREFIX} on world rank {rank}: {type(err).__name__}: {err}",
               file=sys.stderr, flush=True)

@@ -102,27 +102,15 @@ class DQNCartPoleConfig(Config):
 
 
 def check_config(cfg: DQNCartPoleConfig, n_actors: int, n_learners: int = 1) -> int:
-    """The data plane's semantics must be the algorithm's: same batch, fill, replay
-    ratio, weight period and priority exponent as ``[dqn]`` (the single-process baseline
-    reads ``[dqn]`` alone). Deterministic: every rank raises together.
+    """What this job needs of the layout and the sampler. The replay's semantics (batch,
+    minimum fill, replay ratio, weight period, beta schedule, priority exponent) have
+    one source of truth, ``[scheduler]`` and ``[storage]``, which the single-process
+    baseline reads too. Deterministic: every rank raises together.
 
     Returns:
         int: environments per actor.
     """
     hp, sch = cfg.dqn, cfg.scheduler
-    pairs = (("scheduler.batch_rows", sch.batch_rows, "dqn.batch_size", hp.batch_size),
-             ("scheduler.min_fill_rows", sch.min_fill_rows, "dqn.learning_starts",
-              hp.learning_starts),
-             ("scheduler.samples_per_insert", sch.samples_per_insert,
-              "dqn.samples_per_insert", hp.samples_per_insert),
-             ("scheduler.weights_every", sch.weights_every, "dqn.actor_sync_period",
-              hp.actor_sync_period),
-             ("storage.priority_exponent", cfg.storage.priority_exponent,
-              "dqn.priority_exponent", hp.priority_exponent))
-    for key, value, other, want in pairs:
-        if value != want:
-            raise ConfigError(f"{key} must equal {other} = {want!r} (the data plane keeps "
-                              f"the algorithm's semantics), got {value!r}", key=key)
     if sch.sampler != "prioritized":
         raise ConfigError(f"scheduler.sampler must be 'prioritized' for Ape-X DQN, got "
                           f"{sch.sampler!r}", key="scheduler.sampler")
@@ -306,8 +294,7 @@ def build_net(cfg: DQNCartPoleConfig) -> torch.nn.Module:
     return QNetwork(obs_dim, n_actions, hp.hidden, hp.dueling)
 
 
-def run(cfg: DQNCartPoleConfig, run_dir: Path | None = None,
-        resume: str = "") -> dict[str, Any]:
+def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, Any]:
     torch.set_num_threads(1)
     ccfg = cfg.checkpoint
     out: dict[str, Any] = {}
@@ -469,6 +456,8 @@ def report(flat: dict[str, Any]) -> None:
           f"limiter wait {flat['limiter_wait_s']:.1f} s over actors)", flush=True)
     print(json.dumps(flat, sort_keys=True, default=str), flush=True)
 
+
+JOB_CONFIG = DQNCartPoleConfig  # [job] and [dqn] (see conduit_hpc.config.jobs)
 
 if __name__ == "__main__":
     job_main(DQNCartPoleConfig, run)

@@ -10,11 +10,11 @@ learner's sampled batches (priority updates flow back). See ``docs/longhaul.md``
 Workloads (``job.workload``):
 
 * ``dqn`` - Ape-X-style DQN on Gymnasium CartPole-v1 with the pieces of
-  :mod:`conduit_hpc.rl` (issue 6): each actor steps ``envs_per_actor`` environments with
-  its slice of the epsilon ladder, emits n-step transitions with initial priorities
-  (``|TD|`` from its copy of the network) and pulls the learner's weights; the learner
-  trains with the double-DQN loss, importance weights and target syncs, and sends
-  ``|TD|`` back as priorities.
+  :mod:`conduit_hpc.rl` (issue 6): each actor steps ``dqn.num_envs / layout.actors``
+  environments with its slice of the epsilon ladder, emits n-step transitions with
+  initial priorities (``|TD|`` from its copy of the network) and pulls the learner's
+  weights; the learner trains with the double-DQN loss, importance weights and target
+  syncs, and sends ``|TD|`` back as priorities.
 * ``regression`` - the same rows and the same loop without the DQN pieces: actors draw
   observations and a noisy, heavy-tailed target ``reward = f*(obs) + noise`` and give
   each row the priority ``|reward - f(obs)|`` under their copy of the learner's model;
@@ -66,7 +66,8 @@ class JobSection:
         supersteps (int): learner updates before the job ends.
         learner_step_s (float): least wall time of one superstep (emulated compute).
         actor_rows_s (float): rows per second each actor produces (0: as fast as it can).
-        envs_per_actor (int): environments (``dqn``) or rows per ingest (``regression``).
+        rows_per_ingest (int): ``regression``: rows per ingest (``dqn`` ingests what its
+            ``dqn.num_envs / layout.actors`` environments produce).
         noise_scale (float): ``regression``: scale of the heavy-tailed target noise.
     """
 
@@ -74,7 +75,7 @@ class JobSection:
     supersteps: int = 3000
     learner_step_s: float = 0.01
     actor_rows_s: float = 1000.0
-    envs_per_actor: int = 4
+    rows_per_ingest: int = 4
     noise_scale: float = 0.3
 
     def __post_init__(self) -> None:
@@ -85,7 +86,8 @@ class JobSection:
                 "learner_step_s", self.learner_step_s, ">= 0")
         require(math.isfinite(self.actor_rows_s) and self.actor_rows_s >= 0, "actor_rows_s",
                 self.actor_rows_s, ">= 0 (0: as fast as possible)")
-        require(self.envs_per_actor >= 1, "envs_per_actor", self.envs_per_actor, ">= 1")
+        require(1 <= self.rows_per_ingest <= 2**20, "rows_per_ingest", self.rows_per_ingest,
+                ">= 1 and <= 2**20")
         require(math.isfinite(self.noise_scale) and self.noise_scale >= 0, "noise_scale",
                 self.noise_scale, ">= 0")
 
@@ -144,22 +146,22 @@ class Regression:
         return (per_row * weights).mean(), err.detach()
 
 
-def check_dqn(cfg: LongHaulJobConfig, n_actors: int) -> None:
-    """Deterministic checks of the ``dqn`` workload (every rank raises together)."""
+def check_dqn(cfg: LongHaulJobConfig, n_actors: int) -> int:
+    """Deterministic checks of the ``dqn`` workload (every rank raises together).
+
+    Returns:
+        int: environments per actor (``dqn.num_envs`` over all actors: one epsilon
+        ladder runs over every environment of every actor).
+    """
     if DQNSection is None:
         raise ConfigError("job.workload = 'dqn' needs the DQN pieces (conduit_hpc.rl, "
                           "issue 6), which this checkout does not have; use "
                           "--set job.workload=regression", key="job.workload")
     hp = cfg.dqn
-    want = n_actors * cfg.job.envs_per_actor
-    require_eq(hp.num_envs, want, "dqn.num_envs",
-               f"layout.actors * job.envs_per_actor = {want} (the epsilon ladder runs over "
-               f"every environment of every actor)")
-
-
-def require_eq(value: Any, want: Any, key: str, what: str) -> None:
-    if value != want:
-        raise ConfigError(f"{key} must be {what}, got {value!r}", key=key)
+    if n_actors < 1 or hp.num_envs % n_actors:
+        raise ConfigError(f"dqn.num_envs must be a positive multiple of the number of "
+                          f"actor ranks ({n_actors}), got {hp.num_envs}", key="dqn.num_envs")
+    return int(hp.num_envs) // n_actors
 
 
 # ---------------------------------------------------------------------------------
@@ -184,7 +186,7 @@ class Pacer:
 
 def actor_regression(edp: ExperienceDataPlane, cfg: LongHaulJobConfig, wl: Regression,
                      t0: float) -> dict[str, Any]:
-    n = cfg.job.envs_per_actor
+    n = cfg.job.rows_per_ingest
     pace = Pacer(cfg.job.actor_rows_s)
     while not edp.should_stop:
         pace.wait(edp)
@@ -202,7 +204,7 @@ def actor_dqn(edp: ExperienceDataPlane, cfg: LongHaulJobConfig, net: torch.nn.Mo
     from conduit_hpc.rl import ApexActor
 
     hp, job = cfg.dqn, cfg.job
-    k = job.envs_per_actor
+    k = check_dqn(cfg, len(edp.roles.actor_ranks))
     a = edp.roles.role_rank
     path = run_dir / "metrics" / f"episodes-{edp.world_rank}.csv" if run_dir else None
     actor = ApexActor(hp, net, actor_index=a, envs_per_actor=k,
@@ -291,7 +293,10 @@ def build_model(cfg: LongHaulJobConfig, wl: Regression | None) -> torch.nn.Modul
     return net
 
 
-def run(cfg: LongHaulJobConfig, run_dir: Path | None = None) -> dict[str, Any]:
+def run(cfg: LongHaulJobConfig, run_dir: Path | None, resume: str) -> dict[str, Any]:
+    if resume:
+        raise ConfigError(f"this job writes no checkpoints, so --resume {resume!r} has "
+                          f"nothing to resume from", key="resume")
     if cfg.longhaul.mode == "off":
         raise ConfigError("longhaul.mode must be 'forward' or 'edge_replay' for this job, "
                           "got 'off'", key="longhaul.mode")
@@ -357,6 +362,8 @@ def flat_summary(cfg: LongHaulJobConfig, summary: dict[str, Any],
     out["actor_bytes_per_s"] = summary["bytes_ingested"] / wall if wall > 0 else math.nan
     return out
 
+
+JOB_CONFIG = LongHaulJobConfig  # [job] and [dqn] (see conduit_hpc.config.jobs)
 
 if __name__ == "__main__":
     job_main(LongHaulJobConfig, run)

@@ -154,7 +154,7 @@ def learner_loop(edp: ExperienceDataPlane, cfg: SyntheticConfig, rng: np.random.
         step += 1
 
 
-def run(cfg: SyntheticConfig, run_dir: Path | None = None, resume: str = "") -> dict:
+def run(cfg: SyntheticConfig, run_dir: Path | None, resume: str) -> dict:
     ccfg = cfg.checkpoint
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
         stop = StopCoordinator(edp)  # SIGTERM / SIGUSR1 anywhere: every rank stops
@@ -266,6 +266,8 @@ def report(summary: dict, cfg: SyntheticConfig, wall: float) -> None:
     print(json.dumps({"dropped_updates": sum(s["dropped_updates"]
                                              for s in summary["shards"].values())}))
 
+
+JOB_CONFIG = SyntheticConfig  # the loader finds [synthetic] here (conduit_hpc.config.jobs)
 
 if __name__ == "__main__":
     job_main(SyntheticConfig, run)

@@ -2,19 +2,18 @@
 
     conduit-hpc bench convergence [--smoke] [--seeds 0,1,2] [--modes single,edp,sync,service]
 
-Modes, with the same DQN hyperparameters (the ``[dqn]`` section of
-``jobs/dqn_cartpole.toml`` when it exists, else :class:`conduit_hpc.rl.DQNSection`'s
-defaults, which are the tuned values; ``--set key=value`` overrides either):
+Modes, with the same job config (``jobs/dqn_cartpole.toml``: the algorithm in ``[dqn]``,
+the replay's semantics in ``[scheduler]`` and ``[storage]``; ``--set key=value``
+overrides any key, a key without a section meaning ``dqn.key``):
 
 * ``single``: the single-process baseline (:func:`conduit_hpc.rl.train_single_process`,
   a plain in-process prioritized replay), run here;
 * ``edp``, ``sync``, ``service``: the distributed job through the data plane, run as
   ``conduit-hpc run jobs/dqn_cartpole.toml --mode MODE --set run.seed=S``; each run's
   ``metrics/summary.json`` holds ``reached``, ``env_steps_to_target``,
-  ``wall_s_to_target`` and ``wall_s`` (and ``env_steps``, ``updates``). A ``[dqn]``
-  override that the data plane also carries (batch size, learning starts, replay ratio,
-  weight period, priority exponent) is passed to both sections, which the job requires
-  to agree. ``wall_s`` is the training loop's time from the moment every rank is set up
+  ``wall_s_to_target`` and ``wall_s`` (and ``env_steps``, ``updates``). The same
+  ``--set`` overrides go to the job. ``wall_s`` is the training loop's time from the
+  moment every rank is set up
   (as for ``single``), not counting the launch.
 
 Goal: the same env steps to 475 in every mode (convergence preserved), less wall time
@@ -38,44 +37,29 @@ from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/dqn_cartpole.toml")
 MODES = ("single", "edp", "sync", "service")
-#: [dqn] keys whose value the data plane also holds (the job refuses a mismatch)
-MIRRORED = {"batch_size": "scheduler.batch_rows", "learning_starts": "scheduler.min_fill_rows",
-            "samples_per_insert": "scheduler.samples_per_insert",
-            "actor_sync_period": "scheduler.weights_every",
-            "priority_exponent": "storage.priority_exponent"}
+def qualified(sets: list[str]) -> list[str]:
+    """``--set`` overrides with a section: ``lr=5e-4`` means ``dqn.lr=5e-4``."""
+    return [s if "." in s.partition("=")[0] else f"dqn.{s}" for s in sets]
 
 
-def job_overrides(hp_sets: list[str]) -> list[str]:
-    """``--set`` arguments for the job: each ``[dqn]`` override, and its data-plane twin."""
-    out: list[str] = []
-    for s in hp_sets:
-        key, _, value = s.partition("=")
-        key = key.removeprefix("dqn.")
-        out += ["--set", f"dqn.{key}={value}"]
-        if key in MIRRORED:
-            out += ["--set", f"{MIRRORED[key]}={value}"]
-    return out
+def job_overrides(sets: list[str]) -> list[str]:
+    """``--set`` arguments for the job (``conduit-hpc run``)."""
+    return [arg for s in qualified(sets) for arg in ("--set", s)]
 
 
-def hyperparameters(config: Path, overrides: list[str]) -> Any:
-    """The ``[dqn]`` section of the job (or the defaults), with ``--set`` overrides."""
-    from conduit_hpc.config import config_from_dict, parse_override, tomllib
-    from conduit_hpc.rl import DQNSection
+def job_config(config: Path, overrides: list[str]) -> Any:
+    """The job's config (its ``[dqn]``, ``[scheduler]``, ``[storage]``, ...), with the
+    ``--set`` overrides, through the library's one loader."""
+    from conduit_hpc.config import Config
 
-    raw: dict[str, Any] = {}
-    if config.exists():
-        raw = dict(tomllib.loads(config.read_text()).get("dqn", {}))
-    for ov in overrides:
-        key, value = parse_override(ov)
-        raw[key.removeprefix("dqn.")] = value
-    return config_from_dict(DQNSection, raw)
+    return Config.from_toml(config, qualified(overrides))
 
 
 # ---------------------------------------------------------------------------------
 # the modes
 
 
-def run_single(hp: Any, seed: int, out: Path, time_limit_s: float) -> dict[str, Any]:
+def run_single(cfg: Any, seed: int, out: Path, time_limit_s: float) -> dict[str, Any]:
     import torch
 
     from conduit_hpc.rl import train_single_process
@@ -84,7 +68,8 @@ def run_single(hp: Any, seed: int, out: Path, time_limit_s: float) -> dict[str, 
     run_dir = out / f"single-seed{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(f'[run]\nname = "dqn"\nseed = {seed}\n')
-    result = train_single_process(hp, seed=seed, run_dir=run_dir, time_limit_s=time_limit_s)
+    result = train_single_process(cfg.dqn, cfg.scheduler, cfg.storage, seed=seed,
+                                  run_dir=run_dir, time_limit_s=time_limit_s)
     return {**result, "run_dir": str(run_dir)}
 
 
@@ -135,9 +120,10 @@ def main(argv: list[str] | None = None) -> dict:
                    help="one seed, a 3,000-step budget: checks the machinery, not convergence")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--config", default=str(JOB), help="job TOML whose [dqn] section to use")
+    p.add_argument("--config", default=str(JOB), help="the DQN job's TOML")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a [dqn] hyperparameter, e.g. --set lr=5e-4")
+                   help="override a config value, e.g. --set lr=5e-4 (= dqn.lr) or "
+                   "--set scheduler.batch_rows=32")
     p.add_argument("--time-limit", type=float, default=0.0, help="seconds per run (0: none)")
     p.add_argument("--out", default="", help="folder for runs and the report "
                    "(default runs/convergence-<time>)")
@@ -150,8 +136,9 @@ def main(argv: list[str] | None = None) -> dict:
     sets = list(args.set)
     if args.smoke:
         seeds = seeds[:1]
-        sets += ["max_env_steps=3000", "learning_starts=500"]
-    hp = hyperparameters(Path(args.config), sets)
+        sets += ["dqn.max_env_steps=3000", "scheduler.min_fill_rows=500"]
+    cfg = job_config(Path(args.config), sets)
+    hp = cfg.dqn
     out = Path(args.out) if args.out else repo_path("runs") / (
         "convergence-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
@@ -160,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
     for mode in modes:
         for seed in seeds:
             if mode == "single":
-                r = run_single(hp, seed, out, args.time_limit)
+                r = run_single(cfg, seed, out, args.time_limit)
             else:
                 r = run_data_plane(mode, sets, seed, out, args.time_limit)
             r.update(bench="convergence", mode=mode, seed=seed, git_sha=sha,
@@ -176,7 +163,8 @@ def main(argv: list[str] | None = None) -> dict:
     if report:
         print(f"report: {report}")
     return {"results": results, "by_mode": by_mode, "report": report, "git_sha": sha,
-            "hyperparameters": {k: getattr(hp, k) for k in hp.__dataclass_fields__}}
+            "config": {k: v for k, v in cfg.to_dict().items()
+                       if k in ("dqn", "scheduler", "storage")}}
 
 
 def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,12 +60,7 @@ from typing import Any
 
 import numpy as np
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on 3.10
-    import tomli as tomllib
-
-from conduit_hpc.config import config_from_dict, require
+from conduit_hpc.config import load, require, to_toml, validate
 from conduit_hpc.errors import ConfigError
 
 __all__ = [
@@ -113,7 +107,8 @@ def parse_bytes(value: float | int | str, key: str) -> int:
 
 
 # ---------------------------------------------------------------------------------
-# the TOML file, checked strictly (unknown keys, types and ranges via config.py)
+# the TOML file, checked strictly (types and unknown keys by conduit_hpc.config's loader,
+# ranges here)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -328,22 +323,16 @@ class ClusterModel:
                 link to a node that is not defined.
         """
         p = Path(path)
-        try:
-            raw = tomllib.loads(p.read_text())
-        except FileNotFoundError as err:
-            raise ConfigError(f"cluster file {str(p)!r} does not exist", key="") from err
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"cluster file {str(p)!r} is not valid TOML: {err}",
-                              key="") from err
-        try:
-            return cls.from_dict(raw, source=str(p))
-        except ConfigError as err:
-            raise ConfigError(f"{p.name}: {err}", key=err.key) from None
+        f = load(ClusterFile, p, what="cluster file", discover=False)
+        return cls._from_file(f, source=str(p))
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, source: str = "") -> ClusterModel:
         """Build from a mapping shaped like the TOML file (same strict checks)."""
-        f = config_from_dict(ClusterFile, raw)
+        return cls._from_file(validate(ClusterFile, raw), source=source)
+
+    @classmethod
+    def _from_file(cls, f: ClusterFile, *, source: str) -> ClusterModel:
         nodes: list[NodeSpec] = []
         for i, n in enumerate(f.nodes):
             learners = n.learners if n.learners >= 0 else (n.gpus if n.gpus > 0 else 1)
@@ -504,23 +493,9 @@ class ClusterModel:
         return out
 
     def to_toml(self) -> str:
-        """The model as a ``cluster.toml`` (one ``[[nodes]]`` entry per node)."""
-        def val(v: Any) -> str:
-            if isinstance(v, str):
-                return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-            if isinstance(v, dict):
-                return "{ " + ", ".join(f"{k} = {val(x)}" for k, x in v.items()) + " }"
-            if isinstance(v, list):
-                return "[" + ", ".join(val(x) for x in v) + "]"
-            return repr(v)
-
-        d = self.to_dict()
-        lines = [f"name = {val(d['name'])}"]
-        for key in ("nodes", "links"):
-            for entry in d.get(key, []):
-                lines.append(f"\n[[{key}]]")
-                lines.extend(f"{k} = {val(v)}" for k, v in entry.items())
-        return "\n".join(lines) + "\n"
+        """The model as a ``cluster.toml`` (one ``[[nodes]]`` entry per node; written by
+        ``tomli-w``, read back by :meth:`from_toml`)."""
+        return to_toml(self.to_dict())
 
     def with_bandwidth(self, overrides: Mapping[str, float]) -> ClusterModel:
         """A copy with measured bandwidths (GB/s) for link kinds, keyed ``kind`` (all

@@ -23,7 +23,6 @@ between the two nodes, and the reader node's ``nic_in``.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,12 +31,14 @@ from typing import Any, Literal
 import numpy as np
 import scipy.sparse as sp
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on 3.10
-    import tomli as tomllib
-
-from conduit_hpc.config import config_from_dict, require
+from conduit_hpc.config import (
+    Config,
+    SchedulerConfig,
+    StorageConfig,
+    read_toml,
+    require,
+    validate,
+)
 from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.cluster import TIERS, ClusterModel, LinkTable, Roster
 from conduit_hpc.placement.placement import Bottleneck, LearnerPrediction, PlanPrediction
@@ -52,6 +53,7 @@ __all__ = [
     "Workload",
     "evaluate",
     "predict",
+    "sampling_of",
 ]
 
 #: per row: the ring's generation stamp and initial priority (int64 + float64)
@@ -154,13 +156,13 @@ class Workload:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Workload:
         """Strict: unknown keys, wrong types and bad values raise ConfigError."""
-        return config_from_dict(cls, raw)
+        return validate(cls, raw)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> tuple[Workload, list[str]]:
         """A workload from a TOML file: its ``[workload]`` table if it has one, else
-        derived from a job config (``[storage]``, ``[spec.*]``, ``[scheduler]``,
-        ``[synthetic]``, ``[placement]``) with defaults for what is missing.
+        derived from the job config it is (loaded as ``Config.from_toml`` does, job
+        sections included; see :meth:`from_job`).
 
         Returns:
             tuple[Workload, list[str]]: the workload and notes on assumed values.
@@ -169,62 +171,49 @@ class Workload:
             ConfigError: unreadable file, bad values (named).
         """
         p = Path(path)
-        try:
-            raw = tomllib.loads(p.read_text())
-        except FileNotFoundError as err:
-            raise ConfigError(f"workload file {str(p)!r} does not exist", key="") from err
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"workload file {str(p)!r} is not valid TOML: {err}",
-                              key="") from err
+        raw = read_toml(p, what="workload file")
         if "workload" in raw:
             try:
                 return cls.from_dict(raw["workload"]), []
             except ConfigError as err:
-                raise ConfigError(f"{p.name}: [workload] {err}", key=err.key) from None
-        return cls.from_job(raw)
+                raise ConfigError(f"{p.name}: [workload] {err}", key=err.key) from err
+        return cls.from_job(Config.from_toml(p))
 
     @classmethod
-    def from_job(cls, raw: Mapping[str, Any]) -> tuple[Workload, list[str]]:
-        """Derive a workload from a job config mapping; notes say what was assumed."""
-        from conduit_hpc.config import FieldConfig
+    def from_job(cls, cfg: Config) -> tuple[Workload, list[str]]:
+        """Derive a workload from a job config; notes say what was assumed.
+
+        Rows from ``[spec.*]``, capacity from ``[storage]``, the batch from
+        ``[scheduler]``, sampling from ``scheduler.sampler`` and
+        ``storage.priority_exponent`` (:func:`sampling_of`), the scope from
+        ``[placement]``, and the actor rate from ``synthetic.actor_rate_rows_s`` when the
+        job has it.
+        """
         from conduit_hpc.spec import Spec
 
-        notes: list[str] = []
-        spec_raw = raw.get("spec", {})
-        if not spec_raw:
+        if not cfg.spec:
             raise ConfigError("the job config has no [spec.*] fields to size rows from "
                               "(or give a [workload] table)", key="spec")
-        fields = {k: config_from_dict(FieldConfig, v) for k, v in spec_raw.items()}
-        row_bytes = Spec.from_config(fields).row_bytes
-        storage = raw.get("storage", {})
-        sched = raw.get("scheduler", {})
-        synth = raw.get("synthetic", {})
-        place = raw.get("placement", {})
-        vals: dict[str, Any] = {"row_bytes": row_bytes}
-
-        def take(key: str, src: Mapping[str, Any], name: str, default: Any) -> None:
-            if name in src:
-                vals[key] = src[name]
-            else:
-                vals[key] = default
-                notes.append(f"{key} = {default!r} (assumed; not in the job config)")
-
-        take("capacity_rows", storage, "capacity_rows", 100_000)
-        take("batch_rows", sched, "batch_rows", 256)
-        take("update_rate_hz", sched, "update_rate_hz", 100.0)
-        rate = synth.get("actor_rate_rows_s", 0.0)
-        if rate:
-            vals["actor_rows_per_s"] = float(rate)
-        else:
-            vals["actor_rows_per_s"] = 1000.0
+        notes = ["update_rate_hz = 100.0 (assumed; a job config does not say it)"]
+        rate = float(getattr(getattr(cfg, "synthetic", None), "actor_rate_rows_s", 0.0))
+        if rate <= 0:
+            rate = 1000.0
             notes.append("actor_rows_per_s = 1000.0 (assumed)")
-        if sched.get("sampler") in ("uniform", "prioritized"):
-            vals["sampling"] = sched["sampler"]
-        if "sampling" in place:
-            vals["sampling"] = place["sampling"]
-        if "scope" in place:
-            vals["scope"] = place["scope"]
-        return cls.from_dict(vals), notes
+        return cls(capacity_rows=cfg.storage.capacity_rows,
+                   row_bytes=Spec.from_config(cfg.spec).row_bytes,
+                   batch_rows=cfg.scheduler.batch_rows, update_rate_hz=100.0,
+                   actor_rows_per_s=rate,
+                   sampling=sampling_of(cfg.scheduler, cfg.storage),
+                   scope=cfg.placement.scope), notes
+
+
+def sampling_of(scheduler: SchedulerConfig, storage: StorageConfig
+                ) -> Literal["uniform", "prioritized"]:
+    """The cost model's sampling of a job: ``prioritized`` when the scheduler samples by
+    priority with an exponent > 0 (the priority index then takes memory), else
+    ``uniform``."""
+    prioritized = scheduler.sampler == "prioritized" and storage.priority_exponent > 0
+    return "prioritized" if prioritized else "uniform"
 
 
 # ---------------------------------------------------------------------------------

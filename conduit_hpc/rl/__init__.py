@@ -7,7 +7,7 @@ Importing this package imports torch.
 """
 
 from conduit_hpc.rl.apex import ActorStep, ApexActor, DQNUpdater
-from conduit_hpc.rl.dqn import DQNSection, make_vector_env, train_single_process
+from conduit_hpc.rl.dqn import DQNSection, make_vector_env, train_single_process, updates_due
 from conduit_hpc.rl.episodes import EPISODE_COLUMNS, EpisodeLog, merge_episode_files
 from conduit_hpc.rl.exploration import epsilon_greedy, epsilon_ladder
 from conduit_hpc.rl.losses import (
@@ -43,4 +43,5 @@ __all__ = [
     "to_tensors",
     "train_single_process",
     "true_next_obs",
+    "updates_due",
 ]

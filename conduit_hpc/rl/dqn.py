@@ -4,7 +4,12 @@
 compares the data-plane modes against: the same network, n-step returns, epsilon ladder, double-DQN
 loss, actor-side initial priorities and target updates as the distributed job, with a
 plain in-process :class:`~conduit_hpc.rl.replay.PrioritizedReplay` in place of the data
-plane. Both read their hyperparameters from one :class:`DQNSection`.
+plane. Both read the algorithm's hyperparameters from one :class:`DQNSection`, and the
+replay's semantics - batch, minimum fill, replay ratio, weight period, beta schedule,
+capacity and priority exponent - from the job's ``[scheduler]`` and ``[storage]``
+sections, their one source of truth (``scheduler.batch_rows``, ``min_fill_rows``,
+``samples_per_insert``, ``weights_every``, ``beta*``; ``storage.capacity_rows``,
+``priority_exponent``).
 """
 
 from __future__ import annotations
@@ -19,21 +24,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from conduit_hpc.config import require
+from conduit_hpc.config import SchedulerConfig, StorageConfig, require
 from conduit_hpc.rl.episodes import EpisodeLog
 from conduit_hpc.rl.exploration import epsilon_greedy, epsilon_ladder
 from conduit_hpc.rl.losses import initial_priorities
 from conduit_hpc.rl.nstep import NStepAccumulator, true_next_obs
 from conduit_hpc.rl.qnet import QNetwork, copy_weights
 from conduit_hpc.rl.replay import PrioritizedReplay
+from conduit_hpc.sampling import beta_at
 
-__all__ = ["DQNSection", "make_vector_env", "train_single_process"]
+__all__ = ["DQNSection", "make_vector_env", "train_single_process", "updates_due"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DQNSection:
     """``[dqn]``: hyperparameters shared by the single-process baseline and the
-    distributed job.
+    distributed job. What the replay does (batch, fill, ratio, weight period, capacity,
+    priority exponent) is not here: ``[scheduler]`` and ``[storage]`` hold it.
 
     The defaults are tuned for CartPole-v1: 8 of 8 seeds reached a mean return of 475
     over 20 scored episodes in 32k-82k env steps (median about 52k). ``bench/README.md``
@@ -48,17 +55,7 @@ class DQNSection:
         gamma (float): discount per step.
         n_step (int): steps per transition.
         lr (float): Adam learning rate.
-        batch_size (int): rows per learner update.
-        replay_capacity (int): rows held by the replay.
-        priority_exponent (float): alpha of prioritized replay (0 = uniform).
-        beta_start (float): importance-sampling exponent at the start...
-        beta_end (float): ... annealed linearly to this over ``beta_steps`` env steps.
-        beta_steps (int): env steps of the beta schedule.
-        learning_starts (int): rows in replay before the first update.
-        samples_per_insert (float): rows sampled per row inserted (replay ratio); the
-            learner makes ``samples_per_insert / batch_size`` updates per inserted row.
         target_period (int): learner updates between target-network syncs.
-        actor_sync_period (int): learner updates between weight copies to actors.
         epsilon (float): base epsilon of the Ape-X ladder.
         epsilon_alpha (float): spread exponent of the ladder.
         max_grad_norm (float): gradient clipping (0 = off).
@@ -80,16 +77,7 @@ class DQNSection:
     gamma: float = 0.99
     n_step: int = 3
     lr: float = 2e-3
-    batch_size: int = 64
-    replay_capacity: int = 100_000
-    priority_exponent: float = 0.6
-    beta_start: float = 0.4
-    beta_end: float = 1.0
-    beta_steps: int = 50_000
-    learning_starts: int = 1_000
-    samples_per_insert: float = 16.0
     target_period: int = 100
-    actor_sync_period: int = 10
     epsilon: float = 0.4
     epsilon_alpha: float = 7.0
     max_grad_norm: float = 10.0
@@ -107,23 +95,7 @@ class DQNSection:
         require(0.0 <= self.gamma <= 1.0, "gamma", self.gamma, "in [0, 1]")
         require(self.n_step >= 1, "n_step", self.n_step, ">= 1")
         require(self.lr > 0, "lr", self.lr, "> 0")
-        require(self.batch_size >= 1, "batch_size", self.batch_size, ">= 1")
-        require(self.replay_capacity >= self.batch_size, "replay_capacity",
-                self.replay_capacity, f">= batch_size ({self.batch_size})")
-        require(self.priority_exponent >= 0, "priority_exponent", self.priority_exponent,
-                ">= 0")
-        require(0.0 <= self.beta_start <= 1.0, "beta_start", self.beta_start, "in [0, 1]")
-        require(0.0 <= self.beta_end <= 1.0, "beta_end", self.beta_end, "in [0, 1]")
-        require(self.beta_steps >= 1, "beta_steps", self.beta_steps, ">= 1")
-        require(self.batch_size <= self.learning_starts <= self.replay_capacity,
-                "learning_starts", self.learning_starts,
-                f"between batch_size ({self.batch_size}) and replay_capacity "
-                f"({self.replay_capacity})")
-        require(self.samples_per_insert > 0, "samples_per_insert", self.samples_per_insert,
-                "> 0")
         require(self.target_period >= 1, "target_period", self.target_period, ">= 1")
-        require(self.actor_sync_period >= 1, "actor_sync_period", self.actor_sync_period,
-                ">= 1")
         require(0.0 < self.epsilon <= 1.0, "epsilon", self.epsilon, "in (0, 1]")
         require(self.epsilon_alpha >= 0, "epsilon_alpha", self.epsilon_alpha, ">= 0")
         require(self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, ">= 0")
@@ -132,11 +104,6 @@ class DQNSection:
         require(0.0 < self.score_max_epsilon <= 1.0, "score_max_epsilon",
                 self.score_max_epsilon, "in (0, 1]")
         require(self.max_env_steps >= 1, "max_env_steps", self.max_env_steps, ">= 1")
-
-    def beta(self, env_steps: int) -> float:
-        """Importance-sampling exponent after ``env_steps`` environment steps."""
-        frac = min(1.0, env_steps / self.beta_steps)
-        return self.beta_start + frac * (self.beta_end - self.beta_start)
 
     def epsilons(self) -> np.ndarray:
         """The ladder's epsilon of each of the ``num_envs`` env slots."""
@@ -147,12 +114,14 @@ class DQNSection:
         eps = self.epsilons()
         return eps <= max(self.score_max_epsilon, float(eps.min()))
 
-    def updates_due(self, inserted: int) -> int:
-        """Learner updates that should have happened once ``inserted`` rows went in."""
-        if inserted < self.learning_starts:
-            return 0
-        return int((inserted - self.learning_starts) * self.samples_per_insert
-                   / self.batch_size) + 1
+
+def updates_due(scheduler: SchedulerConfig, inserted: int) -> int:
+    """Learner updates that should have happened once ``inserted`` rows went in: none
+    before ``scheduler.min_fill_rows``, then ``samples_per_insert / batch_rows`` per row."""
+    if inserted < scheduler.min_fill_rows:
+        return 0
+    return int((inserted - scheduler.min_fill_rows) * scheduler.samples_per_insert
+               / scheduler.batch_rows) + 1
 
 
 def make_vector_env(env_id: str, num_envs: int, seed: int) -> Any:
@@ -181,7 +150,8 @@ def _build_nets(hp: DQNSection, obs_dim: int, n_actions: int) -> tuple[QNetwork,
     return online, actor
 
 
-def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path | None = None,
+def train_single_process(hp: DQNSection, scheduler: SchedulerConfig, storage: StorageConfig,
+                         *, seed: int = 0, run_dir: str | Path | None = None,
                          time_limit_s: float = 0.0, progress_every_s: float = 0.0
                          ) -> dict[str, Any]:
     """Train DQN in this process until the mean return of the last ``hp.window`` scored
@@ -190,13 +160,26 @@ def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path |
     ``time_limit_s`` (0 = none) passes.
 
     Not collective (no MPI); blocks for the whole training. With ``run_dir``, writes
-    ``metrics/episodes.csv`` and ``metrics/summary.json`` there.
+    ``metrics/episodes.csv`` and ``metrics/summary.json`` there. The replay follows the
+    job's sections: ``scheduler.batch_rows`` rows per update, the first update at
+    ``scheduler.min_fill_rows`` rows, ``scheduler.samples_per_insert`` rows sampled per
+    row inserted, weights copied to the actor every ``scheduler.weights_every`` updates,
+    importance weights' beta from ``scheduler.beta`` to ``beta_final`` over
+    ``beta_anneal_supersteps`` updates (as the data plane anneals it),
+    ``storage.capacity_rows`` rows held, ``storage.priority_exponent`` as alpha.
+
+    Raises:
+        ConfigError: ``scheduler.samples_per_insert`` is 0 (the baseline paces its
+            updates by it).
 
     Returns:
         dict: ``reached`` (bool), ``env_steps`` (at the stop), ``env_steps_to_target``
         (``None`` unless reached), ``wall_s``, ``updates``, ``episodes``,
         ``final_mean_return``, ``seed``.
     """
+    require(scheduler.samples_per_insert > 0, "scheduler.samples_per_insert",
+            scheduler.samples_per_insert, "> 0 for the single-process baseline (it makes "
+            "samples_per_insert / batch_rows updates per inserted row)")
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     env, obs = make_vector_env(hp.env_id, hp.num_envs, seed)
@@ -209,7 +192,7 @@ def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path |
     replay = PrioritizedReplay({"obs": ((obs_dim,), "float32"), "action": ((), "int64"),
                                 "reward": ((), "float32"), "next_obs": ((obs_dim,), "float32"),
                                 "discount": ((), "float32")},
-                               hp.replay_capacity, hp.priority_exponent)
+                               storage.capacity_rows, storage.priority_exponent)
     nstep = NStepAccumulator(hp.num_envs, hp.n_step, hp.gamma)
     eps = hp.epsilons()
     metrics = Path(run_dir) / "metrics" if run_dir is not None else None
@@ -232,11 +215,13 @@ def train_single_process(hp: DQNSection, *, seed: int = 0, run_dir: str | Path |
             episodes.step(reward, term | trunc, env_steps)
             if len(rows["action"]):
                 replay.add(rows, initial_priorities(actor, rows))
-            while updater.updates < hp.updates_due(replay.inserted):
-                sample = replay.sample(hp.batch_size, hp.beta(env_steps), rng)
+            while updater.updates < updates_due(scheduler, replay.inserted):
+                beta = beta_at(updater.updates, scheduler.beta, scheduler.beta_final,
+                               scheduler.beta_anneal_supersteps)
+                sample = replay.sample(scheduler.batch_rows, beta, rng)
                 _, td = updater.update(sample.batch, sample.weights)
                 replay.update_priorities(sample.slots, sample.gens, td.abs().numpy() + 1e-6)
-                if updater.updates % hp.actor_sync_period == 0:
+                if updater.updates % scheduler.weights_every == 0:
                     copy_weights(online, actor)
             if episodes.reached(hp.target_return):
                 reached_at = env_steps

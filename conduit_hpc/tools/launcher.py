@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from conduit_hpc.config import Config, to_toml
+from conduit_hpc.config import Config, job_script_for, load, to_toml
 from conduit_hpc.errors import ConduitError
 from conduit_hpc.job import ERROR_PREFIX
 
@@ -84,8 +84,9 @@ def ranks_for(cfg: Config) -> int:
 
 
 def entry_for(config_path: Path, cfg: Config) -> Path:
-    """The job script: ``<config>.py`` beside the TOML file."""
-    return config_path.with_suffix(".py")
+    """The job script: ``<config>.py`` beside the TOML file (the one that declares the
+    job's config class, see :mod:`conduit_hpc.config.jobs`)."""
+    return job_script_for(config_path)
 
 
 LAUNCHERS = ("auto", "mpirun", "srun")
@@ -169,7 +170,8 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         ConduitError: a bad launcher, or more ranks than the SLURM allocation has tasks.
     """
     path = Path(config_path)
-    cfg = _load_loose(path, overrides, config_cls)
+    # the one loading path: job sections are checked here too, before any rank starts
+    cfg = load(config_cls, path, overrides)
     which, plugin = choose_launcher(launcher)
     n = nranks or (int(os.environ["SLURM_NTASKS"]) if which == "srun" and
                    os.environ.get("SLURM_NTASKS", "").isdigit() else ranks_for(cfg))
@@ -189,8 +191,9 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
             k += 1
         logs.rename(run_dir / f"logs.{k}")
     logs.mkdir(parents=True, exist_ok=True)
-    raw = _raw_with_overrides(path, overrides)
-    (run_dir / "config.toml").write_text(to_toml(raw))
+    # the resolved config (overrides applied, defaults filled in), written by tomli-w;
+    # every rank loads this file with the job's class
+    (run_dir / "config.toml").write_text(to_toml(cfg.to_dict()))
     entry = Path(entry) if entry is not None else entry_for(path, cfg)
     job_args = ["--config", str((run_dir / "config.toml").resolve()), "--run-dir",
                 str(run_dir.resolve())]
@@ -383,22 +386,3 @@ def first_error(run_dir: Path) -> str | None:
                 return (f"{ERROR_PREFIX} on {where}: {tail[-1]} "
                         f"(logs in {run_dir / 'logs'})")
     return None
-
-
-def _raw_with_overrides(path: Path, overrides: Sequence[str]) -> dict[str, Any]:
-    from conduit_hpc.config import _set_dotted, parse_override, tomllib
-
-    raw = tomllib.loads(path.read_text())
-    for ov in overrides:
-        k, v = parse_override(ov)
-        _set_dotted(raw, k, v)
-    return raw
-
-
-def _load_loose(path: Path, overrides: Sequence[str], config_cls: type[Config]) -> Config:
-    """Check the sections the library knows; job sections are checked by the job."""
-    from conduit_hpc.config import config_from_dict
-
-    raw = _raw_with_overrides(path, overrides)
-    known = {f for f in config_cls.__dataclass_fields__}
-    return config_from_dict(config_cls, {k: v for k, v in raw.items() if k in known})

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from conduit_hpc.config import Config, LayoutConfig, require
+from conduit_hpc.config import Config, LayoutConfig, load, require
 from conduit_hpc.errors import ConduitError, ConfigError
 
 __all__ = ["SlurmRequest", "launch_script", "plan_tasks", "render_sbatch"]
@@ -191,10 +191,8 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
     Raises:
         ConfigError: the config does not load, or the layout does not fit the request.
     """
-    from conduit_hpc.tools.launcher import _load_loose
-
     path = Path(config_path)
-    cfg = _load_loose(path, req.overrides, config_cls)
+    cfg = load(config_cls, path, req.overrides)
     t, gpus, comment = plan_tasks(cfg.layout, req)
     template = req.template
     if template == "auto":

@@ -222,7 +222,7 @@ def test_actors_that_stop_below_the_fill_close_the_stream_and_the_rank_stays_usa
     # e.g. a stop request before the buffer filled: the learner's next_batch() raises
     # DataPlaneClosed (in edp mode from the data-plane thread), and the learner can still
     # end the run with everyone (done, summary, a collective)
-    cfg = config(mode, scheduler={"min_fill_rows": 10_000})
+    cfg = config(mode, scheduler={"min_fill_rows": 4096})  # the whole capacity
     closed = ""
     with ExperienceDataPlane(cfg) as edp:
         if edp.role is Role.ACTOR:

@@ -141,7 +141,7 @@ def test_merge_orders_by_time_and_counts_the_jobs_env_steps(tmp_path: Path) -> N
     assert merge_episode_files(tmp_path / "nothing-here") == 0
 
 
-def test_job_refuses_semantics_that_differ_from_the_algorithms() -> None:
+def test_job_checks_layout_and_keeps_one_source_of_truth_per_knob() -> None:
     job = load_job()
     cfg = job.DQNCartPoleConfig.from_toml(REPO / "jobs" / "dqn_cartpole.toml")
     assert job.check_config(cfg, 4) == 2
@@ -150,14 +150,15 @@ def test_job_refuses_semantics_that_differ_from_the_algorithms() -> None:
     with pytest.raises(ConfigError, match="one learner rank"):
         job.check_config(cfg, 4, 2)
     bad = job.DQNCartPoleConfig.from_toml(REPO / "jobs" / "dqn_cartpole.toml",
-                                          ["scheduler.batch_rows=32"])
-    with pytest.raises(ConfigError, match=r"scheduler.batch_rows must equal "
-                                          r"dqn.batch_size = 64.*got 32"):
+                                          ["scheduler.sampler=uniform"])
+    with pytest.raises(ConfigError, match=r"scheduler\.sampler must be 'prioritized'"):
         job.check_config(bad, 4)
-    bad = job.DQNCartPoleConfig.from_toml(REPO / "jobs" / "dqn_cartpole.toml",
-                                          ["dqn.learning_starts=500"])
-    with pytest.raises(ConfigError, match=r"scheduler\.min_fill_rows"):
-        job.check_config(bad, 4)
+    # the replay's knobs live in [scheduler]/[storage] only: [dqn] twins are unknown keys
+    for twin in ("batch_size", "learning_starts", "samples_per_insert", "actor_sync_period",
+                 "priority_exponent", "replay_capacity", "beta_start"):
+        with pytest.raises(ConfigError, match=f"unknown key 'dqn.{twin}'"):
+            job.DQNCartPoleConfig.from_toml(REPO / "jobs" / "dqn_cartpole.toml",
+                                            [f"dqn.{twin}=1"])
     with pytest.raises(ConfigError, match="max_supersteps"):
         job.DQNCartPoleConfig.from_toml(REPO / "jobs" / "dqn_cartpole.toml",
                                         ["job.max_supersteps=-1"])

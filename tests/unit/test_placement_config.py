@@ -17,7 +17,7 @@ def test_defaults_keep_the_round_robin_planner() -> None:
 def test_static_adaptive_section_loads() -> None:
     cfg = Config.from_dict({"placement": {
         "planner": "static", "cluster": "jobs/cluster-local.toml", "scope": "partitioned",
-        "sampling": "prioritized", "tiers": ["learner_host", "buffer_host"],
+        "tiers": ["learner_host", "buffer_host"],
         "min_gain": 0.2, "patience": 2}})
     p = cfg.placement
     assert (p.planner, p.scope, p.tiers, p.patience) == (

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from conduit_hpc.config import SchedulerConfig, StorageConfig
 from conduit_hpc.errors import ConfigError
 from conduit_hpc.rl import (
     DQNSection,
@@ -28,6 +29,7 @@ from conduit_hpc.rl import (
     to_tensors,
     train_single_process,
     true_next_obs,
+    updates_due,
 )
 
 # ---------------------------------------------------------------------------------
@@ -307,11 +309,10 @@ def test_replay_overwrites_oldest_and_drops_stale_priority_updates() -> None:
 def test_dqn_section_names_bad_values() -> None:
     with pytest.raises(ConfigError, match=r"gamma must be in \[0, 1\], got 1.5"):
         DQNSection(gamma=1.5)
-    with pytest.raises(ConfigError, match="learning_starts must be between batch_size"):
-        DQNSection(learning_starts=10)
-    hp = DQNSection()
-    assert hp.beta(0) == hp.beta_start and hp.beta(10**9) == hp.beta_end
-    assert hp.updates_due(hp.learning_starts - 1) == 0 and hp.updates_due(hp.learning_starts) == 1
+    sch = SchedulerConfig(batch_rows=64, min_fill_rows=1000, samples_per_insert=16.0,
+                          max_insert_batch=64, error_buffer=2000.0)
+    assert updates_due(sch, 999) == 0 and updates_due(sch, 1000) == 1
+    assert updates_due(sch, 1004) == 2  # 16 / 64 updates per inserted row
 
 
 def test_episode_log_writes_the_episodes_csv(tmp_path) -> None:
@@ -345,8 +346,14 @@ def test_only_near_greedy_slots_are_scored(tmp_path) -> None:
 
 def test_short_single_process_run_trains_and_writes_metrics(tmp_path) -> None:
     torch.set_num_threads(1)
-    hp = DQNSection(max_env_steps=2400, learning_starts=400, replay_capacity=5000)
-    result = train_single_process(hp, seed=0, run_dir=tmp_path)
+    hp = DQNSection(max_env_steps=2400)
+    sch = SchedulerConfig(batch_rows=64, min_fill_rows=400, samples_per_insert=16.0,
+                          max_insert_batch=64, error_buffer=2000.0, weights_every=10,
+                          beta_anneal_supersteps=1000)
+    with pytest.raises(ConfigError, match=r"scheduler\.samples_per_insert must be > 0"):
+        train_single_process(hp, SchedulerConfig(), StorageConfig(), seed=0)
+    result = train_single_process(hp, sch, StorageConfig(capacity_rows=5000), seed=0,
+                                  run_dir=tmp_path)
     assert result["env_steps"] >= 2400 and result["updates"] > 200
     assert result["episodes"] > 10
     summary = json.loads((tmp_path / "metrics" / "summary.json").read_text())

@@ -72,7 +72,7 @@ from conduit_hpc.features.replace.owner import ShardMover
 from conduit_hpc.placement.adaptive import AdaptiveKnobs, AdaptivePolicy
 from conduit_hpc.placement.cluster import ClusterModel, Roster
 from conduit_hpc.placement.inplace import job_cluster, job_placement, planned_rows
-from conduit_hpc.placement.model import Workload
+from conduit_hpc.placement.model import Workload, sampling_of
 from conduit_hpc.placement.placement import Placement
 from conduit_hpc.plane.extensions import Feature
 from conduit_hpc.plane.roles import Role
@@ -95,10 +95,9 @@ def job_workload(config: Config, spec: Spec, job: Placement) -> Workload:
     """The workload the policy plans for: the job's rows, batch and sampling; rates and
     compute come from telemetry at each look."""
     sch = config.scheduler
-    prioritized = sch.sampler == "prioritized" and config.storage.priority_exponent > 0
     return Workload(capacity_rows=planned_rows(job), row_bytes=spec.row_bytes,
                     batch_rows=sch.batch_rows, update_rate_hz=100.0, actor_rows_per_s=0.0,
-                    sampling="prioritized" if prioritized else "uniform", scope="global",
+                    sampling=sampling_of(sch, config.storage), scope="global",
                     tiers=("buffer_host",))
 
 

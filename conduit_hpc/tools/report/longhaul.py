@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from conduit_hpc.config import tomllib
+from conduit_hpc.config import read_toml
 from conduit_hpc.features.longhaul.metrics import settled_mean, windowed_mean_priority
 
 __all__ = ["LongHaulRun", "is_longhaul_run", "load_longhaul_run", "ratios",
@@ -107,7 +107,7 @@ def _read_csv(path: Path) -> dict[str, np.ndarray]:
 
 def _config(run_dir: Path) -> dict[str, Any]:
     p = run_dir / "config.toml"
-    return tomllib.loads(p.read_text()) if p.exists() else {}
+    return read_toml(p, what="run config") if p.exists() else {}
 
 
 def is_longhaul_run(run_dir: str | Path) -> bool:

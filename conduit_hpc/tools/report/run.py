@@ -122,13 +122,14 @@ def load_run(path: str | Path) -> RunData:
     metrics = p / "metrics" if (p / "metrics").is_dir() else p
     config: dict[str, Any] = {}
     if (p / "config.toml").exists():
-        from conduit_hpc.config import tomllib
+        from conduit_hpc.config import read_toml
+        from conduit_hpc.errors import ConfigError
 
         try:
-            config = tomllib.loads((p / "config.toml").read_text())
-        except tomllib.TOMLDecodeError as err:
+            config = read_toml(p / "config.toml", what="run config")
+        except ConfigError as err:
             config = {}
-            problem = f"config.toml: not valid TOML ({err})"
+            problem = f"config.toml: {err}"
         else:
             problem = ""
     else:

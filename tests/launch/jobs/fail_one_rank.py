@@ -4,6 +4,7 @@ every other rank blocks in a barrier; under ``python -m mpi4py`` the job must ab
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from mpi4py import MPI
 
@@ -23,7 +24,7 @@ class FailConfig(Config):
     fail: FailSection = field(default_factory=FailSection)
 
 
-def run(cfg: FailConfig) -> None:
+def run(cfg: FailConfig, run_dir: Path | None, resume: str) -> None:
     comm = MPI.COMM_WORLD
     comm.Barrier()
     if comm.Get_rank() == cfg.fail.rank:
@@ -32,6 +33,8 @@ def run(cfg: FailConfig) -> None:
         raise RuntimeError(f"deliberate failure on world rank {cfg.fail.rank}")
     comm.Barrier()  # never completes: the failing rank does not arrive
 
+
+JOB_CONFIG = FailConfig
 
 if __name__ == "__main__":
     job_main(FailConfig, run)

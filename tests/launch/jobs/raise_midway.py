@@ -10,7 +10,7 @@ from conduit_hpc.job import job_main
 from conduit_hpc.testing import checked_batch
 
 
-def run(cfg: Config, run_dir: Path | None = None) -> None:
+def run(cfg: Config, run_dir: Path | None, resume: str) -> None:
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
         if edp.role is Role.ACTOR:
             i = 0

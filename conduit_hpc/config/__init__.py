@@ -1,0 +1,67 @@
+"""Typed, frozen job configuration loaded from TOML (see ``docs`` and README "Design notes").
+
+* :mod:`~conduit_hpc.config.sections` and :mod:`~conduit_hpc.config.feature_sections`:
+  the sections, frozen dataclasses whose ``__post_init__`` checks ranges;
+* :mod:`~conduit_hpc.config.root`: :class:`Config`, the whole job;
+* :mod:`~conduit_hpc.config.loader`: the one loading path (read the file, apply
+  ``--set`` overrides, validate with pydantic) and TOML writing (``tomli-w``);
+* :mod:`~conduit_hpc.config.jobs`: job sections declared by the job script
+  (``JOB_CONFIG``).
+
+Every error is a :class:`~conduit_hpc.errors.ConfigError` naming the dotted key, the
+value and what was expected. Nothing here imports MPI.
+"""
+
+from __future__ import annotations
+
+from conduit_hpc.config.checks import require
+from conduit_hpc.config.feature_sections import CheckpointConfig, LongHaulConfig, PlacementConfig
+from conduit_hpc.config.jobs import JOB_CONFIG_NAME, declared_config, job_script_for
+from conduit_hpc.config.loader import (
+    apply_overrides,
+    config_from_dict,
+    load,
+    parse_override,
+    read_toml,
+    to_plain,
+    to_toml,
+    tomllib,
+    validate,
+)
+from conduit_hpc.config.root import Config
+from conduit_hpc.config.sections import (
+    FieldConfig,
+    LayoutConfig,
+    RunConfig,
+    SchedulerConfig,
+    StorageConfig,
+    TransportConfig,
+)
+from conduit_hpc.errors import ConfigError
+
+__all__ = [
+    "JOB_CONFIG_NAME",
+    "CheckpointConfig",
+    "Config",
+    "ConfigError",
+    "FieldConfig",
+    "LayoutConfig",
+    "LongHaulConfig",
+    "PlacementConfig",
+    "RunConfig",
+    "SchedulerConfig",
+    "StorageConfig",
+    "TransportConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "declared_config",
+    "job_script_for",
+    "load",
+    "parse_override",
+    "read_toml",
+    "require",
+    "to_plain",
+    "to_toml",
+    "tomllib",
+    "validate",
+]

@@ -1,0 +1,151 @@
+"""The sections of the library's features: ``[placement]``, ``[checkpoint]`` and
+``[longhaul]`` (frozen dataclasses, ranges checked in ``__post_init__``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from conduit_hpc.config.checks import MAX_BYTES, MAX_COUNT, MAX_ROWS, MAX_SECONDS, finite, require
+
+__all__ = ["CheckpointConfig", "LongHaulConfig", "PlacementConfig"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacementConfig:
+    """``[placement]``: who decides where shards live, and when they may move.
+
+    Attributes:
+        planner (str): ``round_robin`` (shards on buffer ranks, capacity split evenly) or
+            ``static`` (the capacity-constrained, bandwidth-aware planner).
+        cluster (str): cluster model TOML for the static planner; "" measures one with
+            the start-up probe.
+        scope (str): ``global`` (every learner samples every shard) or ``partitioned``
+            (each learner samples its own partition).
+        tiers (tuple[str, ...]): memory tiers shards may use.
+        adaptive (bool): re-place shards at superstep boundaries from telemetry.
+        interval_supersteps (int): supersteps between two looks of the adaptive policy.
+        min_gain (float): least relative gain in predicted exposed (or path) time
+            that justifies a move.
+        payback_supersteps (int): a move must pay for its data movement within this
+            many supersteps of predicted gain.
+        patience (int): consecutive looks that must all call for a move before it happens.
+        cooldown_supersteps (int): no move within this many supersteps of the last one.
+    """
+
+    planner: Literal["round_robin", "static"] = "round_robin"
+    cluster: str = ""
+    scope: Literal["global", "partitioned"] = "global"
+    tiers: tuple[str, ...] = ("learner_gpu", "learner_host", "buffer_host")
+    adaptive: bool = False
+    interval_supersteps: int = 100
+    min_gain: float = 0.1
+    payback_supersteps: int = 1000
+    patience: int = 3
+    cooldown_supersteps: int = 500
+
+    def __post_init__(self) -> None:
+        tiers = ("learner_gpu", "learner_host", "buffer_host")
+        require(len(self.tiers) > 0 and set(self.tiers) <= set(tiers)
+                and len(set(self.tiers)) == len(self.tiers), "tiers", list(self.tiers),
+                f"a non-empty list of distinct tiers from {list(tiers)}")
+        require(1 <= self.interval_supersteps <= MAX_ROWS, "interval_supersteps",
+                self.interval_supersteps, f">= 1 and <= {MAX_ROWS}")
+        require(finite(self.min_gain) and 0 <= self.min_gain < 1, "min_gain",
+                self.min_gain, "a number in [0, 1)")
+        require(1 <= self.payback_supersteps <= MAX_ROWS, "payback_supersteps",
+                self.payback_supersteps, f">= 1 and <= {MAX_ROWS}")
+        require(1 <= self.patience <= MAX_COUNT, "patience", self.patience,
+                f">= 1 and <= {MAX_COUNT}")
+        require(0 <= self.cooldown_supersteps <= MAX_ROWS, "cooldown_supersteps",
+                self.cooldown_supersteps, f">= 0 and <= {MAX_ROWS}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointConfig:
+    """``[checkpoint]``: HDF5 experience checkpoints (see ``features.checkpointing``).
+
+    Attributes:
+        directory (str): checkpoint root; relative paths are under the run directory
+            (``--resume`` also looks in earlier runs of the same job beside it).
+        every_supersteps (int): learners request a checkpoint at every N-th superstep
+            boundary (0: never).
+        every_seconds (float): the buffer side starts one this often (0: never).
+        keep (int): complete checkpoints kept (0: all).
+        on_stop (bool): write a final checkpoint when the job is asked to stop
+            (SIGTERM / SIGUSR1).
+    """
+
+    directory: str = "checkpoints"
+    every_supersteps: int = 0
+    every_seconds: float = 0.0
+    keep: int = 3
+    on_stop: bool = True
+
+    def __post_init__(self) -> None:
+        require(bool(self.directory.strip()), "directory", self.directory,
+                "a non-empty path")
+        require(0 <= self.every_supersteps <= MAX_ROWS, "every_supersteps",
+                self.every_supersteps, f">= 0 (0 = never) and <= {MAX_ROWS}")
+        require(finite(self.every_seconds) and 0 <= self.every_seconds <= MAX_SECONDS,
+                "every_seconds", self.every_seconds,
+                f"a finite number >= 0 (0 = never) and <= {MAX_SECONDS:g}")
+        require(0 <= self.keep <= MAX_COUNT, "keep", self.keep,
+                f">= 0 (0 = keep all) and <= {MAX_COUNT}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LongHaulConfig:
+    """``[longhaul]``: actors and a buffer at the edge, the learner in a data centre,
+    joined by one long link (see ``docs/longhaul.md``).
+
+    Attributes:
+        mode (str): ``off``; ``forward`` (the edge buffer forwards every experience,
+            FIFO, across the link into the replay beside the learner; what the link
+            cannot carry queues, up to ``queue_rows``, and the oldest is dropped and
+            counted); ``edge_replay`` (the prioritized replay stays on the edge buffer;
+            only the learner's sampled batches cross, priority updates flow back).
+        bandwidth_gbps (float): the link's bandwidth per direction in GB/s (10**9 bytes
+            per second), as in the cluster model's ``[[links]]``.
+        latency_s (float): one-way latency every message crossing the link pays.
+        burst_bytes (int): token-bucket depth of the link (0: a plain serializer).
+        edge_ranks (tuple[int, ...]): world ranks at the edge; empty: every actor and the
+            last buffer rank. The other ranks are in the data centre.
+        queue_rows (int): ``forward``: rows the edge buffer holds for the link at most.
+        forward_rows (int): ``forward``: rows per forwarded message.
+        publish_every_s (float): how often buffer ranks publish their link counters for
+            the learner's per-superstep metrics and append to ``link-<rank>.csv``.
+    """
+
+    mode: Literal["off", "forward", "edge_replay"] = "off"
+    bandwidth_gbps: float = 0.001
+    latency_s: float = 0.01
+    burst_bytes: int = 0
+    edge_ranks: tuple[int, ...] = ()
+    queue_rows: int = 4096
+    forward_rows: int = 64
+    publish_every_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        require(finite(self.bandwidth_gbps) and 1e-12 <= self.bandwidth_gbps <= 1e6,
+                "bandwidth_gbps", self.bandwidth_gbps,
+                "a finite number > 0 (GB/s per direction) in [1e-12, 1e6]")
+        require(finite(self.latency_s) and 0 <= self.latency_s <= 3600, "latency_s",
+                self.latency_s, "a finite number >= 0 (seconds, one way) and <= 3600")
+        require(0 <= self.burst_bytes <= MAX_BYTES, "burst_bytes", self.burst_bytes,
+                f">= 0 and <= 2**62 ({MAX_BYTES})")
+        require(all(0 <= r <= MAX_COUNT for r in self.edge_ranks)
+                and len(set(self.edge_ranks)) == len(self.edge_ranks), "edge_ranks",
+                self.edge_ranks,
+                f"distinct world ranks in [0, {MAX_COUNT}] (empty: actors + last buffer)")
+        require(1 <= self.queue_rows <= MAX_ROWS, "queue_rows", self.queue_rows,
+                f">= 1 and <= 2**40 ({MAX_ROWS})")
+        require(1 <= self.forward_rows <= self.queue_rows, "forward_rows", self.forward_rows,
+                f"between 1 and queue_rows ({self.queue_rows})")
+        require(finite(self.publish_every_s) and 0 < self.publish_every_s <= 10,
+                "publish_every_s", self.publish_every_s, "between 0 (excluded) and 10")
+
+    @property
+    def bytes_per_s(self) -> float:
+        """The bandwidth in bytes per second."""
+        return self.bandwidth_gbps * 1e9

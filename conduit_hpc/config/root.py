@@ -1,0 +1,141 @@
+"""The whole job configuration, :class:`Config`, and its cross-section checks.
+
+A job is described by one :class:`Config` (sections ``[run]``, ``[layout]``, ``[spec.*]``,
+``[storage]``, ``[transport]``, ...). Jobs that need sections of their own subclass
+:class:`Config`, add fields and declare the class to the loader (``JOB_CONFIG``, see
+:mod:`conduit_hpc.config.jobs`). Nothing here imports MPI; ``check_same_config`` (in
+``plane.roles``) compares :meth:`Config.digest` across ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from conduit_hpc.config.checks import MAX_BYTES, MAX_ROW_BYTES, require
+from conduit_hpc.config.feature_sections import CheckpointConfig, LongHaulConfig, PlacementConfig
+from conduit_hpc.config.loader import load, to_plain, validate
+from conduit_hpc.config.sections import (
+    FieldConfig,
+    LayoutConfig,
+    RunConfig,
+    SchedulerConfig,
+    StorageConfig,
+    TransportConfig,
+)
+
+__all__ = ["STAMP_AND_INDEX_BYTES_PER_ROW", "Config"]
+
+T = TypeVar("T")
+
+#: bytes a row takes beside its payload at most: generation stamp, priority and the
+#: prioritized index (see ``placement.model``)
+STAMP_AND_INDEX_BYTES_PER_ROW = 96
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """The whole job configuration; every rank must hold an equal one."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    layout: LayoutConfig = field(default_factory=LayoutConfig)
+    spec: dict[str, FieldConfig] = field(default_factory=dict)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    longhaul: LongHaulConfig = field(default_factory=LongHaulConfig)
+
+    def __post_init__(self) -> None:
+        for name in self.spec:
+            require(name.isidentifier(), "spec", name, "field names that are identifiers")
+        sch = self.scheduler
+        for key in ("episode_field", "stream_field"):
+            name = getattr(sch, key)
+            require(not name or name in self.spec, f"scheduler.{key}", name,
+                    f"empty or one of the spec fields ({', '.join(self.spec)})")
+        if self.placement.adaptive:  # what re-placing a running job supports (replace/)
+            why = "with placement.adaptive = true"
+            require(self.placement.scope == "global", "placement.scope", self.placement.scope,
+                    f"'global' {why} (partitioned re-placement is not implemented)")
+            require(sch.sampler != "sequence", "scheduler.sampler", sch.sampler,
+                    f"'uniform' or 'prioritized' {why} (moving rows would cut sequences)")
+            require(self.storage.shards_per_buffer == 1, "storage.shards_per_buffer",
+                    self.storage.shards_per_buffer, f"1 {why} (one shard per buffer rank)")
+            require(self.layout.learners >= 1, "layout.learners", self.layout.learners,
+                    f">= 1 {why} (the lead learner reports the telemetry)")
+            ck = self.checkpoint
+            require(ck.every_seconds == 0 and ck.every_supersteps == 0 and not ck.on_stop,
+                    "checkpoint", {"every_seconds": ck.every_seconds,
+                                   "every_supersteps": ck.every_supersteps,
+                                   "on_stop": ck.on_stop},
+                    f"off (every_seconds = 0, every_supersteps = 0, on_stop = false) {why}: "
+                    f"a shard that rows moved out of holds a non-contiguous run of rows, "
+                    f"which the checkpoint format does not store")
+        self._check_sizes()
+        if self.longhaul.mode == "edge_replay":
+            # rows must cross the link in the owner's replies, never be read in place
+            require(sch.fetch == "owner" or sch.mode == "service", "scheduler.fetch",
+                    sch.fetch, "'owner' with longhaul.mode = 'edge_replay' (the edge buffer "
+                    "samples and sends the rows across the link)")
+
+    def _check_sizes(self) -> None:
+        """Bytes a rank will allocate from these numbers must fit in int64."""
+        row = sum(f.row_bytes for f in self.spec.values())
+        require(row <= MAX_ROW_BYTES, "spec", {k: list(f.shape) for k, f in self.spec.items()},
+                f"fields of at most {MAX_ROW_BYTES} bytes per row together (got {row})")
+        per_row = row + STAMP_AND_INDEX_BYTES_PER_ROW
+        st, sch = self.storage, self.scheduler
+        require(st.capacity_rows * per_row <= MAX_BYTES, "storage.capacity_rows",
+                st.capacity_rows, f"<= {MAX_BYTES // per_row} with rows of {per_row} bytes "
+                f"(one shard's bytes must fit in a 64-bit integer)")
+        require(sch.min_fill_rows <= st.capacity_rows, "scheduler.min_fill_rows",
+                sch.min_fill_rows, f"<= storage.capacity_rows ({st.capacity_rows}): the "
+                f"replay never holds more rows, learners would wait forever")
+        batch = sch.batch_rows * sch.window * (sch.prefetch_depth + 1)
+        require(batch * per_row <= MAX_BYTES, "scheduler.batch_rows", sch.batch_rows,
+                f"a batch whose rows (x window {sch.window} x prefetch_depth + 1) fit in "
+                f"2**62 bytes with rows of {per_row} bytes")
+        require(self.longhaul.queue_rows * per_row <= MAX_BYTES, "longhaul.queue_rows",
+                self.longhaul.queue_rows, f"<= {MAX_BYTES // per_row} with rows of "
+                f"{per_row} bytes (the queue's bytes must fit in a 64-bit integer)")
+
+    # -- loading -------------------------------------------------------------------
+    @classmethod
+    def from_toml(cls: type[T], path: str | Path, overrides: Sequence[str] = ()) -> T:
+        """Load a config file, applying ``key=value`` overrides (TOML literals).
+
+        On ``Config`` itself, a file with a job's own sections (``[synthetic]``) gives the
+        job's config class, declared by the job script beside the file (see
+        :mod:`conduit_hpc.config.jobs`); on a subclass, that subclass. Local; no MPI.
+
+        Raises:
+            ConfigError: unreadable file, bad TOML, unknown key, wrong type, bad range.
+        """
+        return load(cls, path, overrides)
+
+    @classmethod
+    def from_dict(cls: type[T], raw: Mapping[str, Any]) -> T:
+        """Build from a plain mapping (as TOML would give), with the same checks."""
+        return validate(cls, raw)
+
+    # -- identity ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A plain, JSON- and TOML-compatible mapping of every value."""
+        return typing.cast(dict[str, Any], to_plain(self))
+
+    def digest(self) -> str:
+        """SHA-256 of the canonical JSON form; equal configs have equal digests."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def replace(self: T, **sections: Any) -> T:
+        """A copy with whole sections replaced (``cfg.replace(run=...)``)."""
+        return dataclasses.replace(self, **sections)  # type: ignore[type-var]

@@ -1,0 +1,280 @@
+"""The core sections of a job config: ``[run]``, ``[layout]``, ``[spec.*]``,
+``[storage]``, ``[transport]`` and ``[scheduler]``.
+
+Frozen stdlib dataclasses; :mod:`conduit_hpc.config.loader` validates a TOML mapping into
+them (types, unknown keys) and each ``__post_init__`` checks ranges with
+:func:`~conduit_hpc.config.checks.require`, naming the key, the value and the expectation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from conduit_hpc.config.checks import (
+    DTYPES,
+    MAX_COUNT,
+    MAX_ROW_BYTES,
+    MAX_ROWS,
+    MAX_SECONDS,
+    finite,
+    itemsize,
+    require,
+)
+
+__all__ = [
+    "FieldConfig",
+    "LayoutConfig",
+    "RunConfig",
+    "SchedulerConfig",
+    "StorageConfig",
+    "TransportConfig",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """``[run]``: identity of the job and its global limits.
+
+    Attributes:
+        name (str): job name, used for run directories.
+        seed (int): base seed; rank ``r`` seeds with ``seed + world_rank``.
+        timeout_s (float): bound on every blocking wait of the data plane.
+        duration_s (float): wall-time budget of a job's main loop (0 = job decides).
+    """
+
+    name: str = "conduit"
+    seed: int = 0
+    timeout_s: float = 120.0
+    duration_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        require(bool(self.name) and self.name.replace("-", "").replace("_", "").isalnum(),
+                "name", self.name, "a non-empty name of letters, digits, '-' and '_'")
+        require(0 <= self.seed < 2**32, "seed", self.seed, "in [0, 2**32)")
+        require(finite(self.timeout_s) and 0 < self.timeout_s <= MAX_SECONDS, "timeout_s",
+                self.timeout_s, f"a finite number > 0 and <= {MAX_SECONDS:g} (seconds)")
+        require(finite(self.duration_s) and 0 <= self.duration_s <= MAX_SECONDS, "duration_s",
+                self.duration_s, f"a finite number >= 0 and <= {MAX_SECONDS:g} (seconds)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayoutConfig:
+    """``[layout]``: how ``COMM_WORLD`` splits into roles.
+
+    With ``per_node = false`` the counts are for the whole world: world ranks
+    ``0 .. learners-1`` are learners, the next ``buffers`` are buffers, the rest actors.
+    With ``per_node = true`` the counts are per node (node-local ranks in that order).
+    ``actors = 0`` means "every remaining rank".
+
+    Attributes:
+        learners (int): learner ranks (per node when ``per_node``).
+        buffers (int): buffer ranks (per node when ``per_node``).
+        actors (int): actor ranks, 0 for all the remaining ranks.
+        per_node (bool): counts are per node rather than for the world.
+        emulate_nodes (int): when > 0, treat the world as this many nodes of consecutive
+            ranks (for tests of multi-node paths on one machine); 0 uses the real nodes.
+    """
+
+    learners: int = 1
+    buffers: int = 1
+    actors: int = 0
+    per_node: bool = False
+    emulate_nodes: int = 0
+
+    def __post_init__(self) -> None:
+        require(0 <= self.learners <= MAX_COUNT, "learners", self.learners,
+                f">= 0 and <= {MAX_COUNT}")
+        require(1 <= self.buffers <= MAX_COUNT, "buffers", self.buffers,
+                f">= 1 and <= {MAX_COUNT}")
+        require(0 <= self.actors <= MAX_COUNT, "actors", self.actors,
+                f">= 0 (0 = all remaining ranks) and <= {MAX_COUNT}")
+        require(0 <= self.emulate_nodes <= MAX_COUNT, "emulate_nodes", self.emulate_nodes,
+                f">= 0 and <= {MAX_COUNT}")
+
+    @property
+    def fixed_ranks(self) -> int:
+        """Ranks the layout needs (per node when ``per_node``), counting one actor for 0."""
+        return self.learners + self.buffers + max(self.actors, 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FieldConfig:
+    """``[spec.NAME]``: one field of the experience spec.
+
+    Attributes:
+        dtype (str): numpy dtype name (``float32``, ``uint8``, ...).
+        shape (tuple[int, ...]): per-row shape, ``[]`` for a scalar.
+        allow_nan (bool): when false, a NaN in this field is refused at ingest.
+    """
+
+    dtype: str
+    shape: tuple[int, ...] = ()
+    allow_nan: bool = True
+
+    def __post_init__(self) -> None:
+        require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
+        require(len(self.shape) <= 32, "shape", self.shape, "at most 32 dimensions")
+        for d in self.shape:
+            require(0 < d <= MAX_COUNT, "shape", self.shape,
+                    f"a list of positive integers <= {MAX_COUNT}")
+        require(self.row_bytes <= MAX_ROW_BYTES, "shape", self.shape,
+                f"a shape of at most {MAX_ROW_BYTES} bytes per row "
+                f"({itemsize(self.dtype)} bytes per {self.dtype} element)")
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of this field in one row."""
+        return math.prod(self.shape) * itemsize(self.dtype)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StorageConfig:
+    """``[storage]``: replay capacity and sharding.
+
+    Attributes:
+        capacity_rows (int): total replay capacity over all shards (rows).
+        shards_per_buffer (int): shards held by each buffer rank.
+        initial_priority (float): priority of a row inserted without one, until a
+            larger priority has been seen (new rows enter at the running maximum).
+        priority_exponent (float): alpha in p**alpha (0 = uniform).
+    """
+
+    capacity_rows: int = 100_000
+    shards_per_buffer: int = 1
+    initial_priority: float = 1.0
+    priority_exponent: float = 0.6
+
+    def __post_init__(self) -> None:
+        require(self.capacity_rows > 0, "capacity_rows", self.capacity_rows, "> 0")
+        require(self.capacity_rows <= MAX_ROWS, "capacity_rows", self.capacity_rows,
+                f"<= 2**40 ({MAX_ROWS}) rows")
+        require(1 <= self.shards_per_buffer <= min(self.capacity_rows, 2**20),
+                "shards_per_buffer", self.shards_per_buffer,
+                f">= 1 and <= min(capacity_rows, 2**20) ({min(self.capacity_rows, 2**20)})")
+        require(finite(self.initial_priority) and 0 < self.initial_priority <= 1e30,
+                "initial_priority", self.initial_priority, "a finite number > 0 and <= 1e30")
+        require(finite(self.priority_exponent) and 0 <= self.priority_exponent <= 10,
+                "priority_exponent", self.priority_exponent, "a number in [0, 10]")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransportConfig:
+    """``[transport]``: how bytes move.
+
+    Attributes:
+        shared_memory (str): ``auto`` reads and writes windows of ranks on the same node
+            with plain numpy; ``never`` forces MPI RMA for every access (what ranks on
+            different nodes do).
+        poll_interval_s (float): sleep between polls of a waiting loop.
+    """
+
+    shared_memory: Literal["auto", "never"] = "auto"
+    poll_interval_s: float = 0.0002
+
+    def __post_init__(self) -> None:
+        require(finite(self.poll_interval_s) and 0 <= self.poll_interval_s <= 0.1,
+                "poll_interval_s", self.poll_interval_s, "between 0 and 0.1")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    """``[scheduler]``: delivery to learners and the RL semantics it keeps.
+
+    Attributes:
+        mode (str): ``edp`` (a data-plane thread prepares batches ahead of the learner),
+            ``sync`` (the learner samples and gathers inline, as a framework-embedded
+            buffer does) or ``service`` (the learner asks buffer ranks for a batch and
+            waits for the reply, as a replay server does).
+        batch_rows (int): rows per learner batch.
+        prefetch_depth (int): batches prepared ahead in ``edp`` mode; priorities used
+            for a batch are at most this many supersteps stale.
+        sampler (str): ``uniform``, ``prioritized`` or ``sequence``.
+        beta, beta_final (float): importance-weight exponent, annealed linearly over
+            ``beta_anneal_supersteps`` (0: constant).
+        min_fill_rows (int): rows held before any learner samples.
+        samples_per_insert (float): Reverb's ``SampleToInsertRatio``; 0 disables it.
+        error_buffer (float): tolerance of the ratio, in sampled rows.
+        max_insert_batch (int): largest ingest batch (rows); with the ratio on, larger
+            batches are refused and the tolerance is checked against it.
+        max_policy_lag (int): actors may fall at most this many learner supersteps
+            behind the published weights before ingest waits for new ones (0: unbounded).
+        weights_every (int): supersteps between weight publications.
+        sequence_length, burn_in (int): window of the ``sequence`` sampler.
+        cross_episode (bool): sequence windows may span episode ends.
+        episode_field, stream_field (str): spec fields that mark episode ends and the
+            writer's stream (sequence sampler).
+        device (str): ``auto`` (the node-local GPU if any, else CPU), ``cpu``, ``cuda``.
+        fetch (str): how ``edp`` and ``sync`` get rows: ``direct`` (search and copy
+            shards in shared memory, RMA otherwise) or ``owner`` (the shard's owner
+            samples and sends the rows, as in ``service`` - for shards behind a slow link,
+            where ``edp`` then prefetches those replies ahead of the learner).
+    """
+
+    mode: Literal["edp", "sync", "service"] = "edp"
+    batch_rows: int = 256
+    prefetch_depth: int = 2
+    sampler: Literal["uniform", "prioritized", "sequence"] = "prioritized"
+    beta: float = 0.4
+    beta_final: float = 1.0
+    beta_anneal_supersteps: int = 0
+    min_fill_rows: int = 1
+    samples_per_insert: float = 0.0
+    error_buffer: float = 0.0
+    max_insert_batch: int = 1024
+    max_policy_lag: int = 0
+    weights_every: int = 1
+    sequence_length: int = 1
+    burn_in: int = 0
+    cross_episode: bool = False
+    episode_field: str = ""
+    stream_field: str = ""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    fetch: Literal["direct", "owner"] = "direct"
+
+    def __post_init__(self) -> None:
+        require(1 <= self.batch_rows <= MAX_COUNT, "batch_rows", self.batch_rows,
+                f">= 1 and <= {MAX_COUNT}")
+        require(0 <= self.prefetch_depth <= 1024, "prefetch_depth", self.prefetch_depth,
+                ">= 0 and <= 1024")
+        require(finite(self.beta) and 0 <= self.beta <= 1e3, "beta", self.beta,
+                ">= 0 and <= 1000")
+        require(finite(self.beta_final) and 0 <= self.beta_final <= 1e3, "beta_final",
+                self.beta_final, ">= 0 and <= 1000")
+        require(0 <= self.beta_anneal_supersteps <= MAX_ROWS, "beta_anneal_supersteps",
+                self.beta_anneal_supersteps, f">= 0 and <= {MAX_ROWS}")
+        require(1 <= self.min_fill_rows <= MAX_ROWS, "min_fill_rows", self.min_fill_rows,
+                f">= 1 and <= {MAX_ROWS}")
+        require(finite(self.samples_per_insert) and 0 <= self.samples_per_insert <= 1e9,
+                "samples_per_insert", self.samples_per_insert,
+                ">= 0 (0 disables it) and <= 1e9")
+        require(finite(self.error_buffer) and 0 <= self.error_buffer <= 1e18, "error_buffer",
+                self.error_buffer, ">= 0 and <= 1e18")
+        require(1 <= self.max_insert_batch <= MAX_COUNT, "max_insert_batch",
+                self.max_insert_batch, f">= 1 and <= {MAX_COUNT}")
+        require(0 <= self.max_policy_lag <= MAX_ROWS, "max_policy_lag", self.max_policy_lag,
+                f">= 0 (0: unbounded) and <= {MAX_ROWS}")
+        require(1 <= self.weights_every <= MAX_ROWS, "weights_every", self.weights_every,
+                f">= 1 and <= {MAX_ROWS}")
+        require(1 <= self.sequence_length <= 2**20, "sequence_length", self.sequence_length,
+                ">= 1 and <= 2**20")
+        require(0 <= self.burn_in <= 2**20, "burn_in", self.burn_in, ">= 0 and <= 2**20")
+        if self.max_policy_lag:
+            require(self.max_policy_lag >= self.weights_every, "max_policy_lag",
+                    self.max_policy_lag, f">= weights_every ({self.weights_every}), or "
+                    f"actors would wait for weights that are never published in time")
+        if self.samples_per_insert > 0:
+            need = self.samples_per_insert * self.max_insert_batch + self.batch_rows
+            require(2 * self.error_buffer >= need, "error_buffer", self.error_buffer,
+                    f">= (samples_per_insert * max_insert_batch + batch_rows) / 2 = "
+                    f"{need / 2:g}; narrower, actors and learners can each wait for the "
+                    f"other forever")
+        if self.sampler == "sequence":
+            require(self.sequence_length + self.burn_in >= 2, "sequence_length",
+                    self.sequence_length, ">= 2 (with burn_in) for the sequence sampler")
+
+    @property
+    def window(self) -> int:
+        """Rows per sampled item (``burn_in + sequence_length`` for sequences, else 1)."""
+        return self.burn_in + self.sequence_length if self.sampler == "sequence" else 1
