@@ -6,7 +6,7 @@ actor-side initial priorities and the hyperparameters (:class:`DQNSection`).
 Importing this package imports torch.
 """
 
-from conduit_hpc.rl.apex import ActorStep, ApexActor, DQNUpdater
+from conduit_hpc.rl.apex import ActorStep, ApexActor
 from conduit_hpc.rl.dqn import DQNSection, make_vector_env, train_single_process, updates_due
 from conduit_hpc.rl.episodes import EPISODE_COLUMNS, EpisodeLog, merge_episode_files
 from conduit_hpc.rl.exploration import epsilon_greedy, epsilon_ladder
@@ -19,6 +19,7 @@ from conduit_hpc.rl.losses import (
 from conduit_hpc.rl.nstep import NStepAccumulator, true_next_obs
 from conduit_hpc.rl.qnet import QNetwork, copy_weights, sync_target
 from conduit_hpc.rl.replay import PrioritizedReplay, ReplaySample
+from conduit_hpc.rl.updater import DQNUpdater
 
 __all__ = [
     "EPISODE_COLUMNS",

@@ -16,7 +16,6 @@ in-process replay. Plain torch/numpy: no MPI, no ``torch.distributed``.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -27,9 +26,10 @@ from torch import nn
 from conduit_hpc.rl.dqn import DQNSection, make_vector_env
 from conduit_hpc.rl.episodes import EpisodeLog
 from conduit_hpc.rl.exploration import epsilon_greedy
-from conduit_hpc.rl.losses import FIELDS, double_dqn_loss, initial_priorities, to_tensors
+from conduit_hpc.rl.losses import FIELDS, initial_priorities
 from conduit_hpc.rl.nstep import NStepAccumulator, true_next_obs
-from conduit_hpc.rl.qnet import copy_weights, sync_target
+from conduit_hpc.rl.qnet import copy_weights
+from conduit_hpc.rl.updater import DQNUpdater
 
 __all__ = ["ActorStep", "ApexActor", "DQNUpdater"]
 
@@ -129,96 +129,3 @@ class ApexActor:
         """Close the envs and the episode file (idempotent)."""
         self.episodes.close()
         self.env.close()
-
-
-class DQNUpdater:
-    """The learner's double-DQN update with importance weights and target syncs.
-
-    Not collective; :meth:`update` blocks for one forward/backward/step on ``online``'s
-    device.
-
-    Args:
-        hp (DQNSection): lr, huber_delta, max_grad_norm, target_period.
-        online (nn.Module): the network being trained (already on its device).
-    """
-
-    def __init__(self, hp: DQNSection, online: nn.Module) -> None:
-        self.hp, self.online = hp, online
-        self.target = copy.deepcopy(online)
-        for p in self.target.parameters():
-            p.requires_grad_(False)
-        self.opt = torch.optim.Adam(online.parameters(), lr=hp.lr)
-        self.updates = 0
-        self.device = next(online.parameters()).device
-
-    def update(self, batch: Mapping[str, np.ndarray | torch.Tensor],
-               weights: torch.Tensor | np.ndarray | None) -> tuple[float, torch.Tensor]:
-        """One gradient step on ``batch`` (the five DQN columns); the target network
-        syncs every ``hp.target_period`` updates.
-
-        Returns:
-            tuple[float, torch.Tensor]: the loss and the detached per-row TD errors.
-        """
-        w = None if weights is None else torch.as_tensor(weights, device=self.device).float()
-        loss, td = double_dqn_loss(self.online, self.target, to_tensors(batch, self.device),
-                                   w, self.hp.huber_delta)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.hp.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.hp.max_grad_norm)
-        self.opt.step()
-        self.updates += 1
-        if self.updates % self.hp.target_period == 0:
-            sync_target(self.online, self.target)
-        return float(loss.detach()), td
-
-    def state_arrays(self) -> dict[str, np.ndarray]:
-        """The online and target networks and Adam's moments as named numeric arrays
-        (a checkpoint's ``extra_state``; no pickle). Not collective."""
-        out: dict[str, np.ndarray] = {}
-        for prefix, net in (("online", self.online), ("target", self.target)):
-            for name, t in net.state_dict().items():
-                out[f"{prefix}/{name}"] = t.detach().cpu().numpy().copy()
-        for i, st in self.opt.state_dict()["state"].items():
-            for name, t in st.items():
-                out[f"adam/{i}/{name}"] = torch.as_tensor(t).detach().cpu().numpy().copy()
-        out["updates"] = np.array([self.updates], dtype=np.int64)
-        return out
-
-    def load_state_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
-        """Load what :meth:`state_arrays` wrote (same architecture). Not collective.
-
-        Raises:
-            KeyError: an array of the networks is missing (the message names it).
-        """
-        for prefix, net in (("online", self.online), ("target", self.target)):
-            state = {}
-            for name, t in net.state_dict().items():
-                key = f"{prefix}/{name}"
-                if key not in arrays:
-                    raise KeyError(f"checkpoint state lacks {key!r}")
-                state[name] = torch.tensor(np.asarray(arrays[key]), dtype=t.dtype,
-                                           device=t.device)
-            net.load_state_dict(state)
-        sd = self.opt.state_dict()
-        moments: dict[int, dict[str, torch.Tensor]] = {}
-        for key, value in arrays.items():
-            parts = key.split("/")
-            if parts[0] == "adam" and len(parts) == 3:
-                t = torch.tensor(np.asarray(value))  # a copy: never share memory
-                if parts[2] != "step":
-                    t = t.to(self.device)
-                moments.setdefault(int(parts[1]), {})[parts[2]] = t
-        if moments:
-            sd["state"] = moments
-            self.opt.load_state_dict(sd)
-        if "updates" in arrays:
-            self.updates = int(np.asarray(arrays["updates"]).reshape(-1)[0])
-
-    def warm_up(self) -> None:
-        """One Adam step on a throwaway parameter: torch imports for seconds at the
-        first optimizer step, which should not land in the first timed superstep."""
-        w = torch.zeros(1, requires_grad=True)
-        opt = torch.optim.Adam([w])
-        (w * 2).sum().backward()
-        opt.step()

@@ -31,6 +31,7 @@ from conduit_hpc.rl.losses import initial_priorities
 from conduit_hpc.rl.nstep import NStepAccumulator, true_next_obs
 from conduit_hpc.rl.qnet import QNetwork, copy_weights
 from conduit_hpc.rl.replay import PrioritizedReplay
+from conduit_hpc.rl.updater import DQNUpdater
 from conduit_hpc.sampling import beta_at
 
 __all__ = ["DQNSection", "make_vector_env", "train_single_process", "updates_due"]
@@ -185,8 +186,6 @@ def train_single_process(hp: DQNSection, scheduler: SchedulerConfig, storage: St
     env, obs = make_vector_env(hp.env_id, hp.num_envs, seed)
     obs_dim = int(np.prod(env.single_observation_space.shape))
     n_actions = int(env.single_action_space.n)
-    from conduit_hpc.rl.apex import DQNUpdater  # apex imports this module
-
     online, actor = _build_nets(hp, obs_dim, n_actions)
     updater = DQNUpdater(hp, online)  # the distributed learner's update, target included
     replay = PrioritizedReplay({"obs": ((obs_dim,), "float32"), "action": ((), "int64"),

@@ -1,0 +1,116 @@
+"""The learner's update: double DQN with a target network, Adam, gradient clipping.
+
+One copy of the update, used by the distributed learner (``jobs/dqn_cartpole.py``) and by
+the single-process baseline (:func:`~conduit_hpc.rl.dqn.train_single_process`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import nn
+
+from conduit_hpc.rl.losses import double_dqn_loss, to_tensors
+from conduit_hpc.rl.qnet import sync_target
+
+if TYPE_CHECKING:
+    from conduit_hpc.rl.dqn import DQNSection
+
+__all__ = ["DQNUpdater"]
+
+
+class DQNUpdater:
+    """The learner's double-DQN update with importance weights and target syncs.
+
+    Not collective; :meth:`update` blocks for one forward/backward/step on ``online``'s
+    device.
+
+    Args:
+        hp (DQNSection): lr, huber_delta, max_grad_norm, target_period.
+        online (nn.Module): the network being trained (already on its device).
+    """
+
+    def __init__(self, hp: DQNSection, online: nn.Module) -> None:
+        self.hp, self.online = hp, online
+        self.target = copy.deepcopy(online)
+        for p in self.target.parameters():
+            p.requires_grad_(False)
+        self.opt = torch.optim.Adam(online.parameters(), lr=hp.lr)
+        self.updates = 0
+        self.device = next(online.parameters()).device
+
+    def update(self, batch: Mapping[str, np.ndarray | torch.Tensor],
+               weights: torch.Tensor | np.ndarray | None) -> tuple[float, torch.Tensor]:
+        """One gradient step on ``batch`` (the five DQN columns); the target network
+        syncs every ``hp.target_period`` updates.
+
+        Returns:
+            tuple[float, torch.Tensor]: the loss and the detached per-row TD errors.
+        """
+        w = None if weights is None else torch.as_tensor(weights, device=self.device).float()
+        loss, td = double_dqn_loss(self.online, self.target, to_tensors(batch, self.device),
+                                   w, self.hp.huber_delta)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.hp.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.hp.max_grad_norm)
+        self.opt.step()
+        self.updates += 1
+        if self.updates % self.hp.target_period == 0:
+            sync_target(self.online, self.target)
+        return float(loss.detach()), td
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        """The online and target networks and Adam's moments as named numeric arrays
+        (a checkpoint's ``extra_state``; no pickle). Not collective."""
+        out: dict[str, np.ndarray] = {}
+        for prefix, net in (("online", self.online), ("target", self.target)):
+            for name, t in net.state_dict().items():
+                out[f"{prefix}/{name}"] = t.detach().cpu().numpy().copy()
+        for i, st in self.opt.state_dict()["state"].items():
+            for name, t in st.items():
+                out[f"adam/{i}/{name}"] = torch.as_tensor(t).detach().cpu().numpy().copy()
+        out["updates"] = np.array([self.updates], dtype=np.int64)
+        return out
+
+    def load_state_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Load what :meth:`state_arrays` wrote (same architecture). Not collective.
+
+        Raises:
+            KeyError: an array of the networks is missing (the message names it).
+        """
+        for prefix, net in (("online", self.online), ("target", self.target)):
+            state = {}
+            for name, t in net.state_dict().items():
+                key = f"{prefix}/{name}"
+                if key not in arrays:
+                    raise KeyError(f"checkpoint state lacks {key!r}")
+                state[name] = torch.tensor(np.asarray(arrays[key]), dtype=t.dtype,
+                                           device=t.device)
+            net.load_state_dict(state)
+        sd = self.opt.state_dict()
+        moments: dict[int, dict[str, torch.Tensor]] = {}
+        for key, value in arrays.items():
+            parts = key.split("/")
+            if parts[0] == "adam" and len(parts) == 3:
+                t = torch.tensor(np.asarray(value))  # a copy: never share memory
+                if parts[2] != "step":
+                    t = t.to(self.device)
+                moments.setdefault(int(parts[1]), {})[parts[2]] = t
+        if moments:
+            sd["state"] = moments
+            self.opt.load_state_dict(sd)
+        if "updates" in arrays:
+            self.updates = int(np.asarray(arrays["updates"]).reshape(-1)[0])
+
+    def warm_up(self) -> None:
+        """One Adam step on a throwaway parameter: torch imports for seconds at the
+        first optimizer step, which should not land in the first timed superstep."""
+        w = torch.zeros(1, requires_grad=True)
+        opt = torch.optim.Adam([w])
+        (w * 2).sum().backward()
+        opt.step()
