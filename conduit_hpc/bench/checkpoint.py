@@ -293,10 +293,6 @@ def print_table(r: dict) -> None:
           f"read + restore into the ring {r['restore_gbps']:.2f} GB/s")
 
 
-if __name__ == "__main__":
-    main(sys.argv[1:])
-
-
 class _PassHook(BufferExtension):
     """A function run on every pass of the buffer loop."""
 
@@ -305,3 +301,7 @@ class _PassHook(BufferExtension):
 
     def on_pass(self) -> int:
         return self.fn()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
