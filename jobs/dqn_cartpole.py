@@ -16,7 +16,7 @@ single-process baseline) reaches ``dqn.target_return``, when ``dqn.max_env_steps
 steps (all actors), ``job.max_supersteps`` learner updates or ``run.duration_s`` seconds
 of training are spent, or on SIGTERM /
 SIGUSR1 to any rank. Actors report finished episodes and their env-step counts to the
-lead learner (``Tag.EPISODES`` messages); the learner decides, stops, and every other
+lead learner (``EPISODES_TAG`` messages); the learner decides, stops, and every other
 rank follows through the data plane's ``should_stop`` (actors) and the end of
 ``serve()`` (buffers). A signal goes through
 :class:`~conduit_hpc.features.checkpointing.stopping.StopCoordinator`.
@@ -56,8 +56,8 @@ from conduit_hpc.features.checkpointing.resume import RestoreResult, checkpoint_
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.job import job_main
 from conduit_hpc.plane.metrics import write_summary
-from conduit_hpc.protocol import Tag
 from conduit_hpc.rl import (
+    EPISODES_TAG,
     ApexActor,
     DQNSection,
     DQNUpdater,
@@ -155,7 +155,7 @@ class ReturnReferee:
 
     def _drain(self) -> None:
         ch = self.edp.channel
-        while (msg := ch.poll(tag=Tag.EPISODES)) is not None:
+        while (msg := ch.poll(tag=EPISODES_TAG)) is not None:
             v = msg.view(np.float64)
             self.actor_steps[msg.source] = int(v[0])
             for ret, scored in v[1:].reshape(-1, 2):
@@ -205,7 +205,7 @@ def actor_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, net: torch.nn.M
             now = time.perf_counter()
             if ((pending and now - last_report >= job.poll_every_s / 2)
                     or now - last_report >= job.report_every_s):
-                edp.channel.isend(lead, Tag.EPISODES,
+                edp.channel.isend(lead, EPISODES_TAG,
                                   np.array([actor.env_steps, *pending], dtype=np.float64))
                 pending, last_report = [], now
             if edp.pull_weights():

@@ -1,9 +1,10 @@
 """HDF5 experience checkpoints: the on-disk format (write, open, verify, inspect).
 
-The only package that imports ``h5py`` (:mod:`.hdf5`, :mod:`.report`); :mod:`.files` holds
-what needs no HDF5 (names, markers, retention, JSON encodings). Nothing here uses MPI: the
-collective protocol that decides *when* and *who* writes lives in
-:mod:`conduit_hpc.features.checkpointing.agent`.
+The only package that imports ``h5py``: :mod:`.write` writes the files, :mod:`.read` opens,
+reads and verifies them (and :mod:`.inspect` inspects them);
+:mod:`.files` holds what needs no HDF5 (names, markers, retention, JSON encodings).
+Nothing here uses MPI: the collective protocol that decides *when* and *who* writes lives
+in :mod:`conduit_hpc.features.checkpointing`.
 
 A checkpoint is a directory ``ckpt-NNNNNN`` under a checkpoint root::
 
@@ -48,11 +49,9 @@ from conduit_hpc.checkpoint.files import (
     spec_from_json,
     spec_to_json,
 )
-from conduit_hpc.checkpoint.hdf5 import (
-    Checkpoint,
-    ShardRecord,
+from conduit_hpc.checkpoint.read import Checkpoint, ShardRecord, open_checkpoint
+from conduit_hpc.checkpoint.write import (
     finalize,
-    open_checkpoint,
     write_arrays_file,
     write_manifest,
     write_shard_file,

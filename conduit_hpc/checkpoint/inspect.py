@@ -1,5 +1,6 @@
 """``conduit-hpc inspect``: describe a checkpoint (no h5py import of its own; reads go
-through :mod:`.hdf5`). See :mod:`conduit_hpc.checkpoint`. Local; blocks for the reads."""
+through :mod:`conduit_hpc.checkpoint.read`). See :mod:`conduit_hpc.checkpoint`. Local;
+blocks for the reads."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from conduit_hpc.checkpoint.files import (
     list_checkpoints,
     spec_to_json,
 )
-from conduit_hpc.checkpoint.hdf5 import open_checkpoint
+from conduit_hpc.checkpoint.read import open_checkpoint
 from conduit_hpc.errors import CheckpointError
 
 

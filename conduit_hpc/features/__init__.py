@@ -14,7 +14,7 @@ Importing this package registers the config-driven ones with the plane
 
 from __future__ import annotations
 
-from conduit_hpc.features.longhaul.feature import LongHaul
+from conduit_hpc.features.longhaul import LongHaul
 from conduit_hpc.features.replace import Replacement
 from conduit_hpc.plane.extensions import register_feature
 

@@ -2,8 +2,10 @@
 
 * :mod:`.cluster` - the cluster model (nodes, tiers, links), from TOML or measurements;
 * :mod:`.model` - the cost model: bytes per link per superstep, predicted path times;
-* :mod:`.static` - the capacity-constrained, bandwidth-aware static planner;
-* :mod:`.adaptive` - the adaptive re-placement policy driven by telemetry;
+* :mod:`.static` - the capacity-constrained, bandwidth-aware static planner (its LP's
+  variables, partitions and placement patterns, in :mod:`.columns`);
+* :mod:`.adaptive` - the adaptive re-placement policy driven by telemetry (which rows
+  move where between two plans: :mod:`.moves`);
 * :mod:`.placement` - the immutable :class:`Placement` every planner returns.
 """
 

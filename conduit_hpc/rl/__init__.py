@@ -8,7 +8,12 @@ Importing this package imports torch.
 
 from conduit_hpc.rl.apex import ActorStep, ApexActor
 from conduit_hpc.rl.dqn import DQNSection, make_vector_env, train_single_process, updates_due
-from conduit_hpc.rl.episodes import EPISODE_COLUMNS, EpisodeLog, merge_episode_files
+from conduit_hpc.rl.episodes import (
+    EPISODE_COLUMNS,
+    EPISODES_TAG,
+    EpisodeLog,
+    merge_episode_files,
+)
 from conduit_hpc.rl.exploration import epsilon_greedy, epsilon_ladder
 from conduit_hpc.rl.losses import (
     double_dqn_loss,
@@ -22,6 +27,7 @@ from conduit_hpc.rl.replay import PrioritizedReplay, ReplaySample
 from conduit_hpc.rl.updater import DQNUpdater
 
 __all__ = [
+    "EPISODES_TAG",
     "EPISODE_COLUMNS",
     "ActorStep",
     "ApexActor",

@@ -18,7 +18,14 @@ from typing import TextIO
 
 import numpy as np
 
-__all__ = ["EPISODE_COLUMNS", "EXTRA_COLUMNS", "EpisodeLog", "merge_episode_files"]
+from conduit_hpc.protocol.tags import JOB_TAGS
+
+__all__ = ["EPISODES_TAG", "EPISODE_COLUMNS", "EXTRA_COLUMNS", "EpisodeLog",
+           "merge_episode_files"]
+
+#: channel tag of the RL jobs' episode reports (a job tag, from ``protocol.JOB_TAGS``):
+#: actor -> lead learner, float64: env steps so far, then (return, scored) pairs
+EPISODES_TAG = JOB_TAGS.start
 
 #: columns of ``RUN_DIR/metrics/episodes.csv`` (then ``epsilon``, ``scored`` when known)
 EPISODE_COLUMNS = ("time_s", "env_steps", "actor", "episode_return")

@@ -22,7 +22,7 @@ from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.placement import Placement, plan_round_robin
 from conduit_hpc.plane.extensions import BufferExtension
-from conduit_hpc.protocol import Tag
+from conduit_hpc.protocol import JOB_TAGS, Tag
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD
@@ -354,8 +354,8 @@ def test_learner_requested_checkpoint_holds_the_learners_state(shared_dir) -> No
     assert extra["optimizer/step"] == 7
 
 
-TEST_UPDATE = 97  # stands in for the scheduler's priority-update message
-TEST_INGESTED = 98  # an actor tells the learner it is done writing
+TEST_UPDATE = JOB_TAGS.start  # stands in for the scheduler's priority-update message
+TEST_INGESTED = JOB_TAGS.start + 1  # an actor tells the learner it is done writing
 
 
 @pytest.mark.mpi(min_size=4)

@@ -13,7 +13,8 @@ import pytest
 from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
-from conduit_hpc.features.longhaul.feature import CLOUD_SHARD, EDGE_SHARD, FORWARD_HEAD
+from conduit_hpc.features.longhaul import CLOUD_SHARD, EDGE_SHARD
+from conduit_hpc.protocol.forward import FORWARD_HEAD
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD

@@ -9,16 +9,12 @@ import numpy as np
 import pytest
 
 from conduit_hpc import ConfigError, Spec
-from conduit_hpc.features.longhaul.feature import (
+from conduit_hpc.features.longhaul import (
     CLOUD_SHARD,
     EDGE_SHARD,
-    F_END,
-    Topology,
+    LinkSides,
     crossing_priorities,
-    forward_message_bytes,
-    pack_forward,
     plan_longhaul,
-    unpack_forward,
 )
 from conduit_hpc.features.longhaul.metrics import (
     LinkSnapshot,
@@ -28,6 +24,7 @@ from conduit_hpc.features.longhaul.metrics import (
     windowed_mean_priority,
 )
 from conduit_hpc.protocol import SampleReply, Tag
+from conduit_hpc.protocol.forward import F_END, forward_message_bytes, pack_forward, unpack_forward
 from conduit_hpc.testing import make_config
 
 SPEC = {"obs": {"dtype": "float32", "shape": [4]}, "action": {"dtype": "int64"}}
@@ -41,7 +38,7 @@ def cfg(**longhaul):
 
 
 def topo(c, world=6):
-    return Topology.build(c, world_size=world, actor_ranks=tuple(range(3, world)),
+    return LinkSides.build(c, world_size=world, actor_ranks=tuple(range(3, world)),
                           buffer_ranks=(1, 2), learner_ranks=(0,))
 
 
@@ -99,10 +96,10 @@ def test_topologies_that_do_not_fit_are_refused(kwargs, fragment) -> None:
 def test_layout_must_have_one_learner_and_two_buffers() -> None:
     c = cfg()
     with pytest.raises(ConfigError, match=r"layout\.learners must be 1"):
-        Topology.build(c, world_size=6, actor_ranks=(4, 5), buffer_ranks=(2, 3),
+        LinkSides.build(c, world_size=6, actor_ranks=(4, 5), buffer_ranks=(2, 3),
                        learner_ranks=(0, 1))
     with pytest.raises(ConfigError, match=r"layout\.buffers must be 2"):
-        Topology.build(c, world_size=6, actor_ranks=(2, 3, 4, 5), buffer_ranks=(1,),
+        LinkSides.build(c, world_size=6, actor_ranks=(2, 3, 4, 5), buffer_ranks=(1,),
                        learner_ranks=(0,))
 
 

@@ -14,6 +14,7 @@ import scipy.sparse as sp
 from conduit_hpc.errors import ConfigError, PlacementInfeasible
 from conduit_hpc.placement import Placement, ShardWeights, plan_round_robin
 from conduit_hpc.placement.cluster import ClusterModel, Roster
+from conduit_hpc.placement.columns import partition_rows
 from conduit_hpc.placement.model import (
     SHARD_OVERHEAD_BYTES,
     Allocation,
@@ -22,7 +23,7 @@ from conduit_hpc.placement.model import (
     evaluate,
     ingest_matrix,
 )
-from conduit_hpc.placement.static import partition_rows, plan_static
+from conduit_hpc.placement.static import plan_static
 from conduit_hpc.testing import REPO
 
 
@@ -201,17 +202,17 @@ def homogeneous(seed: int) -> tuple[ClusterModel, Workload]:
 
 @pytest.mark.parametrize("seed", range(10))
 def test_symmetric_patterns_match_the_flat_lp(seed: int) -> None:
-    from conduit_hpc.placement.static import (
-        _available,
+    from conduit_hpc.placement.columns import (
+        available_locations,
         flat_columns,
-        solve_columns,
         symmetric_columns,
     )
+    from conduit_hpc.placement.static import solve_columns
 
     cluster, w = homogeneous(seed)
     topo = Topology(cluster)
     cap = np.where(topo.o_cap > 0, topo.o_cap, 1.0)
-    lp = {name: solve_columns(topo, w, make(topo, w, _available(topo)), cap).objective_s
+    lp = {name: solve_columns(topo, w, make(topo, w, available_locations(topo)), cap).objective_s
           for name, make in (("flat", flat_columns), ("symmetric", symmetric_columns))}
     assert lp["symmetric"] == pytest.approx(lp["flat"], rel=1e-5, abs=1e-15)
     # and the whole-row plans agree up to rounding
@@ -447,11 +448,12 @@ def test_evaluate_is_linear() -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_lp_objective_is_what_the_plan_evaluates_to(seed: int) -> None:
-    from conduit_hpc.placement.static import _available, solve_columns, symmetric_columns
+    from conduit_hpc.placement.columns import available_locations, symmetric_columns
+    from conduit_hpc.placement.static import solve_columns
 
     cluster, w = homogeneous(seed)
     topo = Topology(cluster)
-    cols = symmetric_columns(topo, w, _available(topo))
+    cols = symmetric_columns(topo, w, available_locations(topo))
     sol = solve_columns(topo, w, cols, np.where(topo.o_cap > 0, topo.o_cap, 1.0))
     pred = plan_static(cluster, w, method="symmetric").prediction
     assert pred is not None

@@ -4,7 +4,8 @@
   while ingest and delivery go on (a buffer-loop extension), and learners' parts at
   superstep boundaries (:meth:`CheckpointAgent.every_supersteps`, a learner hook in
   ``boundary.py``);
-* :func:`save_checkpoint` - one blocking collective checkpoint (the final one on stop);
+* :func:`save_checkpoint` (``save.py``) - one blocking collective checkpoint (the final one
+  on stop); a buffer rank's cut and shard file are in ``parts.py``, shared by both;
 * :func:`restore_data_plane` (``resume.py``) - restore at start-up, onto the same or a
   different number of buffer ranks, falling back past damaged checkpoints;
 * :class:`StopCoordinator` (``stopping.py``) - SIGTERM / SIGUSR1 on any rank becomes a
@@ -15,13 +16,14 @@ The HDF5 format itself is :mod:`conduit_hpc.checkpoint`.
 
 from __future__ import annotations
 
-from conduit_hpc.features.checkpointing.agent import CheckpointAgent, SaveResult, save_checkpoint
+from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.checkpointing.resume import (
     RestoreResult,
     checkpoint_root,
     restore_data_plane,
     resume_roots,
 )
+from conduit_hpc.features.checkpointing.save import SaveResult, save_checkpoint
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 
 __all__ = ["CheckpointAgent", "RestoreResult", "SaveResult", "StopCoordinator",

@@ -19,14 +19,16 @@
   the checkpoint when it holds the markers of every learner, and each buffer rank cuts
   only once it holds them too, so every cut sees exactly the updates of supersteps up to
   the boundary. Learners then hand in their parts with :meth:`CheckpointAgent.contribute`.
-* :func:`save_checkpoint` - the same, as one blocking collective over the job's ranks
-  (the final checkpoint on stop; every rank contributes its RNG state and counters, one
-  rank may contribute named arrays such as the learner's model and optimizer).
+* :func:`~conduit_hpc.features.checkpointing.save.save_checkpoint` (``save.py``) - the
+  same, as one blocking collective over the job's ranks (the final checkpoint on stop).
+
+A buffer rank's cut and shard file, and the leader's manifest, are in ``parts.py``
+(shared by both).
 
 Restoring (collective, at start-up) is :mod:`conduit_hpc.features.checkpointing.resume`.
 
 :class:`~.stopping.StopCoordinator` turns SIGTERM / SIGUSR1 into a stop every
-rank sees, after which jobs call :func:`save_checkpoint` together.
+rank sees, after which jobs call ``save_checkpoint`` together.
 
 Control messages carry JSON bytes and small collectives move JSON bytes in ``uint8``
 buffers (``Bcast``/``Gatherv``): no pickle anywhere on this path.
@@ -48,17 +50,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from conduit_hpc import checkpoint as ck
-from conduit_hpc.config import to_toml
 from conduit_hpc.errors import CheckpointError, DataPlaneTimeout
 from conduit_hpc.features.checkpointing.boundary import BoundaryHook
-from conduit_hpc.plane.buffer import OwnedShard
+from conduit_hpc.features.checkpointing.parts import (
+    STALL_ENV,
+    buffer_file,
+    cut_shards,
+    finish_from_parts,
+    write_buffer_part,
+)
 from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.protocol import Tag
-from conduit_hpc.storage.snapshot import (
-    ShardSnapshot,
-    SnapshotStaging,
-    take_snapshot,
-)
+from conduit_hpc.storage.snapshot import SnapshotStaging
 from conduit_hpc.transport.channel import Message
 from conduit_hpc.transport.objects import bcast_json, gather_json
 
@@ -67,18 +70,10 @@ if TYPE_CHECKING:
 
 Handler = Callable[["Message"], None]
 
-__all__ = [
-    "CheckpointAgent",
-    "SaveResult",
-    "bcast_json",
-    "gather_json",
-    "save_checkpoint",
-]
+# bcast_json and gather_json stay importable from here (jobs/synthetic.py takes them)
+__all__ = ["STALL_ENV", "CheckpointAgent", "bcast_json", "gather_json"]
 
 log = logging.getLogger("conduit_hpc.checkpoint")
-#: fault injection for tests: seconds a buffer's writer thread sleeps after writing its
-#: file and before reporting it (widens the window in which a kill leaves a partial one)
-STALL_ENV = "CONDUIT_CHECKPOINT_STALL_S"
 
 
 # ---------------------------------------------------------------------------------
@@ -91,68 +86,6 @@ def _to_bytes(obj: Any) -> np.ndarray:
 
 def _from_bytes(buf: np.ndarray) -> Any:
     return json.loads(bytes(buf).decode())
-
-
-# ---------------------------------------------------------------------------------
-# where checkpoints live
-
-
-def _layout_json(edp: ExperienceDataPlane) -> dict[str, Any]:
-    r = edp.roles
-    return {"world_size": r.world_size, "actor_ranks": list(r.actor_ranks),
-            "buffer_ranks": list(r.buffer_ranks), "learner_ranks": list(r.learner_ranks),
-            "node_of": list(r.node_of)}
-
-
-def _placement_json(edp: ExperienceDataPlane) -> dict[str, Any]:
-    p = edp.placement
-    return {"shards": [{"shard_id": s.shard_id, "owner_rank": s.owner_rank, "tier": s.tier,
-                        "capacity_rows": s.capacity_rows} for s in p.shards],
-            "actor_shards": {str(k): v for k, v in p.actor_shards.items()},
-            "learner_shards": {str(k): list(v) for k, v in p.learner_shards.items()}}
-
-
-def _buffer_file(edp: ExperienceDataPlane) -> str:
-    return f"buffer-{edp.roles.role_rank:04d}.h5"
-
-
-def _cut(shards: Sequence[OwnedShard],
-         staging: Mapping[int, SnapshotStaging] | None) -> tuple[list[ShardSnapshot], float]:
-    """The consistent cut of this rank's shards: a commit pass and a copy each."""
-    t0 = time.perf_counter()
-    snaps = []
-    for s in shards:
-        s.poll()
-        snaps.append(take_snapshot(s.shard_id, s.ring, s.index,
-                                   None if staging is None else staging[s.shard_id]))
-    return snaps, time.perf_counter() - t0
-
-
-def _shard_part(path: Path, snaps: Sequence[ShardSnapshot], cut_s: float,
-                world_rank: int) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    rec = ck.write_shard_file(path, snaps, attrs={"world_rank": world_rank})
-    write_s = time.perf_counter() - t0
-    for s in rec["shards"]:
-        s["cut_s"] = cut_s
-        s["write_s"] = write_s
-    return {"files": [rec["file"]], "shards": rec["shards"],
-            "counters": {"checkpoint_cut_s": cut_s, "checkpoint_write_s": write_s,
-                         "checkpoint_bytes": rec["file"]["bytes"]}}
-
-
-def _finish(tmp: Path, root: Path, seq: int, edp: ExperienceDataPlane,
-            parts: Sequence[Mapping[str, Any]], keep: int) -> Path:
-    """Leader: manifest, rename into place, DONE, prune. Blocks for the disk."""
-    rec = ck.write_manifest(tmp, seq=seq, spec=edp.spec,
-                            config_toml=to_toml(edp.config.to_dict()),
-                            layout=_layout_json(edp), placement=_placement_json(edp),
-                            parts=parts)
-    final = root / ck.checkpoint_name(seq)
-    ck.finalize(tmp, final, rec)
-    if keep > 0:
-        ck.prune(root, keep)
-    return final
 
 
 # ---------------------------------------------------------------------------------
@@ -397,27 +330,19 @@ class CheckpointAgent(BufferExtension):
         if mark is not None:  # markers up to this boundary are used up
             for m in [m for m in self._marks if m <= mark]:
                 del self._marks[m]
-        snaps, cut_s = _cut(self.edp.server.shards, self.staging)
+        snaps, cut_s = cut_shards(self.edp.server.shards, self.staging)
         self.release()  # messages sent after the markers apply after the cut
         self.cuts_s.append(cut_s)
         self._last_cut_seq = seq
         self._writing_seq = seq
         extra = self.counters() if self.counters else {}
-        path = tmp / _buffer_file(self.edp)
+        path = tmp / buffer_file(self.edp)
         me = self.edp.world_rank
         result: dict[str, Any] = {}
         self._writer_result = result
 
         def write() -> None:
-            try:
-                part = _shard_part(path, snaps, cut_s, me)
-                stall = float(os.environ.get(STALL_ENV, "0") or 0)
-                if stall > 0:
-                    time.sleep(stall)
-            except Exception as err:  # reported to the leader, which drops the checkpoint
-                part = {"error": f"{type(err).__name__}: {err}"}
-            part["counters"] = {**extra, **part.get("counters", {})}
-            result.update(part)
+            result.update(write_buffer_part(path, snaps, cut_s, me, extra))
 
         self._writer = threading.Thread(target=write, name=f"ckpt-write-{seq}", daemon=True)
         self._writer.start()
@@ -526,24 +451,13 @@ class CheckpointAgent(BufferExtension):
         for p in parts:  # what the request said (e.g. the superstep) goes on record
             if int(p["world_rank"]) == self.leader:
                 p["counters"].update({f"request.{k}": v for k, v in self._flight_info.items()})
-        errors = [p["error"] for p in parts if p.get("error")]
         result: dict[str, Any] = {}
         self._manifest_result = result
         edp, root, keep = self.edp, self.root, self.keep
 
         def write() -> None:
-            if errors:
-                result["error"] = errors[0]
-                return
-            try:
-                path = _finish(fl.tmp, root, fl.seq, edp, parts, keep)
-            except Exception as err:
-                result["error"] = f"{type(err).__name__}: {err}"
-                return
-            cuts = [float(p["counters"].get("checkpoint_cut_s", 0.0)) for p in parts]
-            result.update(seq=fl.seq, path=str(path), cut_s_max=max(cuts),
-                          seconds=time.perf_counter() - fl.started,
-                          bytes=sum(int(f["bytes"]) for p in parts for f in p["files"]))
+            result.update(finish_from_parts(fl.tmp, root, fl.seq, edp, parts, keep,
+                                            started=fl.started))
 
         self._manifest = threading.Thread(target=write, name=f"ckpt-manifest-{fl.seq}",
                                           daemon=True)
@@ -590,117 +504,3 @@ class CheckpointAgent(BufferExtension):
                                        f"{timeout:.1f} s on world rank {self.edp.world_rank}")
             time.sleep(0.001)
         bcomm.Barrier()
-
-
-# ---------------------------------------------------------------------------------
-# collective save
-
-
-@dataclass(frozen=True)
-class SaveResult:
-    """A checkpoint written by :func:`save_checkpoint` (the same on every rank).
-
-    Attributes:
-        path (Path): the complete checkpoint directory.
-        seq (int): its number.
-        cut_s (float): longest cut (pause) over the buffer ranks.
-        seconds (float): wall time of the whole save.
-        bytes (int): bytes written (manifest excluded).
-    """
-
-    path: Path
-    seq: int
-    cut_s: float
-    seconds: float
-    bytes: int
-
-
-def save_checkpoint(edp: ExperienceDataPlane, root: Path, *,
-                    counters: Mapping[str, Any] | None = None, rng: str | None = None,
-                    extra_state: Mapping[str, Any] | None = None,
-                    agent: CheckpointAgent | None = None, keep: int = 0) -> SaveResult:
-    """Write a complete checkpoint now. **Collective** over the job's ranks; blocks until
-    it is on disk (``DONE`` written). Buffer ranks must not be inside ``serve``.
-
-    Args:
-        edp (ExperienceDataPlane): this rank's data plane.
-        root (Path): checkpoint root.
-        counters (Mapping[str, number] | None): this rank's counters (scheduler
-            position, rate-limiter counts, ...).
-        rng (str | None): this rank's RNG state (:func:`~conduit_hpc.checkpoint.rng_to_json`).
-        extra_state (Mapping[str, array] | None): named numeric arrays (model and
-            optimizer state); give them on one rank only.
-        agent (CheckpointAgent | None): reuse its staging memory and numbering (call
-            its :meth:`~CheckpointAgent.finish` first).
-        keep (int): prune to this many complete checkpoints (0: keep all).
-
-    Returns:
-        SaveResult: the same on every rank.
-
-    Raises:
-        CheckpointError: on every rank, naming the first failure (nothing half-written
-            is left under a checkpoint name).
-    """
-    t0 = time.perf_counter()
-    world = edp.roles.world
-    me = edp.world_rank
-    leader = edp.roles.buffer_ranks[0]
-    root = Path(root)
-    plan: dict[str, Any] = {}
-    if me == leader:
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            seq = ck.next_seq(root, agent.first_seq if agent else 1)
-            tmp = root / f"{ck.TMP_PREFIX}{ck.checkpoint_name(seq)}-{os.getpid()}"
-            tmp.mkdir()
-            plan = {"seq": seq, "tmp": str(tmp)}
-        except OSError as err:
-            plan = {"error": f"cannot create a checkpoint under {root}: {err}"}
-    plan = bcast_json(world, plan, leader)
-    if "error" in plan:
-        raise CheckpointError(plan["error"])
-    seq, tmp = int(plan["seq"]), Path(plan["tmp"])
-    part: dict[str, Any] = {"seq": seq, "world_rank": me, "role": edp.role.value, "rng": rng,
-                            "counters": dict(counters or {}), "files": [], "shards": []}
-    try:
-        if agent is not None and agent.busy:
-            raise CheckpointError(f"world rank {me} still has checkpoint work in flight; "
-                                  f"call CheckpointAgent.finish() before save_checkpoint()")
-        if edp.server is not None:
-            snaps, cut_s = _cut(edp.server.shards, agent.staging if agent else None)
-            sp = _shard_part(tmp / _buffer_file(edp), snaps, cut_s, me)
-            part["files"] += sp["files"]
-            part["shards"] += sp["shards"]
-            part["counters"].update(sp["counters"])
-        if extra_state is not None:
-            part["files"].append(ck.write_arrays_file(tmp / ck.LEARNER_FILE, extra_state))
-    except CheckpointError as err:
-        part["error"] = str(err)
-    parts = gather_json(world, part, leader)
-    verdict: dict[str, Any] = {}
-    if me == leader:
-        assert parts is not None
-        errors = [p["error"] for p in parts if p.get("error")]
-        if not errors:
-            try:
-                final = _finish(tmp, root, seq, edp, parts, keep)
-                verdict = {"path": str(final),
-                           "cut_s": max((float(p["counters"].get("checkpoint_cut_s", 0))
-                                         for p in parts), default=0.0),
-                           "bytes": sum(int(f["bytes"]) for p in parts for f in p["files"])}
-            except CheckpointError as err:
-                errors.append(str(err))
-        if errors:
-            shutil.rmtree(tmp, ignore_errors=True)
-            verdict = {"error": errors[0]}
-        if agent is not None:
-            agent.first_seq = seq + 1
-    verdict = bcast_json(world, verdict, leader)
-    if "error" in verdict:
-        raise CheckpointError(verdict["error"])
-    if agent is not None:
-        agent.first_seq = seq + 1
-    return SaveResult(path=Path(verdict["path"]), seq=seq, cut_s=float(verdict["cut_s"]),
-                      seconds=time.perf_counter() - t0, bytes=int(verdict["bytes"]))
-
-

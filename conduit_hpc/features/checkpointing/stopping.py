@@ -4,7 +4,7 @@ A rank that gets the signal sends :attr:`~conduit_hpc.plane.buffer.Tag.STOP` to 
 rank; buffer ranks notice it inside their progress loop, other ranks when they call
 :meth:`StopCoordinator.requested` in theirs. After their loops, all ranks call
 :meth:`StopCoordinator.agree` (one all-reduce) and then, if it says so, write a final
-checkpoint together (:func:`.agent.save_checkpoint`). Nothing here can
+checkpoint together (:func:`.save.save_checkpoint`). Nothing here can
 hang: the signal handler only sets a flag, messages are non-blocking, and the agreement
 is one collective that every rank reaches after its loop.
 """

@@ -1,18 +1,17 @@
-"""The HDF5 side of checkpoints: writing shard, array and manifest files, opening and
-reading them back with every check. The package's only ``h5py`` user besides
-:mod:`~conduit_hpc.checkpoint.inspect`. See :mod:`conduit_hpc.checkpoint`.
+"""Opening and reading checkpoints back with every check: :func:`open_checkpoint` (the
+cheap checks: ``DONE``, manifest SHA-256, schema, file sizes, spec) and
+:class:`Checkpoint` (reads that verify each dataset's CRC-32, and :meth:`Checkpoint.verify`).
+Writing is :mod:`.write`; the format is described in :mod:`conduit_hpc.checkpoint`.
 
 Every function and method here is local (no MPI, no collective), blocks for its own disk
-I/O, and returns the same on every rank for the same files.
+I/O, and returns the same on every rank for the same files. Only numeric arrays, strings
+and JSON are read: no pickle is loaded, nothing is executed.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import time
 import zlib
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,58 +28,16 @@ from conduit_hpc.checkpoint.files import (
     LEARNER_FILE,
     MANIFEST,
     _crc,
-    _fsync,
-    _json,
     _rows_per_slab,
     _sha256,
     done_record,
     spec_from_json,
-    spec_to_json,
 )
 from conduit_hpc.errors import CheckpointError
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage.snapshot import ShardSnapshot, SnapshotStaging
 
-
-class _DirtyLimit:
-    """Write dirty pages back every ``every_bytes`` while a file is being written.
-
-    Letting a GB of dirty page cache pile up and flushing it at the end stalls the whole
-    process (and its progress loop) for seconds when the kernel throttles writeback;
-    ``fdatasync`` every 64 MB keeps the backlog, and the stalls, short.
-    """
-
-    def __init__(self, f: h5py.File, every_bytes: int = 64 << 20) -> None:
-        self.f, self.every, self.pending = f, every_bytes, 0
-
-    def wrote(self, nbytes: int) -> None:
-        self.pending += nbytes
-        if self.pending >= self.every:
-            self.pending = 0
-            self.f.flush()
-            os.fdatasync(self.f.id.get_vfd_handle())
-
-
-def _write_dataset(group: h5py.Group, name: str, arr: np.ndarray, chunk_bytes: int,
-                   limit: _DirtyLimit | None = None) -> str:
-    """Create a contiguous dataset, write it in slabs, return its checksum."""
-    a = np.ascontiguousarray(arr)
-    ds = group.create_dataset(name, shape=a.shape, dtype=a.dtype)
-    crc = 0
-    if a.ndim == 0:
-        ds[()] = a
-        crc = zlib.crc32(a.tobytes())
-    elif len(a):
-        step = _rows_per_slab(a, chunk_bytes)
-        for i in range(0, len(a), step):
-            piece = a[i:i + step]
-            ds[i:i + len(piece)] = piece
-            crc = _crc(piece, crc)
-            if limit is not None:
-                limit.wrote(piece.nbytes)
-    value = f"crc32:{crc:08x}"
-    ds.attrs["checksum"] = value
-    return value
+__all__ = ["Checkpoint", "ShardRecord", "open_checkpoint"]
 
 
 def _read_verified(ds: h5py.Dataset, expected: str | None, where: str,
@@ -113,239 +70,6 @@ def _str(ds: h5py.Dataset) -> str:
     v = ds[()]
     return v.decode() if isinstance(v, bytes) else str(v)
 
-
-def write_shard_file(path: Path, snapshots: Sequence[ShardSnapshot], *,
-                     attrs: Mapping[str, Any] | None = None,
-                     chunk_bytes: int = CHUNK_BYTES) -> dict[str, Any]:
-    """Write the snapshots of one buffer rank's shards into ``path`` and fsync it.
-
-    Local; blocks for the disk write (run it off the progress loop). The snapshots'
-    arrays are only read.
-
-    Returns:
-        dict: the file record (``name``, ``bytes``, ``datasets``: path -> checksum) and
-        ``shards``: one record per shard (cursors, counters, rows) for the manifest.
-
-    Raises:
-        CheckpointError: the file cannot be written (names it and the OS reason).
-    """
-    datasets: dict[str, str] = {}
-    shards = []
-    try:
-        with h5py.File(path, "w", libver="latest") as f:
-            limit = _DirtyLimit(f)
-            f.attrs["format"] = FORMAT
-            f.attrs["schema_version"] = _files.SCHEMA_VERSION
-            for k, v in (attrs or {}).items():
-                f.attrs[k] = v
-            for s in snapshots:
-                g = f.create_group(f"shards/{s.shard_id}")
-                meta = {"shard_id": s.shard_id, "capacity": s.capacity, "commit": s.commit,
-                        "reserve": s.reserve, "rows": s.rows,
-                        "max_priority": s.max_priority,
-                        "applied_updates": s.applied_updates,
-                        "dropped_updates": s.dropped_updates}
-                for k, v in meta.items():
-                    g.attrs[k] = v
-                for name, arr in (("seq", s.seqs), ("priority", s.priority),
-                                  ("init_priority", s.init_priority)):
-                    datasets[f"{g.name}/{name}"] = _write_dataset(g, name, arr, chunk_bytes,
-                                                                  limit)
-                cols = g.create_group("columns")
-                for name, arr in s.columns.items():
-                    datasets[f"{cols.name}/{name}"] = _write_dataset(cols, name, arr,
-                                                                     chunk_bytes, limit)
-                shards.append({**meta, "file": path.name})
-        _fsync(path)
-    except OSError as err:
-        raise CheckpointError(f"cannot write checkpoint file {path}: {err}") from err
-    return {"file": {"name": path.name, "bytes": path.stat().st_size,
-                     "datasets": datasets}, "shards": shards}
-
-
-def _check_array_name(name: str) -> str:
-    parts = name.split("/")
-    if not name or any(p in ("", ".", "..") for p in parts):
-        raise CheckpointError(f"array name {name!r} must be '/'-separated non-empty parts "
-                              f"other than '.' and '..'")
-    return name
-
-
-def write_arrays_file(path: Path, arrays: Mapping[str, Any]) -> dict[str, Any]:
-    """Write named numeric arrays (model, optimizer, any extra state) to ``path``.
-
-    Names may contain ``/`` (``model/fc1.weight``); values are numpy arrays or
-    scalars of a numeric or bool dtype (convert tensors with ``.cpu().numpy()``).
-
-    Returns:
-        dict: the file record (``name``, ``bytes``, ``datasets``).
-
-    Raises:
-        CheckpointError: a bad name, a non-numeric value, or the OS refused the write.
-    """
-    datasets: dict[str, str] = {}
-    clean = {}
-    for name, value in arrays.items():
-        arr = np.asarray(value)
-        if arr.dtype.kind not in "biuf":
-            raise CheckpointError(f"extra state {name!r} has dtype {arr.dtype}; only "
-                                  f"numeric and bool arrays are stored (no pickles)")
-        clean[_check_array_name(str(name))] = arr
-    try:
-        with h5py.File(path, "w", libver="latest") as f:
-            limit = _DirtyLimit(f)
-            f.attrs["format"] = FORMAT
-            f.attrs["schema_version"] = _files.SCHEMA_VERSION
-            g = f.create_group("arrays")
-            for name, arr in clean.items():
-                datasets[f"/arrays/{name}"] = _write_dataset(g, name, arr, CHUNK_BYTES,
-                                                             limit)
-        _fsync(path)
-    except OSError as err:
-        raise CheckpointError(f"cannot write checkpoint file {path}: {err}") from err
-    return {"name": path.name, "bytes": path.stat().st_size, "datasets": datasets}
-
-
-def write_manifest(directory: Path, *, seq: int, spec: Spec, config_toml: str,
-                   layout: Mapping[str, Any], placement: Mapping[str, Any],
-                   parts: Sequence[Mapping[str, Any]],
-                   created_unix: float | None = None) -> dict[str, Any]:
-    """Write ``manifest.h5`` into ``directory`` from every rank's part.
-
-    Args:
-        directory (Path): the (temporary) checkpoint directory holding the other files.
-        seq (int): checkpoint number.
-        spec (Spec): the experience spec.
-        config_toml (str): the job's config as TOML text.
-        layout (Mapping): world size and the ranks of each role.
-        placement (Mapping): shards (owner, tier, capacity), actor and learner shards.
-        parts (Sequence[Mapping]): one per contributing rank: ``world_rank``, ``role``,
-            ``rng`` (JSON text or None), ``counters`` (name -> number), ``files`` (file
-            records) and ``shards`` (shard records).
-        created_unix (float | None): timestamp (default: now).
-
-    Returns:
-        dict: ``files`` (name -> bytes, the manifest included) for ``DONE``.
-
-    Raises:
-        CheckpointError: inconsistent parts (a shard missing or twice) or an OS error.
-    """
-    created = time.time() if created_unix is None else created_unix
-    files: dict[str, Mapping[str, Any]] = {}
-    shard_recs: dict[int, Mapping[str, Any]] = {}
-    for p in parts:
-        for fr in p.get("files", ()):
-            if not FILE_RE.match(fr["name"]) or fr["name"] in files or fr["name"] == MANIFEST:
-                raise CheckpointError(f"{directory}: bad or duplicate file name "
-                                      f"{fr['name']!r} from rank {p['world_rank']}")
-            files[fr["name"]] = fr
-        for s in p.get("shards", ()):
-            if int(s["shard_id"]) in shard_recs:
-                raise CheckpointError(f"{directory}: shard {s['shard_id']} written twice")
-            shard_recs[int(s["shard_id"])] = s
-    nshards = len(placement["shards"])
-    if sorted(shard_recs) != list(range(nshards)):
-        raise CheckpointError(f"{directory}: parts hold shards {sorted(shard_recs)}, the "
-                              f"placement has {nshards}")
-    shards = [shard_recs[i] for i in range(nshards)]
-    path = directory / MANIFEST
-    try:
-        with h5py.File(path, "w", libver="latest") as f:
-            a = f.attrs
-            a["format"] = FORMAT
-            a["schema_version"] = _files.SCHEMA_VERSION
-            a["seq"] = seq
-            a["created_unix"] = created
-            a["world_size"] = int(layout["world_size"])
-            a["shards"] = nshards
-            a["rows"] = int(sum(int(s["rows"]) for s in shards))
-            m = f.create_group("meta")
-            m["spec"] = _json(spec_to_json(spec))
-            m["config_toml"] = config_toml
-            m["layout"] = _json(layout)
-            m["placement"] = _json(placement)
-            m["files"] = _json(files)
-            m["shards"] = _json(shards)
-            t = f.create_group("shards")
-            for key, dt in (("shard_id", np.int64), ("capacity", np.int64),
-                            ("commit", np.int64), ("rows", np.int64),
-                            ("max_priority", np.float64)):
-                t[key] = np.asarray([s[key] for s in shards], dtype=dt)
-            t["owner_rank"] = np.asarray([placement["shards"][i]["owner_rank"]
-                                          for i in range(nshards)], dtype=np.int64)
-            rng = f.create_group("rng")
-            counters = f.create_group("counters")
-            for p in sorted(parts, key=lambda p: int(p["world_rank"])):
-                r = str(int(p["world_rank"]))
-                if p.get("rng"):
-                    rng[r] = str(p["rng"])
-                c = counters.create_group(r)
-                c.attrs["role"] = str(p.get("role", ""))
-                for k, v in (p.get("counters") or {}).items():
-                    c.attrs[str(k)] = v
-            _virtual_datasets(f, spec, shards)
-            if LEARNER_FILE in files:
-                f["learner"] = h5py.ExternalLink(LEARNER_FILE, "/arrays")
-        _fsync(path)
-    except OSError as err:
-        raise CheckpointError(f"cannot write checkpoint manifest {path}: {err}") from err
-    sizes = {name: int(fr["bytes"]) for name, fr in files.items()}
-    sizes[MANIFEST] = path.stat().st_size
-    return {"files": sizes, "created_unix": created, "seq": seq}
-
-
-def _virtual_datasets(f: h5py.File, spec: Spec, shards: Sequence[Mapping[str, Any]]) -> None:
-    total = int(sum(int(s["rows"]) for s in shards))
-    exp = f.create_group("experience")
-    idx = f.create_group("index")
-    targets: list[tuple[h5py.Group, str, np.dtype, tuple[int, ...], str]] = [
-        (exp, fl.name, fl.dtype, fl.shape, f"columns/{fl.name}") for fl in spec]
-    targets += [(idx, "priority", np.dtype(np.float64), (), "priority"),
-                (idx, "seq", np.dtype(np.int64), (), "seq")]
-    for group, name, dtype, shape, src in targets:
-        if total == 0:
-            group.create_dataset(name, shape=(0, *shape), dtype=dtype)
-            continue
-        lay = h5py.VirtualLayout(shape=(total, *shape), dtype=dtype)
-        off = 0
-        for s in shards:
-            n = int(s["rows"])
-            if n:
-                lay[off:off + n] = h5py.VirtualSource(
-                    s["file"], f"/shards/{s['shard_id']}/{src}", shape=(n, *shape))
-            off += n
-        group.create_virtual_dataset(name, lay)
-    # which shard each global row came from (a real dataset: small)
-    idx["shard"] = np.repeat(np.asarray([int(s["shard_id"]) for s in shards], np.int64),
-                             [int(s["rows"]) for s in shards])
-
-
-def finalize(tmp_dir: Path, final_dir: Path, manifest_record: Mapping[str, Any]) -> None:
-    """Rename a fully written temporary directory into place, then write ``DONE``.
-
-    A crash before the rename leaves a ``.tmp-*`` directory; after it, a directory
-    without ``DONE``; both are refused by :func:`open_checkpoint`. Blocks for fsyncs.
-
-    Raises:
-        CheckpointError: the destination exists or the OS refused.
-    """
-    if final_dir.exists():
-        raise CheckpointError(f"cannot finalize checkpoint {final_dir}: it already exists")
-    try:
-        digest = _sha256(tmp_dir / MANIFEST)
-        tmp_dir.rename(final_dir)
-        _fsync(final_dir.parent)
-        done = {"format": FORMAT, "schema_version": _files.SCHEMA_VERSION,
-                "seq": int(manifest_record["seq"]),
-                "created_unix": float(manifest_record["created_unix"]),
-                "manifest_sha256": digest, "files": dict(manifest_record["files"])}
-        tmp_done = final_dir / (DONE + ".partial")
-        tmp_done.write_text(json.dumps(done, indent=1, sort_keys=True) + "\n")
-        _fsync(tmp_done)
-        tmp_done.rename(final_dir / DONE)
-        _fsync(final_dir)
-    except OSError as err:
-        raise CheckpointError(f"cannot finalize checkpoint {final_dir}: {err}") from err
 
 
 @dataclass(frozen=True)

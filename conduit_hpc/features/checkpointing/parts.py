@@ -1,0 +1,123 @@
+"""A buffer rank's part of a checkpoint and the leader's last step, shared by the periodic
+:class:`~conduit_hpc.features.checkpointing.agent.CheckpointAgent` and the collective
+:func:`~conduit_hpc.features.checkpointing.save.save_checkpoint`: the consistent cut of
+this rank's shards, the shard file and its record, the layout and placement written
+into the manifest, and the leader's manifest / rename / ``DONE`` / prune. No MPI call.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from conduit_hpc import checkpoint as ck
+from conduit_hpc.config import to_toml
+from conduit_hpc.plane.buffer import OwnedShard
+from conduit_hpc.storage.snapshot import ShardSnapshot, SnapshotStaging, take_snapshot
+
+if TYPE_CHECKING:
+    from conduit_hpc.plane.front import ExperienceDataPlane
+
+__all__ = ["STALL_ENV", "buffer_file", "cut_shards", "finish_checkpoint", "finish_from_parts",
+           "layout_json", "placement_json", "shard_part", "write_buffer_part"]
+
+#: fault injection for tests: seconds a buffer's writer thread sleeps after writing its
+#: file and before reporting it (widens the window in which a kill leaves a partial one)
+STALL_ENV = "CONDUIT_CHECKPOINT_STALL_S"
+
+
+def layout_json(edp: ExperienceDataPlane) -> dict[str, Any]:
+    r = edp.roles
+    return {"world_size": r.world_size, "actor_ranks": list(r.actor_ranks),
+            "buffer_ranks": list(r.buffer_ranks), "learner_ranks": list(r.learner_ranks),
+            "node_of": list(r.node_of)}
+
+
+def placement_json(edp: ExperienceDataPlane) -> dict[str, Any]:
+    p = edp.placement
+    return {"shards": [{"shard_id": s.shard_id, "owner_rank": s.owner_rank, "tier": s.tier,
+                        "capacity_rows": s.capacity_rows} for s in p.shards],
+            "actor_shards": {str(k): v for k, v in p.actor_shards.items()},
+            "learner_shards": {str(k): list(v) for k, v in p.learner_shards.items()}}
+
+
+def buffer_file(edp: ExperienceDataPlane) -> str:
+    return f"buffer-{edp.roles.role_rank:04d}.h5"
+
+
+def cut_shards(shards: Sequence[OwnedShard],
+               staging: Mapping[int, SnapshotStaging] | None) -> tuple[list[ShardSnapshot], float]:
+    """The consistent cut of this rank's shards: a commit pass and a copy each."""
+    t0 = time.perf_counter()
+    snaps = []
+    for s in shards:
+        s.poll()
+        snaps.append(take_snapshot(s.shard_id, s.ring, s.index,
+                                   None if staging is None else staging[s.shard_id]))
+    return snaps, time.perf_counter() - t0
+
+
+def shard_part(path: Path, snaps: Sequence[ShardSnapshot], cut_s: float,
+                world_rank: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    rec = ck.write_shard_file(path, snaps, attrs={"world_rank": world_rank})
+    write_s = time.perf_counter() - t0
+    for s in rec["shards"]:
+        s["cut_s"] = cut_s
+        s["write_s"] = write_s
+    return {"files": [rec["file"]], "shards": rec["shards"],
+            "counters": {"checkpoint_cut_s": cut_s, "checkpoint_write_s": write_s,
+                         "checkpoint_bytes": rec["file"]["bytes"]}}
+
+
+def finish_checkpoint(tmp: Path, root: Path, seq: int, edp: ExperienceDataPlane,
+                      parts: Sequence[Mapping[str, Any]], keep: int) -> Path:
+    """Leader: manifest, rename into place, DONE, prune. Blocks for the disk."""
+    rec = ck.write_manifest(tmp, seq=seq, spec=edp.spec,
+                            config_toml=to_toml(edp.config.to_dict()),
+                            layout=layout_json(edp), placement=placement_json(edp),
+                            parts=parts)
+    final = root / ck.checkpoint_name(seq)
+    ck.finalize(tmp, final, rec)
+    if keep > 0:
+        ck.prune(root, keep)
+    return final
+
+
+def write_buffer_part(path: Path, snaps: Sequence[ShardSnapshot], cut_s: float,
+                      world_rank: int, counters: Mapping[str, Any]) -> dict[str, Any]:
+    """A buffer rank's writer thread: its shard file and part record (``counters``
+    added), or ``{"error": ...}`` - reported to the leader, which drops the checkpoint.
+    Blocks for the disk (and :data:`STALL_ENV` seconds after writing, if set)."""
+    try:
+        part = shard_part(path, snaps, cut_s, world_rank)
+        stall = float(os.environ.get(STALL_ENV, "0") or 0)
+        if stall > 0:
+            time.sleep(stall)
+    except Exception as err:  # reported to the leader, which drops the checkpoint
+        part = {"error": f"{type(err).__name__}: {err}"}
+    part["counters"] = {**counters, **part.get("counters", {})}
+    return part
+
+
+def finish_from_parts(tmp: Path, root: Path, seq: int, edp: ExperienceDataPlane,
+                      parts: Sequence[Mapping[str, Any]], keep: int, *,
+                      started: float) -> dict[str, Any]:
+    """The leader's manifest thread: :func:`finish_checkpoint` unless a part failed.
+    Returns the checkpoint's record (``seq``, ``path``, ``cut_s_max``, ``seconds`` since
+    ``started`` on ``time.perf_counter()``, ``bytes``) or ``{"error": ...}``. Blocks for
+    the disk."""
+    errors = [p["error"] for p in parts if p.get("error")]
+    if errors:
+        return {"error": errors[0]}
+    try:
+        path = finish_checkpoint(tmp, root, seq, edp, parts, keep)
+    except Exception as err:
+        return {"error": f"{type(err).__name__}: {err}"}
+    cuts = [float(p["counters"].get("checkpoint_cut_s", 0.0)) for p in parts]
+    return {"seq": seq, "path": str(path), "cut_s_max": max(cuts),
+            "seconds": time.perf_counter() - started,
+            "bytes": sum(int(f["bytes"]) for p in parts for f in p["files"])}

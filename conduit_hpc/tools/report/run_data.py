@@ -1,0 +1,292 @@
+"""Loading a run's metrics files (``RUN_DIR/metrics/``: learner and actor CSVs,
+``episodes.csv``, ``summary.json``) into :class:`RunData`, and the headline statistics
+of a run (:func:`run_stats`) with the helpers the plots share. Plain numpy; no MPI, no
+matplotlib. File formats: :mod:`conduit_hpc.tools.report.run`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from conduit_hpc.errors import ConduitError
+
+__all__ = ["PATH_PARTS", "TARGET_RETURN", "RunData", "Table", "episode_x", "has_columns",
+           "ingest_grid", "learner_table", "load_run", "missing_columns", "pooled",
+           "read_csv", "rolling_mean", "run_stats", "scored_episodes"]
+
+Table = dict[str, np.ndarray]
+PATH_PARTS = ("sample_s", "gather_s", "transform_s", "copy_s")
+TARGET_RETURN = 475.0
+
+
+# ---------------------------------------------------------------------------------
+# reading
+
+
+def read_csv(path: Path) -> Table:
+    """Columns of a CSV file with a header; numeric columns as float64, others as str.
+
+    Ragged or non-numeric cells in a numeric column become NaN.
+    """
+    with open(path, newline="") as fh:
+        reader = csv.reader(fh)
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            return {}
+        rows = [r for r in reader if r]
+    out: Table = {}
+    for i, name in enumerate(header):
+        cells = [r[i].strip() if i < len(r) else "" for r in rows]
+        filled = [c for c in cells if c]
+        numeric = sum(_is_number(c) for c in filled)
+        if numeric * 2 >= len(filled) and (numeric or not filled):
+            out[name] = np.array([float(c) if _is_number(c) else math.nan for c in cells],
+                                 dtype=np.float64)
+        else:
+            out[name] = np.array(cells, dtype=object)
+    return out
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass
+class RunData:
+    """What one run directory holds.
+
+    Attributes:
+        path (Path): the run directory.
+        name (str): job name (from ``config.toml``, else the directory name).
+        mode (str): delivery mode (learner CSV, summary or config), ``"?"`` if unknown.
+        learners (dict[int, Table]): learner metrics by world rank.
+        actors (dict[int, Table]): actor metrics by world rank.
+        episodes (Table | None): finished episodes.
+        summary (dict[str, Any]): ``summary.json``.
+        problems (list[str]): files that could not be read, and why.
+    """
+
+    path: Path
+    name: str
+    mode: str
+    learners: dict[int, Table] = field(default_factory=dict)
+    actors: dict[int, Table] = field(default_factory=dict)
+    episodes: Table | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} [{self.mode}]" if self.mode != "?" else self.name
+
+
+def load_run(path: str | Path) -> RunData:
+    """Read every metrics file of a run directory that exists and parses.
+
+    Not collective; reads files only.
+
+    Raises:
+        ConduitError: ``path`` is not a directory.
+    """
+    p = Path(path)
+    if not p.is_dir():
+        raise ConduitError(f"run directory {str(p)!r} does not exist or is not a directory")
+    metrics = p / "metrics" if (p / "metrics").is_dir() else p
+    config: dict[str, Any] = {}
+    if (p / "config.toml").exists():
+        from conduit_hpc.config import read_toml
+        from conduit_hpc.errors import ConfigError
+
+        try:
+            config = read_toml(p / "config.toml", what="run config")
+        except ConfigError as err:
+            config = {}
+            problem = f"config.toml: {err}"
+        else:
+            problem = ""
+    else:
+        problem = ""
+    name = str(config.get("run", {}).get("name") or p.name)
+    run = RunData(path=p, name=name, mode="?")
+    if problem:
+        run.problems.append(problem)
+    for kind, target in (("learner", run.learners), ("actor", run.actors)):
+        for f in sorted(metrics.glob(f"{kind}-*.csv")):
+            m = re.fullmatch(rf"{kind}-(\d+)\.csv", f.name)
+            if not m:
+                continue
+            try:
+                table = read_csv(f)
+            except (OSError, UnicodeDecodeError, csv.Error) as err:
+                run.problems.append(f"{f.name}: unreadable ({err})")
+                continue
+            if kind == "actor":
+                for col in ("rows", "limiter_wait_s"):  # running totals -> per row
+                    v = table.get(col)
+                    if v is not None and v.dtype == np.float64:
+                        table[col] = np.diff(np.nan_to_num(v), prepend=0.0)
+            target[int(m.group(1))] = table
+    if (metrics / "episodes.csv").exists():
+        try:
+            run.episodes = read_csv(metrics / "episodes.csv")
+        except (OSError, UnicodeDecodeError, csv.Error) as err:
+            run.problems.append(f"episodes.csv: unreadable ({err})")
+    if (metrics / "summary.json").exists():
+        try:
+            loaded = json.loads((metrics / "summary.json").read_text())
+            if isinstance(loaded, dict):
+                run.summary = loaded
+            else:
+                run.problems.append("summary.json: not a JSON object")
+        except (OSError, ValueError) as err:
+            run.problems.append(f"summary.json: unreadable ({err})")
+    run.mode = _mode_of(run, config)
+    return run
+
+
+def _mode_of(run: RunData, config: dict[str, Any]) -> str:
+    for t in run.learners.values():
+        col = t.get("mode")
+        if col is not None and len(col) and col.dtype == object:
+            return str(col[0])
+    if isinstance(run.summary.get("mode"), str):
+        return str(run.summary["mode"])
+    mode = config.get("scheduler", {}).get("mode")
+    return str(mode) if isinstance(mode, str) else "?"
+
+
+# ---------------------------------------------------------------------------------
+# statistics
+
+
+def learner_table(run: RunData) -> Table | None:
+    """The lowest-rank learner's table (every learner runs the same supersteps)."""
+    return run.learners[min(run.learners)] if run.learners else None
+
+
+def pooled(run: RunData, column: str) -> np.ndarray:
+    vals = [t[column] for t in run.learners.values()
+            if column in t and t[column].dtype != object]
+    v = np.concatenate(vals) if vals else np.zeros(0)
+    return v[np.isfinite(v)]
+
+
+def has_columns(t: Table | None, *columns: str) -> bool:
+    return t is not None and all(c in t and t[c].dtype != object and len(t[c]) for c in columns)
+
+
+def missing_columns(t: Table | None, *columns: str) -> list[str]:
+    if t is None:
+        return list(columns)
+    return [c for c in columns if c not in t or t[c].dtype == object or not len(t[c])]
+
+
+def rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
+    c = np.cumsum(np.insert(x.astype(np.float64), 0, 0.0))
+    out = np.empty(len(x))
+    for i in range(len(x)):
+        lo = max(0, i + 1 - window)
+        out[i] = (c[i + 1] - c[lo]) / (i + 1 - lo)
+    return out
+
+
+def episode_x(ep: Table) -> tuple[np.ndarray, str]:
+    """Each episode's position: env steps, else time, else episode number."""
+    if has_columns(ep, "env_steps"):
+        return ep["env_steps"], "environment steps"
+    if has_columns(ep, "time_s"):
+        return ep["time_s"], "time (s)"
+    return np.arange(len(ep["episode_return"]), dtype=float), "episode"
+
+
+def scored_episodes(ep: Table) -> tuple[np.ndarray, np.ndarray]:
+    """(x, return) of the episodes that count toward the convergence test, sorted by x.
+    Episodes whose ``scored`` column is 0 (explorers with a large epsilon) are left out."""
+    x, _ = episode_x(ep)
+    ret = ep["episode_return"]
+    keep = ep["scored"] > 0 if has_columns(ep, "scored") else np.ones(len(ret), dtype=bool)
+    order = np.argsort(x[keep], kind="stable")
+    return x[keep][order], ret[keep][order]
+
+
+def _episode_stats(ep: Table | None) -> dict[str, Any]:
+    if not has_columns(ep, "episode_return"):
+        return {}
+    assert ep is not None
+    x, ret = scored_episodes(ep)
+    out: dict[str, Any] = {"episodes": len(ep["episode_return"])}
+    if has_columns(ep, "scored"):
+        out["scored_episodes"] = len(ret)
+    if not len(ret):
+        return out
+    roll = rolling_mean(ret, 20)
+    out["final_mean_return_20"] = float(roll[-1])
+    out["best_mean_return_20"] = float(roll[19:].max()) if len(roll) >= 20 else float("nan")
+    hit = np.flatnonzero((roll >= TARGET_RETURN) & (np.arange(len(roll)) >= 19))
+    if len(hit) and has_columns(ep, "env_steps"):
+        out["env_steps_to_475"] = int(x[hit[0]])
+    return out
+
+
+def ingest_grid(run: RunData, bins: int = 60) -> tuple[np.ndarray, np.ndarray] | None:
+    """Total ingest rate over all actors on a common time grid (rows/s)."""
+    tables = [t for t in run.actors.values() if has_columns(t, "time_s", "rows_per_s")]
+    if not tables:
+        return None
+    t_max = max(float(np.nanmax(t["time_s"])) for t in tables)
+    t_min = min(float(np.nanmin(t["time_s"])) for t in tables)
+    grid = np.linspace(t_min, max(t_max, t_min + 1e-9), bins)
+    total = np.zeros(bins)
+    for t in tables:
+        order = np.argsort(t["time_s"])
+        ts, rate = t["time_s"][order], np.nan_to_num(t["rows_per_s"][order])
+        idx = np.searchsorted(ts, grid, side="left")  # the record that covers each point
+        covered = idx < len(ts)
+        total[covered] += rate[idx[covered]]
+    return grid, total
+
+
+def run_stats(run: RunData) -> dict[str, Any]:
+    """Headline numbers of one run (missing inputs leave their keys out)."""
+    s: dict[str, Any] = {"mode": run.mode}
+    lt = learner_table(run)
+    if lt is not None:
+        s["supersteps"] = max(len(next(iter(t.values()), [])) for t in run.learners.values())
+    for col in ("iteration_s", "exposed_s", "compute_s"):
+        v = pooled(run, col)
+        if len(v):
+            s[f"{col[:-2]}_mean_ms"] = 1e3 * float(v.mean())
+            s[f"{col[:-2]}_p95_ms"] = 1e3 * float(np.percentile(v, 95))
+    it, ex = pooled(run, "iteration_s"), pooled(run, "exposed_s")
+    if len(it) and len(ex) and it.sum() > 0:
+        s["exposed_share"] = float(ex.sum() / it.sum())
+    parts = [c for c in PATH_PARTS if has_columns(lt, c)]
+    if lt is not None and parts and has_columns(lt, "exposed_s"):
+        work = float(sum(np.nansum(lt[c]) for c in parts))
+        if work > 0:
+            s["path_work_hidden"] = max(0.0, 1.0 - float(np.nansum(lt["exposed_s"])) / work)
+    grid = ingest_grid(run)
+    if grid is not None:
+        s["ingest_rows_per_s"] = float(grid[1].mean())
+    waits = [float(np.nansum(t["limiter_wait_s"])) for t in run.actors.values()
+             if has_columns(t, "limiter_wait_s")]
+    if waits:
+        s["actor_limiter_wait_s"] = float(sum(waits))
+    lw = pooled(run, "limiter_wait_s")
+    if len(lw):
+        s["learner_limiter_wait_s"] = float(lw.sum())
+    s.update(_episode_stats(run.episodes))
+    return s
