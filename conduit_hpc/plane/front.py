@@ -24,6 +24,7 @@ handles here: :attr:`config`, :attr:`spec`, :attr:`roles`, :attr:`placement`,
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -158,6 +159,7 @@ class ExperienceDataPlane:
         for s, lay in zip(self.placement.shards, layouts, strict=True):
             bases[s.shard_id] = used.get(s.owner_rank, self._ack_bytes)
             used[s.owner_rank] = bases[s.shard_id] + lay.nbytes
+        self._check_memory(used)
         shared = cfg.transport.shared_memory == "auto"
         self.window = RmaWindow(roles.world, used.get(me, 0), node_comm=roles.node,
                                 shared=shared)
@@ -175,6 +177,27 @@ class ExperienceDataPlane:
             ring = self.rings[s.shard_id]
             if ring.views is None:
                 ring.views = ring.layout.views(self.window.own_segment(), ring.base)
+
+    def _check_memory(self, used: Mapping[int, int]) -> None:
+        """Refuse, on every rank together, shards that the memory of some node cannot
+        hold (before any window is allocated). **Collective** on the world."""
+        roles = self.roles
+        node = roles.node_of[roles.world_rank]
+        need = sum(b for r, b in used.items() if roles.node_of[r] == node)
+        try:
+            avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        except (ValueError, OSError):  # not on this platform: nothing to check against
+            avail = need
+        bad = np.array([need if need > avail else 0, avail], dtype=np.int64)
+        worst = np.zeros(2, dtype=np.int64)
+        roles.world.Allreduce(bad, worst, op=MPI.MAX)
+        if worst[0] > 0:
+            roles.close()
+            raise ConfigError(
+                f"storage.capacity_rows = {self.config.storage.capacity_rows} needs "
+                f"{int(worst[0]) / 1e9:.3g} GB of shard memory on one node, more than is "
+                f"free there ({int(avail) / 1e9:.3g} GB here); lower it or add buffer "
+                f"ranks on other nodes", key="storage.capacity_rows")
 
     def _metrics_file(self, name: str) -> Path | None:
         return self.run_dir / "metrics" / name if self.run_dir else None
