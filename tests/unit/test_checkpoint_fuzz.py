@@ -59,7 +59,7 @@ def _all_refuse_or_work(path: Path) -> list[str]:
     return outcomes
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[
+@settings(deadline=None, suppress_health_check=[
     HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.sampled_from(FIELDS), st.one_of(JSON_VALUES, st.just("<missing>")))
 def test_a_done_field_of_any_value_is_refused_or_harmless(pristine: Path, tmp_path: Path,
@@ -93,7 +93,7 @@ def _opens(p: Path) -> bool:
         return False
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[
+@settings(deadline=None, suppress_health_check=[
     HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=200))
 def test_done_of_random_bytes_is_refused(pristine: Path, tmp_path: Path, blob: bytes) -> None:

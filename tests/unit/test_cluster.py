@@ -200,7 +200,7 @@ def test_cluster_files_fuzzed_load_or_name_the_key(tmp_path) -> None:
 
     base = cc.read_toml(REPO / "jobs" / "cluster-local.toml")
 
-    @settings(max_examples=150, deadline=None,
+    @settings(deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(st.lists(st.tuples(st.sampled_from(NODE_KEYS), _fuzz_value()), min_size=1,
                     max_size=3))

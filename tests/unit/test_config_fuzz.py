@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from conduit_hpc import Config, ConfigError
 from conduit_hpc.spec import Spec
 
-FUZZ = settings(max_examples=200, deadline=None,
+FUZZ = settings(deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -20,7 +20,7 @@ from conduit_hpc.storage.priority import check_priorities
 
 SPEC = Spec([Field("obs", np.dtype(np.float32), (3,)), Field("action", np.dtype(np.int64)),
              Field("done", np.dtype(np.bool_))])
-SETTINGS = settings(max_examples=150, deadline=None,
+SETTINGS = settings(deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 DTYPES = [np.bool_, np.int8, np.int32, np.int64, np.uint8, np.uint64, np.float16, np.float32,
