@@ -9,13 +9,63 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from conduit_hpc.config import FieldConfig
 from conduit_hpc.errors import SpecError
 
-__all__ = ["Field", "Spec"]
+__all__ = ["Field", "Spec", "as_array"]
+
+
+def as_array(value: object, what: str) -> np.ndarray:
+    """The one rule by which ingest and priority updates take array-likes.
+
+    numpy arrays pass as they are; anything with ``__array__`` or a nested sequence
+    becomes one through :func:`numpy.asarray`; a torch tensor is detached and copied to
+    the host first (``requires_grad`` and CUDA tensors are fine), a ``bfloat16`` tensor is
+    widened to float32 (exact). Refused, naming ``what``: ragged nesting, objects that
+    are not numbers (object, string, bytes, datetime dtypes), mappings, and anything numpy
+    cannot convert. Whether the dtype may then be cast is the caller's decision (no cast
+    here loses anything).
+
+    Raises:
+        SpecError: naming ``what``, the type or dtype found and what was expected.
+    """
+    if isinstance(value, np.ndarray):
+        arr = value
+    else:
+        if isinstance(value, Mapping | str | bytes | set | frozenset):
+            raise SpecError(f"{what} must be an array of numbers, got a "
+                            f"{type(value).__name__}")
+        if type(value).__module__.startswith("torch"):
+            value = _from_torch(value, what)
+        try:
+            arr = np.asarray(value)
+        except (ValueError, TypeError, RuntimeError, OverflowError, MemoryError) as err:
+            raise SpecError(f"{what} must be a rectangular array of numbers, got "
+                            f"{type(value).__name__} that numpy cannot convert: {err}") from err
+    if arr.dtype.kind not in "biufc":
+        raise SpecError(f"{what} must hold numbers, got dtype {arr.dtype} "
+                        f"({type(value).__name__})")
+    return arr
+
+
+def _from_torch(value: object, what: str) -> object:
+    """A torch tensor as a host array (detached; bfloat16 widened to float32)."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    t = value.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    try:
+        return t.cpu().numpy()
+    except (TypeError, RuntimeError) as err:
+        raise SpecError(f"{what}: a torch tensor of dtype {t.dtype} cannot become a numpy "
+                        f"array: {err}") from err
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,12 +77,14 @@ class Field:
         dtype (np.dtype): element type.
         shape (tuple[int, ...]): per-row shape (``()`` for a scalar).
         allow_nan (bool): when false, NaN values are refused at ingest.
+        cast (str): ``safe`` or ``same_kind``: which input dtypes ingest converts.
     """
 
     name: str
     dtype: np.dtype
     shape: tuple[int, ...] = ()
     allow_nan: bool = True
+    cast: Literal["safe", "same_kind"] = "safe"
 
     @property
     def row_bytes(self) -> int:
@@ -72,7 +124,7 @@ class Spec:
     @classmethod
     def from_config(cls, fields: Mapping[str, FieldConfig]) -> Spec:
         """Build from the ``[spec.*]`` tables of a :class:`~conduit_hpc.config.Config`."""
-        return cls([Field(name, np.dtype(fc.dtype), tuple(fc.shape), fc.allow_nan)
+        return cls([Field(name, np.dtype(fc.dtype), tuple(fc.shape), fc.allow_nan, fc.cast)
                     for name, fc in fields.items()])
 
     @classmethod
@@ -152,10 +204,15 @@ class Spec:
         rows: int | None = None
         first = ""
         for f in self._fields:
-            arr = np.asarray(batch[f.name])
-            if arr.dtype != f.dtype and not np.can_cast(arr.dtype, f.dtype, casting="safe"):
+            arr = as_array(batch[f.name], f"field {f.name!r}")
+            if arr.dtype != f.dtype and not np.can_cast(arr.dtype, f.dtype, casting=f.cast):
+                hint = ("; convert it explicitly, or set cast = \"same_kind\" in "
+                        f"[spec.{f.name}]" if f.cast == "safe"
+                        and np.can_cast(arr.dtype, f.dtype, casting="same_kind")
+                        else "; convert it explicitly")
                 raise SpecError(f"field {f.name!r}: dtype {arr.dtype.name} does not cast "
-                                f"safely to {f.dtype.name}; convert it explicitly")
+                                f"{'safely' if f.cast == 'safe' else 'within its kind'} to "
+                                f"{f.dtype.name}{hint}")
             if arr.ndim != 1 + len(f.shape) or tuple(arr.shape[1:]) != f.shape:
                 want = ("(batch, " + ", ".join(map(str, f.shape)) + ")" if f.shape
                         else "(batch,) for a scalar field")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -165,21 +166,61 @@ def is_complete(path: Path) -> bool:
 
 
 def done_record(path: Path) -> dict[str, Any]:
-    """The parsed ``DONE`` marker.
+    """The parsed and checked ``DONE`` marker: ``format`` (str), ``schema_version`` (int
+    >= 1), ``seq`` (int >= 0), ``created_unix`` (finite number), ``manifest_sha256`` (64
+    hex digits), ``files`` (file name -> size in bytes, a plain name each). Every field is
+    checked before anything uses it.
 
     Raises:
-        CheckpointError: missing or not valid JSON.
+        CheckpointError: missing, unreadable, not JSON, or a field missing or of the wrong
+            type or range (naming the field and the value).
     """
     f = path / DONE
     if not f.is_file():
         raise CheckpointError(f"checkpoint {path}: no {DONE} marker; it was not completely "
                               f"written (the job stopped while writing it)")
     try:
-        rec = json.loads(f.read_text())
-        _ = (int(rec["seq"]), float(rec["created_unix"]), dict(rec["files"]))
-    except (ValueError, KeyError, TypeError) as err:
+        raw = f.read_bytes()
+        if len(raw) > 1 << 20:
+            raise ValueError(f"{len(raw)} bytes (a DONE marker is a few hundred)")
+        rec = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError included
         raise CheckpointError(f"checkpoint {path}: {DONE} marker is damaged: {err}") from err
+    problem = _done_problem(rec)
+    if problem:
+        raise CheckpointError(f"checkpoint {path}: {DONE} marker is damaged: {problem}")
     return rec
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _done_problem(rec: Any) -> str:
+    """What is wrong with a parsed ``DONE`` record ("" if nothing)."""
+    if not isinstance(rec, dict):
+        return f"expected a JSON object, got {type(rec).__name__}"
+    checks: list[tuple[str, Any, str]] = [
+        ("format", lambda v: isinstance(v, str) and v, "a non-empty string"),
+        ("schema_version", lambda v: _is_int(v) and 1 <= v < 1 << 31, "an integer >= 1"),
+        ("seq", lambda v: _is_int(v) and 0 <= v < 1 << 62, "an integer >= 0"),
+        ("created_unix", lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+         and math.isfinite(v), "a finite number"),
+        ("manifest_sha256", lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v),
+         "64 hexadecimal digits"),
+        ("files", lambda v: isinstance(v, dict) and bool(v), "a non-empty table of sizes"),
+    ]
+    for key, ok, expected in checks:
+        if key not in rec:
+            return f"field {key!r} is missing (expected {expected})"
+        if not ok(rec[key]):
+            return f"field {key!r} must be {expected}, got {rec[key]!r}"
+    for name, size in rec["files"].items():
+        if not re.fullmatch(r"[\w.-]+", name) or name in (".", ".."):
+            return f"field 'files' names {name!r}, which is not a plain file name"
+        if not (_is_int(size) and 0 <= size < 1 << 62):
+            return f"field 'files' gives {name!r} the size {size!r}, expected bytes >= 0"
+    return ""
 
 
 def newest_first(roots: Iterable[Path]) -> list[Path]:

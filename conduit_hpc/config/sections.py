@@ -107,11 +107,16 @@ class FieldConfig:
         dtype (str): numpy dtype name (``float32``, ``uint8``, ...).
         shape (tuple[int, ...]): per-row shape, ``[]`` for a scalar.
         allow_nan (bool): when false, a NaN in this field is refused at ingest.
+        cast (str): which input dtypes ingest converts: ``safe`` (default: only casts
+            that lose nothing, e.g. int32 -> int64, float32 -> float64) or ``same_kind``
+            (also float64 -> float32 and the like, which may round: what Gymnasium's
+            float64 rewards need for a float32 field).
     """
 
     dtype: str
     shape: tuple[int, ...] = ()
     allow_nan: bool = True
+    cast: Literal["safe", "same_kind"] = "safe"
 
     def __post_init__(self) -> None:
         require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")

@@ -75,6 +75,12 @@ __all__ = [
     "parse_bytes",
 ]
 
+#: bounds checked before anything is allocated (a cluster file cannot make the planner
+#: grow without bound): nodes in all, ranks or GPUs of one kind per node, ranks in all
+MAX_NODES = 100_000
+MAX_PER_NODE = 4096
+MAX_RANKS = 1 << 20
+
 TIERS = ("learner_gpu", "learner_host", "buffer_host")
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -167,14 +173,17 @@ class NodeConfig:
     def __post_init__(self) -> None:
         require(bool(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", self.name)), "name", self.name,
                 "a name of letters, digits, '_', '-', '.' starting with a letter")
-        require(self.count >= 1, "count", self.count, ">= 1")
-        require(self.gpus >= 0, "gpus", self.gpus, ">= 0")
-        require(self.learners >= -1, "learners", self.learners, ">= 0 (or -1: one per GPU)")
+        require(1 <= self.count <= MAX_NODES, "count", self.count, f"between 1 and {MAX_NODES}")
+        require(0 <= self.gpus <= MAX_PER_NODE, "gpus", self.gpus, f"between 0 and {MAX_PER_NODE}")
+        require(-1 <= self.learners <= MAX_PER_NODE, "learners", self.learners,
+                f"between 0 and {MAX_PER_NODE} (or -1: one per GPU)")
         if self.gpus > 0:
             require(self.learners <= self.gpus, "learners", self.learners,
                     f"<= gpus ({self.gpus}): a learner owns one GPU")
-        require(self.buffers >= 0, "buffers", self.buffers, ">= 0")
-        require(self.actors >= 0, "actors", self.actors, ">= 0")
+        require(0 <= self.buffers <= MAX_PER_NODE, "buffers", self.buffers,
+                f"between 0 and {MAX_PER_NODE}")
+        require(0 <= self.actors <= MAX_PER_NODE, "actors", self.actors,
+                f"between 0 and {MAX_PER_NODE}")
         for key in ("learner_gpu_bytes", "learner_host_bytes", "buffer_host_bytes"):
             parse_bytes(getattr(self, key), key)
         require(self.shm is not None, "shm", self.shm,
@@ -214,6 +223,12 @@ class ClusterFile:
 
     def __post_init__(self) -> None:
         require(len(self.nodes) >= 1, "nodes", list(self.nodes), "at least one [[nodes]] entry")
+        ranks = sum(n.count * (max(n.learners, n.gpus) + n.buffers + n.actors)
+                    for n in self.nodes)
+        nodes = sum(n.count for n in self.nodes)
+        require(nodes <= MAX_NODES, "nodes", f"{nodes} nodes", f"at most {MAX_NODES} nodes")
+        require(ranks <= MAX_RANKS, "nodes", f"{ranks} ranks",
+                f"at most {MAX_RANKS} ranks in all (what a plan can be computed for here)")
         names: list[str] = []
         for n in self.nodes:
             names.extend(_expand_names(n))

@@ -38,19 +38,20 @@ from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed
 from conduit_hpc.placement.placement import Placement, plan_round_robin
 from conduit_hpc.plane.actor import ActorEndpoint, IngestReceipt, IngestStats
 from conduit_hpc.plane.buffer import BufferServer, OwnedShard
-from conduit_hpc.plane.control import C_ACTORS_DONE, C_LEARNERS_DONE, ControlBlock
+from conduit_hpc.plane.control import C_ACTORS_DONE, C_LEARNERS_DONE
 from conduit_hpc.plane.delivery import Deliverer
 from conduit_hpc.plane.extensions import Feature, feature_factories
 from conduit_hpc.plane.learner import MODES, EdpMode, LearnerEndpoint
+from conduit_hpc.plane.memory import ShardMemory
 from conduit_hpc.plane.roles import Role, RoleComms, check_same_config, split_roles
 from conduit_hpc.plane.staging import Batch, Stager, select_device
+from conduit_hpc.plane.summary import merge_summaries, shard_counters
 from conduit_hpc.plane.weights import WeightsBoard, flat_parameters, load_flat
 from conduit_hpc.protocol import Tag
 from conduit_hpc.sampling import make_sampler
 from conduit_hpc.scheduler import RateLimiter
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage.priority import PriorityIndex
-from conduit_hpc.storage.ring import ShardLayout, ShardRing
 from conduit_hpc.transport.channel import Channel
 from conduit_hpc.transport.objects import allgather_json
 from conduit_hpc.transport.rma import RmaWindow
@@ -121,7 +122,13 @@ class ExperienceDataPlane:
         self.placement: Placement = placement
         self.run_dir = Path(run_dir) if run_dir else None
         self.started_at = time.perf_counter()
-        self._make_storage()
+        try:
+            self.memory = ShardMemory(config, self.spec, roles, placement)
+        except ConduitError:
+            roles.close()  # every rank raises alike (agreed inside)
+            raise
+        self.window, self.control, self.rings = (self.memory.window, self.memory.control,
+                                                 self.memory.rings)
         self.channel: Channel = next(
             (c for f in self.features
              if (c := f.channel(roles.world, config.transport.poll_interval_s)) is not None),
@@ -146,36 +153,6 @@ class ExperienceDataPlane:
             f.attach(self)  # collective where a feature makes windows
 
     # -- construction --------------------------------------------------------------
-    def _make_storage(self) -> None:
-        """Windows for the shards, the control block, the ring clients."""
-        roles, me, cfg = self.roles, self.roles.world_rank, self.config
-        layouts = [ShardLayout(self.spec, s.capacity_rows) for s in self.placement.shards]
-        # each owner's segment starts with int64[world_size] acknowledgements: how many
-        # priority-update messages it has applied from each rank (see Deliverer.mark)
-        self._ack_bytes = (8 * roles.world_size + 63) // 64 * 64
-        bases: dict[int, int] = {}
-        used: dict[int, int] = {}
-        for s, lay in zip(self.placement.shards, layouts, strict=True):
-            bases[s.shard_id] = used.get(s.owner_rank, self._ack_bytes)
-            used[s.owner_rank] = bases[s.shard_id] + lay.nbytes
-        shared = cfg.transport.shared_memory == "auto"
-        self.window = RmaWindow(roles.world, used.get(me, 0), node_comm=roles.node,
-                                shared=shared)
-        self._control_owner = roles.buffer_ranks[0]
-        self._control_window = RmaWindow(roles.world, 64 if me == self._control_owner else 0,
-                                         node_comm=roles.node, shared=shared)
-        self.control = ControlBlock(self._control_window, self._control_owner)
-        self.rings: dict[int, ShardRing] = {
-            s.shard_id: ShardRing(self.window, s.owner_rank, bases[s.shard_id], lay,
-                                  timeout_s=cfg.run.timeout_s,
-                                  poll_interval_s=cfg.transport.poll_interval_s)
-            for s, lay in zip(self.placement.shards, layouts, strict=True)}
-        # the owner always maps its own memory, whatever the sharing policy
-        for s in self.placement.shards_of(me):
-            ring = self.rings[s.shard_id]
-            if ring.views is None:
-                ring.views = ring.layout.views(self.window.own_segment(), ring.base)
-
     def _metrics_file(self, name: str) -> Path | None:
         return self.run_dir / "metrics" / name if self.run_dir else None
 
@@ -196,7 +173,7 @@ class ExperienceDataPlane:
                                     lambda v=views: int(v.header[1]))
             owned.append(OwnedShard(s.shard_id, ring, index, drawer))
         peers = tuple(r for r in range(roles.world_size) if r not in roles.buffer_ranks)
-        on_done = self._count_done if me == self._control_owner else None
+        on_done = self._count_done if me == self.memory.control_owner else None
         acks = self.window.own_segment()[:8 * roles.world_size].view(np.int64)
         self.server = BufferServer(owned, self.channel, peers, on_done=on_done,
                                    poll_interval_s=cfg.transport.poll_interval_s,
@@ -215,11 +192,8 @@ class ExperienceDataPlane:
         local = [r for r in roles.learner_ranks if roles.same_node(r, me)].index(me)
         self.device = select_device(cfg.scheduler.device, local)
         owners = {s: self.placement.shards[s].owner_rank for s in mine}
-        acks = {}
-        for o in set(owners.values()):
-            view = self.window.local_view(o)
-            if view is not None:
-                acks[o] = view[:8 * roles.world_size].view(np.int64)
+        acks = {o: a for o in set(owners.values())
+                if (a := self.memory.acks_of(o, roles.world_size)) is not None}
         d = Deliverer(spec=self.spec, rings={s: self.rings[s] for s in mine}, owners=owners,
                       acks=acks, sync=self.window.sync, rank=me,
                       channel=self.channel, control=self.control, limiter=self.limiter,
@@ -444,29 +418,12 @@ class ExperienceDataPlane:
         if self.actor is not None:
             mine["ingest"] = self.actor.stats.as_dict()
         if self.server is not None:
-            for s in self.server.shards:
-                s.poll()
-            mine["shards"] = {str(s.shard_id): {
-                "committed": s.committed, "held": s.index.count,
-                "dropped_updates": s.index.dropped_updates,
-                "applied_updates": s.index.applied_updates} for s in self.server.shards}
+            mine["shards"] = shard_counters(self.server.shards)
         if self.learner is not None:
             mine["learner"] = self._learner_summary
         mine["features"] = {f.name: f.summary() for f in self.features}
-        everyone = allgather_json(self.roles.world, mine)
-        actors = {d["rank"]: d["ingest"] for d in everyone if "ingest" in d}
-        shards: dict[int, Any] = {}
-        for d in everyone:
-            shards.update({int(k): v for k, v in d.get("shards", {}).items()})
-        out = {"actors": actors, "shards": dict(sorted(shards.items())),
-               "learners": {d["rank"]: d["learner"] for d in everyone if "learner" in d},
-               "rows_ingested": sum(a["rows"] for a in actors.values()),
-               "bytes_ingested": sum(a["bytes"] for a in actors.values())}
-        for name in feature_factories():  # every known feature; empty when off
-            out[name] = {}
-        for f in self.features:
-            out[f.name] = f.merge([d["features"].get(f.name) for d in everyone])
-        return out
+        return merge_summaries(allgather_json(self.roles.world, mine), self.features,
+                               feature_factories())
 
     # -- lifetime ------------------------------------------------------------------
     def done(self) -> None:
@@ -506,7 +463,6 @@ class ExperienceDataPlane:
             f.close()
         if self._weights_window is not None:
             self._weights_window.close()
-        self._control_window.close()
-        self.window.close()
+        self.memory.close()
         self.channel.close()
         self.roles.close()

@@ -26,7 +26,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from conduit_hpc.errors import SpecError
 from conduit_hpc.sampling.stratified import ShardStats, allocate_targets
+from conduit_hpc.spec import as_array
 from conduit_hpc.storage.priority import PriorityIndex, check_priorities
 
 __all__ = ["Draw", "Sampler", "ShardDrawer", "check_update"]
@@ -130,25 +132,27 @@ def check_update(indices: Any, priorities: Any, shards: Mapping[int, int]
     """Validate an ``update_priorities`` call before anything is sent.
 
     Raises:
-        ValueError: indices not ``[n, 3]`` int, an unknown shard, a slot out of range,
-            priorities of another length, or a negative, NaN or infinite priority.
+        SpecError: (a ``ValueError``) indices not ``[n, 3]`` int, an unknown shard, a slot
+            out of range, priorities of another length, or a negative, NaN or infinite
+            priority.
     """
-    idx = np.asarray(indices)
+    idx = as_array(indices, "indices")
     if idx.ndim != 2 or idx.shape[1] != 3 or idx.dtype.kind not in "iu":
-        raise ValueError(f"indices must be an integer array of shape [n, 3] (shard, slot, "
+        raise SpecError(f"indices must be an integer array of shape [n, 3] (shard, slot, "
                          f"generation) as delivered in Batch.indices, got dtype "
                          f"{idx.dtype.name} shape {idx.shape}")
     p = check_priorities(priorities)
     if len(p) != len(idx):
-        raise ValueError(f"priorities has {len(p)} entries but indices has {len(idx)}")
+        raise SpecError(f"priorities has {len(p)} entries but indices has {len(idx)}")
     idx = idx.astype(np.int64)
     for sid in np.unique(idx[:, 0]):
         if int(sid) not in shards:
-            raise ValueError(f"indices names shard {int(sid)}, which this learner does "
+            raise SpecError(f"indices names shard {int(sid)}, which this learner does "
                              f"not read (shards: {sorted(shards)})")
         slots = idx[idx[:, 0] == sid, 1]
         cap = shards[int(sid)]
         if slots.min() < 0 or slots.max() >= cap:
-            raise ValueError(f"indices has slot {int(slots.max())} outside shard {int(sid)}'s "
+            worst = int(slots.min()) if slots.min() < 0 else int(slots.max())
+            raise SpecError(f"indices has slot {worst} outside shard {int(sid)}'s "
                              f"[0, {cap})")
     return idx, p

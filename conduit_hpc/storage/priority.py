@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
+from conduit_hpc.errors import SpecError
+from conduit_hpc.spec import as_array
 from conduit_hpc.storage.sumtree import MinTree, SumTree
 
 __all__ = ["PriorityIndex"]
@@ -19,14 +21,22 @@ __all__ = ["PriorityIndex"]
 def check_priorities(priorities: ArrayLike, name: str = "priorities") -> np.ndarray:
     """Return priorities as float64, refusing negative, NaN or infinite values.
 
+    Takes what :func:`~conduit_hpc.spec.as_array` takes (numpy, torch tensors, nested
+    sequences) of booleans, integers or reals; complex values are refused (never silently
+    dropped to their real part).
+
     Raises:
-        ValueError: naming the first bad value and its position.
+        SpecError: (a ``ValueError``) naming ``name``: not numbers, complex, or the first
+            negative, NaN or infinite value and its position.
     """
-    p = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    arr = as_array(priorities, name)
+    if arr.dtype.kind == "c":
+        raise SpecError(f"{name} must be real numbers, got dtype {arr.dtype}")
+    p = arr.astype(np.float64, copy=False).reshape(-1)
     bad = ~np.isfinite(p) | (p < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{name}[{i}] must be finite and >= 0, got {p[i]!r}")
+        raise SpecError(f"{name}[{i}] must be finite and >= 0, got {p[i]!r}")
     return p
 
 

@@ -244,9 +244,60 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
               file=sys.stderr)
         return 1, run_dir
     if rc != 0:
-        print(first_error(run_dir) or f"{ERROR_PREFIX}: job exited with status {rc}; "
-              f"logs in {logs}", file=sys.stderr)
+        print(rank_death(run_dir, cfg) or first_error(run_dir)
+              or f"{ERROR_PREFIX}: job exited with status {rc}; logs in {logs}",
+              file=sys.stderr)
     return rc, run_dir
+
+
+# mpirun/prterun: "prterun noticed that process rank 3 with PID 417 on node vm exited on
+# signal 9 (Killed)."; srun: "srun: error: vm: task 3: Killed"
+_DEATH_MPIRUN = re.compile(r"noticed that process rank (\d+) with PID (\d+) on node (\S+)\s+"
+                           r"exited on\s+signal (\d+)(?: \(([^)]*)\))?")
+_DEATH_SRUN = re.compile(r"srun: error: (\S+): tasks? (\d+)[-\d,]*: (Killed|Terminated|"
+                         r"Segmentation fault|Aborted|Bus error)")
+
+
+def role_of(cfg: Config, world_size: int, rank: int) -> str:
+    """The role ``rank`` has under ``cfg``'s layout (``per_node`` layouts: by the ranks
+    of one node, assuming the launcher fills nodes in order; "" if unknown)."""
+    lay = cfg.layout
+    if lay.per_node:
+        return ""
+    if rank < lay.learners:
+        return "learner"
+    if rank < lay.learners + lay.buffers:
+        return "buffer"
+    return "actor" if rank < world_size else ""
+
+
+def rank_death(run_dir: Path, cfg: Config) -> str | None:
+    """One message naming the rank that the launcher saw die of a signal - its role,
+    world rank, host, the signal, and where its log is - or ``None``."""
+    log = run_dir / "logs" / "launcher.log"
+    if not log.exists():
+        return None
+    text = log.read_text(errors="replace")
+    n = len(list((run_dir / "logs").glob("rank.*")))
+    m = _DEATH_MPIRUN.search(text)
+    if m is not None:
+        rank, host, sig = int(m.group(1)), m.group(3), int(m.group(4))
+    else:
+        s = _DEATH_SRUN.search(text)
+        if s is None:
+            return None
+        rank, host = int(s.group(2)), s.group(1)
+        sig = {"Killed": signal.SIGKILL, "Terminated": signal.SIGTERM,
+               "Segmentation fault": signal.SIGSEGV, "Aborted": signal.SIGABRT,
+               "Bus error": signal.SIGBUS}[s.group(3)]
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    role = role_of(cfg, n, rank)
+    who = f"world rank {rank}" + (f" ({role})" if role else "")
+    return (f"{ERROR_PREFIX}: {who} on host {host} was killed by signal {sig} ({name}); "
+            f"its log: {run_dir / 'logs' / f'rank.{rank}'}, the launcher's: {log}")
 
 
 class _Forwarder:

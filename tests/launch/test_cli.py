@@ -150,6 +150,18 @@ def test_an_exception_on_one_rank_is_one_message_not_a_hang(tmp_path, args, frag
     assert ("Traceback" in logs["rank.2"]) == traceback
 
 
+def test_a_killed_rank_is_named_with_its_role_host_signal_and_log(tmp_path) -> None:
+    out = cli("run", "tests/launch/jobs/fail_one_rank.toml", "-n", "4", "--runs", str(tmp_path),
+              "--set", "fail.rank=1", "--set", "fail.kill=true", timeout=120)
+    assert out.returncode != 0
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
+    assert len(errors) == 1, out.stderr
+    assert "world rank 1 (buffer) on host " in errors[0], errors[0]
+    assert "killed by signal 9 (SIGKILL)" in errors[0], errors[0]
+    assert "rank.1" in errors[0] and "launcher.log" in errors[0]
+    assert "Traceback" not in out.stderr
+
+
 def test_srun_outside_an_allocation_is_refused(tmp_path) -> None:
     import os
 

@@ -96,3 +96,16 @@ def test_config_mismatch_raises_together() -> None:
         check_same_config(COMM, differs)
     assert f"[{COMM.Get_size() - 1}]" in str(info.value)
     assert everyone(True)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_shards_larger_than_the_node_s_memory_are_refused_on_every_rank() -> None:
+    """A capacity that passes the config's ranges but cannot be allocated is refused on
+    every rank, naming the key, before any window exists (was: OverflowError or an MPI
+    allocation failure on some rank)."""
+    from conduit_hpc import ExperienceDataPlane
+
+    cfg = make_config(storage={"capacity_rows": 2**40})
+    with pytest.raises(ConfigError, match=r"storage\.capacity_rows = 1099511627776 needs"):
+        ExperienceDataPlane(cfg, COMM)
+    assert everyone(True)  # every rank got here (none hangs in a collective)

@@ -72,7 +72,8 @@ def test_nodes_expand_and_bytes_parse(tmp_path: Path) -> None:
          ["nodes[0].nic.latency_s must be a finite number >= 0"]),
         (NODE.replace("gpus = 2", "gpus = 2\nlearners = 3"),
          ["nodes[0].learners must be <= gpus (2)"]),
-        (NODE.replace("count = 2", "count = 0"), ["nodes[0].count must be >= 1, got 0"]),
+        (NODE.replace("count = 2", "count = 0"),
+         ["nodes[0].count must be between 1 and 100000, got 0"]),
         (NODE.replace('nic = { bandwidth_gbps = 10.0, latency_s = 2e-6 }', ""),
          ["nodes[0].nic", "several nodes"]),
         (NODE.replace("gpu_host = { bandwidth_gbps = 20.0, latency_s = 1e-5 }", ""),
@@ -154,3 +155,68 @@ def test_from_measurements_and_bandwidth_overrides() -> None:
         c.with_bandwidth({"node9.nic": 1.0})
     # round trip through the file shape
     assert ClusterModel.from_dict(c.to_dict(), source="probe") == c
+
+
+@pytest.mark.parametrize("line,fragment", [
+    ("learners = 100000000", "learners must be between 0 and 4096"),
+    ("count = 1000000000", "count must be between 1 and 100000"),
+    ("actors = 4096\ncount = 1000", "at most 1048576 ranks"),
+])
+def test_cluster_sizes_are_bounded_before_anything_is_allocated(tmp_path, line: str,
+                                                                fragment: str) -> None:
+    text = (REPO / "jobs" / "cluster-local.toml").read_text()
+    key = line.split(" = ")[0]
+    text = "\n".join(ln for ln in text.splitlines() if not ln.startswith(key + " ="))
+    text = text.replace("[[nodes]]\n", f"[[nodes]]\n{line}\n", 1)
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=fragment):
+        ClusterModel.from_toml(f)
+
+
+NODE_KEYS = ("count", "gpus", "learners", "buffers", "actors", "learner_gpu_bytes",
+             "learner_host_bytes", "buffer_host_bytes", "shm", "nic", "gpu_host", "name",
+             "bogus")
+
+
+def _fuzz_value():
+    from hypothesis import strategies as st
+
+    scalar = st.one_of(st.booleans(), st.integers(-2**40, 2**66), st.text(max_size=8),
+                       st.floats(allow_nan=True, allow_infinity=True))
+    return st.one_of(scalar, st.lists(scalar, max_size=3),
+                     st.dictionaries(st.sampled_from(["bandwidth_gbps", "latency_s", "x"]),
+                                     scalar, max_size=3))
+
+
+def test_cluster_files_fuzzed_load_or_name_the_key(tmp_path) -> None:
+    """Random values for random keys of a cluster file: a model, or a ConfigError naming
+    the file - never another exception or a runaway allocation."""
+    import tomli_w
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    import conduit_hpc.config as cc
+
+    base = cc.read_toml(REPO / "jobs" / "cluster-local.toml")
+
+    @settings(deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(st.tuples(st.sampled_from(NODE_KEYS), _fuzz_value()), min_size=1,
+                    max_size=3))
+    def check(pairs) -> None:
+        doc = {"name": base["name"], "nodes": [dict(base["nodes"][0])]}
+        for k, v in pairs:
+            doc["nodes"][0][k] = v
+        try:
+            text = tomli_w.dumps(doc)
+        except (TypeError, ValueError):
+            return  # not expressible as TOML (e.g. NaN in some writers)
+        f = tmp_path / "fuzz.toml"
+        f.write_text(text)
+        try:
+            ClusterModel.from_toml(f)
+        except ConfigError as err:
+            assert str(f) in str(err) or "nodes" in str(err), str(err)
+
+    check()

@@ -3,6 +3,8 @@ every other rank blocks in a barrier; under ``python -m mpi4py`` the job must ab
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from conduit_hpc.job import job_main
 class FailSection:
     rank: int = 2
     conduit_error: bool = False  # raise a ConduitError (one-line report) instead
+    kill: bool = False  # die of SIGKILL instead (as the OOM killer would)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,6 +31,8 @@ def run(cfg: FailConfig, run_dir: Path | None, resume: str) -> None:
     comm = MPI.COMM_WORLD
     comm.Barrier()
     if comm.Get_rank() == cfg.fail.rank:
+        if cfg.fail.kill:
+            os.kill(os.getpid(), signal.SIGKILL)
         if cfg.fail.conduit_error:
             raise DataPlaneTimeout(f"deliberate timeout on world rank {cfg.fail.rank}")
         raise RuntimeError(f"deliberate failure on world rank {cfg.fail.rank}")

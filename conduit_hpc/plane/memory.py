@@ -1,0 +1,102 @@
+"""The job's shard memory on this rank: one RMA window holding every shard this rank
+owns (preceded by the owners' priority-update acknowledgements), the control block's
+window, and a ring client per shard.
+
+Laid out from the placement once, the same on every rank; checked against the nodes'
+free memory before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+from mpi4py import MPI
+
+from conduit_hpc.config import Config
+from conduit_hpc.errors import ConfigError
+from conduit_hpc.placement.placement import Placement
+from conduit_hpc.plane.control import ControlBlock
+from conduit_hpc.plane.roles import RoleComms
+from conduit_hpc.spec import Spec
+from conduit_hpc.storage.ring import ShardLayout, ShardRing
+from conduit_hpc.transport.rma import RmaWindow
+
+__all__ = ["ShardMemory"]
+
+
+class ShardMemory:
+    """The windows and ring clients of one rank. **Collective** on ``roles.world``
+    (construction, :meth:`close`).
+
+    Attributes:
+        window (RmaWindow): every rank's shards (this rank's segment: its own).
+        control (ControlBlock): the job-wide counters (on the first buffer rank).
+        rings (dict[int, ShardRing]): a client of every shard; the owner maps its own.
+        ack_bytes (int): bytes before the first shard of each owner's segment: int64 per
+            rank, the priority-update messages the owner applied from that rank.
+
+    Raises:
+        ConfigError: the shards of some node do not fit in its free memory (on every
+            rank together, before any window exists).
+    """
+
+    def __init__(self, config: Config, spec: Spec, roles: RoleComms,
+                 placement: Placement) -> None:
+        me = roles.world_rank
+        layouts = [ShardLayout(spec, s.capacity_rows) for s in placement.shards]
+        self.ack_bytes = (8 * roles.world_size + 63) // 64 * 64
+        bases: dict[int, int] = {}
+        used: dict[int, int] = {}
+        for s, lay in zip(placement.shards, layouts, strict=True):
+            bases[s.shard_id] = used.get(s.owner_rank, self.ack_bytes)
+            used[s.owner_rank] = bases[s.shard_id] + lay.nbytes
+        _check_memory(config, roles, used)
+        shared = config.transport.shared_memory == "auto"
+        self.window = RmaWindow(roles.world, used.get(me, 0), node_comm=roles.node,
+                                shared=shared)
+        self.control_owner = roles.buffer_ranks[0]
+        self._control_window = RmaWindow(roles.world, 64 if me == self.control_owner else 0,
+                                         node_comm=roles.node, shared=shared)
+        self.control = ControlBlock(self._control_window, self.control_owner)
+        self.rings: dict[int, ShardRing] = {
+            s.shard_id: ShardRing(self.window, s.owner_rank, bases[s.shard_id], lay,
+                                  timeout_s=config.run.timeout_s,
+                                  poll_interval_s=config.transport.poll_interval_s)
+            for s, lay in zip(placement.shards, layouts, strict=True)}
+        # the owner always maps its own memory, whatever the sharing policy
+        for s in placement.shards_of(me):
+            ring = self.rings[s.shard_id]
+            if ring.views is None:
+                ring.views = ring.layout.views(self.window.own_segment(), ring.base)
+
+    def acks_of(self, rank: int, world_size: int) -> np.ndarray | None:
+        """``rank``'s acknowledgement counters if this process maps its segment."""
+        view = self.window.local_view(rank)
+        return None if view is None else view[:8 * world_size].view(np.int64)
+
+    def close(self) -> None:
+        """Free both windows. **Collective**; after the last one-sided access."""
+        self._control_window.close()
+        self.window.close()
+
+
+def _check_memory(config: Config, roles: RoleComms, used: Mapping[int, int]) -> None:
+    """Refuse, on every rank together, shards that the free memory of some node cannot
+    hold. **Collective** on the world (one Allreduce)."""
+    node = roles.node_of[roles.world_rank]
+    need = sum(b for r, b in used.items() if roles.node_of[r] == node)
+    try:
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError):  # not on this platform: nothing to check against
+        avail = need
+    mine = np.array([need if need > avail else 0], dtype=np.int64)
+    worst = np.zeros(1, dtype=np.int64)
+    roles.world.Allreduce(mine, worst, op=MPI.MAX)
+    if worst[0] > 0:
+        raise ConfigError(
+            f"storage.capacity_rows = {config.storage.capacity_rows} needs "
+            f"{int(worst[0]) / 1e9:.3g} GB of shard memory on one node, more than is free "
+            f"there ({int(avail) / 1e9:.3g} GB on this rank's node); lower it or add "
+            f"buffer ranks on other nodes", key="storage.capacity_rows")

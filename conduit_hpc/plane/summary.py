@@ -1,0 +1,44 @@
+"""The job summary: every rank's counters, gathered (as JSON, no pickle) and merged."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from conduit_hpc.plane.buffer import OwnedShard
+from conduit_hpc.plane.extensions import Feature
+
+__all__ = ["merge_summaries", "shard_counters"]
+
+
+def shard_counters(shards: Sequence[OwnedShard]) -> dict[str, dict[str, int]]:
+    """Per owned shard (after a commit pass): committed, held, priority updates applied
+    and dropped. Local."""
+    out = {}
+    for s in shards:
+        s.poll()
+        out[str(s.shard_id)] = {"committed": s.committed, "held": s.index.count,
+                                "dropped_updates": s.index.dropped_updates,
+                                "applied_updates": s.index.applied_updates}
+    return out
+
+
+def merge_summaries(everyone: Sequence[Mapping[str, Any]], features: Sequence[Feature],
+                    known: Mapping[str, Any]) -> dict[str, Any]:
+    """The job's summary from every rank's part (see ``ExperienceDataPlane.summary``):
+    ``actors``, ``shards``, ``learners``, ``rows_ingested``, ``bytes_ingested``, and one
+    entry per known feature (``{}`` where it is off). Local; the same on every rank."""
+    actors = {d["rank"]: d["ingest"] for d in everyone if "ingest" in d}
+    shards: dict[int, Any] = {}
+    for d in everyone:
+        shards.update({int(k): v for k, v in d.get("shards", {}).items()})
+    out: dict[str, Any] = {
+        "actors": actors, "shards": dict(sorted(shards.items())),
+        "learners": {d["rank"]: d["learner"] for d in everyone if "learner" in d},
+        "rows_ingested": sum(a["rows"] for a in actors.values()),
+        "bytes_ingested": sum(a["bytes"] for a in actors.values())}
+    for name in known:
+        out[name] = {}
+    for f in features:
+        out[f.name] = f.merge([d["features"].get(f.name) for d in everyone])
+    return out

@@ -1,0 +1,126 @@
+"""Checkpoint records fuzzed: a ``DONE`` marker with any field of any type (or damaged
+bytes) is refused as a ``CheckpointError`` naming what is wrong - never a traceback -
+and the newest-first search falls back past it to the intact one before."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conduit_hpc import CheckpointError
+from conduit_hpc import checkpoint as ck
+from tests.unit.test_checkpoint import SPEC, write
+
+FIELDS = ("format", "schema_version", "seq", "created_unix", "manifest_sha256", "files")
+JSON_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.text(max_size=8),
+              st.floats(allow_nan=False, allow_infinity=False)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=6)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ckpt")
+    write(root, 1)
+    write(root, 2)
+    return root
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _all_refuse_or_work(path: Path) -> list[str]:
+    """Every reader of a checkpoint: each works or raises CheckpointError."""
+    outcomes = []
+    for name, read in (("done", ck.done_record),
+                       ("open", lambda p: ck.open_checkpoint(p, spec=SPEC).verify())):
+        try:
+            read(path)
+            outcomes.append(f"{name}: ok")
+        except CheckpointError as err:
+            assert str(path) in str(err) or "DONE" in str(err), str(err)
+            outcomes.append(f"{name}: refused")
+    # inspect never raises: it says what is wrong
+    report = ck.inspect_checkpoint(path, verify=True)
+    assert report["ok"] or isinstance(report["error"], str), report
+    outcomes.append("inspect: " + ("ok" if report["ok"] else "refused"))
+    return outcomes
+
+
+@settings(deadline=None, suppress_health_check=[
+    HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.sampled_from(FIELDS), st.one_of(JSON_VALUES, st.just("<missing>")))
+def test_a_done_field_of_any_value_is_refused_or_harmless(pristine: Path, tmp_path: Path,
+                                                         field: str, value: Any) -> None:
+    root = tmp_path / "r"
+    _copy(pristine, root)
+    newest = root / ck.checkpoint_name(2)
+    rec = json.loads((newest / ck.DONE).read_text())
+    good = rec[field]
+    if value == "<missing>":
+        del rec[field]
+    else:
+        rec[field] = value
+    (newest / ck.DONE).write_text(json.dumps(rec))
+    outcomes = _all_refuse_or_work(newest)
+    if value != good and field in ("format", "schema_version", "seq", "manifest_sha256",
+                                   "files") and not isinstance(value, type(good)):
+        assert "done: refused" in outcomes  # the wrong type is never used
+    # the search for the newest usable one falls back past it
+    usable = [p for p in ck.newest_first([root]) if _opens(p)]
+    assert usable and usable[0].name in (ck.checkpoint_name(1), ck.checkpoint_name(2))
+    if "open: refused" in outcomes:
+        assert usable[0].name == ck.checkpoint_name(1)
+
+
+def _opens(p: Path) -> bool:
+    try:
+        ck.open_checkpoint(p, spec=SPEC)
+        return True
+    except CheckpointError:
+        return False
+
+
+@settings(deadline=None, suppress_health_check=[
+    HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=200))
+def test_done_of_random_bytes_is_refused(pristine: Path, tmp_path: Path, blob: bytes) -> None:
+    root = tmp_path / "r"
+    _copy(pristine, root)
+    newest = root / ck.checkpoint_name(2)
+    (newest / ck.DONE).write_bytes(blob)
+    outcomes = _all_refuse_or_work(newest)
+    assert "done: refused" in outcomes
+
+
+@pytest.mark.parametrize("field,value,fragment", [
+    ("schema_version", "one", "'schema_version' must be an integer >= 1, got 'one'"),
+    ("schema_version", None, "'schema_version' must be an integer >= 1, got None"),
+    ("files", {"manifest.h5": "big"}, "gives 'manifest.h5' the size 'big'"),
+    ("files", {"../x": 1}, "'../x', which is not a plain file name"),
+    ("seq", True, "'seq' must be an integer >= 0, got True"),
+])
+def test_damaged_done_fields_are_named(pristine: Path, tmp_path: Path, field: str,
+                                       value: Any, fragment: str) -> None:
+    root = _copy(pristine, tmp_path / "r")
+    newest = root / ck.checkpoint_name(2)
+    rec = json.loads((newest / ck.DONE).read_text())
+    rec[field] = value
+    (newest / ck.DONE).write_text(json.dumps(rec))
+    with pytest.raises(CheckpointError, match="DONE marker is damaged") as err:
+        ck.open_checkpoint(newest, spec=SPEC)
+    assert fragment in str(err.value)
+    report = ck.inspect_checkpoint(newest, verify=True)
+    assert not report["ok"] and fragment in report["error"]
