@@ -49,6 +49,7 @@ from conduit_hpc.checkpoint.files import (
     spec_from_json,
     spec_to_json,
 )
+from conduit_hpc.checkpoint.inspect import format_report, inspect_checkpoint
 from conduit_hpc.checkpoint.read import Checkpoint, ShardRecord, open_checkpoint
 from conduit_hpc.checkpoint.write import (
     finalize,
@@ -56,7 +57,6 @@ from conduit_hpc.checkpoint.write import (
     write_manifest,
     write_shard_file,
 )
-from conduit_hpc.checkpoint.inspect import format_report, inspect_checkpoint
 
 __all__ = [
     "CHUNK_BYTES",
