@@ -42,8 +42,10 @@ def job_script_for(config_path: str | Path) -> Path:
     return Path(config_path).with_suffix(".py")
 
 
-def declared_config(config_path: str | Path) -> tuple[type | None, str]:
-    """The config class that the job script beside ``config_path`` declares.
+def declared_config(config_path: str | Path,
+                    script: str | Path | None = None) -> tuple[type | None, str]:
+    """The config class that the job script declares: ``script``, by default the one
+    beside ``config_path``.
 
     The script is imported once per process and version of the file (under
     ``_conduit_job_<hash of path and mtime>``, so a script named like a library module
@@ -56,9 +58,9 @@ def declared_config(config_path: str | Path) -> tuple[type | None, str]:
         ConfigError: the script exists but fails to import, or its ``JOB_CONFIG`` is not
             a dataclass type.
     """
-    script = job_script_for(config_path)
+    script = Path(script) if script is not None else job_script_for(config_path)
     if not script.is_file():
-        return None, f"no job script {str(script)!r} beside the file declares them"
+        return None, f"no job script {str(script)!r} declares them"
     resolved = script.resolve()
     stamp = f"{resolved}:{resolved.stat().st_mtime_ns}"
     name = "_conduit_job_" + hashlib.sha256(stamp.encode()).hexdigest()[:16]

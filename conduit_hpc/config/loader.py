@@ -179,13 +179,15 @@ def config_from_dict(cls: type[T], raw: Mapping[str, Any]) -> T:
 
 
 def load(cls: type[T], path: str | Path, overrides: Sequence[str] = (), *,
-         what: str = "config file", discover: bool = True) -> T:
+         what: str = "config file", discover: bool = True,
+         script: str | Path | None = None) -> T:
     """Read ``path``, apply ``overrides`` and validate into ``cls``.
 
     With ``discover``, a file whose top level has tables that ``cls`` does not declare is
     loaded with the config class that the job script beside it declares (see
     :func:`conduit_hpc.config.jobs.declared_config`) when that class is a subclass of
-    ``cls``; otherwise those tables are refused as unknown keys.
+    ``cls``; otherwise those tables are refused as unknown keys. ``script`` names the job
+    script when it is not beside the file.
 
     Raises:
         ConfigError: the file, an override or a value is bad; the message starts with the
@@ -200,7 +202,7 @@ def load(cls: type[T], path: str | Path, overrides: Sequence[str] = (), *,
         known = {f.name for f in dataclasses.fields(cls)}
         extra = sorted(k for k, v in raw.items() if k not in known and isinstance(v, dict))
         if extra:
-            job_cls, note = declared_config(p)
+            job_cls, note = declared_config(p, script)
             if job_cls is not None and issubclass(job_cls, cls):
                 target = job_cls
                 note = ""

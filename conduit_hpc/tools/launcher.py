@@ -171,7 +171,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     """
     path = Path(config_path)
     # the one loading path: job sections are checked here too, before any rank starts
-    cfg = load(config_cls, path, overrides)
+    cfg = load(config_cls, path, overrides, script=entry)
     which, plugin = choose_launcher(launcher)
     n = nranks or (int(os.environ["SLURM_NTASKS"]) if which == "srun" and
                    os.environ.get("SLURM_NTASKS", "").isdigit() else ranks_for(cfg))

@@ -83,7 +83,8 @@ def test_the_install_is_what_runs(installed: Path, outside) -> None:
 
 def test_slurm_renders_from_the_packaged_templates(installed: Path, outside) -> None:
     work, env = outside
-    shutil.copy2(REPO / "jobs" / "synthetic.toml", work)
+    for name in ("synthetic.toml", "synthetic.py"):  # a job file and its script
+        shutil.copy2(REPO / "jobs" / name, work)
     script = work / "job.sbatch"
     out = cli(["slurm", str(REPO / "jobs" / "synthetic.toml"), "--nodes", "2",
                "--set", "layout.actors=0", "--ntasks-per-node", "4", "-o", str(script)],
