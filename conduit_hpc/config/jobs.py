@@ -73,7 +73,7 @@ def declared_config(config_path: str | Path,
         sys.modules[name] = module  # dataclasses resolve annotations through it
         try:
             spec.loader.exec_module(module)
-        except Exception as err:  # the job's own code: anything can go wrong there
+        except (Exception, SystemExit) as err:  # the job's own code: anything can go wrong
             del sys.modules[name]
             raise ConfigError(f"importing the job script {str(script)!r} to find its "
                               f"{JOB_CONFIG_NAME} failed: {type(err).__name__}: {err}",

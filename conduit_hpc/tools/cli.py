@@ -229,7 +229,10 @@ def _build_inspect(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
+    from conduit_hpc.tools.launcher import no_mpi_in_this_process
     from conduit_hpc.tools.slurm import render_sbatch, request_from_args, write_or_print
+
+    no_mpi_in_this_process()
 
     cmd = "conduit-hpc " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["slurm"] else ""
     text = render_sbatch(args.config, request_from_args(args), command=cmd)

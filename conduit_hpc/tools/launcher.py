@@ -83,6 +83,17 @@ def ranks_for(cfg: Config) -> int:
     return lay.learners + lay.buffers + max(lay.actors, 1)
 
 
+def no_mpi_in_this_process() -> None:
+    """Loading a job file imports its job script, which may import ``mpi4py.MPI``: on a
+    login node (and in the launcher, whose children are the MPI job) that must not
+    initialise MPI. Call before loading; a no-op once MPI is loaded."""
+    if "mpi4py.MPI" not in sys.modules:
+        import mpi4py
+
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
+
+
 def entry_for(config_path: Path, cfg: Config) -> Path:
     """The job script: ``<config>.py`` beside the TOML file (the one that declares the
     job's config class, see :mod:`conduit_hpc.config.jobs`)."""
@@ -171,7 +182,10 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     """
     path = Path(config_path)
     # the one loading path: job sections are checked here too, before any rank starts
-    cfg = load(config_cls, path, overrides, script=entry)
+    no_mpi_in_this_process()
+    beside = path.with_suffix(".py")
+    cfg = load(config_cls, path, overrides,
+               script=None if beside.is_file() or entry is None else entry)
     which, plugin = choose_launcher(launcher)
     n = nranks or (int(os.environ["SLURM_NTASKS"]) if which == "srun" and
                    os.environ.get("SLURM_NTASKS", "").isdigit() else ranks_for(cfg))

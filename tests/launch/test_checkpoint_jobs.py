@@ -75,7 +75,19 @@ class Proc:
         self.p.wait(timeout=30)
 
     def children(self) -> list[int]:
-        return [pid for pid, (ppid, _) in processes().items() if ppid == self.p.pid]
+        """The launcher's MPI launcher process(es) (mpirun / prterun / srun): not any
+        short-lived helper an import may spawn while the job file is loaded."""
+        out = []
+        for pid, (ppid, _) in processes().items():
+            if ppid != self.p.pid:
+                continue
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue
+            if Path(cmd.decode(errors="replace")).name in ("mpirun", "prterun", "srun"):
+                out.append(pid)
+        return out
 
 
 def processes() -> dict[int, tuple[int, int]]:
