@@ -1,7 +1,11 @@
 """Placement: where experience lives. Plain Python; no MPI.
 
-* :mod:`.cluster` - the cluster model (nodes, tiers, links), from TOML or measurements;
-* :mod:`.model` - the cost model: bytes per link per superstep, predicted path times;
+* :mod:`.cluster` - the cluster model (nodes, tiers, links), from TOML or measurements
+  (the file's schema and byte sizes in :mod:`.clusterfile`, the roles' ranks per node in
+  :mod:`.roster`, the numbered directed links in :mod:`.links`);
+* :mod:`.model` - the cost model: predicted path times, built on :mod:`.workload` (what
+  the experience path carries, from a job), :mod:`.topology` (learners, locations,
+  routes) and :mod:`.loads` (bytes per link per superstep of an allocation);
 * :mod:`.static` - the capacity-constrained, bandwidth-aware static planner (its LP's
   variables, partitions and placement patterns, in :mod:`.columns`);
 * :mod:`.adaptive` - the adaptive re-placement policy driven by telemetry (which rows
@@ -25,7 +29,7 @@ def __getattr__(name: str) -> object:
     # the planners need scipy; load them on first use so that importing the data plane
     # (which only needs Placement) stays cheap on every rank
     if name == "Workload":
-        from conduit_hpc.placement.model import Workload
+        from conduit_hpc.placement.workload import Workload
 
         return Workload
     if name == "plan_static":

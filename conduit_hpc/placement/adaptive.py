@@ -36,18 +36,13 @@ import numpy as np
 from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.cluster import ClusterModel, Roster
 from conduit_hpc.placement.columns import partition_rows
-from conduit_hpc.placement.model import (
-    BUF,
-    GPU,
-    Allocation,
-    Topology,
-    Workload,
-    ingest_matrix,
-    predict,
-)
+from conduit_hpc.placement.loads import Allocation, ingest_matrix
+from conduit_hpc.placement.model import predict
 from conduit_hpc.placement.moves import Move, hot_counts, plan_moves
 from conduit_hpc.placement.placement import Placement, PlanPrediction
 from conduit_hpc.placement.static import plan_static
+from conduit_hpc.placement.topology import BUF, GPU, Topology
+from conduit_hpc.placement.workload import Workload
 
 __all__ = [
     "AdaptiveKnobs",

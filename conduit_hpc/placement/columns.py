@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from conduit_hpc.errors import ConfigError
-from conduit_hpc.placement.model import BUF, GPU, HOST, KIND_TIER, Topology, Workload
+from conduit_hpc.placement.topology import BUF, GPU, HOST, KIND_TIER, Topology
+from conduit_hpc.placement.workload import Workload
 
 __all__ = ["Column", "available_locations", "flat_columns", "node_classes", "partition_rows",
            "symmetric_columns"]

@@ -33,9 +33,9 @@ import numpy as np
 
 from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.cluster import ClusterModel, Roster
-from conduit_hpc.placement.model import SHARD_OVERHEAD_BYTES, Workload
 from conduit_hpc.placement.moves import Move
 from conduit_hpc.placement.placement import Placement, ShardPlacement, ShardWeights
+from conduit_hpc.placement.workload import SHARD_OVERHEAD_BYTES, Workload
 
 __all__ = [
     "HeldSample",

@@ -52,20 +52,11 @@ from conduit_hpc.placement.columns import (
     partition_rows,
     symmetric_columns,
 )
-from conduit_hpc.placement.model import (
-    BUF,
-    GPU,
-    HOST,
-    KIND_TIER,
-    SHARD_OVERHEAD_BYTES,
-    Allocation,
-    Topology,
-    Workload,
-    evaluate,
-    ingest_matrix,
-    predict,
-)
+from conduit_hpc.placement.loads import Allocation, evaluate, ingest_matrix
+from conduit_hpc.placement.model import predict
 from conduit_hpc.placement.placement import Placement, ShardPlacement, ShardWeights, _fmt_bytes
+from conduit_hpc.placement.topology import BUF, GPU, HOST, KIND_TIER, Topology
+from conduit_hpc.placement.workload import SHARD_OVERHEAD_BYTES, Workload
 
 __all__ = ["Column", "LpSolution", "allocation_to_placement", "plan_static", "solve_columns"]
 

@@ -36,8 +36,6 @@ LONG_OK: dict[str, str] = {
         "one state machine (marker, cut, part, manifest) over ~400 lines of one class; "
         "splitting the leader's state out would change what tests and the checkpoint "
         "benchmark observe",
-    "conduit_hpc.placement.cluster": "to be split (file sections vs the model)",
-    "conduit_hpc.placement.model": "to be split (cost model vs workload)",
 }
 
 

@@ -1,0 +1,189 @@
+"""The workload: what the experience path must carry, and its loading from a job.
+
+Plain Python and numpy; no MPI. The cost model that prices a workload on a cluster is
+:mod:`conduit_hpc.placement.model`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from conduit_hpc.config import (
+    Config,
+    SchedulerConfig,
+    StorageConfig,
+    read_toml,
+    require,
+    validate,
+)
+from conduit_hpc.errors import ConfigError
+from conduit_hpc.placement.cluster import TIERS
+
+__all__ = [
+    "INDEX_BYTES_PER_ROW",
+    "SHARD_OVERHEAD_BYTES",
+    "STAMP_BYTES_PER_ROW",
+    "Workload",
+    "sampling_of",
+]
+
+#: per row: the ring's generation stamp and initial priority (int64 + float64)
+STAMP_BYTES_PER_ROW = 16
+#: per row, prioritized replay: sum- and min-tree leaves and parents, generations, priority
+INDEX_BYTES_PER_ROW = 80
+#: per shard: ring header and the alignment padding of its blocks (<= 60 fields)
+SHARD_OVERHEAD_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """What the experience path must carry.
+
+    Attributes:
+        capacity_rows (int): replay capacity over all shards (rows).
+        row_bytes (int): payload bytes of one row (the spec's ``row_bytes``).
+        batch_rows (int): rows each learner samples per superstep.
+        update_rate_hz (float): learner updates per second (superstep = 1 / rate).
+        actor_rows_per_s (float): rows each actor ingests per second.
+        sampling (str): ``uniform`` or ``prioritized`` (adds the priority index to each
+            row's bytes, and allows ``heat``).
+        scope (str): ``global`` (every learner samples every shard) or ``partitioned``
+            (each learner samples its own partition of ``capacity_rows / learners`` rows,
+            fed by the actors of its node, or by all actors when its node has none).
+        compute_s (float): learner compute per superstep for the exposed latency; 0 means
+            the superstep period.
+        heat (tuple[tuple[float, float], ...]): prioritized only: bins of
+            (share of rows, share of priority mass), e.g. ``[[0.1, 0.6], [0.9, 0.4]]``:
+            the hottest 10 % of rows draw 60 % of the samples. Empty: mass follows rows.
+        tiers (tuple[str, ...]): tiers the plan may use.
+    """
+
+    capacity_rows: int
+    row_bytes: int
+    batch_rows: int = 256
+    update_rate_hz: float = 100.0
+    actor_rows_per_s: float = 1000.0
+    sampling: Literal["uniform", "prioritized"] = "uniform"
+    scope: Literal["global", "partitioned"] = "global"
+    compute_s: float = 0.0
+    heat: tuple[tuple[float, ...], ...] = ()
+    tiers: tuple[str, ...] = TIERS
+
+    def __post_init__(self) -> None:
+        require(self.capacity_rows > 0, "capacity_rows", self.capacity_rows, "> 0")
+        require(self.row_bytes > 0, "row_bytes", self.row_bytes, "> 0")
+        require(self.batch_rows > 0, "batch_rows", self.batch_rows, "> 0")
+        require(np.isfinite(self.update_rate_hz) and self.update_rate_hz > 0,
+                "update_rate_hz", self.update_rate_hz, "a finite number > 0")
+        require(np.isfinite(self.actor_rows_per_s) and self.actor_rows_per_s >= 0,
+                "actor_rows_per_s", self.actor_rows_per_s, "a finite number >= 0")
+        require(np.isfinite(self.compute_s) and self.compute_s >= 0, "compute_s",
+                self.compute_s, "a finite number >= 0 (0: the superstep period)")
+        require(len(self.tiers) > 0 and set(self.tiers) <= set(TIERS)
+                and len(set(self.tiers)) == len(self.tiers), "tiers", list(self.tiers),
+                f"a non-empty list of distinct tiers from {list(TIERS)}")
+        if self.heat:
+            require(self.sampling == "prioritized", "heat", [list(b) for b in self.heat],
+                    "empty unless sampling = 'prioritized' (uniform sampling draws rows "
+                    "evenly)")
+            ok = all(len(b) == 2 and b[0] > 0 and b[1] >= 0 for b in self.heat)
+            require(ok, "heat", [list(b) for b in self.heat],
+                    "a list of [row share > 0, mass share >= 0] pairs")
+            rows = sum(b[0] for b in self.heat)
+            mass = sum(b[1] for b in self.heat)
+            require(abs(rows - 1) < 1e-6 and abs(mass - 1) < 1e-6, "heat",
+                    [list(b) for b in self.heat], "row shares and mass shares that each sum "
+                    "to 1")
+
+    # -- derived ------------------------------------------------------------------
+    @property
+    def superstep_s(self) -> float:
+        return 1.0 / self.update_rate_hz
+
+    @property
+    def effective_compute_s(self) -> float:
+        return self.compute_s if self.compute_s > 0 else self.superstep_s
+
+    @property
+    def bytes_per_row(self) -> int:
+        """Memory one row takes in a tier: payload, stamp and priority, and the priority
+        index for prioritized replay."""
+        extra = INDEX_BYTES_PER_ROW if self.sampling == "prioritized" else 0
+        return self.row_bytes + STAMP_BYTES_PER_ROW + extra
+
+    def bins(self) -> tuple[np.ndarray, np.ndarray]:
+        """(row shares, mass shares) of the heat bins, hottest (by mass per row) first."""
+        if not self.heat:
+            return np.ones(1), np.ones(1)
+        q = np.asarray([b[0] for b in self.heat], dtype=np.float64)
+        m = np.asarray([b[1] for b in self.heat], dtype=np.float64)
+        order = np.argsort(-(m / q), kind="stable")
+        return q[order] / q.sum(), m[order] / m.sum()
+
+    # -- loading ------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Workload:
+        """Strict: unknown keys, wrong types and bad values raise ConfigError."""
+        return validate(cls, raw)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> tuple[Workload, list[str]]:
+        """A workload from a TOML file: its ``[workload]`` table if it has one, else
+        derived from the job config it is (loaded as ``Config.from_toml`` does, job
+        sections included; see :meth:`from_job`).
+
+        Returns:
+            tuple[Workload, list[str]]: the workload and notes on assumed values.
+
+        Raises:
+            ConfigError: unreadable file, bad values (named).
+        """
+        p = Path(path)
+        raw = read_toml(p, what="workload file")
+        if "workload" in raw:
+            try:
+                return cls.from_dict(raw["workload"]), []
+            except ConfigError as err:
+                raise ConfigError(f"{p.name}: [workload] {err}", key=err.key) from err
+        return cls.from_job(Config.from_toml(p))
+
+    @classmethod
+    def from_job(cls, cfg: Config) -> tuple[Workload, list[str]]:
+        """Derive a workload from a job config; notes say what was assumed.
+
+        Rows from ``[spec.*]``, capacity from ``[storage]``, the batch from
+        ``[scheduler]``, sampling from ``scheduler.sampler`` and
+        ``storage.priority_exponent`` (:func:`sampling_of`), the scope from
+        ``[placement]``, and the actor rate from ``synthetic.actor_rate_rows_s`` when the
+        job has it.
+        """
+        from conduit_hpc.spec import Spec
+
+        if not cfg.spec:
+            raise ConfigError("the job config has no [spec.*] fields to size rows from "
+                              "(or give a [workload] table)", key="spec")
+        notes = ["update_rate_hz = 100.0 (assumed; a job config does not say it)"]
+        rate = float(getattr(getattr(cfg, "synthetic", None), "actor_rate_rows_s", 0.0))
+        if rate <= 0:
+            rate = 1000.0
+            notes.append("actor_rows_per_s = 1000.0 (assumed)")
+        return cls(capacity_rows=cfg.storage.capacity_rows,
+                   row_bytes=Spec.from_config(cfg.spec).row_bytes,
+                   batch_rows=cfg.scheduler.batch_rows, update_rate_hz=100.0,
+                   actor_rows_per_s=rate,
+                   sampling=sampling_of(cfg.scheduler, cfg.storage),
+                   scope=cfg.placement.scope), notes
+
+
+def sampling_of(scheduler: SchedulerConfig, storage: StorageConfig
+                ) -> Literal["uniform", "prioritized"]:
+    """The cost model's sampling of a job: ``prioritized`` when the scheduler samples by
+    priority with an exponent > 0 (the priority index then takes memory), else
+    ``uniform``."""
+    prioritized = scheduler.sampler == "prioritized" and storage.priority_exponent > 0
+    return "prioritized" if prioritized else "uniform"
