@@ -258,7 +258,9 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
               file=sys.stderr)
         return 1, run_dir
     if rc != 0:
-        print(rank_death(run_dir, cfg) or first_error(run_dir)
+        # a rank's own report first (under srun, the ranks that srun kills after one
+        # failed are reported as killed too); else the rank the launcher saw die
+        print(first_error(run_dir) or rank_death(run_dir, cfg)
               or f"{ERROR_PREFIX}: job exited with status {rc}; logs in {logs}",
               file=sys.stderr)
     return rc, run_dir
@@ -287,7 +289,8 @@ def role_of(cfg: Config, world_size: int, rank: int) -> str:
 
 def rank_death(run_dir: Path, cfg: Config) -> str | None:
     """One message naming the rank that the launcher saw die of a signal - its role,
-    world rank, host, the signal, and where its log is - or ``None``."""
+    world rank, host, the signal, and where its log is - or ``None``. (Used when no rank
+    reported an error itself.)"""
     log = run_dir / "logs" / "launcher.log"
     if not log.exists():
         return None
