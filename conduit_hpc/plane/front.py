@@ -151,8 +151,10 @@ class ExperienceDataPlane:
         roles, me, cfg = self.roles, self.roles.world_rank, self.config
         layouts = [ShardLayout(self.spec, s.capacity_rows) for s in self.placement.shards]
         # each owner's segment starts with int64[world_size] acknowledgements: how many
-        # priority-update messages it has applied from each rank (see Deliverer.mark)
-        self._ack_bytes = (8 * roles.world_size + 63) // 64 * 64
+        # priority-update messages it has applied from each rank (see Deliverer.mark),
+        # then int64[world_size, 2] read pins: (shard id + 1, free cursor) that a
+        # learner holds while it redraws rows (see OwnedShard)
+        self._ack_bytes = (24 * roles.world_size + 63) // 64 * 64
         bases: dict[int, int] = {}
         used: dict[int, int] = {}
         for s, lay in zip(self.placement.shards, layouts, strict=True):
@@ -183,6 +185,8 @@ class ExperienceDataPlane:
         cfg, roles, me = self.config, self.roles, self.roles.world_rank
         sampler = make_sampler(cfg, cfg.run.seed + me)
         owned = []
+        world = roles.world_size
+        pins = self.window.own_segment()[8 * world:24 * world].view(np.int64).reshape(world, 2)
         for s in self.placement.shards_of(me):
             ring = self.rings[s.shard_id]
             views = ring.views
@@ -194,14 +198,19 @@ class ExperienceDataPlane:
                                   sum_buffer=views.tree, gens_buffer=views.gens)
             drawer = sampler.drawer(views.columns, ring.capacity,
                                     lambda v=views: int(v.header[1]))
-            owned.append(OwnedShard(s.shard_id, ring, index, drawer))
+            owned.append(OwnedShard(
+                s.shard_id, ring, index, drawer, guarded=bool(roles.learner_ranks),
+                pins=pins,
+                guard_s=cfg.storage.guard_s,
+                block=cfg.storage.ingest_policy == "block" and bool(roles.learner_ranks),
+                block_timeout_s=cfg.storage.block_timeout_s))
         peers = tuple(r for r in range(roles.world_size) if r not in roles.buffer_ranks)
         on_done = self._count_done if me == self._control_owner else None
         acks = self.window.own_segment()[:8 * roles.world_size].view(np.int64)
         self.server = BufferServer(owned, self.channel, peers, on_done=on_done,
                                    poll_interval_s=cfg.transport.poll_interval_s,
                                    seed=cfg.run.seed + me, window=sampler.window, acks=acks,
-                                   sync=self.window.sync)
+                                   sync=self.window.sync, learners=roles.learner_ranks)
 
     def _count_done(self, rank: int) -> None:
         if rank in self.roles.learner_ranks:
@@ -222,6 +231,7 @@ class ExperienceDataPlane:
                 acks[o] = view[:8 * roles.world_size].view(np.int64)
         d = Deliverer(spec=self.spec, rings={s: self.rings[s] for s in mine}, owners=owners,
                       acks=acks, sync=self.window.sync, rank=me,
+                      pin_offset=8 * roles.world_size,
                       channel=self.channel, control=self.control, limiter=self.limiter,
                       config=cfg.scheduler, sampler=make_sampler(cfg, cfg.run.seed + me),
                       fetch=MODES[cfg.scheduler.mode].fetch_for(cfg.scheduler),
@@ -435,7 +445,10 @@ class ExperienceDataPlane:
 
         Returns:
             dict: ``actors`` (world rank -> ingest counters), ``shards`` (shard id ->
-            committed, held, dropped and applied priority updates), ``learners`` (world
+            committed, held, dropped and applied priority updates, rows overwritten
+            before any learner drew them, ``block`` releases, the last measured insert
+            rate and guard band; see :class:`~conduit_hpc.plane.buffer.OwnedShard`),
+            ``learners`` (world
             rank -> latency summary), ``rows_ingested``, ``bytes_ingested``, and one
             entry per attached feature (its ``merge`` of every rank's part; for
             ``replacement`` and ``longhaul`` see those features).
@@ -449,7 +462,11 @@ class ExperienceDataPlane:
             mine["shards"] = {str(s.shard_id): {
                 "committed": s.committed, "held": s.index.count,
                 "dropped_updates": s.index.dropped_updates,
-                "applied_updates": s.index.applied_updates} for s in self.server.shards}
+                "applied_updates": s.index.applied_updates,
+                "overwritten_unsampled": s.overwritten_unsampled,
+                "block_releases": s.block_releases,
+                "insert_rate_rows_s": s.rate_rows_s,
+                "guard_rows": s.guard_rows} for s in self.server.shards}
         if self.learner is not None:
             mine["learner"] = self._learner_summary
         mine["features"] = {f.name: f.summary() for f in self.features}

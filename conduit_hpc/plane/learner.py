@@ -401,4 +401,6 @@ class LearnerEndpoint:
         summary = latency_summary(self.metrics.rows, skip=min(5, len(self.metrics.rows) // 10))
         summary["resampled_rows"] = float(self.d.resampled)
         summary["limiter_wait_s"] = float(self.d.limiter_wait_s)
+        summary["overwritten_unsampled"] = float(self.d.overwritten_unsampled)
+        summary["pinned_rounds"] = float(self.d.pinned_rounds)
         return summary
