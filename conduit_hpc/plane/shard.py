@@ -18,7 +18,7 @@ import numpy as np
 from conduit_hpc.protocol import SampleReply
 from conduit_hpc.sampling import ShardDrawer
 from conduit_hpc.storage.priority import PriorityIndex
-from conduit_hpc.storage.ring import ShardRing
+from conduit_hpc.storage.ring import H_FREE, ShardRing
 
 __all__ = ["OwnedShard"]
 
@@ -103,6 +103,11 @@ class OwnedShard:
 
             self.drawer = TreeDrawer()
         self.ring.on_wait = self.poll  # this process's own writes may not wait on itself
+        v = self.ring.views
+        if self.guarded and v is not None and int(v.header[H_FREE]) == 0:
+            # gate the second lap on this owner from the start: writers never use the
+            # plain one-lap rule, which could run ahead of a free cursor published later
+            self.ring.publish_free(self.ring.capacity)
 
     @property
     def committed(self) -> int:
@@ -215,12 +220,16 @@ class OwnedShard:
                     self.index.invalidate(slots[self.index.gens[slots] == seqs - cap + 1])
         ring.publish_counters(self.overwritten_unsampled, self.rate_rows_s, guard)
         free = min(max(free, hide_to), limit)
+        ring.transport.sync()
+        # never below what writers may already have been let write (readers' intact
+        # check relies on it); a restore sets it anew
+        published = int(v.header[H_FREE])
         if self.pins is not None:  # read after the hide: see the class docstring
-            ring.transport.sync()
             mine = self.pins[:, 0] == self.shard_id + 1
             if mine.any():
-                free = min(free, max(int(self.pins[mine, 1].min()), self._free))
-        if free != self._free:
+                free = min(free, int(self.pins[mine, 1].min()))
+        free = max(free, published)
+        if free != published:
             ring.publish_free(free)
             self._free = free
         return new - old

@@ -190,7 +190,11 @@ class ShardRing:
         free = self.free_cursor()
         if free:
             return free >= end
-        return self.commit_cursor() >= end - self.capacity
+        # not managed: the plain one-lap rule - unless the owner published one meanwhile
+        if self.commit_cursor() < end - self.capacity:
+            return False
+        again = self.free_cursor()
+        return again == 0 or again >= end
 
     def _wait_lap(self, end: int) -> None:
         """Wait until seqs below ``end`` may be written (bounded by ``timeout_s``)."""
