@@ -218,7 +218,7 @@ class OwnedShard:
                     seqs = np.arange(max(hide_from, cap), hide_to, dtype=np.int64)
                     slots = seqs % cap
                     self.index.invalidate(slots[self.index.gens[slots] == seqs - cap + 1])
-        ring.publish_counters(self.overwritten_unsampled, self.rate_rows_s, guard)
+        ring.publish_unsampled(self.overwritten_unsampled)
         free = min(max(free, hide_to), limit)
         ring.transport.sync()
         # never below what writers may already have been let write (readers' intact

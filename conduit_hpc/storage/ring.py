@@ -12,7 +12,6 @@ Byte layout of one shard (every block 64-byte aligned), starting at ``base``::
                               [7] free cursor (writers may write every seq below it;
                               0: not managed, writers wait for the commit cursor)
                               [8] rows overwritten before any learner drew them
-                              [9] measured insert rate (rows/s)  [10] guard band (rows)
     stamps   int64[capacity]  stamp[slot] = seq + 1 of the row committed there (0: empty)
     priority float64[capacity] initial priority given by the writer (NaN: none)
     tree     float64[2P]      the owner's sum-tree of priority ** alpha (index block)
@@ -57,11 +56,9 @@ from conduit_hpc.errors import DataPlaneTimeout, SpecError
 from conduit_hpc.storage.layout import (
     H_COMMIT,
     H_FREE,
-    H_GUARD,
     H_HELD,
     H_MAXP,
     H_MIN,
-    H_RATE,
     H_RESERVE,
     H_STATS_VERSION,
     H_TOTAL,
@@ -75,8 +72,8 @@ from conduit_hpc.storage.layout import (
 from conduit_hpc.storage.sumtree import prefix_search
 from conduit_hpc.transport.base import Transport
 
-__all__ = ["H_COMMIT", "H_FREE", "H_GUARD", "H_RATE", "H_RESERVE", "H_UNSAMPLED", "RingSegment",
-           "ShardLayout", "ShardRing", "ShardViews", "ring_segments"]
+__all__ = ["H_COMMIT", "H_FREE", "H_RESERVE", "H_UNSAMPLED", "RingSegment", "ShardLayout",
+           "ShardRing", "ShardViews", "ring_segments"]
 
 class ShardRing:
     """Client of one shard: writes (actors), commit scans (owner) and reads (learners).
@@ -273,15 +270,13 @@ class ShardRing:
         self.transport.sync()
         self.transport.atomic_write(self.owner, self.base + 8 * H_FREE, int(free))
 
-    def publish_counters(self, unsampled: int, rate_rows_s: float, guard_rows: int) -> None:
-        """Owner only: the overwritten-unsampled count, insert rate and guard band that
-        readers see in :meth:`read_header` (plain stores; read without the seqlock)."""
+    def publish_unsampled(self, rows: int) -> None:
+        """Owner only: the overwritten-unsampled count that readers see in
+        :meth:`read_header` (a plain store; read without the seqlock)."""
         v = self.views
         if v is None:
-            raise RuntimeError("publish_counters() must run on the shard's owner")
-        v.header[H_UNSAMPLED] = unsampled
-        v.header[H_RATE] = int(rate_rows_s)
-        v.header[H_GUARD] = guard_rows
+            raise RuntimeError("publish_unsampled() must run on the shard's owner")
+        v.header[H_UNSAMPLED] = rows
 
     def read_header(self) -> np.ndarray:
         """A consistent copy of the shard's int64 header as last published by the owner

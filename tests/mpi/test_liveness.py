@@ -99,7 +99,7 @@ def check_identity(delivered, receipts, rows: int) -> list[str]:
 def test_learner_makes_progress_under_flat_out_ingest(mode: str, fetch: str, sampler: str,
                                                       rows: int) -> None:
     # a ring small enough that the actors turn it over in milliseconds
-    capacity = 512 if rows == 1 else 4096
+    capacity = 128 if rows == 1 else 4096
     cfg = config(mode, fetch, sampler, capacity)
     depth = cfg.scheduler.prefetch_depth if mode == "edp" else 0
     problems: list[str] = []
