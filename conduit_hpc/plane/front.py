@@ -186,7 +186,10 @@ class ExperienceDataPlane:
         sampler = make_sampler(cfg, cfg.run.seed + me)
         owned = []
         world = roles.world_size
-        pins = self.window.own_segment()[8 * world:24 * world].view(np.int64).reshape(world, 2)
+        seg = self.window.own_segment()
+        # read pins (none on a buffer rank that holds no shard: its segment is empty)
+        pins = (seg[8 * world:24 * world].view(np.int64).reshape(world, 2)
+                if len(seg) >= 24 * world else None)
         for s in self.placement.shards_of(me):
             ring = self.rings[s.shard_id]
             views = ring.views
