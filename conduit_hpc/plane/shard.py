@@ -83,7 +83,7 @@ class OwnedShard:
     guard_s: float = 0.005
     block: bool = False
     block_timeout_s: float = 1.0
-    max_commit_rows: int = 1 << 14
+    max_commit_rows: int = 1 << 12
     pins: np.ndarray | None = field(default=None, repr=False)
     overwritten_unsampled: int = 0
     block_releases: int = 0
