@@ -108,6 +108,7 @@ class OwnedShard:
             # gate the second lap on this owner from the start: writers never use the
             # plain one-lap rule, which could run ahead of a free cursor published later
             self.ring.publish_free(self.ring.capacity)
+            self._free = self.ring.capacity
 
     @property
     def committed(self) -> int:
