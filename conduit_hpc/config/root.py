@@ -99,6 +99,9 @@ class Config:
         require(sch.min_fill_rows <= st.capacity_rows, "scheduler.min_fill_rows",
                 sch.min_fill_rows, f"<= storage.capacity_rows ({st.capacity_rows}): the "
                 f"replay never holds more rows, learners would wait forever")
+        require(st.block_timeout_s < self.run.timeout_s, "storage.block_timeout_s",
+                st.block_timeout_s, f"< run.timeout_s ({self.run.timeout_s:g}): writers held "
+                f"on an undrawn row must be let go before their wait times out")
         batch = sch.batch_rows * sch.window * (sch.prefetch_depth + 1)
         require(batch * per_row <= MAX_BYTES, "scheduler.batch_rows", sch.batch_rows,
                 f"a batch whose rows (x window {sch.window} x prefetch_depth + 1) fit in "

@@ -144,12 +144,27 @@ class StorageConfig:
         initial_priority (float): priority of a row inserted without one, until a
             larger priority has been seen (new rows enter at the running maximum).
         priority_exponent (float): alpha in p**alpha (0 = uniform).
+        ingest_policy (str): what writers do when they reach rows that no learner has
+            drawn yet: ``overwrite`` them (oldest first; counted per shard as
+            ``overwritten_unsampled``) or ``block`` - wait until a learner has drawn
+            them, at most ``block_timeout_s`` per row before it is overwritten anyway
+            (waits counted in the actors' ``ring_wait_s``). With uniform sampling of a
+            large ring a given row waits about ``capacity / batch_rows`` batches to be
+            drawn: ``block`` suits rings that learners sample through quickly.
+        block_timeout_s (float): longest time writers are held on one undrawn row.
+        guard_s (float): safety time of the guard band: rows that writers will reach
+            within this time (at the measured insert rate, plus the buffer loop's pass
+            time) are hidden from sampling before they are overwritten (at most half
+            of a shard).
     """
 
     capacity_rows: int = 100_000
     shards_per_buffer: int = 1
     initial_priority: float = 1.0
     priority_exponent: float = 0.6
+    ingest_policy: Literal["overwrite", "block"] = "overwrite"
+    block_timeout_s: float = 1.0
+    guard_s: float = 0.005
 
     def __post_init__(self) -> None:
         require(self.capacity_rows > 0, "capacity_rows", self.capacity_rows, "> 0")
@@ -162,6 +177,11 @@ class StorageConfig:
                 "initial_priority", self.initial_priority, "a finite number > 0 and <= 1e30")
         require(finite(self.priority_exponent) and 0 <= self.priority_exponent <= 10,
                 "priority_exponent", self.priority_exponent, "a number in [0, 10]")
+        require(finite(self.block_timeout_s) and 0 < self.block_timeout_s <= MAX_SECONDS,
+                "block_timeout_s", self.block_timeout_s,
+                f"a finite number > 0 and <= {MAX_SECONDS:g} (seconds)")
+        require(finite(self.guard_s) and 0 <= self.guard_s <= 10, "guard_s", self.guard_s,
+                "between 0 and 10 (seconds)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

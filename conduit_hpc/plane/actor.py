@@ -59,9 +59,14 @@ class IngestStats:
         seconds (float): wall time spent inside ``ingest``.
         limiter_wait_s (float): part of it spent waiting for the rate limiter.
         lag_wait_s (float): part of it spent waiting for fresher weights.
+        ring_wait_s (float): part of it spent waiting for the shard's owner to free the
+            slots a write takes (``block`` ingest policy: mostly for learners to draw
+            the rows there; ``overwrite``: for the owner's pass to catch up).
+        ring_waits (int): writes that waited so.
     """
 
-    __slots__ = ("batches", "bytes", "lag_wait_s", "limiter_wait_s", "rows", "seconds")
+    __slots__ = ("batches", "bytes", "lag_wait_s", "limiter_wait_s", "ring_wait_s",
+                 "ring_waits", "rows", "seconds")
 
     def __init__(self) -> None:
         self.rows = 0
@@ -70,6 +75,8 @@ class IngestStats:
         self.seconds = 0.0
         self.limiter_wait_s = 0.0
         self.lag_wait_s = 0.0
+        self.ring_wait_s = 0.0
+        self.ring_waits = 0
 
     def as_dict(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -136,9 +143,12 @@ class ActorEndpoint:
             return IngestReceipt(0, sid, -1)
         self._wait_policy_lag()
         self._admit(n)
+        waits, wait_s = ring.lap_waits, ring.lap_wait_s
         first = ring.write(data, prio)
         self.control.add(C_INSERTS, n)
         st = self.stats
+        st.ring_waits += ring.lap_waits - waits
+        st.ring_wait_s += ring.lap_wait_s - wait_s
         st.rows += n
         st.batches += 1
         st.bytes += n * self.spec.row_bytes
@@ -194,6 +204,7 @@ class ActorEndpoint:
         self.metrics.add({"time_s": now - self._t0, "rows": st.rows,
                           "rows_per_s": (st.rows - self._rows_at_log) / (now - self._last_log),
                           "limiter_wait_s": st.limiter_wait_s,
+                          "ring_wait_s": st.ring_wait_s,
                           "policy_version": self.weights.seen_superstep if self.weights
                           else -1})
         self.metrics.flush()

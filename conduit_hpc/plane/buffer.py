@@ -16,106 +16,18 @@ aborts the whole job on an uncaught exception.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import numpy as np
 
 from conduit_hpc.errors import TransportError
 from conduit_hpc.plane.extensions import BufferExtension
+from conduit_hpc.plane.shard import OwnedShard
 from conduit_hpc.protocol import PriorityUpdate, SampleReply, SampleRequest, Tag, pack_rows
-from conduit_hpc.sampling import ShardDrawer
-from conduit_hpc.storage.priority import PriorityIndex
-from conduit_hpc.storage.ring import ShardRing
 from conduit_hpc.transport.channel import Channel, Message
 from conduit_hpc.wait import Backoff
 
 __all__ = ["BufferServer", "OwnedShard"]
-
-
-@dataclass(eq=False)
-class OwnedShard:
-    """A shard this rank owns: its ring client, priority index and drawer.
-
-    Attributes:
-        shard_id (int): global shard number.
-        ring (ShardRing): direct access to the memory.
-        index (PriorityIndex): priorities of visible rows.
-        drawer (ShardDrawer | None): the sampler's owner side (default: tree search).
-        hidden_upto (int): seqs below this that lap older rows have had those rows hidden.
-    """
-
-    shard_id: int
-    ring: ShardRing
-    index: PriorityIndex
-    drawer: ShardDrawer | None = None
-    hidden_upto: int = 0
-    _dirty: bool = True
-
-    def __post_init__(self) -> None:
-        if self.drawer is None:
-            from conduit_hpc.sampling import TreeDrawer
-
-            self.drawer = TreeDrawer()
-
-    @property
-    def committed(self) -> int:
-        """Rows committed into this shard since it was created (or restored)."""
-        assert self.ring.views is not None
-        return int(self.ring.views.header[1])
-
-    def poll(self) -> int:
-        """Advance commits, update the index, publish stats. Returns rows made visible."""
-        ring, cap = self.ring, self.ring.capacity
-        old, new = ring.advance_commits()
-        # rows a writer has been handed for overwriting (seq q overwrites q - cap)
-        reserved = ring.reserve_cursor()
-        lo = max(self.hidden_upto, new, cap)
-        stale = np.zeros(0, np.int64)
-        if reserved > lo:
-            seqs = np.arange(lo, reserved, dtype=np.int64)
-            slots = seqs % cap
-            stale = slots[self.index.gens[slots] == seqs - cap + 1]
-        self.hidden_upto = max(self.hidden_upto, reserved)
-        if new > old or stale.size or self._dirty:
-            with self.writing():
-                if new > old:
-                    lo = max(old, new - cap)
-                    seqs = np.arange(lo, new, dtype=np.int64)
-                    slots = seqs % cap
-                    assert ring.views is not None
-                    self.index.insert(slots, seqs + 1, ring.views.priority[slots])
-                if stale.size:
-                    self.index.invalidate(stale)
-        return new - old
-
-    @contextmanager
-    def writing(self) -> Iterator[None]:
-        """Change the index inside the shard's seqlock, then publish its stats, so that
-        node-local readers searching the tree see a consistent state or retry."""
-        self.ring.index_write_begin()
-        try:
-            yield
-        finally:
-            assert self.drawer is not None
-            self.drawer.changed()
-            self.ring.index_write_end(*self.drawer.stats(self.index))
-            self._dirty = False
-
-    def span(self) -> float:
-        """The range the sampler's targets for this shard are drawn from."""
-        assert self.drawer is not None
-        return self.drawer.span(self.index)
-
-    def sample(self, targets: np.ndarray) -> SampleReply:
-        """Rows for ``targets``: slot, generation and mass of each; slot -1 where the
-        shard has nothing to draw right now (every row hidden while being overwritten) -
-        the learner draws again. Local."""
-        assert self.drawer is not None
-        slots, gens, mass = self.drawer.draw(self.index, targets)
-        held, total, mn, _ = self.drawer.stats(self.index)
-        return SampleReply(0, self.shard_id, slots, gens, mass, held, total, mn)
 
 
 class BufferServer:
@@ -138,13 +50,21 @@ class BufferServer:
             messages applied from that rank (learners that search trees directly wait
             for their updates to be counted here).
         sync (Callable[[], None] | None): memory barrier for ``acks``.
+        learners (tuple[int, ...]): channel ranks of the learners; once each has said it
+            is done, no shard holds writers back (``block`` ingest policy).
+
+    Fairness: each pass commits at most ``OwnedShard.max_commit_rows`` rows per shard,
+    then answers every message that has arrived (deferred service requests first), so a
+    request waits at most about one bounded pass before it is answered - or, when its
+    shard has nothing drawable, until the next pass that has something.
     """
 
     def __init__(self, shards: list[OwnedShard], channel: Channel, peers: tuple[int, ...],
                  *, on_done: Callable[[int], None] | None = None,
                  poll_interval_s: float = 0.0002, seed: int = 0, window: int = 1,
                  acks: np.ndarray | None = None,
-                 sync: Callable[[], None] | None = None) -> None:
+                 sync: Callable[[], None] | None = None,
+                 learners: tuple[int, ...] = ()) -> None:
         self.shards = shards
         self.by_id = {s.shard_id: s for s in shards}
         self.channel = channel
@@ -153,6 +73,7 @@ class BufferServer:
         self.on_done = on_done
         self.window = window
         self.acks, self.sync = acks, sync
+        self.learners_left = set(learners)
         self.rng = np.random.default_rng(seed)
         self._handlers: dict[int, Callable[[Message], None]] = {
             Tag.DONE: self._on_done, Tag.SAMPLE: self._on_sample,
@@ -182,6 +103,11 @@ class BufferServer:
 
     def peer_done(self, rank: int) -> None:
         """``rank`` will send nothing more (its DONE, or a feature's end marker)."""
+        if rank in self.learners_left:
+            self.learners_left.discard(rank)
+            if not self.learners_left:  # nobody will draw again: nothing holds writers
+                for s in self.shards:
+                    s.block = False
         if rank in self.waiting_for:
             self.waiting_for.discard(rank)
             if self.on_done is not None:
@@ -200,6 +126,7 @@ class BufferServer:
         # by now, and the reply's stats must count them (a learner's fence relies on it)
         shard.poll()
         rep = shard.sample(req.targets)
+        shard.mark(rep.slots, rep.gens, self.window)
         rep = SampleReply(req.request_id, rep.shard_id, rep.slots, rep.gens, rep.mass,
                           rep.held, rep.total, rep.min_mass)
         self.samples_served += len(req.targets)
@@ -209,33 +136,47 @@ class BufferServer:
         if not self._try_service(msg):
             self.deferred.append(msg)  # answered on a later pass, once rows are there
 
+    #: redraw rounds of one service request before it is deferred to a later pass
+    SERVICE_ROUNDS = 16
+
     def _try_service(self, msg: Message) -> bool:
-        """Sample, gather the rows from local memory and send everything back. Returns
-        False (nothing sent) when the shard has nothing intact to draw right now."""
+        """Sample, gather the rows from local memory and send everything back. Rows found
+        overwritten after the gather are replaced by fresh draws of only those rows (at
+        most :attr:`SERVICE_ROUNDS` rounds). Returns False (nothing sent) when the shard
+        has nothing intact to draw right now."""
         req = SampleRequest.unpack(msg.payload)
         shard = self.by_id[req.shard_id]
         rep = shard.sample(req.targets)
         window = self.window
         cap = shard.ring.capacity
+        n = len(rep.slots)
         slots, gens, mass = rep.slots.copy(), rep.gens.copy(), rep.mass.copy()
-        for _ in range(8):
-            drawn = slots >= 0
-            flat = (np.where(drawn, slots, 0)[:, None]
-                    + np.arange(window)[None, :]).reshape(-1) % cap
-            cols, reserved = shard.ring.gather(flat)
+        offs = np.arange(window)[None, :]
+        cols = shard.ring.layout.spec.empty(n * window)
+        todo = np.arange(n)
+        for _ in range(self.SERVICE_ROUNDS):
+            drawn = slots[todo] >= 0
+            flat = (np.where(drawn, slots[todo], 0)[:, None] + offs).reshape(-1) % cap
+            got, reserved = shard.ring.gather(flat)
+            sel = (todo[:, None] * window + offs).reshape(-1)
+            for k, col in got.items():
+                cols[k][sel] = col
             # nothing drawn, or the oldest row of the item handed to a writer meanwhile
-            bad = ~drawn | ((gens - 1) + cap < reserved)
+            bad = ~drawn | ((gens[todo] - 1) + cap < reserved)
             if not bad.any():
                 break
-            # draw replacements in the same shard
-            fresh = shard.sample(self.rng.random(int(bad.sum())) * max(shard.span(), 0.0))
-            slots[bad], gens[bad], mass[bad] = fresh.slots, fresh.gens, fresh.mass
+            todo = todo[bad]
+            if shard.span() <= 0:
+                return False
+            fresh = shard.sample(self.rng.random(len(todo)) * max(shard.span(), 0.0))
+            slots[todo], gens[todo], mass[todo] = fresh.slots, fresh.gens, fresh.mass
         else:
             return False
+        shard.mark(slots, gens, window)
         out = SampleReply(req.request_id, rep.shard_id, slots, gens, mass, rep.held,
                           rep.total, rep.min_mass)
-        self.samples_served += len(slots)
-        self.rows_served += len(flat)
+        self.samples_served += n
+        self.rows_served += n * window
         self.channel.isend(msg.source, Tag.SERVICE_REPLY,
                            out.pack(pack_rows(shard.ring.layout.spec, cols)))
         return True
@@ -258,9 +199,9 @@ class BufferServer:
         return not self.waiting_for and not any(e.keep_open() for e in self.extensions)
 
     def step(self) -> int:
-        """One pass: commits, index, stats, then every pending message, then the
-        extensions. Returns work done. Local; never blocks."""
-        work = sum(s.poll() for s in self.shards)
+        """One pass: commits, index and stats (bounded work per shard), then every
+        pending message, then the extensions. Returns work done. Local; never blocks."""
+        work = sum(s.poll(bounded=True) for s in self.shards)
         if self.deferred:
             waiting, self.deferred = self.deferred, []
             for old in waiting:

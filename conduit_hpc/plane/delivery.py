@@ -28,6 +28,7 @@ from conduit_hpc.protocol import PriorityUpdate, SampleReply, SampleRequest, Tag
 from conduit_hpc.sampling import Sampler, ShardStats
 from conduit_hpc.scheduler import LimiterState, RateLimiter
 from conduit_hpc.spec import Spec
+from conduit_hpc.storage.layout import H_COMMIT, H_HELD, H_MIN, H_TOTAL, H_UNSAMPLED
 from conduit_hpc.storage.ring import ShardRing
 from conduit_hpc.transport.channel import Channel
 from conduit_hpc.wait import Backoff, Deadline, wait_until
@@ -64,6 +65,8 @@ class Deliverer:
         transform (Transform | None): applied to each numpy batch before the copy.
         timeout_s (float): bound on every wait.
         poll_interval_s (float): longest pause of a wait.
+        pin_offset (int | None): byte offset of the read pins in each owner's memory
+            (``None``: no pins; see :meth:`gather_checked`).
     """
 
     def __init__(self, *, spec: Spec, rings: Mapping[int, ShardRing], owners: Mapping[int, int],
@@ -71,7 +74,7 @@ class Deliverer:
                  channel: Channel, control: ControlBlock, limiter: RateLimiter,
                  config: SchedulerConfig, sampler: Sampler, fetch: Fetch, n_actors: int,
                  stager: Stager, transform: Transform | None, timeout_s: float,
-                 poll_interval_s: float) -> None:
+                 poll_interval_s: float, pin_offset: int | None = None) -> None:
         self.spec, self.rings, self.owners = spec, dict(rings), dict(owners)
         self.shard_ids = np.array(sorted(self.rings), dtype=np.int64)
         self.channel, self.control, self.limiter = channel, control, limiter
@@ -86,6 +89,14 @@ class Deliverer:
         self.required: dict[int, int] = {}  # ... that a direct search must wait for
         self.resampled = 0
         self.limiter_wait_s = 0.0
+        self.pin_offset = pin_offset
+        self.pinned_rounds = 0  # redraw rounds made under a read pin
+        #: rows committed into this learner's shards, up to each shard's capacity (what
+        #: the minimum fill counts: rows hidden while being overwritten were written)
+        self.written = 0
+        #: rows of this learner's shards overwritten before any learner drew them, as
+        #: the owners last published (see :class:`~conduit_hpc.plane.buffer.OwnedShard`)
+        self.overwritten_unsampled = 0
         # replies that arrived while another batch's were awaited (pipelined owner fetch)
         self.stash: dict[int, tuple[SampleReply, np.ndarray]] = {}
 
@@ -96,10 +107,19 @@ class Deliverer:
 
     # -- statistics and the rate limiter -------------------------------------------
     def shard_stats(self) -> list[ShardStats]:
+        """What each shard's owner last published for samplers (one header read each);
+        also updates :attr:`written` and :attr:`overwritten_unsampled`."""
         out = []
+        written = unsampled = 0
         for sid in self.shard_ids:
-            held, total, mn, _ = self.rings[int(sid)].read_stats()
-            out.append(ShardStats(total=total, count=held, min=mn))
+            ring = self.rings[int(sid)]
+            head = ring.read_header()
+            f = head.view(np.float64)
+            out.append(ShardStats(total=float(f[H_TOTAL]), count=int(head[H_HELD]),
+                                  min=float(f[H_MIN])))
+            written += min(int(head[H_COMMIT]), ring.capacity)
+            unsampled += int(head[H_UNSAMPLED])
+        self.written, self.overwritten_unsampled = written, unsampled
         return out
 
     def admit(self, rows: int) -> tuple[list[ShardStats], float]:
@@ -113,7 +133,7 @@ class Deliverer:
         fenced = False
         while True:
             stats = self.shard_stats()
-            held = sum(s.count for s in stats)
+            held = self.written  # written rows: those hidden for overwriting count too
             mass = sum(s.total for s in stats)
             state = LimiterState(self.control.read(C_INSERTS), self.control.read(C_SAMPLES),
                                  held)
@@ -222,10 +242,12 @@ class Deliverer:
             wait_until(applied, timeout_s=self.timeout_s, max_sleep_s=self.poll_s,
                        what=f"the owner (rank {owner}) of shard {sid} to apply this "
                             f"learner's priority updates")
-        found = self.rings[sid].search(targets)
+        ring = self.rings[sid]
+        found = ring.search(targets)
         if found is None:
             return None
         slots, gens, mass, held, total, mn = found
+        ring.mark_sampled(slots, gens)
         return SampleReply(0, sid, slots, gens, mass, held, total, mn)
 
     # -- one batch ---------------------------------------------------------------------
@@ -264,40 +286,69 @@ class Deliverer:
     def gather_checked(self, sid: int, a: int, b: int, indices: np.ndarray, mass: np.ndarray,
                        flat: dict[str, np.ndarray]) -> None:
         """Copy rows a..b of the batch from shard ``sid``; redraw (in the same shard)
-        any whose slot was handed to a writer meanwhile, until all are intact."""
+        only those whose slot was handed to a writer meanwhile, until all are intact.
+
+        The owner's guard band keeps such redraws rare (a drawn row stays intact for
+        about ``storage.guard_s``). The redraws run under a read pin (the owner's free
+        cursor stays where this learner read it until the pin is dropped), so the rows
+        drawn then cannot be overwritten: one redraw round is enough, unless the shard
+        had nothing drawable (a round that replaced none pauses briefly). Bounded by the
+        timeout; writers of the shard wait for at most that one round."""
         ring, w = self.rings[sid], self.window
         cap = ring.capacity
         todo = np.arange(a, b)
         pos = int(np.flatnonzero(self.shard_ids == sid)[0])
         deadline = Deadline(self.timeout_s, f"intact rows of shard {sid} (they kept being "
                                             f"overwritten while gathered)")
-        while True:
-            drawn = indices[todo, 1] >= 0  # -1: the owner had nothing to draw then
-            slots = np.where(drawn, indices[todo, 1], 0)
-            rows = (slots[:, None] + np.arange(w)[None, :]).reshape(-1) % cap
-            if len(todo) == b - a:  # first pass: straight into the batch
-                dst = {k: v[a * w:b * w] for k, v in flat.items()}
-                _, reserved = ring.gather(rows, dst)
-            else:
-                got, reserved = ring.gather(rows)
-                sel = (todo[:, None] * w + np.arange(w)[None, :]).reshape(-1)
-                for k, v in got.items():
-                    flat[k][sel] = v
-            bad = ~drawn | ((indices[todo, 2] - 1) + cap < reserved)
-            if not bad.any():
-                return
-            todo = todo[bad]
-            self.resampled += len(todo)
-            deadline.check()
-            _, total, _, _ = ring.read_stats()
-            if total <= 0:
-                time.sleep(self.poll_s)
-            targets = self.sampler.redraw(total, len(todo))
-            rep = self.search(pos, targets)
-            if rep is None:
-                rid = self.request(Tag.SAMPLE, pos, targets)
-                (rep, _), = self.collect(Tag.SAMPLE_REPLY, {rid}, "resample reply").values()
-            indices[todo, 1], indices[todo, 2], mass[todo] = rep.slots, rep.gens, rep.mass
+        backoff = Backoff(self.poll_s)
+        pinned = False
+        try:
+            while True:
+                drawn = indices[todo, 1] >= 0  # -1: the owner had nothing to draw then
+                slots = np.where(drawn, indices[todo, 1], 0)
+                rows = (slots[:, None] + np.arange(w)[None, :]).reshape(-1) % cap
+                if len(todo) == b - a:  # first pass: straight into the batch
+                    dst = {k: v[a * w:b * w] for k, v in flat.items()}
+                    _, reserved = ring.gather(rows, dst)
+                else:
+                    got, reserved = ring.gather(rows)
+                    sel = (todo[:, None] * w + np.arange(w)[None, :]).reshape(-1)
+                    for k, v in got.items():
+                        flat[k][sel] = v
+                bad = ~drawn | ((indices[todo, 2] - 1) + cap < reserved)
+                if not bad.any():
+                    return
+                if bad.all() and pinned:  # nothing drawable: let the owner run
+                    backoff.pause()
+                todo = todo[bad]
+                self.resampled += len(todo)
+                deadline.check()
+                if not pinned and self.pin_offset is not None:
+                    self._pin(ring, sid, True)
+                    pinned = True
+                self.pinned_rounds += pinned
+                _, total, _, _ = ring.read_stats()
+                targets = self.sampler.redraw(total, len(todo))
+                rep = self.search(pos, targets)
+                if rep is None:
+                    rid = self.request(Tag.SAMPLE, pos, targets)
+                    (rep, _), = self.collect(Tag.SAMPLE_REPLY, {rid},
+                                             "resample reply").values()
+                indices[todo, 1], indices[todo, 2], mass[todo] = rep.slots, rep.gens, rep.mass
+        finally:
+            if pinned:
+                self._pin(ring, sid, False)
+
+    def _pin(self, ring: ShardRing, sid: int, on: bool) -> None:
+        """Hold (or drop) this learner's read pin on shard ``sid``: its owner does not
+        move the free cursor past the value read here while the pin is held."""
+        assert self.pin_offset is not None
+        t, disp = ring.transport, self.pin_offset + 16 * self.rank
+        if on:
+            t.atomic_write(ring.owner, disp + 8, ring.free_cursor())
+            t.atomic_write(ring.owner, disp, sid + 1)
+        else:
+            t.atomic_write(ring.owner, disp, 0)
 
     # -- priorities ----------------------------------------------------------------------
     def send_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> int:

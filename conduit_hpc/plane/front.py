@@ -51,7 +51,6 @@ from conduit_hpc.protocol import Tag
 from conduit_hpc.sampling import make_sampler
 from conduit_hpc.scheduler import RateLimiter
 from conduit_hpc.spec import Spec
-from conduit_hpc.storage.priority import PriorityIndex
 from conduit_hpc.transport.channel import Channel
 from conduit_hpc.transport.objects import allgather_json
 from conduit_hpc.transport.rma import RmaWindow
@@ -159,26 +158,14 @@ class ExperienceDataPlane:
     def _init_buffer(self) -> None:
         cfg, roles, me = self.config, self.roles, self.roles.world_rank
         sampler = make_sampler(cfg, cfg.run.seed + me)
-        owned = []
-        for s in self.placement.shards_of(me):
-            ring = self.rings[s.shard_id]
-            views = ring.views
-            assert views is not None
-            # the tree and generations live in the window: node-local learners search
-            # them directly (under the shard's seqlock) instead of asking
-            index = PriorityIndex(s.capacity_rows, alpha=sampler.alpha,
-                                  initial_priority=cfg.storage.initial_priority,
-                                  sum_buffer=views.tree, gens_buffer=views.gens)
-            drawer = sampler.drawer(views.columns, ring.capacity,
-                                    lambda v=views: int(v.header[1]))
-            owned.append(OwnedShard(s.shard_id, ring, index, drawer))
+        owned = self.memory.owned_shards(cfg, roles, self.placement, sampler)
         peers = tuple(r for r in range(roles.world_size) if r not in roles.buffer_ranks)
         on_done = self._count_done if me == self.memory.control_owner else None
         acks = self.window.own_segment()[:8 * roles.world_size].view(np.int64)
         self.server = BufferServer(owned, self.channel, peers, on_done=on_done,
                                    poll_interval_s=cfg.transport.poll_interval_s,
                                    seed=cfg.run.seed + me, window=sampler.window, acks=acks,
-                                   sync=self.window.sync)
+                                   sync=self.window.sync, learners=roles.learner_ranks)
 
     def _count_done(self, rank: int) -> None:
         if rank in self.roles.learner_ranks:
@@ -196,6 +183,7 @@ class ExperienceDataPlane:
                 if (a := self.memory.acks_of(o, roles.world_size)) is not None}
         d = Deliverer(spec=self.spec, rings={s: self.rings[s] for s in mine}, owners=owners,
                       acks=acks, sync=self.window.sync, rank=me,
+                      pin_offset=8 * roles.world_size,
                       channel=self.channel, control=self.control, limiter=self.limiter,
                       config=cfg.scheduler, sampler=make_sampler(cfg, cfg.run.seed + me),
                       fetch=MODES[cfg.scheduler.mode].fetch_for(cfg.scheduler),
@@ -409,7 +397,10 @@ class ExperienceDataPlane:
 
         Returns:
             dict: ``actors`` (world rank -> ingest counters), ``shards`` (shard id ->
-            committed, held, dropped and applied priority updates), ``learners`` (world
+            committed, held, dropped and applied priority updates, rows overwritten
+            before any learner drew them, ``block`` releases, the last measured insert
+            rate and guard band; see :class:`~conduit_hpc.plane.buffer.OwnedShard`),
+            ``learners`` (world
             rank -> latency summary), ``rows_ingested``, ``bytes_ingested``, and one
             entry per attached feature (its ``merge`` of every rank's part; for
             ``replacement`` and ``longhaul`` see those features).

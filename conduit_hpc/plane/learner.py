@@ -114,6 +114,7 @@ class EdpMode(DeliveryMode):
         self._ready: dict[int, Batch] = {}
         self._cv = threading.Condition()
         self._closed: DataPlaneClosed | None = None  # the thread saw the stream end
+        self._stopping = False  # stop() began: no new batch may start
         self._thread: DataPlaneThread | None = None
         f = self.d.fetch
         self._owner = f if isinstance(f, OwnerFetch) and f.pipelined else None
@@ -125,8 +126,8 @@ class EdpMode(DeliveryMode):
     # -- thread side -----------------------------------------------------------------
     def _prefetch_step(self) -> bool:
         self.d.channel.progress()  # e.g. release messages held for a long link
-        if self._closed is not None:  # no new batches; those in flight still complete
-            return self._complete_arrived()
+        if self._closed is not None or self._stopping:
+            return self._complete_arrived()  # no new batches; those in flight complete
         try:
             return self._pipelined_step() if self._owner else self._prepare_step()
         except DataPlaneClosed as err:
@@ -200,6 +201,8 @@ class EdpMode(DeliveryMode):
     def stop(self) -> None:
         if self._thread is None:
             return
+        self._stopping = True  # else a batch begun after finish() below would leave the
+        # owners' replies unreceived, and their (rendezvous) sends would never complete
         if self._owner is not None:
             def finish() -> None:  # no owner's send is left unmatched
                 assert self._owner is not None
@@ -401,4 +404,6 @@ class LearnerEndpoint:
         summary = latency_summary(self.metrics.rows, skip=min(5, len(self.metrics.rows) // 10))
         summary["resampled_rows"] = float(self.d.resampled)
         summary["limiter_wait_s"] = float(self.d.limiter_wait_s)
+        summary["overwritten_unsampled"] = float(self.d.overwritten_unsampled)
+        summary["pinned_rounds"] = float(self.d.pinned_rounds)
         return summary

@@ -19,7 +19,10 @@ from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.placement import Placement
 from conduit_hpc.plane.control import ControlBlock
 from conduit_hpc.plane.roles import RoleComms
+from conduit_hpc.plane.shard import OwnedShard
+from conduit_hpc.sampling import Sampler
 from conduit_hpc.spec import Spec
+from conduit_hpc.storage.priority import PriorityIndex
 from conduit_hpc.storage.ring import ShardLayout, ShardRing
 from conduit_hpc.transport.rma import RmaWindow
 
@@ -35,7 +38,8 @@ class ShardMemory:
         control (ControlBlock): the job-wide counters (on the first buffer rank).
         rings (dict[int, ShardRing]): a client of every shard; the owner maps its own.
         ack_bytes (int): bytes before the first shard of each owner's segment: int64 per
-            rank, the priority-update messages the owner applied from that rank.
+            rank, the priority-update messages the owner applied from that rank, then two
+            int64 per rank, its read pin.
 
     Raises:
         ConfigError: the shards of some node do not fit in its free memory (on every
@@ -46,7 +50,10 @@ class ShardMemory:
                  placement: Placement) -> None:
         me = roles.world_rank
         layouts = [ShardLayout(spec, s.capacity_rows) for s in placement.shards]
-        self.ack_bytes = (8 * roles.world_size + 63) // 64 * 64
+        # int64[world_size] acknowledgements (priority-update messages the owner applied
+        # from each rank), then int64[world_size, 2] read pins: (shard id + 1, free
+        # cursor) that a learner holds while it redraws rows (see OwnedShard)
+        self.ack_bytes = (24 * roles.world_size + 63) // 64 * 64
         bases: dict[int, int] = {}
         used: dict[int, int] = {}
         for s, lay in zip(placement.shards, layouts, strict=True):
@@ -70,6 +77,35 @@ class ShardMemory:
             ring = self.rings[s.shard_id]
             if ring.views is None:
                 ring.views = ring.layout.views(self.window.own_segment(), ring.base)
+
+    def owned_shards(self, config: Config, roles: RoleComms, placement: Placement,
+                     sampler: Sampler) -> list[OwnedShard]:
+        """The shards this (buffer) rank owns, with their priority indexes and drawers
+        (the tree and generations live in the window: node-local learners search them
+        directly, under the shard's seqlock). Local."""
+        world = roles.world_size
+        seg = self.window.own_segment()
+        # read pins (none on a buffer rank that holds no shard: its segment is empty)
+        pins = (seg[8 * world:24 * world].view(np.int64).reshape(world, 2)
+                if len(seg) >= 24 * world else None)
+        learners = bool(roles.learner_ranks)
+        storage = config.storage
+        owned = []
+        for s in placement.shards_of(roles.world_rank):
+            ring = self.rings[s.shard_id]
+            views = ring.views
+            assert views is not None
+            index = PriorityIndex(s.capacity_rows, alpha=sampler.alpha,
+                                  initial_priority=storage.initial_priority,
+                                  sum_buffer=views.tree, gens_buffer=views.gens)
+            drawer = sampler.drawer(views.columns, ring.capacity,
+                                    lambda v=views: int(v.header[1]))
+            owned.append(OwnedShard(
+                s.shard_id, ring, index, drawer, guarded=learners, pins=pins,
+                guard_s=storage.guard_s,
+                block=storage.ingest_policy == "block" and learners,
+                block_timeout_s=storage.block_timeout_s))
+        return owned
 
     def acks_of(self, rank: int, world_size: int) -> np.ndarray | None:
         """``rank``'s acknowledgement counters if this process maps its segment."""

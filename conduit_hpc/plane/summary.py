@@ -5,21 +5,26 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from conduit_hpc.plane.buffer import OwnedShard
 from conduit_hpc.plane.extensions import Feature
+from conduit_hpc.plane.shard import OwnedShard
 
 __all__ = ["merge_summaries", "shard_counters"]
 
 
-def shard_counters(shards: Sequence[OwnedShard]) -> dict[str, dict[str, int]]:
+def shard_counters(shards: Sequence[OwnedShard]) -> dict[str, dict[str, float]]:
     """Per owned shard (after a commit pass): committed, held, priority updates applied
-    and dropped. Local."""
-    out = {}
+    and dropped, rows overwritten before any learner drew them, block-policy releases,
+    the measured insert rate and the guard band. Local."""
+    out: dict[str, dict[str, float]] = {}
     for s in shards:
         s.poll()
         out[str(s.shard_id)] = {"committed": s.committed, "held": s.index.count,
                                 "dropped_updates": s.index.dropped_updates,
-                                "applied_updates": s.index.applied_updates}
+                                "applied_updates": s.index.applied_updates,
+                                "overwritten_unsampled": s.overwritten_unsampled,
+                                "block_releases": s.block_releases,
+                                "insert_rate_rows_s": s.rate_rows_s,
+                                "guard_rows": s.guard_rows}
     return out
 
 

@@ -2,34 +2,45 @@
 
 Byte layout of one shard (every block 64-byte aligned), starting at ``base``::
 
-    header   int64[8]         [0] reserve cursor  (next sequence number to hand out)
+    header   int64[16]        [0] reserve cursor  (next sequence number to hand out)
                               [1] commit cursor   (every seq below it is committed)
                               [2] index version (seqlock: odd while the owner writes
                               the index blocks and the stats)
                               [3] rows held  [4] total mass  [5] min mass  [6] max
                               priority (4-6 are float64 bit patterns), written by the
                               owner for samplers
+                              [7] free cursor (writers may write every seq below it;
+                              0: not managed, writers wait for the commit cursor)
+                              [8] rows overwritten before any learner drew them
     stamps   int64[capacity]  stamp[slot] = seq + 1 of the row committed there (0: empty)
     priority float64[capacity] initial priority given by the writer (NaN: none)
     tree     float64[2P]      the owner's sum-tree of priority ** alpha (index block)
     gens     int64[capacity]  generation each tree leaf is for, 0: none (index block)
+    marks    int64[capacity]  largest generation a learner drew from the slot (learners
+                              and the owner store it; the owner reads it)
     column   per spec field   field[capacity, *shape] of the field's dtype
 
 Protocol (sequence numbers ``seq`` are global to the shard, ``slot = seq % capacity``):
 
 * **Write** (any rank, several at once): reserve ``n`` seqs with one atomic fetch-add on
-  the reserve cursor; if that laps the ring, wait until the owner's commit cursor shows
-  that every row being overwritten has been committed (so two writers never write the
-  same slot at once); put the columns (at most two contiguous pieces per field: the ring
-  may wrap); flush; put the stamps ``seq + 1``; flush.
+  the reserve cursor; if that laps the ring, wait until the owner's free cursor covers
+  them (the owner moves it only over slots whose rows it has hidden from sampling and
+  that were committed, so two writers never write the same slot at once; while the
+  free cursor is 0, the commit cursor one lap back is the gate); put the columns (at
+  most two contiguous pieces per field: the ring may wrap); flush; put the stamps
+  ``seq + 1``; flush.
 * **Commit** (owner only): scan stamps from the commit cursor and advance it over every
   slot whose stamp shows its expected seq. Rows become visible to samplers only then.
+* **Free** (owner only): hide from the index the rows that the next seqs will overwrite
+  (a guard band ahead of the writers, see :class:`~conduit_hpc.plane.buffer.OwnedShard`),
+  then publish the free cursor that lets writers take those slots.
 * **Search** (node-local readers): prefix-search the owner's tree in shared memory
   under the index seqlock, instead of asking the owner.
-* **Read** (any rank): copy rows of sampled slots, then read the reserve cursor ``R``; a
-  row of sequence ``q`` is intact iff ``q + capacity >= R`` - no writer has yet been
-  handed the seq that overwrites it. Stale or torn rows are therefore detected, never
-  returned.
+* **Read** (any rank): copy rows of sampled slots, then read the reserve cursor ``R``
+  and the free cursor ``F``; a row of sequence ``q`` is intact iff
+  ``q + capacity >= min(R, F)`` (``R`` alone while ``F`` is 0) - no writer has yet been
+  handed, and let write, the seq that overwrites it. Stale or torn rows are therefore
+  detected, never returned.
 
 Storage never sees an ``MPI.Win``: it talks to a :class:`~conduit_hpc.transport.base.Transport`.
 """
@@ -37,131 +48,32 @@ Storage never sees an ``MPI.Win``: it talks to a :class:`~conduit_hpc.transport.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import numpy as np
 
 from conduit_hpc.errors import DataPlaneTimeout, SpecError
-from conduit_hpc.spec import Spec
-from conduit_hpc.storage.sumtree import prefix_search, tree_nodes
+from conduit_hpc.storage.layout import (
+    H_COMMIT,
+    H_FREE,
+    H_HELD,
+    H_MAXP,
+    H_MIN,
+    H_RESERVE,
+    H_STATS_VERSION,
+    H_TOTAL,
+    H_UNSAMPLED,
+    HEADER_WORDS,
+    RingSegment,
+    ShardLayout,
+    ShardViews,
+    ring_segments,
+)
+from conduit_hpc.storage.sumtree import prefix_search
 from conduit_hpc.transport.base import Transport
 
-__all__ = ["RingSegment", "ShardLayout", "ShardRing", "ring_segments"]
-
-_ALIGN = 64
-H_RESERVE = 0
-H_COMMIT = 1
-H_STATS_VERSION = 2
-H_HELD = 3
-H_TOTAL = 4
-H_MIN = 5
-H_MAXP = 6
-HEADER_BYTES = 64
-
-
-def _align(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
-
-
-@dataclass(frozen=True, slots=True)
-class RingSegment:
-    """A contiguous run of slots: ``count`` rows from ``slot`` on, taken from offset
-    ``src`` of the batch."""
-
-    slot: int
-    count: int
-    src: int
-
-
-def ring_segments(first_seq: int, n: int, capacity: int) -> tuple[RingSegment, ...]:
-    """Split sequence numbers ``first_seq .. first_seq+n-1`` into at most two
-    contiguous slot runs of a ring of ``capacity`` slots.
-
-    Raises:
-        ValueError: ``n`` outside ``[0, capacity]`` or a negative ``first_seq``.
-    """
-    if first_seq < 0:
-        raise ValueError(f"first_seq must be >= 0, got {first_seq!r}")
-    if not 0 <= n <= capacity:
-        raise ValueError(f"n must be in [0, {capacity}], got {n!r}")
-    if n == 0:
-        return ()
-    start = first_seq % capacity
-    head = min(n, capacity - start)
-    if head == n:
-        return (RingSegment(start, n, 0),)
-    return (RingSegment(start, head, 0), RingSegment(0, n - head, head))
-
-
-class ShardLayout:
-    """Byte offsets of one shard's blocks, relative to the shard's base. Immutable.
-
-    Args:
-        spec (Spec): the row schema.
-        capacity (int): slots in the ring.
-
-    Attributes:
-        stamps_offset (int), priority_offset (int): block offsets.
-        column_offsets (dict[str, int]): offset of each field's column.
-        nbytes (int): bytes the shard takes.
-    """
-
-    __slots__ = ("capacity", "column_offsets", "gens_offset", "nbytes", "priority_offset",
-                 "spec", "stamps_offset", "tree_offset")
-
-    def __init__(self, spec: Spec, capacity: int) -> None:
-        if capacity <= 0:
-            raise ValueError(f"capacity must be > 0, got {capacity!r}")
-        self.spec = spec
-        self.capacity = int(capacity)
-        self.stamps_offset = HEADER_BYTES
-        self.priority_offset = _align(self.stamps_offset + 8 * capacity)
-        self.tree_offset = _align(self.priority_offset + 8 * capacity)
-        self.gens_offset = _align(self.tree_offset + 8 * tree_nodes(capacity))
-        off = _align(self.gens_offset + 8 * capacity)
-        self.column_offsets: dict[str, int] = {}
-        for f in spec:
-            self.column_offsets[f.name] = off
-            off = _align(off + f.row_bytes * capacity)
-        self.nbytes = off
-
-    @staticmethod
-    def bytes_for(spec: Spec, capacity: int) -> int:
-        """Bytes a shard of ``capacity`` rows of ``spec`` takes."""
-        return ShardLayout(spec, capacity).nbytes
-
-    def column(self, name: str) -> int:
-        return self.column_offsets[name]
-
-    def views(self, segment: np.ndarray, base: int) -> ShardViews:
-        """Typed numpy views of the shard inside a directly mapped ``uint8`` segment."""
-        def arr(off: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-            count = int(np.prod(shape, dtype=np.int64))
-            raw = segment[base + off: base + off + count * dtype.itemsize]
-            return raw.view(dtype).reshape(shape)
-
-        i64, f64 = np.dtype(np.int64), np.dtype(np.float64)
-        cols = {f.name: arr(self.column(f.name), f.dtype, (self.capacity, *f.shape))
-                for f in self.spec}
-        return ShardViews(header=arr(0, i64, (8,)),
-                          stamps=arr(self.stamps_offset, i64, (self.capacity,)),
-                          priority=arr(self.priority_offset, f64, (self.capacity,)),
-                          tree=arr(self.tree_offset, f64, (tree_nodes(self.capacity),)),
-                          gens=arr(self.gens_offset, i64, (self.capacity,)),
-                          columns=cols)
-
-
-@dataclass(frozen=True, slots=True)
-class ShardViews:
-    """Numpy views of a directly mapped shard."""
-
-    header: np.ndarray
-    stamps: np.ndarray
-    priority: np.ndarray
-    tree: np.ndarray
-    gens: np.ndarray
-    columns: dict[str, np.ndarray]
-
+__all__ = ["H_COMMIT", "H_FREE", "H_RESERVE", "H_UNSAMPLED", "RingSegment", "ShardLayout",
+           "ShardRing", "ShardViews", "ring_segments"]
 
 class ShardRing:
     """Client of one shard: writes (actors), commit scans (owner) and reads (learners).
@@ -190,7 +102,11 @@ class ShardRing:
         seg = transport.local_view(owner_rank)
         self.views: ShardViews | None = layout.views(seg, base) if seg is not None else None
         self.rows_written = 0
-        self.lap_waits = 0
+        self.lap_waits = 0  # writes that waited for the free (or commit) cursor
+        self.lap_wait_s = 0.0  # ... and the seconds they waited
+        #: run while a write waits for the free cursor (the owner's pass, when this
+        #: process owns the shard: its own writes must not wait on itself)
+        self.on_wait: Callable[[], object] | None = None
 
     @property
     def direct(self) -> bool:
@@ -229,7 +145,7 @@ class ShardRing:
                 else np.ascontiguousarray(priorities, dtype=np.float64))
         t = self.transport
         first = t.fetch_add(self.owner, self.base + 8 * H_RESERVE, n)
-        self._wait_lap(first + n - self.capacity)
+        self._wait_lap(first + n)
         segs = ring_segments(first, n, self.capacity)
         gens = np.arange(first + 1, first + n + 1, dtype=np.int64)
         lay = self.layout
@@ -261,23 +177,49 @@ class ShardRing:
         self.rows_written += n
         return first
 
-    def _wait_lap(self, need: int) -> None:
-        if need <= 0:
+    def free_cursor(self) -> int:
+        """Writers may write every seq below this (atomic read; 0: not managed)."""
+        return self.transport.atomic_read(self.owner, self.base + 8 * H_FREE)
+
+    def _may_write(self, end: int) -> bool:
+        """Whether seqs below ``end`` may be written: the owner's free cursor covers
+        them, or (free cursor not managed) the rows one lap back are committed."""
+        free = self.free_cursor()
+        if free:
+            return free >= end
+        # not managed: the plain one-lap rule - unless the owner published one meanwhile
+        if self.commit_cursor() < end - self.capacity:
+            return False
+        again = self.free_cursor()
+        return again == 0 or again >= end
+
+    def _wait_lap(self, end: int) -> None:
+        """Wait until seqs below ``end`` may be written (bounded by ``timeout_s``)."""
+        if end <= self.capacity or self._may_write(end):
             return
-        deadline = time.monotonic() + self.timeout_s
-        waited = False
-        while self.commit_cursor() < need:
-            waited = True
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout_s
+        pause = min(self.poll_interval_s, 0.00005)
+        while not self._may_write(end):
+            if self.on_wait is not None:
+                self.on_wait()
+                if self._may_write(end):
+                    break
             if time.monotonic() > deadline:
                 raise DataPlaneTimeout(
-                    f"waited {self.timeout_s:.1f} s for rows before seq {need} of the shard "
-                    f"on rank {self.owner} to commit; is its owner still serving?")
-            time.sleep(self.poll_interval_s)
-        self.lap_waits += waited
+                    f"waited {self.timeout_s:.1f} s for the owner (rank {self.owner}) to "
+                    f"free the slots of seqs before {end} (commit cursor "
+                    f"{self.commit_cursor()}, free cursor {self.free_cursor()}); is its "
+                    f"owner still serving?")
+            time.sleep(pause)
+            pause = min(2 * pause, self.poll_interval_s)
+        self.lap_waits += 1
+        self.lap_wait_s += time.monotonic() - t0
 
     # -- owner ---------------------------------------------------------------------
-    def advance_commits(self) -> tuple[int, int]:
-        """Owner only: move the commit cursor over newly committed rows.
+    def advance_commits(self, max_rows: int | None = None) -> tuple[int, int]:
+        """Owner only: move the commit cursor over newly committed rows (at most
+        ``max_rows`` of them, to bound the work of one call).
 
         Returns:
             tuple[int, int]: the old and new commit cursor; seqs in between became
@@ -288,6 +230,8 @@ class ShardRing:
             raise RuntimeError("advance_commits() must run on the shard's owner")
         old = int(v.header[H_COMMIT])
         reserved = self.reserve_cursor()
+        if max_rows is not None:
+            reserved = min(reserved, old + max_rows)
         if reserved == old:
             return old, old
         self.transport.sync()
@@ -320,12 +264,26 @@ class ShardRing:
         v.header[H_STATS_VERSION] += 1
         self.transport.sync()
 
-    def read_stats(self) -> tuple[int, float, float, float]:
-        """(rows held, total mass, min mass, max priority) as last published by the
-        owner; a consistent snapshot (retries while the owner is writing). Blocks only
-        for the few reads that takes."""
+    def publish_free(self, free: int) -> None:
+        """Owner only: let writers write every seq below ``free`` (after the rows those
+        seqs overwrite were hidden from the index)."""
+        self.transport.sync()
+        self.transport.atomic_write(self.owner, self.base + 8 * H_FREE, int(free))
+
+    def publish_unsampled(self, rows: int) -> None:
+        """Owner only: the overwritten-unsampled count that readers see in
+        :meth:`read_header` (a plain store; read without the seqlock)."""
+        v = self.views
+        if v is None:
+            raise RuntimeError("publish_unsampled() must run on the shard's owner")
+        v.header[H_UNSAMPLED] = rows
+
+    def read_header(self) -> np.ndarray:
+        """A consistent copy of the shard's int64 header as last published by the owner
+        (retries while the owner is writing the stats). Blocks only for the few reads
+        that takes (bounded by ``timeout_s``)."""
         t = self.transport
-        buf = np.empty(8, dtype=np.int64)
+        buf = np.empty(HEADER_WORDS, dtype=np.int64)
         deadline = time.monotonic() + self.timeout_s
         while True:
             if self.views is not None:
@@ -338,11 +296,34 @@ class ShardRing:
                 t.flush(self.owner)
                 again = t.atomic_read(self.owner, self.base + 8 * H_STATS_VERSION)
             if buf[H_STATS_VERSION] % 2 == 0 and buf[H_STATS_VERSION] == again:
-                f = buf.view(np.float64)
-                return int(buf[H_HELD]), float(f[H_TOTAL]), float(f[H_MIN]), float(f[H_MAXP])
+                return buf
             if time.monotonic() > deadline:
                 raise DataPlaneTimeout(f"shard stats on rank {self.owner} stayed mid-update "
                                        f"for {self.timeout_s:.1f} s")
+
+    def read_stats(self) -> tuple[int, float, float, float]:
+        """(rows held, total mass, min mass, max priority) as last published by the
+        owner; a consistent snapshot (see :meth:`read_header`)."""
+        buf = self.read_header()
+        f = buf.view(np.float64)
+        return int(buf[H_HELD]), float(f[H_TOTAL]), float(f[H_MIN]), float(f[H_MAXP])
+
+    def mark_sampled(self, slots: np.ndarray, gens: np.ndarray) -> bool:
+        """Record that rows (``slots`` holding generations ``gens``; slot -1: nothing)
+        were drawn, in the shard's marks block. Node-local readers and the owner only
+        (returns False, nothing stored, when this process cannot load the shard's
+        memory: the owner then marks what it draws for that reader). Plain stores: two
+        readers marking one slot at once keep one of their generations."""
+        v = self.views
+        if v is None:
+            return False
+        slots = np.asarray(slots, dtype=np.int64)
+        ok = slots >= 0
+        if not ok.all():
+            slots, gens = slots[ok], np.asarray(gens)[ok]
+        if slots.size:
+            v.marks[slots] = np.maximum(v.marks[slots], gens)
+        return True
 
     def search(self, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                    int, float, float] | None:
@@ -399,8 +380,10 @@ class ShardRing:
 
     def gather(self, slots: np.ndarray,
                out: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], int]:
-        """Copy the rows of ``slots`` and return them with the reserve cursor read
-        *after* the copy; a row of seq ``q`` is intact iff ``q + capacity >= cursor``.
+        """Copy the rows of ``slots`` and return them with the first seq that writers
+        may have written, read *after* the copy: the reserve cursor, or the free cursor
+        when that is smaller (writers wait for it); a row of seq ``q`` is intact iff
+        ``q + capacity >= cursor``.
 
         One indexed get per field when remote, ``np.take`` when direct. Blocks until the
         data is here.
@@ -429,7 +412,13 @@ class ShardRing:
                 t.get_blocks(self.owner, self.base + self.layout.column(f.name), f.row_bytes,
                              slots * f.row_bytes, out[f.name][:n])
             t.flush(self.owner)
-        return out, self.reserve_cursor()
+        reserved = self.reserve_cursor()
+        if self.views is not None:
+            t.sync()
+            free = int(self.views.header[H_FREE])
+        else:
+            free = self.free_cursor()
+        return out, min(reserved, free) if free else reserved
 
     def read_committed(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
         """Every committed row currently held, oldest first (owner or direct readers).

@@ -37,7 +37,7 @@ import numpy as np
 
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage.priority import PriorityIndex
-from conduit_hpc.storage.ring import H_COMMIT, H_RESERVE, ShardRing, ring_segments
+from conduit_hpc.storage.ring import H_COMMIT, H_FREE, H_RESERVE, ShardRing, ring_segments
 
 __all__ = [
     "ReshardPlan",
@@ -256,6 +256,9 @@ def restore_snapshot(ring: ShardRing, index: PriorityIndex, snap: ShardSnapshot)
     ring.transport.sync()
     ring.transport.atomic_write(ring.owner, ring.base + 8 * H_RESERVE, snap.commit)
     ring.transport.atomic_write(ring.owner, ring.base + 8 * H_COMMIT, snap.commit)
+    # the plain one-lap rule until the owner's next pass (never lower: see OwnedShard)
+    ring.transport.atomic_write(ring.owner, ring.base + 8 * H_FREE, snap.commit + cap)
+    v.marks[:] = 0  # no restored row has been drawn in this run
     # the index: same leaves as the original, so the same trees bit for bit
     gens = np.zeros(cap, dtype=np.int64)
     prio = np.zeros(cap, dtype=np.float64)

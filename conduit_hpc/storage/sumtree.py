@@ -57,12 +57,14 @@ class _Tree:
         vals = np.broadcast_to(np.asarray(values, dtype=np.float64), idx.shape)
         nodes = idx + self._p
         self._tree[nodes] = vals
-        nodes = np.unique(nodes >> 1)
-        while nodes[0] >= 1:
+        nodes = np.unique(nodes >> 1)  # sorted: each level up stays sorted, so a
+        while nodes[0] >= 1:  # neighbour comparison removes its repeats (no sort)
             self._tree[nodes] = self._combine(self._tree[2 * nodes], self._tree[2 * nodes + 1])
             if nodes[0] == 1:
                 break
-            nodes = np.unique(nodes >> 1)
+            nodes >>= 1
+            if len(nodes) > 1:
+                nodes = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
 
     def set_range(self, start: int, values: np.ndarray) -> None:
         """Set the contiguous leaves ``start .. start+len(values)-1`` (no wrap)."""

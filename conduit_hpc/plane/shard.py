@@ -1,0 +1,274 @@
+"""The owner's side of one shard: commits, the guard band, the free cursor, drawing.
+
+:class:`OwnedShard` is what a buffer rank keeps per shard it owns; the
+:class:`~conduit_hpc.plane.buffer.BufferServer` loop runs its :meth:`~OwnedShard.poll`
+every pass and draws rows through it. Local: no collective, no message.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from conduit_hpc.protocol import SampleReply
+from conduit_hpc.sampling import ShardDrawer
+from conduit_hpc.storage.priority import PriorityIndex
+from conduit_hpc.storage.ring import H_FREE, ShardRing
+
+__all__ = ["OwnedShard"]
+
+
+@dataclass(eq=False)
+class OwnedShard:
+    """A shard this rank owns: its ring client, priority index and drawer, and the
+    owner's side of the ring protocol (commits, the guard band, the free cursor).
+
+    **Guard band** (when ``guarded``: the job has learners). Each pass measures the
+    committed rows per second (``rate``, over windows of at least 2 ms) and the time
+    between passes (``gap``), and hides from the index the oldest rows that writers
+    will reach within ``guard_s + gap``:
+    ``guard = min(capacity // 2, ceil(rate * (guard_s + gap)))`` rows ahead of the
+    reserve cursor (once writers are past the first lap; rows hidden so stay hidden if
+    the writers then stop), so that at least half of the ring past the writers stays sampleable.
+    Only then does it publish the **free cursor** ``F = min(commit + capacity // 2,
+    reserved + guard)``: writers wait for ``F`` before they write a slot, so a row a
+    learner could draw is never being written, one drawn at time ``t`` is not
+    overwritten before ``t + guard_s`` (while passes keep their pace), and at least half
+    of a full ring stays committed and drawable (writers cannot run more than half a
+    ring ahead of the owner's commits; see :meth:`_keep` for batches larger than that).
+    When not ``guarded``, only rows already handed to writers are hidden and
+    ``F = commit + capacity`` (the plain one-lap rule). A write from the owner's own
+    process (a feature storing rows) that waits for ``F`` runs the owner's pass itself
+    (``ring.on_wait``).
+
+    **Ingest policy** ``block``: ``F`` also stops at the first row that is drawable
+    (in the index with mass > 0) and that no learner has drawn yet (its mark is older):
+    writers wait until a learner draws it. While writers wait on such a row for
+    ``block_timeout_s``, the owner lets them overwrite it anyway (counted in
+    ``block_releases``); once every learner is done (``block`` set False) nothing blocks.
+
+    **Overwritten unsampled**: rows committed into this shard whose slot received a
+    newer committed row while the slot's mark showed no learner had drawn them (counted
+    when the newer row commits; a draw counts once it is searched or sampled, even if
+    its row then proved overwritten).
+
+    Attributes:
+        shard_id (int): global shard number.
+        ring (ShardRing): direct access to the memory.
+        index (PriorityIndex): priorities of visible rows.
+        drawer (ShardDrawer | None): the sampler's owner side (default: tree search).
+        hidden_upto (int): the rows that seqs below this overwrite are hidden.
+        guarded (bool): keep a guard band and gate writers on it (see above).
+        guard_s (float): safety time of the guard band.
+        block (bool): the ``block`` ingest policy is in force.
+        block_timeout_s (float): longest hold of writers on one undrawn row.
+        max_commit_rows (int): commits (and index inserts) per bounded pass.
+        pins (np.ndarray | None): int64 ``[ranks, 2]`` read pins in this rank's memory:
+            ``(shard id + 1, F)`` while a learner redraws rows of this shard - the free
+            cursor does not pass ``F`` (the one the learner read) until it unpins, so
+            the rows it draws meanwhile stay intact (writers wait that long).
+    """
+
+    shard_id: int
+    ring: ShardRing
+    index: PriorityIndex
+    drawer: ShardDrawer | None = None
+    hidden_upto: int = 0
+    guarded: bool = False
+    guard_s: float = 0.005
+    block: bool = False
+    block_timeout_s: float = 1.0
+    max_commit_rows: int = 1 << 12
+    pins: np.ndarray | None = field(default=None, repr=False)
+    overwritten_unsampled: int = 0
+    block_releases: int = 0
+    rate_rows_s: float = 0.0
+    guard_rows: int = 0
+    _dirty: bool = True
+    _free: int = field(default=-1, repr=False)
+    _rate_at: tuple[float, int] | None = field(default=None, repr=False)
+    _last_pass: float = field(default=0.0, repr=False)
+    _gap_s: float = field(default=0.0, repr=False)
+    _stuck_since: float | None = field(default=None, repr=False)
+    _stall_since: float | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.drawer is None:
+            from conduit_hpc.sampling import TreeDrawer
+
+            self.drawer = TreeDrawer()
+        self.ring.on_wait = self.poll  # this process's own writes may not wait on itself
+        v = self.ring.views
+        if self.guarded and v is not None and int(v.header[H_FREE]) == 0:
+            # gate the second lap on this owner from the start: writers never use the
+            # plain one-lap rule, which could run ahead of a free cursor published later
+            self.ring.publish_free(self.ring.capacity)
+            self._free = self.ring.capacity
+
+    @property
+    def committed(self) -> int:
+        """Rows committed into this shard since it was created (or restored)."""
+        assert self.ring.views is not None
+        return int(self.ring.views.header[1])
+
+    def _measure(self, now: float, commit: int) -> None:
+        """Update the insert rate and the pass gap."""
+        if self._last_pass:
+            gap = now - self._last_pass
+            self._gap_s = gap if gap > self._gap_s else 0.9 * self._gap_s + 0.1 * gap
+        self._last_pass = now
+        if self._rate_at is None or commit < self._rate_at[1]:
+            self._rate_at = (now, commit)
+            return
+        t0, c0 = self._rate_at
+        if now - t0 >= 0.002:
+            rate = (commit - c0) / (now - t0)
+            self.rate_rows_s = max(rate, 0.5 * self.rate_rows_s) if rate > 0 else 0.0
+            self._rate_at = (now, commit)
+
+    def _guard(self, reserved: int) -> int:
+        if not self.guarded or self.rate_rows_s <= 0 or reserved < self.ring.capacity:
+            return 0  # no measured inserts, or the writers are still in the first lap
+        want = math.ceil(self.rate_rows_s * (self.guard_s + min(self._gap_s, 0.1)))
+        return min(self.ring.capacity // 2, want)
+
+    def _keep(self, old: int, new: int, reserved: int, now: float) -> int:
+        """Rows of the ring that writers may not run ahead of the commit cursor into:
+        half of it, so that at least half stays committed and sampleable (writers
+        then wait for the owner's commits), unless commits have stalled for 20 ms
+        while writers wait (a batch larger than half the ring needs it all)."""
+        if new > old or reserved <= self._free:
+            self._stall_since = None
+            return self.ring.capacity // 2
+        if self._stall_since is None:
+            self._stall_since = now
+        return 0 if now - self._stall_since > 0.02 else self.ring.capacity // 2
+
+    def _held_back(self, free: int, want: int, reserved: int, now: float, old: int) -> int:
+        """``block`` policy: ``want`` cut at the first drawable row no learner drew
+        (released after ``block_timeout_s`` of writers waiting on it). Rows committed
+        in this pass (seqs from ``old`` on) count as drawable: they are about to be."""
+        cap = self.ring.capacity
+        v = self.ring.views
+        assert v is not None
+        seqs = np.arange(max(free, cap), want, dtype=np.int64)
+        if seqs.size == 0:
+            self._stuck_since = None
+            return want
+        victims = seqs - cap
+        slots = victims % cap
+        drawable = (((self.index.gens[slots] == victims + 1) & (self.index.sum[slots] > 0))
+                    | (victims >= old))
+        undrawn = np.flatnonzero(drawable & (v.marks[slots] < victims + 1))
+        if undrawn.size == 0:
+            self._stuck_since = None
+            return want
+        cut = int(seqs[undrawn[0]])
+        if reserved <= cut:  # no writer waits on it yet
+            self._stuck_since = None
+            return cut
+        if self._stuck_since is None:
+            self._stuck_since = now
+        elif now - self._stuck_since >= self.block_timeout_s:
+            self.block_releases += 1
+            self._stuck_since = None
+            return want
+        return cut
+
+    def poll(self, *, bounded: bool = False) -> int:
+        """One owner pass over the shard: advance commits (at most ``max_commit_rows``
+        when ``bounded``), count overwritten-unsampled rows, make the new rows visible,
+        hide the guard band, publish stats and the free cursor. Returns rows made
+        visible. Local; never blocks."""
+        ring, cap = self.ring, self.ring.capacity
+        v = ring.views
+        assert v is not None
+        old, new = ring.advance_commits(self.max_commit_rows if bounded else None)
+        now = time.monotonic()
+        self._measure(now, new)
+        if new > old and new > cap:
+            victims = np.arange(max(old, cap) - cap, new - cap, dtype=np.int64)
+            self.overwritten_unsampled += int(np.count_nonzero(
+                v.marks[victims % cap] < victims + 1))
+        reserved = ring.reserve_cursor()
+        self.guard_rows = guard = self._guard(reserved)
+        limit = new + cap  # two writers never write one slot
+        hide_from = self.hidden_upto
+        if not self.guarded:  # the plain one-lap rule
+            hide_to, free = max(hide_from, min(limit, reserved)), limit
+        else:
+            bound = limit - self._keep(old, new, reserved, now)
+            free = min(bound, reserved + guard)
+            if self.block:
+                free = self._held_back(hide_from, free, reserved, now, old)
+            hide_to = max(hide_from, free)
+        self.hidden_upto = hide_to
+        if new > old or hide_to > hide_from or self._dirty:
+            with self.writing():
+                lo = max(old, new - cap, hide_to - cap)
+                if new > lo:
+                    seqs = np.arange(lo, new, dtype=np.int64)
+                    slots = seqs % cap
+                    self.index.insert(slots, seqs + 1, v.priority[slots])
+                if hide_to > hide_from:
+                    seqs = np.arange(max(hide_from, cap), hide_to, dtype=np.int64)
+                    slots = seqs % cap
+                    self.index.invalidate(slots[self.index.gens[slots] == seqs - cap + 1])
+        ring.publish_unsampled(self.overwritten_unsampled)
+        free = min(max(free, hide_to), limit)
+        ring.transport.sync()
+        # never below what writers may already have been let write (readers' intact
+        # check relies on it); a restore sets it anew
+        published = int(v.header[H_FREE])
+        if self.pins is not None:  # read after the hide: see the class docstring
+            mine = self.pins[:, 0] == self.shard_id + 1
+            if mine.any():
+                free = min(free, int(self.pins[mine, 1].min()))
+        free = max(free, published)
+        if free != published:
+            ring.publish_free(free)
+            self._free = free
+        return new - old
+
+    def mark(self, slots: np.ndarray, gens: np.ndarray, window: int = 1) -> None:
+        """Record that the rows of ``slots`` (and the ``window - 1`` after each) were
+        drawn for a learner. Local."""
+        slots = np.asarray(slots, dtype=np.int64)
+        if window > 1:
+            ok = slots >= 0
+            offs = np.arange(window)[None, :]
+            slots = ((slots[ok][:, None] + offs) % self.ring.capacity).reshape(-1)
+            gens = (np.asarray(gens)[ok][:, None] + offs).reshape(-1)
+        self.ring.mark_sampled(slots, gens)
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Change the index inside the shard's seqlock, then publish its stats, so that
+        node-local readers searching the tree see a consistent state or retry."""
+        self.ring.index_write_begin()
+        try:
+            yield
+        finally:
+            assert self.drawer is not None
+            self.drawer.changed()
+            self.ring.index_write_end(*self.drawer.stats(self.index))
+            self._dirty = False
+
+    def span(self) -> float:
+        """The range the sampler's targets for this shard are drawn from."""
+        assert self.drawer is not None
+        return self.drawer.span(self.index)
+
+    def sample(self, targets: np.ndarray) -> SampleReply:
+        """Rows for ``targets``: slot, generation and mass of each; slot -1 where the
+        shard has nothing to draw right now (every row hidden while being overwritten) -
+        the learner draws again. Local."""
+        assert self.drawer is not None
+        slots, gens, mass = self.drawer.draw(self.index, targets)
+        held, total, mn, _ = self.drawer.stats(self.index)
+        return SampleReply(0, self.shard_id, slots, gens, mass, held, total, mn)

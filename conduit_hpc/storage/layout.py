@@ -1,0 +1,137 @@
+"""The byte layout of one shard: header words, blocks, numpy views, ring arithmetic.
+
+See :mod:`conduit_hpc.storage.ring` for the layout table and the protocol that uses it.
+Plain numpy; no MPI import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from conduit_hpc.spec import Spec
+from conduit_hpc.storage.sumtree import tree_nodes
+
+__all__ = ["HEADER_BYTES", "HEADER_WORDS", "RingSegment", "ShardLayout", "ShardViews",
+           "ring_segments"]
+
+_ALIGN = 64
+H_RESERVE = 0
+H_COMMIT = 1
+H_STATS_VERSION = 2
+H_HELD = 3
+H_TOTAL = 4
+H_MIN = 5
+H_MAXP = 6
+H_FREE = 7
+H_UNSAMPLED = 8
+HEADER_WORDS = 16
+HEADER_BYTES = 8 * HEADER_WORDS
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclass(frozen=True, slots=True)
+class RingSegment:
+    """A contiguous run of slots: ``count`` rows from ``slot`` on, taken from offset
+    ``src`` of the batch."""
+
+    slot: int
+    count: int
+    src: int
+
+
+def ring_segments(first_seq: int, n: int, capacity: int) -> tuple[RingSegment, ...]:
+    """Split sequence numbers ``first_seq .. first_seq+n-1`` into at most two
+    contiguous slot runs of a ring of ``capacity`` slots.
+
+    Raises:
+        ValueError: ``n`` outside ``[0, capacity]`` or a negative ``first_seq``.
+    """
+    if first_seq < 0:
+        raise ValueError(f"first_seq must be >= 0, got {first_seq!r}")
+    if not 0 <= n <= capacity:
+        raise ValueError(f"n must be in [0, {capacity}], got {n!r}")
+    if n == 0:
+        return ()
+    start = first_seq % capacity
+    head = min(n, capacity - start)
+    if head == n:
+        return (RingSegment(start, n, 0),)
+    return (RingSegment(start, head, 0), RingSegment(0, n - head, head))
+
+
+class ShardLayout:
+    """Byte offsets of one shard's blocks, relative to the shard's base. Immutable.
+
+    Args:
+        spec (Spec): the row schema.
+        capacity (int): slots in the ring.
+
+    Attributes:
+        stamps_offset (int), priority_offset (int): block offsets.
+        column_offsets (dict[str, int]): offset of each field's column.
+        nbytes (int): bytes the shard takes.
+    """
+
+    __slots__ = ("capacity", "column_offsets", "gens_offset", "marks_offset", "nbytes",
+                 "priority_offset", "spec", "stamps_offset", "tree_offset")
+
+    def __init__(self, spec: Spec, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be > 0, got {capacity!r}")
+        self.spec = spec
+        self.capacity = int(capacity)
+        self.stamps_offset = HEADER_BYTES
+        self.priority_offset = _align(self.stamps_offset + 8 * capacity)
+        self.tree_offset = _align(self.priority_offset + 8 * capacity)
+        self.gens_offset = _align(self.tree_offset + 8 * tree_nodes(capacity))
+        self.marks_offset = _align(self.gens_offset + 8 * capacity)
+        off = _align(self.marks_offset + 8 * capacity)
+        self.column_offsets: dict[str, int] = {}
+        for f in spec:
+            self.column_offsets[f.name] = off
+            off = _align(off + f.row_bytes * capacity)
+        self.nbytes = off
+
+    @staticmethod
+    def bytes_for(spec: Spec, capacity: int) -> int:
+        """Bytes a shard of ``capacity`` rows of ``spec`` takes."""
+        return ShardLayout(spec, capacity).nbytes
+
+    def column(self, name: str) -> int:
+        return self.column_offsets[name]
+
+    def views(self, segment: np.ndarray, base: int) -> ShardViews:
+        """Typed numpy views of the shard inside a directly mapped ``uint8`` segment."""
+        def arr(off: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+            count = int(np.prod(shape, dtype=np.int64))
+            raw = segment[base + off: base + off + count * dtype.itemsize]
+            return raw.view(dtype).reshape(shape)
+
+        i64, f64 = np.dtype(np.int64), np.dtype(np.float64)
+        cols = {f.name: arr(self.column(f.name), f.dtype, (self.capacity, *f.shape))
+                for f in self.spec}
+        return ShardViews(header=arr(0, i64, (HEADER_WORDS,)),
+                          stamps=arr(self.stamps_offset, i64, (self.capacity,)),
+                          priority=arr(self.priority_offset, f64, (self.capacity,)),
+                          tree=arr(self.tree_offset, f64, (tree_nodes(self.capacity),)),
+                          gens=arr(self.gens_offset, i64, (self.capacity,)),
+                          marks=arr(self.marks_offset, i64, (self.capacity,)),
+                          columns=cols)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardViews:
+    """Numpy views of a directly mapped shard."""
+
+    header: np.ndarray
+    stamps: np.ndarray
+    priority: np.ndarray
+    tree: np.ndarray
+    gens: np.ndarray
+    marks: np.ndarray
+    columns: dict[str, np.ndarray]
