@@ -1,0 +1,456 @@
+"""Our cross-process figures beside cpprb and TorchRL in-process, on the same workload.
+
+    conduit-hpc bench peers [--smoke] [--kinds cartpole,atari] [--batches N]
+                            [--actors 2] [--modes sync] [--peers cpprb,torchrl]
+    conduit-hpc bench peers --profile [--batches 300]   # cProfile of the learner
+
+**Ours** (MPI ranks: 1 buffer, 1 learner, ``--actors`` actors, one node, shared memory):
+the actors first ingest as fast as they can (batches of 1,024 CartPole rows or 32 Atari
+rows) for ``--duration`` seconds - the insert rate across processes; then the learner
+runs ``--batches`` prioritized batches (sample + priority update of every row, alpha 0.6,
+beta 0.4) with the actors idle, then as many again while every actor inserts as fast as
+it can; then the same with the uniform sampler (sample only). In ``sync`` mode each
+``next_batch`` is an unprefetched batch: its latency (median / p99) is reported.
+
+**Peers**, each in its own process on the same workload (capacity, row layout, batch,
+alpha, beta): cpprb's ``PrioritizedReplayBuffer`` / ``ReplayBuffer`` and TorchRL's
+``TensorDictPrioritizedReplayBuffer`` / ``TensorDictReplayBuffer`` on a
+``LazyTensorStorage``. A peer that is not installed (``pip install conduit_hpc[peers]``)
+or does not work with the installed torch (TorchRL's C++ segment trees are built for one
+torch version) is skipped, with a note saying so and what to do.
+
+One JSON line per result; then the ratios ours / peer. Rows: ``cartpole`` 45 B (obs and
+next_obs float32[4], action int64, reward float32, done uint8), ``atari`` 56,461 B (obs
+and next_obs uint8[4,84,84], action, reward, done).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from conduit_hpc.bench.common import git_sha, worker_command
+
+ROWS: dict[str, dict[str, dict[str, Any]]] = {
+    "cartpole": {"obs": {"dtype": "float32", "shape": [4]},
+                 "next_obs": {"dtype": "float32", "shape": [4]},
+                 "action": {"dtype": "int64", "shape": []},
+                 "reward": {"dtype": "float32", "shape": []},
+                 "done": {"dtype": "uint8", "shape": []}},
+    "atari": {"obs": {"dtype": "uint8", "shape": [4, 84, 84]},
+              "next_obs": {"dtype": "uint8", "shape": [4, 84, 84]},
+              "action": {"dtype": "int64", "shape": []},
+              "reward": {"dtype": "float32", "shape": []},
+              "done": {"dtype": "uint8", "shape": []}},
+}
+#: per row kind: ring capacity, learner batch, actor ingest batch
+SIZES = {"cartpole": {"capacity": 100_000, "batch": 256, "ingest": 1024},
+         "atari": {"capacity": 4_000, "batch": 32, "ingest": 32}}
+SMOKE_SIZES = {"cartpole": {"capacity": 4_096, "batch": 64, "ingest": 256},
+               "atari": {"capacity": 256, "batch": 8, "ingest": 8}}
+ALPHA, BETA = 0.6, 0.4
+PEERS = ("cpprb", "torchrl")
+
+
+def fake_rows(kind: str, n: int, seed: int) -> dict[str, np.ndarray]:
+    """``n`` rows of ``kind`` with random contents."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, f in ROWS[kind].items():
+        shape = (n, *f["shape"])
+        if f["dtype"].startswith("float"):
+            out[name] = rng.random(shape).astype(f["dtype"])
+        else:
+            out[name] = rng.integers(0, 2 if name == "done" else 255, shape).astype(f["dtype"])
+    return out
+
+
+def latency_stats(lat: list[float], wall_s: float) -> dict[str, float]:
+    a = np.asarray(lat)
+    return {"batches": len(a), "batches_per_s": len(a) / wall_s,
+            "latency_median_s": float(np.median(a)), "latency_p99_s": float(np.percentile(a, 99))}
+
+
+# ---------------------------------------------------------------------------------
+# ours: runs under mpirun (1 buffer, 1 learner, the rest actors)
+
+
+def _learner_loop(edp: Any, n: int, prioritized: bool, warm: int) -> dict[str, float]:
+    batch = edp.config.scheduler.batch_rows
+    prios = np.random.default_rng(1).random((n + warm, batch)) + 0.01
+    lat = []
+    parts: dict[str, list[float]] = {}
+    t_all = 0.0
+    for i in range(n + warm):
+        if i == warm:
+            t_all = time.perf_counter()
+        t0 = time.perf_counter()
+        b = edp.next_batch()
+        t1 = time.perf_counter()
+        if prioritized:
+            edp.update_priorities(b.indices, prios[i])
+        if i >= warm:
+            t2 = time.perf_counter()
+            lat.append(t2 - t0)
+            path = {k: v for k, v in b.timings.items() if k.endswith("_s")}
+            path["other_next_batch_s"] = t1 - t0 - sum(path.values())
+            path["update_priorities_s"] = t2 - t1
+            for k, v in path.items():
+                parts.setdefault(k, []).append(v)
+    out: dict[str, Any] = latency_stats(lat, time.perf_counter() - t_all)
+    # where a batch's time goes: the median of each part (they need not add up)
+    out["median_parts_s"] = {k: float(np.median(v)) for k, v in parts.items()}
+    out["mean_parts_s"] = {k: float(np.mean(v)) for k, v in parts.items()}
+    return out
+
+
+def ours_worker(args: argparse.Namespace) -> None:
+    from mpi4py import MPI
+
+    from conduit_hpc import ExperienceDataPlane, Role
+    from conduit_hpc.testing import make_config
+
+    comm = MPI.COMM_WORLD
+    sizes = SMOKE_SIZES if args.smoke else SIZES
+    results: list[dict] = []
+    samplers = ("prioritized",) if args.profile else tuple(args.samplers.split(","))
+    for kind in args.kinds.split(","):
+        sz = sizes[kind]
+        for mode in args.modes.split(","):
+            for sampler in samplers:
+                cfg = make_config(
+                    spec=ROWS[kind], layout={"learners": 1, "buffers": 1},
+                    storage={"capacity_rows": sz["capacity"], "priority_exponent": ALPHA},
+                    scheduler={"mode": mode, "fetch": "direct", "batch_rows": sz["batch"],
+                               "sampler": sampler, "beta": BETA, "beta_final": BETA,
+                               "min_fill_rows": sz["batch"], "prefetch_depth": 2},
+                    run={"timeout_s": 120.0})
+                with ExperienceDataPlane(cfg, comm) as edp:
+                    role = edp.role
+                    side = comm.Split(0 if role is Role.BUFFER else 1,
+                                      0 if role is Role.LEARNER else 1 + comm.rank)
+                    if role is Role.BUFFER:
+                        side.Free()
+                        edp.serve()
+                        continue
+                    res = _ours_phases(edp, side, kind, sz, args, sampler == "prioritized",
+                                       role is Role.LEARNER)
+                    edp.done()
+                    side.Free()
+                    if res is not None:
+                        res.update(kind=kind, mode=mode, sampler=sampler)
+                        results.append(res)
+    for r in results:
+        print("RESULT " + json.dumps(r), flush=True)
+
+
+def _ours_phases(edp: Any, side: Any, kind: str, sz: dict[str, int],
+                 args: argparse.Namespace, prioritized: bool, learner: bool
+                 ) -> dict | None:
+    """Insert phase, then learner batches with idle and with inserting actors. Ranks of
+    ``side``: the learner (0) and the actors."""
+    from conduit_hpc.transport.objects import gather_json
+
+    n, warm = args.batches, max(5, args.batches // 10)
+    if learner:
+        side.Barrier()
+        ins = gather_json(side, [0, 0.0], root=0)
+        assert ins is not None
+        rows = sum(r for r, _ in ins)
+        out: dict[str, Any] = {"insert_rows_per_s": rows / max(e for _, e in ins),
+                               "actors": side.size - 1, "row_bytes": edp.spec.row_bytes,
+                               "batch": sz["batch"], "capacity": sz["capacity"]}
+        prof = None
+        if args.profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
+        out["idle"] = _learner_loop(edp, n, prioritized, warm)
+        if prof is not None:
+            prof.disable()
+            import io
+            import pstats
+
+            s = io.StringIO()
+            st = pstats.Stats(prof, stream=s)
+            st.sort_stats("tottime").print_stats(35)
+            st.sort_stats("cumulative").print_stats(45)
+            print(s.getvalue(), flush=True)
+        side.Ibarrier().Wait()  # actors start inserting
+        if not args.profile:
+            out["inserting"] = _learner_loop(edp, n, prioritized, warm)
+        side.Ibarrier().Wait()  # actors stop
+        during = gather_json(side, [0, 0.0], root=0)
+        assert during is not None
+        rows = sum(r for r, _ in during)
+        out["inserting_rows_per_s"] = rows / max(max(e for _, e in during), 1e-9)
+        return out
+    data = fake_rows(kind, sz["ingest"], seed=side.rank)
+    side.Barrier()
+    rows, t0 = 0, time.perf_counter()
+    # the timed insert phase; at least one lap of the ring, so it is full afterwards
+    while (time.perf_counter() - t0 < args.duration
+           or rows * (side.size - 1) < sz["capacity"]):
+        edp.ingest(data)
+        rows += sz["ingest"]
+    gather_json(side, [rows, time.perf_counter() - t0], root=0)
+    start = side.Ibarrier()
+    while not start.Test():  # idle while the learner samples alone
+        time.sleep(0.001)
+    stop = side.Ibarrier()
+    rows, t0 = 0, time.perf_counter()
+    while not stop.Test():
+        if args.profile:
+            time.sleep(0.001)
+            continue
+        edp.ingest(data)
+        rows += sz["ingest"]
+    gather_json(side, [rows, time.perf_counter() - t0], root=0)
+    return None
+
+
+# ---------------------------------------------------------------------------------
+# peers: in-process, one process per peer and row kind
+
+
+def _cpprb(kind: str, sz: dict[str, int], n: int, insert_rows: int) -> dict[str, Any]:
+    import cpprb
+
+    env = {name: {"shape": tuple(f["shape"]) or 1, "dtype": np.dtype(f["dtype"])}
+           for name, f in ROWS[kind].items()}
+    cap, B = sz["capacity"], sz["batch"]
+    data = fake_rows(kind, sz["ingest"], 0)
+    out: dict[str, Any] = {"version": getattr(cpprb, "__version__", "")}
+    prb = cpprb.PrioritizedReplayBuffer(cap, env, alpha=ALPHA)
+    out["insert_rows_per_s"] = _timed_insert(lambda: prb.add(**data), sz["ingest"], insert_rows)
+    prios = np.random.default_rng(1).random((n, B)) + 0.01
+    warm = max(5, n // 10)
+
+    def prio_step(i: int) -> None:
+        s = prb.sample(B, beta=BETA)
+        prb.update_priorities(s["indexes"], prios[i % n])
+
+    out["prioritized"] = _timed_loop(prio_step, n, warm)
+    urb = cpprb.ReplayBuffer(cap, env)
+    for _ in range(-(-cap // sz["ingest"])):
+        urb.add(**data)
+    out["uniform"] = _timed_loop(lambda i: urb.sample(B), n, warm)
+    return out
+
+
+def _torchrl(kind: str, sz: dict[str, int], n: int, insert_rows: int) -> dict[str, Any]:
+    import tensordict
+    import torch
+    import torchrl
+    from torchrl.data import (
+        LazyTensorStorage,
+        TensorDictPrioritizedReplayBuffer,
+        TensorDictReplayBuffer,
+    )
+
+    cap, B = sz["capacity"], sz["batch"]
+    td = tensordict.TensorDict({k: torch.from_numpy(v) for k, v in
+                                fake_rows(kind, sz["ingest"], 0).items()},
+                               batch_size=[sz["ingest"]])
+    out: dict[str, Any] = {"version": torchrl.__version__, "torch": torch.__version__,
+                           "tensordict": tensordict.__version__}
+    warm = max(5, n // 10)
+    urb = TensorDictReplayBuffer(storage=LazyTensorStorage(cap), batch_size=B)
+    out["insert_rows_per_s"] = _timed_insert(lambda: urb.extend(td), sz["ingest"], insert_rows)
+    out["uniform"] = _timed_loop(lambda i: urb.sample(), n, warm)
+    try:
+        prb = TensorDictPrioritizedReplayBuffer(alpha=ALPHA, beta=BETA,
+                                                storage=LazyTensorStorage(cap), batch_size=B)
+    except RuntimeError as err:  # the C++ segment trees did not load with this torch
+        out["prioritized_skipped"] = (
+            f"TorchRL {torchrl.__version__}'s C++ extension (torchrl._torchrl, its "
+            f"segment trees) does not load with torch {torch.__version__}: {err}. Install "
+            f"the torchrl release built for this torch, or build it from source against "
+            f"it (pip install --no-build-isolation --no-binary torchrl torchrl)")
+        return out
+    for _ in range(-(-cap // sz["ingest"])):
+        prb.extend(td)
+    prios = torch.rand(n, B) + 0.01
+
+    def prio_step(i: int) -> None:
+        s = prb.sample()
+        prb.update_priority(s["index"], prios[i % n])
+
+    out["prioritized"] = _timed_loop(prio_step, n, warm)
+    return out
+
+
+def _timed_insert(add: Any, per_call: int, rows: int) -> float:
+    t0, done = time.perf_counter(), 0
+    while done < rows:
+        add()
+        done += per_call
+    return done / (time.perf_counter() - t0)
+
+
+def _timed_loop(step: Any, n: int, warm: int) -> dict[str, float]:
+    for i in range(warm):
+        step(i)
+    lat = []
+    t_all = time.perf_counter()
+    for i in range(n):
+        t0 = time.perf_counter()
+        step(i)
+        lat.append(time.perf_counter() - t0)
+    return latency_stats(lat, time.perf_counter() - t_all)
+
+
+def peer_worker(args: argparse.Namespace) -> None:
+    sz = (SMOKE_SIZES if args.smoke else SIZES)[args.kind]
+    fn = {"cpprb": _cpprb, "torchrl": _torchrl}[args.peer]
+    try:
+        res = fn(args.kind, sz, args.batches, max(sz["capacity"], 10 * sz["ingest"]))
+    except ImportError as err:
+        res = {"skipped": f"{args.peer} is not installed ({err}); pip install "
+                          f"'conduit_hpc[peers]' (or cpprb torchrl tensordict)"}
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+# ---------------------------------------------------------------------------------
+# driver
+
+
+def run_peer(peer: str, kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "conduit_hpc.bench.peers", "--peer", peer, "--kind", kind,
+           "--batches", str(args.batches)] + (["--smoke"] if args.smoke else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    except subprocess.TimeoutExpired:
+        return {"skipped": f"{peer} did not finish within 600 s"}
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            r: dict[str, Any] = json.loads(line[7:])
+            return r
+    tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+    return {"skipped": f"{peer} failed (exit {out.returncode}): {' | '.join(tail)}"}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="conduit-hpc bench peers")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
+    p.add_argument("--profile", action="store_true",
+                   help="cProfile the learner: cartpole, prioritized, idle actor, sync")
+    p.add_argument("--kinds", default="cartpole,atari")
+    p.add_argument("--modes", default="sync", help="our delivery modes (sync, edp, service)")
+    p.add_argument("--batches", type=int, default=300, help="timed batches per figure")
+    p.add_argument("--actors", type=int, default=2)
+    p.add_argument("--duration", type=float, default=1.0, help="seconds of the insert phase")
+    p.add_argument("--peers", default=",".join(PEERS))
+    p.add_argument("--samplers", default="prioritized,uniform", help="our samplers")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--peer", default="", help=argparse.SUPPRESS)
+    p.add_argument("--kind", default="cartpole", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.peer:
+        peer_worker(args)
+        return {}
+    if args.worker:
+        ours_worker(args)
+        return {}
+    if args.smoke:
+        args.batches, args.duration = 30, 0.1
+    if args.profile:
+        args.kinds, args.modes, args.actors, args.peers = "cartpole", "sync", 1, ""
+    from conduit_hpc.testing import mpirun
+
+    sha = git_sha()
+    wargs = ["--worker", "--kinds", args.kinds, "--modes", args.modes, "--samplers",
+             args.samplers, "--batches",
+             str(args.batches), "--duration", str(args.duration)]
+    wargs += ["--smoke"] * args.smoke + ["--profile"] * args.profile
+    out = mpirun(2 + args.actors, worker_command("conduit_hpc.bench.peers", *wargs),
+                 timeout_s=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench worker failed ({out.returncode}):\n{out.stderr[-4000:]}")
+    if args.profile:
+        print(out.stdout)
+    results: list[dict] = []
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line[7:])
+            r.update(system="conduit_hpc", git_sha=sha, bench="peers")
+            results.append(r)
+            print(json.dumps(r), flush=True)
+    for peer in [x for x in args.peers.split(",") if x]:
+        for kind in args.kinds.split(","):
+            r = run_peer(peer, kind, args)
+            r.update(system=peer, kind=kind, git_sha=sha, bench="peers")
+            results.append(r)
+            print(json.dumps(r), flush=True)
+    table = ratios(results)
+    for t in table:
+        print(json.dumps({**t, "bench": "peers", "git_sha": sha}), flush=True)
+    print_table(results, table)
+    return {"results": results, "ratios": table}
+
+
+def ratios(results: list[dict]) -> list[dict]:
+    """ours / peer for each row kind, mode and peer that ran."""
+    out = []
+    for ours in (r for r in results if r["system"] == "conduit_hpc" and "inserting" in r):
+        for peer in (r for r in results if r["system"] != "conduit_hpc"
+                     and r["kind"] == ours["kind"] and "skipped" not in r):
+            key = "prioritized" if ours["sampler"] == "prioritized" else "uniform"
+            if key not in peer:
+                continue
+            pr = peer[key]
+            out.append({
+                "kind": ours["kind"], "mode": ours["mode"], "sampler": ours["sampler"],
+                "peer": peer["system"],
+                "rate_ratio_idle": ours["idle"]["batches_per_s"] / pr["batches_per_s"],
+                "rate_ratio_inserting":
+                    ours["inserting"]["batches_per_s"] / pr["batches_per_s"],
+                "median_latency_ratio":
+                    ours["idle"]["latency_median_s"] / pr["latency_median_s"],
+                "inserting_over_idle":
+                    ours["inserting"]["batches_per_s"] / ours["idle"]["batches_per_s"]})
+    return out
+
+
+def print_table(results: list[dict], table: list[dict]) -> None:
+    print(f"\n{'system':>12} {'kind':>8} {'mode':>5} {'sampler':>11} {'insert rows/s':>14} "
+          f"{'batches/s':>10} {'med ms':>7} {'p99 ms':>7} | {'ins. b/s':>9} {'med ms':>7} "
+          f"{'p99 ms':>7} {'rows/s':>10}")
+    for r in results:
+        if r["system"] == "conduit_hpc":
+            a, b = r["idle"], r.get("inserting", r["idle"])
+            print(f"{'ours':>12} {r['kind']:>8} {r['mode']:>5} {r['sampler']:>11} "
+                  f"{r['insert_rows_per_s']:>14,.0f} {a['batches_per_s']:>10,.0f} "
+                  f"{a['latency_median_s'] * 1e3:>7.3f} {a['latency_p99_s'] * 1e3:>7.3f} | "
+                  f"{b['batches_per_s']:>9,.0f} {b['latency_median_s'] * 1e3:>7.3f} "
+                  f"{b['latency_p99_s'] * 1e3:>7.3f} {r['inserting_rows_per_s']:>10,.0f}")
+        elif "skipped" in r:
+            print(f"{r['system']:>12} {r['kind']:>8}   skipped: {r['skipped']}")
+        else:
+            for key in ("prioritized", "uniform"):
+                if key in r:
+                    a = r[key]
+                    print(f"{r['system']:>12} {r['kind']:>8} {'in-p':>5} {key:>11} "
+                          f"{r['insert_rows_per_s']:>14,.0f} {a['batches_per_s']:>10,.0f} "
+                          f"{a['latency_median_s'] * 1e3:>7.3f} "
+                          f"{a['latency_p99_s'] * 1e3:>7.3f} |")
+            if "prioritized_skipped" in r:
+                print(f"{r['system']:>12} {r['kind']:>8}   prioritized skipped: "
+                      f"{r['prioritized_skipped']}")
+    print(f"\n{'kind':>8} {'mode':>5} {'sampler':>11} {'peer':>8} {'rate x':>7} "
+          f"{'rate x (ins.)':>13} {'median x':>9} {'ins./idle':>9}")
+    for t in table:
+        print(f"{t['kind']:>8} {t['mode']:>5} {t['sampler']:>11} {t['peer']:>8} "
+              f"{t['rate_ratio_idle']:>7.2f} {t['rate_ratio_inserting']:>13.2f} "
+              f"{t['median_latency_ratio']:>9.2f} {t['inserting_over_idle']:>9.2f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
