@@ -343,6 +343,7 @@ class ShardRing:
             if time.monotonic() > deadline:
                 raise DataPlaneTimeout(f"shard stats on rank {self.owner} stayed mid-update "
                                        f"for {self.timeout_s:.1f} s")
+            time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
 
     def search(self, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                    int, float, float] | None:
@@ -382,6 +383,7 @@ class ShardRing:
             if time.monotonic() > deadline:
                 raise DataPlaneTimeout(f"the tree of the shard on rank {self.owner} stayed "
                                        f"mid-update for {self.timeout_s:.1f} s")
+            time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
 
     # -- reader --------------------------------------------------------------------
     def stamps_of(self, slots: np.ndarray) -> np.ndarray:

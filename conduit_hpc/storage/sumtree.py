@@ -14,10 +14,10 @@ __all__ = ["MinTree", "SumTree", "prefix_search", "tree_nodes"]
 
 
 #: levels of at most this many nodes are recomputed whole by :meth:`_Tree.update`
-_DENSE_LEVEL = 1024
+_DENSE_LEVEL = 4096
 #: :func:`prefix_search` finds the node at the level of this many nodes with one binary
 #: search over the level's running sums, then descends the levels below it
-_SEARCH_LEVEL = 1024
+_SEARCH_LEVEL = 4096
 
 
 def tree_nodes(capacity: int) -> int:
@@ -67,13 +67,13 @@ class _Tree:
         tree[nodes] = vals
         # parents level by level; ``level`` is the first node of the parents' level (its
         # width too). One sort; a sorted array stays sorted when halved, so duplicates
-        # are dropped by comparing neighbours. Once the touched nodes are a quarter of
+        # are dropped by comparing neighbours. Once the touched nodes are a sixteenth of
         # their level (or the level is small), every level above is recomputed whole
         # with strided slices - a few contiguous adds instead of gathers and scatters.
         nodes = np.unique(nodes >> 1)
         level = self._p >> 1
         while level >= 1:
-            if level <= _DENSE_LEVEL or 4 * len(nodes) >= level:
+            if level <= _DENSE_LEVEL or 16 * len(nodes) >= level:
                 while level >= 1:
                     tree[level:2 * level] = self._combine(tree[2 * level:4 * level:2],
                                                           tree[2 * level + 1:4 * level:2])
