@@ -271,7 +271,7 @@ def _torchrl(kind: str, sz: dict[str, int], n: int, insert_rows: int) -> dict[st
     except RuntimeError as err:  # the C++ segment trees did not load with this torch
         why = str(err)
         try:
-            import torchrl._torchrl  # noqa: F401 - only for the loader's message
+            import torchrl._torchrl  # only for the loader's message
         except ImportError as load:
             why = str(load)[:200]
         out["prioritized_skipped"] = (
