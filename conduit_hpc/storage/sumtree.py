@@ -70,7 +70,8 @@ class _Tree:
         # are dropped by comparing neighbours. Once the touched nodes are a sixteenth of
         # their level (or the level is small), every level above is recomputed whole
         # with strided slices - a few contiguous adds instead of gathers and scatters.
-        nodes = np.unique(nodes >> 1)
+        nodes = np.sort(nodes >> 1)
+        nodes = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
         level = self._p >> 1
         while level >= 1:
             if level <= _DENSE_LEVEL or 16 * len(nodes) >= level:
