@@ -227,9 +227,12 @@ class Deliverer:
                 self._sync()
                 return int(acks[self.rank]) >= need
 
+            # progress drives this learner's sends: an update past the eager limit
+            # (256 rows: 6 kB) only moves while its sender is inside MPI
             wait_until(applied, timeout_s=self.timeout_s, max_sleep_s=self.poll_s,
-                       yields=200, what=f"the owner (rank {owner}) to apply this "
-                                        f"learner's priority updates")
+                       yields=200, between=self.channel.progress,
+                       what=f"the owner (rank {owner}) to apply this learner's priority "
+                            f"updates")
         self._acked[owner] = need
 
     def search(self, k: int, targets: np.ndarray) -> SampleReply | None:
