@@ -24,25 +24,28 @@ T = TypeVar("T")
 class Backoff:
     """Growing pauses between polls.
 
-    The first ``spins`` calls of :meth:`pause` return at once, the next few yield the
-    processor (``sleep(0)``), then the pause doubles from ``min_sleep_s`` up to
-    ``max_sleep_s``. :meth:`reset` after progress.
+    The first ``spins`` calls of :meth:`pause` return at once, the next ``yields``
+    yield the processor (``sleep(0)``), then the pause doubles from ``min_sleep_s`` up
+    to ``max_sleep_s``. :meth:`reset` after progress.
 
     Args:
         max_sleep_s (float): the longest pause (>= 0).
         min_sleep_s (float): the first real pause.
         spins (int): polls before the first yield.
+        yields (int): polls that yield before the first sleep (a wait that is usually
+            short and whose peer may need this core: more yields, fewer sleeps).
     """
 
-    __slots__ = ("_n", "_sleep", "max_sleep_s", "min_sleep_s", "spins")
+    __slots__ = ("_n", "_sleep", "max_sleep_s", "min_sleep_s", "spins", "yields")
 
     def __init__(self, max_sleep_s: float = 0.001, *, min_sleep_s: float = 0.00002,
-                 spins: int = 20) -> None:
+                 spins: int = 20, yields: int = 4) -> None:
         if not max_sleep_s >= 0:
             raise ValueError(f"max_sleep_s must be >= 0, got {max_sleep_s!r}")
         self.max_sleep_s = float(max_sleep_s)
         self.min_sleep_s = min(float(min_sleep_s), self.max_sleep_s)
         self.spins = int(spins)
+        self.yields = int(yields)
         self._n = 0
         self._sleep = self.min_sleep_s
 
@@ -56,7 +59,7 @@ class Backoff:
         self._n += 1
         if self._n <= self.spins:
             return
-        if self._n <= self.spins + 4 or self.max_sleep_s == 0:
+        if self._n <= self.spins + self.yields or self.max_sleep_s == 0:
             time.sleep(0)
             return
         time.sleep(self._sleep)
@@ -101,18 +104,19 @@ class Deadline:
 def wait_until(condition: Callable[[], T], *, timeout_s: float, what: str,
                error: type[ConduitError] = DataPlaneTimeout,
                max_sleep_s: float = 0.001, detail: str | Callable[[], str] = "",
-               between: Callable[[], object] | None = None) -> T:
+               between: Callable[[], object] | None = None, yields: int = 4) -> T:
     """Poll ``condition`` until it returns something truthy, and return that.
 
     Blocks at most ``timeout_s`` (plus one poll). ``between`` runs after every poll
-    that found nothing (e.g. to make progress on outstanding messages).
+    that found nothing (e.g. to make progress on outstanding messages); ``yields``: see
+    :class:`Backoff`.
 
     Raises:
         DataPlaneTimeout (or ``error``): the condition stayed false; the message names
             ``what`` and ``detail``.
     """
     deadline = Deadline(timeout_s, what, error)
-    backoff = Backoff(max_sleep_s)
+    backoff = Backoff(max_sleep_s, yields=yields)
     while True:
         value = condition()
         if value:

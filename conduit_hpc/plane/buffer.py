@@ -16,6 +16,7 @@ aborts the whole job on an uncaught exception.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -81,6 +82,7 @@ class BufferServer:
         self.deferred: list[Message] = []
         self.extensions: list[BufferExtension] = []
         self.passes = 0
+        self._learner_msg = False  # a learner's update or request came this pass
         self.samples_served = 0
         self.rows_served = 0
 
@@ -120,6 +122,7 @@ class BufferServer:
         self.peer_done(msg.source)
 
     def _on_sample(self, msg: Message) -> None:
+        self._learner_msg = True
         req = SampleRequest.unpack(msg.payload)
         shard = self.by_id[req.shard_id]
         # commit first: rows written before the request was sent are visible in memory
@@ -133,6 +136,7 @@ class BufferServer:
         self.channel.isend(msg.source, Tag.SAMPLE_REPLY, rep.pack())
 
     def _on_service(self, msg: Message) -> None:
+        self._learner_msg = True
         if not self._try_service(msg):
             self.deferred.append(msg)  # answered on a later pass, once rows are there
 
@@ -182,6 +186,7 @@ class BufferServer:
         return True
 
     def _on_priority(self, msg: Message) -> None:
+        self._learner_msg = True
         up = PriorityUpdate.unpack(msg.payload)
         shard = self.by_id[up.shard_id]
         with shard.writing():
@@ -226,13 +231,25 @@ class BufferServer:
                                  f"from rank {msg.source}")
         handler(msg)
 
+    #: after a learner's message, idle passes yield instead of sleeping for this long:
+    #: a learner that samples steadily sends its next update or request within it, and
+    #: its next batch waits for that message to be applied (a sleeping loop adds its
+    #: pause to every batch)
+    HOT_S = 0.005
+
     def serve(self) -> None:
         """Run passes until every peer is done, then one last commit pass. Blocks; see
         the module docstring for why it cannot block forever."""
         backoff = Backoff(max(self.poll_interval_s, 0.0005))
+        hot_until = 0.0
         while not self.finished:
             if self.step():
                 backoff.reset()
+                if self._learner_msg:
+                    self._learner_msg = False
+                    hot_until = time.monotonic() + self.HOT_S
+            elif time.monotonic() < hot_until:
+                time.sleep(0)
             else:
                 backoff.pause()
         for s in self.shards:

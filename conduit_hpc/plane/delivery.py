@@ -87,6 +87,7 @@ class Deliverer:
         self.acks, self._sync, self.rank = dict(acks), sync, rank
         self.sent: dict[int, int] = {}  # priority-update messages sent, per owner
         self.required: dict[int, int] = {}  # ... that a direct search must wait for
+        self._acked: dict[int, int] = {}  # ... that the owner is known to have applied
         self.resampled = 0
         self.limiter_wait_s = 0.0
         self.pin_offset = pin_offset
@@ -224,6 +225,36 @@ class Deliverer:
         acknowledgement count to catch up (:meth:`_search`)."""
         self.required = dict(self.sent)
 
+    def await_acks(self) -> None:
+        """Before a batch's statistics are read: wait (bounded) until every owner whose
+        tree this process searches directly has applied the priority updates this batch
+        must see (:meth:`mark`), so that the statistics the targets are drawn over and
+        the trees they are searched in agree. Returns at once when nothing was sent
+        since the last acknowledged count. Spins, then yields the processor (the owner
+        may need this core); never a fixed sleep on the way."""
+        if not self.sampler.direct_search:
+            return
+        for owner, acks in self.acks.items():
+            self._await_ack(owner, acks)
+
+    def _await_ack(self, owner: int, acks: np.ndarray) -> None:
+        need = self.required.get(owner, 0)
+        if need <= self._acked.get(owner, 0):
+            return
+        self._sync()
+        if int(acks[self.rank]) < need:
+            def applied() -> bool:
+                self._sync()
+                return int(acks[self.rank]) >= need
+
+            # progress drives this learner's sends: an update past the eager limit
+            # (256 rows: 6 kB) only moves while its sender is inside MPI
+            wait_until(applied, timeout_s=self.timeout_s, max_sleep_s=self.poll_s,
+                       yields=200, between=self.channel.progress,
+                       what=f"the owner (rank {owner}) to apply this learner's priority "
+                            f"updates")
+        self._acked[owner] = need
+
     def search(self, k: int, targets: np.ndarray) -> SampleReply | None:
         """Search shard ``k``'s tree in shared memory, if this process maps it."""
         if not self.sampler.direct_search:  # sequence windows are cut by the owner
@@ -233,15 +264,7 @@ class Deliverer:
         acks = self.acks.get(owner)
         if acks is None:
             return None
-        need = self.required.get(owner, 0)
-        if int(acks[self.rank]) < need:
-            def applied() -> bool:
-                self._sync()
-                return int(acks[self.rank]) >= need
-
-            wait_until(applied, timeout_s=self.timeout_s, max_sleep_s=self.poll_s,
-                       what=f"the owner (rank {owner}) of shard {sid} to apply this "
-                            f"learner's priority updates")
+        self._await_ack(owner, acks)
         ring = self.rings[sid]
         found = ring.search(targets)
         if found is None:

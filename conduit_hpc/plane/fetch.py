@@ -41,13 +41,19 @@ class Fetch(abc.ABC):
     def prepare(self, d: Deliverer, superstep: int, staleness: int) -> Batch:
         """One batch, inline. Blocks (bounded)."""
         B = d.cfg.batch_rows
-        timings = {"sample_s": 0.0, "gather_s": 0.0, "transform_s": 0.0, "copy_s": 0.0}
+        t_ack = time.perf_counter()
+        self.before_admit(d)
+        timings = {"ack_wait_s": time.perf_counter() - t_ack, "sample_s": 0.0,
+                   "gather_s": 0.0, "transform_s": 0.0, "copy_s": 0.0}
         stats, waited = d.admit(B)
         timings["limiter_wait_s"] = waited
         t0 = time.perf_counter()
         parts = d.draw(self.request_tag, stats, B)
         timings["sample_s"] = time.perf_counter() - t0
         return d.assemble(superstep, staleness, stats, parts, timings)
+
+    def before_admit(self, d: Deliverer) -> None:  # noqa: B027 - optional, default no-op
+        """What must happen before the batch's statistics are read (default: nothing)."""
 
     @abc.abstractmethod
     def fill(self, d: Deliverer, a: int, b: int, rows: np.ndarray, indices: np.ndarray,
@@ -61,6 +67,11 @@ class DirectFetch(Fetch):
 
     name = "direct"
     request_tag = Tag.SAMPLE
+
+    def before_admit(self, d: Deliverer) -> None:
+        # the owners apply this learner's earlier updates before the statistics are
+        # read: the targets are then drawn over the same totals the trees hold
+        d.await_acks()
 
     def fill(self, d: Deliverer, a: int, b: int, rows: np.ndarray, indices: np.ndarray,
              mass: np.ndarray, flat: dict[str, np.ndarray]) -> None:

@@ -343,7 +343,7 @@ class LearnerEndpoint:
         if self.metrics.keep and len(self.metrics.rows) % 50 == 0:
             self.metrics.flush()
         if self.status is not None:
-            self.status.update(self._status_text())
+            self.status.update(self._status_text)  # computed only when printed
 
     def _status_text(self) -> str:
         if self._superstep < 0:

@@ -14,7 +14,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -128,11 +128,15 @@ class LiveStatus:
         self.tty = (not under_mpi and hasattr(self.stream, "isatty")
                     and self.stream.isatty())
 
-    def update(self, text: str, *, force: bool = False) -> None:
+    def update(self, text: str | Callable[[], str], *, force: bool = False) -> None:
+        """Show ``text`` if it is time to (or ``force``); a callable is called only
+        then, so that a costly status line is computed only when printed."""
         now = time.monotonic()
         if not force and now - self._last < (0.2 if self.tty else self.every_s):
             return
         self._last = now
+        if callable(text):
+            text = text()
         if self.tty:
             self.stream.write("\r\033[K" + text)
         else:

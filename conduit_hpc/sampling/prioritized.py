@@ -18,8 +18,8 @@ class TreeDrawer(ShardDrawer):
     """Prefix search in the owner's sum-tree."""
 
     def stats(self, index: PriorityIndex) -> tuple[int, float, float, float]:
-        return (index.count, index.total, index.min.min if index.count else np.inf,
-                index.max_priority)
+        count = index.count  # a scan of every slot's generation: once
+        return count, index.total, index.min.min if count else np.inf, index.max_priority
 
     def draw(self, index: PriorityIndex, targets: np.ndarray) -> Draw:
         n = len(targets)

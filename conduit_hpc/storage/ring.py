@@ -300,6 +300,7 @@ class ShardRing:
             if time.monotonic() > deadline:
                 raise DataPlaneTimeout(f"shard stats on rank {self.owner} stayed mid-update "
                                        f"for {self.timeout_s:.1f} s")
+            time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
 
     def read_stats(self) -> tuple[int, float, float, float]:
         """(rows held, total mass, min mass, max priority) as last published by the
@@ -363,6 +364,7 @@ class ShardRing:
             if time.monotonic() > deadline:
                 raise DataPlaneTimeout(f"the tree of the shard on rank {self.owner} stayed "
                                        f"mid-update for {self.timeout_s:.1f} s")
+            time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
 
     # -- reader --------------------------------------------------------------------
     def stamps_of(self, slots: np.ndarray) -> np.ndarray:

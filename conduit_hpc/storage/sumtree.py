@@ -13,6 +13,13 @@ import numpy as np
 __all__ = ["MinTree", "SumTree", "prefix_search", "tree_nodes"]
 
 
+#: levels of at most this many nodes are recomputed whole by :meth:`_Tree.update`
+_DENSE_LEVEL = 4096
+#: :func:`prefix_search` finds the node at the level of this many nodes with one binary
+#: search over the level's running sums, then descends the levels below it
+_SEARCH_LEVEL = 4096
+
+
 def tree_nodes(capacity: int) -> int:
     """Number of float64 nodes a tree over ``capacity`` leaves takes (``2 * P``)."""
     p = 1
@@ -55,16 +62,28 @@ class _Tree:
             return
         self._check_index(idx)
         vals = np.broadcast_to(np.asarray(values, dtype=np.float64), idx.shape)
+        tree = self._tree
         nodes = idx + self._p
-        self._tree[nodes] = vals
-        nodes = np.unique(nodes >> 1)  # sorted: each level up stays sorted, so a
-        while nodes[0] >= 1:  # neighbour comparison removes its repeats (no sort)
-            self._tree[nodes] = self._combine(self._tree[2 * nodes], self._tree[2 * nodes + 1])
-            if nodes[0] == 1:
-                break
+        tree[nodes] = vals
+        # parents level by level; ``level`` is the first node of the parents' level (its
+        # width too). One sort; a sorted array stays sorted when halved, so duplicates
+        # are dropped by comparing neighbours. Once the touched nodes are a sixteenth of
+        # their level (or the level is small), every level above is recomputed whole
+        # with strided slices - a few contiguous adds instead of gathers and scatters.
+        nodes = np.sort(nodes >> 1)
+        nodes = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
+        level = self._p >> 1
+        while level >= 1:
+            if level <= _DENSE_LEVEL or 16 * len(nodes) >= level:
+                while level >= 1:
+                    tree[level:2 * level] = self._combine(tree[2 * level:4 * level:2],
+                                                          tree[2 * level + 1:4 * level:2])
+                    level >>= 1
+                return
+            tree[nodes] = self._combine(tree[2 * nodes], tree[2 * nodes + 1])
             nodes >>= 1
-            if len(nodes) > 1:
-                nodes = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
+            nodes = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
+            level >>= 1
 
     def set_range(self, start: int, values: np.ndarray) -> None:
         """Set the contiguous leaves ``start .. start+len(values)-1`` (no wrap)."""
@@ -145,8 +164,22 @@ def prefix_search(tree: np.ndarray, targets: np.ndarray) -> np.ndarray:
     total = float(tree[1])
     t = np.array(targets, dtype=np.float64, copy=True).reshape(-1)
     np.clip(t, 0.0, np.nextafter(total, 0.0), out=t)
-    node = np.ones(t.shape, dtype=np.int64)
-    for _ in range(p.bit_length() - 1):
+    level = min(_SEARCH_LEVEL, p)
+    if level > 1:
+        # the top levels in one step: the node of the ``level``-wide level whose running
+        # sum first exceeds the target (never one without mass: its running sum does
+        # not grow); rounding past the end goes to the last node with mass
+        masses = tree[level:2 * level]
+        cum = np.cumsum(masses)
+        k = np.searchsorted(cum, t, side="right")
+        last = int(np.flatnonzero(masses > 0)[-1]) if cum[-1] > 0 else 0
+        k = np.minimum(k, last)
+        t -= cum[k] - masses[k]
+        np.maximum(t, 0.0, out=t)
+        node = k + level
+    else:
+        node = np.ones(t.shape, dtype=np.int64)
+    for _ in range(p.bit_length() - level.bit_length()):
         left = 2 * node
         lv = tree[left]
         go_right = (t >= lv) & (tree[left + 1] > 0)

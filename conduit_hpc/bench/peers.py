@@ -1,0 +1,339 @@
+"""Our cross-process figures beside cpprb and TorchRL in-process, on the same workload.
+
+    conduit-hpc bench peers [--smoke] [--kinds cartpole,atari] [--batches N]
+                            [--actors 2] [--modes sync] [--peers cpprb,torchrl]
+    conduit-hpc bench peers --profile [--batches 300]   # cProfile of the learner
+
+**Ours** (MPI ranks: 1 buffer, 1 learner, ``--actors`` actors, one node, shared memory):
+the actors first ingest as fast as they can (batches of 1,024 CartPole rows or 32 Atari
+rows) for ``--duration`` seconds - the insert rate across processes; then the learner
+runs ``--batches`` prioritized batches (sample + priority update of every row, alpha 0.6,
+beta 0.4) with the actors idle, then as many again while every actor inserts as fast as
+it can; then the same with the uniform sampler (sample only). In ``sync`` mode each
+``next_batch`` is an unprefetched batch: its latency (median / p99) is reported.
+
+**Peers**, each in its own process on the same workload (capacity, row layout, batch,
+alpha, beta): cpprb's ``PrioritizedReplayBuffer`` / ``ReplayBuffer`` and TorchRL's
+``TensorDictPrioritizedReplayBuffer`` / ``TensorDictReplayBuffer`` on a
+``LazyTensorStorage``. A peer that is not installed (``pip install conduit_hpc[peers]``)
+or does not work with the installed torch (TorchRL's C++ segment trees are built for one
+torch version) is skipped, with a note saying so and what to do.
+
+One JSON line per result; then the ratios ours / peer. Rows: ``cartpole`` 45 B (obs and
+next_obs float32[4], action int64, reward float32, done uint8), ``atari`` 56,461 B (obs
+and next_obs uint8[4,84,84], action, reward, done).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from conduit_hpc.bench._peers_inprocess import (
+    ALPHA,
+    BETA,
+    ROWS,
+    SIZES,
+    SMOKE_SIZES,
+    fake_rows,
+    latency_stats,
+    run_cpprb,
+    run_torchrl,
+)
+from conduit_hpc.bench.common import git_sha, worker_command
+
+PEERS = ("cpprb", "torchrl")
+
+
+# ---------------------------------------------------------------------------------
+# ours: runs under mpirun (1 buffer, 1 learner, the rest actors)
+
+
+def _learner_loop(edp: Any, n: int, prioritized: bool, warm: int) -> dict[str, float]:
+    batch = edp.config.scheduler.batch_rows
+    prios = np.random.default_rng(1).random((n + warm, batch)) + 0.01
+    lat = []
+    parts: dict[str, list[float]] = {}
+    t_all = 0.0
+    for i in range(n + warm):
+        if i == warm:
+            t_all = time.perf_counter()
+        t0 = time.perf_counter()
+        b = edp.next_batch()
+        t1 = time.perf_counter()
+        if prioritized:
+            edp.update_priorities(b.indices, prios[i])
+        if i >= warm:
+            t2 = time.perf_counter()
+            lat.append(t2 - t0)
+            path = {k: v for k, v in b.timings.items() if k.endswith("_s")}
+            path["other_next_batch_s"] = t1 - t0 - sum(path.values())
+            path["update_priorities_s"] = t2 - t1
+            for k, v in path.items():
+                parts.setdefault(k, []).append(v)
+    out: dict[str, Any] = latency_stats(lat, time.perf_counter() - t_all)
+    # where a batch's time goes: the median of each part (they need not add up)
+    out["median_parts_s"] = {k: float(np.median(v)) for k, v in parts.items()}
+    out["mean_parts_s"] = {k: float(np.mean(v)) for k, v in parts.items()}
+    return out
+
+
+def ours_worker(args: argparse.Namespace) -> None:
+    from mpi4py import MPI
+
+    from conduit_hpc import ExperienceDataPlane, Role
+    from conduit_hpc.testing import make_config
+
+    comm = MPI.COMM_WORLD
+    sizes = SMOKE_SIZES if args.smoke else SIZES
+    results: list[dict] = []
+    samplers = ("prioritized",) if args.profile else tuple(args.samplers.split(","))
+    for kind in args.kinds.split(","):
+        sz = sizes[kind]
+        for mode in args.modes.split(","):
+            for sampler in samplers:
+                cfg = make_config(
+                    spec=ROWS[kind], layout={"learners": 1, "buffers": 1},
+                    storage={"capacity_rows": sz["capacity"], "priority_exponent": ALPHA},
+                    scheduler={"mode": mode, "fetch": "direct", "batch_rows": sz["batch"],
+                               "sampler": sampler, "beta": BETA, "beta_final": BETA,
+                               "min_fill_rows": sz["batch"], "prefetch_depth": 2},
+                    run={"timeout_s": 120.0})
+                with ExperienceDataPlane(cfg, comm) as edp:
+                    role = edp.role
+                    side = comm.Split(0 if role is Role.BUFFER else 1,
+                                      0 if role is Role.LEARNER else 1 + comm.rank)
+                    if role is Role.BUFFER:
+                        side.Free()
+                        edp.serve()
+                        continue
+                    res = _ours_phases(edp, side, kind, sz, args, sampler == "prioritized",
+                                       role is Role.LEARNER)
+                    edp.done()
+                    side.Free()
+                    if res is not None:
+                        res.update(kind=kind, mode=mode, sampler=sampler)
+                        results.append(res)
+    for r in results:
+        print("RESULT " + json.dumps(r), flush=True)
+
+
+def _ours_phases(edp: Any, side: Any, kind: str, sz: dict[str, int],
+                 args: argparse.Namespace, prioritized: bool, learner: bool
+                 ) -> dict | None:
+    """Insert phase, then learner batches with idle and with inserting actors. Ranks of
+    ``side``: the learner (0) and the actors."""
+    from conduit_hpc.transport.objects import gather_json
+
+    n, warm = args.batches, max(5, args.batches // 10)
+    if learner:
+        side.Barrier()
+        ins = gather_json(side, [0, 0.0], root=0)
+        assert ins is not None
+        rows = sum(r for r, _ in ins)
+        out: dict[str, Any] = {"insert_rows_per_s": rows / max(e for _, e in ins),
+                               "actors": side.size - 1, "row_bytes": edp.spec.row_bytes,
+                               "batch": sz["batch"], "capacity": sz["capacity"]}
+        prof = None
+        if args.profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
+        out["idle"] = _learner_loop(edp, n, prioritized, warm)
+        if prof is not None:
+            prof.disable()
+            import io
+            import pstats
+
+            s = io.StringIO()
+            st = pstats.Stats(prof, stream=s)
+            st.sort_stats("tottime").print_stats(35)
+            st.sort_stats("cumulative").print_stats(45)
+            print(s.getvalue(), flush=True)
+        side.Ibarrier().Wait()  # actors start inserting
+        if not args.profile:
+            out["inserting"] = _learner_loop(edp, n, prioritized, warm)
+        side.Ibarrier().Wait()  # actors stop
+        during = gather_json(side, [0, 0.0], root=0)
+        assert during is not None
+        rows = sum(r for r, _ in during)
+        out["inserting_rows_per_s"] = rows / max(max(e for _, e in during), 1e-9)
+        return out
+    data = fake_rows(kind, sz["ingest"], seed=side.rank)
+    side.Barrier()
+    rows, t0 = 0, time.perf_counter()
+    # the timed insert phase; at least one lap of the ring, so it is full afterwards
+    while (time.perf_counter() - t0 < args.duration
+           or rows * (side.size - 1) < sz["capacity"]):
+        edp.ingest(data)
+        rows += sz["ingest"]
+    gather_json(side, [rows, time.perf_counter() - t0], root=0)
+    start = side.Ibarrier()
+    while not start.Test():  # idle while the learner samples alone
+        time.sleep(0.001)
+    stop = side.Ibarrier()
+    rows, t0 = 0, time.perf_counter()
+    while not stop.Test():
+        if args.profile:
+            time.sleep(0.001)
+            continue
+        edp.ingest(data)
+        rows += sz["ingest"]
+    gather_json(side, [rows, time.perf_counter() - t0], root=0)
+    return None
+
+
+def peer_worker(args: argparse.Namespace) -> None:
+    sz = (SMOKE_SIZES if args.smoke else SIZES)[args.kind]
+    fn = {"cpprb": run_cpprb, "torchrl": run_torchrl}[args.peer]
+    try:
+        res = fn(args.kind, sz, args.batches, max(sz["capacity"], 10 * sz["ingest"]))
+    except ImportError as err:
+        res = {"skipped": f"{args.peer} is not installed ({err}); pip install "
+                          f"'conduit_hpc[peers]' (or cpprb torchrl tensordict)"}
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+# ---------------------------------------------------------------------------------
+# driver
+
+
+def run_peer(peer: str, kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "conduit_hpc.bench.peers", "--peer", peer, "--kind", kind,
+           "--batches", str(args.batches)] + (["--smoke"] if args.smoke else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    except subprocess.TimeoutExpired:
+        return {"skipped": f"{peer} did not finish within 600 s"}
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            r: dict[str, Any] = json.loads(line[7:])
+            return r
+    tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+    return {"skipped": f"{peer} failed (exit {out.returncode}): {' | '.join(tail)}"}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="conduit-hpc bench peers")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
+    p.add_argument("--profile", action="store_true",
+                   help="cProfile the learner: cartpole, prioritized, idle actor, sync")
+    p.add_argument("--kinds", default="cartpole,atari")
+    p.add_argument("--modes", default="sync", help="our delivery modes (sync, edp, service)")
+    p.add_argument("--batches", type=int, default=300, help="timed batches per figure")
+    p.add_argument("--actors", type=int, default=2)
+    p.add_argument("--duration", type=float, default=1.0, help="seconds of the insert phase")
+    p.add_argument("--peers", default=",".join(PEERS))
+    p.add_argument("--samplers", default="prioritized,uniform", help="our samplers")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--peer", default="", help=argparse.SUPPRESS)
+    p.add_argument("--kind", default="cartpole", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.peer:
+        peer_worker(args)
+        return {}
+    if args.worker:
+        ours_worker(args)
+        return {}
+    if args.smoke:
+        args.batches, args.duration = 30, 0.1
+    if args.profile:
+        args.kinds, args.modes, args.actors, args.peers = "cartpole", "sync", 1, ""
+    from conduit_hpc.testing import mpirun
+
+    sha = git_sha()
+    wargs = ["--worker", "--kinds", args.kinds, "--modes", args.modes, "--samplers",
+             args.samplers, "--batches",
+             str(args.batches), "--duration", str(args.duration)]
+    wargs += ["--smoke"] * args.smoke + ["--profile"] * args.profile
+    out = mpirun(2 + args.actors, worker_command("conduit_hpc.bench.peers", *wargs),
+                 timeout_s=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench worker failed ({out.returncode}):\n{out.stderr[-4000:]}")
+    if args.profile:
+        print(out.stdout)
+    results: list[dict] = []
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line[7:])
+            r.update(system="conduit_hpc", git_sha=sha, bench="peers")
+            results.append(r)
+            print(json.dumps(r), flush=True)
+    for peer in [x for x in args.peers.split(",") if x]:
+        for kind in args.kinds.split(","):
+            r = run_peer(peer, kind, args)
+            r.update(system=peer, kind=kind, git_sha=sha, bench="peers")
+            results.append(r)
+            print(json.dumps(r), flush=True)
+    table = ratios(results)
+    for t in table:
+        print(json.dumps({**t, "bench": "peers", "git_sha": sha}), flush=True)
+    print_table(results, table)
+    return {"results": results, "ratios": table}
+
+
+def ratios(results: list[dict]) -> list[dict]:
+    """ours / peer for each row kind, mode and peer that ran."""
+    out = []
+    for ours in (r for r in results if r["system"] == "conduit_hpc" and "inserting" in r):
+        for peer in (r for r in results if r["system"] != "conduit_hpc"
+                     and r["kind"] == ours["kind"] and "skipped" not in r):
+            key = "prioritized" if ours["sampler"] == "prioritized" else "uniform"
+            if key not in peer:
+                continue
+            pr = peer[key]
+            out.append({
+                "kind": ours["kind"], "mode": ours["mode"], "sampler": ours["sampler"],
+                "peer": peer["system"],
+                "rate_ratio_idle": ours["idle"]["batches_per_s"] / pr["batches_per_s"],
+                "rate_ratio_inserting":
+                    ours["inserting"]["batches_per_s"] / pr["batches_per_s"],
+                "median_latency_ratio":
+                    ours["idle"]["latency_median_s"] / pr["latency_median_s"],
+                "inserting_over_idle":
+                    ours["inserting"]["batches_per_s"] / ours["idle"]["batches_per_s"]})
+    return out
+
+
+def print_table(results: list[dict], table: list[dict]) -> None:
+    print(f"\n{'system':>12} {'kind':>8} {'mode':>5} {'sampler':>11} {'insert rows/s':>14} "
+          f"{'batches/s':>10} {'med ms':>7} {'p99 ms':>7} | {'ins. b/s':>9} {'med ms':>7} "
+          f"{'p99 ms':>7} {'rows/s':>10}")
+    for r in results:
+        if r["system"] == "conduit_hpc":
+            a, b = r["idle"], r.get("inserting", r["idle"])
+            print(f"{'ours':>12} {r['kind']:>8} {r['mode']:>5} {r['sampler']:>11} "
+                  f"{r['insert_rows_per_s']:>14,.0f} {a['batches_per_s']:>10,.0f} "
+                  f"{a['latency_median_s'] * 1e3:>7.3f} {a['latency_p99_s'] * 1e3:>7.3f} | "
+                  f"{b['batches_per_s']:>9,.0f} {b['latency_median_s'] * 1e3:>7.3f} "
+                  f"{b['latency_p99_s'] * 1e3:>7.3f} {r['inserting_rows_per_s']:>10,.0f}")
+        elif "skipped" in r:
+            print(f"{r['system']:>12} {r['kind']:>8}   skipped: {r['skipped']}")
+        else:
+            for key in ("prioritized", "uniform"):
+                if key in r:
+                    a = r[key]
+                    print(f"{r['system']:>12} {r['kind']:>8} {'in-p':>5} {key:>11} "
+                          f"{r['insert_rows_per_s']:>14,.0f} {a['batches_per_s']:>10,.0f} "
+                          f"{a['latency_median_s'] * 1e3:>7.3f} "
+                          f"{a['latency_p99_s'] * 1e3:>7.3f} |")
+            if "prioritized_skipped" in r:
+                print(f"{r['system']:>12} {r['kind']:>8}   prioritized skipped: "
+                      f"{r['prioritized_skipped']}")
+    print(f"\n{'kind':>8} {'mode':>5} {'sampler':>11} {'peer':>8} {'rate x':>7} "
+          f"{'rate x (ins.)':>13} {'median x':>9} {'ins./idle':>9}")
+    for t in table:
+        print(f"{t['kind']:>8} {t['mode']:>5} {t['sampler']:>11} {t['peer']:>8} "
+              f"{t['rate_ratio_idle']:>7.2f} {t['rate_ratio_inserting']:>13.2f} "
+              f"{t['median_latency_ratio']:>9.2f} {t['inserting_over_idle']:>9.2f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
