@@ -24,14 +24,17 @@ job declares is refused as an unknown key. Local; no MPI (unless the script impo
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from conduit_hpc.errors import ConfigError
 
-__all__ = ["JOB_CONFIG_NAME", "declared_config", "job_script_for"]
+__all__ = ["JOB_CONFIG_NAME", "contract_problem", "declared_config", "job_script_for",
+           "main_calls_job_main"]
 
 #: the module-level name under which a job script declares its config class
 JOB_CONFIG_NAME = "JOB_CONFIG"
@@ -61,23 +64,9 @@ def declared_config(config_path: str | Path,
     script = Path(script) if script is not None else job_script_for(config_path)
     if not script.is_file():
         return None, f"no job script {str(script)!r} declares them"
-    resolved = script.resolve()
-    stamp = f"{resolved}:{resolved.stat().st_mtime_ns}"
-    name = "_conduit_job_" + hashlib.sha256(stamp.encode()).hexdigest()[:16]
-    module = sys.modules.get(name)
+    module = _import_script(script, f"to find its {JOB_CONFIG_NAME}")
     if module is None:
-        spec = importlib.util.spec_from_file_location(name, resolved)
-        if spec is None or spec.loader is None:
-            return None, f"the job script {str(script)!r} cannot be imported"
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses resolve annotations through it
-        try:
-            spec.loader.exec_module(module)
-        except (Exception, SystemExit) as err:  # the job's own code: anything can go wrong
-            del sys.modules[name]
-            raise ConfigError(f"importing the job script {str(script)!r} to find its "
-                              f"{JOB_CONFIG_NAME} failed: {type(err).__name__}: {err}",
-                              key="") from err
+        return None, f"the job script {str(script)!r} cannot be imported"
     cls = getattr(module, JOB_CONFIG_NAME, None)
     if cls is None:
         return None, (f"the job script {str(script)!r} declares no {JOB_CONFIG_NAME} "
@@ -87,3 +76,73 @@ def declared_config(config_path: str | Path,
                           f"(a subclass of conduit_hpc.config.Config), got {cls!r}",
                           key="")
     return cls, ""
+
+
+def _import_script(script: Path, why: str) -> ModuleType | None:
+    """Import a job script once per process and version of the file (``None``: no
+    loader for it). Raises ConfigError when its own code fails."""
+    resolved = script.resolve()
+    stamp = f"{resolved}:{resolved.stat().st_mtime_ns}"
+    name = "_conduit_job_" + hashlib.sha256(stamp.encode()).hexdigest()[:16]
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, resolved)
+        if spec is None or spec.loader is None:
+            return None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses resolve annotations through it
+        try:
+            spec.loader.exec_module(module)
+        except (Exception, SystemExit) as err:  # the job's own code: anything can go wrong
+            del sys.modules[name]
+            raise ConfigError(f"importing the job script {str(script)!r} {why} failed: "
+                              f"{type(err).__name__}: {err}", key="") from err
+    return module
+
+
+def main_calls_job_main(source: str) -> bool:
+    """Whether a script's source calls ``job_main(...)`` (or ``x.job_main(...)``) inside
+    an ``if __name__ == "__main__":`` block at module level. Static; runs nothing."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return False
+    for node in tree.body:
+        if not (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)):
+            continue
+        names = [node.test.left, *node.test.comparators]
+        if not any(isinstance(n, ast.Name) and n.id == "__name__" for n in names):
+            continue
+        for sub in ast.walk(ast.Module(body=node.body, type_ignores=[])):
+            if isinstance(sub, ast.Call):
+                f = sub.func
+                if ((isinstance(f, ast.Name) and f.id == "job_main")
+                        or (isinstance(f, ast.Attribute) and f.attr == "job_main")):
+                    return True
+    return False
+
+
+def contract_problem(script: str | Path) -> str:
+    """What keeps ``script`` from being a job script that ``conduit-hpc run`` can start
+    (see ``docs/writing-a-job.md``), or ``""``: the file exists, calls ``job_main`` under
+    ``if __name__ == "__main__":`` and defines a callable ``run`` (found by importing
+    it as :func:`declared_config` does - importing runs no job). Local; no MPI unless
+    the script imports it.
+
+    Raises:
+        ConfigError: importing the script fails.
+    """
+    script = Path(script)
+    if not script.is_file():
+        return f"no job script {str(script)!r}"
+    end = ('end it with `if __name__ == "__main__": job_main(MyConfig, run)` (see '
+           'docs/writing-a-job.md)')
+    if not main_calls_job_main(script.read_text(errors="replace")):
+        return f"the job script {str(script)!r} never calls job_main; {end}"
+    module = _import_script(script, "to check it")
+    if module is None:
+        return f"the job script {str(script)!r} cannot be imported"
+    if not callable(getattr(module, "run", None)):
+        return (f"the job script {str(script)!r} defines no run(cfg, run_dir, resume) "
+                f"for job_main to call; define it and {end}")
+    return ""

@@ -61,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sets.append(f"scheduler.mode={args.mode}")
     rc, run_dir = launch(args.config, nranks=args.n, overrides=sets, runs_root=args.runs,
                          resume=args.resume, timeout_s=args.timeout, launcher=args.launcher,
-                         run_dir=args.run_dir or None)
+                         run_dir=args.run_dir or None, entry=args.entry or None)
     print(f"run directory: {run_dir}", file=sys.stderr)
     return rc
 
@@ -82,6 +82,8 @@ def _build_run(p: argparse.ArgumentParser) -> None:
                         "($CONDUIT_LAUNCHER sets the default)")
     p.add_argument("--run-dir", default="", help="use this run directory (kept across a "
                    "requeued SLURM job) instead of a new one under --runs")
+    p.add_argument("--entry", default="", help="the job script (default: the .py beside "
+                   "the TOML file; see docs/writing-a-job.md)")
 
 
 # ---------------------------------------------------------------------------------

@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc.config import Config, job_script_for, load, to_toml
-from conduit_hpc.errors import ConduitError
+from conduit_hpc.config.jobs import contract_problem
+from conduit_hpc.errors import ConduitError, ConfigError, WorldTooSmall
 from conduit_hpc.job import ERROR_PREFIX
+from conduit_hpc.tools.diagnose import first_error, never_started, rank_death
 
 __all__ = ["choose_launcher", "launch", "mpi_env"]
 
@@ -81,6 +83,29 @@ def ranks_for(cfg: Config) -> int:
     """Ranks a config's layout uses on one node (counts mode; one actor when 'rest')."""
     lay = cfg.layout
     return lay.learners + lay.buffers + max(lay.actors, 1)
+
+
+def ranks_problem(cfg: Config, n: int) -> ConduitError | None:
+    """Why ``n`` ranks do not fit ``cfg``'s ``[layout]``, or ``None`` - the rules of
+    :func:`conduit_hpc.plane.roles._assign` for ``per_node = false``, checked before any
+    rank starts. ``per_node = true`` is not checked (it depends on how the launcher fills
+    nodes). Local; no MPI."""
+    lay = cfg.layout
+    if lay.per_node:
+        return None
+    need = lay.fixed_ranks
+    roles = (f"{lay.learners} learner(s), {lay.buffers} buffer(s), "
+             f"{max(lay.actors, 1)}{'+' if lay.actors == 0 else ''} actor(s)")
+    if n < need:
+        fix = (f"use -n {need} or more" if lay.actors == 0 else
+               f"use -n {need}, or change layout.learners/buffers/actors")
+        return WorldTooSmall(f"-n {n} is too few: [layout] needs {need} ranks ({roles}); "
+                             f"{fix}")
+    if lay.actors and n > need:
+        return ConfigError(f"-n {n} is more than the {need} ranks [layout] uses ({roles}); "
+                           f"use -n {need}, or --set layout.actors=0 to make every "
+                           f"remaining rank an actor", key="layout.actors")
+    return None
 
 
 def no_mpi_in_this_process() -> None:
@@ -154,8 +179,8 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
            overrides: Sequence[str] = (), runs_root: str | Path = "runs",
            resume: str = "", timeout_s: float | None = None, quiet: bool = False,
            config_cls: type[Config] = Config, launcher: str = "auto",
-           run_dir: str | Path | None = None, entry: str | Path | None = None
-           ) -> tuple[int, Path]:
+           run_dir: str | Path | None = None, entry: str | Path | None = None,
+           check_entry: bool = True) -> tuple[int, Path]:
     """Start a job's ranks and wait. Blocks at most ``timeout_s`` (default: the job's
     ``run.duration_s`` + ``run.timeout_s`` + 60 s).
 
@@ -172,12 +197,19 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
             requeued SLURM job so that ``--resume`` finds its checkpoints) instead of a
             new ``runs_root/<name>-<timestamp>``; earlier logs move to ``logs.<k>``.
         entry (str | Path | None): the job script (default: the ``.py`` beside the TOML).
+        check_entry (bool): check before launch that the job script exists, calls
+            ``job_main`` under ``__main__`` and defines ``run`` (tests of launcher
+            failures turn it off).
 
     Returns:
         tuple[int, Path]: the exit status (0 on success) and the run directory.
 
     Raises:
-        ConfigError: the config does not load (checked before any rank starts).
+        ConfigError: the config does not load, ``n`` is more than a layout with fixed
+            counts uses, or the job script does not keep the contract of
+            ``docs/writing-a-job.md`` (all checked before any rank starts or any
+            directory is made).
+        WorldTooSmall: ``n`` is fewer ranks than the layout needs.
         ConduitError: a bad launcher, or more ranks than the SLURM allocation has tasks.
     """
     path = Path(config_path)
@@ -194,6 +226,15 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         raise ConduitError(f"-n {n} exceeds the {slots} tasks of this SLURM allocation "
                            f"(SLURM_NTASKS); ask sbatch for more tasks or use "
                            f"--launcher mpirun (which may oversubscribe)")
+    bad_n = ranks_problem(cfg, n)
+    if bad_n is not None:
+        raise bad_n
+    entry = Path(entry) if entry is not None else entry_for(path, cfg)
+    if check_entry:
+        problem = contract_problem(entry)
+        if problem:
+            raise ConfigError(problem + (f" (the job script of {str(path)!r} is the .py "
+                                         f"beside it)" if not entry.is_file() else ""))
     if run_dir is None:
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         run_dir = Path(runs_root) / f"{cfg.run.name}-{stamp}"
@@ -208,7 +249,6 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     # the resolved config (overrides applied, defaults filled in), written by tomli-w;
     # every rank loads this file with the job's class
     (run_dir / "config.toml").write_text(to_toml(cfg.to_dict()))
-    entry = Path(entry) if entry is not None else entry_for(path, cfg)
     job_args = ["--config", str((run_dir / "config.toml").resolve()), "--run-dir",
                 str(run_dir.resolve())]
     if resume:
@@ -249,13 +289,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         follower.finish()
     missing = [r for r in range(n) if not (logs / f"rank.{r}").is_dir()]
     if rc == 0 and missing:
-        # a launcher can report success for a step whose tasks never started (srun after
-        # a PMIx set-up failure): every rank of a job writes its logs/rank.N first thing
-        shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
-        print(f"{ERROR_PREFIX}: {which} exited 0 but rank(s) {shown} of {n} never started "
-              f"(or wrote their logs where this node cannot see them: the run directory "
-              f"must be on a shared filesystem); see {logs / 'launcher.log'}",
-              file=sys.stderr)
+        print(never_started(which, missing, n, entry, logs), file=sys.stderr)
         return 1, run_dir
     if rc != 0:
         # a rank's own report first (under srun, the ranks that srun kills after one
@@ -264,57 +298,6 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
               or f"{ERROR_PREFIX}: job exited with status {rc}; logs in {logs}",
               file=sys.stderr)
     return rc, run_dir
-
-
-# mpirun/prterun: "prterun noticed that process rank 3 with PID 417 on node vm exited on
-# signal 9 (Killed)."; srun: "srun: error: vm: task 3: Killed"
-_DEATH_MPIRUN = re.compile(r"noticed that process rank (\d+) with PID (\d+) on node (\S+)\s+"
-                           r"exited on\s+signal (\d+)(?: \(([^)]*)\))?")
-_DEATH_SRUN = re.compile(r"srun: error: (\S+): tasks? (\d+)[-\d,]*: (Killed|Terminated|"
-                         r"Segmentation fault|Aborted|Bus error)")
-
-
-def role_of(cfg: Config, world_size: int, rank: int) -> str:
-    """The role ``rank`` has under ``cfg``'s layout (``per_node`` layouts: by the ranks
-    of one node, assuming the launcher fills nodes in order; "" if unknown)."""
-    lay = cfg.layout
-    if lay.per_node:
-        return ""
-    if rank < lay.learners:
-        return "learner"
-    if rank < lay.learners + lay.buffers:
-        return "buffer"
-    return "actor" if rank < world_size else ""
-
-
-def rank_death(run_dir: Path, cfg: Config) -> str | None:
-    """One message naming the rank that the launcher saw die of a signal - its role,
-    world rank, host, the signal, and where its log is - or ``None``. (Used when no rank
-    reported an error itself.)"""
-    log = run_dir / "logs" / "launcher.log"
-    if not log.exists():
-        return None
-    text = log.read_text(errors="replace")
-    n = len(list((run_dir / "logs").glob("rank.*")))
-    m = _DEATH_MPIRUN.search(text)
-    if m is not None:
-        rank, host, sig = int(m.group(1)), m.group(3), int(m.group(4))
-    else:
-        s = _DEATH_SRUN.search(text)
-        if s is None:
-            return None
-        rank, host = int(s.group(2)), s.group(1)
-        sig = {"Killed": signal.SIGKILL, "Terminated": signal.SIGTERM,
-               "Segmentation fault": signal.SIGSEGV, "Aborted": signal.SIGABRT,
-               "Bus error": signal.SIGBUS}[s.group(3)]
-    try:
-        name = signal.Signals(sig).name
-    except ValueError:
-        name = f"signal {sig}"
-    role = role_of(cfg, n, rank)
-    who = f"world rank {rank}" + (f" ({role})" if role else "")
-    return (f"{ERROR_PREFIX}: {who} on host {host} was killed by signal {sig} ({name}); "
-            f"its log: {run_dir / 'logs' / f'rank.{rank}'}, the launcher's: {log}")
 
 
 class _Forwarder:
@@ -431,26 +414,3 @@ class _Follower:
 def _rank_log(run_dir: Path, rank: int, name: str) -> Path | None:
     f = run_dir / "logs" / f"rank.{rank}" / name
     return f if f.exists() else None
-
-
-def first_error(run_dir: Path) -> str | None:
-    """The first ``conduit-hpc: error`` line any rank wrote, or the last line of the
-    first Python traceback (a rank's, else the launcher's), as one message; ``None`` if
-    there is neither."""
-    logs = sorted((run_dir / "logs").glob("rank.*/stderr"),
-                  key=lambda p: int(p.parent.name.split(".")[1]))
-    launcher = run_dir / "logs" / "launcher.log"
-    for f in logs:
-        for line in f.read_text(errors="replace").splitlines():
-            if line.startswith(ERROR_PREFIX):
-                return line + f" (logs in {run_dir / 'logs'})"
-    for f in [*logs, launcher] if launcher.exists() else logs:
-        text = f.read_text(errors="replace")
-        if "Traceback (most recent call last)" in text:
-            tail = [ln for ln in text.splitlines() if re.match(r"^\w[\w.]*(Error|Exception)", ln)]
-            where = (f"world rank {f.parent.name.split('.')[1]}" if f.name == "stderr"
-                     else "a rank")
-            if tail:
-                return (f"{ERROR_PREFIX} on {where}: {tail[-1]} "
-                        f"(logs in {run_dir / 'logs'})")
-    return None

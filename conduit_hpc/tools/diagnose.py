@@ -1,0 +1,130 @@
+"""What ``conduit-hpc run`` says when a job fails: reading a run's logs afterwards.
+
+:func:`first_error` (a rank's own report), :func:`rank_death` (a rank the launcher saw
+die of a signal) and :func:`never_started` (a launcher that exited 0 while ranks never
+reached ``job_main``) each turn ``RUN_DIR/logs`` into one ``conduit-hpc: error``
+message. Local; no MPI.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+from conduit_hpc.config import Config
+from conduit_hpc.config.jobs import main_calls_job_main
+from conduit_hpc.job import ERROR_PREFIX
+
+__all__ = ["first_error", "never_started", "rank_death", "role_of"]
+
+
+def never_started(which: str, missing: Sequence[int], n: int, entry: Path, logs: Path,
+                  tail_lines: int = 10) -> str:
+    """The report for a launcher that exited 0 while rank(s) ``missing`` wrote no
+    ``logs/rank.N`` (every rank of a job writes it first thing, in ``job_main``): why -
+    a job script that ends without ``job_main``, ranks whose logs this node cannot see,
+    or ranks the launcher never started - then the last lines of ``launcher.log``."""
+    shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
+    head = f"{ERROR_PREFIX}: {which} exited 0 but rank(s) {shown} of {n} never started"
+    log = logs / "launcher.log"
+    try:
+        contract = main_calls_job_main(entry.read_text(errors="replace"))
+    except OSError:
+        contract = True  # unreadable here: say nothing about its contents
+    if not contract:
+        why = (f": the job script {str(entry)!r} ran and ended without calling job_main, "
+               f"so no rank wrote logs/rank.N; end it with `if __name__ == \"__main__\": "
+               f"job_main(MyConfig, run)` (see docs/writing-a-job.md)")
+    elif len(missing) < n:
+        why = (f": ranks that started wrote {logs / 'rank.N'} but these did not, or wrote "
+               f"them where this node cannot see them - the run directory must be on a "
+               f"filesystem shared by every node")
+    else:
+        why = (": no rank reached job_main - the launcher did not start them (e.g. srun "
+               "after a PMIx set-up failure), the script exited before job_main, or the "
+               "run directory is not on a filesystem shared with the ranks' nodes")
+    lines = [f"{head}{why}; see {log}"]
+    text = log.read_text(errors="replace") if log.exists() else ""
+    tail = [ln for ln in text.splitlines() if ln.strip()][-tail_lines:]
+    if tail:
+        lines.append(f"  last lines of {log.name}:")
+        lines += [f"  | {ln}" for ln in tail]
+    else:
+        lines.append(f"  ({log.name} is empty)")
+    return "\n".join(lines)
+
+
+# mpirun/prterun: "prterun noticed that process rank 3 with PID 417 on node vm exited on
+# signal 9 (Killed)."; srun: "srun: error: vm: task 3: Killed"
+_DEATH_MPIRUN = re.compile(r"noticed that process rank (\d+) with PID (\d+) on node (\S+)\s+"
+                           r"exited on\s+signal (\d+)(?: \(([^)]*)\))?")
+_DEATH_SRUN = re.compile(r"srun: error: (\S+): tasks? (\d+)[-\d,]*: (Killed|Terminated|"
+                         r"Segmentation fault|Aborted|Bus error)")
+
+
+def role_of(cfg: Config, world_size: int, rank: int) -> str:
+    """The role ``rank`` has under ``cfg``'s layout (``per_node`` layouts: by the ranks
+    of one node, assuming the launcher fills nodes in order; "" if unknown)."""
+    lay = cfg.layout
+    if lay.per_node:
+        return ""
+    if rank < lay.learners:
+        return "learner"
+    if rank < lay.learners + lay.buffers:
+        return "buffer"
+    return "actor" if rank < world_size else ""
+
+
+def rank_death(run_dir: Path, cfg: Config) -> str | None:
+    """One message naming the rank that the launcher saw die of a signal - its role,
+    world rank, host, the signal, and where its log is - or ``None``. (Used when no rank
+    reported an error itself.)"""
+    log = run_dir / "logs" / "launcher.log"
+    if not log.exists():
+        return None
+    text = log.read_text(errors="replace")
+    n = len(list((run_dir / "logs").glob("rank.*")))
+    m = _DEATH_MPIRUN.search(text)
+    if m is not None:
+        rank, host, sig = int(m.group(1)), m.group(3), int(m.group(4))
+    else:
+        s = _DEATH_SRUN.search(text)
+        if s is None:
+            return None
+        rank, host = int(s.group(2)), s.group(1)
+        sig = {"Killed": signal.SIGKILL, "Terminated": signal.SIGTERM,
+               "Segmentation fault": signal.SIGSEGV, "Aborted": signal.SIGABRT,
+               "Bus error": signal.SIGBUS}[s.group(3)]
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    role = role_of(cfg, n, rank)
+    who = f"world rank {rank}" + (f" ({role})" if role else "")
+    return (f"{ERROR_PREFIX}: {who} on host {host} was killed by signal {sig} ({name}); "
+            f"its log: {run_dir / 'logs' / f'rank.{rank}'}, the launcher's: {log}")
+
+
+def first_error(run_dir: Path) -> str | None:
+    """The first ``conduit-hpc: error`` line any rank wrote, or the last line of the
+    first Python traceback (a rank's, else the launcher's), as one message; ``None`` if
+    there is neither."""
+    logs = sorted((run_dir / "logs").glob("rank.*/stderr"),
+                  key=lambda p: int(p.parent.name.split(".")[1]))
+    launcher = run_dir / "logs" / "launcher.log"
+    for f in logs:
+        for line in f.read_text(errors="replace").splitlines():
+            if line.startswith(ERROR_PREFIX):
+                return line + f" (logs in {run_dir / 'logs'})"
+    for f in [*logs, launcher] if launcher.exists() else logs:
+        text = f.read_text(errors="replace")
+        if "Traceback (most recent call last)" in text:
+            tail = [ln for ln in text.splitlines() if re.match(r"^\w[\w.]*(Error|Exception)", ln)]
+            where = (f"world rank {f.parent.name.split('.')[1]}" if f.name == "stderr"
+                     else "a rank")
+            if tail:
+                return (f"{ERROR_PREFIX} on {where}: {tail[-1]} "
+                        f"(logs in {run_dir / 'logs'})")
+    return None
