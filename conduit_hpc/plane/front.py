@@ -44,7 +44,7 @@ from conduit_hpc.plane.extensions import Feature, feature_factories
 from conduit_hpc.plane.learner import MODES, EdpMode, LearnerEndpoint
 from conduit_hpc.plane.memory import ShardMemory
 from conduit_hpc.plane.roles import Role, RoleComms, check_same_config, split_roles
-from conduit_hpc.plane.staging import Batch, Stager, select_device
+from conduit_hpc.plane.staging import Batch, Stager, agreed_device
 from conduit_hpc.plane.summary import merge_summaries, shard_counters
 from conduit_hpc.plane.weights import WeightsBoard, flat_parameters, load_flat
 from conduit_hpc.protocol import Tag
@@ -142,6 +142,13 @@ class ExperienceDataPlane:
         self.learner: LearnerEndpoint | None = None
         self.actor: ActorEndpoint | None = None
         self._learner_summary: dict[str, float] = {}
+        try:
+            self._device = agreed_device(roles, sch.device)  # collective
+        except ConfigError:
+            self.memory.close()
+            self.channel.close()
+            roles.close()
+            raise
         if roles.role is Role.BUFFER:
             self._init_buffer()
         elif roles.role is Role.LEARNER:
@@ -176,8 +183,8 @@ class ExperienceDataPlane:
     def _init_learner(self, transform: Any) -> None:
         cfg, roles, me = self.config, self.roles, self.roles.world_rank
         mine = self.placement.learner_shards.get(me, ())
-        local = [r for r in roles.learner_ranks if roles.same_node(r, me)].index(me)
-        self.device = select_device(cfg.scheduler.device, local)
+        assert self._device is not None  # a learner's (see agreed_device)
+        self.device = self._device
         owners = {s: self.placement.shards[s].owner_rank for s in mine}
         acks = {o: a for o in set(owners.values())
                 if (a := self.memory.acks_of(o, roles.world_size)) is not None}

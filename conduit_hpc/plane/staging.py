@@ -19,7 +19,9 @@ from conduit_hpc.errors import ConfigError
 if TYPE_CHECKING:  # torch loads only on ranks that use it (learners)
     import torch
 
-__all__ = ["Batch", "Stager", "select_device"]
+    from conduit_hpc.plane.roles import RoleComms
+
+__all__ = ["Batch", "Stager", "agreed_device", "select_device"]
 
 
 def select_device(kind: str, local_learner_index: int) -> torch.device:
@@ -38,6 +40,32 @@ def select_device(kind: str, local_learner_index: int) -> torch.device:
                           "'cuda' was asked for but torch sees no GPU",
                           key="scheduler.device")
     return torch.device("cpu")
+
+
+def agreed_device(roles: RoleComms, kind: str) -> torch.device | None:
+    """This learner's device (``None`` on other roles), agreed: a GPU may be missing on
+    some node only, and then every rank raises together. **Collective** on the world.
+
+    Raises:
+        ConfigError: some learner cannot have the device asked for (on every rank).
+    """
+    from mpi4py import MPI
+
+    device, problem = None, ""
+    me = roles.world_rank
+    if me in roles.learner_ranks:
+        local = [r for r in roles.learner_ranks if roles.same_node(r, me)].index(me)
+        try:
+            device = select_device(kind, local)
+        except ConfigError as err:
+            problem = f"on world rank {me}: {err}"
+    worst = np.zeros(1, dtype=np.int64)
+    roles.world.Allreduce(np.array([1 if problem else 0], dtype=np.int64), worst, op=MPI.MAX)
+    if worst[0]:
+        raise ConfigError(problem or "scheduler.device must be 'auto' or 'cpu': 'cuda' was "
+                          "asked for but a learner's torch sees no GPU",
+                          key="scheduler.device")
+    return device
 
 
 @dataclass

@@ -109,3 +109,20 @@ def test_shards_larger_than_the_node_s_memory_are_refused_on_every_rank() -> Non
     with pytest.raises(ConfigError, match=r"storage\.capacity_rows = 1099511627776 needs"):
         ExperienceDataPlane(cfg, COMM)
     assert everyone(True)  # every rank got here (none hangs in a collective)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_learner_without_its_gpu_fails_every_rank_together() -> None:
+    """``device = "cuda"`` where a learner's torch sees no GPU (a rank-local fact) is a
+    ConfigError on every rank, agreed before any rank goes on - not one rank's error
+    while the others wait in a collective."""
+    import torch
+
+    from conduit_hpc import ExperienceDataPlane
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    cfg = make_config(scheduler={"device": "cuda"})
+    with pytest.raises(ConfigError, match=r"scheduler\.device must be"):
+        ExperienceDataPlane(cfg, COMM)
+    assert everyone(True)
