@@ -52,7 +52,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from conduit_hpc.errors import DataPlaneTimeout, SpecError
+from conduit_hpc.errors import SpecError
 from conduit_hpc.storage.layout import (
     H_COMMIT,
     H_FREE,
@@ -71,6 +71,7 @@ from conduit_hpc.storage.layout import (
 )
 from conduit_hpc.storage.sumtree import prefix_search
 from conduit_hpc.transport.base import Transport
+from conduit_hpc.wait import Deadline
 
 __all__ = ["H_COMMIT", "H_FREE", "H_RESERVE", "H_UNSAMPLED", "RingSegment", "ShardLayout",
            "ShardRing", "ShardViews", "ring_segments"]
@@ -198,19 +199,16 @@ class ShardRing:
         if end <= self.capacity or self._may_write(end):
             return
         t0 = time.monotonic()
-        deadline = t0 + self.timeout_s
+        deadline = Deadline(self.timeout_s, f"the owner (rank {self.owner}) to free the "
+                                            f"slots of seqs before {end}")
         pause = min(self.poll_interval_s, 0.00005)
         while not self._may_write(end):
             if self.on_wait is not None:
                 self.on_wait()
                 if self._may_write(end):
                     break
-            if time.monotonic() > deadline:
-                raise DataPlaneTimeout(
-                    f"waited {self.timeout_s:.1f} s for the owner (rank {self.owner}) to "
-                    f"free the slots of seqs before {end} (commit cursor "
-                    f"{self.commit_cursor()}, free cursor {self.free_cursor()}); is its "
-                    f"owner still serving?")
+            deadline.check(lambda: f"commit cursor {self.commit_cursor()}, free cursor "
+                                   f"{self.free_cursor()}; is its owner still serving?")
             time.sleep(pause)
             pause = min(2 * pause, self.poll_interval_s)
         self.lap_waits += 1
@@ -284,7 +282,8 @@ class ShardRing:
         that takes (bounded by ``timeout_s``)."""
         t = self.transport
         buf = np.empty(HEADER_WORDS, dtype=np.int64)
-        deadline = time.monotonic() + self.timeout_s
+        deadline = Deadline(self.timeout_s, f"the shard stats on rank {self.owner} to "
+                                            f"settle (they stayed mid-update)")
         while True:
             if self.views is not None:
                 t.sync()
@@ -297,9 +296,7 @@ class ShardRing:
                 again = t.atomic_read(self.owner, self.base + 8 * H_STATS_VERSION)
             if buf[H_STATS_VERSION] % 2 == 0 and buf[H_STATS_VERSION] == again:
                 return buf
-            if time.monotonic() > deadline:
-                raise DataPlaneTimeout(f"shard stats on rank {self.owner} stayed mid-update "
-                                       f"for {self.timeout_s:.1f} s")
+            deadline.check()
             time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
 
     def read_stats(self) -> tuple[int, float, float, float]:
@@ -336,7 +333,8 @@ class ShardRing:
         if v is None:
             return None
         t = self.transport
-        deadline = time.monotonic() + self.timeout_s
+        deadline = Deadline(self.timeout_s, f"the tree of the shard on rank {self.owner} "
+                                            f"to settle (it stayed mid-update)")
         while True:
             t.sync()
             before = int(v.header[H_STATS_VERSION])
@@ -361,9 +359,7 @@ class ShardRing:
                 t.sync()
                 if int(v.header[H_STATS_VERSION]) == before:
                     return slots, gens, mass, held, total, mn
-            if time.monotonic() > deadline:
-                raise DataPlaneTimeout(f"the tree of the shard on rank {self.owner} stayed "
-                                       f"mid-update for {self.timeout_s:.1f} s")
+            deadline.check()
             time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
 
     # -- reader --------------------------------------------------------------------

@@ -8,13 +8,13 @@ from the tag. Every blocking receive polls with a deadline, so a lost peer becom
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
-from conduit_hpc.errors import DataPlaneTimeout, TransportError
+from conduit_hpc.errors import TransportError
+from conduit_hpc.wait import wait_until
 
 __all__ = ["Channel", "Message"]
 
@@ -123,29 +123,26 @@ class Channel:
         Raises:
             DataPlaneTimeout: nothing matching arrived in time (names ``what``).
         """
-        deadline = time.monotonic() + timeout_s
-        spins = 0
-        while True:
-            m = self.poll(source, tag)
-            if m is not None:
-                return m
-            if time.monotonic() > deadline:
-                raise DataPlaneTimeout(f"waited {timeout_s:.1f} s for {what} "
-                                       f"(source {source}, tag {tag}) on rank {self.rank}")
-            spins += 1
-            if spins > 50:
-                time.sleep(self._poll)
+        self._check()  # (the message below asks the communicator for this rank)
+        msg = wait_until(lambda: self.poll(source, tag), timeout_s=timeout_s,
+                         what=f"{what} (source {source}, tag {tag}) on rank {self.rank}",
+                         max_sleep_s=self._poll)
+        assert msg is not None  # wait_until returns only a truthy value
+        return msg
 
     def drain(self, timeout_s: float) -> None:
         """Wait for every ``isend`` to complete. Blocks at most ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        while self._pending:
+        if not self._pending:
+            return
+        self._check()
+
+        def sent() -> bool:
             self._reap()
-            if self._pending and time.monotonic() > deadline:
-                raise DataPlaneTimeout(f"{len(self._pending)} sends did not complete in "
-                                       f"{timeout_s:.1f} s on rank {self.rank}")
-            if self._pending:
-                time.sleep(self._poll)
+            return not self._pending
+
+        wait_until(sent, timeout_s=timeout_s, what=f"every send to complete on rank "
+                   f"{self.rank}", detail=lambda: f"{len(self._pending)} still pending",
+                   max_sleep_s=self._poll)
 
     def _check(self) -> None:
         if self._closed:

@@ -40,8 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from conduit_hpc.errors import DataPlaneTimeout, TransportError
+from conduit_hpc.errors import TransportError
 from conduit_hpc.transport.channel import Channel, Message
+from conduit_hpc.wait import Deadline
 
 __all__ = ["Crossing", "LinkModel", "LinkParams", "LinkedChannel"]
 
@@ -259,15 +260,14 @@ class LinkedChannel(Channel):
         Raises:
             DataPlaneTimeout: messages still held after ``timeout_s``.
         """
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s, f"the messages held for the link on rank {self.rank} "
+                                       f"to go out")
         while self._held:
             self.progress()
             if not self._held:
                 break
-            if time.monotonic() > deadline:
-                raise DataPlaneTimeout(f"{len(self._held)} messages ({self.held_bytes} bytes) "
-                                       f"still held for the link after {timeout_s:.1f} s on "
-                                       f"rank {self.rank}")
+            deadline.check(lambda: f"{len(self._held)} messages ({self.held_bytes} bytes) "
+                                   f"still held for the link")
             self._sleep_until_due()
 
     def drain(self, timeout_s: float) -> None:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from conduit_hpc import checkpoint as ck
-from conduit_hpc.errors import CheckpointError, DataPlaneTimeout
+from conduit_hpc.errors import CheckpointError
 from conduit_hpc.features.checkpointing.boundary import BoundaryHook
 from conduit_hpc.features.checkpointing.parts import (
     STALL_ENV,
@@ -64,6 +64,7 @@ from conduit_hpc.protocol import Tag
 from conduit_hpc.storage.snapshot import SnapshotStaging
 from conduit_hpc.transport.channel import Message
 from conduit_hpc.transport.objects import bcast_json, gather_json
+from conduit_hpc.wait import Deadline
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.front import ExperienceDataPlane
@@ -486,7 +487,8 @@ class CheckpointAgent(BufferExtension):
         assert bcomm is not None
         flying = bcast_json(bcomm, self._flight.seq if self._flight else -1, root=0)
         timeout = self.edp.config.run.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout, f"checkpoint {flying} to complete on world rank "
+                                     f"{self.edp.world_rank}")
         ch = self.edp.channel
         while True:
             for tag, handler in ((Tag.CKPT_CUT, self._on_cut), (Tag.CKPT_PART, self._on_part)):
@@ -499,8 +501,6 @@ class CheckpointAgent(BufferExtension):
                 done = self._writer is None and self._last_cut_seq >= flying
             if done:
                 break
-            if time.monotonic() > deadline:
-                raise DataPlaneTimeout(f"checkpoint {flying} did not complete within "
-                                       f"{timeout:.1f} s on world rank {self.edp.world_rank}")
+            deadline.check()
             time.sleep(0.001)
         bcomm.Barrier()

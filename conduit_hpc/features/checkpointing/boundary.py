@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from conduit_hpc.checkpoint import rng_to_json
 from conduit_hpc.plane.extensions import LearnerHook
+from conduit_hpc.wait import Deadline
 
 if TYPE_CHECKING:
     from conduit_hpc.features.checkpointing.agent import CheckpointAgent
@@ -78,8 +79,8 @@ class BoundaryHook(LearnerHook):
 
     def on_stop(self) -> None:
         # a checkpoint may still wait for this learner's part
-        deadline = time.monotonic() + self.learner.timeout_s / 4
-        while self._part is not None and time.monotonic() < deadline:
+        deadline = Deadline(self.learner.timeout_s / 4, "a checkpoint to take this part")
+        while self._part is not None and not deadline.expired:  # then stop without it
             self._hand_in()
             self.learner.run_on_thread(lambda: None, "a checkpoint hand-in")
             time.sleep(0.01)

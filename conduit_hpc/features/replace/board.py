@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from conduit_hpc.errors import DataPlaneTimeout
 from conduit_hpc.placement.inplace import HeldSample
 from conduit_hpc.placement.placement import ShardWeights
 from conduit_hpc.plane.extensions import LearnerHook
 from conduit_hpc.protocol import Tag
 from conduit_hpc.transport.rma import RmaWindow
+from conduit_hpc.wait import Deadline
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.delivery import Batch
@@ -124,7 +124,8 @@ class PlacementBoard:
         publication. One-sided; retries while the owner writes (bounded)."""
         i = self.actor_index[actor_rank]
         w = self.window
-        deadline = time.monotonic() + self.timeout_s
+        deadline = Deadline(self.timeout_s, f"the placement board on rank {self.owner} "
+                                            f"to settle (it stayed mid-update)")
         off = self.HEADER + 8 * i * self.n_shards
         while True:
             lock = w.atomic_read(self.owner, 0)
@@ -141,9 +142,7 @@ class PlacementBoard:
                     w.flush(self.owner)
                 if w.atomic_read(self.owner, 0) == lock:
                     break
-            if time.monotonic() > deadline:
-                raise DataPlaneTimeout(f"the placement board on rank {self.owner} stayed "
-                                       f"mid-update for {self.timeout_s:.1f} s")
+            deadline.check()
             time.sleep(0.0001)
         row = self._row[:self.n_shards]
         if version == 0 or not (row > 0).any():
