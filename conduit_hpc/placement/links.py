@@ -12,7 +12,7 @@ import numpy as np
 from conduit_hpc.placement.clusterfile import LinkSpec
 
 if TYPE_CHECKING:
-    from conduit_hpc.placement.cluster import ClusterModel
+    from conduit_hpc.placement.shape import ClusterShape
 
 __all__ = ["LinkTable"]
 
@@ -26,12 +26,12 @@ class LinkTable:
     gets id -1.
 
     Args:
-        cluster (ClusterModel): the model.
+        cluster (ClusterShape): the model.
     """
 
     KINDS = ("h2d", "d2h", "nvl_out", "nvl_in", "shm", "nic_out", "nic_in", "path")
 
-    def __init__(self, cluster: ClusterModel) -> None:
+    def __init__(self, cluster: ClusterShape) -> None:
         self.cluster = cluster
         names: list[str] = []
         kinds: list[int] = []

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from conduit_hpc.errors import ConfigError
 
 if TYPE_CHECKING:
-    from conduit_hpc.placement.cluster import ClusterModel
+    from conduit_hpc.placement.shape import ClusterShape
 
 __all__ = ["Roster"]
 
@@ -33,7 +33,7 @@ class Roster:
     actors: tuple[tuple[int, ...], ...]
 
     @classmethod
-    def block(cls, cluster: ClusterModel) -> Roster:
+    def block(cls, cluster: ClusterShape) -> Roster:
         """Node-major world ranks: on each node its learners, then buffers, then actors
         (what ``[layout] per_node = true`` gives with ranks placed node by node)."""
         learners, buffers, actors = [], [], []
@@ -48,7 +48,7 @@ class Roster:
         return cls(tuple(learners), tuple(buffers), tuple(actors))
 
     @classmethod
-    def from_ranks(cls, cluster: ClusterModel, node_of: Sequence[int],
+    def from_ranks(cls, cluster: ClusterShape, node_of: Sequence[int],
                    learner_ranks: Sequence[int], buffer_ranks: Sequence[int],
                    actor_ranks: Sequence[int]) -> Roster:
         """From a running job's role split (``RoleComms``): ``node_of[r]`` is the node

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,12 +32,11 @@ from conduit_hpc.storage.ring import ShardRing
 from conduit_hpc.transport.channel import Channel
 from conduit_hpc.wait import Backoff, Deadline, wait_until
 
-if TYPE_CHECKING:
-    from conduit_hpc.plane.fetch import Fetch
-
-__all__ = ["Deliverer", "Part", "Transform"]
+__all__ = ["Deliverer", "Fill", "Part", "Transform"]
 
 Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+#: puts rows a..b of a batch into its flat columns (from the reply's bytes, or gathered)
+Fill = Callable[[int, int, np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]], None]
 #: one shard's share of a batch: (first position, end, reply, rows that came with it)
 Part = tuple[int, int, SampleReply, np.ndarray]
 
@@ -59,7 +57,6 @@ class Deliverer:
         limiter (RateLimiter): the samples-per-insert limiter.
         config (SchedulerConfig): batch size, window.
         sampler (Sampler): draws targets and weighs rows.
-        fetch (Fetch): how rows are found and fetched.
         n_actors (int): actors in the job (to know when all are done).
         stager (Stager): hands batches to the learner's device.
         transform (Transform | None): applied to each numpy batch before the copy.
@@ -72,14 +69,14 @@ class Deliverer:
     def __init__(self, *, spec: Spec, rings: Mapping[int, ShardRing], owners: Mapping[int, int],
                  acks: Mapping[int, np.ndarray], sync: Callable[[], None], rank: int,
                  channel: Channel, control: ControlBlock, limiter: RateLimiter,
-                 config: SchedulerConfig, sampler: Sampler, fetch: Fetch, n_actors: int,
+                 config: SchedulerConfig, sampler: Sampler, n_actors: int,
                  stager: Stager, transform: Transform | None, timeout_s: float,
                  poll_interval_s: float, pin_offset: int | None = None) -> None:
         self.spec, self.rings, self.owners = spec, dict(rings), dict(owners)
         self.shard_ids = np.array(sorted(self.rings), dtype=np.int64)
         self.channel, self.control, self.limiter = channel, control, limiter
         self.cfg, self.n_actors = config, n_actors
-        self.sampler, self.fetch, self.stager = sampler, fetch, stager
+        self.sampler, self.stager = sampler, stager
         self.transform = transform
         self.timeout_s, self.poll_s = timeout_s, poll_interval_s
         self.window = sampler.window
@@ -274,13 +271,10 @@ class Deliverer:
         return SampleReply(0, sid, slots, gens, mass, held, total, mn)
 
     # -- one batch ---------------------------------------------------------------------
-    def prepare(self, superstep: int, staleness: int) -> Batch:
-        """Sample, fetch, check, transform and copy one batch. Blocks (bounded)."""
-        return self.fetch.prepare(self, superstep, staleness)
-
     def assemble(self, superstep: int, staleness: int, stats: list[ShardStats],
-                 parts: list[Part], timings: dict[str, float]) -> Batch:
-        """Fill (through the fetch strategy), transform, weigh and copy one batch."""
+                 parts: list[Part], timings: dict[str, float], fill: Fill) -> Batch:
+        """Fill (``fill(a, b, rows, indices, mass, flat)``: the fetch strategy's), transform,
+        weigh and copy one batch."""
         B, w = self.cfg.batch_rows, self.window
         lead = (B, w) if w > 1 else (B,)
         out = {f.name: np.empty((*lead, *f.shape), dtype=f.dtype) for f in self.spec}
@@ -291,7 +285,7 @@ class Deliverer:
         for a, b, rep, rows in parts:
             indices[a:b, 0], indices[a:b, 1], indices[a:b, 2] = rep.shard_id, rep.slots, rep.gens
             mass[a:b] = rep.mass
-            self.fetch.fill(self, a, b, rows, indices, mass, flat)
+            fill(a, b, rows, indices, mass, flat)
         t2 = time.perf_counter()
         timings["gather_s"] = t2 - t1
         data = out

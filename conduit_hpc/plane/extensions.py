@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
     from conduit_hpc.config import Config
     from conduit_hpc.placement.placement import Placement
-    from conduit_hpc.plane.front import ExperienceDataPlane
     from conduit_hpc.plane.roles import RoleComms
     from conduit_hpc.plane.staging import Batch
     from conduit_hpc.protocol import PriorityUpdate
@@ -138,8 +137,10 @@ class Feature(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def attach(self, plane: ExperienceDataPlane) -> None:
-        """Register extensions and hooks on ``plane``'s endpoints."""
+    def attach(self, plane: Any) -> None:
+        """Register extensions and hooks on ``plane``'s endpoints (``plane`` is the
+        :class:`~conduit_hpc.plane.front.ExperienceDataPlane` being built; typed loosely
+        here because the front imports this module)."""
 
     def route(self, batches: int) -> int | None:
         """Actors: the shard of the next ingest (``None``: the placement's)."""

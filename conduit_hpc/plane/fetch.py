@@ -15,6 +15,7 @@ Config picks one by name (:data:`FETCHES`); no code path branches on the name.
 from __future__ import annotations
 
 import abc
+import functools
 import time
 from dataclasses import dataclass
 from typing import ClassVar
@@ -50,7 +51,8 @@ class Fetch(abc.ABC):
         t0 = time.perf_counter()
         parts = d.draw(self.request_tag, stats, B)
         timings["sample_s"] = time.perf_counter() - t0
-        return d.assemble(superstep, staleness, stats, parts, timings)
+        return d.assemble(superstep, staleness, stats, parts, timings,
+                          functools.partial(self.fill, d))
 
     def before_admit(self, d: Deliverer) -> None:  # noqa: B027 - optional, default no-op
         """What must happen before the batch's statistics are read (default: nothing)."""
@@ -137,7 +139,8 @@ class OwnerFetch(Fetch):
                         for i, (a, b) in pending.ids.items()), key=lambda x: x[0])
         timings = {"sample_s": time.perf_counter() - pending.t0, "gather_s": 0.0,
                    "transform_s": 0.0, "copy_s": 0.0, "limiter_wait_s": pending.waited}
-        return d.assemble(pending.superstep, pending.staleness, pending.stats, parts, timings)
+        return d.assemble(pending.superstep, pending.staleness, pending.stats, parts, timings,
+                          functools.partial(self.fill, d))
 
 
 #: ``scheduler.fetch`` -> strategy

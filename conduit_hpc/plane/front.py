@@ -193,11 +193,11 @@ class ExperienceDataPlane:
                       pin_offset=8 * roles.world_size,
                       channel=self.channel, control=self.control, limiter=self.limiter,
                       config=cfg.scheduler, sampler=make_sampler(cfg, cfg.run.seed + me),
-                      fetch=MODES[cfg.scheduler.mode].fetch_for(cfg.scheduler),
                       n_actors=len(roles.actor_ranks), stager=Stager(self.device),
                       transform=transform, timeout_s=cfg.run.timeout_s,
                       poll_interval_s=cfg.transport.poll_interval_s)
-        self.learner = LearnerEndpoint(d, cfg.scheduler, self.control,
+        fetch = MODES[cfg.scheduler.mode].fetch_for(cfg.scheduler)
+        self.learner = LearnerEndpoint(d, fetch, cfg.scheduler, self.control,
                                        lead=me == roles.learner_ranks[0],
                                        metrics_path=self._metrics_file(f"learner-{me}.csv"),
                                        timeout_s=cfg.run.timeout_s,

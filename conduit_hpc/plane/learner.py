@@ -53,6 +53,7 @@ class DeliveryMode:
     def __init__(self, endpoint: LearnerEndpoint) -> None:
         self.ep = endpoint
         self.d = endpoint.d
+        self.fetch = endpoint.fetch
 
     @classmethod
     def fetch_for(cls, config: SchedulerConfig) -> Fetch:
@@ -67,7 +68,7 @@ class DeliveryMode:
         self.d.mark()
         self.ep.clock.request()
         t, staleness = self.ep.clock.start()
-        return self.d.prepare(t, staleness)
+        return self.fetch.prepare(self.d, t, staleness)
 
     def post(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` where this rank's MPI calls are made, without waiting."""
@@ -116,7 +117,7 @@ class EdpMode(DeliveryMode):
         self._closed: DataPlaneClosed | None = None  # the thread saw the stream end
         self._stopping = False  # stop() began: no new batch may start
         self._thread: DataPlaneThread | None = None
-        f = self.d.fetch
+        f = self.fetch
         self._owner = f if isinstance(f, OwnerFetch) and f.pipelined else None
 
     def start(self) -> None:
@@ -149,7 +150,7 @@ class EdpMode(DeliveryMode):
         if not clock.may_prepare():
             return False
         t, staleness = clock.start()
-        self._deliver(self.d.prepare(t, staleness), t)
+        self._deliver(self.fetch.prepare(self.d, t, staleness), t)
         return True
 
     def _pipelined_step(self) -> bool:
@@ -225,6 +226,7 @@ class LearnerEndpoint:
 
     Args:
         deliverer (Deliverer): the experience path.
+        fetch (Fetch): how its rows are found and fetched (``MODES[mode].fetch_for``).
         config (SchedulerConfig): mode, depth, weights cadence.
         control (ControlBlock): job-wide counters.
         lead (bool): this is the lead learner (publishes version and weights).
@@ -233,10 +235,11 @@ class LearnerEndpoint:
         status (bool): print a live status line.
     """
 
-    def __init__(self, deliverer: Deliverer, config: SchedulerConfig, control: ControlBlock,
-                 *, lead: bool, metrics_path: Path | None, timeout_s: float,
-                 status: bool = False) -> None:
+    def __init__(self, deliverer: Deliverer, fetch: Fetch, config: SchedulerConfig,
+                 control: ControlBlock, *, lead: bool, metrics_path: Path | None,
+                 timeout_s: float, status: bool = False) -> None:
         self.d = deliverer
+        self.fetch = fetch
         self.cfg = config
         self.control = control
         self.lead = lead

