@@ -24,7 +24,7 @@ import numpy as np
 
 from conduit_hpc.plane.delivery import Deliverer
 from conduit_hpc.plane.staging import Batch
-from conduit_hpc.protocol import Tag, unpack_rows
+from conduit_hpc.protocol import SampleReply, Tag, unpack_rows
 from conduit_hpc.sampling import ShardStats
 
 __all__ = ["FETCHES", "DirectFetch", "Fetch", "OwnerFetch", "PendingBatch"]
@@ -125,8 +125,6 @@ class OwnerFetch(Fetch):
     def arrived(self, d: Deliverer, pending: PendingBatch) -> bool:
         """Whether every reply of ``pending`` is here (receives what has arrived). Local;
         never blocks."""
-        from conduit_hpc.protocol import SampleReply
-
         while (msg := d.channel.poll(tag=Tag.SERVICE_REPLY)) is not None:
             rep, rest = SampleReply.unpack(msg.payload)
             d.stash[rep.request_id] = (rep, rest)

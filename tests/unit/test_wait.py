@@ -19,7 +19,7 @@ def test_wait_until_gives_up_naming_what_and_the_detail() -> None:
     t0 = time.monotonic()
     with pytest.raises(DataPlaneTimeout, match=r"waited 0.1 s for the owner: cursor at 3"):
         wait_until(lambda: False, timeout_s=0.1, what="the owner", detail=lambda: "cursor at 3")
-    assert 0.1 <= time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 >= 0.1  # not before the deadline (pytest-timeout bounds it)
 
 
 def test_wait_until_raises_the_error_type_asked_for() -> None:
@@ -35,16 +35,19 @@ def test_between_runs_after_each_empty_poll() -> None:
     assert seen == [0, 1, 2]
 
 
-def test_backoff_pauses_grow_to_the_ceiling_and_reset() -> None:
+def test_backoff_spins_then_yields_then_sleeps_growing_to_the_ceiling(monkeypatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr("conduit_hpc.wait.time.sleep", slept.append)
     b = Backoff(0.004, min_sleep_s=0.001, spins=2)
-    for _ in range(20):
+    for _ in range(12):
         b.pause()
-    assert b._sleep == pytest.approx(0.004)
+    # 2 spins (no call), 4 yields (sleep(0)), then 0.001, 0.002, 0.004, 0.004, ...
+    assert slept == [0, 0, 0, 0, 0.001, 0.002, 0.004, 0.004, 0.004, 0.004]
     b.reset()
-    t0 = time.perf_counter()
+    slept.clear()
     b.pause()
     b.pause()
-    assert time.perf_counter() - t0 < 0.001  # spinning again
+    assert slept == []  # spinning again
     with pytest.raises(ValueError, match="max_sleep_s"):
         Backoff(-1.0)
 
