@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib
 import json
 import os
@@ -19,6 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 from conduit_hpc import __version__
 from conduit_hpc.errors import ConduitError
@@ -91,10 +93,18 @@ def _build_run(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    if args.n and "OMPI_COMM_WORLD_SIZE" not in os.environ and "PMI_SIZE" not in os.environ:
+    under_mpi = "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
+    n = args.n
+    if args.config and not n and not under_mpi:  # the ranks the job's [layout] uses
+        from conduit_hpc import Config
+        from conduit_hpc.tools.launcher import no_mpi_in_this_process, ranks_for
+
+        no_mpi_in_this_process()
+        n = ranks_for(Config.from_toml(args.config))
+    if n and not under_mpi:
         from conduit_hpc.tools.launcher import mpi_env
 
-        cmd = ["mpirun", "-n", str(args.n), sys.executable, "-m", "mpi4py", "-m",
+        cmd = ["mpirun", "-n", str(n), sys.executable, "-m", "mpi4py", "-m",
                "conduit_hpc.plane.info"]
         if args.config:
             cmd += ["--config", args.config]
@@ -105,7 +115,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _build_info(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-n", type=int, default=0, help="launch this many ranks with mpirun")
+    p.add_argument("-n", type=int, default=0, help="launch this many ranks with mpirun "
+                   "(default with --config: the ranks of the job's [layout])")
     p.add_argument("--config", default="", help="job TOML whose [layout] to show")
 
 
@@ -208,10 +219,42 @@ def _build_bench(p: argparse.ArgumentParser) -> None:
 # inspect
 
 
+def _checkpoints_of_run(path: str) -> str:
+    """``path``, or its checkpoint root when it is a run directory (``config.toml``,
+    ``logs/`` or ``checkpoints/`` in it, and no checkpoint itself); the root is
+    ``[checkpoint] directory`` of its ``config.toml`` (default ``checkpoints``).
+
+    Raises:
+        ConduitError: a run directory without that root.
+    """
+    p = Path(path)
+    if not p.is_dir() or (p / "DONE").exists() or (p / "manifest.h5").exists() or \
+            any(p.glob("ckpt-*")):
+        return path
+    sub, conf = "checkpoints", p / "config.toml"
+    if conf.is_file():
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            import tomli as tomllib  # type: ignore[no-redef]
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sub = str(tomllib.loads(conf.read_text()).get("checkpoint", {}).get(
+                "directory", sub))
+    root = p / sub
+    if not (conf.is_file() or (p / "logs").is_dir() or root.is_dir()):
+        return path
+    if not root.is_dir():
+        raise ConduitError(f"{p} is a run directory without checkpoints: no {root} "
+                           f"([checkpoint] directory = {sub!r})")
+    print(f"inspect: {p} is a run directory; its checkpoints are under {root}",
+          file=sys.stderr)
+    return str(root)
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     from conduit_hpc.checkpoint import format_report, inspect_checkpoint
 
-    report = inspect_checkpoint(args.path, verify=args.verify)
+    report = inspect_checkpoint(_checkpoints_of_run(args.path), verify=args.verify)
     print(json.dumps(report, default=str) if args.json else format_report(report))
     if not report["ok"]:
         print(f"conduit-hpc: error: CheckpointError: {report['error']}", file=sys.stderr)
@@ -220,7 +263,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _build_inspect(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="a checkpoint directory, or a root holding several")
+    p.add_argument("path", help="a checkpoint directory, a root holding several, or a "
+                   "run directory (its checkpoints)")
     p.add_argument("--verify", action="store_true", help="read every dataset and check "
                    "its checksum")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -232,12 +276,28 @@ def _build_inspect(p: argparse.ArgumentParser) -> None:
 
 def cmd_slurm(args: argparse.Namespace) -> int:
     from conduit_hpc.tools.launcher import no_mpi_in_this_process
-    from conduit_hpc.tools.slurm import render_sbatch, request_from_args, write_or_print
+    from conduit_hpc.tools.slurm import (
+        output_folder,
+        render_sbatch,
+        request_from_args,
+        write_or_print,
+    )
 
     no_mpi_in_this_process()
 
     cmd = "conduit-hpc " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["slurm"] else ""
-    text = render_sbatch(args.config, request_from_args(args), command=cmd)
+    req = request_from_args(args)
+    warnings: list[str] = []
+    text = render_sbatch(args.config, req, command=cmd, warnings=warnings)
+    for w in warnings:
+        print(f"conduit-hpc: warning: {w}", file=sys.stderr)
+    folder = output_folder(req)
+    if folder is not None:  # slurmd opens #SBATCH --output before the script runs
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            print(f"conduit-hpc: warning: cannot create {folder} for #SBATCH --output "
+                  f"({err}); create it before sbatch", file=sys.stderr)
     write_or_print(text, args.out)
     if args.out:
         print(f"wrote {args.out}; submit with: sbatch {args.out}", file=sys.stderr)
@@ -257,6 +317,11 @@ def _build_slurm(p: argparse.ArgumentParser) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     from conduit_hpc.tools.report.run import write_report
 
+    for d in map(Path, args.run_dirs):  # before anything is written
+        if d.is_dir() and not (d / "metrics").is_dir():
+            raise ConduitError(f"{str(d)!r} is not a run directory: it has no metrics/ "
+                               f"(conduit-hpc run writes RUN_DIR/metrics/; nothing to "
+                               f"report)")
     md = write_report(args.run_dirs, args.out or None)
     print(f"report: {md} (plots beside it)")
     return 0

@@ -4,7 +4,10 @@ The rank side of a job (``job_main``, stop requests) is :mod:`conduit_hpc.job`.
 :func:`launch` is what ``conduit-hpc run`` does: resolve the config, make the run
 directory, and start the ranks with ``mpirun``, or with ``srun --mpi=pmix`` inside a
 SLURM allocation (:func:`choose_launcher`), with the environment that the MPI wheel
-needs, per-rank logs, under a timeout. ``SIGTERM``/``SIGUSR1`` sent to the launcher are
+needs, per-rank logs, under a timeout. A site's own MPI (``conduit-hpc slurm --mpi site``
+exports these): ``CONDUIT_MPI=site`` leaves the environment as it is (none of the wheel's
+settings), ``CONDUIT_MPIRUN`` names the ``mpirun`` to run and ``CONDUIT_SRUN_MPI`` the
+``srun --mpi=`` plugin. ``SIGTERM``/``SIGUSR1`` sent to the launcher are
 forwarded to the ranks as ``SIGUSR1`` (a stop request); a second ``SIGTERM`` stops them.
 """
 
@@ -65,8 +68,11 @@ def mpi_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     machine (values already set win): the defaults of the packaged ``mpi_env.sh``, which
     the shell side (launch scripts, ``scripts/mpi_env.sh``) sources, plus this Python's
     ``bin`` first on ``PATH`` and ``OPAL_PREFIX`` when the wheel's Open MPI is here. See
-    ``docs/sharp-bits.md``."""
+    ``docs/sharp-bits.md``. With ``CONDUIT_MPI=site`` (a site's own MPI, see
+    ``slurm/README.md``), ``base`` unchanged."""
     env = dict(os.environ if base is None else base)
+    if site_mpi(env):
+        return env
     prefix = sys.prefix
     is_root = hasattr(os, "geteuid") and os.geteuid() == 0
     for name, value, root_only in _script_defaults():
@@ -77,6 +83,20 @@ def mpi_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     return env
+
+
+def site_mpi(env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``CONDUIT_MPI`` asks for the site's MPI (``site``) rather than the pip
+    wheel's (``wheel``, the default).
+
+    Raises:
+        ConfigError: another value.
+    """
+    value = (os.environ if env is None else env).get("CONDUIT_MPI", "") or "wheel"
+    if value not in ("wheel", "site"):
+        raise ConfigError(f"CONDUIT_MPI must be wheel or site, got {value!r}",
+                          key="CONDUIT_MPI")
+    return value == "site"
 
 
 def ranks_for(cfg: Config) -> int:
@@ -153,7 +173,8 @@ def choose_launcher(requested: str = "auto") -> tuple[str, str]:
     ``auto`` (or ``$CONDUIT_LAUNCHER``) takes ``srun`` inside a SLURM allocation
     (``SLURM_JOB_ID`` set, ``srun`` on ``PATH``) when SLURM has the plugin this MPI needs
     (``pmix`` for the Open MPI wheel, ``pmi2`` for MPICH), and ``mpirun`` otherwise
-    (which also works inside an allocation). Not collective; may run ``srun --mpi=list``.
+    (which also works inside an allocation). ``$CONDUIT_SRUN_MPI`` names the plugin
+    instead (a site's MPI). Not collective; may run ``srun --mpi=list``.
 
     Raises:
         ConduitError: an unknown launcher, or ``srun`` requested outside an allocation.
@@ -162,7 +183,8 @@ def choose_launcher(requested: str = "auto") -> tuple[str, str]:
     req = req or "auto"
     if req not in LAUNCHERS:
         raise ConduitError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {req!r}")
-    plugin = {"openmpi": "pmix", "mpich": "pmi2"}.get(_mpi_flavour(), "pmix")
+    plugin = os.environ.get("CONDUIT_SRUN_MPI", "") or {
+        "openmpi": "pmix", "mpich": "pmi2"}.get(_mpi_flavour(), "pmix")
     in_alloc = bool(os.environ.get("SLURM_JOB_ID")) and shutil.which("srun") is not None
     if req == "srun":
         if not in_alloc:
@@ -219,6 +241,12 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     cfg = load(config_cls, path, overrides,
                script=None if beside.is_file() or entry is None else entry)
     which, plugin = choose_launcher(launcher)
+    mpirun = os.environ.get("CONDUIT_MPIRUN", "") or "mpirun"
+    if which == "mpirun" and shutil.which(mpirun, path=mpi_env().get("PATH")) is None:
+        raise ConduitError(f"mpirun {mpirun!r} ($CONDUIT_MPIRUN, else mpirun on PATH) is not "
+                           f"an executable; give the site's with conduit-hpc slurm --mpirun "
+                           f"or load its module")
+    site_mpi()  # a bad CONDUIT_MPI is refused before the run directory is made
     n = nranks or (int(os.environ["SLURM_NTASKS"]) if which == "srun" and
                    os.environ.get("SLURM_NTASKS", "").isdigit() else ranks_for(cfg))
     slots = os.environ.get("SLURM_NTASKS", "")
@@ -259,7 +287,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     if which == "srun":
         cmd = ["srun", f"--mpi={plugin}", "-n", str(n), "--kill-on-bad-exit=1", *py]
     else:
-        cmd = ["mpirun", "-n", str(n), *py]
+        cmd = [mpirun, "-n", str(n), *py]
     budget = timeout_s or (cfg.run.duration_s + cfg.run.timeout_s + 60.0)
     (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
     with open(logs / "launcher.log", "w") as launcher_log, _Forwarder() as fwd:

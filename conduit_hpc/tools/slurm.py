@@ -3,9 +3,12 @@
 The templates are package data, ``conduit_hpc/tools/templates/`` (``one_node.sbatch``,
 ``multi_node_gpu.sbatch``), rendered with :class:`string.Template` (``${name}``
 placeholders; ``$$`` is a literal ``$`` for the shell). The script runs in the directory
-``conduit-hpc slurm`` was called from and starts the job through the packaged
-``conduit_hpc/tools/scripts/launch_{srun,mpirun}.sh`` by its installed path, so a wheel
-install renders working scripts without a checkout. What comes from the job's
+``conduit-hpc slurm`` was called from, creates ``runs/`` (its parent of run directories)
+and starts the job through ``conduit_hpc/tools/scripts/launch_{srun,mpirun}.sh``: the
+job file's checkout's when the job file is in one (and that checkout on ``PYTHONPATH``),
+else the installed package's, so a wheel install renders working scripts without a
+checkout. Its environment block (modules, ``--env venv:PATH|conda:NAME``, ``--mpi
+wheel|site``) is :mod:`conduit_hpc.tools.slurm_env`. What comes from the job's
 ``[layout]``:
 
 * **tasks per node** - with ``per_node = true`` the layout's per-node count
@@ -15,7 +18,9 @@ install renders working scripts without a checkout. What comes from the job's
 * **GPUs per node** - on several nodes, one per learner on a node unless given; on one
   node none unless given;
 * the **role comment** in the script: which node-local ranks are learners, buffers and
-  actors.
+  actors;
+* a **warning** (in the script and from ``conduit-hpc slurm``) when GPUs would idle on
+  nodes, or beyond the learners of a node (:func:`idle_gpus`).
 
 Impossible layouts (more roles than tasks, a fixed-size layout that cannot fill the
 nodes, more learners on a node than GPUs) are refused with a :class:`ConfigError` that
@@ -34,8 +39,9 @@ from pathlib import Path
 
 from conduit_hpc.config import Config, LayoutConfig, load, require
 from conduit_hpc.errors import ConduitError, ConfigError
+from conduit_hpc.tools.slurm_env import MPI_KINDS, checkout_of, parse_env, setup_block
 
-__all__ = ["SlurmRequest", "launch_script", "plan_tasks", "render_sbatch"]
+__all__ = ["SlurmRequest", "idle_gpus", "launch_script", "plan_tasks", "render_sbatch"]
 
 TEMPLATES = {"one-node": "one_node.sbatch", "multi-node": "multi_node_gpu.sbatch"}
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
@@ -55,6 +61,12 @@ class SlurmRequest:
         partition (str): ``#SBATCH --partition`` (empty: the cluster default).
         account (str): ``#SBATCH --account`` (empty: none).
         modules (tuple[str, ...]): ``module load`` lines.
+        env (str): the Python environment, ``venv:PATH`` or ``conda:NAME`` ("": none
+            activated; the launch script finds the checkout's ``.venv``).
+        mpi (str): ``wheel`` (the pip wheel's Open MPI and its settings) or ``site``
+            (the site's MPI as its modules set it up; none of the wheel's settings).
+        mpirun (str): with ``mpi = "site"``: the site's ``mpirun`` (default: on PATH).
+        srun_mpi (str): the ``srun --mpi=`` plugin (default: pmix; the wheel: by its MPI).
         setup (tuple[str, ...]): extra shell lines before the launch (e.g. ``source``).
         sbatch (tuple[str, ...]): extra ``#SBATCH`` options, e.g. ``--qos=high``.
         signal_s (int): seconds of preemption warning (``--signal=B:TERM@s``); 0 = none.
@@ -73,6 +85,10 @@ class SlurmRequest:
     partition: str = ""
     account: str = ""
     modules: tuple[str, ...] = ()
+    env: str = ""
+    mpi: str = "wheel"
+    mpirun: str = ""
+    srun_mpi: str = ""
     setup: tuple[str, ...] = ()
     sbatch: tuple[str, ...] = ()
     signal_s: int = 120
@@ -94,6 +110,8 @@ class SlurmRequest:
         require(self.template in ("auto", *TEMPLATES), "--template", self.template,
                 "auto, one-node or multi-node")
         require(self.signal_s >= 0, "--signal-secs", self.signal_s, ">= 0")
+        require(self.mpi in MPI_KINDS, "--mpi", self.mpi, "wheel or site")
+        parse_env(self.env)
         for opt in self.sbatch:
             require(opt.startswith("--") and "\n" not in opt, "--sbatch", opt,
                     "a long sbatch option such as --qos=high")
@@ -179,13 +197,40 @@ def plan_tasks(layout: LayoutConfig, req: SlurmRequest) -> tuple[int, int, list[
     return t, gpus, comment
 
 
+def idle_gpus(layout: LayoutConfig, nodes: int, tasks_per_node: int, gpus: int) -> str:
+    """Why some of ``gpus`` GPUs per node on ``nodes`` nodes would hold no learner ("" if
+    every GPU has one). Learners bind GPUs by node-local rank; with whole-job counts,
+    world ranks fill node 0 first, so learners sit on the first nodes only. Pure."""
+    lo = layout.learners
+    if not gpus:
+        return ""
+    if layout.per_node:
+        on_node = [lo] * nodes
+    else:
+        on_node = [max(0, min(tasks_per_node, lo - k * tasks_per_node)) for k in range(nodes)]
+    idle = sum(gpus - min(gpus, c) for c in on_node)
+    if not idle:
+        return ""
+    without = sum(1 for c in on_node if c == 0)
+    where = (f"{without} of {nodes} nodes hold no learner ([layout] has {lo} learner(s) "
+             f"in all; world ranks fill node 0 first)" if without else
+             f"[layout] puts at most {max(on_node)} learner(s) on a node")
+    return (f"{idle} of {gpus * nodes} GPUs would idle: --gpus-per-node {gpus} on {nodes} "
+            f"node(s), but {where}; use --gpus-per-node {max(on_node)} with layout.per_node "
+            f"= true (learners on every node), fewer nodes, or --gpus-per-node 0 for CPU "
+            f"learners")
+
+
 def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
-                  config_cls: type[Config] = Config, command: str = "") -> str:
+                  config_cls: type[Config] = Config, command: str = "",
+                  warnings: list[str] | None = None) -> str:
     """The sbatch script for a job on ``req.nodes`` nodes.
 
     The script changes to the current directory (a relative config path is given
-    relative to it; ``runs/`` there is the default parent of run directories) and runs
-    the installed :func:`launch_script`. Not collective; reads the job's TOML and the
+    relative to it; ``runs/`` there is the default parent of run directories, which the
+    script creates) and runs :func:`launch_script` of the job file's checkout, else the
+    installed one. Warnings (GPUs that would idle) are appended to ``warnings`` and
+    written into the script as comments. Not collective; reads the job's TOML and the
     template; writes nothing.
 
     Raises:
@@ -207,6 +252,12 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
     except ValueError:
         config_arg = str(path.resolve())
     runs = req.runs or str(workdir / "runs")
+    idle = idle_gpus(cfg.layout, req.nodes, t, gpus)
+    if idle and warnings is not None:
+        warnings.append(idle)
+    if idle:
+        comment.append(f"# WARNING: {idle}")
+    checkout = checkout_of(path)
     requeue = []
     if req.requeue:
         requeue.append("#SBATCH --requeue")
@@ -215,11 +266,8 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
     site = ([f"#SBATCH --partition={req.partition}"] if req.partition else []) + \
         ([f"#SBATCH --account={req.account}"] if req.account else []) + \
         [f"#SBATCH {opt}" for opt in req.sbatch]
-    setup = [f"module load {shlex.quote(m)}" for m in req.modules] + list(req.setup)
-    if not setup:
-        setup = ["# module load python/3.11   # e.g.; the venv below must be reachable",
-                 "# export VIRTUAL_ENV=/path/to/venv   # default: the checkout's .venv, "
-                 "else the venv conduit_hpc is installed in"]
+    setup = setup_block(modules=req.modules, env=req.env, setup=req.setup, mpi=req.mpi,
+                        mpirun=req.mpirun, srun_mpi=req.srun_mpi, checkout=checkout)
     run_args = [f"--set {shlex.quote(o)}" for o in req.overrides]
     if not req.requeue:
         setup.append("export CONDUIT_REQUEUE=0")
@@ -240,7 +288,7 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
         "setup_lines": "\n".join(setup),
         "workdir": shlex.quote(str(workdir)),
         "runs": shlex.quote(runs),
-        "launch_script": shlex.quote(str(launch_script(req.launcher))),
+        "launch_script": shlex.quote(str(launch_script(req.launcher, checkout))),
         "run_args": " ".join(run_args),
     }
     # substitute() raises KeyError for a placeholder this renderer does not fill: a bug
@@ -260,9 +308,12 @@ def _template_text(name: str) -> str:
     return resources.files("conduit_hpc.tools").joinpath("templates", name).read_text()
 
 
-def launch_script(launcher: str) -> Path:
-    """The installed path of the packaged ``launch_<launcher>.sh`` (``srun`` or
-    ``mpirun``), which a rendered sbatch script runs with ``bash``. Not collective."""
+def launch_script(launcher: str, checkout: Path | None = None) -> Path:
+    """The path of ``launch_<launcher>.sh`` (``srun`` or ``mpirun``), which a rendered
+    sbatch script runs with ``bash``: in ``checkout`` when given, else the installed
+    package's. Not collective."""
+    if checkout is not None:
+        return checkout / "conduit_hpc" / "tools" / "scripts" / f"launch_{launcher}.sh"
     res = resources.files("conduit_hpc.tools").joinpath("scripts", f"launch_{launcher}.sh")
     path = Path(str(res))
     if not path.is_file():  # e.g. a zipped install: an sbatch script needs a real file
@@ -278,7 +329,8 @@ def request_from_args(args: argparse.Namespace) -> SlurmRequest:
                         gpus_per_node=g["gpus_per_node"], time=g["time"],
                         launcher=g["launcher"], template=g["template"],
                         partition=g["partition"], account=g["account"],
-                        modules=tuple(g["module"]), setup=tuple(g["setup"]),
+                        modules=tuple(g["module"]), env=g["env"], mpi=g["mpi"],
+                        mpirun=g["mpirun"], srun_mpi=g["srun_mpi"], setup=tuple(g["setup"]),
                         sbatch=tuple(g["sbatch"]), signal_s=g["signal_secs"],
                         requeue=not g["no_requeue"], output=g["output"], runs=g["runs"],
                         overrides=tuple(g["set"]))
@@ -303,6 +355,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add("--account", "-A", default="", help="#SBATCH --account")
     add("--module", action="append", default=[], metavar="NAME",
         help="module load NAME (repeatable)")
+    add("--env", default="", metavar="venv:PATH|conda:NAME",
+        help="activate this Python environment first (a virtualenv, or a conda "
+             "environment by name or prefix; conda's profile script is sourced)")
+    add("--mpi", choices=MPI_KINDS, default="wheel",
+        help="wheel: the pip wheel's Open MPI with the settings of mpi_env.sh (default); "
+             "site: the site's MPI from its modules (--module), none of those settings")
+    add("--mpirun", default="", metavar="PATH",
+        help="with --mpi site and --launcher mpirun: the site's mpirun (default: on PATH)")
+    add("--srun-mpi", default="", metavar="PLUGIN",
+        help="srun --mpi=PLUGIN (default pmix; srun --mpi=list shows your SLURM's)")
     add("--setup", action="append", default=[], metavar="LINE",
         help="a shell line run before the launch (repeatable)")
     add("--sbatch", action="append", default=[], metavar="OPTION",
@@ -311,12 +373,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="preemption warning: SIGTERM this many seconds before the end; the job "
              "checkpoints and is requeued (0: no warning)")
     add("--no-requeue", action="store_true", help="no --requeue, no requeue on warning")
-    add("--output", default="", help="#SBATCH --output (default RUNS/slurm-%%x-%%j.out)")
+    add("--output", default="", help="#SBATCH --output (default RUNS/slurm-%%x-%%j.out; "
+        "its folder is created now, since SLURM opens it before the script runs)")
     add("--runs", default="", help="parent of run directories (default: runs/ in "
         "the current directory, where the script runs)")
     add("--set", action="append", default=[], metavar="KEY=VALUE",
         help="override a config value (passed to conduit-hpc run)")
     add("-o", "--out", default="", help="write the script here (default: stdout)")
+
+
+def output_folder(req: SlurmRequest) -> Path | None:
+    """The folder of the script's ``#SBATCH --output`` file, which must exist when the
+    job starts (slurmd opens it before the script runs, so the script cannot create
+    it); ``None`` when it has a ``%`` pattern. Not collective; pure."""
+    out = Path(req.output or Path(req.runs or Path.cwd() / "runs") / "x.out")
+    return None if "%" in str(out.parent) else out.parent
 
 
 def write_or_print(text: str, out: str) -> None:

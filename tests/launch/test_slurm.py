@@ -196,3 +196,51 @@ def test_rank_failure_under_srun_is_one_message_and_nonzero(slurm, tmp_path) -> 
     assert len(errors) == 1, out.stderr
     assert "RuntimeError: deliberate failure on world rank 2" in errors[0]
     assert "srun --mpi=pmix" in next(tmp_path.iterdir()).joinpath("command.txt").read_text()
+
+
+SITE_MPIRUN = """#!/bin/bash
+# a site's mpirun, outside any virtualenv: its own settings (as its module or its
+# openmpi-mca-params.conf would give them), then the MPI library
+env | sort > "$(dirname "$0")/env-at-mpirun.txt"
+echo "site mpirun: $*" >> "$(dirname "$0")/calls.txt"
+export OPAL_PREFIX={prefix} OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+exec {prefix}/bin/mpirun --bind-to none --oversubscribe --mca btl ^ofi --mca osc ^ucx \\
+    --mca mpi_yield_when_idle 1 "$@"
+"""
+
+
+def test_site_mpi_script_runs_with_the_users_mpirun_and_no_wheel_environment(
+        slurm, tmp_path) -> None:
+    if not Path(sys.prefix, "bin", "mpirun").is_file():
+        pytest.skip(f"no Open MPI mpirun in {sys.prefix} to stand for a site's MPI")
+    site = tmp_path / "site" / "bin"
+    site.mkdir(parents=True)
+    mpirun = site / "mpirun"
+    mpirun.write_text(SITE_MPIRUN.format(prefix=sys.prefix))
+    mpirun.chmod(0o755)
+    script = render(tmp_path, "--nodes", "1", "--mpi", "site", "--launcher", "mpirun",
+                    "--mpirun", str(mpirun), "--env", f"venv:{sys.prefix}",
+                    "--set", "run.duration_s=1.0", "--set", "layout.actors=1")
+    text = script.read_text()
+    assert sh(slurm, "bash", "-n", str(script)).returncode == 0
+    assert "OMPI_MCA" not in text and "PRTE_MCA" not in text and "mpi_env.sh" not in text
+    # submit from an environment without the wheel's settings or the venv on PATH
+    venv_bin = str(Path(sys.prefix, "bin"))
+    env = {k: v for k, v in slurm.items()
+           if not k.startswith(("OMPI_", "PRTE_", "OPAL_", "PMIX_"))
+           and k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != venv_bin)
+    jid = submit(env, script)
+    wait_gone(env, jid, 120)
+    state = job_state(env, jid)
+    output = (tmp_path / f"synthetic-{jid}.out").read_text()
+    assert state.get("JobState") == "COMPLETED" and state.get("ExitCode") == "0:0", output
+    assert "launcher mpirun, MPI site" in output and "ingested" in output
+    run_dir = tmp_path / "runs" / f"synthetic-{jid}"
+    assert (run_dir / "command.txt").read_text().startswith(f"{mpirun} -n 3 ")
+    assert (site / "calls.txt").read_text().startswith("site mpirun: -n 3 ")
+    seen = dict(ln.split("=", 1) for ln in (site / "env-at-mpirun.txt").read_text()
+                .splitlines() if "=" in ln)
+    wheel = sorted(k for k in seen if k.startswith(("OMPI_MCA_", "PRTE_MCA_", "OPAL_")))
+    assert wheel == [], f"the wheel's settings reached the site's mpirun: {wheel}"
+    assert seen.get("CONDUIT_MPI") == "site" and seen.get("VIRTUAL_ENV") == sys.prefix

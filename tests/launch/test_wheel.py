@@ -86,7 +86,9 @@ def test_slurm_renders_from_the_packaged_templates(installed: Path, outside) -> 
     for name in ("synthetic.toml", "synthetic.py"):  # a job file and its script
         shutil.copy2(REPO / "jobs" / name, work)
     script = work / "job.sbatch"
-    out = cli(["slurm", str(REPO / "jobs" / "synthetic.toml"), "--nodes", "2",
+    # a job file outside any checkout: the installed package's launch scripts (a job file
+    # inside a checkout gets that checkout's: tests/unit/test_slurm_render.py)
+    out = cli(["slurm", str(work / "synthetic.toml"), "--nodes", "2",
                "--set", "layout.actors=0", "--ntasks-per-node", "4", "-o", str(script)],
               work, env)
     assert out.returncode == 0, out.stderr

@@ -9,8 +9,10 @@ import pytest
 from conduit_hpc.testing import REPO
 
 DOC = REPO / "docs" / "writing-a-job.md"
-# "`jobs/NAME.ext`:" on its own line, a blank line, then the fenced block
-_SHOWN = re.compile(r"^`(jobs/[\w.]+)`:\n\n```\w*\n(.*?)^```$", re.M | re.S)
+# "`jobs/NAME.ext`:" on its own line, a blank line, (a "<!-- not-run: ... -->" line for
+# tests/launch/test_readme.py,) then the fenced block
+_SHOWN = re.compile(r"^`(jobs/[\w.]+)`:\n\n(?:<!--[^\n]*-->\n)?```\w*\n(.*?)^```$",
+                    re.M | re.S)
 
 
 def shown_files() -> dict[str, str]:
