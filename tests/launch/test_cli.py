@@ -267,3 +267,11 @@ def test_convergence_smoke_then_report_draws_the_return_curve(tmp_path) -> None:
     md = (report_dir / "report.md").read_text()
     assert "![Return curve](returns.png)" in md
     assert "timeline of dqn [single-process] skipped (no learner-*.csv)" in md
+
+
+def test_info_with_a_job_runs_the_ranks_of_its_layout() -> None:
+    # no -n: the job's [layout] (1 learner, 1 buffer, 4 actors), job section included
+    out = cli("info", "--config", "jobs/synthetic.toml")
+    assert out.returncode == 0, out.stderr
+    assert "world size    : 6" in out.stdout
+    assert out.stdout.count("actor") == 4 and out.stdout.count("learner") == 1

@@ -1,0 +1,68 @@
+"""The CLI's checks a newcomer meets first: ``inspect RUN_DIR`` looks in the run's
+checkpoints, ``report`` of a folder that is no run is an error that writes nothing, and
+``run`` refuses a missing site ``mpirun`` or a bad ``CONDUIT_MPI`` before it makes a run
+directory (no MPI: in-process, or ``conduit-hpc run`` stopped before ``mpirun``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conduit_hpc.testing import REPO
+from conduit_hpc.tools import cli
+
+
+def test_inspect_of_a_run_directory_reads_its_checkpoints(tmp_path: Path, capsys) -> None:
+    from test_checkpoint import write  # the unit tests' checkpoint, written without MPI
+
+    run_dir = tmp_path / "synthetic-20260101"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "config.toml").write_text('[checkpoint]\ndirectory = "ckpts"\n')
+    assert cli.main(["inspect", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "is a run directory without checkpoints" in err and "ckpts" in err
+    write(run_dir / "ckpts", 3)
+    assert cli.main(["inspect", str(run_dir), "--verify"]) == 0
+    out, err = capsys.readouterr()
+    assert f"its checkpoints are under {run_dir / 'ckpts'}" in err
+    assert "ckpt-000003" in out and "verified" in out and "DONE" not in out
+
+
+def test_inspect_of_a_checkpoint_itself_is_unchanged(tmp_path: Path, capsys) -> None:
+    from test_checkpoint import write
+
+    ckpt = write(tmp_path / "checkpoints", 1)
+    assert cli.main(["inspect", str(ckpt)]) == 0
+    assert "run directory" not in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["inspect", str(tmp_path / "empty")]) == 1  # not a run: as before
+
+
+def test_report_of_a_folder_without_metrics_is_an_error_and_writes_nothing(
+        tmp_path: Path, capsys) -> None:
+    assert cli.main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"'{tmp_path}' is not a run directory: it has no metrics/" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def run_cli(env: dict[str, str], runs: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", "run",
+                           "jobs/synthetic.toml", "--launcher", "mpirun", "--runs", str(runs)],
+                          cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_a_missing_site_mpirun_or_bad_mpi_is_refused_before_the_run_directory(
+        tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    out = run_cli({"CONDUIT_MPI": "site", "CONDUIT_MPIRUN": "/no/such/mpirun"}, runs)
+    assert out.returncode == 2, out.stderr
+    assert "mpirun '/no/such/mpirun' ($CONDUIT_MPIRUN" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    bad = run_cli({"CONDUIT_MPI": "system"}, runs)
+    assert bad.returncode == 2 and "CONDUIT_MPI must be wheel or site, got 'system'" in \
+        bad.stderr, bad.stderr
+    assert not runs.exists()
