@@ -9,7 +9,8 @@ such as ``jobs/synthetic.toml`` work as from the root, and ``runs/`` lands there
 * ``bash``/``sh``/``shell`` blocks run in ``bash -e`` with the repository's environment
   (``conduit-hpc`` on ``PATH``, the MPI settings of ``scripts/mpi_env.sh``);
 * a block marked ``<!-- not-run: reason -->`` is not run, and the reason must be given;
-* other blocks (``toml``, diagrams) are data, not commands: listed, never run.
+* ``toml``/``json``/``text`` blocks and diagrams are data, not commands: never run (a
+  block in any other language fails the test, so that none is left out unnoticed).
 
 Nothing is skipped silently: the test fails on a python or shell block that is neither
 run nor marked.
@@ -32,6 +33,7 @@ from conduit_hpc.tools.launcher import mpi_env
 PAGES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")),
          "slurm/README.md"]
 RUNNABLE = {"python": "python", "bash": "bash", "sh": "bash", "shell": "bash"}
+DATA = {"toml", "json", "text", ""}  # shown, never run (a diagram has no language)
 _FENCE = re.compile(r"^( *)```(\w*)\n(.*?)^\1```$", re.M | re.S)
 _MARK = re.compile(r"<!--\s*(run|not-run):\s*(.*?)\s*-->\s*$", re.S)
 
@@ -62,6 +64,9 @@ def blocks(page: str) -> list[Block]:
 def test_every_page_has_blocks_and_every_mark_is_well_formed() -> None:
     for page in PAGES:
         for b in blocks(page):
+            assert b.lang in RUNNABLE or b.lang in DATA, (
+                f"{page}:{b.line}: a ```{b.lang} block is neither run nor data; use python "
+                f"or bash, or add its language to DATA here")
             if b.mark == "not-run":
                 assert len(b.arg) > 10, f"{page}:{b.line}: a not-run block needs a reason"
             if b.mark == "run":
