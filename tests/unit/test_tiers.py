@@ -258,3 +258,12 @@ def test_a_plan_with_tiers_the_job_cannot_serve_is_refused() -> None:
         executable(plan_of((0, "learner_host", 10), (4, "buffer_host", 5)),
                    roles)  # type: ignore[arg-type]
     assert err.value.key == "placement.tiers"
+
+
+def test_bench_tiers_smoke_runs_every_configuration() -> None:
+    from conduit_hpc.bench.tiers import main
+
+    out = main(["--smoke", "--rows", "1024", "--supersteps", "3", "--batch", "32"])
+    assert [r["config"] for r in out["results"]] == [
+        "learner_gpu (device path)", "learner_gpu", "learner_host", "split"]
+    assert all(r["median_ms"] > 0 for r in out["results"])
