@@ -95,9 +95,29 @@ def _time(step: Any, supersteps: int) -> list[float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
+def _device_step(g: Any, k: int) -> Any:
     import torch
 
+    def step() -> None:
+        slots, ids, _cols, prob = g.draw_batch(k)
+        g.update(slots, ids, (prob * 1e3).clamp_(min=1e-3))
+        if g.device.type == "cuda":
+            torch.cuda.synchronize(g.device)
+    return step
+
+
+def _replay_step(replay: Any, k: int, cuda: bool) -> Any:
+    import torch
+
+    def step() -> None:
+        b = replay.sample(k)
+        replay.update(b, np.maximum(b.probabilities * 1e3, 1e-3))
+        if cuda:
+            torch.cuda.synchronize()
+    return step
+
+
+def main(argv: list[str] | None = None) -> dict:
     from conduit_hpc.storage.tiers import TieredReplay
 
     p = argparse.ArgumentParser(prog="conduit-hpc bench tiers")
@@ -125,20 +145,8 @@ def main(argv: list[str] | None = None) -> dict:
             if name == "split":
                 replay.rebalance(half)
             k = args.batch
-            if name.endswith("(device path)"):
-                g = stores[0]
-
-                def step(g: Any = g, k: int = k) -> None:
-                    slots, ids, _cols, prob = g.draw_batch(k)
-                    g.update(slots, ids, (prob * 1e3).clamp_(min=1e-3))
-                    if g.device.type == "cuda":
-                        torch.cuda.synchronize(g.device)
-            else:
-                def step(replay: Any = replay, k: int = k) -> None:
-                    b = replay.sample(k)
-                    replay.update(b, np.maximum(b.probabilities * 1e3, 1e-3))
-                    if args.device.startswith("cuda"):
-                        torch.cuda.synchronize()
+            step = _device_step(stores[0], k) if name.endswith("(device path)") else \
+                _replay_step(replay, k, args.device.startswith("cuda"))
             times = _time(step, args.supersteps)
         finally:
             if win is not None:
