@@ -10,6 +10,7 @@ second); 6 ranks on two emulated nodes with a learner, a buffer and an actor on 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,3 +133,41 @@ def test_a_plan_the_job_cannot_serve_fails_every_rank(shared_dir) -> None:
     cfg = static_config(layout, cluster_file(shared_dir, nodes, "8 kB"), ["learner_host"])
     with pytest.raises(ConfigError, match="learner_host cannot hold the replay"):
         ExperienceDataPlane(cfg)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_adaptive_replacement_starts_from_the_static_plan(shared_dir) -> None:
+    """4 ranks on two emulated nodes, one buffer rank each: the static plan (buffer tier
+    only, each buffer too small for the whole replay) puts one shard on each; the
+    adaptive policy's job placement has the plan's capacities and expected shares, and
+    each actor routes by the plan's row weights before any move."""
+    if COMM.size != 4:
+        pytest.skip("the layout needs exactly 4 ranks")
+    layout, nodes = LAYOUTS[4]
+    text = Path(cluster_file(shared_dir, nodes, "96 kB")).read_text()
+    small = shared_dir / "cluster-small-buffers.toml"
+    COMM.Barrier()
+    if COMM.rank == 0:
+        small.write_text(text.replace('buffer_host_bytes = "64 MB"',
+                                      'buffer_host_bytes = "250 kB"'))
+    COMM.Barrier()
+    cfg = make_config(
+        layout=layout, storage={"capacity_rows": 2048, "priority_exponent": 1.0},
+        placement={"planner": "static", "cluster": str(small), "tiers": ["buffer_host"],
+                   "adaptive": True, "interval_supersteps": 1000},
+        scheduler={"mode": "sync", "batch_rows": 16, "min_fill_rows": 32},
+        checkpoint={"on_stop": False})
+    with ExperienceDataPlane(cfg) as edp:
+        plan = edp.placement
+        assert sorted(s.owner_rank for s in plan.shards) == [1, 2]  # both buffers used
+        rep = edp.feature("replacement")
+        assert rep is not None
+        job = rep.job
+        assert [(s.owner_rank, s.capacity_rows, s.share) for s in job.shards] == [
+            (s.owner_rank, s.capacity_rows, s.share) for s in plan.shards]
+        assert job.actor_weights == plan.actor_weights
+        if edp.role is Role.ACTOR:
+            assert rep.router.weights == plan.actor_weights[edp.world_rank]
+            picks = {rep.route(k) for k in range(64)}
+            assert picks == set(plan.actor_weights[edp.world_rank].shards)
+        edp.done()
