@@ -71,16 +71,20 @@ def _layout_or_skip():
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.parametrize("tiers,host", [(["learner_host", "buffer_host"], "96 kB"),
-                                        (["learner_host"], "4 MB")])
+                                        (["learner_host"], "4 MB"),
+                                        (["learner_host", "buffer_host"], "probe")])
 def test_executed_plan_equals_printed_plan(shared_dir, tiers, host) -> None:
     layout, nodes = _layout_or_skip()
-    cfg = static_config(layout, cluster_file(shared_dir, nodes, host), tiers)
-    run_dir = shared_dir / f"run-{len(tiers)}"
+    # "probe": no cluster file; the start-up probe measures this machine (collective)
+    cluster = "" if host == "probe" else cluster_file(shared_dir, nodes, host)
+    cfg = static_config(layout, cluster, tiers)
+    run_dir = shared_dir / f"run-{len(tiers)}-{host.replace(' ', '')}"
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
         doc = json.loads((run_dir / "plan.json").read_text())
         roles = edp.roles
         plan = doc["placement"]
         assert doc["planner"] == "static" and doc["prediction"] is not None
+        assert ("start-up probe" in doc["cluster"]) == (host == "probe")
         # the plane executes exactly what plan.json says
         assert edp.placement.to_dict() == plan
         assert sum(s["capacity_rows"] for s in plan["shards"]) == 2048
