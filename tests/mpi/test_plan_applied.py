@@ -175,3 +175,21 @@ def test_adaptive_replacement_starts_from_the_static_plan(shared_dir) -> None:
             picks = {rep.route(k) for k in range(64)}
             assert picks == set(plan.actor_weights[edp.world_rank].shards)
         edp.done()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_ranks_that_plan_differently_fail_together(monkeypatch) -> None:
+    """The agreement check itself: rank 0's planner returns another plan (as a rank
+    with a different cluster file or library would); every rank raises, none hangs."""
+    import conduit_hpc.plane.planning as planning
+
+    real = planning.plan_round_robin
+    if COMM.rank == 0:
+        def skewed(**kw):
+            kw["capacity_rows"] += 1
+            return real(**kw)
+        monkeypatch.setattr(planning, "plan_round_robin", skewed)
+    cfg = make_config(layout={"learners": 1, "buffers": 1},
+                      storage={"capacity_rows": 256})
+    with pytest.raises(ConfigError, match=r"ranks planned different placements.*\[\[0\]"):
+        ExperienceDataPlane(cfg)
