@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc.config import Config
-from conduit_hpc.errors import ConduitError, ConfigError
+from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.placement import Placement, plan_round_robin
 from conduit_hpc.plane.roles import RoleComms
 from conduit_hpc.spec import Spec
@@ -120,7 +120,11 @@ def _static(config: Config, spec: Spec, roles: RoleComms) -> tuple[Placement, Pl
 
     pc = config.placement
     if pc.cluster:
-        cluster = ClusterModel.from_toml(pc.cluster)
+        try:
+            cluster = ClusterModel.from_toml(pc.cluster)
+        except ConfigError as err:
+            raise ConfigError(f"placement.cluster = {pc.cluster!r}: {err}",
+                              key="placement.cluster") from err
         where = f"{cluster.name} ({pc.cluster})"
     else:
         from conduit_hpc.plane.probe import probe_cluster
@@ -148,7 +152,7 @@ def decide_placement(config: Config, spec: Spec, roles: RoleComms,
         ConfigError: the plan cannot be made or executed (the cluster file is missing or
             bad, the tiers cannot hold the replay, a tier the job cannot serve), or the
             ranks planned differently - on every rank together, with the first failing
-            rank's message.
+            rank's message and key (``placement.cluster``, ``placement.tiers``, ...).
     """
     pc = config.placement
     if given is not None:
@@ -160,7 +164,7 @@ def decide_placement(config: Config, spec: Spec, roles: RoleComms,
         return given, PlanRecord("given")
     plan: Placement | None = None
     record = PlanRecord(pc.planner)
-    error = ""
+    error = key = ""
     try:
         if pc.planner == "static":
             plan, record = _static(config, spec, roles)
@@ -170,17 +174,18 @@ def decide_placement(config: Config, spec: Spec, roles: RoleComms,
                 learner_ranks=roles.learner_ranks,
                 capacity_rows=config.storage.capacity_rows,
                 shards_per_buffer=config.storage.shards_per_buffer)
-    except (ConduitError, OSError, ValueError) as err:
+    except Exception as err:  # any failure, even a bug, must reach every rank below
         key = getattr(err, "key", "") or "placement.planner"
-        error = f"{type(err).__name__}: {err} [{key}]"
+        error = f"{type(err).__name__}: {err}"
     digest = "" if plan is None else hashlib.sha256(
         json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
-    seen = allgather_json(roles.world, {"error": error, "digest": digest})
-    bad = [(r, s["error"]) for r, s in enumerate(seen) if s["error"]]
+    seen = allgather_json(roles.world, {"error": error, "key": key if error else "",
+                                        "digest": digest})
+    bad = [(r, s) for r, s in enumerate(seen) if s["error"]]
     if bad:
-        r, msg = bad[0]
+        r, first = bad[0]
         raise ConfigError(f"[placement] planner = {pc.planner!r}: no executable plan "
-                          f"(world rank {r}: {msg})", key="placement.planner")
+                          f"(world rank {r}: {first['error']})", key=first["key"])
     digests = {s["digest"] for s in seen}
     if len(digests) != 1:
         groups = {d: [r for r, s in enumerate(seen) if s["digest"] == d] for d in digests}

@@ -131,8 +131,9 @@ def test_a_plan_the_job_cannot_serve_fails_every_rank(shared_dir) -> None:
     layout, nodes = _layout_or_skip()
     bad = shared_dir / "missing.toml"
     cfg = static_config(layout, str(bad), ["buffer_host"])
-    with pytest.raises(ConfigError, match=r"no executable plan.*missing\.toml"):
+    with pytest.raises(ConfigError, match=r"no executable plan.*missing\.toml") as err:
         ExperienceDataPlane(cfg)
+    assert err.value.key == "placement.cluster"
     # too small: the tiers cannot hold the replay
     cfg = static_config(layout, cluster_file(shared_dir, nodes, "8 kB"), ["learner_host"])
     with pytest.raises(ConfigError, match="learner_host cannot hold the replay"):
