@@ -35,7 +35,7 @@ from numpy.typing import ArrayLike
 
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed
-from conduit_hpc.placement.placement import Placement, plan_round_robin
+from conduit_hpc.placement.placement import Placement
 from conduit_hpc.plane.actor import ActorEndpoint, IngestReceipt, IngestStats
 from conduit_hpc.plane.buffer import BufferServer, OwnedShard
 from conduit_hpc.plane.control import C_ACTORS_DONE, C_LEARNERS_DONE
@@ -43,6 +43,7 @@ from conduit_hpc.plane.delivery import Deliverer
 from conduit_hpc.plane.extensions import Feature, feature_factories
 from conduit_hpc.plane.learner import MODES, EdpMode, LearnerEndpoint
 from conduit_hpc.plane.memory import ShardMemory
+from conduit_hpc.plane.planning import decide_placement, write_plan
 from conduit_hpc.plane.roles import Role, RoleComms, check_same_config, split_roles
 from conduit_hpc.plane.staging import Batch, Stager, agreed_device
 from conduit_hpc.plane.summary import merge_summaries, shard_counters
@@ -68,10 +69,10 @@ class ExperienceDataPlane:
         config (Config): the job configuration; must be equal on every rank.
         comm (MPI.Intracomm | None): the job's ranks (default ``COMM_WORLD``); a private
             duplicate is used.
-        placement (Placement | None): where shards live; default: round-robin over
-            buffer ranks (see :func:`~conduit_hpc.placement.plan_round_robin`).
-        run_dir (str | Path | None): where metrics files go (``metrics/``); None keeps
-            metrics in memory only.
+        placement (Placement | None): where shards live; default: ``[placement]
+            planner`` (:func:`~conduit_hpc.plane.planning.decide_placement`).
+        run_dir (str | Path | None): where metrics files (``metrics/``) and the executed
+            plan (``plan.json``) go; None keeps metrics in memory only.
         transform (callable | None): on learners, applied to each numpy batch (a dict
             of arrays) before it is handed to torch; runs on the data-plane thread in
             ``edp`` mode.
@@ -107,12 +108,7 @@ class ExperienceDataPlane:
                 if cls.wanted(config)]
             for f in self.features:
                 placement = f.placement(placement) or placement
-            if placement is None:
-                placement = plan_round_robin(
-                    actor_ranks=roles.actor_ranks, buffer_ranks=roles.buffer_ranks,
-                    learner_ranks=roles.learner_ranks,
-                    capacity_rows=config.storage.capacity_rows,
-                    shards_per_buffer=config.storage.shards_per_buffer)
+            placement, self.plan_record = decide_placement(config, self.spec, roles, placement)
             for f in self.features:
                 f.check(placement, self.spec)
         except ConduitError:
@@ -120,6 +116,8 @@ class ExperienceDataPlane:
             raise
         self.placement: Placement = placement
         self.run_dir = Path(run_dir) if run_dir else None
+        if self.run_dir is not None and roles.world_rank == 0:
+            write_plan(self.run_dir, placement, self.plan_record)
         self.started_at = time.perf_counter()
         try:
             self.memory = ShardMemory(config, self.spec, roles, placement)
@@ -207,8 +205,9 @@ class ExperienceDataPlane:
         me = self.roles.world_rank
         routes = [f.route for f in self.features]
 
-        def route(batches: int) -> int | None:
-            return next((s for r in routes if (s := r(batches)) is not None), None)
+        def route(batches: int) -> int | None:  # a feature's, else the plan's weights
+            return next((s for r in routes if (s := r(batches)) is not None),
+                        self.placement.shard_for(me, batches))
 
         self.actor = ActorEndpoint(self.config, self.spec, me, self.rings,
                                    self.placement.actor_shards[me], route, self.control,

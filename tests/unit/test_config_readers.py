@@ -20,12 +20,7 @@ from conduit_hpc.config import Config, declared_config
 REPO = Path(__file__).resolve().parents[2]
 
 #: fields read by nothing yet, each with the reason. Keep this list short.
-NOT_READ_YET = {
-    # the static planner and tier choice become real in the placement issue (a running job
-    # places shards round-robin on buffer ranks until then)
-    "PlacementConfig.planner",
-    "PlacementConfig.tiers",
-}
+NOT_READ_YET: set[str] = set()
 
 
 def attribute_names() -> set[str]:

@@ -162,3 +162,30 @@ def test_return_curve_and_stats_use_only_scored_episodes(tmp_path) -> None:
     md = write_report([run])
     png_is_plot(md.parent / "returns.png")
     assert "scored episodes (near-greedy explorers)" in md.read_text()
+
+
+def test_report_shows_the_executed_plan_predicted_against_measured(tmp_path) -> None:
+    """A plan.json as the data plane writes it (static plan on the local cluster file):
+    the report's Plan section has the learner's predicted and measured path time."""
+    from conduit_hpc.placement.cluster import ClusterModel, Roster
+    from conduit_hpc.placement.static import plan_static
+    from conduit_hpc.placement.workload import Workload
+    from conduit_hpc.plane.planning import PlanRecord, plan_document
+    from conduit_hpc.tools.report.plan_check import plan_vs_measured
+
+    cluster = ClusterModel.from_toml(Path(__file__).parents[2] / "jobs/cluster-local.toml")
+    plan = plan_static(cluster, Workload(capacity_rows=10_000, row_bytes=100,
+                                         tiers=("learner_host", "buffer_host")),
+                       roster=Roster.block(cluster))
+    run = make_run(tmp_path, "edp")
+    (run / "plan.json").write_text(json.dumps(plan_document(plan, PlanRecord("static", "x"))))
+    loaded = load_run(run)
+    (row,) = plan_vs_measured(json.loads((run / "plan.json").read_text()), loaded.learners)
+    assert row["rank"] == 0 and row["shards"] == len(plan.shards)
+    assert row["predicted_path_ms"] == pytest.approx(1e3 * plan.prediction.learners[0].path_s)
+    t = loaded.learners[0]
+    assert row["measured_path_ms"] == pytest.approx(1e3 * float(np.mean(t["sample_s"]
+                                                                         + t["gather_s"])))
+    md = write_report([run]).read_text()
+    assert "## Plan: predicted against measured, per learner" in md
+    assert f"{row['predicted_path_ms']:.4g}" in md and f"{row['measured_path_ms']:.4g}" in md

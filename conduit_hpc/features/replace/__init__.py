@@ -56,8 +56,16 @@ stopping), :mod:`.coordinator` (looks and the policy); the pure parts - which ro
 where, the job's shards as the cost model sees them - are
 :mod:`conduit_hpc.placement.inplace`.
 
+**Start plan.** The policy starts from the placement the job executes - round robin, or
+the static plan (``[placement] planner = "static"``): its shards' capacities and expected
+shares, and the actors' row weights (actors follow them until the first move). The cost
+model sees each shard at its owner's buffer location, so a ``learner_host`` shard (owned
+by a buffer rank on the learner's node, see :mod:`conduit_hpc.plane.planning`) counts as
+that node's buffer memory - the same links.
+
 Not supported (refused by the config): partitioned sampling, the sequence sampler (moves
-would cut windows), several shards per buffer rank, and checkpoints (a shard that rows
+would cut windows), several shards per buffer rank (a static plan that puts two shards on
+one buffer rank is refused with that message), and checkpoints (a shard that rows
 left holds them in a non-contiguous run, which the checkpoint format does not store).
 """
 
@@ -204,6 +212,8 @@ class Replacement(Feature):
                                                self.job, order)
         elif roles.role is Role.ACTOR:
             self.router = ActorRouter(self.board, me, edp.placement.actor_shards[me])
+            # until the first move, the start plan's row weights (a static plan's split)
+            self.router.weights = (edp.placement.actor_weights or {}).get(me)
         elif me == roles.learner_ranks[0]:
             assert edp.learner is not None
             self.tap = TelemetryTap(edp.learner, edp.channel, self.coordinator_rank, n_shards,

@@ -10,7 +10,9 @@ Reads the metrics files of each run (in ``RUN_DIR/metrics/``, or ``RUN_DIR`` its
   ``ExperienceDataPlane`` writes them; :func:`load_run` turns them into amounts since
   the previous row), ``rows_per_s`` its ingest rate since the previous row.
 * ``episodes.csv``: ``time_s,env_steps,actor,episode_return``.
-* ``summary.json``: a flat dict of the run's headline numbers.
+* ``summary.json``: a flat dict of the run's headline numbers;
+* ``RUN_DIR/plan.json``: the placement the run executed, with its prediction (see
+  :mod:`conduit_hpc.tools.report.plan_check`): the report's "Plan" section.
 
 and writes ``returns.png`` (return curve), ``timeline-<run>.png`` (per-superstep learner
 compute vs experience-path work, showing their overlap), ``latency.png`` (exposed and
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc.errors import ConduitError
+from conduit_hpc.tools.report.plan_check import load_plan, plan_markdown
 from conduit_hpc.tools.report.run_data import RunData, load_run, run_stats
 from conduit_hpc.tools.report.run_plots import (
     plot_ingest,
@@ -130,6 +133,14 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
             lines += [f"| {k} | {_fmt(v) if not isinstance(v, dict | list) else json.dumps(v)}"
                       " |" for k, v in r.summary.items()]
             lines.append("")
+    plans = [(r, *load_plan(r.path)) for r in runs]
+    if any(doc for _, doc, _ in plans):
+        lines += ["## Plan: predicted against measured, per learner", ""]
+        for r, doc, _ in plans:
+            lines += plan_markdown(r.label, doc, r.learners)
+    for r, _, problem in plans:
+        if problem:
+            r.problems.append(problem)
     lines += ["## Plots", ""]
     for title, path in plots:
         lines += [f"### {title}", "", f"![{title}]({path.name})", ""]

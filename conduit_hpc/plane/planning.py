@@ -1,0 +1,239 @@
+"""The placement a job executes, decided at start-up from ``[placement]``.
+
+Composition layer: the planners (:mod:`conduit_hpc.placement`) are plain Python; this
+module runs them for a job's role split and makes every rank agree.
+
+* ``planner = "round_robin"``: :func:`~conduit_hpc.placement.plan_round_robin` (shards
+  on buffer ranks' host memory, capacity split evenly).
+* ``planner = "static"``: :func:`~conduit_hpc.placement.plan_static` on a cluster model -
+  the file ``[placement] cluster`` or, when it is empty, one the start-up probe measures
+  (:func:`~conduit_hpc.plane.probe.probe_cluster`, collective) - for the job's workload
+  (rows, batch and sampling from the config, tiers from ``[placement] tiers``, scope from
+  ``[placement] scope``), then :func:`executable` maps it onto the ranks that serve it.
+
+Every rank plans (the planner is deterministic), then the ranks compare a digest of the
+plan (one ``Allgatherv``): a rank that failed, or planned differently, makes every rank
+raise the same :class:`~conduit_hpc.errors.ConfigError`.
+
+**Which tiers a running job serves.** ``buffer_host`` shards live in their buffer rank's
+window. A ``learner_host`` shard lives in host memory of the learner's node: its owner
+is a *buffer rank on that node* (the plan names the learner; :func:`executable` moves the
+ownership to the node's buffer ranks, in turn), so the owner's progress loop, the RMA
+window and the learner's shared-memory reads are exactly those of a buffer shard - only
+its location differs. A plan whose ``learner_host`` shard has no buffer rank on its node,
+or any ``learner_gpu`` shard, is refused (the device tier,
+:mod:`conduit_hpc.storage.device`, is not wired into a running job's batches yet): leave
+that tier out of ``[placement] tiers``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from conduit_hpc.config import Config
+from conduit_hpc.errors import ConfigError
+from conduit_hpc.placement.placement import Placement, plan_round_robin
+from conduit_hpc.plane.roles import RoleComms
+from conduit_hpc.spec import Spec
+from conduit_hpc.transport.objects import allgather_json
+
+__all__ = ["EXECUTED_TIERS", "PlanRecord", "decide_placement", "executable", "plan_document",
+           "write_plan"]
+
+#: tiers whose shards a running job serves (see the module docstring)
+EXECUTED_TIERS = ("buffer_host", "learner_host")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRecord:
+    """How the executed plan was made, for ``plan.json``.
+
+    Attributes:
+        planner (str): ``round_robin``, ``static`` or ``given``.
+        cluster (str): the cluster model's name and where it came from ("" unless
+            static).
+        notes (list[str]): what was assumed (workload rates) or changed (owners).
+        workload (dict): the workload planned for (static).
+    """
+
+    planner: str
+    cluster: str = ""
+    notes: list[str] = field(default_factory=list)
+    workload: dict[str, Any] = field(default_factory=dict)
+
+
+def executable(plan: Placement, roles: RoleComms) -> tuple[Placement, list[str]]:
+    """``plan`` on the ranks that serve it: each ``learner_host`` shard owned by a buffer
+    rank on its learner's node (in turn when a node has several). Local; deterministic.
+
+    Returns:
+        tuple: the placement and notes on what changed.
+
+    Raises:
+        ConfigError: a ``learner_gpu`` shard, or a ``learner_host`` shard on a node with no
+            buffer rank (names ``placement.tiers``).
+    """
+    gpu = [s.shard_id for s in plan.shards if s.tier == "learner_gpu"]
+    if gpu:
+        rows = sum(plan.shards[i].capacity_rows for i in gpu)
+        raise ConfigError(
+            f"the static plan puts {rows} rows in {len(gpu)} learner_gpu shard(s) "
+            f"{gpu}; a running job serves only {list(EXECUTED_TIERS)} (the device tier is "
+            f"not wired into batches yet): set [placement] tiers without 'learner_gpu'",
+            key="placement.tiers")
+    shards, notes = [], []
+    turn: dict[int, int] = {}
+    for s in plan.shards:
+        if s.tier != "learner_host" or s.owner_rank in roles.buffer_ranks:
+            shards.append(s)
+            continue
+        node = roles.node_of[s.owner_rank]
+        bufs = [b for b in roles.buffer_ranks if roles.node_of[b] == node]
+        if not bufs:
+            raise ConfigError(
+                f"the static plan puts shard {s.shard_id} ({s.capacity_rows} rows) in "
+                f"learner_host memory of node {node} ({s.location or '?'}), which runs no "
+                f"buffer rank to own it; give that node a buffer rank or set [placement] "
+                f"tiers without 'learner_host'", key="placement.tiers")
+        k = turn.get(node, 0)
+        turn[node] = k + 1
+        owner = bufs[k % len(bufs)]
+        notes.append(f"shard {s.shard_id} (learner_host, {s.location}): owned by buffer rank "
+                     f"{owner} on the learner's node (planned: rank {s.owner_rank})")
+        shards.append(replace(s, owner_rank=owner))
+    out = Placement(shards=tuple(shards), actor_shards=dict(plan.actor_shards),
+                    learner_shards=dict(plan.learner_shards),
+                    actor_weights=plan.actor_weights, prediction=plan.prediction)
+    return out, notes
+
+
+def _static(config: Config, spec: Spec, roles: RoleComms) -> tuple[Placement, PlanRecord]:
+    """Plan on every rank; collective only when it probes."""
+    from conduit_hpc.placement.cluster import ClusterModel, Roster
+    from conduit_hpc.placement.static import plan_static
+    from conduit_hpc.placement.workload import Workload
+
+    pc = config.placement
+    if pc.cluster:
+        try:
+            cluster = ClusterModel.from_toml(pc.cluster)
+        except ConfigError as err:
+            raise ConfigError(f"placement.cluster = {pc.cluster!r}: {err}",
+                              key="placement.cluster") from err
+        where = f"{cluster.name} ({pc.cluster})"
+    else:
+        from conduit_hpc.plane.probe import probe_cluster
+
+        cluster, _, _ = probe_cluster(roles)
+        where = f"{cluster.name} (measured by the start-up probe)"
+    roster = Roster.from_ranks(cluster, roles.node_of, roles.learner_ranks,
+                               roles.buffer_ranks, roles.actor_ranks)
+    workload, notes = Workload.from_job(config)
+    workload = replace(workload, row_bytes=spec.row_bytes, tiers=tuple(pc.tiers))
+    plan = plan_static(cluster, workload, roster=roster)
+    plan, moved = executable(plan, roles)
+    wl = {k: getattr(workload, k) for k in workload.__slots__}
+    return plan, PlanRecord("static", where, [*notes, *moved], wl)
+
+
+def decide_placement(config: Config, spec: Spec, roles: RoleComms,
+                     given: Placement | None = None) -> tuple[Placement, PlanRecord]:
+    """The placement this job executes, the same on every rank: ``given`` (passed to the
+    data plane, or made by a feature that places shards itself, e.g. long-haul) or the
+    ``[placement] planner``'s. **Collective** on ``roles.world`` (one ``Allgatherv``, and
+    the probe when it measures), except with ``given``.
+
+    Raises:
+        ConfigError: the plan cannot be made or executed (the cluster file is missing or
+            bad, the tiers cannot hold the replay, a tier the job cannot serve), or the
+            ranks planned differently - on every rank together, with the first failing
+            rank's message and key (``placement.cluster``, ``placement.tiers``, ...).
+    """
+    pc = config.placement
+    if given is not None:
+        if pc.planner == "static":
+            raise ConfigError("[placement] planner = 'static' cannot apply: the placement "
+                              "was given (by the caller or by a feature that places shards "
+                              "itself, e.g. longhaul); use planner = 'round_robin'",
+                              key="placement.planner")
+        return given, PlanRecord("given")
+    plan: Placement | None = None
+    record = PlanRecord(pc.planner)
+    error = key = ""
+    try:
+        if pc.planner == "static":
+            plan, record = _static(config, spec, roles)
+        else:
+            plan = plan_round_robin(
+                actor_ranks=roles.actor_ranks, buffer_ranks=roles.buffer_ranks,
+                learner_ranks=roles.learner_ranks,
+                capacity_rows=config.storage.capacity_rows,
+                shards_per_buffer=config.storage.shards_per_buffer)
+    except Exception as err:  # any failure, even a bug, must reach every rank below
+        key = getattr(err, "key", "") or "placement.planner"
+        error = f"{type(err).__name__}: {err}"
+    digest = "" if plan is None else hashlib.sha256(
+        json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
+    seen = allgather_json(roles.world, {"error": error, "key": key if error else "",
+                                        "digest": digest})
+    bad = [(r, s) for r, s in enumerate(seen) if s["error"]]
+    if bad:
+        r, first = bad[0]
+        raise ConfigError(f"[placement] planner = {pc.planner!r}: no executable plan "
+                          f"(world rank {r}: {first['error']})", key=first["key"])
+    digests = {s["digest"] for s in seen}
+    if len(digests) != 1:
+        groups = {d: [r for r, s in enumerate(seen) if s["digest"] == d] for d in digests}
+        raise ConfigError(f"[placement] planner = {pc.planner!r}: ranks planned different "
+                          f"placements (ranks by plan: {sorted(groups.values())}); the "
+                          f"cluster file or the planner's inputs differ between ranks",
+                          key="placement.planner")
+    assert plan is not None
+    return plan, record
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def plan_document(plan: Placement, record: PlanRecord) -> dict[str, Any]:
+    """``plan.json``: the plan executed - shards (owner, tier, capacity), bytes per tier,
+    the prediction per learner (path and exposed time, read bytes) when planned against a
+    cluster model. JSON-compatible."""
+    tiers: dict[str, dict[str, Any]] = {}
+    for s in plan.shards:
+        t = tiers.setdefault(s.tier, {"shards": 0, "rows": 0})
+        t["shards"] += 1
+        t["rows"] += s.capacity_rows
+    doc: dict[str, Any] = {"planner": record.planner, "cluster": record.cluster,
+                           "notes": record.notes, "workload": record.workload,
+                           "tiers": tiers, "placement": plan.to_dict(), "prediction": None}
+    pred = plan.prediction
+    if pred is not None:
+        for tier, (used, cap) in pred.tier_bytes.items():
+            tiers.setdefault(tier, {"shards": 0, "rows": 0}).update(
+                bytes_used=int(used), bytes_available=int(cap))
+        doc["prediction"] = {
+            "method": pred.method, "superstep_s": pred.superstep_s,
+            "compute_s": pred.compute_s, "objective_s": pred.objective_s,
+            "bottleneck": pred.bottleneck.describe(),
+            "learners": {str(lp.rank): {
+                "node": lp.node, "path_s": _finite(lp.path_s),
+                "exposed_s": _finite(lp.exposed_s), "read_bytes": lp.read_bytes,
+                "slowest_link": lp.slowest_link} for lp in pred.learners}}
+    return doc
+
+
+def write_plan(run_dir: Path, plan: Placement, record: PlanRecord) -> Path:
+    """Write ``run_dir/plan.json`` (:func:`plan_document`). Local; one rank calls it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "plan.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(plan_document(plan, record), indent=1, sort_keys=True))
+    tmp.replace(path)
+    return path

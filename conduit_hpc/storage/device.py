@@ -1,0 +1,192 @@
+"""The ``learner_gpu`` tier: rows in a learner's device memory, with a device-side
+priority index. Torch (imported here, not by ``conduit_hpc.storage``); no MPI, no NCCL.
+
+A :class:`DeviceStore` keeps every spec column as one tensor ``[capacity, *shape]`` on a
+torch device (``cuda:i`` on a GPU node; ``cpu`` in the tests and on this machine), the
+row ids, raw priorities and masses ``priority ** alpha`` as device tensors, and the
+cumulative masses (float64, rebuilt lazily after a change). Drawing is exact
+prioritized sampling: a target ``t`` in ``[0, total)`` selects the first slot whose
+cumulative mass exceeds ``t`` (``torch.searchsorted``, right side), so slot ``i`` is drawn
+for targets in ``[C[i-1], C[i])``, a set of measure ``mass[i]`` - empty slots (mass 0)
+never. :meth:`sample`, :meth:`gather`, :meth:`update` and :meth:`draw_batch` stay on
+the device: random targets from a device generator, ``searchsorted``, ``index_select``,
+``index_copy_`` - no host round trip. Rows enter (:meth:`insert`) from host arrays or
+device tensors, and leave for a move (:meth:`take`) as host arrays; both choose free
+slots on the host (one small copy), which is where a move is decided anyway.
+
+Several updates of one slot in one call: the last one wins on the CPU; on CUDA,
+``index_copy_`` with repeated indices picks one of them (as a GPU scatter does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from conduit_hpc.spec import Spec
+
+__all__ = ["DeviceStore"]
+
+
+class DeviceStore:
+    """Rows of the ``learner_gpu`` tier on one torch device (see the module docstring).
+
+    Args:
+        spec (Spec): the experience schema.
+        capacity (int): slots.
+        alpha (float): priority exponent (0: uniform over held rows).
+        device (str | torch.device): where rows live (``cuda:0``, ``cpu``).
+        seed (int): seed of the device generator used by :meth:`sample`.
+        tier (str): the tier's name.
+    """
+
+    def __init__(self, spec: Spec, capacity: int, *, alpha: float = 1.0,
+                 device: str | torch.device = "cpu", seed: int = 0,
+                 tier: str = "learner_gpu") -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.spec, self.capacity, self.alpha, self.tier = spec, int(capacity), float(alpha), tier
+        self.device = torch.device(device)
+        d = self.device
+        self.columns = {f.name: torch.zeros((self.capacity, *f.shape),
+                                            dtype=_torch_dtype(f.dtype), device=d)
+                        for f in spec}
+        self.ids = torch.full((self.capacity,), -1, dtype=torch.int64, device=d)
+        self.prio = torch.zeros(self.capacity, dtype=torch.float64, device=d)
+        self.mass = torch.zeros(self.capacity, dtype=torch.float64, device=d)
+        self._cum: torch.Tensor | None = None
+        self.generator = torch.Generator(device=d)
+        self.generator.manual_seed(int(seed))
+
+    # -- conversions ---------------------------------------------------------------
+    def from_host(self, x: Any) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(x), device=self.device)
+
+    @staticmethod
+    def to_host(x: Any) -> np.ndarray:
+        return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+    def _scaled(self, p: torch.Tensor) -> torch.Tensor:
+        if self.alpha == 1:
+            return p
+        return torch.where(p > 0, torch.pow(p, self.alpha), torch.zeros_like(p))
+
+    def _changed(self) -> None:
+        self._cum = None
+
+    def cumulative(self) -> torch.Tensor:
+        """Cumulative masses over the slots (device, float64)."""
+        if self._cum is None:
+            self._cum = torch.cumsum(self.mass, 0)
+        return self._cum
+
+    # -- the interface (TierStore) -------------------------------------------------
+    def held(self) -> int:
+        return int((self.ids >= 0).sum().item())
+
+    def free(self) -> int:
+        return self.capacity - self.held()
+
+    def total(self) -> float:
+        return float(self.cumulative()[-1].item())
+
+    def total_tensor(self) -> torch.Tensor:
+        """The total mass as a device scalar (no host synchronisation)."""
+        return self.cumulative()[-1]
+
+    def insert(self, rows: Mapping[str, Any], ids: Any, priorities: Any) -> torch.Tensor:
+        ids_t = torch.as_tensor(np.asarray(ids) if not isinstance(ids, torch.Tensor) else ids,
+                                dtype=torch.int64, device=self.device).reshape(-1)
+        n = int(ids_t.numel())
+        free = torch.nonzero(self.ids < 0).reshape(-1)
+        if n > len(free):
+            raise ValueError(f"{self.tier}: {n} rows do not fit in {len(free)} free slots")
+        slots = free[:n]
+        for f in self.spec:
+            src = rows[f.name]
+            t = src if isinstance(src, torch.Tensor) else torch.from_numpy(
+                np.ascontiguousarray(src))
+            self.columns[f.name].index_copy_(0, slots, t.to(self.device).reshape(
+                n, *f.shape).to(self.columns[f.name].dtype))
+        p = torch.as_tensor(np.asarray(priorities, np.float64) if not isinstance(
+            priorities, torch.Tensor) else priorities, dtype=torch.float64,
+            device=self.device).reshape(-1)
+        self.ids.index_copy_(0, slots, ids_t)
+        self.prio.index_copy_(0, slots, p)
+        self.mass.index_copy_(0, slots, self._scaled(p))
+        self._changed()
+        return slots
+
+    def search(self, targets: Any) -> torch.Tensor:
+        t = torch.as_tensor(targets, dtype=torch.float64, device=self.device)
+        cum = self.cumulative()
+        return torch.searchsorted(cum, t, right=True).clamp_(max=self.capacity - 1)
+
+    def sample(self, k: int) -> torch.Tensor:
+        """``k`` slots, stratified over the total mass, drawn on the device."""
+        total = self.total_tensor()
+        u = torch.rand(k, dtype=torch.float64, device=self.device, generator=self.generator)
+        targets = (torch.arange(k, dtype=torch.float64, device=self.device) + u) * (total / k)
+        return self.search(torch.minimum(targets, torch.nextafter(total, total.new_zeros(()))))
+
+    def gather(self, slots: Any) -> dict[str, torch.Tensor]:
+        s = torch.as_tensor(slots, dtype=torch.int64, device=self.device)
+        return {name: col.index_select(0, s) for name, col in self.columns.items()}
+
+    def draw_batch(self, k: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor],
+                                          torch.Tensor]:
+        """Sample and gather on the device: slots, ids, columns and each row's draw
+        probability (``mass / total``), all device tensors."""
+        slots = self.sample(k)
+        return (slots, self.ids.index_select(0, slots), self.gather(slots),
+                self.mass.index_select(0, slots) / self.total_tensor())
+
+    def ids_at(self, slots: Any) -> torch.Tensor:
+        return self.ids.index_select(0, torch.as_tensor(slots, dtype=torch.int64,
+                                                         device=self.device))
+
+    def priorities(self, slots: Any) -> torch.Tensor:
+        return self.prio.index_select(0, torch.as_tensor(slots, dtype=torch.int64,
+                                                          device=self.device))
+
+    def masses(self, slots: Any) -> torch.Tensor:
+        return self.mass.index_select(0, torch.as_tensor(slots, dtype=torch.int64,
+                                                          device=self.device))
+
+    def update(self, slots: Any, ids: Any, priorities: Any) -> torch.Tensor:
+        """Where ``slots`` still hold ``ids``, set the priorities; on the device (no
+        host synchronisation). Returns the applied mask (device)."""
+        s = torch.as_tensor(slots, dtype=torch.int64, device=self.device).reshape(-1)
+        i = torch.as_tensor(ids, dtype=torch.int64, device=self.device).reshape(-1)
+        p = torch.as_tensor(priorities, dtype=torch.float64, device=self.device).reshape(-1)
+        live = (self.ids.index_select(0, s) == i) & (i >= 0)
+        new = torch.where(live, p, self.prio.index_select(0, s))
+        self.prio.index_copy_(0, s, new)
+        self.mass.index_copy_(0, s, self._scaled(new))
+        self._changed()
+        return live
+
+    def take(self, slots: Any) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        s = torch.as_tensor(np.asarray(slots, np.int64), device=self.device).reshape(-1)
+        held = self.ids.index_select(0, s) >= 0
+        s = s[held]
+        rows = {k: v.cpu().numpy() for k, v in self.gather(s).items()}
+        ids = self.to_host(self.ids.index_select(0, s))
+        prio = self.to_host(self.prio.index_select(0, s))
+        self.ids.index_fill_(0, s, -1)
+        self.prio.index_fill_(0, s, 0.0)
+        self.mass.index_fill_(0, s, 0.0)
+        self._changed()
+        return rows, ids, prio
+
+    def held_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        s = torch.nonzero(self.ids >= 0).reshape(-1)
+        return (self.to_host(s), self.to_host(self.ids.index_select(0, s)),
+                self.to_host(self.prio.index_select(0, s)))
+
+
+def _torch_dtype(dt: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=dt)).dtype

@@ -1,0 +1,105 @@
+"""The plan a run executed (``RUN_DIR/plan.json``, written by the data plane at start)
+against what its learners measured: ``conduit-hpc report``'s "Plan" section.
+
+Per learner: the plan's predicted experience-path time (its slowest read of a batch,
+per superstep) and exposed time, against the measured means of ``sample_s + gather_s``
+(finding and reading the batch's rows: what the path time predicts) and ``exposed_s``
+from ``metrics/learner-<rank>.csv``. Plain Python; no MPI.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["load_plan", "plan_markdown", "plan_vs_measured"]
+
+#: the measured columns that the predicted path time covers
+MEASURED_PATH = ("sample_s", "gather_s")
+
+
+def load_plan(run_dir: Path) -> tuple[dict[str, Any], str]:
+    """``plan.json`` of a run (``RUN_DIR`` or ``RUN_DIR/..`` of a metrics directory), and
+    a problem ("" when it loaded or there is none)."""
+    for p in (run_dir / "plan.json", run_dir.parent / "plan.json"):
+        if p.exists():
+            try:
+                doc = json.loads(p.read_text())
+            except (OSError, ValueError) as err:
+                return {}, f"plan.json: unreadable ({err})"
+            if not isinstance(doc, dict):
+                return {}, "plan.json: not a JSON object"
+            return doc, ""
+    return {}, ""
+
+
+def _mean(table: dict[str, np.ndarray] | None, *cols: str) -> float:
+    if table is None or any(c not in table or table[c].dtype == object for c in cols):
+        return math.nan
+    v = sum(np.nan_to_num(table[c].astype(np.float64)) for c in cols)
+    return float(np.mean(v)) if np.size(v) else math.nan
+
+
+def plan_vs_measured(plan: dict[str, Any], learners: dict[int, dict[str, np.ndarray]]
+                     ) -> list[dict[str, Any]]:
+    """One row per learner (those the plan predicts, and those that wrote metrics):
+    ``rank``, ``node``, ``shards`` it reads, ``predicted_path_ms``,
+    ``measured_path_ms``, ``predicted_exposed_ms``, ``measured_exposed_ms`` (NaN when
+    unknown)."""
+    pred = (plan.get("prediction") or {}).get("learners") or {}
+    reads = (plan.get("placement") or {}).get("learner_shards") or {}
+    ranks = sorted({int(r) for r in pred} | set(learners) | {int(r) for r in reads})
+    rows = []
+    for r in ranks:
+        p = pred.get(str(r)) or {}
+        t = learners.get(r)
+
+        def ms(x: Any) -> float:
+            return 1e3 * float(x) if isinstance(x, int | float) else math.nan
+
+        rows.append({"rank": r, "node": p.get("node", "-"),
+                     "shards": len(reads.get(str(r), [])),
+                     "predicted_path_ms": ms(p.get("path_s")),
+                     "measured_path_ms": 1e3 * _mean(t, *MEASURED_PATH),
+                     "predicted_exposed_ms": ms(p.get("exposed_s")),
+                     "measured_exposed_ms": 1e3 * _mean(t, "exposed_s")})
+    return rows
+
+
+def _f(v: Any) -> str:
+    if isinstance(v, float):
+        return "-" if math.isnan(v) else f"{v:.4g}"
+    return str(v)
+
+
+def plan_markdown(label: str, plan: dict[str, Any],
+                  learners: dict[int, dict[str, np.ndarray]]) -> list[str]:
+    """The "Plan" section of one run: planner, tiers, and per learner predicted against
+    measured (empty when the run has no ``plan.json``)."""
+    if not plan:
+        return []
+    lines = [f"### Plan of {label}", "",
+             f"planner: {plan.get('planner', '?')}"
+             + (f"; cluster: {plan['cluster']}" if plan.get("cluster") else ""), ""]
+    tiers = plan.get("tiers") or {}
+    if tiers:
+        lines += ["| tier | shards | rows | bytes used | bytes available |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {t} | {v.get('shards', 0)} | {v.get('rows', 0)} | "
+                  f"{v.get('bytes_used', '-')} | {v.get('bytes_available', '-')} |"
+                  for t, v in sorted(tiers.items())]
+        lines.append("")
+    lines += ["| learner | node | shards read | path ms, predicted | path ms, measured "
+              "(sample + gather) | exposed ms, predicted | exposed ms, measured |",
+              "|---|---|---|---|---|---|---|"]
+    for row in plan_vs_measured(plan, learners):
+        lines.append("| " + " | ".join(_f(row[k]) for k in (
+            "rank", "node", "shards", "predicted_path_ms", "measured_path_ms",
+            "predicted_exposed_ms", "measured_exposed_ms")) + " |")
+    if not plan.get("prediction"):
+        lines += ["", "(no prediction: the plan was not made against a cluster model)"]
+    return [*lines, ""]
