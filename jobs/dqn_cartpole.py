@@ -41,7 +41,7 @@ import json
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,7 @@ from conduit_hpc.rl import (
     DQNSection,
     DQNUpdater,
     QNetwork,
+    describe_transitions,
     make_vector_env,
     merge_episode_files,
 )
@@ -227,7 +228,8 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
                     "env_steps": referee.env_steps if referee else 0}
         if not lead:
             return {"counters": counters}
-        return {"counters": counters, "extra_state": updater.state_arrays()}
+        return {"counters": counters, "extra_state": updater.state_arrays(),
+                "extra_attrs": updater.state_attrs()}
 
     agent.every_supersteps(cfg.checkpoint.every_supersteps, state)
     t0 = last_poll = last_print = time.perf_counter()
@@ -296,6 +298,9 @@ def build_net(cfg: DQNCartPoleConfig) -> torch.nn.Module:
 
 def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, Any]:
     torch.set_num_threads(1)
+    # what reward and discount mean (n, gamma): attributes of the checkpoint's datasets
+    cfg = replace(cfg, spec=describe_transitions(cfg.spec, n_step=cfg.dqn.n_step,
+                                                 gamma=cfg.dqn.gamma))
     ccfg = cfg.checkpoint
     out: dict[str, Any] = {}
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
@@ -346,7 +351,8 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
             final = save_checkpoint(edp, root, agent=agent, keep=ccfg.keep,
                 counters={"updates": out.get("updates", 0),
                           "env_steps": out.get("env_steps_seen", 0)},
-                extra_state=updater.state_arrays() if lead and updater else None)
+                extra_state=updater.state_arrays() if lead and updater else None,
+                extra_attrs=updater.state_attrs() if lead and updater else None)
         summary = edp.summary()
         stats = edp.roles.world.allgather((edp.role.value, edp.world_rank, out))
         stop.close()

@@ -111,16 +111,25 @@ class FieldConfig:
             that lose nothing, e.g. int32 -> int64, float32 -> float64) or ``same_kind``
             (also float64 -> float32 and the like, which may round: what Gymnasium's
             float64 rewards need for a float32 field).
+        description (str): what the field means (written as an attribute of its
+            checkpoint datasets; e.g. "n-step discounted return, n = 3, gamma = 0.99").
+        units (str): its units ("" when it has none).
     """
 
     dtype: str
     shape: tuple[int, ...] = ()
     allow_nan: bool = True
     cast: Literal["safe", "same_kind"] = "safe"
+    description: str = ""
+    units: str = ""
 
     def __post_init__(self) -> None:
         require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
         require(len(self.shape) <= 32, "shape", self.shape, "at most 32 dimensions")
+        for name in ("description", "units"):
+            text = getattr(self, name)
+            require(len(text) <= 1000 and text.isprintable(), name, text,
+                    "printable text of at most 1,000 characters")
         for d in self.shape:
             require(0 < d <= MAX_COUNT, "shape", self.shape,
                     f"a list of positive integers <= {MAX_COUNT}")
