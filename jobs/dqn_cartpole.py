@@ -55,6 +55,7 @@ from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.checkpointing.resume import RestoreResult, checkpoint_root, resume_roots
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.job import job_main
+from conduit_hpc.plane.headline import headline_figures
 from conduit_hpc.plane.metrics import write_summary
 from conduit_hpc.rl import (
     EPISODES_TAG,
@@ -363,6 +364,11 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
         flat = flat_summary(cfg, summary, stats, wall, stopped)
         if run_dir is not None:
             merge_episode_files(run_dir / "metrics")
+            # the figures `conduit-hpc report` prints, from the same files and function
+            flat["env_steps_to_target_live"] = flat["env_steps_to_target"]
+            flat.update(headline_figures(run_dir / "metrics",
+                                         target_return=cfg.dqn.target_return,
+                                         window=cfg.dqn.window))
             write_summary(run_dir / "metrics" / "summary.json", flat)
             print(return_curve(run_dir / "metrics" / "episodes.csv"), flush=True)
         report(flat)
@@ -446,8 +452,9 @@ def return_curve(path: Path, bins: int = 10) -> str:
 def report(flat: dict[str, Any]) -> None:
     """The final summary, in words, then as one JSON line."""
     if flat["reached"]:
+        steps = flat["env_steps_to_target"] or flat.get("env_steps_to_target_live") or 0
         head = (f"reached mean return {flat['target_return']:g} after "
-                f"{flat['env_steps_to_target']:,} env steps "
+                f"{steps:,} env steps "
                 f"({flat['wall_s_to_target']:.1f} s)")
     else:
         head = (f"did not reach {flat['target_return']:g} (stopped by "
