@@ -233,6 +233,14 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
                 "extra_attrs": updater.state_attrs()}
 
     agent.every_supersteps(cfg.checkpoint.every_supersteps, state)
+    board = edp.learner.progress if edp.learner is not None else None
+    if board is not None and referee is not None:  # what ends the run, with its progress
+        board.every_s = job.progress_every_s or board.every_s
+        board.update("learner", total=job.max_supersteps)
+        board.update("actors", referee.env_steps, total=hp.max_env_steps, unit="env steps",
+                     time_s=cfg.run.duration_s,
+                     note=lambda: f"mean-{hp.window} return {referee.mean:.1f} (target "
+                                  f"{hp.target_return:g}, {referee.episodes:,} episodes)")
     t0 = last_poll = last_print = time.perf_counter()
     printed_updates = updater.updates
     why = ""
@@ -265,8 +273,11 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
         loss, td = updater.update(batch.data, batch.weights)
         prio = td.abs().double().cpu().numpy() + 1e-6
         edp.update_priorities(batch.indices, prio)
-        edp.log(loss=loss, td_abs_mean=float(prio.mean()))
-        if (referee is not None and job.progress_every_s
+        edp.log(loss=loss, td_abs_mean=float(prio.mean()),
+                **({"mean_return": referee.mean} if referee is not None else {}))
+        if board is not None and referee is not None:
+            board.update("actors", referee.env_steps)
+        elif (referee is not None and job.progress_every_s
                 and now - last_print >= job.progress_every_s):
             rate = (updater.updates - printed_updates) / max(now - last_print, 1e-9)
             print(f"[dqn {cfg.scheduler.mode}] {now - t0:6.1f} s  env steps "

@@ -42,12 +42,16 @@ class RunConfig:
         seed (int): base seed; rank ``r`` seeds with ``seed + world_rank``.
         timeout_s (float): bound on every blocking wait of the data plane.
         duration_s (float): wall-time budget of a job's main loop (0 = job decides).
+        tensorboard (bool): also write TensorBoard scalars under
+            ``RUN_DIR/tensorboard/<role>-<rank>`` (needs the ``tensorboard`` extra:
+            ``pip install 'conduit-hpc[tensorboard]'``).
     """
 
     name: str = "conduit"
     seed: int = 0
     timeout_s: float = 120.0
     duration_s: float = 0.0
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         require(bool(self.name) and self.name.replace("-", "").replace("_", "").isalnum(),
