@@ -235,7 +235,7 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
     agent.every_supersteps(cfg.checkpoint.every_supersteps, state)
     board = edp.learner.progress if edp.learner is not None else None
     if board is not None and referee is not None:  # what ends the run, with its progress
-        board.every_s = job.progress_every_s or board.every_s
+        board.every_s = job.progress_every_s or math.inf  # 0: only the final state
         board.update("learner", total=job.max_supersteps)
         board.update("actors", referee.env_steps, total=hp.max_env_steps, unit="env steps",
                      time_s=cfg.run.duration_s,

@@ -132,7 +132,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines.append(f"rng states   world ranks {report['rng_ranks'] or 'none'}")
     extra = report.get("extra_arrays") or []
     lines.append(f"extra state  {', '.join(extra) if extra else 'none'}")
-    attrs = report.get("attributes") or {}
+    attrs = {k: a for k, a in (report.get("attributes") or {}).items() if a}
     lines.append("datasets     (paths in manifest.h5; /weights links to learner.h5)"
                  if attrs else "datasets     no attributes (written before they existed)")
     for path, a in attrs.items():
