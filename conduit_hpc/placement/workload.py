@@ -175,7 +175,9 @@ class Workload:
         if not cfg.spec:
             raise ConfigError("the job config has no [spec.*] fields to size rows from "
                               "(or give a [workload] table)", key="spec")
-        notes = ["update_rate_hz = 100.0 (assumed; a job config does not say it)"]
+        notes = ["update_rate_hz = 100.0 (assumed; a job config does not say it)",
+                 f"min_shard_rows = {cfg.scheduler.batch_rows} (the batch; "
+                 f"--min-shard-rows to change)"]
         rate = float(getattr(getattr(cfg, "synthetic", None), "actor_rate_rows_s", 0.0))
         if rate <= 0:
             rate = 1000.0
