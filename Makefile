@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[local,dev]'
+	$(BIN)/pip install -q -e '.[local,dev,tensorboard]'
 	touch $(STAMP)
 
 venv: $(STAMP)

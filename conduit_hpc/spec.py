@@ -78,6 +78,9 @@ class Field:
         shape (tuple[int, ...]): per-row shape (``()`` for a scalar).
         allow_nan (bool): when false, NaN values are refused at ingest.
         cast (str): ``safe`` or ``same_kind``: which input dtypes ingest converts.
+        description (str): what the field means (an attribute of its checkpoint
+            datasets; not part of :meth:`Spec.signature`).
+        units (str): its units ("" when none).
     """
 
     name: str
@@ -85,6 +88,8 @@ class Field:
     shape: tuple[int, ...] = ()
     allow_nan: bool = True
     cast: Literal["safe", "same_kind"] = "safe"
+    description: str = ""
+    units: str = ""
 
     @property
     def row_bytes(self) -> int:
@@ -124,7 +129,8 @@ class Spec:
     @classmethod
     def from_config(cls, fields: Mapping[str, FieldConfig]) -> Spec:
         """Build from the ``[spec.*]`` tables of a :class:`~conduit_hpc.config.Config`."""
-        return cls([Field(name, np.dtype(fc.dtype), tuple(fc.shape), fc.allow_nan, fc.cast)
+        return cls([Field(name, np.dtype(fc.dtype), tuple(fc.shape), fc.allow_nan, fc.cast,
+                          fc.description, fc.units)
                     for name, fc in fields.items()])
 
     @classmethod

@@ -41,7 +41,7 @@ import json
 import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.checkpointing.resume import RestoreResult, checkpoint_root, resume_roots
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.job import job_main
+from conduit_hpc.plane.headline import headline_figures
 from conduit_hpc.plane.metrics import write_summary
 from conduit_hpc.rl import (
     EPISODES_TAG,
@@ -62,6 +63,7 @@ from conduit_hpc.rl import (
     DQNSection,
     DQNUpdater,
     QNetwork,
+    describe_transitions,
     make_vector_env,
     merge_episode_files,
 )
@@ -227,9 +229,18 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
                     "env_steps": referee.env_steps if referee else 0}
         if not lead:
             return {"counters": counters}
-        return {"counters": counters, "extra_state": updater.state_arrays()}
+        return {"counters": counters, "extra_state": updater.state_arrays(),
+                "extra_attrs": updater.state_attrs()}
 
     agent.every_supersteps(cfg.checkpoint.every_supersteps, state)
+    board = edp.learner.progress if edp.learner is not None else None
+    if board is not None and referee is not None:  # what ends the run, with its progress
+        board.every_s = job.progress_every_s or math.inf  # 0: only the final state
+        board.update("learner", total=job.max_supersteps)
+        board.update("actors", referee.env_steps, total=hp.max_env_steps, unit="env steps",
+                     time_s=cfg.run.duration_s,
+                     note=lambda: f"mean-{hp.window} return {referee.mean:.1f} (target "
+                                  f"{hp.target_return:g}, {referee.episodes:,} episodes)")
     t0 = last_poll = last_print = time.perf_counter()
     printed_updates = updater.updates
     why = ""
@@ -262,8 +273,11 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
         loss, td = updater.update(batch.data, batch.weights)
         prio = td.abs().double().cpu().numpy() + 1e-6
         edp.update_priorities(batch.indices, prio)
-        edp.log(loss=loss, td_abs_mean=float(prio.mean()))
-        if (referee is not None and job.progress_every_s
+        edp.log(loss=loss, td_abs_mean=float(prio.mean()),
+                **({"mean_return": referee.mean} if referee is not None else {}))
+        if board is not None and referee is not None:
+            board.update("actors", referee.env_steps)
+        elif (referee is not None and job.progress_every_s
                 and now - last_print >= job.progress_every_s):
             rate = (updater.updates - printed_updates) / max(now - last_print, 1e-9)
             print(f"[dqn {cfg.scheduler.mode}] {now - t0:6.1f} s  env steps "
@@ -296,6 +310,9 @@ def build_net(cfg: DQNCartPoleConfig) -> torch.nn.Module:
 
 def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, Any]:
     torch.set_num_threads(1)
+    # what reward and discount mean (n, gamma): attributes of the checkpoint's datasets
+    cfg = replace(cfg, spec=describe_transitions(cfg.spec, n_step=cfg.dqn.n_step,
+                                                 gamma=cfg.dqn.gamma))
     ccfg = cfg.checkpoint
     out: dict[str, Any] = {}
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
@@ -346,7 +363,8 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
             final = save_checkpoint(edp, root, agent=agent, keep=ccfg.keep,
                 counters={"updates": out.get("updates", 0),
                           "env_steps": out.get("env_steps_seen", 0)},
-                extra_state=updater.state_arrays() if lead and updater else None)
+                extra_state=updater.state_arrays() if lead and updater else None,
+                extra_attrs=updater.state_attrs() if lead and updater else None)
         summary = edp.summary()
         stats = edp.roles.world.allgather((edp.role.value, edp.world_rank, out))
         stop.close()
@@ -357,6 +375,11 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
         flat = flat_summary(cfg, summary, stats, wall, stopped)
         if run_dir is not None:
             merge_episode_files(run_dir / "metrics")
+            # the figures `conduit-hpc report` prints, from the same files and function
+            flat["env_steps_to_target_live"] = flat["env_steps_to_target"]
+            flat.update(headline_figures(run_dir / "metrics",
+                                         target_return=cfg.dqn.target_return,
+                                         window=cfg.dqn.window))
             write_summary(run_dir / "metrics" / "summary.json", flat)
             print(return_curve(run_dir / "metrics" / "episodes.csv"), flush=True)
         report(flat)
@@ -440,8 +463,9 @@ def return_curve(path: Path, bins: int = 10) -> str:
 def report(flat: dict[str, Any]) -> None:
     """The final summary, in words, then as one JSON line."""
     if flat["reached"]:
+        steps = flat["env_steps_to_target"] or flat.get("env_steps_to_target_live") or 0
         head = (f"reached mean return {flat['target_return']:g} after "
-                f"{flat['env_steps_to_target']:,} env steps "
+                f"{steps:,} env steps "
                 f"({flat['wall_s_to_target']:.1f} s)")
     else:
         head = (f"did not reach {flat['target_return']:g} (stopped by "

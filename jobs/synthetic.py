@@ -33,6 +33,7 @@ from conduit_hpc.features.checkpointing.agent import CheckpointAgent, gather_jso
 from conduit_hpc.features.checkpointing.resume import checkpoint_root, resume_roots
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.job import job_main
+from conduit_hpc.plane.headline import headline_figures
 from conduit_hpc.plane.metrics import write_summary
 
 
@@ -203,9 +204,10 @@ def run(cfg: SyntheticConfig, run_dir: Path | None, resume: str) -> dict:
     if rank == 0:
         report(summary, cfg, wall)
         report_checkpoints(summary["checkpoints"], final)
-        if run_dir is not None:
-            write_summary(run_dir / "metrics" / "summary.json", flat_summary(summary, cfg,
-                                                                             wall))
+        if run_dir is not None:  # headline figures as `conduit-hpc report` computes them
+            write_summary(run_dir / "metrics" / "summary.json",
+                          {**flat_summary(summary, cfg, wall),
+                           **headline_figures(run_dir / "metrics")})
     return summary
 
 

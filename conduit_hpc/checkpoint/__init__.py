@@ -12,11 +12,15 @@ A checkpoint is a directory ``ckpt-NNNNNN`` under a checkpoint root::
         buffer-0000.h5   one per buffer rank: /shards/<id>/{seq,priority,init_priority,
                          columns/<field>} with the cut's cursors and counters as attributes
         learner.h5       optional: /arrays/<name> (model and optimizer state, any rank's)
+                         with description/units attributes when the writer gave them
         manifest.h5      spec, config (TOML text), layout, placement, every rank's RNG state
                          and counters, a CRC-32 per dataset of every other file, and HDF5
                          virtual datasets: /experience/<field> (every shard's rows as one
-                         global array), /index/{priority,shard,seq}; /learner links into
-                         learner.h5
+                         global array), /index/{priority,shard,seq}; /learner and
+                         /weights link into learner.h5's /arrays. Every dataset carries
+                         ``description`` and ``units`` attributes (the spec's field
+                         descriptions; /index/priority says ``alpha_applied = False``
+                         and ``alpha``)
         DONE             JSON, written last: file sizes and the manifest's SHA-256
 
 Files are written into ``.tmp-ckpt-NNNNNN-*`` and fsync'ed, the directory is renamed into
@@ -37,6 +41,7 @@ from conduit_hpc.checkpoint.files import (
     TMP_PREFIX,
     checkpoint_name,
     checksum,
+    dataset_attrs,
     done_record,
     is_complete,
     list_checkpoints,
@@ -70,6 +75,7 @@ __all__ = [
     "ShardRecord",
     "checkpoint_name",
     "checksum",
+    "dataset_attrs",
     "done_record",
     "finalize",
     "format_report",

@@ -80,21 +80,58 @@ def _json(obj: Any) -> str:
 
 
 def spec_to_json(spec: Spec) -> list[dict[str, Any]]:
-    """The spec as plain JSON: name, dtype (numpy ``str``), shape, allow_nan per field."""
+    """The spec as plain JSON: name, dtype (numpy ``str``), shape, allow_nan, description
+    and units per field."""
     return [{"name": f.name, "dtype": f.dtype.str, "shape": list(f.shape),
-             "allow_nan": f.allow_nan} for f in spec]
+             "allow_nan": f.allow_nan, "description": f.description, "units": f.units}
+            for f in spec]
 
 
 def spec_from_json(fields: Sequence[Mapping[str, Any]]) -> Spec:
-    """Inverse of :func:`spec_to_json` (only numeric dtypes are accepted)."""
+    """Inverse of :func:`spec_to_json` (only numeric dtypes are accepted; description
+    and units may be absent, as in checkpoints written before they existed)."""
     out = []
     for f in fields:
         dt = np.dtype(str(f["dtype"]))
         if dt.kind not in "biuf":
             raise ValueError(f"field {f['name']!r} has non-numeric dtype {dt}")
         out.append(Field(str(f["name"]), dt, tuple(int(d) for d in f["shape"]),
-                         bool(f["allow_nan"])))
+                         bool(f["allow_nan"]), description=str(f.get("description", "")),
+                         units=str(f.get("units", ""))))
     return Spec(out)
+
+
+def dataset_attrs(spec: Spec, alpha: float | None = None) -> dict[str, dict[str, Any]]:
+    """The attributes every experience dataset carries, by its path inside a shard group
+    (``seq``, ``priority``, ``init_priority``, ``columns/<field>``); the manifest's
+    ``/experience/<field>`` and ``/index/*`` carry the same. ``description`` says what
+    it holds, ``units`` its units ("" when none); ``priority`` says that alpha is *not*
+    applied (``alpha_applied = False``) and, when given, ``alpha`` (sampling draws rows
+    in proportion to ``priority ** alpha``). Local."""
+    prio: dict[str, Any] = {
+        "description": "the row's current priority as the learners last set it (|TD| "
+                       "error + epsilon, raw: NOT raised to alpha); sampling draws rows in "
+                       "proportion to priority ** alpha",
+        "units": "", "alpha_applied": False}
+    if alpha is not None:
+        prio["alpha"] = float(alpha)
+    out: dict[str, dict[str, Any]] = {
+        "seq": {"description": "the row's insert sequence number in its shard (the "
+                               "ring's generation stamp; ascending, contiguous)",
+                "units": "rows"},
+        "priority": prio,
+        "init_priority": {"description": "the priority the actor gave at ingest (raw, "
+                                         "alpha not applied; NaN: none given, the shard's "
+                                         "running maximum was used)",
+                          "units": "", "alpha_applied": False},
+        "shard": {"description": "the shard each global row was read from", "units": ""},
+    }
+    for f in spec:
+        out[f"columns/{f.name}"] = {
+            "description": f.description or f"experience field {f.name!r} (the spec "
+                                              f"gives no description)",
+            "units": f.units, "field": f.name, "allow_nan": f.allow_nan}
+    return out
 
 
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")

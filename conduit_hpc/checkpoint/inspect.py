@@ -33,8 +33,9 @@ def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, A
         dict: ``path``, ``ok``, ``error``, ``verified``, and when readable ``seq``,
         ``created_unix``, ``schema_version``, ``spec``, ``shards`` (per shard: rows,
         capacity, commit, owner, priority min/mean/max/sum), ``rows``, ``config_toml``,
-        ``counters``, ``rng_ranks``, ``extra_arrays``; for a root, ``checkpoints`` lists
-        every checkpoint and whether it is complete.
+        ``counters``, ``rng_ranks``, ``extra_arrays``, ``attributes`` (dataset path in
+        the manifest -> its attributes: description, units, alpha, ...); for a root,
+        ``checkpoints`` lists every checkpoint and whether it is complete.
     """
     p = Path(path)
     out: dict[str, Any] = {"path": str(p), "ok": False, "error": None, "verified": False}
@@ -56,7 +57,8 @@ def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, A
                    config_toml=ckpt.config_toml, counters=ckpt.counters,
                    rng_ranks=sorted(ckpt.rng), layout=ckpt.layout,
                    extra_arrays=sorted(d[len("/arrays/"):] for d in
-                                       ckpt.files.get(LEARNER_FILE, {}).get("datasets", {})))
+                                       ckpt.files.get(LEARNER_FILE, {}).get("datasets", {})),
+                   attributes=ckpt.dataset_attrs())
         owners = [s["owner_rank"] for s in ckpt.placement["shards"]]
         shards = []
         for s in ckpt.shards:
@@ -130,6 +132,17 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines.append(f"rng states   world ranks {report['rng_ranks'] or 'none'}")
     extra = report.get("extra_arrays") or []
     lines.append(f"extra state  {', '.join(extra) if extra else 'none'}")
+    attrs = {k: a for k, a in (report.get("attributes") or {}).items() if a}
+    lines.append("datasets     (paths in manifest.h5; /weights links to learner.h5)"
+                 if attrs else "datasets     no attributes (written before they existed)")
+    for path, a in attrs.items():
+        if path.startswith("/shards/"):
+            continue  # the per-shard table is above
+        more = ", ".join(f"{k} = {v}" for k, v in a.items() if k not in
+                         ("description", "units", "field"))
+        units = f" [{a['units']}]" if a.get("units") else ""
+        lines.append(f"  {path}: {a.get('description', '-')}{units}"
+                     + (f" ({more})" if more else ""))
     lines.append("config")
     lines += ["  " + ln for ln in report["config_toml"].rstrip().splitlines()]
     if report.get("error"):

@@ -212,6 +212,43 @@ class Checkpoint:
                 out[path[len("/arrays/"):]] = self._dataset(f, LEARNER_FILE, path)
         return out
 
+    def dataset_attrs(self) -> dict[str, dict[str, Any]]:
+        """The attributes of the manifest's datasets (``/experience/<field>``,
+        ``/index/*``, ``/shards/*``) and of ``learner.h5``'s arrays (``/weights/<name>``),
+        checksums left out: what a plain ``h5py`` user sees. Strings, numbers and bools
+        only; a checkpoint written before attributes existed gives ``{}`` entries.
+        Local; reads headers only."""
+        out: dict[str, dict[str, Any]] = {}
+
+        def plain(attrs: h5py.AttributeManager) -> dict[str, Any]:
+            got: dict[str, Any] = {}
+            for k, v in attrs.items():
+                if k == "checksum":
+                    continue
+                if isinstance(v, bytes):
+                    v = v.decode("utf-8", "replace")
+                elif isinstance(v, np.generic):
+                    v = v.item()
+                if isinstance(v, str | int | float | bool):
+                    got[k] = v
+            return got
+
+        with self._file(MANIFEST) as f:
+            for group in ("experience", "index", "shards"):
+                g = f.get(group)
+                if isinstance(g, h5py.Group):
+                    for name in g:
+                        obj = g.get(name)
+                        if isinstance(obj, h5py.Dataset):
+                            out[f"/{group}/{name}"] = plain(obj.attrs)
+        if LEARNER_FILE in self.files:
+            with self._file(LEARNER_FILE) as f:
+                for path in self.files[LEARNER_FILE]["datasets"]:
+                    obj = f.get(path)
+                    if isinstance(obj, h5py.Dataset):
+                        out["/weights/" + path[len("/arrays/"):]] = plain(obj.attrs)
+        return out
+
     def verify(self) -> None:
         """Read every dataset of every file and check its checksum. Blocks.
 

@@ -33,6 +33,7 @@ from conduit_hpc.checkpoint.files import (
     _json,
     _rows_per_slab,
     _sha256,
+    dataset_attrs,
     spec_to_json,
 )
 from conduit_hpc.errors import CheckpointError
@@ -61,11 +62,19 @@ class _DirtyLimit:
             os.fdatasync(self.f.id.get_vfd_handle())
 
 
+def _set_attrs(obj: h5py.HLObject, attrs: Mapping[str, Any] | None) -> None:
+    for k, v in (attrs or {}).items():
+        obj.attrs[str(k)] = v
+
+
 def _write_dataset(group: h5py.Group, name: str, arr: np.ndarray, chunk_bytes: int,
-                   limit: _DirtyLimit | None = None) -> str:
-    """Create a contiguous dataset, write it in slabs, return its checksum."""
+                   limit: _DirtyLimit | None = None,
+                   attrs: Mapping[str, Any] | None = None) -> str:
+    """Create a contiguous dataset (with ``attrs``), write it in slabs, return its
+    checksum."""
     a = np.ascontiguousarray(arr)
     ds = group.create_dataset(name, shape=a.shape, dtype=a.dtype)
+    _set_attrs(ds, attrs)
     crc = 0
     if a.ndim == 0:
         ds[()] = a
@@ -83,14 +92,16 @@ def _write_dataset(group: h5py.Group, name: str, arr: np.ndarray, chunk_bytes: i
     return value
 
 
-
 def write_shard_file(path: Path, snapshots: Sequence[ShardSnapshot], *,
                      attrs: Mapping[str, Any] | None = None,
-                     chunk_bytes: int = CHUNK_BYTES) -> dict[str, Any]:
+                     chunk_bytes: int = CHUNK_BYTES,
+                     described: Mapping[str, Mapping[str, Any]] | None = None
+                     ) -> dict[str, Any]:
     """Write the snapshots of one buffer rank's shards into ``path`` and fsync it.
 
     Local; blocks for the disk write (run it off the progress loop). The snapshots'
-    arrays are only read.
+    arrays are only read. ``described`` gives each dataset's attributes by its path in
+    a shard group (:func:`~conduit_hpc.checkpoint.files.dataset_attrs`).
 
     Returns:
         dict: the file record (``name``, ``bytes``, ``datasets``: path -> checksum) and
@@ -119,12 +130,13 @@ def write_shard_file(path: Path, snapshots: Sequence[ShardSnapshot], *,
                     g.attrs[k] = v
                 for name, arr in (("seq", s.seqs), ("priority", s.priority),
                                   ("init_priority", s.init_priority)):
-                    datasets[f"{g.name}/{name}"] = _write_dataset(g, name, arr, chunk_bytes,
-                                                                  limit)
+                    datasets[f"{g.name}/{name}"] = _write_dataset(
+                        g, name, arr, chunk_bytes, limit, (described or {}).get(name))
                 cols = g.create_group("columns")
                 for name, arr in s.columns.items():
-                    datasets[f"{cols.name}/{name}"] = _write_dataset(cols, name, arr,
-                                                                     chunk_bytes, limit)
+                    datasets[f"{cols.name}/{name}"] = _write_dataset(
+                        cols, name, arr, chunk_bytes, limit,
+                        (described or {}).get(f"columns/{name}"))
                 shards.append({**meta, "file": path.name})
         _fsync(path)
     except OSError as err:
@@ -141,11 +153,15 @@ def _check_array_name(name: str) -> str:
     return name
 
 
-def write_arrays_file(path: Path, arrays: Mapping[str, Any]) -> dict[str, Any]:
+def write_arrays_file(path: Path, arrays: Mapping[str, Any],
+                      attrs: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """Write named numeric arrays (model, optimizer, any extra state) to ``path``.
 
     Names may contain ``/`` (``model/fc1.weight``); values are numpy arrays or
     scalars of a numeric or bool dtype (convert tensors with ``.cpu().numpy()``).
+    ``attrs`` gives arrays their HDF5 attributes by name (``{"model/fc1.weight":
+    {"description": ...}}``; strings, numbers and bools); a name not in ``arrays`` is
+    refused.
 
     Returns:
         dict: the file record (``name``, ``bytes``, ``datasets``).
@@ -161,6 +177,9 @@ def write_arrays_file(path: Path, arrays: Mapping[str, Any]) -> dict[str, Any]:
             raise CheckpointError(f"extra state {name!r} has dtype {arr.dtype}; only "
                                   f"numeric and bool arrays are stored (no pickles)")
         clean[_check_array_name(str(name))] = arr
+    stray = sorted(set(attrs or {}) - set(clean))
+    if stray:
+        raise CheckpointError(f"attributes given for arrays that are not stored: {stray}")
     try:
         with h5py.File(path, "w", libver="latest") as f:
             limit = _DirtyLimit(f)
@@ -169,7 +188,7 @@ def write_arrays_file(path: Path, arrays: Mapping[str, Any]) -> dict[str, Any]:
             g = f.create_group("arrays")
             for name, arr in clean.items():
                 datasets[f"/arrays/{name}"] = _write_dataset(g, name, arr, CHUNK_BYTES,
-                                                             limit)
+                                                             limit, (attrs or {}).get(name))
         _fsync(path)
     except OSError as err:
         raise CheckpointError(f"cannot write checkpoint file {path}: {err}") from err
@@ -179,7 +198,8 @@ def write_arrays_file(path: Path, arrays: Mapping[str, Any]) -> dict[str, Any]:
 def write_manifest(directory: Path, *, seq: int, spec: Spec, config_toml: str,
                    layout: Mapping[str, Any], placement: Mapping[str, Any],
                    parts: Sequence[Mapping[str, Any]],
-                   created_unix: float | None = None) -> dict[str, Any]:
+                   created_unix: float | None = None,
+                   alpha: float | None = None) -> dict[str, Any]:
     """Write ``manifest.h5`` into ``directory`` from every rank's part.
 
     Args:
@@ -193,6 +213,12 @@ def write_manifest(directory: Path, *, seq: int, spec: Spec, config_toml: str,
             ``rng`` (JSON text or None), ``counters`` (name -> number), ``files`` (file
             records) and ``shards`` (shard records).
         created_unix (float | None): timestamp (default: now).
+        alpha (float | None): the priority exponent, an attribute of ``/index/priority``.
+
+    Every dataset carries ``description`` and ``units`` attributes
+    (:func:`~conduit_hpc.checkpoint.files.dataset_attrs`); ``/learner`` and ``/weights``
+    are external links to ``learner.h5``'s ``/arrays`` when it exists, so that
+    ``h5py.File(manifest)["weights/online/..."]`` reads a network parameter.
 
     Returns:
         dict: ``files`` (name -> bytes, the manifest included) for ``DONE``.
@@ -243,6 +269,8 @@ def write_manifest(directory: Path, *, seq: int, spec: Spec, config_toml: str,
                 t[key] = np.asarray([s[key] for s in shards], dtype=dt)
             t["owner_rank"] = np.asarray([placement["shards"][i]["owner_rank"]
                                           for i in range(nshards)], dtype=np.int64)
+            for key, (text, units) in _SHARD_TABLE.items():
+                _set_attrs(t[key], {"description": text, "units": units})
             rng = f.create_group("rng")
             counters = f.create_group("counters")
             for p in sorted(parts, key=lambda p: int(p["world_rank"])):
@@ -253,9 +281,10 @@ def write_manifest(directory: Path, *, seq: int, spec: Spec, config_toml: str,
                 c.attrs["role"] = str(p.get("role", ""))
                 for k, v in (p.get("counters") or {}).items():
                     c.attrs[str(k)] = v
-            _virtual_datasets(f, spec, shards)
+            _virtual_datasets(f, spec, shards, dataset_attrs(spec, alpha))
             if LEARNER_FILE in files:
                 f["learner"] = h5py.ExternalLink(LEARNER_FILE, "/arrays")
+                f["weights"] = h5py.ExternalLink(LEARNER_FILE, "/arrays")
         _fsync(path)
     except OSError as err:
         raise CheckpointError(f"cannot write checkpoint manifest {path}: {err}") from err
@@ -264,7 +293,19 @@ def write_manifest(directory: Path, *, seq: int, spec: Spec, config_toml: str,
     return {"files": sizes, "created_unix": created, "seq": seq}
 
 
-def _virtual_datasets(f: h5py.File, spec: Spec, shards: Sequence[Mapping[str, Any]]) -> None:
+_SHARD_TABLE = {
+    "shard_id": ("global shard number (one entry per shard)", ""),
+    "capacity": ("ring slots of the shard", "rows"),
+    "commit": ("commit cursor at the cut: every row held has seq < commit", "rows"),
+    "rows": ("rows the shard held at the cut", "rows"),
+    "max_priority": ("the shard's running maximum priority (raw, alpha not applied): "
+                     "what a row inserted without a priority gets", ""),
+    "owner_rank": ("world rank that held the shard's memory", ""),
+}
+
+
+def _virtual_datasets(f: h5py.File, spec: Spec, shards: Sequence[Mapping[str, Any]],
+                      described: Mapping[str, Mapping[str, Any]]) -> None:
     total = int(sum(int(s["rows"]) for s in shards))
     exp = f.create_group("experience")
     idx = f.create_group("index")
@@ -274,7 +315,8 @@ def _virtual_datasets(f: h5py.File, spec: Spec, shards: Sequence[Mapping[str, An
                 (idx, "seq", np.dtype(np.int64), (), "seq")]
     for group, name, dtype, shape, src in targets:
         if total == 0:
-            group.create_dataset(name, shape=(0, *shape), dtype=dtype)
+            ds = group.create_dataset(name, shape=(0, *shape), dtype=dtype)
+            _set_attrs(ds, described.get(src))
             continue
         lay = h5py.VirtualLayout(shape=(total, *shape), dtype=dtype)
         off = 0
@@ -284,10 +326,12 @@ def _virtual_datasets(f: h5py.File, spec: Spec, shards: Sequence[Mapping[str, An
                 lay[off:off + n] = h5py.VirtualSource(
                     s["file"], f"/shards/{s['shard_id']}/{src}", shape=(n, *shape))
             off += n
-        group.create_virtual_dataset(name, lay)
+        ds = group.create_virtual_dataset(name, lay)
+        _set_attrs(ds, described.get(src))
     # which shard each global row came from (a real dataset: small)
     idx["shard"] = np.repeat(np.asarray([int(s["shard_id"]) for s in shards], np.int64),
                              [int(s["rows"]) for s in shards])
+    _set_attrs(idx["shard"], described.get("shard"))
 
 
 def finalize(tmp_dir: Path, final_dir: Path, manifest_record: Mapping[str, Any]) -> None:

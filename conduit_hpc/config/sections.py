@@ -42,12 +42,16 @@ class RunConfig:
         seed (int): base seed; rank ``r`` seeds with ``seed + world_rank``.
         timeout_s (float): bound on every blocking wait of the data plane.
         duration_s (float): wall-time budget of a job's main loop (0 = job decides).
+        tensorboard (bool): also write TensorBoard scalars under
+            ``RUN_DIR/tensorboard/<role>-<rank>`` (needs the ``tensorboard`` extra:
+            ``pip install 'conduit-hpc[tensorboard]'``).
     """
 
     name: str = "conduit"
     seed: int = 0
     timeout_s: float = 120.0
     duration_s: float = 0.0
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         require(bool(self.name) and self.name.replace("-", "").replace("_", "").isalnum(),
@@ -111,16 +115,25 @@ class FieldConfig:
             that lose nothing, e.g. int32 -> int64, float32 -> float64) or ``same_kind``
             (also float64 -> float32 and the like, which may round: what Gymnasium's
             float64 rewards need for a float32 field).
+        description (str): what the field means (written as an attribute of its
+            checkpoint datasets; e.g. "n-step discounted return, n = 3, gamma = 0.99").
+        units (str): its units ("" when it has none).
     """
 
     dtype: str
     shape: tuple[int, ...] = ()
     allow_nan: bool = True
     cast: Literal["safe", "same_kind"] = "safe"
+    description: str = ""
+    units: str = ""
 
     def __post_init__(self) -> None:
         require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
         require(len(self.shape) <= 32, "shape", self.shape, "at most 32 dimensions")
+        for name in ("description", "units"):
+            text = getattr(self, name)
+            require(len(text) <= 1000 and text.isprintable(), name, text,
+                    "printable text of at most 1,000 characters")
         for d in self.shape:
             require(0 < d <= MAX_COUNT, "shape", self.shape,
                     f"a list of positive integers <= {MAX_COUNT}")

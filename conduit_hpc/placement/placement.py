@@ -277,16 +277,37 @@ class Placement:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-compatible mapping of the plan (without the prediction)."""
+        """A JSON-compatible mapping of the plan (without the prediction), sparse:
+        actors that write the same shards with the same weights are one entry of
+        ``actor_weights`` (``{"actors": [...], "shards": [...], "weights": [...]}``),
+        learners that read the same shards one entry of ``learner_shards``
+        (``{"learners": [...], "shards": [...]}``). A shard's ``share`` is the expected
+        fraction of its partition's sampled rows drawn from it (of every learner's draws
+        in global scope)."""
+        def groups(table: Mapping[int, Any]) -> list[tuple[list[int], Any]]:
+            out: list[tuple[list[int], Any]] = []
+            by_id: dict[int, int] = {}  # shared objects are hashed once
+            by_value: dict[Any, int] = {}
+            for rank, value in sorted(table.items()):
+                g = by_id.get(id(value))
+                if g is None:
+                    g = by_value.setdefault(value, len(out))
+                    if g == len(out):
+                        out.append(([], value))
+                    by_id[id(value)] = g
+                out[g][0].append(int(rank))
+            return out
+
         return {
             "shards": [{"shard_id": s.shard_id, "owner_rank": s.owner_rank, "tier": s.tier,
                         "capacity_rows": s.capacity_rows, "partition": s.partition,
                         "location": s.location, "share": s.share} for s in self.shards],
             "actor_shards": {str(a): s for a, s in sorted(self.actor_shards.items())},
-            "actor_weights": None if self.actor_weights is None else {
-                str(a): {"shards": list(w.shards), "weights": list(w.weights)}
-                for a, w in sorted(self.actor_weights.items())},
-            "learner_shards": {str(r): list(s) for r, s in sorted(self.learner_shards.items())},
+            "actor_weights": None if self.actor_weights is None else [
+                {"actors": ranks, "shards": list(w.shards), "weights": list(w.weights)}
+                for ranks, w in groups(self.actor_weights)],
+            "learner_shards": [{"learners": ranks, "shards": list(sids)}
+                               for ranks, sids in groups(self.learner_shards)],
         }
 
 

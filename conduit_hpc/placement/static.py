@@ -182,6 +182,50 @@ def combine(cols: Sequence[Column], x: np.ndarray, nloc: int) -> tuple[np.ndarra
     return uk // nloc, uk % nloc, r, mm
 
 
+def apply_floor(part: np.ndarray, loc: np.ndarray, rows: np.ndarray, mass: np.ndarray,
+                prows: np.ndarray, floor_rows: int, topo: Topology, cap: np.ndarray,
+                bytes_per_row: int) -> tuple[np.ndarray, ...]:
+    """No shard under ``floor_rows`` (at most the partition's rows): per partition, the
+    smallest entries are dropped until every remaining one, scaled up to hold the
+    partition's rows (and priority mass), has at least the floor. Local.
+
+    Raises:
+        PlacementInfeasible: a location cannot hold what the floor moves into it.
+    """
+    if floor_rows <= 1:
+        return part, loc, rows, mass
+    keep = np.ones(len(rows), dtype=bool)
+    rows, mass = rows.astype(np.float64).copy(), mass.astype(np.float64).copy()
+    for p in np.unique(part):
+        sel = np.flatnonzero(part == p)
+        total, mtotal = float(rows[sel].sum()), float(mass[sel].sum())
+        floor = min(float(floor_rows), float(prows[p]))
+        order = sel[np.lexsort((sel, rows[sel]))]  # ascending rows, ties by entry
+        suffix = np.cumsum(rows[order][::-1])[::-1]
+        # the first i whose entry, scaled to hold the partition, reaches the floor
+        ok = rows[order] * total >= (floor - 1e-9) * np.maximum(suffix, 1e-300)
+        first = int(np.argmax(ok)) if ok.any() else len(order) - 1
+        dropped, kept = order[:first], order[first:]
+        if not len(dropped):
+            continue
+        keep[dropped] = False
+        rows[kept] *= total / rows[kept].sum()
+        mkept = mass[kept].sum()
+        mass[kept] = mass[kept] * (mtotal / mkept) if mkept > 0 else mtotal / len(kept)
+    part, loc, rows, mass = part[keep], loc[keep], rows[keep], mass[keep]
+    used = np.bincount(loc, weights=rows * bytes_per_row, minlength=len(cap))
+    over = np.flatnonzero(used > cap + 0.5)
+    if len(over):
+        o = int(over[0])
+        raise PlacementInfeasible(
+            f"min_shard_rows = {floor_rows}: gathering the replay into shards of at least "
+            f"that many rows puts {used[o]:,.0f} bytes into {topo.o_name[o]}, which "
+            f"holds {cap[o]:,.0f}; lower min_shard_rows", tier=topo.o_tier[o],
+            shortfall_bytes=int(
+                used[o] - cap[o]))
+    return part, loc, rows, mass
+
+
 def round_rows(part: np.ndarray, rows: np.ndarray, prows: np.ndarray) -> np.ndarray:
     """Whole rows per entry, each partition summing exactly to its rows; each entry
     moves by less than one row (largest remainder, ties by entry order)."""
@@ -356,6 +400,9 @@ def plan_static(cluster: ClusterModel, workload: Workload, *, roster: Roster | N
         cols = make(topo, workload, avail)
     sol = solve_columns(topo, workload, cols, np.where(cap > 0, cap, 1.0))
     part, loc, rows, mass = combine(cols, sol.x, topo.n_locations)
+    part, loc, rows, mass = apply_floor(part, loc, rows, mass, prows,
+                                        workload.min_shard_rows, topo, cap,
+                                        workload.bytes_per_row)
     whole = round_rows(part, rows, prows)
     label = (f"{method} LP (HiGHS): {len(cols)} variables"
              + (f", {len(node_classes(topo))} node classes" if method == "symmetric" else ""))

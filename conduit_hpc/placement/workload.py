@@ -61,6 +61,10 @@ class Workload:
             (share of rows, share of priority mass), e.g. ``[[0.1, 0.6], [0.9, 0.4]]``:
             the hottest 10 % of rows draw 60 % of the samples. Empty: mass follows rows.
         tiers (tuple[str, ...]): tiers the plan may use.
+        min_shard_rows (int): no shard smaller than this many rows (a location whose
+            share would be smaller gets none; its rows go to the partition's other
+            shards); 0: no floor. A partition smaller than the floor is one shard.
+            A workload derived from a job (:meth:`from_job`) uses the batch.
     """
 
     capacity_rows: int
@@ -73,6 +77,7 @@ class Workload:
     compute_s: float = 0.0
     heat: tuple[tuple[float, ...], ...] = ()
     tiers: tuple[str, ...] = TIERS
+    min_shard_rows: int = 0
 
     def __post_init__(self) -> None:
         require(self.capacity_rows > 0, "capacity_rows", self.capacity_rows, "> 0")
@@ -82,6 +87,8 @@ class Workload:
                 "update_rate_hz", self.update_rate_hz, "a finite number > 0")
         require(np.isfinite(self.actor_rows_per_s) and self.actor_rows_per_s >= 0,
                 "actor_rows_per_s", self.actor_rows_per_s, "a finite number >= 0")
+        require(self.min_shard_rows >= 0, "min_shard_rows", self.min_shard_rows,
+                ">= 0 (0: no floor)")
         require(np.isfinite(self.compute_s) and self.compute_s >= 0, "compute_s",
                 self.compute_s, "a finite number >= 0 (0: the superstep period)")
         require(len(self.tiers) > 0 and set(self.tiers) <= set(TIERS)
@@ -157,7 +164,8 @@ class Workload:
         """Derive a workload from a job config; notes say what was assumed.
 
         Rows from ``[spec.*]``, capacity from ``[storage]``, the batch from
-        ``[scheduler]``, sampling from ``scheduler.sampler`` and
+        ``[scheduler]`` (also the smallest shard, ``min_shard_rows``), sampling from
+        ``scheduler.sampler`` and
         ``storage.priority_exponent`` (:func:`sampling_of`), the scope from
         ``[placement]``, and the actor rate from ``synthetic.actor_rate_rows_s`` when the
         job has it.
@@ -167,7 +175,9 @@ class Workload:
         if not cfg.spec:
             raise ConfigError("the job config has no [spec.*] fields to size rows from "
                               "(or give a [workload] table)", key="spec")
-        notes = ["update_rate_hz = 100.0 (assumed; a job config does not say it)"]
+        notes = ["update_rate_hz = 100.0 (assumed; a job config does not say it)",
+                 f"min_shard_rows = {cfg.scheduler.batch_rows} (the batch; "
+                 f"--min-shard-rows to change)"]
         rate = float(getattr(getattr(cfg, "synthetic", None), "actor_rate_rows_s", 0.0))
         if rate <= 0:
             rate = 1000.0
@@ -175,6 +185,7 @@ class Workload:
         return cls(capacity_rows=cfg.storage.capacity_rows,
                    row_bytes=Spec.from_config(cfg.spec).row_bytes,
                    batch_rows=cfg.scheduler.batch_rows, update_rate_hz=100.0,
+                   min_shard_rows=cfg.scheduler.batch_rows,
                    actor_rows_per_s=rate,
                    sampling=sampling_of(cfg.scheduler, cfg.storage),
                    scope=cfg.placement.scope), notes

@@ -199,7 +199,8 @@ class ExperienceDataPlane:
                                        lead=me == roles.learner_ranks[0],
                                        metrics_path=self._metrics_file(f"learner-{me}.csv"),
                                        timeout_s=cfg.run.timeout_s,
-                                       status=me == 0 and self.run_dir is not None)
+                                       status=me == 0 and self.run_dir is not None,
+                                       budget_s=cfg.run.duration_s)
 
     def _init_actor(self) -> None:
         me = self.roles.world_rank

@@ -31,7 +31,8 @@ from conduit_hpc.plane.control import C_LEARNER_VERSION, ControlBlock
 from conduit_hpc.plane.delivery import Deliverer
 from conduit_hpc.plane.extensions import LearnerHook
 from conduit_hpc.plane.fetch import FETCHES, Fetch, OwnerFetch, PendingBatch
-from conduit_hpc.plane.metrics import LEARNER_COLUMNS, CsvSink, LiveStatus, latency_summary
+from conduit_hpc.plane.metrics import LEARNER_COLUMNS, CsvSink, latency_summary
+from conduit_hpc.plane.progress import ProgressBoard
 from conduit_hpc.plane.staging import Batch
 from conduit_hpc.plane.weights import WeightsBoard, flat_parameters
 from conduit_hpc.scheduler import DataPlaneThread, PrefetchClock
@@ -232,12 +233,15 @@ class LearnerEndpoint:
         lead (bool): this is the lead learner (publishes version and weights).
         metrics_path (Path | None): CSV file for per-superstep metrics.
         timeout_s (float): bound on every wait.
-        status (bool): print a live status line.
+        status (bool): show this rank's progress (:attr:`progress`): a live line on a
+            terminal, plain lines every 10 s in a log.
+        budget_s (float): the run's time budget (``run.duration_s``; 0: none), which
+            the progress line counts down.
     """
 
     def __init__(self, deliverer: Deliverer, fetch: Fetch, config: SchedulerConfig,
                  control: ControlBlock, *, lead: bool, metrics_path: Path | None,
-                 timeout_s: float, status: bool = False) -> None:
+                 timeout_s: float, status: bool = False, budget_s: float = 0.0) -> None:
         self.d = deliverer
         self.fetch = fetch
         self.cfg = config
@@ -247,7 +251,6 @@ class LearnerEndpoint:
         self.mode = MODES[config.mode](self)
         self.clock = PrefetchClock(self.mode.depth)
         self.metrics = CsvSink(metrics_path, LEARNER_COLUMNS)
-        self.status = LiveStatus() if status else None
         self.weights: WeightsBoard | None = None
         self.model: torch.nn.Module | None = None
         self._superstep = -1
@@ -259,6 +262,10 @@ class LearnerEndpoint:
         self.hooks: list[LearnerHook] = []
         self.started = False  # the mode starts at the first next_batch(), so that
         # collectives before it (share_weights) run while one thread makes MPI calls
+        self.progress = ProgressBoard() if status else None
+        if self.progress is not None:  # the job may add a count budget and more lines
+            self.progress.update("learner", 0, unit="supersteps", time_s=budget_s,
+                                 note=self._status_text)
 
     # -- what features use -------------------------------------------------------------
     @property
@@ -345,8 +352,8 @@ class LearnerEndpoint:
         self.metrics.add(row)
         if self.metrics.keep and len(self.metrics.rows) % 50 == 0:
             self.metrics.flush()
-        if self.status is not None:
-            self.status.update(self._status_text)  # computed only when printed
+        if self.progress is not None:  # the note is computed only when drawn
+            self.progress.update("learner", self.superstep + 1)
 
     def _status_text(self) -> str:
         if self._superstep < 0:
@@ -354,8 +361,8 @@ class LearnerEndpoint:
         rows = self.metrics.rows[-50:]
         exp = np.median([r["exposed_s"] for r in rows]) * 1e3 if rows else float("nan")
         it = np.nanmedian([r["iteration_s"] for r in rows]) * 1e3 if rows else float("nan")
-        return (f"[{self.mode.name}] superstep {self._superstep}  exposed {exp:.2f} ms  "
-                f"iteration {it:.2f} ms  resampled {self.d.resampled}")
+        return (f"[{self.mode.name}] exposed {exp:.2f} ms  iteration {it:.2f} ms (median "
+                f"of the last {len(rows)})  resampled {self.d.resampled}")
 
     def _publish(self, s: int) -> None:
         if not self.lead:
@@ -401,9 +408,8 @@ class LearnerEndpoint:
             self._close_superstep(time.perf_counter())
             self._row = None
         self.metrics.close()
-        if self.status is not None:
-            self.status.update(self._status_text(), force=True)
-            self.status.close()
+        if self.progress is not None:
+            self.progress.close()
         summary = latency_summary(self.metrics.rows, skip=min(5, len(self.metrics.rows) // 10))
         summary["resampled_rows"] = float(self.d.resampled)
         summary["limiter_wait_s"] = float(self.d.limiter_wait_s)

@@ -1,4 +1,5 @@
-"""Per-superstep metrics: CSV sinks, summaries, and a live status line.
+"""Per-superstep metrics: CSV sinks and summaries (the live progress lines are in
+:mod:`conduit_hpc.plane.progress`).
 
 Plain Python and numpy. Column sets are fixed per file (see :data:`LEARNER_COLUMNS`,
 :data:`ACTOR_COLUMNS`); extra job columns (``loss``, ...) are appended the first time
@@ -11,9 +12,6 @@ import csv
 import io
 import json
 import math
-import os
-import sys
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -24,7 +22,6 @@ __all__ = [
     "ACTOR_COLUMNS",
     "LEARNER_COLUMNS",
     "CsvSink",
-    "LiveStatus",
     "latency_summary",
     "write_summary",
 ]
@@ -52,9 +49,13 @@ class CsvSink:
         self._file: TextIO | None = None
         self._path = path
         self._writer: csv.DictWriter[str] | None = None
+        #: called with every row as it is added (e.g. a TensorBoard writer); keep cheap
+        self.listeners: list[Callable[[Mapping[str, Any]], None]] = []
 
     def add(self, row: Mapping[str, Any]) -> None:
         row = dict(row)
+        for listener in self.listeners:
+            listener(row)
         for k in row:
             if k not in self.columns:
                 if self._writer is not None:
@@ -112,41 +113,6 @@ def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({k: clean(v) for k, v in summary.items()}, indent=1,
                                sort_keys=True) + "\n")
-
-
-class LiveStatus:
-    """A one-line status: redrawn in place on a terminal, printed every ``every_s``
-    seconds otherwise (logs)."""
-
-    def __init__(self, stream: TextIO | None = None, every_s: float = 2.0) -> None:
-        self.stream = stream or sys.stdout
-        self.every_s = every_s
-        self._last = 0.0
-        # under mpirun a rank's stdout may be a pseudo-terminal that ends up in a log
-        under_mpi = any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-                                                  "SLURM_STEP_ID"))
-        self.tty = (not under_mpi and hasattr(self.stream, "isatty")
-                    and self.stream.isatty())
-
-    def update(self, text: str | Callable[[], str], *, force: bool = False) -> None:
-        """Show ``text`` if it is time to (or ``force``); a callable is called only
-        then, so that a costly status line is computed only when printed."""
-        now = time.monotonic()
-        if not force and now - self._last < (0.2 if self.tty else self.every_s):
-            return
-        self._last = now
-        if callable(text):
-            text = text()
-        if self.tty:
-            self.stream.write("\r\033[K" + text)
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 def format_table(rows: list[list[str]], header: list[str]) -> str:

@@ -21,7 +21,7 @@ from conduit_hpc.rl.losses import (
     initial_priorities,
     to_tensors,
 )
-from conduit_hpc.rl.nstep import NStepAccumulator, true_next_obs
+from conduit_hpc.rl.nstep import NStepAccumulator, describe_transitions, true_next_obs
 from conduit_hpc.rl.qnet import QNetwork, copy_weights, sync_target
 from conduit_hpc.rl.replay import PrioritizedReplay, ReplaySample
 from conduit_hpc.rl.updater import DQNUpdater
@@ -39,6 +39,7 @@ __all__ = [
     "QNetwork",
     "ReplaySample",
     "copy_weights",
+    "describe_transitions",
     "double_dqn_loss",
     "double_dqn_targets",
     "epsilon_greedy",

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-__all__ = ["NStepAccumulator", "true_next_obs"]
+from conduit_hpc.config import FieldConfig
+
+__all__ = ["NStepAccumulator", "describe_transitions", "true_next_obs"]
 
 
 def true_next_obs(obs: np.ndarray, info: Mapping[str, Any]) -> np.ndarray:
@@ -151,3 +154,32 @@ class NStepAccumulator:
                 "next_obs": np.stack(no).astype(np.float32),
                 "discount": np.asarray(d, dtype=np.float32),
                 "env": np.asarray(e, dtype=np.int64)}
+
+
+def describe_transitions(fields: Mapping[str, FieldConfig], *, n_step: int, gamma: float
+                         ) -> dict[str, FieldConfig]:
+    """The ``[spec.*]`` of an n-step transition (``obs``, ``action``, ``reward``,
+    ``next_obs``, ``discount``) with what each field means (n and gamma included) and its
+    units, where the config gives no description of its own; other fields unchanged.
+    These become the attributes of the checkpoint's datasets. Local; pure.
+    """
+    g_n = gamma ** n_step
+    text = {
+        "obs": ("the observation the action was taken in", ""),
+        "action": ("the action taken (index of the discrete action)", ""),
+        "reward": (f"n-step discounted return r_t + g r_(t+1) + ... + g^(k-1) r_(t+k-1) "
+                   f"with n = {n_step}, gamma = {gamma:g}; k = n except at the end of an "
+                   f"episode (k < n)", "reward units of the environment"),
+        "next_obs": (f"the observation k = {n_step} steps later (the final one when the "
+                     f"episode ended inside the window)", ""),
+        "discount": (f"bootstrap factor gamma^k * (1 - terminated): gamma^n = "
+                     f"{gamma:g}^{n_step} = {g_n:.6g} in the steady state, 0 after a "
+                     f"termination, gamma^k (k < n) at an episode's end or truncation",
+                     ""),
+    }
+    out = dict(fields)
+    for name, (what, units) in text.items():
+        fc = out.get(name)
+        if fc is not None and not fc.description:
+            out[name] = replace(fc, description=what, units=fc.units or units)
+    return out

@@ -64,17 +64,51 @@ class DQNUpdater:
             sync_target(self.online, self.target)
         return float(loss.detach()), td
 
+    def _param_names(self) -> list[str]:
+        """The online network's parameter names in the optimizer's order."""
+        return [name for name, _ in self.online.named_parameters()]
+
     def state_arrays(self) -> dict[str, np.ndarray]:
-        """The online and target networks and Adam's moments as named numeric arrays
-        (a checkpoint's ``extra_state``; no pickle). Not collective."""
+        """The online and target networks and Adam's state as named numeric arrays (a
+        checkpoint's ``extra_state``; no pickle): ``online/<param>``, ``target/<param>``,
+        ``adam/<param>/{exp_avg,exp_avg_sq,step}`` (by the online parameter's name),
+        ``updates``. Not collective."""
         out: dict[str, np.ndarray] = {}
         for prefix, net in (("online", self.online), ("target", self.target)):
             for name, t in net.state_dict().items():
                 out[f"{prefix}/{name}"] = t.detach().cpu().numpy().copy()
+        names = self._param_names()
         for i, st in self.opt.state_dict()["state"].items():
             for name, t in st.items():
-                out[f"adam/{i}/{name}"] = torch.as_tensor(t).detach().cpu().numpy().copy()
+                out[f"adam/{names[i]}/{name}"] = (torch.as_tensor(t).detach().cpu().numpy()
+                                                  .copy())
         out["updates"] = np.array([self.updates], dtype=np.int64)
+        return out
+
+    def state_attrs(self) -> dict[str, dict[str, str]]:
+        """What each of :meth:`state_arrays` means (HDF5 attributes of a checkpoint's
+        ``learner.h5``: ``description``, ``units``). Not collective."""
+        out: dict[str, dict[str, str]] = {}
+        what = {"online": "online Q-network (the one trained)",
+                "target": f"target Q-network (synced from the online one every "
+                          f"{self.hp.target_period} updates)"}
+        for prefix, net in (("online", self.online), ("target", self.target)):
+            for name in net.state_dict():
+                out[f"{prefix}/{name}"] = {"description": f"{what[prefix]}: {name}",
+                                           "units": ""}
+        moments = {"exp_avg": ("Adam first moment (running mean of the gradient)", ""),
+                   "exp_avg_sq": ("Adam second moment (running mean of the squared "
+                                  "gradient)", ""),
+                   "step": ("Adam step count", "optimizer steps")}
+        names = self._param_names()
+        for i, st in self.opt.state_dict()["state"].items():
+            for name in st:
+                text, units = moments.get(name, (f"Adam state {name!r}", ""))
+                out[f"adam/{names[i]}/{name}"] = {
+                    "description": f"{text} of online parameter {names[i]} (lr = "
+                                   f"{self.hp.lr:g})", "units": units}
+        out["updates"] = {"description": "learner updates (gradient steps) done",
+                          "units": "updates"}
         return out
 
     def load_state_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -93,14 +127,20 @@ class DQNUpdater:
                                            device=t.device)
             net.load_state_dict(state)
         sd = self.opt.state_dict()
+        index = {name: i for i, name in enumerate(self._param_names())}
         moments: dict[int, dict[str, torch.Tensor]] = {}
         for key, value in arrays.items():
             parts = key.split("/")
             if parts[0] == "adam" and len(parts) == 3:
+                # by parameter name; checkpoints written before that used its position
+                i = int(parts[1]) if parts[1].isdigit() else index.get(parts[1])
+                if i is None:
+                    raise KeyError(f"checkpoint state {key!r} names no parameter of the "
+                                   f"online network (it has {sorted(index)})")
                 t = torch.tensor(np.asarray(value))  # a copy: never share memory
                 if parts[2] != "step":
                     t = t.to(self.device)
-                moments.setdefault(int(parts[1]), {})[parts[2]] = t
+                moments.setdefault(i, {})[parts[2]] = t
         if moments:
             sd["state"] = moments
             self.opt.load_state_dict(sd)

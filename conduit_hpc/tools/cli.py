@@ -128,7 +128,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from conduit_hpc.tools.report.plan import plan_command
 
     return plan_command(args.cluster, args.workload, as_json=args.json, method=args.method,
-                        scope=args.scope, top=args.top)
+                        scope=args.scope, top=args.top, min_shard_rows=args.min_shard_rows)
 
 
 def _build_plan(p: argparse.ArgumentParser) -> None:
@@ -144,6 +144,9 @@ def _build_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scope", choices=("global", "partitioned"), default=None,
                    help="override the workload's sampling scope")
     p.add_argument("--top", type=int, default=24, help="rows shown per table")
+    p.add_argument("--min-shard-rows", type=int, default=None, metavar="N",
+                   help="no shard smaller than N rows (default: the workload's batch; 0: "
+                        "no floor)")
 
 
 def cmd_probe(args: argparse.Namespace) -> int:

@@ -16,8 +16,12 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 
 
 def test_synthetic_job_runs_and_reports_ingest(tmp_path) -> None:
+    import importlib.util
+
+    tensorboard = importlib.util.find_spec("tensorboard") is not None  # the extra
     out = cli("run", "jobs/synthetic.toml", "--runs", str(tmp_path),
-              "--set", "run.duration_s=1.0")
+              "--set", "run.duration_s=1.0",
+              *(["--set", "run.tensorboard=true"] if tensorboard else []))
     assert out.returncode == 0, out.stderr
     assert "ingested" in out.stdout and "rows/s" in out.stdout
     # four actors each reported a non-zero row count
@@ -26,6 +30,18 @@ def test_synthetic_job_runs_and_reports_ingest(tmp_path) -> None:
     assert len(counts) == 4 and all(c > 0 for c in counts)
     run_dir = next(tmp_path.iterdir())
     assert (run_dir / "config.toml").exists() and (run_dir / "logs").is_dir()
+    # progress under mpirun: plain lines of the lead learner, whole, with the budget
+    progress = [ln for ln in out.stdout.splitlines() if "[progress " in ln]
+    assert progress and all(ln.startswith("[progress ") for ln in progress), out.stdout
+    assert any("learner" in ln and "supersteps" in ln and "ETA" in ln for ln in progress)
+    if tensorboard:  # every learner and actor wrote scalars that TensorBoard reads
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        logs = sorted(p.name for p in (run_dir / "tensorboard").iterdir())
+        assert logs == ["actor-2", "actor-3", "actor-4", "actor-5", "learner-0"], logs
+        acc = EventAccumulator(str(run_dir / "tensorboard" / "learner-0"))
+        acc.Reload()
+        assert len(acc.Scalars("latency/exposed_s")) > 0
 
 
 def test_info_prints_mpi_roles_and_nodes() -> None:

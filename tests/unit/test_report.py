@@ -88,12 +88,13 @@ def test_report_of_three_modes_draws_every_plot_and_summarises(tmp_path) -> None
     names = sorted(p.name for p in out.glob("*.png"))
     assert names == sorted(["returns.png", "latency.png", "ingest.png",
                             "timeline-dqn-edp.png", "timeline-dqn-sync.png",
-                            "timeline-dqn-service.png"])
+                            "timeline-dqn-service.png", "logged-dqn-edp.png",
+                            "logged-dqn-sync.png", "logged-dqn-service.png"])
     for p in out.glob("*.png"):
         png_is_plot(p)
     text = md.read_text()
     for title in ("exposed latency, mean (ms)", "iteration latency, mean (ms)",
-                  "ingest rate (rows/s, all actors)", "env steps to mean return 475"):
+                  "ingest rate (rows/s, all actors", "env steps to mean return 475"):
         assert title in text
     assert "dqn [edp]" in text and "dqn [sync]" in text and "dqn [service]" in text
     for png in names:
@@ -107,8 +108,11 @@ def test_stats_follow_the_numbers_in_the_files(tmp_path) -> None:
     assert edp["supersteps"] == sync["supersteps"] == 300
     assert edp["exposed_mean_ms"] < 0.5 * sync["exposed_mean_ms"]
     assert edp["path_work_hidden"] > 0.8 and sync["path_work_hidden"] == pytest.approx(0, abs=1e-9)
-    # four actors at 4200..4500 rows/s
-    assert edp["ingest_rows_per_s"] == pytest.approx(4200 + 4300 + 4400 + 4500, rel=0.01)
+    # four actors, 20 x 400 rows each, over the longest actor's span
+    with open(tmp_path / "dqn-edp-0" / "metrics" / "actor-2.csv", newline="") as fh:
+        span = float(list(csv.DictReader(fh))[-1]["time_s"])
+    assert edp["rows_ingested"] == 4 * 20 * 400
+    assert edp["ingest_rows_per_s"] == pytest.approx(4 * 20 * 400 / span)
     assert edp["learner_limiter_wait_s"] == pytest.approx(30 * 0.0005)
     # the actors' running totals: 20 rows of 0.002 s each, four actors
     assert edp["actor_limiter_wait_s"] == pytest.approx(4 * 20 * 0.002)
@@ -134,12 +138,12 @@ def test_missing_files_and_columns_skip_plots_with_reasons(tmp_path) -> None:
     assert not (md.parent / "returns.png").exists()
 
 
-def test_report_of_an_empty_run_dir_says_why_everything_is_missing(tmp_path) -> None:
+def test_report_of_a_directory_without_a_run_is_refused(tmp_path) -> None:
     (tmp_path / "empty").mkdir()
-    md = write_report([tmp_path / "empty"])
-    text = md.read_text()
-    assert "return curve skipped" in text and "latency bars skipped" in text
-    assert "ingest plot skipped" in text and not list(md.parent.glob("*.png"))
+    (tmp_path / "empty" / "notes.txt").write_text("not a run")
+    with pytest.raises(ConduitError, match=r"no run in .*empty.*learner-"):
+        write_report([tmp_path / "empty"])
+    assert not (tmp_path / "empty" / "report").exists()  # nothing written
 
 
 def test_report_refuses_a_missing_directory(tmp_path) -> None:
@@ -158,7 +162,7 @@ def test_return_curve_and_stats_use_only_scored_episodes(tmp_path) -> None:
     write_rows(run / "metrics" / "episodes.csv", [*EPISODES, "epsilon", "scored"], rows)
     stats = run_stats(load_run(run))
     assert stats["episodes"] == 60 and stats["scored_episodes"] == 30
-    assert stats["final_mean_return_20"] == 500 and stats["env_steps_to_475"] == 100 * 39
+    assert stats["final_mean_return"] == 500 and stats["env_steps_to_target"] == 100 * 39
     md = write_report([run])
     png_is_plot(md.parent / "returns.png")
     assert "scored episodes (near-greedy explorers)" in md.read_text()
@@ -189,3 +193,47 @@ def test_report_shows_the_executed_plan_predicted_against_measured(tmp_path) -> 
     md = write_report([run]).read_text()
     assert "## Plan: predicted against measured, per learner" in md
     assert f"{row['predicted_path_ms']:.4g}" in md and f"{row['measured_path_ms']:.4g}" in md
+
+
+def test_summary_and_report_give_the_same_headline_figures(tmp_path) -> None:
+    from conduit_hpc.plane.headline import headline_figures
+    from conduit_hpc.plane.metrics import write_summary
+
+    run = make_run(tmp_path, "edp")
+    (run / "config.toml").write_text('[run]\nname = "dqn"\n\n[dqn]\ntarget_return = 450.0'
+                                     '\nwindow = 10\n')
+    # what jobs/dqn_cartpole.py does at the end of a run ...
+    flat = headline_figures(run / "metrics", target_return=450.0, window=10)
+    write_summary(run / "metrics" / "summary.json", flat)
+    # ... and what report prints from the same directory
+    stats = run_stats(load_run(run))
+    summary = json.loads((run / "metrics" / "summary.json").read_text())
+    for key in ("ingest_rows_per_s", "actor_limiter_wait_s", "rows_ingested",
+                "env_steps_to_target"):
+        assert summary[key] is not None and stats[key] == pytest.approx(summary[key]), key
+    text = write_report([run]).read_text()
+    assert "env steps to mean return 450" in text and "last 10 (scored)" in text
+
+
+def test_steps_to_target_counts_only_scored_episodes_in_order() -> None:
+    from conduit_hpc.plane.headline import steps_to_target
+
+    steps = [10, 20, 30, 40, 50]
+    rets = [500, 0, 500, 500, 100]
+    assert steps_to_target(steps, rets, None, window=2, target_return=475) == 40
+    assert steps_to_target(steps, rets, [True, False, True, True, True], window=2,
+                           target_return=475) == 30  # the 0 of an explorer is not scored
+    assert steps_to_target(steps, rets, None, window=5, target_return=475) is None
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        steps_to_target(steps, rets, None, window=0, target_return=1)
+
+
+def test_ingest_panel_says_what_share_of_actor_time_went_to_waiting(tmp_path) -> None:
+    from conduit_hpc.plane.headline import headline_figures, waited_fraction
+
+    run = make_run(tmp_path, "edp")
+    fig = headline_figures(run / "metrics")
+    assert fig["actor_limiter_wait_s"] == pytest.approx(4 * 20 * 0.002)
+    text = waited_fraction(fig)
+    share = 100 * fig["actor_limiter_wait_s"] / fig["actor_seconds"]
+    assert text.startswith("actors waited 0 of ") and text.endswith(f"({share:.0f}%)")

@@ -56,6 +56,7 @@ from conduit_hpc.features.checkpointing.parts import (
     STALL_ENV,
     buffer_file,
     cut_shards,
+    described_for,
     finish_from_parts,
     write_buffer_part,
 )
@@ -212,7 +213,8 @@ class CheckpointAgent(BufferExtension):
                          provide: Callable[[], dict[str, Any]] | None = None) -> None:
         """Learners: take part in checkpoints cut at every ``every``-th superstep
         boundary; ``provide()`` returns this learner's state (``extra_state``: named
-        arrays such as the model and optimizer, lead learner only; ``counters``). Other
+        arrays such as the model and optimizer, lead learner only, ``extra_attrs``
+        their attributes; ``counters``). Other
         ranks, or ``every <= 0``: no-op. Local."""
         if self.edp.learner is not None and every > 0:
             self.edp.learner.add_hook(BoundaryHook(self, self.edp.learner, every,
@@ -275,7 +277,7 @@ class CheckpointAgent(BufferExtension):
             provide (Callable[[], Mapping]): called once per checkpoint; returns any of
                 ``rng`` (JSON text, :func:`~conduit_hpc.checkpoint.rng_to_json`),
                 ``counters`` (name -> number) and ``extra_state`` (name -> numeric array;
-                one rank per checkpoint).
+                one rank per checkpoint) with ``extra_attrs`` (name -> HDF5 attributes).
 
         Returns:
             bool: whether a part was written and sent.
@@ -293,7 +295,7 @@ class CheckpointAgent(BufferExtension):
         try:
             if extra is not None:
                 part["files"].append(ck.write_arrays_file(Path(info["tmp"]) / ck.LEARNER_FILE,
-                                                          extra))
+                                                          extra, state.get("extra_attrs")))
         except CheckpointError as err:
             part["error"] = str(err)
         self.edp.channel.isend(self.leader, Tag.CKPT_PART, _to_bytes(part))
@@ -341,9 +343,10 @@ class CheckpointAgent(BufferExtension):
         me = self.edp.world_rank
         result: dict[str, Any] = {}
         self._writer_result = result
+        described = described_for(self.edp)
 
         def write() -> None:
-            result.update(write_buffer_part(path, snaps, cut_s, me, extra))
+            result.update(write_buffer_part(path, snaps, cut_s, me, extra, described))
 
         self._writer = threading.Thread(target=write, name=f"ckpt-write-{seq}", daemon=True)
         self._writer.start()

@@ -63,6 +63,7 @@ class BoundaryHook(LearnerHook):
                          **state.get("counters", {})}}
         if "extra_state" in state:
             part["extra_state"] = state["extra_state"]
+            part["extra_attrs"] = state.get("extra_attrs")
         self._part = part
         agent = self.agent
 

@@ -21,8 +21,8 @@ from conduit_hpc.storage.snapshot import ShardSnapshot, SnapshotStaging, take_sn
 if TYPE_CHECKING:
     from conduit_hpc.plane.front import ExperienceDataPlane
 
-__all__ = ["STALL_ENV", "buffer_file", "cut_shards", "finish_checkpoint", "finish_from_parts",
-           "layout_json", "placement_json", "shard_part", "write_buffer_part"]
+__all__ = ["STALL_ENV", "buffer_file", "cut_shards", "described_for", "finish_checkpoint",
+           "finish_from_parts", "layout_json", "placement_json", "shard_part", "write_buffer_part"]
 
 #: fault injection for tests: seconds a buffer's writer thread sleeps after writing its
 #: file and before reporting it (widens the window in which a kill leaves a partial one)
@@ -44,6 +44,11 @@ def placement_json(edp: ExperienceDataPlane) -> dict[str, Any]:
             "learner_shards": {str(k): list(v) for k, v in p.learner_shards.items()}}
 
 
+def described_for(edp: ExperienceDataPlane) -> dict[str, dict[str, Any]]:
+    """The attributes of this job's experience datasets (the spec's descriptions, alpha)."""
+    return ck.dataset_attrs(edp.spec, edp.config.storage.priority_exponent)
+
+
 def buffer_file(edp: ExperienceDataPlane) -> str:
     return f"buffer-{edp.roles.role_rank:04d}.h5"
 
@@ -61,9 +66,11 @@ def cut_shards(shards: Sequence[OwnedShard],
 
 
 def shard_part(path: Path, snaps: Sequence[ShardSnapshot], cut_s: float,
-                world_rank: int) -> dict[str, Any]:
+               world_rank: int, described: Mapping[str, Mapping[str, Any]] | None = None
+               ) -> dict[str, Any]:
     t0 = time.perf_counter()
-    rec = ck.write_shard_file(path, snaps, attrs={"world_rank": world_rank})
+    rec = ck.write_shard_file(path, snaps, attrs={"world_rank": world_rank},
+                              described=described)
     write_s = time.perf_counter() - t0
     for s in rec["shards"]:
         s["cut_s"] = cut_s
@@ -79,7 +86,7 @@ def finish_checkpoint(tmp: Path, root: Path, seq: int, edp: ExperienceDataPlane,
     rec = ck.write_manifest(tmp, seq=seq, spec=edp.spec,
                             config_toml=to_toml(edp.config.to_dict()),
                             layout=layout_json(edp), placement=placement_json(edp),
-                            parts=parts)
+                            parts=parts, alpha=edp.config.storage.priority_exponent)
     final = root / ck.checkpoint_name(seq)
     ck.finalize(tmp, final, rec)
     if keep > 0:
@@ -88,12 +95,14 @@ def finish_checkpoint(tmp: Path, root: Path, seq: int, edp: ExperienceDataPlane,
 
 
 def write_buffer_part(path: Path, snaps: Sequence[ShardSnapshot], cut_s: float,
-                      world_rank: int, counters: Mapping[str, Any]) -> dict[str, Any]:
+                      world_rank: int, counters: Mapping[str, Any],
+                      described: Mapping[str, Mapping[str, Any]] | None = None
+                      ) -> dict[str, Any]:
     """A buffer rank's writer thread: its shard file and part record (``counters``
     added), or ``{"error": ...}`` - reported to the leader, which drops the checkpoint.
     Blocks for the disk (and :data:`STALL_ENV` seconds after writing, if set)."""
     try:
-        part = shard_part(path, snaps, cut_s, world_rank)
+        part = shard_part(path, snaps, cut_s, world_rank, described)
         stall = float(os.environ.get(STALL_ENV, "0") or 0)
         if stall > 0:
             time.sleep(stall)

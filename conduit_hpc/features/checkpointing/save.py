@@ -23,6 +23,7 @@ from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.checkpointing.parts import (
     buffer_file,
     cut_shards,
+    described_for,
     finish_checkpoint,
     shard_part,
 )
@@ -56,6 +57,7 @@ class SaveResult:
 def save_checkpoint(edp: ExperienceDataPlane, root: Path, *,
                     counters: Mapping[str, Any] | None = None, rng: str | None = None,
                     extra_state: Mapping[str, Any] | None = None,
+                    extra_attrs: Mapping[str, Mapping[str, Any]] | None = None,
                     agent: CheckpointAgent | None = None, keep: int = 0) -> SaveResult:
     """Write a complete checkpoint now. **Collective** over the job's ranks; blocks until
     it is on disk (``DONE`` written). Buffer ranks must not be inside ``serve``.
@@ -68,6 +70,8 @@ def save_checkpoint(edp: ExperienceDataPlane, root: Path, *,
         rng (str | None): this rank's RNG state (:func:`~conduit_hpc.checkpoint.rng_to_json`).
         extra_state (Mapping[str, array] | None): named numeric arrays (model and
             optimizer state); give them on one rank only.
+        extra_attrs (Mapping[str, Mapping] | None): HDF5 attributes of those arrays by
+            name (``{"online/fc.weight": {"description": ...}}``).
         agent (CheckpointAgent | None): reuse its staging memory and numbering (call
             its :meth:`~CheckpointAgent.finish` first).
         keep (int): prune to this many complete checkpoints (0: keep all).
@@ -106,12 +110,13 @@ def save_checkpoint(edp: ExperienceDataPlane, root: Path, *,
                                   f"call CheckpointAgent.finish() before save_checkpoint()")
         if edp.server is not None:
             snaps, cut_s = cut_shards(edp.server.shards, agent.staging if agent else None)
-            sp = shard_part(tmp / buffer_file(edp), snaps, cut_s, me)
+            sp = shard_part(tmp / buffer_file(edp), snaps, cut_s, me, described_for(edp))
             part["files"] += sp["files"]
             part["shards"] += sp["shards"]
             part["counters"].update(sp["counters"])
         if extra_state is not None:
-            part["files"].append(ck.write_arrays_file(tmp / ck.LEARNER_FILE, extra_state))
+            part["files"].append(ck.write_arrays_file(tmp / ck.LEARNER_FILE, extra_state,
+                                                      extra_attrs))
     except CheckpointError as err:
         part["error"] = str(err)
     parts = gather_json(world, part, leader)

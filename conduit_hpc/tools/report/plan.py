@@ -23,6 +23,16 @@ from conduit_hpc.placement.placement import Placement, PlanPrediction, _fmt_byte
 __all__ = ["plan_command", "plan_json", "render_infeasible", "render_plan"]
 
 
+SHARE_MEANS = ("share of draws: the fraction of its partition's sampled rows expected to "
+               "come from the shard (global scope: of all learners' draws; the shards of a "
+               "partition sum to 100%)")
+
+
+def _share(share: float) -> str:
+    """A share as a percentage with three significant digits (``0.000763%``)."""
+    return f"{100 * share:.3g}%" if share > 0 else "0%"
+
+
 def _ms(s: float) -> str:
     return f"{s * 1e3:.4g}"
 
@@ -61,16 +71,17 @@ def render_plan(cluster: ClusterModel, workload: Workload, plan: Placement, *,
     con.print(t)
     # shards
     t = Table(title=f"shards ({len(plan.shards):,})", title_justify="left")
-    for c in ("shard", "owner rank", "tier", "location", "capacity rows", "share",
+    for c in ("shard", "owner rank", "tier", "location", "capacity rows", "share of draws",
               "partition"):
         t.add_column(c, justify="right" if c not in ("tier", "location") else "left")
     for s in plan.shards[:top]:
         t.add_row(str(s.shard_id), str(s.owner_rank), s.tier, s.location,
-                  f"{s.capacity_rows:,}", f"{s.share:.3f}",
+                  f"{s.capacity_rows:,}", _share(s.share),
                   "all" if s.partition < 0 else f"learner {s.partition}")
     con.print(t)
     if len(plan.shards) > top:
         con.print(f"... {len(plan.shards) - top:,} more shards (--top N or --json for all)")
+    con.print(SHARE_MEANS)
     # learners, slowest first
     t = Table(title=f"learners ({len(pred.learners):,}), per superstep, slowest first",
               title_justify="left")
@@ -134,9 +145,11 @@ def render_infeasible(cluster: ClusterModel, workload: Workload,
 
 
 def plan_json(cluster: ClusterModel, workload: Workload, plan: Placement) -> dict[str, Any]:
-    """A JSON-compatible dict: cluster, workload, plan and prediction."""
+    """A JSON-compatible dict: cluster, workload, plan (sparse, see
+    :meth:`~conduit_hpc.placement.Placement.to_dict`) and prediction."""
     pred: PlanPrediction | None = plan.prediction
     out: dict[str, Any] = {"cluster": cluster.name, "source": cluster.source,
+                           "legend": {"share": SHARE_MEANS.split(": ", 1)[1]},
                            "workload": {k: getattr(workload, k) for k in workload.__slots__},
                            "plan": plan.to_dict()}
     if pred is not None:
@@ -162,8 +175,10 @@ def plan_json(cluster: ClusterModel, workload: Workload, plan: Placement) -> dic
 
 def plan_command(cluster_path: str, workload_path: str | None, *, as_json: bool,
                  method: str = "auto", scope: str | None = None, top: int = 24,
-                 out: Any = None) -> int:
-    """Load, plan and print. Raises :class:`PlacementInfeasible` after explaining it."""
+                 min_shard_rows: int | None = None, out: Any = None) -> int:
+    """Load, plan and print. ``min_shard_rows`` overrides the workload's floor (None:
+    keep it). Raises :class:`PlacementInfeasible` after explaining it, ConfigError on a
+    bad value."""
     import sys
 
     from conduit_hpc.placement.static import plan_static
@@ -176,11 +191,13 @@ def plan_command(cluster_path: str, workload_path: str | None, *, as_json: bool,
     else:
         total = sum(cluster.tier_capacity().values())
         workload = Workload(capacity_rows=max(int(total * 0.5 // (1000 + 16)), 1),
-                            row_bytes=1000)
+                            row_bytes=1000, min_shard_rows=256)
         notes.append("no --workload: rows of 1,000 B filling half of all tiers, batch 256, "
-                     "100 updates/s, 1,000 rows/s per actor")
+                     "100 updates/s, 1,000 rows/s per actor, shards of >= 256 rows")
     if scope:
         workload = replace(workload, scope=scope)  # type: ignore[arg-type]
+    if min_shard_rows is not None:
+        workload = replace(workload, min_shard_rows=min_shard_rows)  # validated there
     try:
         plan = plan_static(cluster, workload, roster=Roster.block(cluster),
                            method=method)  # type: ignore[arg-type]

@@ -17,8 +17,13 @@ Reads the metrics files of each run (in ``RUN_DIR/metrics/``, or ``RUN_DIR`` its
 and writes ``returns.png`` (return curve), ``timeline-<run>.png`` (per-superstep learner
 compute vs experience-path work, showing their overlap), ``latency.png`` (exposed and
 iteration latency per run/mode side by side), ``ingest.png`` (ingest rate and
-rate-limiter waits) and ``report.md``. A plot whose inputs are missing is skipped, and
-the markdown says why. matplotlib with the Agg backend; no MPI.
+rate-limiter waits, with the share of the actors' time they waited),
+``logged-<run>.png`` (every value the job logged with ``edp.log(name=value)``: the
+learner CSV's extra columns, such as ``loss``) and ``report.md``. The headline figures
+(ingest rate, waits, env steps to the target) come from
+:func:`conduit_hpc.plane.headline.headline_figures`, as ``summary.json``'s do. A plot
+whose inputs are missing is skipped, and the markdown says why. matplotlib with the Agg
+backend; no MPI.
 
 Loading and statistics are in :mod:`.run_data`, the plots in :mod:`.run_plots`; this
 module writes the markdown.
@@ -40,6 +45,7 @@ from conduit_hpc.tools.report.run_data import RunData, load_run, run_stats
 from conduit_hpc.tools.report.run_plots import (
     plot_ingest,
     plot_latency,
+    plot_logged,
     plot_returns,
     plot_timeline,
 )
@@ -67,14 +73,16 @@ STAT_ROWS = (
     ("compute_mean_ms", "learner compute, mean (ms)"),
     ("exposed_share", "exposed share of wall time"),
     ("path_work_hidden", "experience-path work hidden behind compute"),
-    ("ingest_rows_per_s", "ingest rate (rows/s, all actors)"),
+    ("rows_ingested", "rows ingested (all actors)"),
+    ("ingest_rows_per_s", "ingest rate (rows/s, all actors, over their span)"),
     ("actor_limiter_wait_s", "rate-limiter wait, actors (s)"),
+    ("actor_seconds", "actor time, summed over actors (s)"),
     ("learner_limiter_wait_s", "rate-limiter wait, learners (s)"),
     ("episodes", "episodes"),
     ("scored_episodes", "scored episodes (near-greedy explorers)"),
-    ("final_mean_return_20", "mean return, last 20 (scored) episodes"),
-    ("best_mean_return_20", "best mean return over 20 (scored) episodes"),
-    ("env_steps_to_475", "env steps to mean return 475"),
+    ("final_mean_return", "mean return, last WINDOW (scored) episodes"),
+    ("best_mean_return", "best mean return over WINDOW (scored) episodes"),
+    ("env_steps_to_target", "env steps to mean return TARGET"),
 )
 
 
@@ -89,11 +97,19 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
         Path: the markdown file.
 
     Raises:
-        ConduitError: no run directory given, or one does not exist.
+        ConduitError: no run directory given, or one does not exist or holds no run's
+            files (nothing is written then).
     """
     if not run_dirs:
         raise ConduitError("report needs at least one run directory, got none")
     runs = [load_run(d) for d in run_dirs]
+    for r in runs:
+        if not (r.learners or r.actors or r.episodes is not None or r.summary
+                or r.problems):
+            raise ConduitError(
+                f"no run in {str(r.path)!r}: neither it nor its metrics/ holds "
+                f"learner-*.csv, actor-*.csv, episodes.csv or summary.json; give a run "
+                f"directory (conduit-hpc run prints it, e.g. runs/<name>-<stamp>)")
     if out_dir is None:
         first = Path(run_dirs[0])
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -111,6 +127,8 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     for title, (path, note) in [("Return curve", plot_returns(runs, out)),
                                 *[(f"Timeline: {r.label}", plot_timeline(r, out))
                                   for r in runs],
+                                *[(f"Logged values: {r.label}", plot_logged(r, out))
+                                  for r in runs],
                                 ("Exposed and iteration latency", plot_latency(runs, out)),
                                 ("Ingest rate and rate-limiter waits", plot_ingest(runs, out))]:
         if path is not None:
@@ -123,6 +141,8 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     lines += ["## Summary", "", "| | " + " | ".join(r.label for r in runs) + " |",
               "|---|" + "---|" * len(runs)]
     for key, title in STAT_ROWS:
+        title = (title.replace("WINDOW", "/".join(sorted({str(r.window) for r in runs})))
+                 .replace("TARGET", "/".join(sorted({f"{r.target_return:g}" for r in runs}))))
         if any(key in s for s in stats):
             lines.append(f"| {title} | " + " | ".join(_fmt(s.get(key, "-")) for s in stats)
                          + " |")

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc.errors import ConduitError
+from conduit_hpc.plane.headline import headline_figures
 
 __all__ = ["PATH_PARTS", "TARGET_RETURN", "RunData", "Table", "episode_x", "has_columns",
            "ingest_grid", "learner_table", "load_run", "missing_columns", "pooled",
@@ -77,11 +78,18 @@ class RunData:
         episodes (Table | None): finished episodes.
         summary (dict[str, Any]): ``summary.json``.
         problems (list[str]): files that could not be read, and why.
+        metrics (Path | None): the directory the metrics files are in.
+        target_return (float): the return the job aims at (``dqn.target_return`` of
+            ``config.toml``, else ``summary.json``'s, else 475).
+        window (int): episodes in its running mean (``dqn.window``, else 20).
     """
 
     path: Path
     name: str
     mode: str
+    metrics: Path | None = None
+    target_return: float = TARGET_RETURN
+    window: int = 20
     learners: dict[int, Table] = field(default_factory=dict)
     actors: dict[int, Table] = field(default_factory=dict)
     episodes: Table | None = None
@@ -120,7 +128,7 @@ def load_run(path: str | Path) -> RunData:
     else:
         problem = ""
     name = str(config.get("run", {}).get("name") or p.name)
-    run = RunData(path=p, name=name, mode="?")
+    run = RunData(path=p, name=name, mode="?", metrics=metrics)
     if problem:
         run.problems.append(problem)
     for kind, target in (("learner", run.learners), ("actor", run.actors)):
@@ -154,6 +162,13 @@ def load_run(path: str | Path) -> RunData:
         except (OSError, ValueError) as err:
             run.problems.append(f"summary.json: unreadable ({err})")
     run.mode = _mode_of(run, config)
+    dqn = config.get("dqn", {}) if isinstance(config.get("dqn"), dict) else {}
+    goal = dqn.get("target_return", run.summary.get("target_return"))
+    if isinstance(goal, int | float) and not isinstance(goal, bool):
+        run.target_return = float(goal)
+    window = dqn.get("window", run.summary.get("target_window"))
+    if isinstance(window, int) and not isinstance(window, bool) and window >= 1:
+        run.window = window
     return run
 
 
@@ -222,22 +237,20 @@ def scored_episodes(ep: Table) -> tuple[np.ndarray, np.ndarray]:
     return x[keep][order], ret[keep][order]
 
 
-def _episode_stats(ep: Table | None) -> dict[str, Any]:
+def _episode_stats(ep: Table | None, window: int) -> dict[str, Any]:
     if not has_columns(ep, "episode_return"):
         return {}
     assert ep is not None
-    x, ret = scored_episodes(ep)
+    _, ret = scored_episodes(ep)
     out: dict[str, Any] = {"episodes": len(ep["episode_return"])}
     if has_columns(ep, "scored"):
         out["scored_episodes"] = len(ret)
     if not len(ret):
         return out
-    roll = rolling_mean(ret, 20)
-    out["final_mean_return_20"] = float(roll[-1])
-    out["best_mean_return_20"] = float(roll[19:].max()) if len(roll) >= 20 else float("nan")
-    hit = np.flatnonzero((roll >= TARGET_RETURN) & (np.arange(len(roll)) >= 19))
-    if len(hit) and has_columns(ep, "env_steps"):
-        out["env_steps_to_475"] = int(x[hit[0]])
+    roll = rolling_mean(ret, window)
+    out["final_mean_return"] = float(roll[-1])
+    out["best_mean_return"] = (float(roll[window - 1:].max()) if len(roll) >= window
+                               else float("nan"))
     return out
 
 
@@ -278,15 +291,18 @@ def run_stats(run: RunData) -> dict[str, Any]:
         work = float(sum(np.nansum(lt[c]) for c in parts))
         if work > 0:
             s["path_work_hidden"] = max(0.0, 1.0 - float(np.nansum(lt["exposed_s"])) / work)
-    grid = ingest_grid(run)
-    if grid is not None:
-        s["ingest_rows_per_s"] = float(grid[1].mean())
-    waits = [float(np.nansum(t["limiter_wait_s"])) for t in run.actors.values()
-             if has_columns(t, "limiter_wait_s")]
-    if waits:
-        s["actor_limiter_wait_s"] = float(sum(waits))
+    # the headline figures: the function summary.json's come from, on the same files
+    if run.metrics is not None:
+        fig = headline_figures(run.metrics, target_return=run.target_return,
+                               window=run.window)
+        for key in ("ingest_rows_per_s", "actor_limiter_wait_s", "actor_seconds",
+                    "rows_ingested"):
+            if key in fig:
+                s[key] = fig[key]
+        if fig.get("env_steps_to_target") is not None:
+            s["env_steps_to_target"] = fig["env_steps_to_target"]
     lw = pooled(run, "limiter_wait_s")
     if len(lw):
         s["learner_limiter_wait_s"] = float(lw.sum())
-    s.update(_episode_stats(run.episodes))
+    s.update(_episode_stats(run.episodes, run.window))
     return s

@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from conduit_hpc.plane.headline import headline_figures, waited_fraction
+from conduit_hpc.plane.metrics import LEARNER_COLUMNS
 from conduit_hpc.tools.report.run_data import (
     PATH_PARTS,
-    TARGET_RETURN,
     RunData,
     episode_x,
     has_columns,
@@ -27,7 +28,7 @@ from conduit_hpc.tools.report.run_data import (
     scored_episodes,
 )
 
-__all__ = ["plot_ingest", "plot_latency", "plot_returns", "plot_timeline"]
+__all__ = ["plot_ingest", "plot_latency", "plot_logged", "plot_returns", "plot_timeline"]
 
 
 def _plt() -> Any:
@@ -61,11 +62,12 @@ def plot_returns(runs: Sequence[RunData], out: Path) -> tuple[Path | None, str]:
         order = np.argsort(x_all, kind="stable")
         x, y = scored_episodes(ep)
         scored = "scored " if has_columns(ep, "scored") else ""
-        line = ax.plot(x, rolling_mean(y, 20), lw=2,
-                       label=f"{r.label} (mean of 20 {scored}episodes)")[0]
+        line = ax.plot(x, rolling_mean(y, r.window), lw=2,
+                       label=f"{r.label} (mean of {r.window} {scored}episodes)")[0]
         ax.scatter(x_all[order], ep["episode_return"][order], s=4, alpha=0.2,
                    color=line.get_color())
-    ax.axhline(TARGET_RETURN, color="grey", ls="--", lw=1, label=f"target {TARGET_RETURN:g}")
+    for target in sorted({r.target_return for r in have}):
+        ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:g}")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("episode return")
     ax.set_title("Return curve")
@@ -125,12 +127,17 @@ def plot_timeline(run: RunData, out: Path, window: int = 24) -> tuple[Path | Non
     top.set_yticks([0.5, 1.5], ["experience path" if parts else "(no path columns)",
                                 "learner"])
     top.set_xlabel(f"ms since superstep {int(step[lo])} (thin lines: superstep starts)")
-    top.set_title(f"{run.label}: supersteps {int(step[lo])}-{int(step[hi - 1])} "
-                  "(experience-path work drawn from the start of the superstep it ran in)")
+    fig.suptitle(f"{run.label}: timeline", fontsize=11)
+    top.set_title(f"supersteps {int(step[lo])}-{int(step[hi - 1])} from the middle of the "
+                  f"run\n(experience-path work drawn from the start of the superstep it "
+                  f"ran in)", fontsize=9)
     top.set_ylim(0, 2.6)
     top.legend(handles=handles, fontsize=7, ncol=len(handles), loc="upper left")
-    # bottom: every superstep
+    # bottom: every superstep; the y axis is clipped so that warm-up (the first
+    # supersteps wait for the minimum fill, torch's first steps) does not flatten the rest
     k = max(1, len(it) // 200)
+    warm = min(5, len(it) // 10)
+    ceiling = _ceiling([it[warm:], comp[warm:], expo[warm:]])
     bottom.plot(step, rolling_mean(it, k) * 1e3, label="iteration", color="black", lw=1)
     bottom.plot(step, rolling_mean(comp, k) * 1e3, label="compute", color="#1f77b4", lw=1)
     if parts:
@@ -140,7 +147,15 @@ def plot_timeline(run: RunData, out: Path, window: int = 24) -> tuple[Path | Non
     bottom.plot(step, rolling_mean(expo, k) * 1e3, label="exposed", color="#d62728", lw=1,
                 ls="--")
     bottom.set_xlabel("superstep" + (f" (rolling mean of {k})" if k > 1 else ""))
-    bottom.set_ylabel("ms")
+    peak = float(np.max(it)) * 1e3 if len(it) else 0.0
+    if ceiling is not None and peak > ceiling:
+        bottom.set_ylim(0, ceiling)
+        first = int(np.argmax(it))
+        bottom.set_ylabel(f"ms (clipped at {ceiling:.4g}: 1.5 x p99 after the first "
+                          f"{warm} supersteps;\nsuperstep {int(step[first])} took "
+                          f"{peak:.4g} ms)", fontsize=8)
+    else:
+        bottom.set_ylabel("ms")
     bottom.legend(fontsize=7, ncol=2, loc="best")
     bottom.grid(alpha=0.3)
     path = out / f"timeline-{_slug(run.name)}-{_slug(run.mode)}.png"
@@ -149,6 +164,50 @@ def plot_timeline(run: RunData, out: Path, window: int = 24) -> tuple[Path | Non
     note = "" if parts else (f"{run.label}: no experience-path columns "
                              f"({', '.join(PATH_PARTS)}); lane left empty")
     return path, note
+
+
+def _ceiling(series: Sequence[np.ndarray]) -> float | None:
+    """1.5 x the largest p99 of ``series`` (ms), or None when empty."""
+    vals = [float(np.percentile(v, 99)) for v in series if len(v)]
+    return 1.5 * max(vals) * 1e3 if vals and max(vals) > 0 else None
+
+
+def plot_logged(run: RunData, out: Path, window: int = 50) -> tuple[Path | None, str]:
+    """What the job logged with ``ExperienceDataPlane.log(name=value)`` (the learner
+    CSV's columns beyond :data:`~conduit_hpc.plane.metrics.LEARNER_COLUMNS`), one panel
+    each, against the superstep: the values and their rolling mean."""
+    lt = learner_table(run)
+    if lt is None:
+        return None, ""
+    cols = [c for c in lt if c not in LEARNER_COLUMNS and has_columns(lt, c)
+            and np.isfinite(lt[c]).any()]
+    if not cols:
+        return None, ""
+    plt = _plt()
+    fig, axes = plt.subplots(len(cols), 1, figsize=(9, 2.4 * len(cols) + 0.6),
+                             layout="constrained", sharex=True, squeeze=False)
+    step = lt["superstep"] if has_columns(lt, "superstep") else np.arange(len(lt[cols[0]]),
+                                                                          dtype=float)
+    for ax, c in zip(axes[:, 0], cols, strict=True):
+        v = lt[c]
+        ok = np.isfinite(v)
+        ax.plot(step[ok], v[ok], lw=0.5, alpha=0.35, color="#1f77b4")
+        k = min(window, max(1, int(ok.sum()) // 20))
+        ax.plot(step[ok], rolling_mean(v[ok], k), lw=1.5, color="#1f77b4",
+                label=f"rolling mean of {k}")
+        ax.set_ylabel(c)
+        if (v[ok] > 0).all() and v[ok].max() > 100 * v[ok].min():
+            ax.set_yscale("log")
+            ax.set_ylabel(f"{c} (log)")
+        ax.legend(fontsize=7, loc="upper right")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("superstep")
+    fig.suptitle(f"{run.label}: learner columns beyond the standard ones (edp.log values "
+                 "such as loss, extra timings)", fontsize=11)
+    path = out / f"logged-{_slug(run.name)}-{_slug(run.mode)}.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path, ""
 
 
 def plot_latency(runs: Sequence[RunData], out: Path) -> tuple[Path | None, str]:
@@ -199,8 +258,13 @@ def plot_ingest(runs: Sequence[RunData], out: Path) -> tuple[Path | None, str]:
                       "no limiter_wait_s column in any actor or learner CSV)")
     plt = _plt()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
+    heads = {r.label: headline_figures(r.metrics) for r in runs if r.metrics is not None}
     for label, (grid, total) in rate.items():
-        a.plot(grid, total, lw=1.5, label=label)
+        line = a.plot(grid, total, lw=1.5, label=label)[0]
+        mean = heads.get(label, {}).get("ingest_rows_per_s")
+        if mean:  # the summary's figure: rows over the actors' span
+            a.axhline(mean, color=line.get_color(), ls=":", lw=1,
+                      label=f"{label}: {mean:,.0f} rows/s over the run")
     a.set_xlabel("time (s)")
     a.set_ylabel("rows/s (all actors)")
     a.set_title("Ingest rate" if rate else "Ingest rate (no actor rows_per_s)")
@@ -210,8 +274,11 @@ def plot_ingest(runs: Sequence[RunData], out: Path) -> tuple[Path | None, str]:
     for label, t, c in waits:
         b.plot(t, c, lw=1.5, label=label)
     b.set_xlabel("time (s)")
-    b.set_ylabel("cumulative wait (s)")
-    b.set_title("Rate-limiter waits" if waits else "Rate-limiter waits (no limiter_wait_s)")
+    b.set_ylabel("cumulative wait (s, summed over ranks)")
+    said = [f"{label}: {w}" for label, fig in heads.items() if (w := waited_fraction(fig))]
+    b.set_title(("Rate-limiter waits\n" + "\n".join(said)) if said else
+                "Rate-limiter waits" if waits else "Rate-limiter waits (no limiter_wait_s)",
+                fontsize=9 if said else None)
     if waits:
         b.legend(fontsize=7)
     b.grid(alpha=0.3)

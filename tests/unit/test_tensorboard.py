@@ -1,0 +1,84 @@
+"""TensorBoard scalars ([run] tensorboard = true): metrics rows written as scalars and
+read back with TensorBoard's own event reader; a clear error without the package."""
+
+from __future__ import annotations
+
+import builtins
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conduit_hpc import Config, ConfigError
+from conduit_hpc.plane.metrics import ACTOR_COLUMNS, LEARNER_COLUMNS, CsvSink
+
+pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+
+from tensorboard.backend.event_processing.event_accumulator import (
+    EventAccumulator,
+)
+
+from conduit_hpc.features.tensorboard import TensorBoardScalars, scalar_tag
+
+
+def config(on: bool) -> Config:
+    return Config.from_dict({"run": {"tensorboard": on}, "spec": {"x": {"dtype": "float32"}}})
+
+
+def scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)]
+            for tag in acc.Tags()["scalars"]}
+
+
+def test_learner_and_actor_rows_become_scalars(tmp_path: Path) -> None:
+    cfg = config(True)
+    assert TensorBoardScalars.wanted(cfg) and not TensorBoardScalars.wanted(config(False))
+    learner = SimpleNamespace(metrics=CsvSink(tmp_path / "learner-0.csv", LEARNER_COLUMNS))
+    actor = SimpleNamespace(metrics=CsvSink(tmp_path / "actor-3.csv", ACTOR_COLUMNS))
+    features = []
+    for rank, (lrn, act) in enumerate(((learner, None), (None, actor))):
+        f = TensorBoardScalars(cfg, None)
+        f.attach(SimpleNamespace(run_dir=tmp_path, learner=lrn, actor=act,
+                                 world_rank=rank * 3))
+        features.append(f)
+    for s in range(5):
+        learner.metrics.add({"superstep": 10 + s, "time_s": 0.1 * s, "mode": "edp",
+                             "exposed_s": 0.001 * s, "iteration_s": 0.01,
+                             "limiter_wait_s": 0.0, "loss": 1.0 / (s + 1),
+                             "mean_return": math.nan if s < 2 else 100.0 * s})
+    for s in range(3):
+        actor.metrics.add({"time_s": 1.0 * s, "rows": 64 * s, "rows_per_s": 64.0,
+                           "limiter_wait_s": 0.5 * s, "policy_version": s})
+    for f in features:
+        f.close()
+    got = scalars(tmp_path / "tensorboard" / "learner-0")
+    assert got["job/loss"] == [(10 + s, pytest.approx(1.0 / (s + 1))) for s in range(5)]
+    assert got["latency/exposed_s"][-1] == (14, pytest.approx(0.004))
+    assert got["job/mean_return"] == [(12, 200.0), (13, 300.0), (14, 400.0)]  # NaN skipped
+    assert "latency/mode" not in got and "latency/superstep" not in got
+    acts = scalars(tmp_path / "tensorboard" / "actor-3")
+    assert acts["ingest/rows"] == [(0, 0.0), (1, 64.0), (2, 128.0)]
+    assert acts["limiter/actor_wait_s"][-1] == (2, 1.0)
+    assert scalar_tag("learner", "limiter_wait_s") == "limiter/learner_wait_s"
+
+
+def test_without_the_package_the_error_says_how_to_install_it(monkeypatch) -> None:
+    real = builtins.__import__
+
+    def no_tensorboard(name: str, *args, **kw):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ModuleNotFoundError("No module named 'tensorboard'")
+        return real(name, *args, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    with pytest.raises(ConfigError, match=r"conduit-hpc\[tensorboard\]") as err:
+        TensorBoardScalars(config(True), None)
+    assert err.value.key == "run.tensorboard"
+
+
+def test_the_switch_is_validated() -> None:
+    with pytest.raises(ConfigError, match="tensorboard"):
+        Config.from_dict({"run": {"tensorboard": "yes"}, "spec": {"x": {"dtype": "float32"}}})
