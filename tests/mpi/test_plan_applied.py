@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from conduit_hpc import ConfigError, ExperienceDataPlane, Role
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
+from conduit_hpc.tools.report.plan_check import learner_reads
 
 COMM = MPI.COMM_WORLD
 
@@ -120,7 +121,7 @@ def test_executed_plan_equals_printed_plan(shared_dir, tiers, host) -> None:
                 cols = {k: v.numpy() for k, v in b.data.items()}
                 assert row_consistent(cols).all()
                 assert set(np.asarray(b.indices)[:, 0].tolist()) <= set(
-                    plan["learner_shards"][str(edp.world_rank)])
+                    learner_reads(doc)[str(edp.world_rank)])
         else:
             edp.serve()
         edp.done()

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["load_plan", "plan_markdown", "plan_vs_measured"]
+__all__ = ["learner_reads", "load_plan", "plan_markdown", "plan_vs_measured"]
 
 #: the measured columns that the predicted path time covers
 MEASURED_PATH = ("sample_s", "gather_s")
@@ -44,6 +44,20 @@ def _mean(table: dict[str, np.ndarray] | None, *cols: str) -> float:
     return float(np.mean(v)) if np.size(v) else math.nan
 
 
+def learner_reads(plan: dict[str, Any]) -> dict[str, list[int]]:
+    """``str(learner rank) -> shards it reads`` from ``plan.json``'s sparse groups
+    (``[{"learners": [...], "shards": [...]}]``; a plain mapping is read too)."""
+    table = (plan.get("placement") or {}).get("learner_shards") or {}
+    if isinstance(table, dict):
+        return {str(k): list(v) for k, v in table.items()}
+    out: dict[str, list[int]] = {}
+    for group in table:
+        if isinstance(group, dict):
+            for r in group.get("learners") or ():
+                out[str(r)] = list(group.get("shards") or ())
+    return out
+
+
 def plan_vs_measured(plan: dict[str, Any], learners: dict[int, dict[str, np.ndarray]]
                      ) -> list[dict[str, Any]]:
     """One row per learner (those the plan predicts, and those that wrote metrics):
@@ -51,7 +65,7 @@ def plan_vs_measured(plan: dict[str, Any], learners: dict[int, dict[str, np.ndar
     ``measured_path_ms``, ``predicted_exposed_ms``, ``measured_exposed_ms`` (NaN when
     unknown)."""
     pred = (plan.get("prediction") or {}).get("learners") or {}
-    reads = (plan.get("placement") or {}).get("learner_shards") or {}
+    reads = learner_reads(plan)
     ranks = sorted({int(r) for r in pred} | set(learners) | {int(r) for r in reads})
     rows = []
     for r in ranks:
