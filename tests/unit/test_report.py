@@ -162,3 +162,19 @@ def test_return_curve_and_stats_use_only_scored_episodes(tmp_path) -> None:
     md = write_report([run])
     png_is_plot(md.parent / "returns.png")
     assert "scored episodes (near-greedy explorers)" in md.read_text()
+
+
+def test_stats_cover_every_learner_of_a_data_parallel_run(tmp_path) -> None:
+    run = make_run(tmp_path, "edp")
+    with open(run / "metrics" / "learner-0.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    one = run_stats(load_run(run))
+    # a second learner whose every superstep waited 10 ms more
+    for r in rows:
+        r["exposed_s"] = str(float(r["exposed_s"]) + 0.010)
+    write_rows(run / "metrics" / "learner-1.csv", list(rows[0]), rows)
+    two = run_stats(load_run(run))
+    assert (one["learners"], two["learners"]) == (1, 2)
+    assert two["supersteps"] == one["supersteps"] == 300
+    assert two["exposed_mean_ms"] == pytest.approx(one["exposed_mean_ms"] + 5.0, rel=1e-6)
+    assert "learner ranks" in write_report([run]).read_text()
