@@ -92,8 +92,9 @@ def run_data_plane(mode: str, hp_sets: list[str], seed: int, out: Path,
            "job.progress_every_s=0", *job_overrides(hp_sets)]
     if learners != 1:
         cmd += ["--set", f"layout.learners={learners}"]
-    if time_limit_s:
-        cmd += ["--timeout", str(time_limit_s + 120)]
+    if time_limit_s:  # the job stops itself at the limit and reports; the launcher later
+        cmd += ["--set", f"run.duration_s={time_limit_s}", "--timeout",
+                str(time_limit_s + 300)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
                           timeout=(time_limit_s or 3600) + 300)
