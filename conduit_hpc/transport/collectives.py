@@ -16,7 +16,7 @@ process may open, use and close several groups, one after another or side by sid
 
 Every wait is bounded by ``timeout_s``: the store's connection, the backend's
 rendezvous, and each collective (a peer that fails or never arrives ends the wait with
-a :class:`~conduit_hpc.errors.TransportError` naming the operation). Forming the group is
+a :class:`~conduit_hpc.errors.CollectiveFailed` naming the operation). Forming the group is
 agreed on the MPI communicator, so a rank that cannot join makes every rank raise the
 same error.
 
@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from conduit_hpc.errors import ConfigError, TransportError
+from conduit_hpc.errors import CollectiveFailed, ConfigError, TransportError
 from conduit_hpc.transport.objects import allgather_json, bcast_json
 
 __all__ = ["BACKENDS", "Collectives", "choose_backend"]
@@ -191,7 +191,7 @@ class Collectives:
         try:
             start().wait(datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as err:
-            raise TransportError(
+            raise CollectiveFailed(
                 f"{what} on the {self.backend} group of {self.size} ranks (this rank "
                 f"{self.rank}) failed: a peer failed or did not arrive within "
                 f"{self.timeout_s:g} s ({str(err).strip().splitlines()[0]})") from err
