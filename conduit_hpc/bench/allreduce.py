@@ -14,8 +14,10 @@ CartPole Q network's parameters, 128x128 hidden):
 * ``mpi_allreduce``: MPI's ``Allreduce`` of the same float32 buffer (SUM), for comparison.
 
 Median and p90 over ``--iterations`` timed calls (after 10 untimed ones), the slowest
-rank's time per call. One JSON line per figure. The model's term for it:
-:func:`conduit_hpc.bench.allreduce.ring_allreduce_s`.
+rank's time per call. One JSON line per figure, with ``model_us``: the ring
+all-reduce term (:func:`ring_allreduce_s`) on the shared-memory link of the
+``--cluster`` file's first node (``jobs/cluster-local.toml``: this machine), so that the
+term a scale model would add can be checked against what the collectives measure.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from conduit_hpc.bench.common import git_sha, worker_command
+from conduit_hpc.bench.common import git_sha, repo_path, worker_command
 
 CARTPOLE_PARAMS = 4 * 128 + 128 + 128 * 128 + 128 + 128 * 2 + 2  # QNetwork(4, 2, (128, 128))
 
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--floats", default=f"{CARTPOLE_PARAMS},1000000")
     p.add_argument("--iterations", type=int, default=200)
     p.add_argument("--backend", default="auto", help="auto, gloo or nccl")
+    p.add_argument("--cluster", default=str(repo_path("jobs/cluster-local.toml")),
+                   help="cluster model whose first node's shm link the model uses")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sha", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -103,8 +107,10 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     if args.smoke:
         args.ranks, args.iterations, args.floats = "2", 20, str(CARTPOLE_PARAMS)
+    from conduit_hpc.placement.cluster import ClusterModel
     from conduit_hpc.testing import mpirun
 
+    shm = ClusterModel.from_toml(args.cluster).nodes[0].shm
     results: list[dict[str, Any]] = []
     for n in [int(x) for x in args.ranks.split(",")]:
         proc = mpirun(n, worker_command("conduit_hpc.bench.allreduce", "--worker",
@@ -117,8 +123,11 @@ def main(argv: list[str] | None = None) -> dict:
                              f"{proc.returncode}): {proc.stderr.strip()[-800:]}")
         for line in proc.stdout.splitlines():
             if line.startswith("{"):
-                results.append(json.loads(line))
-                print(line, flush=True)
+                r = json.loads(line)
+                r["model_us"] = 1e6 * ring_allreduce_s(4.0 * r["floats"], r["ranks"],
+                                                       shm.bandwidth_gbps, shm.latency_s)
+                results.append(r)
+                print(json.dumps(r), flush=True)
     return {"results": results}
 
 
