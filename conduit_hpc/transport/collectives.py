@@ -48,8 +48,9 @@ BACKENDS = ("auto", "gloo", "nccl")
 def choose_backend(asked: str, members: Sequence[dict[str, Any]],
                    key: str = "transport.collectives") -> str:
     """The backend for a group whose ranks reported ``members`` (``cuda``: this rank
-    has a CUDA device of its own; ``nccl``: torch has NCCL built in). Local and
-    deterministic: every rank decides the same from the same reports.
+    has a CUDA device; ``nccl``: torch has NCCL built in; ``gpu``: which one, as
+    ``host:index`` - two ranks on one GPU have no device of their own, and NCCL refuses
+    them). Local and deterministic: every rank decides the same from the same reports.
 
     Raises:
         ConfigError: ``asked`` is not one of :data:`BACKENDS`, or is ``"nccl"`` while
@@ -57,10 +58,13 @@ def choose_backend(asked: str, members: Sequence[dict[str, Any]],
     """
     if asked not in BACKENDS:
         raise ConfigError(f"{key} must be one of {list(BACKENDS)}, got {asked!r}", key=key)
-    lacking = [r for r, m in enumerate(members) if not (m["cuda"] and m["nccl"])]
+    gpus = [m.get("gpu", "") for m in members]
+    lacking = [r for r, m in enumerate(members) if not (m["cuda"] and m["nccl"])
+               or (gpus[r] and gpus.count(gpus[r]) > 1)]
     if asked == "nccl" and lacking:
         raise ConfigError(f"{key} = 'nccl' needs a CUDA device per rank and torch built "
-                          f"with NCCL, but ranks {lacking} of the group have none "
+                          f"with NCCL, but ranks {lacking} of the group have none of their "
+                          f"own "
                           f"(torch {torch.__version__}); use 'gloo' or 'auto'", key=key)
     if asked == "auto":
         return "gloo" if lacking else "nccl"
@@ -142,7 +146,9 @@ class Collectives:
         local, one_node = node.Get_rank(), node.Get_size() == size
         node.Free()
         cuda = _cuda_device(device, local)
-        members = allgather_json(comm, {"cuda": cuda is not None,
+        gpu = (f"{socket.gethostname()}:{cuda.index if cuda.index is not None else 0}"
+               if cuda is not None else "")
+        members = allgather_json(comm, {"cuda": cuda is not None, "gpu": gpu,
                                         "nccl": dist.is_nccl_available()})
         chosen = choose_backend(backend, members, key)  # the same on every rank
         dev = cuda if chosen == "nccl" and cuda is not None else torch.device("cpu")
