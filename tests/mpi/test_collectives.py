@@ -131,3 +131,17 @@ def test_a_rank_failing_around_a_collective_ends_every_wait(how: str) -> None:
     assert failed, "the all-reduce returned although rank 1 never took part"
     outcomes = COMM.allgather(bool(failed))
     assert all(outcomes), outcomes
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rendezvous_that_fails_is_one_error_on_every_rank(monkeypatch) -> None:
+    """The first rank's store is announced at an address nobody can reach (TEST-NET-3):
+    every rank's connection times out, and every rank raises the same TransportError
+    within the timeout - no rank goes on into a group the others are not in."""
+    import conduit_hpc.transport.collectives as collectives
+
+    monkeypatch.setattr(collectives, "_store_address", lambda one_node: "203.0.113.1")
+    with pytest.raises(TransportError, match=r"forming the gloo process group of \d+ ranks "
+                                             r"failed: rank \d+ could not"):
+        Collectives.open(COMM, "gloo", timeout_s=2.0)
+    assert everyone(True)
