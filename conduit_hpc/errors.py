@@ -71,6 +71,12 @@ class RemoteFailure(ConduitError):
     """Another rank of the job reported a failure; this rank stops too."""
 
 
+class CollectiveFailed(TransportError, RemoteFailure):
+    """A collective among ranks did not complete: a peer failed, left, or did not arrive
+    within the timeout - usually the consequence of another rank's own error, which
+    ``conduit-hpc run`` therefore reports in preference to this one."""
+
+
 class PlacementInfeasible(ConduitError):
     """No placement satisfies the capacity limits (names the tier and the shortfall).
 

@@ -56,6 +56,7 @@ from conduit_hpc.features.checkpointing.resume import RestoreResult, checkpoint_
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.job import job_main
 from conduit_hpc.plane.headline import headline_figures
+from conduit_hpc.plane.learner_group import LearnerGroup
 from conduit_hpc.plane.metrics import write_summary
 from conduit_hpc.rl import (
     EPISODES_TAG,
@@ -116,10 +117,9 @@ def check_config(cfg: DQNCartPoleConfig, n_actors: int, n_learners: int = 1) -> 
     if sch.sampler != "prioritized":
         raise ConfigError(f"scheduler.sampler must be 'prioritized' for Ape-X DQN, got "
                           f"{sch.sampler!r}", key="scheduler.sampler")
-    if n_learners != 1:
-        raise ConfigError(f"this job trains on one learner rank (no gradient all-reduce "
-                          f"between learners); the layout gives {n_learners}",
-                          key="layout.learners")
+    if n_learners < 1:
+        raise ConfigError(f"layout.learners must be >= 1 for this job (data-parallel over "
+                          f"the learners), got {n_learners}", key="layout.learners")
     if n_actors < 1 or hp.num_envs % n_actors:
         raise ConfigError(f"dqn.num_envs must be a positive multiple of the number of "
                           f"actor ranks ({n_actors}), got {hp.num_envs}", key="dqn.num_envs")
@@ -217,9 +217,36 @@ def actor_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, net: torch.nn.M
     return {"env_steps": actor.env_steps, "episodes": len(actor.episodes.returns)}
 
 
+#: why the learners stop, in rising precedence: with several learners every learner
+#: proposes one each superstep and all of them follow the largest (LearnerGroup.agree)
+STOP_REASONS = ("", "stream closed", "time budget", "superstep budget", "env-step budget",
+                "stop requested", "target")
+
+
+def next_batch_together(edp: ExperienceDataPlane, group: LearnerGroup, why: str,
+                        stop: StopCoordinator) -> tuple[Any, str]:
+    """This superstep's batch and the agreed reason to stop (``""``: go on). With several
+    learners, one small all-reduce decides for all of them after each took its batch, so
+    that every learner runs the same supersteps (the gradient all-reduce needs all)."""
+    batch = None
+    if not why:
+        try:
+            batch = edp.next_batch()
+        except DataPlaneClosed:
+            # the actors stopped before the buffer was filled: the end of a stop request
+            why = "stop requested" if stop.requested() else "stream closed"
+    if group.size > 1:
+        why = STOP_REASONS[group.agree(STOP_REASONS.index(why))]
+    if why == "stream closed":
+        raise DataPlaneClosed("every actor finished before the buffer held "
+                              f"scheduler.min_fill_rows = {edp.config.scheduler.min_fill_rows} "
+                              "rows, without a stop request")
+    return batch, why
+
+
 def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNUpdater,
-                 stop: StopCoordinator, agent: CheckpointAgent,
-                 env_steps_offset: int) -> dict[str, Any]:
+                 stop: StopCoordinator, agent: CheckpointAgent, env_steps_offset: int,
+                 group: LearnerGroup) -> dict[str, Any]:
     hp, job = cfg.dqn, cfg.job
     lead = edp.world_rank == edp.roles.learner_ranks[0]
     referee = ReturnReferee(edp, hp, env_steps_offset) if lead else None
@@ -261,15 +288,9 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
             why = "superstep budget"
         if not why and cfg.run.duration_s and now - t0 >= cfg.run.duration_s:
             why = "time budget"
+        batch, why = next_batch_together(edp, group, why, stop)
         if why:
             break
-        try:
-            batch = edp.next_batch()
-        except DataPlaneClosed:
-            if stop.requested():  # the actors stopped before the buffer was filled
-                why = "stop requested"
-                break
-            raise
         loss, td = updater.update(batch.data, batch.weights)
         prio = td.abs().double().cpu().numpy() + 1e-6
         edp.update_priorities(batch.indices, prio)
@@ -286,7 +307,8 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
             last_print, printed_updates = now, updater.updates
     wall = time.perf_counter() - t0
     out: dict[str, Any] = {"updates": updater.updates, "why": why, "wall_s": wall,
-                           "env_steps_offset": env_steps_offset}
+                           "env_steps_offset": env_steps_offset,
+                           "param_checksum": group.checksum(updater.online)}
     if referee is not None:
         out.update(reached_at=referee.reached_at, reached_after_s=referee.reached_after_s,
                    mean=referee.mean, episodes_seen=referee.episodes,
@@ -326,9 +348,13 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
                                 first_seq=restored.seq + 1 if restored else 1)
         net = build_net(cfg) if edp.role is not Role.BUFFER else None
         updater = None
+        group = LearnerGroup.open(edp.roles, cfg.transport.collectives,  # collective
+                                  timeout_s=cfg.run.timeout_s,
+                                  device=edp.device if edp.role is Role.LEARNER else None)
         if net is not None and edp.role is Role.LEARNER:
             net = net.to(edp.device)
-            updater = DQNUpdater(cfg.dqn, net)
+            updater = DQNUpdater(cfg.dqn, net,
+                                 group.average_gradients if group.size > 1 else None)
             updater.warm_up()
             if restored is not None and restored.extra_state:
                 updater.load_state_arrays(restored.extra_state)
@@ -337,10 +363,13 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
             elif restored is not None:
                 print(f"resume: checkpoint {restored.seq} holds no learner state (a "
                       f"buffer-side periodic one); the model starts fresh", flush=True)
+            group.broadcast_module(updater.online)  # identical start on every learner
+            group.broadcast_module(updater.target)
         edp.share_weights(net)  # collective; actors start from the learner's weights
         if rank == 0:
             say_restored(restored, resume)
-            print(f"dqn_cartpole: {len(edp.roles.learner_ranks)} learner, "
+            print(f"dqn_cartpole: {len(edp.roles.learner_ranks)} learner(s) "
+                  f"({group.backend if group.size > 1 else 'no'} all-reduce), "
                   f"{len(edp.roles.buffer_ranks)} buffer, {len(edp.roles.actor_ranks)} "
                   f"actor ranks x {k} envs, mode {cfg.scheduler.mode}, target mean-"
                   f"{cfg.dqn.window} return {cfg.dqn.target_return:g}", flush=True)
@@ -353,7 +382,8 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
         else:
             assert updater is not None
             offset = resumed_env_steps(restored, edp.roles.learner_ranks)
-            out = learner_loop(edp, cfg, updater, stop, agent, offset)
+            out = learner_loop(edp, cfg, updater, stop, agent, offset, group)
+        group.close()
         edp.done()
         agent.finish()
         stopped = stop.agree()
@@ -410,6 +440,7 @@ def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],
     """The run's headline numbers (``summary.json``)."""
     lead = min(r for role, r, _ in stats if role == "learner")
     learner = next(s for role, r, s in stats if r == lead)
+    learners = {r: s for role, r, s in stats if role == "learner"}
     actors = [s for role, _, s in stats if role == "actor"]
     lat = summary["learners"].get(lead, {})
     learner_wall = float(learner.get("wall_s", wall))
@@ -436,6 +467,14 @@ def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],
         "rows_ingested": summary["rows_ingested"],
         "ingest_rows_per_s": summary["rows_ingested"] / wall if wall > 0 else 0.0,
         "limiter_wait_s": sum(a["limiter_wait_s"] for a in summary["actors"].values()),
+        "learners": len(learners),
+        "learner_updates": {r: s.get("updates", 0) for r, s in sorted(learners.items())},
+        # equal on every learner iff the all-reduced training kept them identical
+        "param_checksums": {r: s.get("param_checksum") for r, s in sorted(learners.items())},
+        "params_identical": len({s.get("param_checksum") for s in learners.values()}) == 1,
+        "exposed_mean_s_per_learner": {
+            r: summary["learners"].get(r, {}).get("exposed_mean_s", math.nan)
+            for r in sorted(learners)},
     }
 
 

@@ -1,6 +1,7 @@
 """Environment steps and wall time to reach mean return 475 on CartPole-v1.
 
     conduit-hpc bench convergence [--smoke] [--seeds 0,1,2] [--modes single,edp,sync,service]
+                                  [--learners 1,2]
 
 Modes, with the same job config (``jobs/dqn_cartpole.toml``: the algorithm in ``[dqn]``,
 the replay's semantics in ``[scheduler]`` and ``[storage]``; ``--set key=value``
@@ -15,6 +16,12 @@ overrides any key, a key without a section meaning ``dqn.key``):
   ``--set`` overrides go to the job. ``wall_s`` is the training loop's time from the
   moment every rank is set up
   (as for ``single``), not counting the launch.
+
+``--learners 1,2`` runs each data-plane mode once per learner count
+(``layout.learners``; several learners train data-parallel, their gradients averaged
+through the ``torch.distributed`` group every superstep, each learner drawing
+``scheduler.batch_rows`` rows); a mode with ``n > 1`` learners is labelled
+``MODE/nL``. Each run also reports its learner updates per second.
 
 Goal: the same env steps to 475 in every mode (convergence preserved), less wall time
 in ``edp``. One JSON line per run (with the git sha), a table per mode with ratios to
@@ -74,17 +81,20 @@ def run_single(cfg: Any, seed: int, out: Path, time_limit_s: float) -> dict[str,
 
 
 def run_data_plane(mode: str, hp_sets: list[str], seed: int, out: Path,
-                   time_limit_s: float) -> dict[str, Any]:
-    """One run of the distributed job in ``mode`` (the slot the data-plane modes fill)."""
+                   time_limit_s: float, learners: int = 1) -> dict[str, Any]:
+    """One run of the distributed job in ``mode`` with ``learners`` learner ranks."""
     if not JOB.exists():
         return {"skipped": f"{JOB} does not exist yet (the distributed "
                            "DQN job comes with the scheduler's next_batch/update_priorities)"}
-    runs = out / f"{mode}-seed{seed}"
+    runs = out / (f"{mode}-seed{seed}" if learners == 1 else f"{mode}-{learners}L-seed{seed}")
     cmd = [sys.executable, "-m", "conduit_hpc.tools.cli", "run", str(JOB), "--mode", mode,
            "--runs", str(runs), "--set", f"run.seed={seed}", "--set",
            "job.progress_every_s=0", *job_overrides(hp_sets)]
-    if time_limit_s:
-        cmd += ["--timeout", str(time_limit_s + 120)]
+    if learners != 1:
+        cmd += ["--set", f"layout.learners={learners}"]
+    if time_limit_s:  # the job stops itself at the limit and reports; the launcher later
+        cmd += ["--set", f"run.duration_s={time_limit_s}", "--timeout",
+                str(time_limit_s + 300)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
                           timeout=(time_limit_s or 3600) + 300)
@@ -105,6 +115,9 @@ def run_data_plane(mode: str, hp_sets: list[str], seed: int, out: Path,
             "wall_s": float(to_target if to_target is not None
                             else summary.get("wall_s", wall)),
             "updates": summary.get("updates"),
+            "updates_per_s": summary.get("updates_per_s"),
+            "learners": summary.get("learners", 1),
+            "params_identical": summary.get("params_identical", True),
             "exposed_mean_s": summary.get("exposed_mean_s"),
             "ingest_rows_per_s": summary.get("ingest_rows_per_s"),
             "launch_wall_s": wall, "run_dir": str(run_dirs[-1])}
@@ -120,6 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="one seed, a 3,000-step budget: checks the machinery, not convergence")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--learners", default="1",
+                   help="learner counts for the data-plane modes, e.g. 1,2 (layout.learners)")
     p.add_argument("--config", default=str(JOB), help="the DQN job's TOML")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set lr=5e-4 (= dqn.lr) or "
@@ -130,6 +145,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     modes = args.modes.split(",")
+    try:
+        counts = [int(n) for n in args.learners.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise SystemExit(f"--learners: a comma-separated list of counts >= 1, got "
+                         f"{args.learners!r}")
     for m in modes:
         if m not in MODES:
             raise SystemExit(f"--modes: unknown mode {m!r}; known: {', '.join(MODES)}")
@@ -144,13 +166,16 @@ def main(argv: list[str] | None = None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     sha = git_sha()
     results: list[dict[str, Any]] = []
-    for mode in modes:
+    runs = [(m, 1) for m in modes if m == "single"] + [
+        (m, n) for m in modes if m != "single" for n in counts]
+    for mode, n in runs:
         for seed in seeds:
             if mode == "single":
                 r = run_single(cfg, seed, out, args.time_limit)
             else:
-                r = run_data_plane(mode, sets, seed, out, args.time_limit)
+                r = run_data_plane(mode, sets, seed, out, args.time_limit, n)
             r.update(bench="convergence", mode=mode, seed=seed, git_sha=sha,
+                     label=mode if n == 1 else f"{mode}/{n}L",
                      target_return=hp.target_return, max_env_steps=hp.max_env_steps)
             results.append(r)
             print(json.dumps(r, default=str), flush=True)
@@ -171,8 +196,8 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per mode: runs, how many reached 475, median env steps and wall time to it, and
     the ratios to ``single``."""
     by: dict[str, dict[str, Any]] = {}
-    for mode in dict.fromkeys(r["mode"] for r in results):
-        rs = [r for r in results if r["mode"] == mode]
+    for mode in dict.fromkeys(r.get("label", r["mode"]) for r in results):
+        rs = [r for r in results if r.get("label", r["mode"]) == mode]
         skipped = [r["skipped"] for r in rs if "skipped" in r]
         if skipped:
             by[mode] = {"runs": len(rs), "skipped": skipped[0]}
@@ -183,7 +208,9 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                     "median_env_steps_to_475": statistics.median(
                         r["env_steps_to_target"] for r in hit) if hit else None,
                     "median_wall_s_to_475": statistics.median(r["wall_s"] for r in hit)
-                    if hit else None}
+                    if hit else None,
+                    "median_updates_per_s": statistics.median(ups) if (ups := [
+                        r["updates_per_s"] for r in rs if r.get("updates_per_s")]) else None}
     base = by.get("single", {})
     for s in by.values():
         if s.get("median_wall_s_to_475") and base.get("median_wall_s_to_475"):
@@ -198,7 +225,7 @@ def print_table(by_mode: dict[str, dict[str, Any]], hp: Any) -> None:
           f"the last {hp.window} scored episodes (explorers with epsilon <= "
           f"{hp.score_max_epsilon:g}; budget {hp.max_env_steps:,} steps)")
     print(f"{'mode':>8} {'reached':>8} {'steps (median)':>15} {'wall s (median)':>16} "
-          f"{'steps/single':>13} {'wall/single':>12}")
+          f"{'steps/single':>13} {'wall/single':>12} {'updates/s':>10}")
     for mode, s in by_mode.items():
         if "skipped" in s:
             print(f"{mode:>8}  skipped: {s['skipped']}")
@@ -209,7 +236,8 @@ def print_table(by_mode: dict[str, dict[str, Any]], hp: Any) -> None:
               f"{(f'{steps:,.0f}' if steps else '-'):>15} "
               f"{(f'{wall:,.1f}' if wall else '-'):>16} "
               f"{s.get('steps_ratio_to_single', float('nan')):>13.2f} "
-              f"{s.get('wall_ratio_to_single', float('nan')):>12.2f}")
+              f"{s.get('wall_ratio_to_single', float('nan')):>12.2f} "
+              f"{(f'{u:,.0f}' if (u := s.get('median_updates_per_s')) else '-'):>10}")
         for f in s["failed"]:
             print(f"{'':>10}failed: {f}")
 

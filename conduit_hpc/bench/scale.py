@@ -191,8 +191,22 @@ def read_split(plan: Any, batch_rows: int) -> tuple[float, float]:
     return local, msgs
 
 
-def predict_modes(cluster: Any, workload: Any, costs: dict[str, float]) -> dict[str, dict]:
-    """Per mode: path_s, exposed_s, iteration_s (the slowest learner gates a BSP step)."""
+def allreduce_link(cluster: Any) -> Any:
+    """The link a ring all-reduce over every learner is paced by: the adapters across
+    nodes, NVLink within a GPU node, shared memory otherwise."""
+    node = cluster.nodes[0]
+    if len(cluster.nodes) > 1 and node.nic is not None:
+        return node.nic
+    return node.nvlink if node.gpus and node.nvlink is not None else node.shm
+
+
+def predict_modes(cluster: Any, workload: Any, costs: dict[str, float],
+                  gradient_bytes: float = 0.0) -> dict[str, dict]:
+    """Per mode: path_s, exposed_s, iteration_s (the slowest learner gates a BSP step),
+    and allreduce_s: the learners' gradient all-reduce of ``gradient_bytes`` (a ring over
+    every learner on :func:`allreduce_link`; see ``bench allreduce``), which follows
+    compute and adds to the iteration in every mode."""
+    from conduit_hpc.bench.allreduce import ring_allreduce_s
     from conduit_hpc.placement.static import plan_static
 
     b, rb = workload.batch_rows, workload.row_bytes
@@ -235,13 +249,19 @@ def predict_modes(cluster: Any, workload: Any, costs: dict[str, float]) -> dict[
     out["service"] = {"path_s": spath, "exposed_s": spath, "iteration_s": compute + spath,
                       "link_s": svc.max_path_s, "bottleneck": svc.bottleneck.link,
                       "planning_s": svc.planning_s, "learners_per_buffer": per_buffer}
+    ar_link = allreduce_link(cluster)
+    ar = (ring_allreduce_s(gradient_bytes, learners, ar_link.bandwidth_gbps,
+                           ar_link.latency_s) if gradient_bytes > 0 else 0.0)
+    for r in out.values():
+        r["allreduce_s"] = ar
+        r["iteration_s"] += ar
     return out
 
 
 def run_scale(cluster_path: Path, sizes: list[int], costs: dict[str, float], *,
               row_bytes: int, batch_rows: int, rows_per_learner: int, compute_s: float,
               update_rate_hz: float, actor_rows_per_s: float, actors_per_learner: int,
-              scope: str) -> list[dict]:
+              scope: str, gradient_bytes: float = 0.0) -> list[dict]:
     from conduit_hpc.placement.cluster import ClusterModel
     from conduit_hpc.placement.model import Workload
 
@@ -256,7 +276,7 @@ def run_scale(cluster_path: Path, sizes: list[int], costs: dict[str, float], *,
                      batch_rows=batch_rows, update_rate_hz=update_rate_hz,
                      actor_rows_per_s=actor_rows_per_s, compute_s=compute_s,
                      scope=scope)  # type: ignore[arg-type]
-        for mode, r in predict_modes(cluster, w, costs).items():
+        for mode, r in predict_modes(cluster, w, costs, gradient_bytes).items():
             results.append({"gpus": learners, "nodes": nodes, "mode": mode, **r})
     return results
 
@@ -382,6 +402,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--actor-rate", type=float, default=250.0, help="rows/s per actor")
     p.add_argument("--actors-per-learner", type=int, default=4)
     p.add_argument("--scope", choices=("global", "partitioned"), default="global")
+    p.add_argument("--gradient-bytes", type=float, default=0.0,
+                   help="bytes of gradient all-reduced per superstep over the learners "
+                   "(0: none; e.g. 6.7e6 for the Nature DQN's 1.7M float32 parameters)")
     p.add_argument("--png", default=str(repo_path("bench/scale.png")))
     p.add_argument("--measured", nargs="*", default=[],
                    help="run directories of this machine to compare against")
@@ -406,7 +429,8 @@ def main(argv: list[str] | None = None) -> dict:
                         batch_rows=args.batch_rows, rows_per_learner=args.rows_per_learner,
                         compute_s=args.compute_s, update_rate_hz=args.update_rate,
                         actor_rows_per_s=args.actor_rate,
-                        actors_per_learner=args.actors_per_learner, scope=args.scope)
+                        actors_per_learner=args.actors_per_learner, scope=args.scope,
+                        gradient_bytes=args.gradient_bytes)
     lines = [json.dumps({"bench": "scale", "git_sha": sha, "scope": args.scope,
                          "row_bytes": args.row_bytes, "batch_rows": args.batch_rows,
                          "compute_s": args.compute_s, **r}) for r in results]

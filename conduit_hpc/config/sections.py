@@ -206,10 +206,14 @@ class TransportConfig:
             with plain numpy; ``never`` forces MPI RMA for every access (what ranks on
             different nodes do).
         poll_interval_s (float): sleep between polls of a waiting loop.
+        collectives (str): backend of the learners' ``torch.distributed`` group
+            (gradient all-reduce with several learners): ``auto`` (NCCL when every
+            learner has a GPU of its own, else gloo), ``gloo`` or ``nccl``.
     """
 
     shared_memory: Literal["auto", "never"] = "auto"
     poll_interval_s: float = 0.0002
+    collectives: Literal["auto", "gloo", "nccl"] = "auto"
 
     def __post_init__(self) -> None:
         require(finite(self.poll_interval_s) and 0 <= self.poll_interval_s <= 0.1,

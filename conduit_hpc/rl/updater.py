@@ -7,7 +7,7 @@ the single-process baseline (:func:`~conduit_hpc.rl.dqn.train_single_process`).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,16 +26,25 @@ __all__ = ["DQNUpdater"]
 class DQNUpdater:
     """The learner's double-DQN update with importance weights and target syncs.
 
-    Not collective; :meth:`update` blocks for one forward/backward/step on ``online``'s
-    device.
+    Not collective by itself; :meth:`update` blocks for one forward/backward/step on
+    ``online``'s device. With several data-parallel learners, ``average_gradients``
+    (e.g. :meth:`~conduit_hpc.plane.learner_group.LearnerGroup.average_gradients`, a
+    collective) replaces each gradient by its mean over the learners between the
+    backward pass and the clipping: every learner then clips and steps alike, so
+    parameters, Adam's moments and the target-network syncs stay identical.
 
     Args:
         hp (DQNSection): lr, huber_delta, max_grad_norm, target_period.
         online (nn.Module): the network being trained (already on its device).
+        average_gradients (callable | None): called with ``online.parameters()`` after
+            every backward pass (None: one learner).
     """
 
-    def __init__(self, hp: DQNSection, online: nn.Module) -> None:
+    def __init__(self, hp: DQNSection, online: nn.Module,
+                 average_gradients: Callable[[Iterator[nn.Parameter]], None] | None = None
+                 ) -> None:
         self.hp, self.online = hp, online
+        self.average_gradients = average_gradients
         self.target = copy.deepcopy(online)
         for p in self.target.parameters():
             p.requires_grad_(False)
@@ -56,6 +65,8 @@ class DQNUpdater:
                                    w, self.hp.huber_delta)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
+        if self.average_gradients is not None:
+            self.average_gradients(self.online.parameters())
         if self.hp.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.hp.max_grad_norm)
         self.opt.step()

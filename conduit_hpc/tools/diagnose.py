@@ -13,6 +13,7 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
+from conduit_hpc import errors
 from conduit_hpc.config import Config
 from conduit_hpc.config.jobs import main_calls_job_main
 from conduit_hpc.job import ERROR_PREFIX
@@ -107,17 +108,29 @@ def rank_death(run_dir: Path, cfg: Config) -> str | None:
             f"its log: {run_dir / 'logs' / f'rank.{rank}'}, the launcher's: {log}")
 
 
+def _is_consequence(line: str) -> bool:
+    """Whether a ``conduit-hpc: error on world rank N: TYPE: ...`` line reports a
+    :class:`~conduit_hpc.errors.RemoteFailure` (this rank stopped because another
+    failed), decided by the error's class, not its text."""
+    m = re.match(r".*? on world rank \d+: (\w+): ", line)
+    cls = getattr(errors, m.group(1), None) if m else None
+    return isinstance(cls, type) and issubclass(cls, errors.RemoteFailure)
+
+
 def first_error(run_dir: Path) -> str | None:
-    """The first ``conduit-hpc: error`` line any rank wrote, or the last line of the
+    """The first ``conduit-hpc: error`` line any rank wrote (one that is not a
+    :class:`~conduit_hpc.errors.RemoteFailure` if there is one), or the last line of the
     first Python traceback (a rank's, else the launcher's), as one message; ``None`` if
     there is neither."""
     logs = sorted((run_dir / "logs").glob("rank.*/stderr"),
                   key=lambda p: int(p.parent.name.split(".")[1]))
     launcher = run_dir / "logs" / "launcher.log"
-    for f in logs:
-        for line in f.read_text(errors="replace").splitlines():
-            if line.startswith(ERROR_PREFIX):
-                return line + f" (logs in {run_dir / 'logs'})"
+    reported = [line for f in logs for line in f.read_text(errors="replace").splitlines()
+                if line.startswith(ERROR_PREFIX)]
+    # a rank's own error before another's consequence of it (a collective whose peer died)
+    own = [line for line in reported if not _is_consequence(line)]
+    if own:
+        return own[0] + f" (logs in {run_dir / 'logs'})"
     for f in [*logs, launcher] if launcher.exists() else logs:
         text = f.read_text(errors="replace")
         if "Traceback (most recent call last)" in text:
@@ -127,4 +140,6 @@ def first_error(run_dir: Path) -> str | None:
             if tail:
                 return (f"{ERROR_PREFIX} on {where}: {tail[-1]} "
                         f"(logs in {run_dir / 'logs'})")
+    if reported:  # only consequences, and no traceback behind them
+        return reported[0] + f" (logs in {run_dir / 'logs'})"
     return None

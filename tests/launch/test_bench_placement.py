@@ -75,3 +75,25 @@ def test_adaptive_live_smoke_runs_off_and_on_on_the_real_data_plane() -> None:
     assert pair["off"]["local_share"] == 0.0  # the start plan: every row on node 1
     if pair["moves"]:  # the policy moved: rows came to the learner's node
         assert pair["moved_rows"] > 0 and pair["on"]["local_share"] > 0
+
+
+def test_scale_model_adds_the_gradient_all_reduce_to_every_superstep() -> None:
+    from conduit_hpc.bench.allreduce import ring_allreduce_s
+    from conduit_hpc.bench.scale import run_scale
+
+    costs = {"gather_s_per_row": 1e-7, "gather_s_per_byte": 2e-9, "sample_s_per_row": 1e-6,
+             "update_s_per_row": 3e-6, "rma_message_s": 8e-6, "handoff_s": 1e-5,
+             "request_s": 2e-5}
+    common = dict(row_bytes=28_224, batch_rows=256, rows_per_learner=100_000,
+                  compute_s=0.004, update_rate_hz=200.0, actor_rows_per_s=250.0,
+                  actors_per_learner=4, scope="global")
+    cluster = REPO / "jobs" / "cluster-128x8.toml"
+    base = run_scale(cluster, [8, 16], costs, **common)
+    with_ar = run_scale(cluster, [8, 16], costs, gradient_bytes=6.7e6, **common)
+    for a, b in zip(base, with_ar, strict=True):
+        assert a["allreduce_s"] == 0.0 and a["exposed_s"] == b["exposed_s"]
+        # one node: NVLink (300 GB/s, 3 us); two nodes: the adapters (100 GB/s, 3 us)
+        bw = 300.0 if b["nodes"] == 1 else 100.0
+        want = ring_allreduce_s(6.7e6, b["gpus"], bw, 3e-6)
+        assert b["allreduce_s"] == want > 0
+        assert b["iteration_s"] == a["iteration_s"] + want

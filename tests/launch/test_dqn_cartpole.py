@@ -84,3 +84,34 @@ def test_resume_continues_training_from_the_checkpointed_model(tmp_path: Path) -
     # ... and 100 more updates on top of the checkpoint's 200; env steps go on counting
     assert after["updates"] == 300
     assert after["env_steps"] > before["env_steps"] / 2 > 0
+
+
+@pytest.mark.timeout(300)
+def test_two_learners_train_data_parallel_with_identical_parameters(tmp_path: Path) -> None:
+    """``layout.learners = 2``: gradients all-reduced (gloo) every superstep. Both learners
+    run the same supersteps, end with the same parameters (checksums in summary.json),
+    write their own metrics, and the policy learns within a short budget."""
+    supersteps = 1200
+    proc = subprocess.run(
+        [sys.executable, "-m", "conduit_hpc.tools.cli", "run", str(JOB), "--runs",
+         str(tmp_path), "--set", "layout.learners=2", "--set", "layout.actors=2",
+         "--set", f"job.max_supersteps={supersteps}", "--set", "job.progress_every_s=0"],
+        cwd=REPO, capture_output=True, text=True, timeout=280, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "2 learner(s) (gloo all-reduce)" in proc.stdout
+    run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+    summary = json.loads((run_dir / "metrics" / "summary.json").read_text())
+    assert summary["learners"] == 2
+    assert summary["stopped_by"] in ("superstep budget", "target"), summary["stopped_by"]
+    updates = summary["learner_updates"]
+    assert len(updates) == 2 and len(set(updates.values())) == 1, updates
+    checksums = summary["param_checksums"]
+    assert len(checksums) == 2 and len(set(checksums.values())) == 1, checksums
+    assert summary["params_identical"] is True
+    for rank in (int(r) for r in checksums):  # every learner wrote its metrics
+        with open(run_dir / "metrics" / f"learner-{rank}.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert len(rows) >= summary["updates"] - 1 and "loss" in rows[0]
+    print(f"2 learners: final mean return {summary['final_mean_return']:.1f} after "
+          f"{summary['updates']} updates, {summary['env_steps']} env steps")
+    assert summary["final_mean_return"] > 2.5 * RANDOM_MEAN_RETURN, summary

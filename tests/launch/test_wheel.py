@@ -20,7 +20,7 @@ import pytest
 
 from conduit_hpc.testing import REPO
 
-BENCHMARKS = ("adaptive", "checkpoint", "convergence", "exposed-latency", "ingest",
+BENCHMARKS = ("adaptive", "allreduce", "checkpoint", "convergence", "exposed-latency", "ingest",
               "longhaul", "longhaul-tbf", "peers", "plan", "scale")
 
 

@@ -147,8 +147,9 @@ def test_job_checks_layout_and_keeps_one_source_of_truth_per_knob() -> None:
     assert job.check_config(cfg, 4) == 2
     with pytest.raises(ConfigError, match=r"dqn\.num_envs must be a positive multiple"):
         job.check_config(cfg, 3)
-    with pytest.raises(ConfigError, match="one learner rank"):
-        job.check_config(cfg, 4, 2)
+    assert job.check_config(cfg, 4, 2) == 2  # several learners train data-parallel
+    with pytest.raises(ConfigError, match=r"layout\.learners must be >= 1"):
+        job.check_config(cfg, 4, 0)
     bad = job.DQNCartPoleConfig.from_toml(REPO / "jobs" / "dqn_cartpole.toml",
                                           ["scheduler.sampler=uniform"])
     with pytest.raises(ConfigError, match=r"scheduler\.sampler must be 'prioritized'"):

@@ -237,3 +237,19 @@ def test_ingest_panel_says_what_share_of_actor_time_went_to_waiting(tmp_path) ->
     text = waited_fraction(fig)
     share = 100 * fig["actor_limiter_wait_s"] / fig["actor_seconds"]
     assert text.startswith("actors waited 0 of ") and text.endswith(f"({share:.0f}%)")
+
+
+def test_stats_cover_every_learner_of_a_data_parallel_run(tmp_path) -> None:
+    run = make_run(tmp_path, "edp")
+    with open(run / "metrics" / "learner-0.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    one = run_stats(load_run(run))
+    # a second learner whose every superstep waited 10 ms more
+    for r in rows:
+        r["exposed_s"] = str(float(r["exposed_s"]) + 0.010)
+    write_rows(run / "metrics" / "learner-1.csv", list(rows[0]), rows)
+    two = run_stats(load_run(run))
+    assert (one["learners"], two["learners"]) == (1, 2)
+    assert two["supersteps"] == one["supersteps"] == 300
+    assert two["exposed_mean_ms"] == pytest.approx(one["exposed_mean_ms"] + 5.0, rel=1e-6)
+    assert "learner ranks" in write_report([run]).read_text()

@@ -65,6 +65,7 @@ def _fmt(v: Any) -> str:
 
 STAT_ROWS = (
     ("mode", "mode"),
+    ("learners", "learner ranks (metrics pooled over all)"),
     ("supersteps", "supersteps"),
     ("iteration_mean_ms", "iteration latency, mean (ms)"),
     ("iteration_p95_ms", "iteration latency, p95 (ms)"),

@@ -277,6 +277,7 @@ def run_stats(run: RunData) -> dict[str, Any]:
     s: dict[str, Any] = {"mode": run.mode}
     lt = learner_table(run)
     if lt is not None:
+        s["learners"] = len(run.learners)  # every learner's CSV is pooled below
         s["supersteps"] = max(len(next(iter(t.values()), [])) for t in run.learners.values())
     for col in ("iteration_s", "exposed_s", "compute_s"):
         v = pooled(run, col)

@@ -1,0 +1,135 @@
+"""Gradient all-reduce per superstep: the learners' torch.distributed group against MPI.
+
+    conduit-hpc bench allreduce [--smoke] [--ranks 2,4] [--floats 17410,1000000]
+                                [--iterations 200] [--backend auto]
+
+For each rank count, ``mpirun -n N`` ranks form a
+:class:`~conduit_hpc.transport.collectives.Collectives` group from MPI (as the learners of
+the DQN job do) and time, per vector of ``--floats`` float32 values (17,410 = the
+CartPole Q network's parameters, 128x128 hidden):
+
+* ``allreduce_mean_``: the gradient average of one superstep (one flat bucket);
+* ``agree``: the one-integer all-reduce (max) with which the learners agree each superstep
+  to go on;
+* ``mpi_allreduce``: MPI's ``Allreduce`` of the same float32 buffer (SUM), for comparison.
+
+Median and p90 over ``--iterations`` timed calls (after 10 untimed ones), the slowest
+rank's time per call. One JSON line per figure, with ``model_us``: the ring
+all-reduce term (:func:`ring_allreduce_s`) on the shared-memory link of the
+``--cluster`` file's first node (``jobs/cluster-local.toml``: this machine), so that the
+term a scale model would add can be checked against what the collectives measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from conduit_hpc.bench.common import git_sha, repo_path, worker_command
+
+CARTPOLE_PARAMS = 4 * 128 + 128 + 128 * 128 + 128 + 128 * 2 + 2  # QNetwork(4, 2, (128, 128))
+
+
+def ring_allreduce_s(nbytes: float, ranks: int, bandwidth_gbps: float,
+                     latency_s: float) -> float:
+    """Time of a ring all-reduce of ``nbytes`` over ``ranks`` ranks: ``2 (p-1)`` steps,
+    each one latency plus ``nbytes / p`` over the link (``bandwidth_gbps``, GB/s). 0 for
+    one rank."""
+    if ranks <= 1:
+        return 0.0
+    steps = 2 * (ranks - 1)
+    return steps * (latency_s + nbytes / ranks / (bandwidth_gbps * 1e9))
+
+
+def _timed(fn: Any, comm: Any, iterations: int) -> list[float]:
+    for _ in range(10):
+        fn()
+    out = []
+    for _ in range(iterations):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    from mpi4py import MPI
+
+    from conduit_hpc.transport.collectives import Collectives
+
+    torch.set_num_threads(1)
+    comm = MPI.COMM_WORLD
+    coll = Collectives.open(comm, args.backend, timeout_s=60.0)
+    for n in [int(x) for x in args.floats.split(",")]:
+        grads = [torch.randn(n, generator=torch.Generator().manual_seed(comm.rank))]
+        buf = grads[0].numpy().copy()
+        out = np.empty_like(buf)
+        figures = {
+            "allreduce_mean_": lambda g=grads: coll.allreduce_mean_(g),
+            "agree": lambda: coll.allreduce_max([0]),
+            "mpi_allreduce": lambda b=buf, o=out: comm.Allreduce(b, o, op=MPI.SUM),
+        }
+        for name, fn in figures.items():
+            times = np.array(_timed(fn, comm, args.iterations))
+            slowest = np.empty_like(times)
+            comm.Allreduce(times, slowest, op=MPI.MAX)
+            if comm.rank == 0:
+                print(json.dumps({
+                    "bench": "allreduce", "op": name, "ranks": comm.size,
+                    "backend": coll.backend, "floats": n if name != "agree" else 1,
+                    "median_us": float(np.median(slowest) * 1e6),
+                    "p90_us": float(np.percentile(slowest, 90) * 1e6),
+                    "iterations": args.iterations, "git_sha": args.sha}), flush=True)
+    coll.close()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="conduit-hpc bench allreduce")
+    p.add_argument("--smoke", action="store_true", help="2 ranks, 20 iterations")
+    p.add_argument("--ranks", default="2,4")
+    p.add_argument("--floats", default=f"{CARTPOLE_PARAMS},1000000")
+    p.add_argument("--iterations", type=int, default=200)
+    p.add_argument("--backend", default="auto", help="auto, gloo or nccl")
+    p.add_argument("--cluster", default=str(repo_path("jobs/cluster-local.toml")),
+                   help="cluster model whose first node's shm link the model uses")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--sha", default="", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return {}
+    if args.smoke:
+        args.ranks, args.iterations, args.floats = "2", 20, str(CARTPOLE_PARAMS)
+    from conduit_hpc.placement.cluster import ClusterModel
+    from conduit_hpc.testing import mpirun
+
+    shm = ClusterModel.from_toml(args.cluster).nodes[0].shm
+    results: list[dict[str, Any]] = []
+    for n in [int(x) for x in args.ranks.split(",")]:
+        proc = mpirun(n, worker_command("conduit_hpc.bench.allreduce", "--worker",
+                                        "--floats", args.floats, "--iterations",
+                                        str(args.iterations), "--backend", args.backend,
+                                        "--sha", git_sha()),
+                      timeout_s=600.0)
+        if proc.returncode != 0:
+            raise SystemExit(f"bench allreduce: mpirun -n {n} failed (exit "
+                             f"{proc.returncode}): {proc.stderr.strip()[-800:]}")
+        for line in proc.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                r["model_us"] = 1e6 * ring_allreduce_s(4.0 * r["floats"], r["ranks"],
+                                                       shm.bandwidth_gbps, shm.latency_s)
+                results.append(r)
+                print(json.dumps(r), flush=True)
+    return {"results": results}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,135 @@
+"""The learner ranks as one data-parallel group: gradients averaged each superstep,
+parameters broadcast from the lead learner, stop decisions agreed.
+
+:meth:`LearnerGroup.open` forms a :class:`~conduit_hpc.transport.collectives.Collectives`
+group over the learners' communicator (``RoleComms.learner``) and agrees the outcome on
+the whole world, so that a learner that cannot join (NCCL asked for without a GPU, a
+rendezvous that failed) makes *every* rank of the job raise the same error, actors and
+buffers included. With one learner no process group is formed and every operation is
+the identity.
+
+The collectives run on the learner's own thread, never through MPI, so they can run
+while the ``edp`` data-plane thread owns this rank's MPI calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from conduit_hpc.errors import ConduitError, ConfigError, TransportError
+from conduit_hpc.plane.roles import RoleComms
+from conduit_hpc.transport.objects import allgather_json
+
+if TYPE_CHECKING:  # torch loads only on ranks that use it
+    import torch
+
+    from conduit_hpc.transport.collectives import Collectives
+
+__all__ = ["LearnerGroup"]
+
+
+class LearnerGroup:
+    """This learner's place in the group of learners (``None`` parts on other roles).
+
+    Attributes:
+        size (int): learner ranks in the job.
+        rank (int): this learner's index among them (0 = the lead; -1 elsewhere).
+        backend (str): ``gloo``, ``nccl``, or ``none`` (one learner, or not a learner).
+    """
+
+    def __init__(self, coll: Collectives | None, size: int, rank: int) -> None:
+        self._coll, self.size, self.rank = coll, size, rank
+        self.backend = coll.backend if coll is not None else "none"
+
+    @classmethod
+    def open(cls, roles: RoleComms, backend: str = "auto", *, timeout_s: float = 60.0,
+             device: torch.device | None = None) -> LearnerGroup:
+        """Form the learners' group. **Collective** on ``roles.world`` (every rank calls
+        it, before any learner's first ``next_batch``: the rendezvous uses MPI).
+
+        Args:
+            roles (RoleComms): the job's communicators.
+            backend (str): ``transport.collectives``: ``auto``, ``gloo`` or ``nccl``.
+            timeout_s (float): bound on forming the group and on each collective.
+            device (torch.device | None): this learner's device (NCCL's GPU).
+
+        Raises:
+            ConfigError: a bad backend, or NCCL where a learner has no GPU (every rank).
+            TransportError: a learner could not join the group (every rank).
+        """
+        n = len(roles.learner_ranks)
+        coll, problem, kind = None, "", ""
+        if roles.learner is not None:
+            try:
+                if n > 1:
+                    from conduit_hpc.transport.collectives import Collectives
+
+                    coll = Collectives.open(roles.learner, backend, timeout_s=timeout_s,
+                                            device=device)
+                else:
+                    _check_alone(backend, device)
+            except ConduitError as err:
+                problem, kind = f"on world rank {roles.world_rank}: {err}", type(err).__name__
+        reports = [r for r in allgather_json(roles.world, [problem, kind]) if r[0]]
+        if reports:
+            if coll is not None:
+                coll.close()
+            text, kind = reports[0]
+            raise (ConfigError(text, key="transport.collectives") if kind == "ConfigError"
+                   else TransportError(f"the learners' process group: {text}"))
+        rank = roles.role_rank if roles.learner is not None else -1
+        return cls(coll, n, rank)
+
+    # -- per superstep -----------------------------------------------------------------
+    def average_gradients(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Replace every parameter's gradient by its mean over the learners (one flat
+        all-reduce). **Collective** on the learners; blocks (bounded)."""
+        if self._coll is not None:
+            self._coll.allreduce_mean_([p.grad for p in params if p.grad is not None])
+
+    def agree(self, code: int) -> int:
+        """The largest ``code`` any learner passed (0: every learner goes on).
+        **Collective** on the learners; blocks (bounded)."""
+        return self._coll.allreduce_max([code])[0] if self._coll is not None else code
+
+    def broadcast_module(self, module: torch.nn.Module) -> None:
+        """Give every learner the lead learner's parameters and buffers.
+        **Collective** on the learners; blocks (bounded)."""
+        if self._coll is not None:
+            import torch
+
+            with torch.no_grad():
+                self._coll.broadcast_([*module.parameters(), *module.buffers()], src=0)
+
+    def broadcast_(self, tensors: list[torch.Tensor]) -> None:
+        """Overwrite ``tensors`` with the lead learner's. **Collective** on the learners."""
+        if self._coll is not None:
+            self._coll.broadcast_(tensors, src=0)
+
+    @staticmethod
+    def checksum(module: torch.nn.Module) -> str:
+        """SHA-256 (16 hex digits) of the module's parameters' bytes: equal on every
+        learner iff the parameters are identical. Local."""
+        h = hashlib.sha256()
+        for p in module.parameters():
+            h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    def close(self) -> None:
+        """Shut the process group down. Local; idempotent."""
+        if self._coll is not None:
+            self._coll.close()
+
+
+def _check_alone(backend: str, device: Any) -> None:
+    """One learner forms no group, but the backend it asks for is still checked."""
+    import torch
+    import torch.distributed as dist
+
+    from conduit_hpc.transport.collectives import choose_backend
+
+    cuda = (device is not None and torch.device(device).type == "cuda"
+            and torch.cuda.is_available())
+    choose_backend(backend, [{"cuda": cuda, "nccl": dist.is_nccl_available()}])

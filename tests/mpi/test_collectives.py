@@ -1,0 +1,147 @@
+"""torch.distributed collectives with the group formed from MPI (gloo on this CPU
+machine): the mean equals numpy's over what every rank had, broadcast, variable-size
+all-to-all, a group closed and formed again in the same process, a bad backend refused
+on every rank, and a rank that fails before or inside a collective ending every rank's
+wait with an error (bounded) instead of a hang."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from conduit_hpc import ConfigError, LayoutConfig
+from conduit_hpc.errors import TransportError
+from conduit_hpc.plane.roles import Role, split_roles
+from conduit_hpc.transport.collectives import Collectives
+
+COMM = MPI.COMM_WORLD
+
+
+def everyone(flag: bool) -> bool:
+    return all(COMM.allgather(flag))
+
+
+def local_tensors(rank: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + rank)
+    return [torch.randn(3, 4, generator=g), torch.randn(7, generator=g, dtype=torch.float64),
+            torch.randn(2, 2, 2, generator=g)]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_allreduce_mean_equals_the_numpy_mean_of_every_rank() -> None:
+    with Collectives.open(COMM, "auto", timeout_s=30) as c:
+        assert (c.backend, c.rank, c.size) == ("gloo", COMM.rank, COMM.size)
+        mine = local_tensors(COMM.rank)
+        c.allreduce_mean_(mine)
+        for i, t in enumerate(mine):
+            want = np.mean([local_tensors(r)[i].numpy() for r in range(COMM.size)], axis=0)
+            assert t.dtype == local_tensors(0)[i].dtype
+            np.testing.assert_allclose(t.numpy(), want, rtol=1e-6, atol=1e-6)
+        # the same bits on every rank, not merely close
+        flat = np.concatenate([t.double().numpy().ravel() for t in mine])
+        assert len({flat.tobytes() for flat in COMM.allgather(flat)}) == 1
+        assert c.allreduce_max([COMM.rank, -COMM.rank]) == [COMM.size - 1, 0]
+    assert c.closed
+
+
+@pytest.mark.mpi(min_size=2)
+def test_broadcast_and_variable_size_all_to_all() -> None:
+    size, rank = COMM.size, COMM.rank
+    with Collectives.open(COMM, "gloo", timeout_s=30) as c:
+        ts = local_tensors(rank)
+        c.broadcast_(ts, src=size - 1)
+        for a, b in zip(ts, local_tensors(size - 1), strict=True):
+            assert torch.equal(a, b)
+        with pytest.raises(ValueError, match="src must be a rank"):
+            c.broadcast_(ts, src=size)
+        # rank i sends (i + j) % 3 rows of 2 columns, all equal to 100 i + j, to rank j
+        blocks = [torch.full(((rank + j) % 3, 2), 100.0 * rank + j) for j in range(size)]
+        got = c.all_to_all(blocks)
+        assert len(got) == size
+        for i, b in enumerate(got):
+            assert b.shape == ((i + rank) % 3, 2)
+            assert torch.all(b == 100.0 * i + rank)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_group_of_the_learner_communicator_closes_and_forms_again() -> None:
+    size = COMM.size
+    roles = split_roles(COMM, LayoutConfig(learners=size - 2, buffers=1, actors=1))
+    try:
+        if roles.role is Role.LEARNER:
+            assert roles.learner is not None
+            for round_ in range(2):  # the same process, twice, cleanly
+                c = Collectives.open(roles.learner, timeout_s=30)
+                assert c.size == size - 2 and c.rank == roles.role_rank
+                x = [torch.full((5,), float(c.rank + round_))]
+                c.allreduce_mean_(x)
+                assert torch.allclose(x[0], torch.full((5,), (size - 3) / 2 + round_))
+                c.close()
+                c.close()  # idempotent
+                with pytest.raises(TransportError, match="closed process group"):
+                    c.allreduce_mean_(x)
+    finally:
+        roles.close()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize(("backend", "match"), [
+    ("mpi", r"transport\.collectives must be one of \['auto', 'gloo', 'nccl'\], got 'mpi'"),
+    ("nccl", r"transport\.collectives = 'nccl' needs a CUDA device per rank"),
+])
+def test_a_bad_backend_is_refused_on_every_rank(backend: str, match: str) -> None:
+    if backend == "nccl" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match=match):
+        Collectives.open(COMM, backend, timeout_s=30)
+    assert everyone(True)  # every rank raised and came back: nobody is left waiting
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("how", ["absent", "gone"])
+def test_a_rank_failing_around_a_collective_ends_every_wait(how: str) -> None:
+    """Rank 1 fails instead of entering the all-reduce: it never arrives (``absent``),
+    or its group is shut down (``gone``, as when its process dies). Every other rank's
+    all-reduce ends with a TransportError naming the operation - within the timeout,
+    not a hang - and every rank ends with an error."""
+    timeout = 3.0
+    c = Collectives.open(COMM, "gloo", timeout_s=timeout)
+    failed = ""
+    try:
+        if COMM.rank == 1:
+            if how == "gone":
+                c.close()
+            raise RuntimeError("injected failure on rank 1")
+        c.allreduce_mean_([torch.ones(1000)])
+    except TransportError as err:
+        failed = str(err)
+        assert "allreduce of 1,000 values on the gloo group" in failed
+    except RuntimeError as err:
+        failed = str(err)
+    req = COMM.Ibarrier()  # rank 1 waits here until the others gave up
+    deadline = time.monotonic() + 60
+    while not req.Test():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    c.close()
+    assert failed, "the all-reduce returned although rank 1 never took part"
+    outcomes = COMM.allgather(bool(failed))
+    assert all(outcomes), outcomes
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rendezvous_that_fails_is_one_error_on_every_rank(monkeypatch) -> None:
+    """The first rank's store is announced at an address nobody can reach (TEST-NET-3):
+    every rank's connection times out, and every rank raises the same TransportError
+    within the timeout - no rank goes on into a group the others are not in."""
+    import conduit_hpc.transport.collectives as collectives
+
+    monkeypatch.setattr(collectives, "_store_address", lambda one_node: "203.0.113.1")
+    with pytest.raises(TransportError, match=r"forming the gloo process group of \d+ ranks "
+                                             r"failed: rank \d+ could not"):
+        Collectives.open(COMM, "gloo", timeout_s=2.0)
+    assert everyone(True)

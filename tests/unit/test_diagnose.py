@@ -1,0 +1,41 @@
+"""The one message of a failed run: a rank's own error before another rank's consequence
+of it (a collective whose peer died), decided by the error class."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conduit_hpc.tools.diagnose import first_error
+
+
+def write_logs(run: Path, logs: dict[int, str]) -> None:
+    for rank, text in logs.items():
+        d = run / "logs" / f"rank.{rank}"
+        d.mkdir(parents=True)
+        (d / "stderr").write_text(text)
+
+
+def test_the_failing_ranks_error_is_reported_not_its_peers_collective_failure(
+        tmp_path: Path) -> None:
+    write_logs(tmp_path, {
+        0: "conduit-hpc: error on world rank 0: CollectiveFailed: allreduce of 17,410 "
+           "values on the gloo group of 2 ranks (this rank 0) failed: a peer failed\n",
+        1: "conduit-hpc: error on world rank 1: ConduitError: injected failure\n"})
+    msg = first_error(tmp_path)
+    assert msg is not None and msg.startswith(
+        "conduit-hpc: error on world rank 1: ConduitError: injected failure")
+
+
+def test_a_peers_traceback_beats_a_collective_failure_and_alone_it_is_reported(
+        tmp_path: Path) -> None:
+    consequence = ("conduit-hpc: error on world rank 0: CollectiveFailed: broadcast of 10 "
+                   "values from rank 0 failed\n")
+    write_logs(tmp_path / "a", {0: consequence, 2: "Traceback (most recent call last):\n"
+                                "  File \"x.py\", line 1\nRuntimeError: boom\n"})
+    assert "on world rank 2: RuntimeError: boom" in str(first_error(tmp_path / "a"))
+    write_logs(tmp_path / "b", {0: consequence, 1: "some warning\n"})
+    assert str(first_error(tmp_path / "b")).startswith(consequence.strip())
+    # a ConduitError that is not a RemoteFailure stays the first reported, by rank
+    write_logs(tmp_path / "c", {0: "conduit-hpc: error on world rank 0: ConfigError: x\n",
+                                1: "conduit-hpc: error on world rank 1: ConduitError: y\n"})
+    assert "world rank 0: ConfigError: x" in str(first_error(tmp_path / "c"))
