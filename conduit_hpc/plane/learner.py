@@ -78,6 +78,11 @@ class DeliveryMode:
         """Run ``fn`` where this rank's MPI calls are made; its result."""
         return fn()
 
+    def send_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+        """Carry checked updates to the owners, behind every call posted before."""
+        d = self.d
+        self.post(lambda: d.send_priorities(indices, priorities))
+
     def stop(self) -> None:
         """No more batches: finish what is in flight."""
 
@@ -233,18 +238,22 @@ class LearnerEndpoint:
         metrics_path (Path | None): CSV file for per-superstep metrics.
         timeout_s (float): bound on every wait.
         status (bool): print a live status line.
+        mode (Callable | None): makes the delivery mode from the endpoint (default:
+            ``MODES[config.mode]``; the process delivery's, see
+            :mod:`conduit_hpc.plane.delivery_rank`).
     """
 
     def __init__(self, deliverer: Deliverer, fetch: Fetch, config: SchedulerConfig,
                  control: ControlBlock, *, lead: bool, metrics_path: Path | None,
-                 timeout_s: float, status: bool = False) -> None:
+                 timeout_s: float, status: bool = False,
+                 mode: Callable[[LearnerEndpoint], DeliveryMode] | None = None) -> None:
         self.d = deliverer
         self.fetch = fetch
         self.cfg = config
         self.control = control
         self.lead = lead
         self.timeout_s = timeout_s
-        self.mode = MODES[config.mode](self)
+        self.mode = (mode or MODES[config.mode])(self)
         self.clock = PrefetchClock(self.mode.depth)
         self.metrics = CsvSink(metrics_path, LEARNER_COLUMNS)
         self.status = LiveStatus() if status else None
@@ -383,7 +392,7 @@ class LearnerEndpoint:
         self.priority_rows += len(idx)
         if len(idx) == 0:  # nothing to send (send_priorities needs a row)
             return
-        self.post(lambda: d.send_priorities(idx, p))
+        self.mode.send_priorities(idx, p)
 
     def publish_now(self) -> None:
         """Publish the attached model's weights immediately (lead learner)."""
