@@ -314,9 +314,11 @@ class ProcessMode(DeliveryMode):
         self.depth = endpoint.cfg.prefetch_depth
         self.ring, self.stager, self.peer = ring, stager, delivery_rank
         self._stopped = False
+        self._failed = False  # this learner failed, or already raised the peer's failure
 
     def _check_peer(self) -> None:
         if self.ring.word(W_FAILED):
+            self._failed = True
             raise RemoteFailure(f"the delivery rank (world rank {self.peer}) of this learner "
                                 f"failed: {self.ring.message(W_FAILED)}")
 
@@ -361,7 +363,7 @@ class ProcessMode(DeliveryMode):
         self._stopped = True
         ring = self.ring
         ring.set_word(W_STOP, 1)
-        if ring.word(W_FAILED):  # already reported by next_batch: nothing to wait for
+        if self._failed:  # its failure (or this learner's) was reported already
             return
         self._wait(lambda: ring.word(W_STOPPED) == 1, "the delivery rank to stop")
         d = self.d
@@ -371,4 +373,5 @@ class ProcessMode(DeliveryMode):
 
     def fail(self, why: str) -> None:
         """The learner failed: tell the delivery rank (it raises at once)."""
+        self._failed = True
         self.ring.set_message(W_LEARNER_FAILED, why)
