@@ -90,18 +90,18 @@ class StagingLayout:
         return out
 
     @property
-    def _indices_offset(self) -> int:
+    def indices_offset(self) -> int:
         last = max((o + int(np.prod(s)) * d.itemsize for o, s, d in self.columns.values()),
                    default=8 * _SLOT_HEADER_WORDS)
         return _up(last)
 
     @property
-    def _weights_offset(self) -> int:
-        return _up(self._indices_offset + 24 * self.batch_rows)
+    def weights_offset(self) -> int:
+        return _up(self.indices_offset + 24 * self.batch_rows)
 
     @property
     def slot_bytes(self) -> int:
-        return _up(self._weights_offset + 4 * self.batch_rows)
+        return _up(self.weights_offset + 4 * self.batch_rows)
 
     @property
     def slots_offset(self) -> int:
@@ -163,7 +163,7 @@ class StagingRing:
         for name, (off, shape, dt) in lay.columns.items():
             n = int(np.prod(shape)) * dt.itemsize
             cols[name] = seg[base + off:base + off + n].view(dt).reshape(shape)
-        io, wo = base + lay._indices_offset, base + lay._weights_offset
+        io, wo = base + lay.indices_offset, base + lay.weights_offset
         return _Slot(header, header.view(np.float64), cols,
                      seg[io:io + 24 * B].view(np.int64).reshape(B, 3),
                      seg[wo:wo + 4 * B].view(np.float32))
