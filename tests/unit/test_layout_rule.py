@@ -109,3 +109,14 @@ def test_process_delivery_loads_with_checkpoints_off() -> None:
     cfg = Config.from_dict({"scheduler": {"delivery": "process"},
                             "checkpoint": {"on_stop": False}})
     assert cfg.scheduler.delivery == "process"
+
+
+def test_the_sbatch_plan_counts_the_delivery_ranks() -> None:
+    from conduit_hpc.tools.slurm import SlurmRequest, plan_tasks
+
+    lay = LayoutConfig(learners=1, buffers=1, actors=2)
+    t, _, comment = plan_tasks(lay, SlurmRequest(nodes=1), "process")
+    assert t == 5 and "rank 1 delivery" in comment[0] and "ranks 3-4 actors" in comment[0]
+    assert plan_tasks(lay, SlurmRequest(nodes=1))[0] == 4
+    with pytest.raises(ConfigError, match="1 delivery rank"):
+        plan_tasks(lay, SlurmRequest(nodes=1, ntasks_per_node=4), "process")
