@@ -142,6 +142,11 @@ def test_bad_combinations_are_refused_on_every_rank_together() -> None:
     assert COMM.allgather(got) == [True] * COMM.size
 
 
+def _only_up_to_4_ranks() -> None:
+    if COMM.size > 4:  # the same paths as at 4 ranks; more actors change nothing here
+        pytest.skip("runs at 4 ranks")
+
+
 def _failing_transform(after: int):
     seen = [0]
 
@@ -156,6 +161,7 @@ def _failing_transform(after: int):
 
 @pytest.mark.mpi(min_size=4)
 def test_a_failed_delivery_rank_ends_its_learner_with_its_error() -> None:
+    _only_up_to_4_ranks()
     cfg = config(run={"timeout_s": 30.0})
     with ExperienceDataPlane(cfg, transform=_failing_transform(5)) as edp:
         got = None
@@ -181,6 +187,7 @@ def test_a_failed_delivery_rank_ends_its_learner_with_its_error() -> None:
 
 @pytest.mark.mpi(min_size=4)
 def test_a_failed_learner_ends_its_delivery_rank() -> None:
+    _only_up_to_4_ranks()
     cfg = config(run={"timeout_s": 30.0})
     with ExperienceDataPlane(cfg) as edp:
         got = None
@@ -200,3 +207,30 @@ def test_a_failed_learner_ends_its_delivery_rank() -> None:
         edp.done()
         results = edp.roles.world.allgather(got)
     assert "the learner (world rank 0) failed: RuntimeError: loss is NaN" in results[1]
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("layout", [{"learners": 1, "buffers": 1, "actors": 0},
+                                    {"learners": 1, "buffers": 1, "actors": 0,
+                                     "emulate_nodes": 2},
+                                    {"learners": 2, "buffers": 1, "actors": 0}])
+def test_split_roles_gives_what_the_layout_rule_says(layout) -> None:
+    from conduit_hpc.config import LayoutConfig
+    from conduit_hpc.config.layout_rule import assign_roles
+    from conduit_hpc.plane.roles import split_roles
+
+    lay = LayoutConfig(**layout)
+    if COMM.size < lay.fixed_ranks + lay.learners:
+        pytest.skip("too few ranks for this layout")
+    roles = split_roles(COMM, lay, "process")
+    try:
+        want, err = assign_roles(lay, roles.node_of, "process")
+        assert err is None and want is not None
+        assert roles.role.value == want.roles[COMM.rank]
+        assert roles.delivery_ranks == want.ranks("delivery")
+        assert roles.delivery_of == want.delivery_of
+        assert roles.sampler_ranks == roles.delivery_ranks
+        for lo, d in roles.delivery_of.items():
+            assert roles.learner_of(d) == lo
+    finally:
+        roles.close()
