@@ -1,9 +1,11 @@
 """Exposed experience-path latency and iteration latency in edp, sync and service modes.
 
-    conduit-hpc bench exposed-latency [--smoke] [--supersteps N] [--out DIR]
+    conduit-hpc bench exposed-latency [--smoke] [--supersteps N] [--modes M,..] [--out DIR]
 
 A synthetic job (jobs/synthetic.py: 1 learner, 1 buffer, 1 actor ingesting at a steady
-rate) is run in all three modes in one invocation, for rows of 4 float32 (batch 256) and
+rate) is run in every mode in one invocation - ``edp`` (the data-plane thread),
+``edp-process`` (``scheduler.delivery = "process"``: a delivery rank, one more rank),
+``sync`` and ``service`` - for rows of 4 float32 (batch 256) and
 Atari-sized rows (2 x 4x84x84 uint8, batch 32). The experience-path time is measured
 first (median exposed latency in ``sync`` mode, where the learner does the whole path
 inline); learner compute, a torch matmul loop, is then set to 0.5x, 1x and 2x of it.
@@ -26,7 +28,9 @@ import numpy as np
 
 from conduit_hpc.bench.common import git_sha, repo_path
 
-MODES = ("sync", "service", "edp")
+MODES = ("sync", "service", "edp", "edp-process")
+#: the edp variants, each compared with sync and service
+EDP = ("edp", "edp-process")
 CASES: dict[str, dict[str, Any]] = {
     "float4": {"spec": {"obs": ("float32", [4]), "action": ("int64", []),
                         "reward": ("float32", [])},
@@ -63,8 +67,12 @@ def job_toml(case: str, mode: str, compute_s: float, supersteps: int, reps: int,
              "buffers = 1", "actors = 1", ""]
     for name, (dtype, shape) in c["spec"].items():
         lines += [f"[spec.{name}]", f'dtype = "{dtype}"', f"shape = {shape}", ""]
+    process = mode == "edp-process"
+    mode = "edp" if process else mode
     lines += ["[storage]", f"capacity_rows = {c['capacity']}", "",
+              "[checkpoint]", "on_stop = false", "",  # (delivery = 'process' needs it)
               "[scheduler]", f'mode = "{mode}"', f"batch_rows = {c['batch']}",
+              f'delivery = "{"process" if process else "thread"}"',
               "prefetch_depth = 2", 'sampler = "prioritized"',
               f'fetch = "{fetch if mode != "service" else "direct"}"',
               f"min_fill_rows = {4 * c['batch']}", "",
@@ -114,11 +122,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--cases", default="float4,atari")
     p.add_argument("--factors", default="0.5,1,2", help="compute as multiples of the path")
     p.add_argument("--out", default=str(repo_path("bench/out")), help="PNG/JSON folder")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help=f"modes to run, of {','.join(MODES)} (sync always: it calibrates)")
     p.add_argument("--fetch", choices=("direct", "owner"), default="direct",
                    help="scheduler.fetch of edp and sync (service always asks the owner)")
     args = p.parse_args(argv)
+    modes = [m for m in MODES if m in args.modes.split(",")]
     if args.smoke:
         args.supersteps, args.cases, args.factors = 40, "float4", "1"
+        modes = ["sync", "service", "edp"]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     sha = git_sha()
@@ -130,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
             calib = run_once(case, "sync", 0.0, args.supersteps, work, matmul_s, args.fetch)
             path_s = calib["exposed_median_s"]
             for factor in [float(f) for f in args.factors.split(",")]:
-                for mode in MODES:
+                for mode in modes:
                     r = run_once(case, mode, factor * path_s, args.supersteps, work, matmul_s,
                                  args.fetch)
                     r.update(factor=factor, calibrated_path_s=path_s, git_sha=sha,
@@ -151,33 +163,38 @@ def reductions(results: list[dict]) -> list[dict]:
     keys = sorted({(r["case"], r["factor"]) for r in results})
     for case, factor in keys:
         by = {r["mode"]: r for r in results if r["case"] == case and r["factor"] == factor}
-        if not all(m in by for m in MODES):
-            continue
-        e, s, v = by["edp"], by["sync"], by["service"]
-        out.append({
-            "case": case, "factor": factor,
+        for variant in EDP:
+            if all(m in by for m in (variant, "sync", "service")):
+                out.append(_cut(case, factor, variant, by[variant], by["sync"], by["service"]))
+    return out
+
+
+def _cut(case: str, factor: float, variant: str, e: dict, s: dict, v: dict) -> dict:
+    return {"case": case, "factor": factor, "variant": variant,
+            "compute_vs_sync": e["compute_median_s"] / s["compute_median_s"],
             "exposed_reduction_vs_sync": 1 - e["exposed_median_s"] / s["exposed_median_s"],
             "exposed_reduction_vs_service":
                 1 - e["exposed_median_s"] / v["exposed_median_s"],
             "iteration_reduction_vs_sync":
                 1 - e["iteration_median_s"] / s["iteration_median_s"],
             "iteration_reduction_vs_service":
-                1 - e["iteration_median_s"] / v["iteration_median_s"]})
-    return out
+                1 - e["iteration_median_s"] / v["iteration_median_s"]}
 
 
 def print_table(results: list[dict], table: list[dict]) -> None:
-    print(f"\n{'case':>7} {'x':>4} {'mode':>8} {'exposed med':>12} {'p99':>9} "
+    print(f"\n{'case':>7} {'x':>4} {'mode':>11} {'exposed med':>12} {'p99':>9} "
           f"{'iter med':>9} {'p99':>9} {'path':>8} {'compute':>8}   (ms)")
     for r in results:
-        print(f"{r['case']:>7} {r['factor']:>4g} {r['mode']:>8} "
+        print(f"{r['case']:>7} {r['factor']:>4g} {r['mode']:>11} "
               f"{r['exposed_median_s'] * 1e3:>12.3f} {r['exposed_p99_s'] * 1e3:>9.3f} "
               f"{r['iteration_median_s'] * 1e3:>9.3f} {r['iteration_p99_s'] * 1e3:>9.3f} "
               f"{r['path_median_s'] * 1e3:>8.3f} {r['compute_median_s'] * 1e3:>8.3f}")
-    print(f"\n{'case':>7} {'x':>4} {'exposed vs sync':>16} {'exposed vs service':>19} "
+    print(f"\n{'case':>7} {'x':>4} {'variant':>11} {'compute/sync':>12} "
+          f"{'exposed vs sync':>16} {'exposed vs service':>19} "
           f"{'iteration vs sync':>18} {'iteration vs service':>21}   (edp reduction)")
     for t in table:
-        print(f"{t['case']:>7} {t['factor']:>4g} {t['exposed_reduction_vs_sync']:>16.1%} "
+        print(f"{t['case']:>7} {t['factor']:>4g} {t['variant']:>11} "
+              f"{t['compute_vs_sync']:>12.2f} {t['exposed_reduction_vs_sync']:>16.1%} "
               f"{t['exposed_reduction_vs_service']:>19.1%} "
               f"{t['iteration_reduction_vs_sync']:>18.1%} "
               f"{t['iteration_reduction_vs_service']:>21.1%}")
@@ -191,7 +208,8 @@ def plot(results: list[dict], path: Path) -> None:
 
     cases = sorted({r["case"] for r in results})
     fig, axes = plt.subplots(1, len(cases), figsize=(6 * len(cases), 4.5), squeeze=False)
-    colors = {"edp": "tab:green", "sync": "tab:red", "service": "tab:blue"}
+    colors = {"edp": "tab:green", "edp-process": "tab:olive", "sync": "tab:red",
+              "service": "tab:blue"}
     for ax, case in zip(axes[0], cases, strict=True):
         for r in (r for r in results if r["case"] == case):
             ax.scatter(r["iteration_median_s"] * 1e3, r["exposed_median_s"] * 1e3,

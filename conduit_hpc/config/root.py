@@ -80,11 +80,35 @@ class Config:
                     f"a shard that rows moved out of holds a non-contiguous run of rows, "
                     f"which the checkpoint format does not store")
         self._check_sizes()
+        if sch.delivery == "process":
+            self._check_process_delivery()
         if self.longhaul.mode == "edge_replay":
             # rows must cross the link in the owner's replies, never be read in place
             require(sch.fetch == "owner" or sch.mode == "service", "scheduler.fetch",
                     sch.fetch, "'owner' with longhaul.mode = 'edge_replay' (the edge buffer "
                     "samples and sends the rows across the link)")
+
+    def _check_process_delivery(self) -> None:
+        """What ``scheduler.delivery = "process"`` supports (a delivery rank per learner
+        owns the experience path; see :mod:`conduit_hpc.plane.delivery_rank`)."""
+        why = "with scheduler.delivery = 'process'"
+        require(self.layout.learners >= 1, "layout.learners", self.layout.learners,
+                f">= 1 {why} (a delivery rank serves a learner)")
+        ck = self.checkpoint
+        require(ck.every_seconds == 0 and ck.every_supersteps == 0 and not ck.on_stop,
+                "checkpoint", {"every_seconds": ck.every_seconds,
+                               "every_supersteps": ck.every_supersteps,
+                               "on_stop": ck.on_stop},
+                f"off (every_seconds = 0, every_supersteps = 0, on_stop = false) {why}: the "
+                f"cut's marker leaves the learner while its priority updates leave the "
+                f"delivery rank, so the order the checkpoint protocol needs is not kept "
+                f"(not implemented; use delivery = 'thread')")
+        require(not self.placement.adaptive, "placement.adaptive", self.placement.adaptive,
+                f"false {why} (live re-placement reads the learner's sampling; not "
+                f"implemented for a delivery rank)")
+        require(self.longhaul.mode == "off", "longhaul.mode", self.longhaul.mode,
+                f"'off' {why} (long-haul places and paces the learner's own traffic; not "
+                f"implemented for a delivery rank)")
 
     def _check_sizes(self) -> None:
         """Bytes a rank will allocate from these numbers must fit in int64."""

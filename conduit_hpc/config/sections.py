@@ -252,6 +252,11 @@ class SchedulerConfig:
             shards in shared memory, RMA otherwise) or ``owner`` (the shard's owner
             samples and sends the rows, as in ``service`` - for shards behind a slow link,
             where ``edp`` then prefetches those replies ahead of the learner).
+        delivery (str): where ``edp`` mode's experience path runs: ``thread`` (a
+            data-plane thread in the learner's process) or ``process`` (a delivery rank
+            per learner, on the learner's node, that samples, gathers and transforms and
+            hands ready batches over through a node-shared staging ring; the layout gets
+            one extra rank per learner, see :mod:`conduit_hpc.config.layout_rule`).
     """
 
     mode: Literal["edp", "sync", "service"] = "edp"
@@ -274,6 +279,7 @@ class SchedulerConfig:
     stream_field: str = ""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     fetch: Literal["direct", "owner"] = "direct"
+    delivery: Literal["thread", "process"] = "thread"
 
     def __post_init__(self) -> None:
         require(1 <= self.batch_rows <= MAX_COUNT, "batch_rows", self.batch_rows,
@@ -312,6 +318,10 @@ class SchedulerConfig:
                     f">= (samples_per_insert * max_insert_batch + batch_rows) / 2 = "
                     f"{need / 2:g}; narrower, actors and learners can each wait for the "
                     f"other forever")
+        require(self.delivery == "thread" or self.mode == "edp", "delivery", self.delivery,
+                f"'thread' with mode = {self.mode!r} ('process' moves the prefetching "
+                f"data-plane thread of mode = 'edp' into a rank of its own; the inline "
+                f"modes have no experience path to move)")
         if self.sampler == "sequence":
             require(self.sequence_length + self.burn_in >= 2, "sequence_length",
                     self.sequence_length, ">= 2 (with burn_in) for the sequence sampler")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -25,10 +26,26 @@ from conduit_hpc.errors import TransportError
 from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.plane.shard import OwnedShard
 from conduit_hpc.protocol import PriorityUpdate, SampleReply, SampleRequest, Tag, pack_rows
+from conduit_hpc.sampling import make_sampler
 from conduit_hpc.transport.channel import Channel, Message
 from conduit_hpc.wait import Backoff
 
-__all__ = ["BufferServer", "OwnedShard"]
+__all__ = ["BufferServer", "OwnedShard", "make_server"]
+
+
+def make_server(edp: Any, on_done: Callable[[int], None] | None) -> BufferServer:
+    """The buffer loop of this rank of the data plane ``edp``, over the shards it owns;
+    the ranks that draw samples (learners, or their delivery ranks) are the ones whose
+    end releases writers held on undrawn rows. Local."""
+    cfg, roles, me = edp.config, edp.roles, edp.roles.world_rank
+    sampler = make_sampler(cfg, cfg.run.seed + me)
+    owned = edp.memory.owned_shards(cfg, roles, edp.placement, sampler)
+    peers = tuple(r for r in range(roles.world_size) if r not in roles.buffer_ranks)
+    acks = edp.window.own_segment()[:8 * roles.world_size].view(np.int64)
+    return BufferServer(owned, edp.channel, peers, on_done=on_done,
+                        poll_interval_s=cfg.transport.poll_interval_s,
+                        seed=cfg.run.seed + me, window=sampler.window, acks=acks,
+                        sync=edp.window.sync, learners=roles.sampler_ranks)
 
 
 class BufferServer:

@@ -95,6 +95,9 @@ class Deliverer:
         #: rows of this learner's shards overwritten before any learner drew them, as
         #: the owners last published (see :class:`~conduit_hpc.plane.buffer.OwnedShard`)
         self.overwritten_unsampled = 0
+        #: where batch ``t``'s columns are gathered (``alloc(t)``: the staging ring's slot
+        #: on a delivery rank); ``None``: fresh arrays
+        self.alloc: Callable[[int], dict[str, np.ndarray]] | None = None
         # replies that arrived while another batch's were awaited (pipelined owner fetch)
         self.stash: dict[int, tuple[SampleReply, np.ndarray]] = {}
 
@@ -277,7 +280,8 @@ class Deliverer:
         weigh and copy one batch."""
         B, w = self.cfg.batch_rows, self.window
         lead = (B, w) if w > 1 else (B,)
-        out = {f.name: np.empty((*lead, *f.shape), dtype=f.dtype) for f in self.spec}
+        out = (self.alloc(superstep) if self.alloc is not None else
+               {f.name: np.empty((*lead, *f.shape), dtype=f.dtype) for f in self.spec})
         flat = {k: v.reshape(B * w, *v.shape[len(lead):]) for k, v in out.items()}
         indices = np.empty((B, 3), dtype=np.int64)
         mass = np.empty(B, dtype=np.float64)

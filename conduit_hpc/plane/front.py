@@ -37,9 +37,16 @@ from conduit_hpc.config import Config
 from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed
 from conduit_hpc.placement.placement import Placement
 from conduit_hpc.plane.actor import ActorEndpoint, IngestReceipt, IngestStats
-from conduit_hpc.plane.buffer import BufferServer, OwnedShard
+from conduit_hpc.plane.buffer import BufferServer, OwnedShard, make_server
 from conduit_hpc.plane.control import C_ACTORS_DONE, C_LEARNERS_DONE
-from conduit_hpc.plane.delivery import Deliverer
+from conduit_hpc.plane.delivery_rank import (
+    DeliveryServer,
+    ProcessMode,
+    make_deliverer,
+    make_delivery_server,
+    open_staging,
+    process_mode,
+)
 from conduit_hpc.plane.extensions import Feature, feature_factories
 from conduit_hpc.plane.learner import MODES, EdpMode, LearnerEndpoint
 from conduit_hpc.plane.memory import ShardMemory
@@ -47,9 +54,8 @@ from conduit_hpc.plane.planning import decide_placement, write_plan
 from conduit_hpc.plane.roles import Role, RoleComms, check_same_config, split_roles
 from conduit_hpc.plane.staging import Batch, Stager, agreed_device
 from conduit_hpc.plane.summary import merge_summaries, shard_counters
-from conduit_hpc.plane.weights import WeightsBoard, flat_parameters, load_flat
+from conduit_hpc.plane.weights import WeightsBoard, agreed_model_size, load_flat
 from conduit_hpc.protocol import Tag
-from conduit_hpc.sampling import make_sampler
 from conduit_hpc.scheduler import RateLimiter
 from conduit_hpc.spec import Spec
 from conduit_hpc.transport.channel import Channel
@@ -100,7 +106,7 @@ class ExperienceDataPlane:
                               f"MPI granted level {MPI.Query_thread()}",
                               key="scheduler.mode")
         check_same_config(comm, config)
-        self.roles: RoleComms = split_roles(comm, config.layout)
+        self.roles: RoleComms = split_roles(comm, config.layout, sch.delivery)
         roles = self.roles
         try:
             self.features: list[Feature] = [
@@ -140,8 +146,10 @@ class ExperienceDataPlane:
         self.learner: LearnerEndpoint | None = None
         self.actor: ActorEndpoint | None = None
         self._learner_summary: dict[str, float] = {}
+        self.delivery: DeliveryServer | None = None
         try:
             self._device = agreed_device(roles, sch.device)  # collective
+            self.staging = open_staging(roles, config, self.spec)  # delivery = "process"
         except ConfigError:
             self.memory.close()
             self.channel.close()
@@ -151,6 +159,9 @@ class ExperienceDataPlane:
             self._init_buffer()
         elif roles.role is Role.LEARNER:
             self._init_learner(transform)
+        elif roles.role is Role.DELIVERY:
+            assert self.staging is not None
+            self.delivery = make_delivery_server(self, self.staging, transform)
         else:
             self._init_actor()
         for f in self.features:
@@ -161,16 +172,8 @@ class ExperienceDataPlane:
         return self.run_dir / "metrics" / name if self.run_dir else None
 
     def _init_buffer(self) -> None:
-        cfg, roles, me = self.config, self.roles, self.roles.world_rank
-        sampler = make_sampler(cfg, cfg.run.seed + me)
-        owned = self.memory.owned_shards(cfg, roles, self.placement, sampler)
-        peers = tuple(r for r in range(roles.world_size) if r not in roles.buffer_ranks)
-        on_done = self._count_done if me == self.memory.control_owner else None
-        acks = self.window.own_segment()[:8 * roles.world_size].view(np.int64)
-        self.server = BufferServer(owned, self.channel, peers, on_done=on_done,
-                                   poll_interval_s=cfg.transport.poll_interval_s,
-                                   seed=cfg.run.seed + me, window=sampler.window, acks=acks,
-                                   sync=self.window.sync, learners=roles.learner_ranks)
+        on_done = self._count_done if self.roles.world_rank == self.memory.control_owner else None
+        self.server = make_server(self, on_done)
 
     def _count_done(self, rank: int) -> None:
         if rank in self.roles.learner_ranks:
@@ -180,27 +183,20 @@ class ExperienceDataPlane:
 
     def _init_learner(self, transform: Any) -> None:
         cfg, roles, me = self.config, self.roles, self.roles.world_rank
-        mine = self.placement.learner_shards.get(me, ())
+        mine = tuple(self.placement.learner_shards.get(me, ()))
         assert self._device is not None  # a learner's (see agreed_device)
         self.device = self._device
-        owners = {s: self.placement.shards[s].owner_rank for s in mine}
-        acks = {o: a for o in set(owners.values())
-                if (a := self.memory.acks_of(o, roles.world_size)) is not None}
-        d = Deliverer(spec=self.spec, rings={s: self.rings[s] for s in mine}, owners=owners,
-                      acks=acks, sync=self.window.sync, rank=me,
-                      pin_offset=8 * roles.world_size,
-                      channel=self.channel, control=self.control, limiter=self.limiter,
-                      config=cfg.scheduler, sampler=make_sampler(cfg, cfg.run.seed + me),
-                      n_actors=len(roles.actor_ranks), stager=Stager(self.device),
-                      transform=transform, timeout_s=cfg.run.timeout_s,
-                      poll_interval_s=cfg.transport.poll_interval_s)
+        stager = Stager(self.device)
+        d = make_deliverer(self, me, mine, stager, transform)
         fetch = MODES[cfg.scheduler.mode].fetch_for(cfg.scheduler)
         self.learner = LearnerEndpoint(d, fetch, cfg.scheduler, self.control,
                                        lead=me == roles.learner_ranks[0],
                                        metrics_path=self._metrics_file(f"learner-{me}.csv"),
                                        timeout_s=cfg.run.timeout_s,
                                        status=me == 0 and self.run_dir is not None,
-                                       budget_s=cfg.run.duration_s)
+                                       budget_s=cfg.run.duration_s,
+                                       mode=process_mode(self.staging, stager,
+                                                         roles.delivery_of.get(me, -1)))
 
     def _init_actor(self) -> None:
         me = self.roles.world_rank
@@ -224,11 +220,15 @@ class ExperienceDataPlane:
         # the job aborts (python -m mpi4py) and the OS reclaims everything
         if exc_type is None:
             self.close()
+        elif self.learner is not None and isinstance(self.learner.mode, ProcessMode):
+            self.learner.mode.fail(f"{exc_type.__name__}: {exc}")  # its rank stops too
 
     # -- introspection -------------------------------------------------------------
     @property
     def role(self) -> Role:
-        return self.roles.role
+        """The role jobs dispatch on: a delivery rank (``roles.role``) answers ``BUFFER``:
+        it only serves (:meth:`serve`), so jobs run unchanged with it."""
+        return Role.BUFFER if self.roles.role is Role.DELIVERY else self.roles.role
 
     @property
     def world_rank(self) -> int:
@@ -304,18 +304,11 @@ class ExperienceDataPlane:
                                   "(it is collective, and the data-plane thread owns MPI "
                                   "from then on)")
         roles = self.roles
-        n = int(flat_parameters(model).size) if model is not None else -1
-        sizes = np.zeros(roles.world_size, dtype=np.int64)
-        roles.world.Allgather(np.array([n], dtype=np.int64), sizes)
         lead = roles.learner_ranks[0] if roles.learner_ranks else -1
+        want = agreed_model_size(roles.world, model, lead, (*roles.actor_ranks,
+                                                            *roles.learner_ranks))
         if lead < 0:
             return
-        want = int(sizes[lead])
-        bad = [r for r in (*roles.actor_ranks, *roles.learner_ranks) if sizes[r] != want]
-        if bad:
-            raise ConfigError(f"share_weights: ranks {bad} passed models with "
-                              f"{[int(sizes[r]) for r in bad]} parameters, the lead learner "
-                              f"{want}", key="model")
         me = roles.world_rank
         self._weights_window = RmaWindow(roles.world, 64 + 4 * want if me == lead else 0,
                                          node_comm=roles.node,
@@ -388,8 +381,11 @@ class ExperienceDataPlane:
 
     # -- serve (buffers) -----------------------------------------------------------
     def serve(self) -> None:
-        """Run the buffer progress loop until every non-buffer rank is done. Buffer
-        ranks only; blocks (see :mod:`conduit_hpc.plane.buffer` for why not forever)."""
+        """Run the buffer progress loop until every non-buffer rank is done (a delivery
+        rank: deliver until its learner stops). Blocks (bounded: see ``plane.buffer``)."""
+        if self.delivery is not None:
+            self.delivery.serve()
+            return
         self._require(Role.BUFFER, "serve()")
         assert self.server is not None
         self.server.serve()
@@ -412,7 +408,7 @@ class ExperienceDataPlane:
             entry per attached feature (its ``merge`` of every rank's part; for
             ``replacement`` and ``longhaul`` see those features).
         """
-        mine: dict[str, Any] = {"rank": self.world_rank, "role": self.role.value}
+        mine: dict[str, Any] = {"rank": self.world_rank, "role": self.roles.role.value}
         if self.actor is not None:
             mine["ingest"] = self.actor.stats.as_dict()
         if self.server is not None:
@@ -430,6 +426,8 @@ class ExperienceDataPlane:
         ranks; idempotent; blocks only to drain the data-plane thread (bounded)."""
         if self._done_sent or self.roles.role is Role.BUFFER:
             return
+        if self.delivery is not None:
+            self.delivery.serve()  # until its learner stops (no-op once served)
         self._done_sent = True
         if self.learner is not None:
             self._learner_summary = self.learner.stop()
@@ -461,6 +459,8 @@ class ExperienceDataPlane:
             f.close()
         if self._weights_window is not None:
             self._weights_window.close()
+        if self.staging is not None:
+            self.staging.close()  # collective on the pair
         self.memory.close()
         self.channel.close()
         self.roles.close()

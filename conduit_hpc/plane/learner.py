@@ -79,6 +79,11 @@ class DeliveryMode:
         """Run ``fn`` where this rank's MPI calls are made; its result."""
         return fn()
 
+    def send_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+        """Carry checked updates to the owners, behind every call posted before."""
+        d = self.d
+        self.post(lambda: d.send_priorities(indices, priorities))
+
     def stop(self) -> None:
         """No more batches: finish what is in flight."""
 
@@ -237,18 +242,22 @@ class LearnerEndpoint:
             terminal, plain lines every 10 s in a log.
         budget_s (float): the run's time budget (``run.duration_s``; 0: none), which
             the progress line counts down.
+        mode (Callable | None): makes the delivery mode from the endpoint (default:
+            ``MODES[config.mode]``; the process delivery's, see
+            :mod:`conduit_hpc.plane.delivery_rank`).
     """
 
     def __init__(self, deliverer: Deliverer, fetch: Fetch, config: SchedulerConfig,
                  control: ControlBlock, *, lead: bool, metrics_path: Path | None,
-                 timeout_s: float, status: bool = False, budget_s: float = 0.0) -> None:
+                 timeout_s: float, status: bool = False, budget_s: float = 0.0,
+                 mode: Callable[[LearnerEndpoint], DeliveryMode] | None = None) -> None:
         self.d = deliverer
         self.fetch = fetch
         self.cfg = config
         self.control = control
         self.lead = lead
         self.timeout_s = timeout_s
-        self.mode = MODES[config.mode](self)
+        self.mode = (mode or MODES[config.mode])(self)
         self.clock = PrefetchClock(self.mode.depth)
         self.metrics = CsvSink(metrics_path, LEARNER_COLUMNS)
         self.weights: WeightsBoard | None = None
@@ -390,7 +399,7 @@ class LearnerEndpoint:
         self.priority_rows += len(idx)
         if len(idx) == 0:  # nothing to send (send_priorities needs a row)
             return
-        self.post(lambda: d.send_priorities(idx, p))
+        self.mode.send_priorities(idx, p)
 
     def publish_now(self) -> None:
         """Publish the attached model's weights immediately (lead learner)."""

@@ -1,8 +1,9 @@
-"""Split the world into actor, buffer and learner ranks.
+"""Split the world into actor, buffer, learner (and delivery) ranks.
 
 :func:`split_roles` takes a private duplicate of the given communicator (never
 ``COMM_WORLD`` itself) and splits it by a :class:`~conduit_hpc.config.LayoutConfig`:
-counts for the whole world, or counts per node. Every check that can fail is decided
+counts for the whole world, or counts per node (the rule itself, MPI-free, is
+:func:`conduit_hpc.config.layout_rule.assign_roles`). Every check that can fail is decided
 from values all ranks know, so every rank raises the same error together; nothing here
 can hang on a layout that does not fit.
 """
@@ -10,12 +11,13 @@ can hang on a layout that does not fit.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
 from conduit_hpc.config import Config, LayoutConfig
-from conduit_hpc.errors import ConfigError, ConfigMismatch, WorldTooSmall
+from conduit_hpc.config.layout_rule import assign_roles
+from conduit_hpc.errors import ConfigMismatch
 from conduit_hpc.transport.objects import allgather_json
 
 __all__ = ["Role", "RoleComms", "agree", "check_same_config", "split_roles"]
@@ -27,6 +29,8 @@ class Role(enum.Enum):
     ACTOR = "actor"
     BUFFER = "buffer"
     LEARNER = "learner"
+    #: owns one learner's experience path (``scheduler.delivery = "process"``)
+    DELIVERY = "delivery"
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,6 +45,9 @@ class RoleComms:
             ``buffer`` and ``learner``.
         actor_ranks (tuple[int, ...]): world ranks of actors; likewise the others.
         node_of (tuple[int, ...]): node index of each world rank.
+        delivery_ranks (tuple[int, ...]): world ranks of delivery ranks (empty unless
+            ``scheduler.delivery = "process"``); they have no role communicator.
+        delivery_of (dict[int, int]): learner world rank -> its delivery rank.
     """
 
     world: MPI.Intracomm
@@ -53,6 +60,8 @@ class RoleComms:
     buffer_ranks: tuple[int, ...]
     learner_ranks: tuple[int, ...]
     node_of: tuple[int, ...]
+    delivery_ranks: tuple[int, ...] = ()
+    delivery_of: dict[int, int] = field(default_factory=dict)
 
     @property
     def world_rank(self) -> int:
@@ -70,8 +79,9 @@ class RoleComms:
     def role_comm(self) -> MPI.Intracomm:
         """The communicator of this rank's role."""
         c = {Role.ACTOR: self.actor, Role.BUFFER: self.buffer, Role.LEARNER: self.learner}
-        comm = c[self.role]
-        assert comm is not None
+        comm = c.get(self.role)
+        if comm is None:
+            raise ValueError(f"a {self.role.value} rank has no role communicator")
         return comm
 
     @property
@@ -81,7 +91,17 @@ class RoleComms:
 
     def ranks_of(self, role: Role) -> tuple[int, ...]:
         return {Role.ACTOR: self.actor_ranks, Role.BUFFER: self.buffer_ranks,
-                Role.LEARNER: self.learner_ranks}[role]
+                Role.LEARNER: self.learner_ranks, Role.DELIVERY: self.delivery_ranks}[role]
+
+    @property
+    def sampler_ranks(self) -> tuple[int, ...]:
+        """The ranks that draw samples from the shards: the delivery ranks when there
+        are any, else the learners."""
+        return self.delivery_ranks or self.learner_ranks
+
+    def learner_of(self, delivery_rank: int) -> int:
+        """The learner a delivery rank serves."""
+        return next(lo for lo, d in self.delivery_of.items() if d == delivery_rank)
 
     def role_of(self, world_rank: int) -> Role:
         for role in Role:
@@ -116,48 +136,8 @@ def _node_split(world: MPI.Intracomm, emulate_nodes: int) -> tuple[MPI.Intracomm
     return node, tuple(int(c) for c in allgather_json(world, int(color)))
 
 
-def _assign(layout: LayoutConfig,
-            node_of: tuple[int, ...]) -> tuple[list[str], Exception | None]:
-    """Role name per world rank, or the error to raise (the same on every rank)."""
-    size = len(node_of)
-    if not layout.per_node:
-        need = layout.fixed_ranks
-        if size < need:
-            return [], WorldTooSmall(
-                f"layout needs {need} ranks ({layout.learners} learners, "
-                f"{layout.buffers} buffers, {max(layout.actors, 1)}"
-                f"{'+' if layout.actors == 0 else ''} actors) but the world has {size}")
-        if layout.actors and size > need:
-            return [], ConfigError(
-                f"layout uses exactly {need} ranks but the world has {size}; set "
-                f"layout.actors = 0 to make every remaining rank an actor",
-                key="layout.actors")
-        roles = (["learner"] * layout.learners + ["buffer"] * layout.buffers
-                 + ["actor"] * (size - layout.learners - layout.buffers))
-        return roles, None
-    roles = [""] * size
-    per_node: dict[int, list[int]] = {}
-    for r, n in enumerate(node_of):
-        per_node.setdefault(n, []).append(r)
-    need = layout.fixed_ranks
-    for n, ranks in sorted(per_node.items()):
-        if len(ranks) < need:
-            return [], WorldTooSmall(
-                f"layout needs {need} ranks per node ({layout.learners} learners, "
-                f"{layout.buffers} buffers, {max(layout.actors, 1)}"
-                f"{'+' if layout.actors == 0 else ''} actors) but node {n} has {len(ranks)}")
-        if layout.actors and len(ranks) > need:
-            return [], ConfigError(
-                f"layout uses exactly {need} ranks per node but node {n} has "
-                f"{len(ranks)}; set layout.actors = 0 to use the rest as actors",
-                key="layout.actors")
-        for i, r in enumerate(ranks):
-            roles[r] = ("learner" if i < layout.learners
-                        else "buffer" if i < layout.learners + layout.buffers else "actor")
-    return roles, None
-
-
-def split_roles(comm: MPI.Intracomm, layout: LayoutConfig) -> RoleComms:
+def split_roles(comm: MPI.Intracomm, layout: LayoutConfig,
+                delivery: str = "thread") -> RoleComms:
     """Split a private duplicate of ``comm`` into role communicators.
 
     **Collective** on ``comm``. Blocks until every rank of ``comm`` calls it.
@@ -168,14 +148,14 @@ def split_roles(comm: MPI.Intracomm, layout: LayoutConfig) -> RoleComms:
     """
     world = comm.Dup()
     node, node_of = _node_split(world, layout.emulate_nodes)
-    roles, err = _assign(layout, node_of)
-    if err is not None:
+    got, err = assign_roles(layout, node_of, delivery)
+    if err is not None or got is None:
         node.Free()
         world.Free()
+        assert err is not None
         raise err
-    me = roles[world.Get_rank()]
-    ranks = {name: tuple(r for r, x in enumerate(roles) if x == name)
-             for name in ("actor", "buffer", "learner")}
+    me = got.roles[world.Get_rank()]
+    ranks = {name: got.ranks(name) for name in ("actor", "buffer", "learner", "delivery")}
     subs: dict[str, MPI.Intracomm | None] = {}
     for i, name in enumerate(("actor", "buffer", "learner")):
         color = i if me == name else MPI.UNDEFINED
@@ -184,7 +164,8 @@ def split_roles(comm: MPI.Intracomm, layout: LayoutConfig) -> RoleComms:
     return RoleComms(world=world, node=node, role=Role(me), actor=subs["actor"],
                      buffer=subs["buffer"], learner=subs["learner"],
                      actor_ranks=ranks["actor"], buffer_ranks=ranks["buffer"],
-                     learner_ranks=ranks["learner"], node_of=node_of)
+                     learner_ranks=ranks["learner"], node_of=node_of,
+                     delivery_ranks=ranks["delivery"], delivery_of=got.delivery_of)
 
 
 def agree(comm: MPI.Intracomm, ok: bool) -> bool:

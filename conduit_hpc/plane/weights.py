@@ -8,16 +8,17 @@ pull newer ones with one-sided reads (numpy copies on the same node).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from conduit_hpc.errors import ConfigError
 from conduit_hpc.transport.rma import RmaWindow
 
 if TYPE_CHECKING:  # torch loads only on ranks that share weights
     import torch
 
-__all__ = ["WeightsBoard", "flat_parameters", "load_flat"]
+__all__ = ["WeightsBoard", "agreed_model_size", "flat_parameters", "load_flat"]
 
 
 class WeightsBoard:
@@ -103,3 +104,24 @@ def load_flat(model: torch.nn.Module, flat: np.ndarray) -> None:
             n = p.numel()
             p.copy_(torch.from_numpy(flat[o:o + n]).view_as(p))
             o += n
+
+
+def agreed_model_size(world: Any, model: Any, lead: int, users: tuple[int, ...]) -> int:
+    """The lead learner's parameter count (-1 without a lead), checked against every
+    rank in ``users`` (actors, learners). **Collective** on ``world`` (one Allgather).
+
+    Raises:
+        ConfigError: some user's model differs in size (on every rank).
+    """
+    n = int(flat_parameters(model).size) if model is not None else -1
+    sizes = np.zeros(world.Get_size(), dtype=np.int64)
+    world.Allgather(np.array([n], dtype=np.int64), sizes)
+    if lead < 0:
+        return -1
+    want = int(sizes[lead])
+    bad = [r for r in users if sizes[r] != want]
+    if bad:
+        raise ConfigError(f"share_weights: ranks {bad} passed models with "
+                          f"{[int(sizes[r]) for r in bad]} parameters, the lead learner "
+                          f"{want}", key="model")
+    return want

@@ -16,6 +16,7 @@ from pathlib import Path
 from conduit_hpc import errors
 from conduit_hpc.config import Config
 from conduit_hpc.config.jobs import main_calls_job_main
+from conduit_hpc.config.layout_rule import role_of_rank
 from conduit_hpc.job import ERROR_PREFIX
 
 __all__ = ["first_error", "never_started", "rank_death", "role_of"]
@@ -67,15 +68,9 @@ _DEATH_SRUN = re.compile(r"srun: error: (\S+): tasks? (\d+)[-\d,]*: (Killed|Term
 
 def role_of(cfg: Config, world_size: int, rank: int) -> str:
     """The role ``rank`` has under ``cfg``'s layout (``per_node`` layouts: by the ranks
-    of one node, assuming the launcher fills nodes in order; "" if unknown)."""
-    lay = cfg.layout
-    if lay.per_node:
-        return ""
-    if rank < lay.learners:
-        return "learner"
-    if rank < lay.learners + lay.buffers:
-        return "buffer"
-    return "actor" if rank < world_size else ""
+    of one node, assuming the launcher fills nodes in order; "" if unknown): the rule of
+    :func:`conduit_hpc.config.layout_rule.assign_roles`, delivery ranks included."""
+    return role_of_rank(cfg.layout, cfg.scheduler.delivery, world_size, rank)
 
 
 def rank_death(run_dir: Path, cfg: Config) -> str | None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from conduit_hpc.config import Config, job_script_for, load, to_toml
 from conduit_hpc.config.jobs import contract_problem
+from conduit_hpc.config.layout_rule import assign_roles, delivery_per_learner, ranks_needed
 from conduit_hpc.errors import ConduitError, ConfigError, WorldTooSmall
 from conduit_hpc.job import ERROR_PREFIX
 from conduit_hpc.tools.diagnose import first_error, never_started, rank_death
@@ -100,28 +101,34 @@ def site_mpi(env: Mapping[str, str] | None = None) -> bool:
 
 
 def ranks_for(cfg: Config) -> int:
-    """Ranks a config's layout uses on one node (counts mode; one actor when 'rest')."""
-    lay = cfg.layout
-    return lay.learners + lay.buffers + max(lay.actors, 1)
+    """Ranks a config's layout uses on one node (counts mode; one actor when 'rest';
+    the delivery ranks of ``scheduler.delivery = "process"``)."""
+    return ranks_needed(cfg.layout, cfg.scheduler.delivery)
 
 
 def ranks_problem(cfg: Config, n: int) -> ConduitError | None:
-    """Why ``n`` ranks do not fit ``cfg``'s ``[layout]``, or ``None`` - the rules of
-    :func:`conduit_hpc.plane.roles._assign` for ``per_node = false``, checked before any
-    rank starts. ``per_node = true`` is not checked (it depends on how the launcher fills
-    nodes). Local; no MPI."""
+    """Why ``n`` ranks do not fit ``cfg``'s ``[layout]``, or ``None`` - the rule of
+    :func:`conduit_hpc.config.layout_rule.assign_roles` (the one the ranks use) for
+    ``per_node = false``, checked before any rank starts; it counts the delivery ranks
+    of ``scheduler.delivery = "process"``. ``per_node = true`` is not checked (it depends
+    on how the launcher fills nodes). Local; no MPI."""
     lay = cfg.layout
     if lay.per_node:
         return None
-    need = lay.fixed_ranks
-    roles = (f"{lay.learners} learner(s), {lay.buffers} buffer(s), "
+    _, err = assign_roles(lay, (0,) * n, cfg.scheduler.delivery)
+    if err is None:
+        return None
+    need = ranks_needed(lay, cfg.scheduler.delivery)
+    d = lay.learners * delivery_per_learner(cfg.scheduler.delivery)
+    roles = (f"{lay.learners} learner(s), " + (f"{d} delivery rank(s), " if d else "")
+             + f"{lay.buffers} buffer(s), "
              f"{max(lay.actors, 1)}{'+' if lay.actors == 0 else ''} actor(s)")
     if n < need:
         fix = (f"use -n {need} or more" if lay.actors == 0 else
                f"use -n {need}, or change layout.learners/buffers/actors")
         return WorldTooSmall(f"-n {n} is too few: [layout] needs {need} ranks ({roles}); "
                              f"{fix}")
-    if lay.actors and n > need:
+    if isinstance(err, ConfigError):
         return ConfigError(f"-n {n} is more than the {need} ranks [layout] uses ({roles}); "
                            f"use -n {need}, or --set layout.actors=0 to make every "
                            f"remaining rank an actor", key="layout.actors")

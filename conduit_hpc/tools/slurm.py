@@ -38,6 +38,7 @@ from importlib import resources
 from pathlib import Path
 
 from conduit_hpc.config import Config, LayoutConfig, load, require
+from conduit_hpc.config.layout_rule import delivery_per_learner, ranks_needed
 from conduit_hpc.errors import ConduitError, ConfigError
 from conduit_hpc.tools.slurm_env import MPI_KINDS, checkout_of, parse_env, setup_block
 
@@ -117,11 +118,14 @@ class SlurmRequest:
                     "a long sbatch option such as --qos=high")
 
 
-def _roles(layout: LayoutConfig, tasks: int) -> str:
+def _roles(layout: LayoutConfig, tasks: int, d: int = 0) -> str:
     lo, b = layout.learners, layout.buffers
     parts = []
     if lo:
         parts.append(f"{_span(0, lo)} learner{'s' if lo > 1 else ''}")
+    if d:
+        parts.append(f"{_span(lo, d)} delivery")
+    lo += d
     parts.append(f"{_span(lo, b)} buffer{'s' if b > 1 else ''}")
     parts.append(f"{_span(lo + b, tasks - lo - b)} actor{'s' if tasks - lo - b > 1 else ''}")
     return ", ".join(parts)
@@ -131,7 +135,8 @@ def _span(start: int, count: int) -> str:
     return f"rank {start}" if count == 1 else f"ranks {start}-{start + count - 1}"
 
 
-def plan_tasks(layout: LayoutConfig, req: SlurmRequest) -> tuple[int, int, list[str]]:
+def plan_tasks(layout: LayoutConfig, req: SlurmRequest,
+               delivery: str = "thread") -> tuple[int, int, list[str]]:
     """Tasks per node, GPUs per node and the role comment for a layout on ``req.nodes``.
 
     Not collective; pure.
@@ -141,10 +146,12 @@ def plan_tasks(layout: LayoutConfig, req: SlurmRequest) -> tuple[int, int, list[
     """
     n, t = req.nodes, req.ntasks_per_node
     lo, b, a = layout.learners, layout.buffers, layout.actors
-    roles_desc = (f"{lo} learner(s) + {b} buffer(s) + "
+    d = lo * delivery_per_learner(delivery)  # scheduler.delivery = "process": one each
+    roles_desc = (f"{lo} learner(s) + " + (f"{d} delivery rank(s) + " if d else "")
+                  + f"{b} buffer(s) + "
                   f"{a if a else 'at least 1'} actor(s)")
     if layout.per_node:
-        need = layout.fixed_ranks
+        need = ranks_needed(layout, delivery)
         if t is None:
             t = need
         if t < need:
@@ -157,12 +164,12 @@ def plan_tasks(layout: LayoutConfig, req: SlurmRequest) -> tuple[int, int, list[
                 f"--ntasks-per-node must be {need} for this job's [layout] (per node: "
                 f"{roles_desc}; layout.actors = 0 would take the rest), got {t}",
                 key="ntasks_per_node")
-        comment = [f"#   per node: {_roles(layout, t)} (node-local ranks; "
+        comment = [f"#   per node: {_roles(layout, t, d)} (node-local ranks; "
                    f"[layout] per_node = true)"]
         gpus_default = lo
         learners_per_node = lo
     else:
-        need = layout.fixed_ranks
+        need = ranks_needed(layout, delivery)
         if t is None:
             if a and need % n:
                 raise ConfigError(
@@ -181,7 +188,7 @@ def plan_tasks(layout: LayoutConfig, req: SlurmRequest) -> tuple[int, int, list[
                 f"--nodes {n} x --ntasks-per-node {t} = {total} tasks, but this job's "
                 f"[layout] uses exactly {need} ({roles_desc}); set layout.actors = 0 to "
                 f"make every remaining rank an actor", key="ntasks_per_node")
-        comment = [f"#   world ranks: {_roles(layout, total)} ([layout] counts for the "
+        comment = [f"#   world ranks: {_roles(layout, total, d)} ([layout] counts for the "
                    f"whole job; ranks fill node 0 first, {t} per node)"]
         learners_per_node = min(lo, t)
         gpus_default = learners_per_node
@@ -238,7 +245,7 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
     """
     path = Path(config_path)
     cfg = load(config_cls, path, req.overrides)
-    t, gpus, comment = plan_tasks(cfg.layout, req)
+    t, gpus, comment = plan_tasks(cfg.layout, req, cfg.scheduler.delivery)
     template = req.template
     if template == "auto":
         template = "one-node" if req.nodes == 1 and not gpus else "multi-node"

@@ -51,12 +51,12 @@ def test_contract_problem_names_what_to_change(tmp_path) -> None:
 def test_ranks_problem_mirrors_the_role_assignment(layout, n, error) -> None:
     from conduit_hpc import Config
     from conduit_hpc.config import LayoutConfig
-    from conduit_hpc.plane.roles import _assign
+    from conduit_hpc.config.layout_rule import assign_roles
     from conduit_hpc.tools.launcher import ranks_problem
 
     cfg = Config(layout=LayoutConfig(**layout))
     got = ranks_problem(cfg, n)
     assert (None if got is None else type(got)) is error
     if not layout.get("per_node"):
-        _, want = _assign(cfg.layout, (0,) * n)  # what the ranks would raise
+        _, want = assign_roles(cfg.layout, (0,) * n)  # what the ranks would raise
         assert (None if want is None else type(want)) is error

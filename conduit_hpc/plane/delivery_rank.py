@@ -1,0 +1,377 @@
+"""A delivery rank per learner (``scheduler.delivery = "process"``).
+
+In ``edp`` mode with ``delivery = "thread"`` the experience path (admit, sample, gather,
+transform, priority sends) runs on a data-plane thread inside the learner's process and
+competes with the learner's compute for its interpreter. With ``"process"`` it runs on a
+rank of its own on the learner's node:
+
+* :class:`DeliveryServer` - the delivery rank's loop (``plane.serve()`` there): it owns
+  the :class:`~conduit_hpc.plane.delivery.Deliverer`, the fetch strategy and the prefetch
+  clock, writes ready batches into the :class:`~conduit_hpc.plane.staging_ring.StagingRing`
+  and forwards the learner's priority updates to the owners;
+* :class:`ProcessMode` - the learner's side (a
+  :class:`~conduit_hpc.plane.learner.DeliveryMode`): ``next_batch`` says "I asked for
+  batch ``s``" in a shared word and pops the ready slot (numpy views of shared memory,
+  then the device staging); ``update_priorities`` is one write into the shared update
+  queue; the learner's other MPI calls (weights, control words) run inline.
+
+Priority updates keep their meaning: the learner queues its updates of superstep
+``s - 1`` before it asks for batch ``s``; the delivery rank forwards every queued update
+before it counts the request, and a batch prepared after that sees them (as
+:meth:`~conduit_hpc.plane.delivery.Deliverer.mark` does for the thread).
+
+Failures: every wait on either side is bounded by ``run.timeout_s``. A delivery rank that
+fails writes its error into the ring before it raises, and its learner raises
+:class:`~conduit_hpc.errors.RemoteFailure` with that message at its next call; a learner
+that fails inside the data plane's ``with`` block says so likewise; a rank that dies
+without a word leaves the other to its timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from mpi4py import MPI
+
+from conduit_hpc.errors import ConfigError, DataPlaneClosed, DataPlaneTimeout, RemoteFailure
+from conduit_hpc.plane.delivery import Deliverer
+from conduit_hpc.plane.fetch import Fetch, OwnerFetch, PendingBatch
+from conduit_hpc.plane.learner import MODES, DeliveryMode, LearnerEndpoint
+from conduit_hpc.plane.roles import RoleComms
+from conduit_hpc.plane.staging import Batch, Stager
+from conduit_hpc.plane.staging_ring import (
+    W_CLOSED,
+    W_FAILED,
+    W_LEARNER_FAILED,
+    W_REQUESTED,
+    W_STOP,
+    W_STOPPED,
+    StagingLayout,
+    StagingRing,
+)
+from conduit_hpc.sampling import make_sampler
+from conduit_hpc.scheduler import PrefetchClock
+from conduit_hpc.transport.objects import allgather_json
+from conduit_hpc.transport.rma import RmaWindow
+from conduit_hpc.wait import Backoff, Deadline
+
+if TYPE_CHECKING:
+    from conduit_hpc.config import Config
+    from conduit_hpc.spec import Spec
+
+__all__ = ["DeliveryServer", "ProcessMode", "SlotWriter", "make_deliverer",
+           "make_delivery_server", "open_staging", "process_mode"]
+
+
+def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: Stager,
+                   transform: Any, seed_rank: int | None = None) -> Deliverer:
+    """The experience path of ``rank`` over ``shards`` on the data plane ``edp`` (a
+    learner's, or its delivery rank's: then ``seed_rank`` is the learner, whose sampler
+    seed it takes). Local."""
+    cfg, roles = edp.config, edp.roles
+    owners = {s: edp.placement.shards[s].owner_rank for s in shards}
+    acks = {o: a for o in set(owners.values())
+            if (a := edp.memory.acks_of(o, roles.world_size)) is not None}
+    seed = cfg.run.seed + (rank if seed_rank is None else seed_rank)
+    return Deliverer(spec=edp.spec, rings={s: edp.rings[s] for s in shards}, owners=owners,
+                     acks=acks, sync=edp.window.sync, rank=rank,
+                     pin_offset=8 * roles.world_size, channel=edp.channel,
+                     control=edp.control, limiter=edp.limiter, config=cfg.scheduler,
+                     sampler=make_sampler(cfg, seed), n_actors=len(roles.actor_ranks),
+                     stager=stager, transform=transform, timeout_s=cfg.run.timeout_s,
+                     poll_interval_s=cfg.transport.poll_interval_s)
+
+
+def make_delivery_server(edp: Any, ring: StagingRing, transform: Any) -> DeliveryServer:
+    """The delivery rank's loop on the data plane ``edp`` (this rank). Local."""
+    cfg, roles = edp.config, edp.roles
+    me = roles.world_rank
+    learner = roles.learner_of(me)
+    writer = SlotWriter(ring)
+    d = make_deliverer(edp, me, tuple(edp.placement.learner_shards.get(learner, ())),
+                       writer, transform, seed_rank=learner)
+    d.alloc = writer.alloc  # gathered straight into the slot
+    fetch = MODES[cfg.scheduler.mode].fetch_for(cfg.scheduler)
+    return DeliveryServer(d, fetch, ring, learner=learner, depth=cfg.scheduler.prefetch_depth,
+                          timeout_s=cfg.run.timeout_s,
+                          poll_interval_s=cfg.transport.poll_interval_s)
+
+
+def process_mode(ring: StagingRing | None, stager: Stager,
+                 peer: int) -> Callable[[LearnerEndpoint], DeliveryMode] | None:
+    """The learner's delivery mode for ``delivery = "process"`` (``None`` without a
+    staging ring: the config's mode)."""
+    if ring is None:
+        return None
+    return lambda ep: ProcessMode(ep, ring, stager, peer)
+
+
+def open_staging(roles: RoleComms, config: Config, spec: Spec) -> StagingRing | None:
+    """The staging ring of this rank's {learner, delivery rank} pair (``None`` on other
+    roles). **Collective** on the world.
+
+    Raises:
+        ConfigError: a learner and its delivery rank are not on one node (on every rank,
+            before any window exists).
+    """
+    world, me = roles.world, roles.world_rank
+    pairs = sorted(roles.delivery_of.items())
+    color = next((k for k, (lo, d) in enumerate(pairs) if me in (lo, d)), MPI.UNDEFINED)
+    pair: MPI.Intracomm = world.Split(color, 0 if me in roles.delivery_ranks else 1)  # type: ignore[assignment]
+    local = True
+    if pair != MPI.COMM_NULL:
+        shm = pair.Split_type(MPI.COMM_TYPE_SHARED, key=pair.Get_rank())
+        local = shm.Get_size() == 2
+        shm.Free()
+    ok = allgather_json(world, bool(local))
+    far = [[lo, d] for lo, d in pairs if not (ok[lo] and ok[d])]
+    if far:
+        if pair != MPI.COMM_NULL:
+            pair.Free()
+        raise ConfigError(f"scheduler.delivery = 'process' needs each learner's delivery "
+                          f"rank on the learner's node (they share memory), but the pairs "
+                          f"(learner, delivery) {far} are on different nodes; place "
+                          f"the delivery ranks with their learners (layout.per_node = true) "
+                          f"or use delivery = 'thread'", key="scheduler.delivery")
+    if pair == MPI.COMM_NULL:
+        return None
+    sch = config.scheduler
+    layout = StagingLayout(spec, sch.batch_rows, sch.window, sch.prefetch_depth + 1,
+                           queue_rows=max(256, sch.batch_rows))
+    owner = 0  # the delivery rank is rank 0 of the pair (key above)
+    window = RmaWindow(pair, layout.nbytes if me in roles.delivery_ranks else 0,
+                       node_comm=pair, shared=True)
+    return StagingRing(window, owner, layout)
+
+
+class SlotWriter(Stager):
+    """The delivery rank's "device": batches go into the staging ring's slot, gathered
+    there directly (the Deliverer's ``alloc``); a transform's new arrays are copied in.
+    No torch."""
+
+    def __init__(self, ring: StagingRing) -> None:  # no super(): no device, no torch
+        self.ring = ring
+        self.t = -1
+
+    def alloc(self, t: int) -> dict[str, np.ndarray]:
+        """The columns of batch ``t``'s slot (free by the prefetch clock)."""
+        self.t = t
+        return self.ring.slot_of(t).columns
+
+    def to_device(self, data: Any, indices: np.ndarray, weights: np.ndarray, superstep: int,
+                  staleness: int) -> Batch:
+        slot = self.ring.slot_of(self.t)
+        if set(data) != set(slot.columns):
+            raise ConfigError(f"with scheduler.delivery = 'process' the transform must "
+                              f"return the spec's fields {sorted(slot.columns)} (they are "
+                              f"laid out in shared memory), got {sorted(data)}",
+                              key="scheduler.delivery")
+        for name, col in slot.columns.items():
+            v = data[name]
+            if v is not col:
+                v = np.asarray(v)
+                if v.shape != col.shape or not np.can_cast(v.dtype, col.dtype, "same_kind"):
+                    raise ConfigError(
+                        f"with scheduler.delivery = 'process' the transform must keep field "
+                        f"{name!r} as {col.dtype}{list(col.shape)}, got "
+                        f"{v.dtype}{list(v.shape)}", key="scheduler.delivery")
+                col[...] = v
+        slot.indices[...] = indices
+        slot.weights[...] = weights
+        return Batch({}, indices, weights, superstep, staleness)  # type: ignore[arg-type]
+
+
+class DeliveryServer:
+    """The delivery rank's loop (see the module docstring).
+
+    Args:
+        d (Deliverer): the experience path, with the :class:`SlotWriter` as its stager.
+        fetch (Fetch): how rows are found and fetched.
+        ring (StagingRing): the ring shared with the learner.
+        learner (int): the learner's world rank (for messages).
+        depth (int): ``scheduler.prefetch_depth``.
+        timeout_s (float): bound on every wait (also: on the learner's silence).
+        poll_interval_s (float): longest pause while idle.
+    """
+
+    def __init__(self, d: Deliverer, fetch: Fetch, ring: StagingRing, *, learner: int,
+                 depth: int, timeout_s: float, poll_interval_s: float) -> None:
+        self.d, self.fetch, self.ring = d, fetch, ring
+        self.learner, self.timeout_s = learner, timeout_s
+        self.clock = PrefetchClock(depth)
+        self.poll_s = min(poll_interval_s, 0.0005)
+        self._owner = fetch if isinstance(fetch, OwnerFetch) and fetch.pipelined else None
+        self._pending: deque[PendingBatch] = deque()
+        self._closed = False
+        self.finished = False
+        self.updates = 0  # update messages forwarded
+
+    def serve(self) -> None:
+        """Run until the learner stops (bounded: see the module docstring)."""
+        if self.finished:
+            return
+        try:
+            self._loop()
+        except BaseException as err:
+            self.ring.set_message(W_FAILED, f"{type(err).__name__}: {err}")
+            raise
+        finally:
+            self.finished = True
+
+    def _forward(self) -> None:
+        for idx, p in self.ring.pop_all():
+            self.d.send_priorities(idx, p)
+            self.updates += 1
+
+    def _loop(self) -> None:
+        ring, clock, d = self.ring, self.clock, self.d
+        backoff = Backoff(self.poll_s)
+        quiet = time.monotonic()
+        while True:
+            d.channel.progress()
+            if ring.word(W_LEARNER_FAILED):
+                raise RemoteFailure(f"the learner (world rank {self.learner}) failed: "
+                                    f"{ring.message(W_LEARNER_FAILED)}")
+            requested = ring.word(W_REQUESTED)
+            self._forward()  # every update queued before that request
+            while clock.requested < requested:
+                d.mark()
+                clock.request()
+                quiet = time.monotonic()
+            if ring.word(W_STOP):
+                self._stop()
+                return
+            did = self._step()
+            if did:
+                backoff.reset()
+                quiet = time.monotonic()
+                continue
+            if time.monotonic() - quiet > self.timeout_s:
+                raise DataPlaneTimeout(
+                    f"the delivery rank waited {self.timeout_s:.1f} s for its learner (world "
+                    f"rank {self.learner}) to ask for batch {clock.requested} (a learner's "
+                    f"time between next_batch calls must stay under run.timeout_s)")
+            backoff.pause()
+
+    def _step(self) -> bool:
+        if self._closed:
+            return self._complete_arrived()
+        try:
+            if self._owner is not None:
+                did = False
+                while self.clock.may_prepare():
+                    t, staleness = self.clock.start()
+                    self._pending.append(self._owner.begin(self.d, t, staleness))
+                    did = True
+                return self._complete_arrived() or did
+            if not self.clock.may_prepare():
+                return False
+            t, staleness = self.clock.start()
+            self._publish(self.fetch.prepare(self.d, t, staleness), t)
+            return True
+        except DataPlaneClosed as err:  # the end of the stream: the learner raises it
+            self._closed = True
+            self.ring.set_message(W_CLOSED, str(err))
+            return False
+
+    def _publish(self, batch: Batch, t: int) -> None:
+        self.ring.publish(t, batch.superstep, batch.staleness, batch.timings)
+
+    def _complete_arrived(self) -> bool:
+        o = self._owner
+        if not (o and self._pending and o.arrived(self.d, self._pending[0])):
+            return False
+        pending = self._pending.popleft()
+        self._publish(o.complete(self.d, pending), pending.superstep)
+        return True
+
+    def _stop(self) -> None:
+        """The learner stops: no owner's reply is left unreceived, every queued update
+        is forwarded, the counters are left for the learner's summary."""
+        if self._owner is not None:
+            while self._pending:
+                self._owner.complete(self.d, self._pending.popleft())
+        self._forward()
+        d, ring = self.d, self.ring
+        for k, v in enumerate((d.resampled, d.limiter_wait_s, d.overwritten_unsampled,
+                               d.pinned_rounds)):
+            ring.counters[k] = float(v)
+        ring.set_word(W_STOPPED, 1)
+
+
+class ProcessMode(DeliveryMode):
+    """The learner's side of ``delivery = "process"`` (see the module docstring)."""
+
+    name = "edp"
+
+    def __init__(self, endpoint: LearnerEndpoint, ring: StagingRing, stager: Stager,
+                 delivery_rank: int) -> None:
+        super().__init__(endpoint)
+        self.depth = endpoint.cfg.prefetch_depth
+        self.ring, self.stager, self.peer = ring, stager, delivery_rank
+        self._stopped = False
+        self._failed = False  # this learner failed, or already raised the peer's failure
+
+    def _check_peer(self) -> None:
+        if self.ring.word(W_FAILED):
+            self._failed = True
+            raise RemoteFailure(f"the delivery rank (world rank {self.peer}) of this learner "
+                                f"failed: {self.ring.message(W_FAILED)}")
+
+    def _wait(self, ready: Any, what: str) -> None:
+        deadline = Deadline(self.ep.timeout_s, what)
+        backoff = Backoff(min(self.ep.d.poll_s, 0.0005), spins=200, yields=50)
+        while not ready():
+            self._check_peer()
+            deadline.check(f"the delivery rank is world rank {self.peer}")
+            backoff.pause()
+
+    def next_batch(self, s: int) -> Batch:
+        ring = self.ring
+        ring.set_word(W_REQUESTED, s + 1)  # after every update queued before; frees s - 1
+
+        def ready() -> bool:
+            if ring.ready(s):
+                return True
+            if ring.word(W_CLOSED):
+                if ring.ready(s):
+                    return True
+                raise DataPlaneClosed(ring.message(W_CLOSED))
+            return False
+
+        self._wait(ready, f"batch {s} from the delivery rank")
+        data, indices, weights, superstep, staleness, timings = ring.batch(s)
+        batch = self.stager.to_device(data, indices, weights, superstep, staleness)
+        batch.timings = timings
+        return batch
+
+    def send_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+        ring, rows = self.ring, self.ring.layout.queue_rows
+        for a in range(0, len(indices), rows):
+            if ring.queue_free() <= 0:
+                self._wait(lambda: ring.queue_free() > 0,
+                           "room in the priority-update queue")
+            ring.push(indices[a:a + rows], priorities[a:a + rows])
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        ring = self.ring
+        ring.set_word(W_STOP, 1)
+        if self._failed:  # its failure (or this learner's) was reported already
+            return
+        self._wait(lambda: ring.word(W_STOPPED) == 1, "the delivery rank to stop")
+        d = self.d
+        d.resampled, d.limiter_wait_s, d.overwritten_unsampled, d.pinned_rounds = (
+            int(ring.counters[0]), float(ring.counters[1]), int(ring.counters[2]),
+            int(ring.counters[3]))
+
+    def fail(self, why: str) -> None:
+        """The learner failed: tell the delivery rank (it raises at once)."""
+        self._failed = True
+        self.ring.set_message(W_LEARNER_FAILED, why)

@@ -1,0 +1,236 @@
+"""``scheduler.delivery = "process"``: a delivery rank per learner samples, gathers and
+transforms, and hands batches to its learner through the node-shared staging ring.
+
+Layouts: world rank 0 the learner, 1 its delivery rank, 2 the buffer, the rest actors
+(4 ranks and more); at 3 ranks only the refusal of a world too small runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc.errors import ConfigError, RemoteFailure, WorldTooSmall
+from conduit_hpc.testing import checked_batch, make_config, row_consistent
+
+COMM = MPI.COMM_WORLD
+
+
+def config(fetch: str = "direct", **sections):
+    sch = {"mode": "edp", "delivery": "process", "fetch": fetch, "batch_rows": 32,
+           "prefetch_depth": 2, "min_fill_rows": 64, **sections.pop("scheduler", {})}
+    return make_config(layout={"learners": 1, "buffers": 1, **sections.pop("layout", {})},
+                       storage={"capacity_rows": 4096, "priority_exponent": 1.0,
+                                **sections.pop("storage", {})},
+                       checkpoint={"on_stop": False}, scheduler=sch, **sections)
+
+
+def actor_ingest(edp, rows=16):
+    receipts, wseq = [], 0
+    while not edp.should_stop:
+        r = edp.ingest(checked_batch(edp.world_rank, wseq, rows))
+        receipts.append((r.shard_id, r.first_seq, wseq, r.rows))
+        wseq += rows
+    return receipts
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("fetch", ["direct", "owner"])
+def test_batches_arrive_in_order_with_intact_rows(fetch: str) -> None:
+    cfg = config(fetch)
+    delivered, receipts = [], []
+    with ExperienceDataPlane(cfg) as edp:
+        assert edp.roles.role.value == ("learner", "delivery", "buffer")[min(edp.world_rank, 2)] \
+            or edp.roles.role is Role.ACTOR
+        if edp.role is Role.ACTOR:
+            receipts = actor_ingest(edp)
+        elif edp.role is Role.LEARNER:
+            for s in range(40):
+                b = edp.next_batch()
+                assert b.superstep == s  # in order, none skipped
+                assert b.staleness <= cfg.scheduler.prefetch_depth
+                cols = {k: v.numpy() for k, v in b.data.items()}
+                assert row_consistent(cols).all(), "a torn row was delivered"
+                assert b.weights.shape == (32,) and (b.weights > 0).all()
+                delivered.append((b.indices.copy(), cols["writer"].copy(), cols["wseq"].copy()))
+                edp.update_priorities(b.indices, np.full(len(b), 1.0 + s % 3))
+        else:
+            edp.serve()  # the buffer, and the delivery rank (it answers Role.BUFFER)
+        edp.done()
+        rmap = {}
+        for writer, rs in edp.roles.world.allgather((edp.world_rank, receipts)):
+            for shard, first, wseq, n in rs:
+                for i in range(n):
+                    rmap[(shard, first + i)] = (writer, wseq + i)
+        summary = edp.summary()
+    for idx, writer, wseq in delivered:
+        for (shard, _slot, gen), w, q in zip(idx, writer, wseq, strict=True):
+            assert rmap[(int(shard), int(gen) - 1)] == (int(w), int(q))
+    assert len(delivered) == (40 if COMM.rank == 0 else 0)
+    assert summary["learners"][0]["supersteps"] == 40
+    # the updates went out from the delivery rank and the owner applied them
+    assert sum(s["applied_updates"] for s in summary["shards"].values()) > 0
+
+
+@pytest.mark.mpi(min_size=4)
+def test_priority_updates_take_effect_within_the_staleness_bound() -> None:
+    depth = 2
+    cfg = config(storage={"capacity_rows": 256},
+                 scheduler={"batch_rows": 16, "prefetch_depth": depth, "min_fill_rows": 128})
+    with ExperienceDataPlane(cfg) as edp:
+        favoured = None
+        if edp.role is Role.ACTOR:
+            # a fixed set of rows, then stop: nothing is overwritten afterwards
+            for i in range(128 // 16 // len(edp.roles.actor_ranks) + 1):
+                edp.ingest(checked_batch(edp.world_rank, 16 * i, 16))
+        elif edp.role is Role.LEARNER:
+            b = edp.next_batch()
+            keep = tuple(b.indices[0].tolist())  # keeps mass; every other row -> 0
+            zeroed_at: dict[tuple, int] = {}
+            for s in range(10):
+                if s:
+                    b = edp.next_batch()
+                assert b.staleness <= depth
+                rows = [tuple(r) for r in b.indices.tolist()]
+                # a row zeroed in superstep z may come in batches z+1 .. z+depth
+                # (prepared before the update), never later
+                late = [r for r in rows if r != keep and zeroed_at.get(r, s) < s - depth]
+                assert not late, f"superstep {s}: rows zeroed too long ago delivered: {late}"
+                for r in rows:
+                    zeroed_at.setdefault(r, s)
+                edp.update_priorities(b.indices, np.zeros(len(b)))
+                edp.update_priorities(np.array([keep]), [5.0])
+            # one row at a huge priority: once the prefetched batches are through,
+            # it is (nearly) every row drawn
+            edp.update_priorities(np.array([keep]), [1e9])
+            for _ in range(depth + 1):
+                edp.next_batch()
+            for _ in range(3):
+                b = edp.next_batch()
+                hits = sum(tuple(r) == keep for r in b.indices.tolist())
+                assert hits >= 0.9 * len(b), f"the favoured row was {hits}/{len(b)} draws"
+            favoured = keep
+        else:
+            edp.serve()
+        edp.done()
+        favoured = next(f for f in edp.roles.world.allgather(favoured) if f is not None)
+        if edp.roles.role is Role.BUFFER:
+            (shard,) = edp.owned_shards()
+            _sid, slot, gen = favoured
+            assert shard.index.gens[slot] == gen
+            assert shard.index.priority[slot] == 1e9  # the last update landed on that row
+        edp.summary()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_bad_combinations_are_refused_on_every_rank_together() -> None:
+    # a world one rank short once the delivery rank is counted
+    cfg = config(layout={"actors": COMM.size - 2})
+    try:
+        ExperienceDataPlane(cfg)
+        got = "none"
+    except WorldTooSmall as err:
+        got = "delivery" in str(err) and str(COMM.size + 1) in str(err)
+    assert COMM.allgather(got) == [True] * COMM.size
+    # the inline modes have no experience path to move: refused when loaded, everywhere
+    try:
+        config(scheduler={"mode": "sync"})
+        got = "none"
+    except ConfigError as err:
+        got = err.key == "scheduler.delivery"
+    assert COMM.allgather(got) == [True] * COMM.size
+
+
+def _only_up_to_4_ranks() -> None:
+    if COMM.size > 4:  # the same paths as at 4 ranks; more actors change nothing here
+        pytest.skip("runs at 4 ranks")
+
+
+def _failing_transform(after: int):
+    seen = [0]
+
+    def transform(batch):
+        seen[0] += 1
+        if seen[0] > after:
+            raise RuntimeError(f"transform broke at batch {seen[0]}")
+        return batch
+
+    return transform
+
+
+@pytest.mark.mpi(min_size=4)
+def test_a_failed_delivery_rank_ends_its_learner_with_its_error() -> None:
+    _only_up_to_4_ranks()
+    cfg = config(run={"timeout_s": 30.0})
+    with ExperienceDataPlane(cfg, transform=_failing_transform(5)) as edp:
+        got = None
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp)
+        elif edp.role is Role.LEARNER:
+            with pytest.raises(RemoteFailure) as info:
+                for _ in range(50):
+                    edp.next_batch()
+            got = str(info.value)
+        else:
+            try:
+                edp.serve()
+            except RuntimeError as err:  # the delivery rank: its own error
+                got = f"raised {err}"
+        edp.done()
+        results = edp.roles.world.allgather((edp.roles.role.value, got))
+    by_role = dict(results[:2])
+    assert "delivery rank (world rank 1)" in by_role["learner"]
+    assert "transform broke at batch 6" in by_role["learner"]
+    assert by_role["delivery"] == "raised transform broke at batch 6"
+
+
+@pytest.mark.mpi(min_size=4)
+def test_a_failed_learner_ends_its_delivery_rank() -> None:
+    _only_up_to_4_ranks()
+    cfg = config(run={"timeout_s": 30.0})
+    with ExperienceDataPlane(cfg) as edp:
+        got = None
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp)
+        elif edp.role is Role.LEARNER:
+            for _ in range(3):
+                edp.next_batch()
+            # what leaving the data plane's with-block on an exception does
+            edp.__exit__(RuntimeError, RuntimeError("loss is NaN"), None)
+        elif edp.roles.role is Role.DELIVERY:
+            with pytest.raises(RemoteFailure) as info:
+                edp.serve()
+            got = str(info.value)
+        else:
+            edp.serve()
+        edp.done()
+        results = edp.roles.world.allgather(got)
+    assert "the learner (world rank 0) failed: RuntimeError: loss is NaN" in results[1]
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("layout", [{"learners": 1, "buffers": 1, "actors": 0},
+                                    {"learners": 1, "buffers": 1, "actors": 0,
+                                     "emulate_nodes": 2},
+                                    {"learners": 2, "buffers": 1, "actors": 0}])
+def test_split_roles_gives_what_the_layout_rule_says(layout) -> None:
+    from conduit_hpc.config import LayoutConfig
+    from conduit_hpc.config.layout_rule import assign_roles
+    from conduit_hpc.plane.roles import split_roles
+
+    lay = LayoutConfig(**layout)
+    if COMM.size < lay.fixed_ranks + lay.learners:
+        pytest.skip("too few ranks for this layout")
+    roles = split_roles(COMM, lay, "process")
+    try:
+        want, err = assign_roles(lay, roles.node_of, "process")
+        assert err is None and want is not None
+        assert roles.role.value == want.roles[COMM.rank]
+        assert roles.delivery_ranks == want.ranks("delivery")
+        assert roles.delivery_of == want.delivery_of
+        assert roles.sampler_ranks == roles.delivery_ranks
+        for lo, d in roles.delivery_of.items():
+            assert roles.learner_of(d) == lo
+    finally:
+        roles.close()
