@@ -84,7 +84,12 @@ def key_of(name: str) -> NestedKey:
     """
     parts = tuple(name.split(SEPARATOR))
     key: NestedKey = parts[0] if len(parts) == 1 else parts
-    if field_name(key) != name:  # e.g. "a___" or "_" parts: no key maps to it
+    try:
+        ok = field_name(key) == name
+    except SpecError as err:  # e.g. "a___" (parts "a", "_") or "x____y" (an empty part)
+        raise SpecError(f"spec field {name!r} names no TensorDict key under the rule "
+                        f"(parts joined by {SEPARATOR!r}): {err}") from err
+    if not ok:
         raise SpecError(f"spec field {name!r} names no TensorDict key under the rule "
                         f"(parts joined by {SEPARATOR!r})")
     return key

@@ -35,7 +35,7 @@ does not need it, TorchRL's own prioritized buffers do.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -49,8 +49,10 @@ from conduit_hpc.integrations.torchrl_fallback import TorchRLExtensionWarning, e
 from conduit_hpc.plane.control import C_INSERTS
 from conduit_hpc.plane.front import ExperienceDataPlane
 from conduit_hpc.plane.roles import Role
+from conduit_hpc.spec import Spec
 
-__all__ = ["RESERVED_KEYS", "WEIGHT_KEY", "DataPlaneReplayBuffer", "spec_tables"]
+__all__ = ["RESERVED_KEYS", "WEIGHT_KEY", "DataPlaneReplayBuffer", "TensorDictColumns",
+           "spec_tables"]
 
 #: the importance-weight key of TorchRL 0.14's prioritized samplers, which its losses
 #: (``DQNLoss``...) read (older TorchRL releases wrote ``_weight``)
@@ -101,6 +103,74 @@ def spec_tables(td: TensorDictBase, exclude_keys: Iterable[Any] = ()) -> str:
         shape = ", ".join(str(d) for d in v.shape[1:])
         out.append(f"[spec.{field_name(key)}]\ndtype = \"{dt.name}\"\nshape = [{shape}]\n")
     return "\n".join(out)
+
+
+class TensorDictColumns:
+    """TensorDict rows <-> the spec's columns, by the naming rule. Local; no MPI.
+
+    Args:
+        spec (Spec): the data plane's spec.
+        exclude_keys (iterable of keys): entries never stored (the user's choice).
+        skip (iterable of keys): the buffer's own entries (``index``, ...), never stored.
+
+    Raises:
+        ConfigError: a spec field that names no TensorDict key.
+    """
+
+    def __init__(self, spec: Spec, exclude_keys: Iterable[Any] = (),
+                 skip: Iterable[Any] = ()) -> None:
+        self.spec = spec
+        self.exclude_keys = {normalise_key(k) for k in exclude_keys}
+        self._skip = {*self.exclude_keys, *(normalise_key(k) for k in skip)}
+        try:
+            self.keys: dict[str, NestedKey] = {n: key_of(n) for n in spec.names}
+        except SpecError as err:
+            raise ConfigError(str(err), key="spec") from err
+
+    def columns(self, td: TensorDictBase) -> dict[str, np.ndarray]:
+        """``td``'s rows as spec columns (leading batch dimensions flattened).
+
+        Raises:
+            SpecError: a key that maps to no field or a field with no key, another
+                dtype or per-row shape, or an entry that is not a tensor - naming the
+                key and the field.
+        """
+        if not isinstance(td, TensorDictBase):
+            raise SpecError(f"expected a TensorDict, got {type(td).__name__}")
+        rows = td.reshape(-1) if td.batch_dims != 1 else td
+        leaves = _leaves(rows, self._skip)
+        cols: dict[str, np.ndarray] = {}
+        for key, v in leaves.items():
+            name = field_name(key)
+            if name not in self.keys:
+                raise SpecError(f"TensorDict key {key!r} (spec field {name!r}) is not in "
+                                f"the spec (fields: {', '.join(self.keys)}); add "
+                                f"[spec.{name}] to the job's config or pass it in "
+                                f"exclude_keys")
+            f = self.spec[name]
+            dt = _numpy_dtype(v.dtype, key)
+            if dt != f.dtype:
+                raise SpecError(f"TensorDict key {key!r} (spec field {name!r}): dtype "
+                                f"{dt.name}, the spec has {f.dtype.name}")
+            if tuple(v.shape[1:]) != f.shape:
+                raise SpecError(f"TensorDict key {key!r} (spec field {name!r}): per-row "
+                                f"shape {tuple(v.shape[1:])}, the spec has {f.shape}")
+            cols[name] = v.detach().cpu().numpy()
+        missing = [n for n in self.keys if n not in cols]
+        if missing:
+            raise SpecError(f"TensorDict has no key {self.keys[missing[0]]!r} (spec field "
+                            f"{missing[0]!r}); its keys: {sorted(map(str, leaves))}")
+        return cols
+
+    def tensordict(self, data: Mapping[str, torch.Tensor],
+                   device: torch.device | str | None = None) -> TensorDictBase:
+        """The TensorDict whose entries are the columns ``data`` (one tensor per spec
+        field, leading dimension the rows)."""
+        n = int(next(iter(data.values())).shape[0])
+        td = TensorDict({}, batch_size=[n], device=device)
+        for name, key in self.keys.items():
+            td.set(key, data[name])
+        return td
 
 
 class DataPlaneReplayBuffer:
@@ -158,13 +228,9 @@ class DataPlaneReplayBuffer:
         self.priority_key = priority_key
         self.prioritized = sch.sampler == "prioritized"
         self.reduction, self.eps = reduction, float(eps)
-        self.exclude_keys = {normalise_key(k) for k in exclude_keys}
-        self._skip = {*self.exclude_keys, *RESERVED_KEYS, normalise_key(priority_key)}
-        try:
-            self.keys: dict[str, NestedKey] = {n: key_of(n) for n in edp.spec.names}
-        except SpecError as err:
-            raise ConfigError(str(err), key="spec") from err
-        self._by_key = {k: n for n, k in self.keys.items()}
+        self.columns = TensorDictColumns(edp.spec, exclude_keys,
+                                         skip=(*RESERVED_KEYS, priority_key))
+        self.keys = self.columns.keys
         self._chunk = min(sch.max_insert_batch,
                           min(s.capacity_rows for s in edp.placement.shards))
         self._capacity = edp.placement.capacity_rows
@@ -175,40 +241,12 @@ class DataPlaneReplayBuffer:
 
     # -- actor side (collectors) -----------------------------------------------------
     def check(self, td: TensorDictBase) -> dict[str, np.ndarray]:
-        """``td``'s rows as spec columns (leading batch dimensions flattened). Local.
+        """``td``'s rows as spec columns (see :meth:`TensorDictColumns.columns`). Local.
 
         Raises:
-            SpecError: a key that maps to no field or a field with no key, another
-                dtype or per-row shape, or an entry that is not a tensor - naming the
-                key and the field; nothing is written.
+            SpecError: ``td`` does not match the spec, naming the key and the field.
         """
-        if not isinstance(td, TensorDictBase):
-            raise SpecError(f"extend() takes a TensorDict, got {type(td).__name__}")
-        rows = td.reshape(-1) if td.batch_dims != 1 else td
-        leaves = _leaves(rows, self._skip)
-        cols: dict[str, np.ndarray] = {}
-        for key, v in leaves.items():
-            name = field_name(key)
-            if name not in self.keys:
-                raise SpecError(f"TensorDict key {key!r} (spec field {name!r}) is not in "
-                                f"the spec (fields: {', '.join(self.keys)}); add "
-                                f"[spec.{name}] to the job's config or pass it in "
-                                f"exclude_keys")
-            f = self.edp.spec[name]
-            dt = _numpy_dtype(v.dtype, key)
-            if dt != f.dtype:
-                raise SpecError(f"TensorDict key {key!r} (spec field {name!r}): dtype "
-                                f"{dt.name}, the spec has {f.dtype.name}")
-            if tuple(v.shape[1:]) != f.shape:
-                raise SpecError(f"TensorDict key {key!r} (spec field {name!r}): per-row "
-                                f"shape {tuple(v.shape[1:])}, the spec has {f.shape}")
-            cols[name] = v.detach().cpu().numpy()
-        missing = [n for n in self.keys if n not in cols]
-        if missing:
-            raise SpecError(f"TensorDict has no key {self.keys[missing[0]]!r} (spec field "
-                            f"{missing[0]!r}); its keys: "
-                            f"{sorted(map(str, leaves))}")
-        return cols
+        return self.columns.columns(td)
 
     def _initial_priorities(self, td: TensorDictBase, n: int) -> np.ndarray | None:
         p = td.get(self.priority_key, None) if self.prioritized else None
@@ -267,11 +305,8 @@ class DataPlaneReplayBuffer:
                               f"or None, got {batch_size!r}", key="scheduler.batch_rows")
         b = self.edp.next_batch()
         self.last_batch = b
-        n = len(b)
         device = b.weights.device
-        td = TensorDict({}, batch_size=[n], device=device)
-        for name, key in self.keys.items():
-            td.set(key, b.data[name])
+        td = self.columns.tensordict(b.data, device)
         index = torch.from_numpy(b.indices).to(device)
         td.set("index", index)
         if self.prioritized:
