@@ -26,14 +26,16 @@ def _extra() -> None:
     need_torchrl()
 
 
-@pytest.mark.timeout(240)
+# ~30 s on an idle 2-core machine; the timeouts only guard against a hang (a machine
+# shared with other jobs can take several times as long to start four torch ranks)
+@pytest.mark.timeout(600)
 def test_short_torchrl_dqn_run_on_the_data_plane_learns(tmp_path: Path) -> None:
-    budget = 5000
+    budget = 4000
     proc = subprocess.run(
         [sys.executable, "-m", "conduit_hpc.tools.cli", "run", str(JOB), "--mode", "edp",
          "--runs", str(tmp_path), "--set", f"torchrl.max_env_steps={budget}",
          "--set", "torchrl.annealing_frames=1000", "--set", "torchrl.progress_every_s=0"],
-        cwd=REPO, capture_output=True, text=True, timeout=220, check=False)
+        cwd=REPO, capture_output=True, text=True, timeout=570, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
     summary = json.loads((run_dir / "metrics" / "summary.json").read_text())
@@ -49,13 +51,13 @@ def test_short_torchrl_dqn_run_on_the_data_plane_learns(tmp_path: Path) -> None:
     assert summary["final_mean_return"] > 2 * RANDOM_MEAN_RETURN, summary
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(540)
 def test_bench_torchrl_smoke_reports_torchrl_beside_the_data_plane(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "conduit_hpc.tools.cli", "bench", "torchrl", "--smoke",
          "--modes", "torchrl,edp", "--out", str(tmp_path),
-         "--set", "torchrl.max_env_steps=1000"],
-        cwd=REPO, capture_output=True, text=True, timeout=280, check=False)
+         "--set", "torchrl.max_env_steps=600"],
+        cwd=REPO, capture_output=True, text=True, timeout=510, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     by_mode = {r["mode"]: r for r in rows}
@@ -63,6 +65,6 @@ def test_bench_torchrl_smoke_reports_torchrl_beside_the_data_plane(tmp_path: Pat
     for mode, r in by_mode.items():
         assert "failed" not in r, (mode, r)
         assert r["updates"] > 0 and r["iteration_mean_s"] > 0 and r["exposed_mean_s"] > 0
-        assert r["env_steps"] >= 1000 or r["reached"]
+        assert r["env_steps"] >= 600 or r["reached"]
     assert by_mode["torchrl"]["trees"] in ("c++", "numpy")
     assert "iter/torchrl" in proc.stdout
