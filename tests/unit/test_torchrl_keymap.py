@@ -169,3 +169,20 @@ def test_excluded_and_reserved_keys_are_not_stored_and_batch_dims_flatten() -> N
     assert cols["observation"].shape == (6, 4)
     with pytest.raises(SpecError, match="traj_ids"):
         TensorDictColumns(_spec(), skip=["index", "td_error"]).columns(td)
+
+
+def test_spec_tables_give_the_spec_a_collector_batch_needs() -> None:
+    import tomllib
+
+    from conduit_hpc.integrations.torchrl import TensorDictColumns, spec_tables
+    from conduit_hpc.spec import Spec
+
+    td = _good(5)
+    td.set(("collector", "traj_ids"), torch.zeros(5, dtype=torch.int64))
+    parsed = tomllib.loads(spec_tables(td, exclude_keys=[("collector", "traj_ids")]))["spec"]
+    assert parsed == {"observation": {"dtype": "float32", "shape": [4]},
+                      "next__reward": {"dtype": "float32", "shape": [1]},
+                      "next__done": {"dtype": "bool", "shape": [1]}}
+    spec = Spec.from_dict({n: (f["dtype"], tuple(f["shape"])) for n, f in parsed.items()})
+    cols = TensorDictColumns(spec, exclude_keys=[("collector", "traj_ids")]).columns(td)
+    assert cols["next__done"].dtype == np.bool_
