@@ -51,19 +51,26 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict.nn import TensorDictSequential
-from torchrl.collectors import Collector
-from torchrl.envs import GymEnv, RewardSum, TransformedEnv
-from torchrl.modules import MLP, EGreedyModule, QValueActor
-from torchrl.objectives import DQNLoss, HardUpdate, SoftUpdate
 
-from conduit_hpc import Config, ExperienceDataPlane, Role
+from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role
 from conduit_hpc.config import require
-from conduit_hpc.integrations.torchrl import DataPlaneReplayBuffer
-from conduit_hpc.integrations.torchrl_fallback import torchrl_prioritized_buffer
 from conduit_hpc.job import job_main
 from conduit_hpc.plane.metrics import write_summary
 from conduit_hpc.rl import EPISODES_TAG
+
+try:  # the [torchrl] extra; without it the config class still loads (conduit-hpc info)
+    from tensordict.nn import TensorDictSequential
+    from torchrl.collectors import Collector
+    from torchrl.envs import GymEnv, RewardSum, TransformedEnv
+    from torchrl.modules import MLP, EGreedyModule, QValueActor
+    from torchrl.objectives import DQNLoss, HardUpdate, SoftUpdate
+
+    from conduit_hpc.integrations.torchrl import DataPlaneReplayBuffer
+    from conduit_hpc.integrations.torchrl_fallback import torchrl_prioritized_buffer
+    MISSING = ""
+except ImportError as err:
+    MISSING = (f"jobs/torchrl_dqn_cartpole needs the [torchrl] extra (pip install "
+               f"'conduit-hpc[torchrl]'): {err}")
 
 #: collector entries that DQNLoss does not read (not stored)
 EXCLUDED = ("done", "terminated", "truncated", ("next", "truncated"), "episode_reward",
@@ -395,6 +402,8 @@ def run_single_process(cfg: TorchRLDQNConfig) -> dict[str, Any]:
 
 
 def run(cfg: TorchRLDQNConfig, run_dir: Path | None, resume: str) -> dict[str, Any]:
+    if MISSING:  # on every rank alike, before any collective
+        raise ConfigError(MISSING, key="torchrl")
     torch.set_num_threads(1)
     out = run_single_process(cfg) if cfg.torchrl.single_process else run_plane(cfg, run_dir)
     if out.get("job"):  # the learner (or the one process)
