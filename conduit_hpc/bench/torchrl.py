@@ -66,12 +66,12 @@ def run_mode(mode: str, config: Path, sets: list[str], seed: int, out: Path,
     else:
         cmd = [sys.executable, "-m", "conduit_hpc.tools.cli", "run", str(config), "--mode",
                mode, "--runs", str(run_dir), *common]
-        if time_limit_s:
-            cmd += ["--timeout", str(time_limit_s + 180)]
+        if time_limit_s:  # start-up and teardown of 4 torch ranks: minutes when loaded
+            cmd += ["--timeout", str(time_limit_s + 600)]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                              timeout=(time_limit_s or 3600) + 300)
+                              timeout=(time_limit_s or 3600) + 900)
     except subprocess.TimeoutExpired:
         return {"failed": "timed out", "launch_wall_s": time.perf_counter() - t0}
     wall = time.perf_counter() - t0
