@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[local,dev,tensorboard]'
+	# the TorchRL integration's extra: its tests run in CI (under CI=true a missing extra
+	# fails them, never a silent skip)
+	$(BIN)/pip install -q -e '.[torchrl]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -101,16 +101,9 @@ def run_torchrl(kind: str, sz: dict[str, int], n: int, insert_rows: int) -> dict
         prb = TensorDictPrioritizedReplayBuffer(alpha=ALPHA, beta=BETA,
                                                 storage=LazyTensorStorage(cap), batch_size=B)
     except RuntimeError as err:  # the C++ segment trees did not load with this torch
-        why = str(err)
-        try:
-            import torchrl._torchrl  # only for the loader's message
-        except ImportError as load:
-            why = str(load)[:200]
-        out["prioritized_skipped"] = (
-            f"TorchRL {torchrl.__version__}'s C++ extension (torchrl._torchrl: its "
-            f"segment trees) does not load with torch {torch.__version__} ({why}); install "
-            f"the torchrl release built for this torch, or build it against it "
-            f"(pip install --no-build-isolation --no-binary torchrl torchrl)")
+        from conduit_hpc.integrations.torchrl_fallback import extension_problem
+
+        out["prioritized_skipped"] = extension_problem() or str(err)
         return out
     for _ in range(-(-cap // sz["ingest"])):
         prb.extend(td)

@@ -170,6 +170,32 @@ def test_the_plane_imports_no_feature_and_features_no_tool() -> None:
             assert not {d for d in deps if room(d) in ("tools", "bench")}, mod
 
 
+def test_no_room_but_tools_and_bench_imports_the_integrations() -> None:
+    """``integrations/`` sits on top (beside ``tools``/``bench``): the plane, the features
+    and every lower room work without any framework installed."""
+    for mod, deps in our_edges(runtime_only=False).items():
+        if room(mod) in ("integrations", "tools", "bench"):
+            continue
+        bad = {d for d in deps if room(d) == "integrations"}
+        assert not bad, f"{mod} imports {sorted(bad)}"
+
+
+FRAMEWORKS = {"torchrl", "tensordict"}
+
+
+def test_frameworks_are_imported_only_by_their_integration() -> None:
+    """torchrl/tensordict only in ``integrations/`` (and the peers benchmark, which
+    measures TorchRL's own buffers); the key-mapping rule imports none."""
+    for mod, path in MODULES.items():
+        ext = {n.split(".")[0] for n, _, _ in imports_of(path)}
+        found = ext & FRAMEWORKS
+        if not found:
+            continue
+        assert room(mod) in ("integrations", "bench"), f"{mod} imports {sorted(found)}"
+        assert mod != "conduit_hpc.integrations.keymap", f"{mod} imports {sorted(found)}"
+        assert mod != "conduit_hpc.integrations", "importing the package imports no framework"
+
+
 def test_no_feature_reads_another_modules_private_names() -> None:
     """``obj._x`` only on ``self``/``cls`` (and on a module's own names)."""
     for path in (PKG / "features").rglob("*.py"):

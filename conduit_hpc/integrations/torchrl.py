@@ -1,0 +1,394 @@
+"""A TorchRL replay buffer whose storage is the data plane.
+
+:class:`DataPlaneReplayBuffer` takes and gives TensorDicts like TorchRL's
+``TensorDictReplayBuffer`` / ``TensorDictPrioritizedReplayBuffer``, so that a TorchRL
+script keeps its collectors, modules, loss and target updater, and only builds its buffer
+differently::
+
+    # plain TorchRL, one process
+    rb = TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.4, batch_size=64,
+                                           storage=LazyTensorStorage(100_000))
+    # on the data plane, under `conduit-hpc run` (alpha, beta, batch and capacity come
+    # from [storage] and [scheduler])
+    rb = DataPlaneReplayBuffer(edp, model=value_net, exclude_keys=EXCLUDED)
+
+Collectors run on **actor** ranks and call :meth:`~DataPlaneReplayBuffer.extend`; the
+loss runs on the **learner** rank and calls :meth:`~DataPlaneReplayBuffer.sample` and
+:meth:`~DataPlaneReplayBuffer.update_tensordict_priority`; buffer ranks call
+``edp.serve()``. Prioritized or uniform sampling follows ``scheduler.sampler``; in
+``edp`` mode the next batches are prepared while the loss computes.
+
+TensorDict keys map to spec fields by :mod:`conduit_hpc.integrations.keymap`
+(``("next", "observation")`` is the field ``next__observation``). ``extend`` checks the
+TensorDict against the spec - every entry a field, every field an entry, the same dtype
+and per-row shape - and raises :class:`~conduit_hpc.errors.SpecError` naming the key
+before anything is written. The keys ``index``, ``priority_weight`` and the priority key
+(``td_error``) are the buffer's own, never stored.
+
+This module is the only one (with :mod:`~conduit_hpc.integrations.torchrl_fallback`) that
+imports ``torchrl`` and ``tensordict`` (``pip install 'conduit-hpc[torchrl]'``).
+Importing it warns when TorchRL's C++ extension does not load with the installed torch
+(see :func:`~conduit_hpc.integrations.torchrl_fallback.extension_problem`): this buffer
+does not need it, TorchRL's own prioritized buffers do.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from conduit_hpc.config.checks import DTYPES
+from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed, SpecError
+from conduit_hpc.integrations.keymap import NestedKey, field_name, key_of, normalise_key
+from conduit_hpc.integrations.torchrl_fallback import TorchRLExtensionWarning, extension_problem
+from conduit_hpc.plane.control import C_INSERTS
+from conduit_hpc.plane.front import ExperienceDataPlane
+from conduit_hpc.plane.roles import Role
+from conduit_hpc.spec import Spec
+
+__all__ = ["RESERVED_KEYS", "WEIGHT_KEY", "DataPlaneReplayBuffer", "TensorDictColumns",
+           "spec_tables"]
+
+#: the importance-weight key of TorchRL 0.14's prioritized samplers, which its losses
+#: (``DQNLoss``...) read (older TorchRL releases wrote ``_weight``)
+WEIGHT_KEY = "priority_weight"
+#: keys a buffer writes into sampled TensorDicts (never stored): TorchRL's names
+RESERVED_KEYS = ("index", WEIGHT_KEY)
+
+_problem = extension_problem()
+if _problem is not None:
+    warnings.warn(TorchRLExtensionWarning(_problem), stacklevel=2)
+
+
+def _numpy_dtype(t: torch.dtype, key: NestedKey) -> np.dtype:
+    try:
+        return np.dtype(torch.empty(0, dtype=t).numpy().dtype)
+    except TypeError as err:
+        raise SpecError(f"TensorDict key {key!r}: dtype {t} has no numpy equivalent the "
+                        f"data plane stores (one of {', '.join(DTYPES)})") from err
+
+
+def _leaves(td: TensorDictBase, skip: set[NestedKey]) -> dict[NestedKey, Any]:
+    out: dict[NestedKey, Any] = {}
+    for k in td.keys(include_nested=True, leaves_only=True):
+        key = normalise_key(k)
+        if key in skip:
+            continue
+        v = td.get(key)
+        if not isinstance(v, torch.Tensor):
+            raise SpecError(f"TensorDict key {key!r} holds a {type(v).__name__}, not a "
+                            f"tensor; the data plane stores tensors only (leave it out "
+                            f"with exclude_keys)")
+        out[key] = v
+    return out
+
+
+def spec_tables(td: TensorDictBase, exclude_keys: Iterable[Any] = ()) -> str:
+    """The ``[spec.*]`` TOML tables that store ``td``'s rows (its leading batch
+    dimensions are rows), for a job's config file. Local.
+
+    Raises:
+        SpecError: a key breaks the naming rule, or an entry is not a tensor.
+    """
+    rows = td.reshape(-1)
+    skip = {normalise_key(k) for k in exclude_keys}
+    out = []
+    for key, v in _leaves(rows, skip).items():
+        dt = _numpy_dtype(v.dtype, key)
+        shape = ", ".join(str(d) for d in v.shape[1:])
+        out.append(f"[spec.{field_name(key)}]\ndtype = \"{dt.name}\"\nshape = [{shape}]\n")
+    return "\n".join(out)
+
+
+class TensorDictColumns:
+    """TensorDict rows <-> the spec's columns, by the naming rule. Local; no MPI.
+
+    Args:
+        spec (Spec): the data plane's spec.
+        exclude_keys (iterable of keys): entries never stored (the user's choice).
+        skip (iterable of keys): the buffer's own entries (``index``, ...), never stored.
+
+    Raises:
+        ConfigError: a spec field that names no TensorDict key.
+    """
+
+    def __init__(self, spec: Spec, exclude_keys: Iterable[Any] = (),
+                 skip: Iterable[Any] = ()) -> None:
+        self.spec = spec
+        self.exclude_keys = {normalise_key(k) for k in exclude_keys}
+        self._skip = {*self.exclude_keys, *(normalise_key(k) for k in skip)}
+        try:
+            self.keys: dict[str, NestedKey] = {n: key_of(n) for n in spec.names}
+        except SpecError as err:
+            raise ConfigError(str(err), key="spec") from err
+
+    def columns(self, td: TensorDictBase) -> dict[str, np.ndarray]:
+        """``td``'s rows as spec columns (leading batch dimensions flattened).
+
+        Raises:
+            SpecError: a key that maps to no field or a field with no key, another
+                dtype or per-row shape, or an entry that is not a tensor - naming the
+                key and the field.
+        """
+        if not isinstance(td, TensorDictBase):
+            raise SpecError(f"expected a TensorDict, got {type(td).__name__}")
+        rows = td.reshape(-1) if td.batch_dims != 1 else td
+        leaves = _leaves(rows, self._skip)
+        cols: dict[str, np.ndarray] = {}
+        for key, v in leaves.items():
+            name = field_name(key)
+            if name not in self.keys:
+                raise SpecError(f"TensorDict key {key!r} (spec field {name!r}) is not in "
+                                f"the spec (fields: {', '.join(self.keys)}); add "
+                                f"[spec.{name}] to the job's config or pass it in "
+                                f"exclude_keys")
+            f = self.spec[name]
+            dt = _numpy_dtype(v.dtype, key)
+            if dt != f.dtype:
+                raise SpecError(f"TensorDict key {key!r} (spec field {name!r}): dtype "
+                                f"{dt.name}, the spec has {f.dtype.name}")
+            if tuple(v.shape[1:]) != f.shape:
+                raise SpecError(f"TensorDict key {key!r} (spec field {name!r}): per-row "
+                                f"shape {tuple(v.shape[1:])}, the spec has {f.shape}")
+            cols[name] = v.detach().cpu().numpy()
+        missing = [n for n in self.keys if n not in cols]
+        if missing:
+            raise SpecError(f"TensorDict has no key {self.keys[missing[0]]!r} (spec field "
+                            f"{missing[0]!r}); its keys: {sorted(map(str, leaves))}")
+        return cols
+
+    def tensordict(self, data: Mapping[str, torch.Tensor],
+                   device: torch.device | str | None = None) -> TensorDictBase:
+        """The TensorDict whose entries are the columns ``data`` (one tensor per spec
+        field, leading dimension the rows)."""
+        n = int(next(iter(data.values())).shape[0])
+        td = TensorDict({}, batch_size=[n], device=device)
+        for name, key in self.keys.items():
+            td.set(key, data[name])
+        return td
+
+
+class DataPlaneReplayBuffer:
+    """A ``TensorDictPrioritizedReplayBuffer`` (or ``TensorDictReplayBuffer`` with
+    ``scheduler.sampler = "uniform"``) backed by the data plane.
+
+    With ``share_weights`` (the default) construction is **collective**: every rank
+    builds its buffer (buffer ranks too, with ``model=None``, before ``edp.serve()``), and
+    it calls :meth:`~conduit_hpc.ExperienceDataPlane.share_weights`: the learner publishes
+    ``model``'s parameters every ``scheduler.weights_every`` updates and each
+    :meth:`extend` on an actor loads newer ones into its copy - what
+    ``collector.update_policy_weights_()`` does in one process. Without, it is local.
+
+    Args:
+        edp (ExperienceDataPlane): this rank's data plane.
+        model (torch.nn.Module | None): the network the actors' policy uses (the same
+            architecture on actors and learners; buffers pass ``None``).
+        batch_size (int | None): must be ``scheduler.batch_rows`` if given.
+        priority_key (str): the key the loss writes its TD error to (TorchRL's
+            ``td_error``); also read at ``extend`` as initial priorities when present.
+        exclude_keys (iterable of keys): TensorDict entries not to store (what the loss
+            does not read, e.g. ``("collector", "traj_ids")``).
+        share_weights (bool): publish ``model`` from the learner to the actors
+            (collective, see above); ``False`` when the job calls ``share_weights``
+            itself, or shares no weights.
+        reduction (str): how a priority with more than one value per row becomes one:
+            ``max`` (TorchRL's default), ``min``, ``mean`` or ``median``.
+        eps (float): added to ``|td_error|`` (TorchRL's ``eps``).
+
+    Raises:
+        ConfigError: ``scheduler.sampler = "sequence"``, a ``batch_size`` other than
+            ``scheduler.batch_rows``, an unknown ``reduction``, or a spec field that names
+            no TensorDict key.
+    """
+
+    def __init__(self, edp: ExperienceDataPlane, *, model: torch.nn.Module | None = None,
+                 batch_size: int | None = None, priority_key: str = "td_error",
+                 exclude_keys: Iterable[Any] = (), reduction: str = "max",
+                 eps: float = 1e-8, share_weights: bool = True) -> None:
+        sch = edp.config.scheduler
+        if sch.sampler not in ("prioritized", "uniform"):
+            raise ConfigError(f"scheduler.sampler must be 'prioritized' or 'uniform' for "
+                              f"the TorchRL buffer, got {sch.sampler!r}",
+                              key="scheduler.sampler")
+        if batch_size is not None and batch_size != sch.batch_rows:
+            raise ConfigError(f"batch_size must be scheduler.batch_rows ({sch.batch_rows}) "
+                              f"or None, got {batch_size!r}: the data plane prepares "
+                              f"batches of one size ahead of the loss",
+                              key="scheduler.batch_rows")
+        if reduction not in ("max", "min", "mean", "median"):
+            raise ConfigError(f"reduction must be 'max', 'min', 'mean' or 'median', got "
+                              f"{reduction!r}", key="reduction")
+        self.edp = edp
+        self.batch_size = sch.batch_rows
+        self.priority_key = priority_key
+        self.prioritized = sch.sampler == "prioritized"
+        self.reduction, self.eps = reduction, float(eps)
+        self.columns = TensorDictColumns(edp.spec, exclude_keys,
+                                         skip=(*RESERVED_KEYS, priority_key))
+        self.keys = self.columns.keys
+        self._chunk = min(sch.max_insert_batch,
+                          min(s.capacity_rows for s in edp.placement.shards))
+        self._capacity = edp.placement.capacity_rows
+        self.last_batch: Any = None  # the plane's Batch behind the last sample()
+        self._model = model if share_weights else None
+        if share_weights:
+            edp.share_weights(model)  # collective; raises on every rank if models differ
+
+    # -- actor side (collectors) -----------------------------------------------------
+    def check(self, td: TensorDictBase) -> dict[str, np.ndarray]:
+        """``td``'s rows as spec columns (see :meth:`TensorDictColumns.columns`). Local.
+
+        Raises:
+            SpecError: ``td`` does not match the spec, naming the key and the field.
+        """
+        return self.columns.columns(td)
+
+    def _initial_priorities(self, td: TensorDictBase, n: int) -> np.ndarray | None:
+        p = td.get(self.priority_key, None) if self.prioritized else None
+        return None if p is None else self._priority_vector(p, n)
+
+    def extend(self, data: TensorDictBase) -> int:
+        """Store ``data``'s rows (a collector's batch; leading dimensions flattened).
+        Actor ranks; local and one-sided (blocks only as
+        :meth:`~conduit_hpc.ExperienceDataPlane.ingest` does). With a ``priority_key``
+        entry its ``|value| + eps`` are the rows' priorities, else they enter at the
+        running maximum. Then newer published weights, if any, are loaded into ``model``.
+
+        Returns:
+            int: rows stored (TorchRL returns their indices; the data plane gives no row
+            an index before a learner samples it).
+
+        Raises:
+            SpecError: ``data`` does not match the spec (see :meth:`check`).
+            ConduitError: not an actor rank.
+        """
+        self._need(Role.ACTOR, "extend()", "collectors run on actor ranks")
+        rows = data.reshape(-1) if data.batch_dims != 1 else data
+        cols = self.check(rows)
+        n = len(rows)
+        prio = self._initial_priorities(rows, n)
+        for lo in range(0, n, self._chunk):
+            part = {k: v[lo:lo + self._chunk] for k, v in cols.items()}
+            self.edp.ingest(part, None if prio is None else prio[lo:lo + self._chunk])
+        if self._model is not None:
+            self.edp.pull_weights()
+        return n
+
+    def add(self, data: TensorDictBase) -> int:
+        """Store one row (a TensorDict without batch dimensions). See :meth:`extend`."""
+        if not isinstance(data, TensorDictBase):
+            raise SpecError(f"add() takes a TensorDict, got {type(data).__name__}")
+        return self.extend(data.unsqueeze(0))
+
+    # -- learner side (the loss) -------------------------------------------------------
+    def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
+        """The next batch as a TensorDict of ``scheduler.batch_rows`` rows on the
+        learner's device, with ``index`` (int64 ``[B, 3]``: shard, slot, generation) and,
+        when prioritized, ``priority_weight`` (importance weights, which TorchRL's losses
+        apply). Learner ranks; blocks until
+        the batch is ready (bounded by ``run.timeout_s``; in ``edp`` mode it was
+        prepared while the previous loss computed).
+
+        Raises:
+            ConfigError: ``batch_size`` is not ``scheduler.batch_rows``.
+            DataPlaneClosed: every actor finished before the replay held
+                ``scheduler.min_fill_rows`` rows.
+        """
+        self._need(Role.LEARNER, "sample()", "the loss runs on learner ranks")
+        if batch_size is not None and batch_size != self.batch_size:
+            raise ConfigError(f"batch_size must be scheduler.batch_rows ({self.batch_size}) "
+                              f"or None, got {batch_size!r}", key="scheduler.batch_rows")
+        b = self.edp.next_batch()
+        self.last_batch = b
+        device = b.weights.device
+        td = self.columns.tensordict(b.data, device)
+        index = torch.from_numpy(b.indices).to(device)
+        td.set("index", index)
+        if self.prioritized:
+            td.set(WEIGHT_KEY, b.weights)
+        if return_info:
+            info = {"index": index, **({WEIGHT_KEY: b.weights} if self.prioritized else {})}
+            return td, info
+        return td
+
+    def __iter__(self) -> Iterator[TensorDictBase]:
+        """Batches until the actors are done (see :meth:`sample`)."""
+        while True:
+            try:
+                yield self.sample()
+            except DataPlaneClosed:
+                return
+
+    def _priority_vector(self, priority: Any, n: int) -> np.ndarray:
+        p = torch.as_tensor(priority).detach()
+        if p.ndim == 0:
+            p = p.expand(n)
+        p = p.reshape(p.shape[0], -1).abs().double()
+        if p.shape[1] > 1:
+            p = getattr(p, self.reduction)(dim=1)
+            p = p.values if hasattr(p, "values") else p
+        return p.reshape(-1).cpu().numpy() + self.eps
+
+    def update_priority(self, index: Any, priority: Any) -> None:
+        """New priorities ``|priority| + eps`` for sampled rows (``index`` as in a
+        sampled TensorDict). Learner ranks; never blocks on the network; a no-op with
+        the uniform sampler (as in TorchRL).
+
+        Raises:
+            SpecError: bad indices, lengths that differ, NaN or infinite priorities.
+        """
+        self._need(Role.LEARNER, "update_priority()", "the loss runs on learner ranks")
+        if not self.prioritized:
+            return
+        idx = torch.as_tensor(index).detach().cpu().numpy()
+        if idx.ndim != 2 or idx.shape[1:] != (3,):
+            raise SpecError(f"index must be the [n, 3] 'index' entry of a sampled "
+                            f"TensorDict (shard, slot, generation), got shape "
+                            f"{tuple(idx.shape)}")
+        self.edp.update_priorities(idx, self._priority_vector(priority, len(idx)))
+
+    def update_tensordict_priority(self, data: TensorDictBase) -> None:
+        """Priorities from a sampled TensorDict that the loss has written its
+        ``priority_key`` into (per row: ``reduction`` over extra dimensions). See
+        :meth:`update_priority`.
+
+        Raises:
+            SpecError: ``data`` lacks ``index`` or the priority key.
+        """
+        if not self.prioritized:
+            return
+        for k in ("index", self.priority_key):
+            if k not in data:
+                raise SpecError(f"update_tensordict_priority: the TensorDict has no {k!r} "
+                                f"entry (sample() writes 'index', the loss writes "
+                                f"{self.priority_key!r})")
+        self.update_priority(data.get("index"), data.get(self.priority_key))
+
+    # -- both --------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Rows the replay holds, job-wide (rows inserted, at most the capacity). Actor
+        and learner ranks; one atomic read (on a learner, where its MPI calls are made:
+        it waits for the data-plane thread's turn)."""
+        edp = self.edp
+        if edp.role is Role.BUFFER:
+            raise ConduitError("len() is for actor and learner ranks")
+        if edp.learner is not None:
+            n = edp.learner.run_on_thread(lambda: edp.control.read(C_INSERTS), "len()")
+        else:
+            n = edp.control.read(C_INSERTS)
+        return int(min(n, self._capacity))
+
+    def _need(self, role: Role, what: str, why: str) -> None:
+        if self.edp.role is not role:
+            raise ConduitError(f"{what} is for {role.value} ranks ({why}); world rank "
+                               f"{self.edp.world_rank} is a {self.edp.role.value}")
+
+    def __repr__(self) -> str:
+        kind = "prioritized" if self.prioritized else "uniform"
+        return (f"DataPlaneReplayBuffer({kind}, batch_size={self.batch_size}, "
+                f"mode={self.edp.config.scheduler.mode!r}, fields={list(self.keys)})")
