@@ -41,6 +41,8 @@ class RoleComms:
             ``buffer`` and ``learner``.
         actor_ranks (tuple[int, ...]): world ranks of actors; likewise the others.
         node_of (tuple[int, ...]): node index of each world rank.
+        writer_ranks (tuple[int, ...]): world ranks that ingest: the actors, then the
+            learners when ``layout.learners_ingest``.
     """
 
     world: MPI.Intracomm
@@ -53,6 +55,7 @@ class RoleComms:
     buffer_ranks: tuple[int, ...]
     learner_ranks: tuple[int, ...]
     node_of: tuple[int, ...]
+    writer_ranks: tuple[int, ...] = ()
 
     @property
     def world_rank(self) -> int:
@@ -125,7 +128,7 @@ def _assign(layout: LayoutConfig,
         if size < need:
             return [], WorldTooSmall(
                 f"layout needs {need} ranks ({layout.learners} learners, "
-                f"{layout.buffers} buffers, {max(layout.actors, 1)}"
+                f"{layout.buffers} buffers, {layout.min_actors}"
                 f"{'+' if layout.actors == 0 else ''} actors) but the world has {size}")
         if layout.actors and size > need:
             return [], ConfigError(
@@ -144,7 +147,7 @@ def _assign(layout: LayoutConfig,
         if len(ranks) < need:
             return [], WorldTooSmall(
                 f"layout needs {need} ranks per node ({layout.learners} learners, "
-                f"{layout.buffers} buffers, {max(layout.actors, 1)}"
+                f"{layout.buffers} buffers, {layout.min_actors}"
                 f"{'+' if layout.actors == 0 else ''} actors) but node {n} has {len(ranks)}")
         if layout.actors and len(ranks) > need:
             return [], ConfigError(
@@ -184,7 +187,9 @@ def split_roles(comm: MPI.Intracomm, layout: LayoutConfig) -> RoleComms:
     return RoleComms(world=world, node=node, role=Role(me), actor=subs["actor"],
                      buffer=subs["buffer"], learner=subs["learner"],
                      actor_ranks=ranks["actor"], buffer_ranks=ranks["buffer"],
-                     learner_ranks=ranks["learner"], node_of=node_of)
+                     learner_ranks=ranks["learner"], node_of=node_of,
+                     writer_ranks=ranks["actor"] + (ranks["learner"] if layout.learners_ingest
+                                                    else ()))
 
 
 def agree(comm: MPI.Intracomm, ok: bool) -> bool:

@@ -81,8 +81,7 @@ def mpi_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def ranks_for(cfg: Config) -> int:
     """Ranks a config's layout uses on one node (counts mode; one actor when 'rest')."""
-    lay = cfg.layout
-    return lay.learners + lay.buffers + max(lay.actors, 1)
+    return cfg.layout.fixed_ranks
 
 
 def ranks_problem(cfg: Config, n: int) -> ConduitError | None:
@@ -95,7 +94,7 @@ def ranks_problem(cfg: Config, n: int) -> ConduitError | None:
         return None
     need = lay.fixed_ranks
     roles = (f"{lay.learners} learner(s), {lay.buffers} buffer(s), "
-             f"{max(lay.actors, 1)}{'+' if lay.actors == 0 else ''} actor(s)")
+             f"{lay.min_actors}{'+' if lay.actors == 0 else ''} actor(s)")
     if n < need:
         fix = (f"use -n {need} or more" if lay.actors == 0 else
                f"use -n {need}, or change layout.learners/buffers/actors")
