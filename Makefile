@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MPIENV := source $(CURDIR)/scripts/mpi_env.sh
 TEST_TIMEOUT ?= 600
+# extras of the venv; .ci/run adds the integrations' (rllib) so that their tests run
+EXTRAS ?= local,dev
 # the launch tier starts ~40 jobs (each test also has its own pytest-timeout, 300 s)
 LAUNCH_TIMEOUT ?= 1200
 
@@ -16,7 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[local,dev]'
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -20,6 +20,11 @@ from conduit_hpc.config.checks import require
 from conduit_hpc.job import job_main
 
 
+#: what ``rllib.buffer_keys`` may set (``conduit_hpc.integrations.rllib.BUFFER_KEYS``
+#: less the type and RLlib's own smoothing key)
+BUFFER_EXTRA_KEYS = ("capacity", "alpha", "beta")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RllibSection:
     """``[rllib]``: RLlib's DQN hyperparameters and the stopping rule.
@@ -55,6 +60,14 @@ class RllibSection:
     smoothing_episodes: int = 20
 
     def __post_init__(self) -> None:
+        # refused on the login node already (conduit-hpc run loads the config), without
+        # importing Ray; check_algo_config checks the whole RLlib config again on the ranks
+        for k, v in self.buffer_keys.items():
+            if k not in BUFFER_EXTRA_KEYS:
+                raise ConfigError(f"rllib.buffer_keys: replay_buffer_config.{k} is not a key "
+                                  f"of the replay buffer (got {v!r}); expected one of "
+                                  f"{', '.join(BUFFER_EXTRA_KEYS)}",
+                                  key=f"replay_buffer_config.{k}")
         require(self.max_env_steps >= 1, "rllib.max_env_steps", self.max_env_steps, ">= 1")
         require(self.rollout_fragment_length >= 1, "rllib.rollout_fragment_length",
                 self.rollout_fragment_length, ">= 1")
@@ -109,6 +122,7 @@ def train(cfg: RllibDQNConfig, edp: ExperienceDataPlane, dqn: Any) -> dict[str, 
     t0 = time.perf_counter()
     reached: tuple[int, float] | None = None
     with data_plane_for(edp, dqn) as times:
+        t_ray = time.perf_counter()
         algo = dqn.build_algo()
         t_built = time.perf_counter()
         try:
@@ -141,7 +155,9 @@ def train(cfg: RllibDQNConfig, edp: ExperienceDataPlane, dqn: Any) -> dict[str, 
             "exposed_sample_ms": med(times.sample_s) * 1e3,
             "exposed_path_ms": med(exposed) * 1e3,
             "add_ms": med(times.add_s) * 1e3, "update_ms": med(times.update_s) * 1e3,
-            "train_steps": len(times.sample_s)}
+            "train_steps": len(times.sample_s), "ray_start_s": round(t_ray - t0, 2),
+            "build_s": round(t_built - t_ray, 2),
+            "train_s": round(time.perf_counter() - t_built, 2)}
 
 
 def run(cfg: RllibDQNConfig, run_dir: Path | None, resume: str) -> None:
