@@ -19,7 +19,6 @@ from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role
 from conduit_hpc.config.checks import require
 from conduit_hpc.job import job_main
 
-
 #: what ``rllib.buffer_keys`` may set (``conduit_hpc.integrations.rllib.BUFFER_KEYS``
 #: less the type and RLlib's own smoothing key)
 BUFFER_EXTRA_KEYS = ("capacity", "alpha", "beta")
