@@ -52,8 +52,8 @@ from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import (
 from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role
 
 __all__ = ["BASELINE_TYPE", "BUFFER_KEYS", "BUFFER_TYPE", "SPEC_FIELDS",
-           "DataPlaneEpisodeReplayBuffer", "PathTimes", "TimedPrioritizedEpisodeReplayBuffer",
-           "check_algo_config", "data_plane_for"]
+           "DataPlaneEpisodeReplayBuffer", "NStepAssembler", "PathTimes",
+           "TimedPrioritizedEpisodeReplayBuffer", "check_algo_config", "data_plane_for"]
 
 #: the ``replay_buffer_config["type"]`` that puts RLlib's replay on the data plane
 BUFFER_TYPE = "conduit_hpc.integrations.rllib.DataPlaneEpisodeReplayBuffer"
@@ -132,6 +132,57 @@ def check_algo_config(algo: DQNConfig, config: Config) -> None:
     if missing:
         raise ConfigError(f"[spec] lacks {missing}; the transitions fill {SPEC_FIELDS}",
                           key="spec")
+
+
+class NStepAssembler:
+    """RLlib episode chunks -> n-step transitions (the :data:`SPEC_FIELDS` columns).
+
+    A chunk continues its episode (same ``id_``; its first observation is the last one
+    of the chunk before). Step ``t`` becomes a transition once step ``t + n_step - 1``
+    is known: ``reward`` is ``sum(gamma**k * r[t + k] for k < n_step)``, ``next_obs`` the
+    observation ``n_step`` later, ``terminated`` true only where ``t + n_step`` is the
+    end of a terminated episode. Steps closer than ``n_step`` to an episode's end are
+    dropped, as RLlib's buffer never samples them. Local; plain numpy.
+
+    Args:
+        n_step (int): steps summed per transition.
+        gamma (float): the discount.
+    """
+
+    def __init__(self, n_step: int, gamma: float) -> None:
+        self.n_step, self.gamma = n_step, gamma
+        #: per open episode: its observations, actions and rewards not yet emitted
+        self.open: dict[str, tuple[list[Any], list[Any], list[float]]] = {}
+
+    def add(self, episodes: Any) -> dict[str, np.ndarray] | None:
+        """The transitions these chunks complete (``None``: none yet)."""
+        n = self.n_step
+        cols: dict[str, list[np.ndarray]] = {f: [] for f in SPEC_FIELDS}
+        for ep in episodes:
+            obs, acts, rews = self.open.pop(ep.id_, ([], [], []))
+            new_obs = list(ep.get_observations())
+            obs = obs[:-1] + new_obs if obs else new_obs
+            acts = acts + list(ep.get_actions())
+            rews = rews + [float(r) for r in ep.get_rewards()]
+            t = len(acts) - n + 1  # transitions complete: steps 0 .. t-1
+            if t > 0:
+                r = np.asarray(rews, np.float64)
+                cols["obs"].append(np.asarray(obs[:t]))
+                cols["action"].append(np.asarray(acts[:t]))
+                ret = np.zeros(t)
+                for k in range(n):
+                    ret += self.gamma ** k * r[k:k + t]
+                cols["reward"].append(ret)
+                cols["next_obs"].append(np.asarray(obs[n:n + t]))
+                cols["terminated"].append((np.arange(t) + n == len(acts))
+                                          & bool(ep.is_terminated))
+                cols["n_step"].append(np.full(t, n, np.int64))
+            if not ep.is_done:  # the next chunk continues these steps
+                keep = max(t, 0)
+                self.open[ep.id_] = (obs[keep:], acts[keep:], rews[keep:])
+        if not cols["obs"]:
+            return None
+        return {f: np.concatenate(v) for f, v in cols.items()}
 
 
 @dataclass
@@ -219,7 +270,7 @@ class DataPlaneEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ign
                          alpha=cfg.storage.priority_exponent,
                          metrics_num_episodes_for_smoothing=metrics_num_episodes_for_smoothing)
         self.capacity = cfg.storage.capacity_rows
-        self._open: dict[str, tuple[list[Any], list[Any], list[float]]] = {}
+        self.assembler = NStepAssembler(self.n_step, self.gamma)
         self._last: np.ndarray | None = None
         self._spaces: tuple[Any, Any] = (None, None)
         self._added = 0
@@ -228,33 +279,13 @@ class DataPlaneEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ign
     # -- add: episodes -> n-step transitions -> ingest ---------------------------------
     def add(self, episodes: Any, weight: float | None = None) -> None:  # type: ignore[override]
         """Ingest the n-step transitions that these episode chunks complete (one
-        ``ingest``); keep each open episode's last ``n_step - 1`` steps for its next
-        chunk. Blocks only as ``ingest`` does."""
+        ``ingest``). Blocks only as ``ingest`` does."""
         t0 = time.perf_counter()
-        cols: dict[str, list[np.ndarray]] = {f: [] for f in SPEC_FIELDS}
-        for ep in episodes if isinstance(episodes, list | tuple) else [episodes]:
-            self._spaces = (ep.observation_space, ep.action_space)
-            obs, acts, rews = self._open.pop(ep.id_, ([], [], []))
-            new_obs = list(ep.get_observations())
-            obs = obs[:-1] + new_obs if obs else new_obs
-            acts = acts + list(ep.get_actions())
-            rews = rews + [float(r) for r in ep.get_rewards()]
-            t = len(acts) - self.n_step + 1  # transitions complete: steps 0 .. t-1
-            if t > 0:
-                r = np.asarray(rews, np.float64)
-                ret = sum(self.gamma ** k * r[k:k + t] for k in range(self.n_step))
-                ends = np.arange(t) + self.n_step == len(acts)
-                cols["obs"].append(np.asarray(obs[:t]))
-                cols["action"].append(np.asarray(acts[:t]))
-                cols["reward"].append(np.asarray(ret))
-                cols["next_obs"].append(np.asarray(obs[self.n_step:self.n_step + t]))
-                cols["terminated"].append(ends & bool(ep.is_terminated))
-                cols["n_step"].append(np.full(t, self.n_step, np.int64))
-            if not ep.is_done:  # the next chunk continues these steps
-                keep = max(t, 0)
-                self._open[ep.id_] = (obs[keep:], acts[keep:], rews[keep:])
-        if cols["obs"]:
-            batch = {f: np.concatenate(v) for f, v in cols.items()}
+        eps = episodes if isinstance(episodes, list | tuple) else [episodes]
+        if eps:
+            self._spaces = (eps[-1].observation_space, eps[-1].action_space)
+        batch = self.assembler.add(eps)
+        if batch is not None:
             self._added += len(batch["obs"])
             self.edp.ingest(batch)
         self.times.add_s.append(time.perf_counter() - t0)

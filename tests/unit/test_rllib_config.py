@@ -8,6 +8,7 @@ import importlib.util
 import os
 import sys
 
+import numpy as np
 import pytest
 
 from conduit_hpc import Config, ConfigError
@@ -90,3 +91,38 @@ def test_the_job_refuses_a_bad_buffer_key_on_the_login_node() -> None:
     cls, _ = declared_config(JOB)
     assert cls is not None
     assert set(sys.modules[cls.__module__].BUFFER_EXTRA_KEYS) <= set(rllib.BUFFER_KEYS)
+
+
+def chunks(steps: int, cut_at: tuple[int, ...], terminated: bool):
+    """One RLlib episode of ``steps`` steps (observation t = [t]*4, reward t+1, action
+    t % 2) handed over in chunks, cut as RLlib's env runner cuts them."""
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    ep = SingleAgentEpisode()
+    ep.add_env_reset(np.zeros(4, np.float32))
+    out = []
+    for t in range(steps):
+        last = t == steps - 1
+        ep.add_env_step(np.full(4, t + 1, np.float32), t % 2, float(t + 1),
+                        terminated=last and terminated, truncated=last and not terminated)
+        if t + 1 in cut_at and not last:
+            out.append(ep)
+            ep = ep.cut()
+    out.append(ep)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("terminated", [True, False])
+def test_episode_chunks_become_the_n_step_transitions_rllib_would_sample(n, terminated):
+    asm = rllib.NStepAssembler(n, gamma=0.5)
+    parts = [asm.add([c]) for c in chunks(7, (2, 3, 5), terminated)]
+    got = {k: np.concatenate([p[k] for p in parts if p is not None]) for k in rllib.SPEC_FIELDS}
+    steps = 7 - n + 1  # RLlib never samples a step whose t + n lies past the end
+    assert got["obs"][:, 0].tolist() == list(range(steps))
+    assert got["next_obs"][:, 0].tolist() == [t + n for t in range(steps)]
+    assert got["action"].tolist() == [t % 2 for t in range(steps)]
+    want = [sum(0.5 ** k * (t + k + 1) for k in range(n)) for t in range(steps)]
+    assert np.allclose(got["reward"], want)
+    assert got["terminated"].tolist() == [terminated and t == steps - 1 for t in range(steps)]
+    assert (got["n_step"] == n).all() and not asm.open  # the finished episode is forgotten
