@@ -141,9 +141,11 @@ def train(cfg: RllibDQNConfig, edp: ExperienceDataPlane, dqn: Any) -> dict[str, 
     def med(xs: list[float], skip: int = 10) -> float:
         return float(np.median(xs[skip:] if len(xs) > 2 * skip else xs)) if xs else math.nan
 
-    n = min(len(times.sample_s), len(times.update_s))
-    exposed = [a + s + u for a, s, u in zip(times.add_s, times.sample_s[:n], times.update_s[:n],
-                                            strict=False)]
+    # per training step once learning started: its add, sample and update
+    n = min(len(times.add_s), len(times.sample_s), len(times.update_s))
+    exposed = [a + s + u for a, s, u in zip(times.add_s[len(times.add_s) - n:],
+                                            times.sample_s[:n], times.update_s[:n],
+                                            strict=True)]
     return {"replay": hp.replay, "mode": cfg.scheduler.mode, "seed": cfg.run.seed,
             "reached": reached is not None,
             "env_steps_to_target": reached[0] if reached else None,
@@ -152,6 +154,7 @@ def train(cfg: RllibDQNConfig, edp: ExperienceDataPlane, dqn: Any) -> dict[str, 
             "best_return": max((r for _, r, _ in curve if r == r), default=math.nan),
             "iteration_ms": med(times.iteration_s) * 1e3,
             "exposed_sample_ms": med(times.sample_s) * 1e3,
+            "exposed_fetch_ms": med(times.fetch_s) * 1e3,
             "exposed_path_ms": med(exposed) * 1e3,
             "add_ms": med(times.add_s) * 1e3, "update_ms": med(times.update_s) * 1e3,
             "train_steps": len(times.sample_s), "ray_start_s": round(t_ray - t0, 2),

@@ -12,7 +12,8 @@ Every run is ``conduit-hpc run jobs/rllib_dqn_cartpole.toml`` (RLlib's unchanged
 
 Per run (the learner's ``rllib-result.json``): median per-iteration latency (one DQN
 training step: collect, add, sample, learn, update priorities), exposed experience-path
-latency (median of add + sample + update per step, and of sample alone), env steps and
+latency (median of add + sample + update per step; of sample alone; of its fetch alone,
+without building RLlib's episodes from the rows), env steps and
 wall seconds (from the built algorithm) to RLlib's smoothed mean return of
 ``rllib.target_return`` (475; ``--smoke``: a small budget and target 50). One JSON line
 per run, then a table per variant with the ratios to ``rllib``.
@@ -36,8 +37,8 @@ SMOKE = ["rllib.max_env_steps=3000", "rllib.target_return=50.0", "rllib.learning
          "scheduler.min_fill_rows=250", "rllib.epsilon_steps=2000", "rllib.lr=0.001",
          "rllib.target_update_steps=250", "rllib.smoothing_episodes=10",
          "storage.capacity_rows=10000"]
-COLUMNS = ("iteration_ms", "exposed_path_ms", "exposed_sample_ms", "env_steps_to_target",
-           "seconds_to_target")
+COLUMNS = ("iteration_ms", "exposed_path_ms", "exposed_sample_ms", "exposed_fetch_ms",
+           "env_steps_to_target", "seconds_to_target")
 
 
 def run_one(variant: str, seed: int, sets: list[str], out: Path,

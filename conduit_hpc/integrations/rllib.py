@@ -192,6 +192,9 @@ class PathTimes:
     Attributes:
         add_s, sample_s, update_s (list[float]): each ``add``, ``sample``,
             ``update_priorities`` call.
+        fetch_s (list[float]): the part of each ``sample`` spent getting the rows (the
+            data plane's ``next_batch``; all of it for RLlib's own buffer), not building
+            RLlib's episodes from them.
         iteration_s (list[float]): between successive ``sample`` calls (one DQN
             training step: collect, add, sample, learn, update).
     """
@@ -199,6 +202,7 @@ class PathTimes:
     add_s: list[float] = field(default_factory=list)
     sample_s: list[float] = field(default_factory=list)
     update_s: list[float] = field(default_factory=list)
+    fetch_s: list[float] = field(default_factory=list)
     iteration_s: list[float] = field(default_factory=list)
 
 
@@ -317,6 +321,7 @@ class DataPlaneEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ign
                 raise ConfigError(f"sample({k}={got!r}): the data plane's replay serves "
                                   f"{k} = {ok!r} only", key=k)
         b = self.edp.next_batch()
+        self.times.fetch_s.append(time.perf_counter() - t0)
         d = {k: v.numpy() for k, v in b.data.items()}
         w = b.weights.numpy()
         self._last = b.indices
@@ -388,6 +393,7 @@ class TimedPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # ty
         self._last_sample_at = t0
         out = super().sample(*args, **kwargs)
         self.times.sample_s.append(time.perf_counter() - t0)
+        self.times.fetch_s.append(self.times.sample_s[-1])
         return out
 
     def update_priorities(self, priorities: Any, module_id: Any = None) -> None:
