@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MPIENV := source $(CURDIR)/scripts/mpi_env.sh
 TEST_TIMEOUT ?= 600
+# extras of the venv: the integrations' too, so that their tests run (`make test` in CI)
+EXTRAS ?= local,dev,tensorboard,torchrl,rllib
 # the launch tier starts ~40 jobs (each test also has its own pytest-timeout, 300 s)
 LAUNCH_TIMEOUT ?= 1200
 
@@ -16,10 +18,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[local,dev,tensorboard]'
-	# the TorchRL integration's extra: its tests run in CI (under CI=true a missing extra
-	# fails them, never a silent skip)
-	$(BIN)/pip install -q -e '.[torchrl]'
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 venv: $(STAMP)

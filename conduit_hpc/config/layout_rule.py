@@ -48,7 +48,7 @@ def ranks_needed(layout: LayoutConfig, delivery: str = "thread") -> int:
 def _describe(layout: LayoutConfig, delivery: str) -> str:
     d = layout.learners * delivery_per_learner(delivery)
     return (f"{layout.learners} learners, " + (f"{d} delivery, " if d else "")
-            + f"{layout.buffers} buffers, {max(layout.actors, 1)}"
+            + f"{layout.buffers} buffers, {layout.min_actors}"
             f"{'+' if layout.actors == 0 else ''} actors")
 
 

@@ -79,6 +79,8 @@ class Config:
                     f"off (every_seconds = 0, every_supersteps = 0, on_stop = false) {why}: "
                     f"a shard that rows moved out of holds a non-contiguous run of rows, "
                     f"which the checkpoint format does not store")
+        if self.layout.learners_ingest:
+            self._check_learners_ingest()
         self._check_sizes()
         if sch.delivery == "process":
             self._check_process_delivery()
@@ -109,6 +111,25 @@ class Config:
         require(self.longhaul.mode == "off", "longhaul.mode", self.longhaul.mode,
                 f"'off' {why} (long-haul places and paces the learner's own traffic; not "
                 f"implemented for a delivery rank)")
+
+    def _check_learners_ingest(self) -> None:
+        """What a rank that both ingests and learns cannot do: wait for itself."""
+        why = "with layout.learners_ingest = true"
+        sch = self.scheduler
+        require(self.layout.learners >= 1, "layout.learners", self.layout.learners,
+                f">= 1 {why}")
+        require(sch.samples_per_insert == 0, "scheduler.samples_per_insert",
+                sch.samples_per_insert, f"0 {why} (a learner held back from inserting "
+                f"until it samples would wait for itself; its own loop sets the ratio)")
+        require(sch.max_policy_lag == 0, "scheduler.max_policy_lag", sch.max_policy_lag,
+                f"0 {why} (a learner's rows come from its own, current weights)")
+        require(self.longhaul.mode == "off", "longhaul.mode", self.longhaul.mode,
+                f"'off' {why} (the link's stations place and route actors' rows only)")
+        require(not self.placement.adaptive, "placement.adaptive", self.placement.adaptive,
+                f"false {why} (live re-placement routes actors' rows only)")
+        require(sch.delivery == "thread", "scheduler.delivery", sch.delivery,
+                f"'thread' {why} (the learner's own rows are written where its MPI calls "
+                f"are made, the data-plane thread; a delivery rank has no such thread)")
 
     def _check_sizes(self) -> None:
         """Bytes a rank will allocate from these numbers must fit in int64."""

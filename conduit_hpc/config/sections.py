@@ -79,6 +79,10 @@ class LayoutConfig:
         per_node (bool): counts are per node rather than for the world.
         emulate_nodes (int): when > 0, treat the world as this many nodes of consecutive
             ranks (for tests of multi-node paths on one machine); 0 uses the real nodes.
+        learners_ingest (bool): learner ranks also ingest, each into a home shard of its
+            own, as an algorithm process that both collects and learns does (RLlib's);
+            then a layout needs no actor rank (``actors = 0``: the remaining ranks, maybe
+            none). See ``Config`` for what it cannot be combined with.
     """
 
     learners: int = 1
@@ -86,6 +90,7 @@ class LayoutConfig:
     actors: int = 0
     per_node: bool = False
     emulate_nodes: int = 0
+    learners_ingest: bool = False
 
     def __post_init__(self) -> None:
         require(0 <= self.learners <= MAX_COUNT, "learners", self.learners,
@@ -98,9 +103,15 @@ class LayoutConfig:
                 f">= 0 and <= {MAX_COUNT}")
 
     @property
+    def min_actors(self) -> int:
+        """Actor ranks the layout needs at least (per node when ``per_node``): with
+        ``actors = 0``, one - none when learners ingest."""
+        return self.actors if self.actors or self.learners_ingest else 1
+
+    @property
     def fixed_ranks(self) -> int:
-        """Ranks the layout needs (per node when ``per_node``), counting one actor for 0."""
-        return self.learners + self.buffers + max(self.actors, 1)
+        """Ranks the layout needs (per node when ``per_node``)."""
+        return self.learners + self.buffers + self.min_actors
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -6,7 +6,9 @@ integration is one module that alone imports its framework, an optional extra:
 
 * :mod:`conduit_hpc.integrations.torchrl` - a TorchRL replay buffer backed by the data
   plane (``pip install 'conduit-hpc[torchrl]'``); the naming rule between TensorDict keys
-  and spec fields is :mod:`conduit_hpc.integrations.keymap` (no framework import).
+  and spec fields is :mod:`conduit_hpc.integrations.keymap` (no framework import);
+* :mod:`conduit_hpc.integrations.rllib` - RLlib's DQN replay buffer on the data plane
+  (``pip install 'conduit-hpc[rllib]'``).
 
 Importing this package imports no framework.
 """

@@ -158,6 +158,25 @@ class ActorEndpoint:
             self.log(now)
         return IngestReceipt(n, sid, first)
 
+    def ingest_on(self, run: Callable[[Callable[[], object], str], object],
+                  batch: Mapping[str, object],
+                  priorities: ArrayLike | None = None) -> IngestReceipt:
+        """:meth:`ingest` run by ``run`` (a learner's ``run_on_thread``: where that
+        rank makes its MPI calls). A bad batch raises :class:`SpecError` here, in the
+        caller's thread, and leaves ``run``'s thread running; nothing is written."""
+
+        def write() -> IngestReceipt | SpecError:
+            try:
+                return self.ingest(batch, priorities)
+            except SpecError as err:  # checked before anything is written
+                return err
+
+        got = run(write, f"ingest on learner rank {self.rank}")
+        if isinstance(got, SpecError):
+            raise got
+        assert isinstance(got, IngestReceipt)
+        return got
+
     def _admit(self, n: int) -> None:
         """With the ratio on, reserve ``n`` inserts and wait until the ratio allows
         them. Reserving first means concurrent actors never overshoot together."""

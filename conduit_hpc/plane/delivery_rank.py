@@ -81,7 +81,7 @@ def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: Stager,
                      acks=acks, sync=edp.window.sync, rank=rank,
                      pin_offset=8 * roles.world_size, channel=edp.channel,
                      control=edp.control, limiter=edp.limiter, config=cfg.scheduler,
-                     sampler=make_sampler(cfg, seed), n_actors=len(roles.actor_ranks),
+                     sampler=make_sampler(cfg, seed), n_actors=len(roles.writer_ranks),
                      stager=stager, transform=transform, timeout_s=cfg.run.timeout_s,
                      poll_interval_s=cfg.transport.poll_interval_s)
 

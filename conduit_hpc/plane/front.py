@@ -5,8 +5,8 @@ splits the world into roles, agrees on the config, decides the placement (with t
 features that place shards themselves), lays shards out in RMA windows, builds this
 rank's endpoint and lets the features attach. Then it dispatches:
 
-* on **actor** ranks, :meth:`~ExperienceDataPlane.ingest` (the
-  :class:`~conduit_hpc.plane.actor.ActorEndpoint`);
+* on **actor** ranks (and learners with ``layout.learners_ingest``),
+  :meth:`~ExperienceDataPlane.ingest` (the :class:`~conduit_hpc.plane.actor.ActorEndpoint`);
 * on **buffer** ranks, :meth:`~ExperienceDataPlane.serve` (the
   :class:`~conduit_hpc.plane.buffer.BufferServer` loop);
 * on **learner** ranks, :meth:`~ExperienceDataPlane.next_batch` and
@@ -117,6 +117,8 @@ class ExperienceDataPlane:
             placement, self.plan_record = decide_placement(config, self.spec, roles, placement)
             for f in self.features:
                 f.check(placement, self.spec)
+            if lost := sorted(set(roles.writer_ranks) - set(placement.actor_shards)):
+                raise ConfigError(f"ranks {lost} ingest but have no shard", key="layout")
         except ConduitError:
             roles.close()  # every rank raises alike (decided from shared data)
             raise
@@ -162,7 +164,7 @@ class ExperienceDataPlane:
         elif roles.role is Role.DELIVERY:
             assert self.staging is not None
             self.delivery = make_delivery_server(self, self.staging, transform)
-        else:
+        if roles.world_rank in roles.writer_ranks:  # actors, and learners that ingest
             self._init_actor()
         for f in self.features:
             f.attach(self)  # collective where a feature makes windows
@@ -178,7 +180,7 @@ class ExperienceDataPlane:
     def _count_done(self, rank: int) -> None:
         if rank in self.roles.learner_ranks:
             self.control.add(C_LEARNERS_DONE, 1)
-        elif rank in self.roles.actor_ranks:
+        if rank in self.roles.writer_ranks:  # actors, and learners that ingest
             self.control.add(C_ACTORS_DONE, 1)
 
     def _init_learner(self, transform: Any) -> None:
@@ -260,8 +262,8 @@ class ExperienceDataPlane:
         Local (one-sided). Blocks only while the rate limiter holds actors back, while
         this actor's weights lag the learner by more than ``max_policy_lag`` (it then
         pulls fresher ones into the model given to :meth:`share_weights`), or while a
-        writer a full ring behind finishes - each bounded by ``run.timeout_s``. Actor
-        ranks only.
+        writer a full ring behind finishes - each bounded by ``run.timeout_s``. Actors,
+        and learners with ``layout.learners_ingest`` (on the data-plane thread in edp).
 
         Args:
             batch (Mapping[str, array-like]): one array per spec field, leading batch
@@ -278,9 +280,11 @@ class ExperienceDataPlane:
                 with the rate limiter on; nothing is written.
             DataPlaneTimeout: a wait ran past ``run.timeout_s``.
         """
-        self._require(Role.ACTOR, "ingest()")
+        self._require(self.role if self.actor is not None else Role.ACTOR, "ingest()")
         assert self.actor is not None
-        return self.actor.ingest(batch, priorities)
+        if self.learner is None:
+            return self.actor.ingest(batch, priorities)
+        return self.actor.ingest_on(self.learner.run_on_thread, batch, priorities)
 
     @property
     def ingest_stats(self) -> IngestStats:

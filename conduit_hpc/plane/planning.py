@@ -170,7 +170,7 @@ def decide_placement(config: Config, spec: Spec, roles: RoleComms,
             plan, record = _static(config, spec, roles)
         else:
             plan = plan_round_robin(
-                actor_ranks=roles.actor_ranks, buffer_ranks=roles.buffer_ranks,
+                actor_ranks=roles.writer_ranks, buffer_ranks=roles.buffer_ranks,
                 learner_ranks=roles.learner_ranks,
                 capacity_rows=config.storage.capacity_rows,
                 shards_per_buffer=config.storage.shards_per_buffer)

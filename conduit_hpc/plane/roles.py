@@ -48,6 +48,8 @@ class RoleComms:
         delivery_ranks (tuple[int, ...]): world ranks of delivery ranks (empty unless
             ``scheduler.delivery = "process"``); they have no role communicator.
         delivery_of (dict[int, int]): learner world rank -> its delivery rank.
+        writer_ranks (tuple[int, ...]): world ranks that ingest: the actors, then the
+            learners when ``layout.learners_ingest``.
     """
 
     world: MPI.Intracomm
@@ -62,6 +64,7 @@ class RoleComms:
     node_of: tuple[int, ...]
     delivery_ranks: tuple[int, ...] = ()
     delivery_of: dict[int, int] = field(default_factory=dict)
+    writer_ranks: tuple[int, ...] = ()
 
     @property
     def world_rank(self) -> int:
@@ -165,7 +168,9 @@ def split_roles(comm: MPI.Intracomm, layout: LayoutConfig,
                      buffer=subs["buffer"], learner=subs["learner"],
                      actor_ranks=ranks["actor"], buffer_ranks=ranks["buffer"],
                      learner_ranks=ranks["learner"], node_of=node_of,
-                     delivery_ranks=ranks["delivery"], delivery_of=got.delivery_of)
+                     delivery_ranks=ranks["delivery"], delivery_of=got.delivery_of,
+                     writer_ranks=ranks["actor"] + (ranks["learner"] if layout.learners_ingest
+                                                    else ()))
 
 
 def agree(comm: MPI.Intracomm, ok: bool) -> bool:

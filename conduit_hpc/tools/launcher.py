@@ -122,7 +122,7 @@ def ranks_problem(cfg: Config, n: int) -> ConduitError | None:
     d = lay.learners * delivery_per_learner(cfg.scheduler.delivery)
     roles = (f"{lay.learners} learner(s), " + (f"{d} delivery rank(s), " if d else "")
              + f"{lay.buffers} buffer(s), "
-             f"{max(lay.actors, 1)}{'+' if lay.actors == 0 else ''} actor(s)")
+             f"{lay.min_actors}{'+' if lay.actors == 0 else ''} actor(s)")
     if n < need:
         fix = (f"use -n {need} or more" if lay.actors == 0 else
                f"use -n {need}, or change layout.learners/buffers/actors")

@@ -21,7 +21,7 @@ import pytest
 from conduit_hpc.testing import REPO
 
 BENCHMARKS = ("adaptive", "allreduce", "checkpoint", "convergence", "exposed-latency", "ingest",
-              "longhaul", "longhaul-tbf", "peers", "plan", "scale")
+              "longhaul", "longhaul-tbf", "peers", "plan", "rllib", "scale", "tiers", "torchrl")
 
 
 def run(cmd: list[str], *, cwd: Path, timeout: float,

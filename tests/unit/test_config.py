@@ -115,3 +115,32 @@ def test_configs_are_frozen() -> None:
     cfg = Config()
     with pytest.raises(AttributeError):
         cfg.run = None  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("section", "value", "key"), [
+    ("scheduler", {"samples_per_insert": 4.0, "error_buffer": 1e4},
+     "scheduler.samples_per_insert"),
+    ("scheduler", {"max_policy_lag": 2}, "scheduler.max_policy_lag"),
+    ("layout", {"learners": 0}, "layout.learners"),
+    ("placement", {"adaptive": True}, "placement.adaptive"),
+])
+def test_a_learner_that_ingests_refuses_what_would_make_it_wait_for_itself(
+        section: str, value: dict, key: str) -> None:
+    raw = {"spec": {"x": {"dtype": "float32"}}, "layout": {"learners_ingest": True},
+           "checkpoint": {"on_stop": False}}
+    raw.setdefault(section, {}).update(value)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")) as err:
+        Config.from_dict(raw)
+    assert "learners_ingest" in str(err.value)
+
+
+def test_a_layout_whose_learners_ingest_needs_no_actor_rank() -> None:
+    from conduit_hpc.tools.launcher import ranks_for, ranks_problem
+
+    cfg = Config.from_dict({"spec": {"x": {"dtype": "float32"}},
+                            "layout": {"learners": 1, "buffers": 1, "learners_ingest": True}})
+    assert cfg.layout.fixed_ranks == 2 and ranks_for(cfg) == 2
+    assert ranks_problem(cfg, 2) is None and ranks_problem(cfg, 1) is not None
+    plain = Config.from_dict({"spec": {"x": {"dtype": "float32"}},
+                              "layout": {"learners": 1, "buffers": 1}})
+    assert plain.layout.fixed_ranks == 3 and ranks_problem(plain, 2) is not None

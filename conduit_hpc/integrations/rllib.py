@@ -1,0 +1,402 @@
+"""RLlib's DQN (new API stack) with its replay on the data plane, its loop unchanged.
+
+RLlib's DQN keeps one replay buffer in the algorithm's process, built from
+``config.replay_buffer_config`` (``from_config``: ``{"type": ...}`` is a class path), and
+calls ``add(episodes)``, ``sample(num_items, n_step=, gamma=, beta=, ...)`` and - for a
+subclass of ``PrioritizedEpisodeReplayBuffer`` - ``update_priorities(td_errors)`` (see
+``ray/rllib/algorithms/dqn/dqn.py`` ``_training_step_new_api_stack``, Ray 2.60).
+:class:`DataPlaneEpisodeReplayBuffer` is such a subclass: the user's change is the
+buffer's ``type`` (:data:`BUFFER_TYPE`) and launching under ``conduit-hpc run``.
+
+* The algorithm's process is the **learner** rank of the MPI job and also ingests
+  (``[layout] learners_ingest = true``); **buffer** ranks hold the replay.
+* ``add`` turns RLlib's episode chunks into n-step transitions on ingest (one
+  ``ingest`` per call): ``obs, action, reward`` (the discounted sum of ``n_step``
+  rewards), ``next_obs`` (``n_step`` later), ``terminated``, ``n_step``. A step whose
+  ``t + n_step`` lies past its episode's end is never stored, as RLlib's own buffer never
+  samples it.
+* ``sample`` is the data plane's ``next_batch`` (prefetched in ``edp`` mode while RLlib
+  collects and learns) turned into RLlib's 1-step episodes ``(o_t, a_t, R, o_t+n)`` with
+  ``weights`` and ``n_step`` in their extra model outputs; ``update_priorities`` sends
+  the TD errors to the owners.
+
+What differs from RLlib's ``PrioritizedEpisodeReplayBuffer``: n-step returns are fixed
+at ingest (``n_step`` a single int, and ``sample``'s ``gamma``/``n_step`` must be the
+algorithm's), capacity, priority exponent and beta come from ``[storage]`` and
+``[scheduler]`` (a replay-buffer key that disagrees is refused), the batch size is
+``scheduler.batch_rows``, and sampled transitions carry ``truncated = False`` (DQN's
+loss reads only ``terminated``). Stateful modules (sequences) are refused.
+
+Call :func:`check_algo_config` before Ray starts (it raises :class:`ConfigError` naming
+the key), build the algorithm inside :func:`data_plane_for` (which also owns
+``ray.init``/``ray.shutdown``). See ``jobs/rllib_dqn_cartpole.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import ray
+from ray.rllib.algorithms.dqn import DQNConfig
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import (
+    PrioritizedEpisodeReplayBuffer,
+)
+
+from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role
+
+__all__ = ["BASELINE_TYPE", "BUFFER_KEYS", "BUFFER_TYPE", "SPEC_FIELDS",
+           "DataPlaneEpisodeReplayBuffer", "NStepAssembler", "PathTimes",
+           "TimedPrioritizedEpisodeReplayBuffer", "check_algo_config", "data_plane_for"]
+
+#: the ``replay_buffer_config["type"]`` that puts RLlib's replay on the data plane
+BUFFER_TYPE = "conduit_hpc.integrations.rllib.DataPlaneEpisodeReplayBuffer"
+#: RLlib's own prioritized buffer, timed like ours (the baseline of ``bench rllib``)
+BASELINE_TYPE = "conduit_hpc.integrations.rllib.TimedPrioritizedEpisodeReplayBuffer"
+#: keys the buffer's config may hold (``metrics_num_episodes_for_smoothing`` is RLlib's)
+BUFFER_KEYS = ("type", "capacity", "alpha", "beta", "metrics_num_episodes_for_smoothing")
+#: the ``[spec]`` fields the transitions fill
+SPEC_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "n_step")
+
+
+def _key(name: str) -> str:
+    return f"replay_buffer_config.{name}"
+
+
+def check_algo_config(algo: DQNConfig, config: Config) -> None:
+    """Check an RLlib DQN config against the job's config, before Ray starts.
+
+    Local, no MPI, deterministic: every rank that calls it with the same configs raises
+    the same error.
+
+    Raises:
+        ConfigError: naming the key (``replay_buffer_config.<key>``, ``n_step``,
+            ``train_batch_size_per_learner``, ``scheduler.min_fill_rows``, ``layout.*``,
+            ``spec``), its value and what was expected.
+    """
+    rb = dict(algo.replay_buffer_config)
+    for k in rb:
+        if k not in BUFFER_KEYS:
+            raise ConfigError(f"{_key(k)} is not a key of {BUFFER_TYPE.rsplit('.', 1)[1]} "
+                              f"(got {rb[k]!r}); expected one of {', '.join(BUFFER_KEYS)}",
+                              key=_key(k))
+    if rb.get("type") in (BASELINE_TYPE, TimedPrioritizedEpisodeReplayBuffer):
+        return  # RLlib's own replay: its keys are RLlib's, the data plane holds nothing
+    if rb.get("type") not in (BUFFER_TYPE, DataPlaneEpisodeReplayBuffer):
+        raise ConfigError(f"{_key('type')} must be {BUFFER_TYPE!r}, got {rb.get('type')!r}",
+                          key=_key("type"))
+    twins = {"capacity": ("storage.capacity_rows", config.storage.capacity_rows),
+             "alpha": ("storage.priority_exponent", config.storage.priority_exponent),
+             "beta": ("scheduler.beta", config.scheduler.beta)}
+    for k, (where, want) in twins.items():
+        v = rb.get(k, want)
+        if not (isinstance(v, int | float) and math.isclose(v, want)):
+            raise ConfigError(f"{_key(k)} = {v!r} disagrees with {where} = {want!r} "
+                              f"(the data plane's value; drop the key or make them equal)",
+                              key=_key(k))
+    n = algo.n_step
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"n_step must be one int >= 1 on the data plane (returns are "
+                          f"summed on ingest), got {n!r}", key="n_step")
+    if algo.train_batch_size_per_learner != config.scheduler.batch_rows:
+        raise ConfigError(f"train_batch_size_per_learner = "
+                          f"{algo.train_batch_size_per_learner!r} must equal "
+                          f"scheduler.batch_rows = {config.scheduler.batch_rows}",
+                          key="train_batch_size_per_learner")
+    if algo.model_config.get("use_lstm") or algo.model_config.get("use_attention"):
+        raise ConfigError("model_config use_lstm/use_attention: a stateful module samples "
+                          "sequences, which this buffer does not", key="model_config")
+    if algo.num_learners != 0:
+        raise ConfigError(f"num_learners must be 0 (the update runs in this rank), got "
+                          f"{algo.num_learners}", key="num_learners")
+    starts = algo.num_steps_sampled_before_learning_starts
+    if config.scheduler.min_fill_rows > starts // n:
+        raise ConfigError(f"scheduler.min_fill_rows = {config.scheduler.min_fill_rows} must "
+                          f"be <= num_steps_sampled_before_learning_starts // n_step = "
+                          f"{starts // n}: the first sample comes after that many "
+                          f"transitions at least, and nothing else ingests",
+                          key="scheduler.min_fill_rows")
+    lay = config.layout
+    if not (lay.learners == 1 and lay.learners_ingest and lay.actors == 0):
+        raise ConfigError(f"[layout] must be learners = 1, learners_ingest = true, actors "
+                          f"= 0 (the algorithm's process collects and learns), got "
+                          f"{lay.learners}, {lay.learners_ingest}, {lay.actors}",
+                          key="layout")
+    missing = [f for f in SPEC_FIELDS if f not in config.spec]
+    if missing:
+        raise ConfigError(f"[spec] lacks {missing}; the transitions fill {SPEC_FIELDS}",
+                          key="spec")
+
+
+class NStepAssembler:
+    """RLlib episode chunks -> n-step transitions (the :data:`SPEC_FIELDS` columns).
+
+    A chunk continues its episode (same ``id_``; its first observation is the last one
+    of the chunk before). Step ``t`` becomes a transition once step ``t + n_step - 1``
+    is known: ``reward`` is ``sum(gamma**k * r[t + k] for k < n_step)``, ``next_obs`` the
+    observation ``n_step`` later, ``terminated`` true only where ``t + n_step`` is the
+    end of a terminated episode. Steps closer than ``n_step`` to an episode's end are
+    dropped, as RLlib's buffer never samples them. Local; plain numpy.
+
+    Args:
+        n_step (int): steps summed per transition.
+        gamma (float): the discount.
+    """
+
+    def __init__(self, n_step: int, gamma: float) -> None:
+        self.n_step, self.gamma = n_step, gamma
+        #: per open episode: its observations, actions and rewards not yet emitted
+        self.open: dict[str, tuple[list[Any], list[Any], list[float]]] = {}
+
+    def add(self, episodes: Any) -> dict[str, np.ndarray] | None:
+        """The transitions these chunks complete (``None``: none yet)."""
+        n = self.n_step
+        cols: dict[str, list[np.ndarray]] = {f: [] for f in SPEC_FIELDS}
+        for ep in episodes:
+            obs, acts, rews = self.open.pop(ep.id_, ([], [], []))
+            new_obs = list(ep.get_observations())
+            obs = obs[:-1] + new_obs if obs else new_obs
+            acts = acts + list(ep.get_actions())
+            rews = rews + [float(r) for r in ep.get_rewards()]
+            t = len(acts) - n + 1  # transitions complete: steps 0 .. t-1
+            if t > 0:
+                r = np.asarray(rews, np.float64)
+                cols["obs"].append(np.asarray(obs[:t]))
+                cols["action"].append(np.asarray(acts[:t]))
+                ret = np.zeros(t)
+                for k in range(n):
+                    ret += self.gamma ** k * r[k:k + t]
+                cols["reward"].append(ret)
+                cols["next_obs"].append(np.asarray(obs[n:n + t]))
+                cols["terminated"].append((np.arange(t) + n == len(acts))
+                                          & bool(ep.is_terminated))
+                cols["n_step"].append(np.full(t, n, np.int64))
+            if not ep.is_done:  # the next chunk continues these steps
+                keep = max(t, 0)
+                self.open[ep.id_] = (obs[keep:], acts[keep:], rews[keep:])
+        if not cols["obs"]:
+            return None
+        return {f: np.concatenate(v) for f, v in cols.items()}
+
+
+@dataclass
+class PathTimes:
+    """Seconds the training loop spent on the experience path, per call, in order.
+
+    Attributes:
+        add_s, sample_s, update_s (list[float]): each ``add``, ``sample``,
+            ``update_priorities`` call.
+        fetch_s (list[float]): the part of each ``sample`` spent getting the rows (the
+            data plane's ``next_batch``; all of it for RLlib's own buffer), not building
+            RLlib's episodes from them.
+        iteration_s (list[float]): between successive ``sample`` calls (one DQN
+            training step: collect, add, sample, learn, update).
+    """
+
+    add_s: list[float] = field(default_factory=list)
+    sample_s: list[float] = field(default_factory=list)
+    update_s: list[float] = field(default_factory=list)
+    fetch_s: list[float] = field(default_factory=list)
+    iteration_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Active:
+    edp: ExperienceDataPlane
+    gamma: float
+    n_step: int
+    times: PathTimes
+
+
+_ACTIVE: list[_Active] = []
+
+
+@contextmanager
+def data_plane_for(edp: ExperienceDataPlane, algo: DQNConfig, *,
+                   ray_cpus: int = 1) -> Iterator[PathTimes]:
+    """Make ``edp`` the replay of the DQN algorithm built inside; start and stop Ray.
+
+    On the learner rank only. Starts a local Ray instance of its own (``address =
+    "local"``, ``ray_cpus`` CPUs, no dashboard) and always shuts it down on the way out.
+
+    Yields:
+        PathTimes: the experience-path times, filled as the algorithm runs.
+
+    Raises:
+        ConfigError: not a learner rank, or ``check_algo_config`` fails.
+    """
+    if edp.role is not Role.LEARNER:
+        raise ConfigError(f"the RLlib algorithm runs on the learner rank; world rank "
+                          f"{edp.world_rank} is a {edp.role.value}", key="layout")
+    check_algo_config(algo, edp.config)
+    active = _Active(edp, float(algo.gamma), int(algo.n_step), PathTimes())
+    _ACTIVE.append(active)
+    try:
+        ray.init(address="local", num_cpus=ray_cpus, include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+        yield active.times
+    finally:
+        _ACTIVE.remove(active)
+        ray.shutdown()
+
+
+class DataPlaneEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ignore[misc]
+    """RLlib's prioritized episode buffer interface over the data plane (see the module
+    docstring). Built by RLlib (``from_config``) inside :func:`data_plane_for`.
+
+    Raises:
+        ConfigError: built outside :func:`data_plane_for`, or with a key not in
+            :data:`BUFFER_KEYS` (RLlib passes them as keyword arguments).
+    """
+
+    def __init__(self, capacity: int | None = None, *, alpha: float | None = None,
+                 beta: float | None = None, metrics_num_episodes_for_smoothing: int = 100,
+                 **kwargs: Any) -> None:
+        if kwargs:
+            k = sorted(kwargs)[0]
+            raise ConfigError(f"{_key(k)} is not a key of DataPlaneEpisodeReplayBuffer "
+                              f"(got {kwargs[k]!r}); expected one of {', '.join(BUFFER_KEYS)}",
+                              key=_key(k))
+        if not _ACTIVE:
+            raise ConfigError("DataPlaneEpisodeReplayBuffer is built inside "
+                              "conduit_hpc.integrations.rllib.data_plane_for(edp, config) "
+                              "on the learner rank of a conduit-hpc job", key=_key("type"))
+        a = _ACTIVE[-1]
+        self.edp, self.gamma, self.n_step, self.times = a.edp, a.gamma, a.n_step, a.times
+        cfg = self.edp.config
+        super().__init__(capacity=1, batch_size_B=cfg.scheduler.batch_rows, batch_length_T=1,
+                         alpha=cfg.storage.priority_exponent,
+                         metrics_num_episodes_for_smoothing=metrics_num_episodes_for_smoothing)
+        self.capacity = cfg.storage.capacity_rows
+        self.assembler = NStepAssembler(self.n_step, self.gamma)
+        self._last: np.ndarray | None = None
+        self._spaces: tuple[Any, Any] = (None, None)
+        self._added = 0
+        self._last_sample_at: float | None = None
+
+    # -- add: episodes -> n-step transitions -> ingest ---------------------------------
+    def add(self, episodes: Any, weight: float | None = None) -> None:  # type: ignore[override]
+        """Ingest the n-step transitions that these episode chunks complete (one
+        ``ingest``). Blocks only as ``ingest`` does."""
+        t0 = time.perf_counter()
+        eps = episodes if isinstance(episodes, list | tuple) else [episodes]
+        if eps:
+            self._spaces = (eps[-1].observation_space, eps[-1].action_space)
+        batch = self.assembler.add(eps)
+        if batch is not None:
+            self._added += len(batch["obs"])
+            self.edp.ingest(batch)
+        self.times.add_s.append(time.perf_counter() - t0)
+
+    # -- sample: next_batch -> RLlib's 1-step episodes ---------------------------------
+    def sample(self, num_items: int | None = None, *, batch_size_B: int | None = None,
+               batch_length_T: int | None = None, n_step: Any = None, beta: Any = None,
+               gamma: float = 0.99, include_infos: bool = False,
+               include_extra_model_outputs: bool = False, to_numpy: bool = False,
+               **kwargs: Any) -> Any:  # type: ignore[override]
+        """The data plane's next batch as RLlib's list of 1-step episodes. Blocks until
+        it is ready (bounded by ``run.timeout_s``; prefetched in ``edp`` mode).
+
+        Raises:
+            ConfigError: a size, ``n_step`` or ``gamma`` other than the job's, a
+                sequence length, or infos / extra model outputs asked for.
+        """
+        t0 = time.perf_counter()
+        if self._last_sample_at is not None:
+            self.times.iteration_s.append(t0 - self._last_sample_at)
+        self._last_sample_at = t0
+        rows = num_items or batch_size_B or self.batch_size_B
+        want = {"num_items": (rows, self.batch_size_B), "n_step": (n_step or 1, self.n_step),
+                "gamma": (gamma, self.gamma), "batch_length_T": (batch_length_T or 1, 1),
+                "include_infos": (include_infos, False),
+                "include_extra_model_outputs": (include_extra_model_outputs, False)}
+        for k, (got, ok) in want.items():
+            if got != ok:
+                raise ConfigError(f"sample({k}={got!r}): the data plane's replay serves "
+                                  f"{k} = {ok!r} only", key=k)
+        b = self.edp.next_batch()
+        self.times.fetch_s.append(time.perf_counter() - t0)
+        d = {k: v.numpy() for k, v in b.data.items()}
+        w = b.weights.numpy()
+        self._last = b.indices
+        obs_space, act_space = self._spaces
+        out = [SingleAgentEpisode(
+            observations=[d["obs"][i], d["next_obs"][i]], observation_space=obs_space,
+            actions=[d["action"][i]], action_space=act_space, rewards=[d["reward"][i]],
+            terminated=bool(d["terminated"][i]), truncated=False,
+            extra_model_outputs={"weights": [w[i]], "n_step": [d["n_step"][i]]},
+            len_lookback_buffer=0, t_started=0) for i in range(len(w))]
+        if to_numpy:
+            for ep in out:
+                ep.to_numpy()
+        self.sampled_timesteps += len(out)
+        self.times.sample_s.append(time.perf_counter() - t0)
+        return out
+
+    def update_priorities(self, priorities: Any, module_id: Any = None) -> None:
+        """The last batch's new priorities (RLlib's TD errors; their absolute values,
+        at least 1e-12 as RLlib's). Never blocks on the network."""
+        t0 = time.perf_counter()
+        if self._last is None:
+            return
+        p = np.maximum(np.abs(np.asarray(priorities, np.float64)), 1e-12)
+        if len(p) != len(self._last):
+            raise ValueError(f"update_priorities: {len(p)} priorities for a batch of "
+                             f"{len(self._last)} rows")
+        self.edp.update_priorities(self._last, p)
+        self._last = None
+        self.times.update_s.append(time.perf_counter() - t0)
+
+    # -- what RLlib reads ----------------------------------------------------------------
+    def get_num_timesteps(self, module_id: Any = None) -> int:
+        """Transitions this rank ingested, at most the replay's capacity."""
+        return min(self._added, self.capacity)
+
+    def get_added_timesteps(self, module_id: Any = None) -> int:
+        return self._added
+
+    def get_state(self) -> dict[str, Any]:
+        """Counters only: the replay lives on the buffer ranks (checkpoint it with the
+        data plane's ``[checkpoint]``)."""
+        return {"added": self._added, "sampled": self.sampled_timesteps}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self._added = int(state.get("added", 0))
+        self.sampled_timesteps = int(state.get("sampled", 0))
+
+
+class TimedPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ignore[misc]
+    """RLlib's own ``PrioritizedEpisodeReplayBuffer``, unchanged but for the same
+    experience-path timers as :class:`DataPlaneEpisodeReplayBuffer` (into the
+    :class:`PathTimes` of the enclosing :func:`data_plane_for`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.times = _ACTIVE[-1].times if _ACTIVE else PathTimes()
+        self._last_sample_at: float | None = None
+
+    def add(self, episodes: Any, weight: float | None = None) -> None:  # type: ignore[override]
+        t0 = time.perf_counter()
+        super().add(episodes, weight)
+        self.times.add_s.append(time.perf_counter() - t0)
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        if self._last_sample_at is not None:
+            self.times.iteration_s.append(t0 - self._last_sample_at)
+        self._last_sample_at = t0
+        out = super().sample(*args, **kwargs)
+        self.times.sample_s.append(time.perf_counter() - t0)
+        self.times.fetch_s.append(self.times.sample_s[-1])
+        return out
+
+    def update_priorities(self, priorities: Any, module_id: Any = None) -> None:
+        t0 = time.perf_counter()
+        super().update_priorities(priorities, module_id)
+        self.times.update_s.append(time.perf_counter() - t0)

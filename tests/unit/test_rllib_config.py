@@ -1,0 +1,128 @@
+"""The RLlib integration's checks, before Ray starts (the ``[rllib]`` extra; skipped only
+where it is missing and ``CI`` is unset). No MPI, no Ray instance: RLlib's config object
+is plain Python."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from conduit_hpc import Config, ConfigError
+
+if importlib.util.find_spec("ray") is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("the [rllib] extra is not installed but CI is set: .ci/run "
+                           "installs it (pip install -e '.[rllib]')")
+    pytest.skip("the [rllib] extra is not installed (pip install -e '.[rllib]')",
+                allow_module_level=True)
+
+from ray.rllib.algorithms.dqn import DQNConfig
+
+from conduit_hpc.config import declared_config
+from conduit_hpc.integrations import rllib
+from conduit_hpc.testing import REPO
+
+JOB = REPO / "jobs" / "rllib_dqn_cartpole.toml"
+
+
+def job_config(*sets: str) -> Config:
+    cls, _ = declared_config(JOB)
+    assert cls is not None
+    return cls.from_toml(JOB, list(sets))
+
+
+def algo(**buffer: object) -> DQNConfig:
+    return (DQNConfig().environment("CartPole-v1").learners(num_learners=0)
+            .training(replay_buffer_config={"type": rllib.BUFFER_TYPE, **buffer},
+                      train_batch_size_per_learner=32,
+                      num_steps_sampled_before_learning_starts=1000))
+
+
+def test_the_jobs_config_passes() -> None:
+    rllib.check_algo_config(algo(), job_config())
+    rllib.check_algo_config(algo(capacity=50000, alpha=0.6, beta=0.4), job_config())
+
+
+@pytest.mark.parametrize(("make", "key"), [
+    (lambda: algo(bogus_key=1), "replay_buffer_config.bogus_key"),
+    (lambda: algo(capacity=10), "replay_buffer_config.capacity"),
+    (lambda: algo(alpha=1.0), "replay_buffer_config.alpha"),
+    (lambda: algo().training(n_step=(1, 3)), "n_step"),
+    (lambda: algo().training(train_batch_size_per_learner=64),
+     "train_batch_size_per_learner"),
+    (lambda: algo().training(num_steps_sampled_before_learning_starts=100),
+     "scheduler.min_fill_rows"),
+    (lambda: algo().rl_module(model_config={"use_lstm": True}), "model_config"),
+])
+def test_a_bad_rllib_config_is_refused_naming_the_key(make, key) -> None:
+    with pytest.raises(ConfigError) as err:
+        rllib.check_algo_config(make(), job_config())
+    assert err.value.key == key and key.split(".")[-1] in str(err.value)
+
+
+def test_the_buffer_type_and_layout_are_checked() -> None:
+    other = DQNConfig().training(replay_buffer_config={"type": "EpisodeReplayBuffer"},
+                                 train_batch_size_per_learner=32)
+    with pytest.raises(ConfigError, match=r"replay_buffer_config\.type"):
+        rllib.check_algo_config(other, job_config())
+    with pytest.raises(ConfigError, match="learners_ingest"):
+        rllib.check_algo_config(algo(), job_config("layout.learners_ingest=false",
+                                                   "layout.actors=1"))
+    # RLlib's own buffer (the benchmark's baseline) takes RLlib's keys
+    base = algo().training(replay_buffer_config={"type": rllib.BASELINE_TYPE,
+                                                 "capacity": 7, "alpha": 1.0})
+    rllib.check_algo_config(base, job_config())
+
+
+def test_the_buffer_refuses_an_unknown_key_and_a_build_outside_a_job() -> None:
+    with pytest.raises(ConfigError, match=r"replay_buffer_config\.bogus"):
+        rllib.DataPlaneEpisodeReplayBuffer(capacity=10, bogus=1)
+    with pytest.raises(ConfigError, match="data_plane_for"):
+        rllib.DataPlaneEpisodeReplayBuffer(capacity=10)
+
+
+def test_the_job_refuses_a_bad_buffer_key_on_the_login_node() -> None:
+    with pytest.raises(ConfigError, match=r"replay_buffer_config\.nope"):
+        job_config("rllib.buffer_keys={nope = 1.0}")
+    cls, _ = declared_config(JOB)
+    assert cls is not None
+    assert set(sys.modules[cls.__module__].BUFFER_EXTRA_KEYS) <= set(rllib.BUFFER_KEYS)
+
+
+def chunks(steps: int, cut_at: tuple[int, ...], terminated: bool):
+    """One RLlib episode of ``steps`` steps (observation t = [t]*4, reward t+1, action
+    t % 2) handed over in chunks, cut as RLlib's env runner cuts them."""
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    ep = SingleAgentEpisode()
+    ep.add_env_reset(np.zeros(4, np.float32))
+    out = []
+    for t in range(steps):
+        last = t == steps - 1
+        ep.add_env_step(np.full(4, t + 1, np.float32), t % 2, float(t + 1),
+                        terminated=last and terminated, truncated=last and not terminated)
+        if t + 1 in cut_at and not last:
+            out.append(ep)
+            ep = ep.cut()
+    out.append(ep)
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("terminated", [True, False])
+def test_episode_chunks_become_the_n_step_transitions_rllib_would_sample(n, terminated):
+    asm = rllib.NStepAssembler(n, gamma=0.5)
+    parts = [asm.add([c]) for c in chunks(7, (2, 3, 5), terminated)]
+    got = {k: np.concatenate([p[k] for p in parts if p is not None]) for k in rllib.SPEC_FIELDS}
+    steps = 7 - n + 1  # RLlib never samples a step whose t + n lies past the end
+    assert got["obs"][:, 0].tolist() == list(range(steps))
+    assert got["next_obs"][:, 0].tolist() == [t + n for t in range(steps)]
+    assert got["action"].tolist() == [t % 2 for t in range(steps)]
+    want = [sum(0.5 ** k * (t + k + 1) for k in range(n)) for t in range(steps)]
+    assert np.allclose(got["reward"], want)
+    assert got["terminated"].tolist() == [terminated and t == steps - 1 for t in range(steps)]
+    assert (got["n_step"] == n).all() and not asm.open  # the finished episode is forgotten
