@@ -182,6 +182,31 @@ def combine(cols: Sequence[Column], x: np.ndarray, nloc: int) -> tuple[np.ndarra
     return uk // nloc, uk % nloc, r, mm
 
 
+def _raise_to_floor(small: np.ndarray, kept: np.ndarray, rows: np.ndarray, mass: np.ndarray,
+                    loc: np.ndarray, used: np.ndarray, cap: np.ndarray, floor: float,
+                    bytes_per_row: int) -> bool:
+    """When the kept entries' locations cannot take the ``small`` entries' rows (the LP
+    filled them to the brim), grow the small entries to ``floor`` instead, taking the rows
+    (and their share of priority mass) from the largest kept entry; in place. Whether it
+    did (False: dropping them fits, or growing them does not)."""
+    room = np.maximum(cap[loc[kept]] - used[loc[kept]], 0.0) / bytes_per_row
+    if room.sum() >= rows[small].sum():
+        return False
+    need = floor - rows[small]
+    big = kept[int(np.argmax(rows[kept]))]
+    if rows[big] - need.sum() < floor or np.any(
+            cap[loc[small]] - used[loc[small]] < need * bytes_per_row - 0.5):
+        return False
+    per_row = mass[big] / rows[big] if rows[big] > 0 else 0.0
+    np.add.at(used, loc[small], need * bytes_per_row)
+    used[loc[big]] -= need.sum() * bytes_per_row
+    rows[small] += need
+    mass[small] += need * per_row
+    rows[big] -= need.sum()
+    mass[big] -= need.sum() * per_row
+    return True
+
+
 def apply_floor(part: np.ndarray, loc: np.ndarray, rows: np.ndarray, mass: np.ndarray,
                 prows: np.ndarray, floor_rows: int, topo: Topology, cap: np.ndarray,
                 bytes_per_row: int) -> tuple[np.ndarray, ...]:
@@ -196,6 +221,8 @@ def apply_floor(part: np.ndarray, loc: np.ndarray, rows: np.ndarray, mass: np.nd
         return part, loc, rows, mass
     keep = np.ones(len(rows), dtype=bool)
     rows, mass = rows.astype(np.float64).copy(), mass.astype(np.float64).copy()
+    used = np.bincount(loc, weights=rows * bytes_per_row, minlength=len(cap))
+    used0 = used.copy()  # what the LP put there (within its own tolerance of cap)
     for p in np.unique(part):
         sel = np.flatnonzero(part == p)
         total, mtotal = float(rows[sel].sum()), float(mass[sel].sum())
@@ -208,13 +235,33 @@ def apply_floor(part: np.ndarray, loc: np.ndarray, rows: np.ndarray, mass: np.nd
         dropped, kept = order[:first], order[first:]
         if not len(dropped):
             continue
+        if _raise_to_floor(dropped, kept, rows, mass, loc, used, cap, floor, bytes_per_row):
+            continue  # the kept entries had no room: the small ones grew instead
         keep[dropped] = False
-        rows[kept] *= total / rows[kept].sum()
+        np.subtract.at(used, loc[dropped], rows[dropped] * bytes_per_row)
+        # first lift every kept entry to the floor, then hand the rest of the dropped
+        # rows to the kept entries by their location's free bytes (so a location that
+        # the LP filled to the brim is not pushed over it); scaled as a last resort
+        free_rows = float(rows[dropped].sum())
+        lift = np.maximum(floor - rows[kept], 0.0)
+        lift *= min(1.0, free_rows / lift.sum()) if lift.sum() > 0 else 0.0
+        rows[kept] += lift
+        np.add.at(used, loc[kept], lift * bytes_per_row)
+        rest = free_rows - float(lift.sum())
+        room = np.maximum(cap[loc[kept]] - used[loc[kept]], 0.0) / bytes_per_row
+        if rest > 0 and room.sum() >= rest:
+            add = rest * room / room.sum()
+        else:
+            add = rows[kept] * (rest / rows[kept].sum()) if rest > 0 else rows[kept] * 0.0
+        rows[kept] += add
+        np.add.at(used, loc[kept], add * bytes_per_row)
         mkept = mass[kept].sum()
         mass[kept] = mass[kept] * (mtotal / mkept) if mkept > 0 else mtotal / len(kept)
     part, loc, rows, mass = part[keep], loc[keep], rows[keep], mass[keep]
     used = np.bincount(loc, weights=rows * bytes_per_row, minlength=len(cap))
-    over = np.flatnonzero(used > cap + 0.5)
+    # only what the floor moved in counts against a location: the LP's solution may sit
+    # a solver tolerance above a brim-full location's capacity
+    over = np.flatnonzero((used > cap + 0.5) & (used > used0 + 0.5))
     if len(over):
         o = int(over[0])
         raise PlacementInfeasible(

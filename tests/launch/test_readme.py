@@ -33,7 +33,7 @@ from conduit_hpc.tools.launcher import mpi_env
 PAGES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")),
          "slurm/README.md"]
 RUNNABLE = {"python": "python", "bash": "bash", "sh": "bash", "shell": "bash"}
-DATA = {"toml", "json", "text", ""}  # shown, never run (a diagram has no language)
+DATA = {"toml", "json", "text", "diff", ""}  # shown, never run (a diagram has no language)
 _FENCE = re.compile(r"^( *)```(\w*)\n(.*?)^\1```$", re.M | re.S)
 _MARK = re.compile(r"<!--\s*(run|not-run):\s*(.*?)\s*-->\s*$", re.S)
 

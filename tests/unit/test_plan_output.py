@@ -7,6 +7,7 @@ import io
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from conduit_hpc.errors import ConfigError, PlacementInfeasible
@@ -99,3 +100,20 @@ def test_floor_is_validated_and_an_impossible_one_is_named() -> None:
     assert len(plan.shards) == 2  # half the replay on each node's host memory
     with pytest.raises(PlacementInfeasible, match="min_shard_rows = 600"):
         plan_static(tiny, replace(small, min_shard_rows=600))
+
+
+def test_the_floor_grows_a_small_shard_when_the_big_one_sits_at_its_brim() -> None:
+    """What a probe-measured one-node cluster gave: the LP fills the learner's host memory
+    to the brim (within its tolerance) and puts 4 rows on the buffer's. Dropping those 4
+    rows into the full location cannot fit; the small shard grows to the floor instead,
+    taking the rows from the big one: the partition keeps its rows and priority mass."""
+    from conduit_hpc.placement.static import apply_floor
+
+    bpr, cap = 1016, np.array([3_159_493_640.0, 3_159_493_640.0])
+    rows = np.array([cap[0] / bpr + 1e-3, 4.165])
+    part, loc, mass = np.array([0, 0]), np.array([0, 1]), rows.copy()
+    prows = np.array([rows.sum()])
+    _, l2, r2, m2 = apply_floor(part, loc, rows, mass, prows, 256, None, cap, bpr)  # type: ignore[arg-type]
+    assert list(l2) == [0, 1] and r2[1] == pytest.approx(256)
+    assert r2.sum() == pytest.approx(prows[0]) and m2.sum() == pytest.approx(mass.sum())
+    assert (np.bincount(l2, weights=r2 * bpr) <= cap + 1).all()
