@@ -183,11 +183,16 @@ run_step tiers 90 env CONDUIT_TEST_DEVICE=cuda python -m pytest -q -p no:cachepr
 # -- 3. the single-learner DQN job, learner on the GPU, a small budget ---------------
 RUN_DIR=$WORK/dqn-run
 rm -rf "$RUN_DIR"
-run_step dqn 170 conduit-hpc run jobs/dqn_cartpole.toml --run-dir "$RUN_DIR" \
-  --set scheduler.device=cuda --set run.duration_s=100 --set dqn.max_env_steps=40000 \
-  --set checkpoint.every_supersteps=0 --timeout 160
+# ends at 90 s of training or 40000 env steps; the launcher's own budget is
+# duration_s + timeout_s + 60 = 195 s (then it stops the ranks), inside the step's 210 s
+run_step dqn 210 conduit-hpc run jobs/dqn_cartpole.toml --run-dir "$RUN_DIR" \
+  --set scheduler.device=cuda --set run.duration_s=90 --set run.timeout_s=45 \
+  --set dqn.max_env_steps=40000 --set checkpoint.every_supersteps=0
 if [ -f "$RUN_DIR/metrics/summary.json" ]; then
   cp "$RUN_DIR/metrics/summary.json" "$OUTDIR/dqn_summary.json"
+fi
+if [ "$(step_rc dqn)" != 0 ] && [ -f "$RUN_DIR/logs/launcher.log" ]; then
+  tail -c 20000 "$RUN_DIR/logs/launcher.log" > "$OUTDIR/logs/dqn-launcher.log" || true
 fi
 
 # -- 4. delivery per superstep: device tier vs host tier, on cuda --------------------
