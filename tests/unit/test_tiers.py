@@ -2,10 +2,14 @@
 the CPU device here), the window store (a shard ring in a real RMA window on COMM_SELF),
 and a replay over both - against a reference model (hypothesis), with an exact
 chi-square check of prioritized sampling across the two tiers; and the plan -> storage
-mapping of a running job (plane/planning.executable)."""
+mapping of a running job (plane/planning.executable).
+
+The device store runs on ``CONDUIT_TEST_DEVICE`` (default ``cpu``); the prepared device
+check (scripts/device_check.sh) sets it to ``cuda`` to run the same tests on a GPU."""
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -30,6 +34,10 @@ from conduit_hpc.transport.rma import RmaWindow
 SPEC = Spec.from_config({"key": FieldConfig(dtype="int64"),
                          "x": FieldConfig(dtype="float32", shape=(3,))})
 ALPHA = 0.7
+DEVICE = os.environ.get("CONDUIT_TEST_DEVICE", "") or "cpu"
+if DEVICE.startswith("cuda") and not torch.cuda.is_available():  # fail, never skip
+    raise RuntimeError(f"CONDUIT_TEST_DEVICE={DEVICE!r} but torch.cuda.is_available() is "
+                       "False: expected a CUDA build of torch and a visible GPU, or unset it")
 
 
 def rows_for(ids: np.ndarray) -> dict[str, np.ndarray]:
@@ -46,9 +54,9 @@ class Tiers:
         self.win = RmaWindow(MPI.COMM_SELF, lay.nbytes, node_comm=MPI.COMM_SELF, shared=True)
         ring = ShardRing(self.win, 0, 0, lay, timeout_s=5.0)
         ring.views = lay.views(self.win.own_segment(), 0)
-        self.gpu = DeviceStore(SPEC, gpu_rows, alpha=ALPHA, device="cpu", seed=seed)
+        self.gpu = DeviceStore(SPEC, gpu_rows, alpha=ALPHA, device=DEVICE, seed=seed)
         self.host = WindowStore(ring, PriorityIndex(host_rows, alpha=ALPHA), "learner_host")
-        self.replay = TieredReplay([self.gpu, self.host], device="cpu", seed=seed)
+        self.replay = TieredReplay([self.gpu, self.host], device=DEVICE, seed=seed)
 
     def close(self) -> None:
         self.win.close()
@@ -112,7 +120,7 @@ def test_replay_over_two_tiers_matches_the_reference_model(ops, seed) -> None:
                 assert (b.probabilities > 0).all()
                 for i in b.ids:  # every drawn row is held, with mass > 0, and is whole
                     assert ref[int(i)][1] > 0
-                np.testing.assert_array_equal(b.data["key"].numpy(), b.ids)
+                np.testing.assert_array_equal(b.data["key"].cpu().numpy(), b.ids)
                 if op[0] == "update_after_move":  # the row moves before its update lands
                     i = int(b.ids[0])
                     src = ref[i][0]
@@ -204,7 +212,7 @@ def test_sampling_across_two_tiers_is_exactly_prioritized(stratified) -> None:
 
 
 def test_device_store_samples_gathers_and_updates_on_the_device() -> None:
-    g = DeviceStore(SPEC, 64, alpha=1.0, device="cpu", seed=1)
+    g = DeviceStore(SPEC, 64, alpha=1.0, device=DEVICE, seed=1)
     p = np.linspace(0.5, 3.0, 40)
     g.insert(rows_for(np.arange(40)), np.arange(40), p)
     counts = np.zeros(40)
@@ -212,12 +220,13 @@ def test_device_store_samples_gathers_and_updates_on_the_device() -> None:
         slots, ids, cols, prob = g.draw_batch(128)
         assert all(x.device == g.device for x in (slots, ids, prob, *cols.values()))
         assert torch.equal(cols["key"], ids)
-        np.add.at(counts, ids.numpy(), 1)
+        np.add.at(counts, ids.cpu().numpy(), 1)
     assert chi_square_p(counts, 200 * 128 * p / p.sum()) > 1e-3
     # an update on the device: only where the slot still holds the row
     slots, ids, _, _ = g.draw_batch(4)
-    applied = g.update(slots, torch.where(torch.arange(4) == 0, ids + 1000, ids),
-                       torch.full((4,), 9.0, dtype=torch.float64))
+    applied = g.update(slots, torch.where(torch.arange(4, device=g.device) == 0, ids + 1000,
+                                          ids),
+                       torch.full((4,), 9.0, dtype=torch.float64, device=g.device))
     assert applied.tolist()[0] is False and g.priorities(slots[1:]).eq(9.0).all()
     with pytest.raises(ValueError, match="free slots"):
         g.insert(rows_for(np.arange(100, 125)), np.arange(100, 125), np.ones(25))
@@ -263,7 +272,8 @@ def test_a_plan_with_tiers_the_job_cannot_serve_is_refused() -> None:
 def test_bench_tiers_smoke_runs_every_configuration() -> None:
     from conduit_hpc.bench.tiers import main
 
-    out = main(["--smoke", "--rows", "1024", "--supersteps", "3", "--batch", "32"])
+    out = main(["--smoke", "--rows", "1024", "--supersteps", "3", "--batch", "32",
+                "--device", DEVICE])
     assert [r["config"] for r in out["results"]] == [
         "learner_gpu (device path)", "learner_gpu", "learner_host", "split"]
     assert all(r["median_ms"] > 0 for r in out["results"])
