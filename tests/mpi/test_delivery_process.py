@@ -69,8 +69,11 @@ def test_batches_arrive_in_order_with_intact_rows(fetch: str) -> None:
             assert rmap[(int(shard), int(gen) - 1)] == (int(w), int(q))
     assert len(delivered) == (40 if COMM.rank == 0 else 0)
     assert summary["learners"][0]["supersteps"] == 40
-    # the updates went out from the delivery rank and the owner applied them
-    assert sum(s["applied_updates"] for s in summary["shards"].values()) > 0
+    # the updates went out from the delivery rank and reached the owner, which applied
+    # them or (rows overwritten since they were drawn: unthrottled actors can turn a ring
+    # over within a superstep) dropped them as stale
+    assert sum(s["applied_updates"] + s["dropped_updates"]
+               for s in summary["shards"].values()) > 0
 
 
 @pytest.mark.mpi(min_size=4)
