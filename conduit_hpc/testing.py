@@ -18,6 +18,7 @@ from conduit_hpc.config import Config
 
 __all__ = [
     "REPO",
+    "ZeroedRows",
     "checked_batch",
     "make_config",
     "mpirun",
@@ -88,3 +89,31 @@ def mpirun(n: int, args: Sequence[str], *, timeout_s: float = 120.0,
     full_env = mpi_env(os.environ if env is None else {**os.environ, **env})
     return subprocess.run(cmd, env=full_env, cwd=cwd or REPO, capture_output=True, text=True,
                           timeout=timeout_s, check=False)
+
+
+class ZeroedRows:
+    """A priority-staleness probe for a learner: every row it draws is zeroed at once,
+    except ``keep`` (kept at priority 5), so that a row zeroed in superstep ``z`` may still
+    come in batches ``z+1 .. z+depth`` (prepared before the update arrived), never later.
+
+    Args:
+        edp: the learner's data plane (``update_priorities`` is called on it).
+        keep (tuple): the ``indices`` row that keeps its mass.
+        depth (int): how many batches may have been prepared before an update.
+    """
+
+    def __init__(self, edp: Any, keep: tuple[int, ...], depth: int) -> None:
+        self.edp, self.keep, self.depth = edp, keep, depth
+        self.zeroed_at: dict[tuple[int, ...], int] = {}
+
+    def step(self, s: int, batch: Any) -> None:
+        """Check batch ``s`` (``AssertionError`` naming the late rows), then zero its rows."""
+        assert batch.staleness <= self.depth
+        rows = [tuple(r) for r in batch.indices.tolist()]
+        late = [r for r in rows if r != self.keep and self.zeroed_at.get(r, s) < s - self.depth]
+        assert not late, f"superstep {s}: rows zeroed too long ago delivered: {late}"
+        for r in rows:
+            self.zeroed_at.setdefault(r, s)
+        self.edp.update_priorities(batch.indices, np.zeros(len(batch)))
+        self.edp.update_priorities(np.array([self.keep]), [5.0])
+

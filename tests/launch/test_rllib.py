@@ -4,23 +4,16 @@ missing extra fails (``.ci/run`` installs it)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from extras import need_extra
 
 from conduit_hpc.testing import REPO
 
-if importlib.util.find_spec("ray") is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("the [rllib] extra is not installed but CI is set: .ci/run "
-                           "installs it (pip install -e '.[rllib]')")
-    pytest.skip("the [rllib] extra is not installed (pip install -e '.[rllib]')",
-                allow_module_level=True)
+need_extra("rllib", "ray.rllib", module_level=True)
 
 # a small budget that a DQN learns within: random play scores ~22 on CartPole-v1
 SHORT = ["--set", "rllib.max_env_steps=6000", "--set", "rllib.target_return=50.0",

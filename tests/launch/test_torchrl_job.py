@@ -1,7 +1,7 @@
 """End to end: TorchRL's DQN (jobs/torchrl_dqn_cartpole) on the data plane through
 `conduit-hpc run` in edp mode learns within a small budget; `conduit-hpc bench torchrl
 --smoke` reports TorchRL's own buffer beside the data plane. Needs the [torchrl] extra
-(a failure under CI without it, see tests/torchrl_extra.py). Every subprocess has a
+(a failure under CI without it, see tests/extras.py). Every subprocess has a
 timeout."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ RANDOM_MEAN_RETURN = 22.0  # a uniformly random policy on CartPole-v1
 
 @pytest.fixture(autouse=True)
 def _extra() -> None:
-    from torchrl_extra import need_torchrl
+    from extras import need_torchrl
 
     need_torchrl()
 

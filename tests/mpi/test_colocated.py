@@ -12,7 +12,7 @@ import pytest
 from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role, SpecError
-from conduit_hpc.testing import checked_batch, make_config, row_consistent
+from conduit_hpc.testing import ZeroedRows, checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD
 MODES = ["edp", "sync", "service", "edp+owner"]
@@ -123,18 +123,11 @@ def test_priority_updates_of_a_learner_that_ingests_keep_the_staleness_bound(mod
                 edp.ingest(checked_batch(edp.world_rank, 16 * i, 16))
             b = edp.next_batch()
             keep = tuple(b.indices[0].tolist())
-            zeroed_at: dict[tuple, int] = {}
+            probe = ZeroedRows(edp, keep, depth)
             for s in range(12):
                 if s:
                     b = edp.next_batch()
-                assert b.staleness <= depth
-                rows = [tuple(r) for r in b.indices.tolist()]
-                late = [r for r in rows if r != keep and zeroed_at.get(r, s) < s - depth]
-                assert not late, f"superstep {s}: rows zeroed too long ago delivered: {late}"
-                for r in rows:
-                    zeroed_at.setdefault(r, s)
-                edp.update_priorities(b.indices, np.zeros(len(b)))
-                edp.update_priorities(np.array([keep]), [5.0])
+                probe.step(s, b)
                 # a bad batch mid-run is refused on the caller's thread, and the
                 # data-plane thread (edp) goes on preparing batches
                 with pytest.raises(SpecError):

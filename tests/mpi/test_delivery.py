@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 from conduit_hpc import DataPlaneClosed, ExperienceDataPlane, Role
-from conduit_hpc.testing import checked_batch, make_config, row_consistent
+from conduit_hpc.testing import ZeroedRows, checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD
 MODES = ["edp", "sync", "service"]
@@ -97,20 +97,11 @@ def test_priority_updates_reach_the_right_rows_within_the_staleness_bound(mode: 
         elif edp.role is Role.LEARNER:
             b = edp.next_batch()
             keep = tuple(b.indices[0].tolist())  # keeps its mass; every other row -> 0
-            zeroed_at: dict[tuple, int] = {}
+            probe = ZeroedRows(edp, keep, depth)
             for s in range(12):
                 if s:
                     b = edp.next_batch()
-                assert b.staleness <= depth
-                rows = [tuple(r) for r in b.indices.tolist()]
-                # a row zeroed in superstep z may still come in batches z+1 .. z+depth
-                # (sampled before the update arrived), never later
-                late = [r for r in rows if r != keep and zeroed_at.get(r, s) < s - depth]
-                assert not late, f"superstep {s}: rows zeroed too long ago delivered: {late}"
-                for r in rows:
-                    zeroed_at.setdefault(r, s)
-                edp.update_priorities(b.indices, np.zeros(len(b)))
-                edp.update_priorities(np.array([keep]), [5.0])
+                probe.step(s, b)
             if mode != "edp":  # inline modes: once zeroed, never again
                 assert depth == 0
             favoured = keep

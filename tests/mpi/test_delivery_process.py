@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
 from conduit_hpc.errors import ConfigError, RemoteFailure, WorldTooSmall
-from conduit_hpc.testing import checked_batch, make_config, row_consistent
+from conduit_hpc.testing import ZeroedRows, checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD
 
@@ -90,20 +90,11 @@ def test_priority_updates_take_effect_within_the_staleness_bound() -> None:
         elif edp.role is Role.LEARNER:
             b = edp.next_batch()
             keep = tuple(b.indices[0].tolist())  # keeps mass; every other row -> 0
-            zeroed_at: dict[tuple, int] = {}
+            probe = ZeroedRows(edp, keep, depth)
             for s in range(10):
                 if s:
                     b = edp.next_batch()
-                assert b.staleness <= depth
-                rows = [tuple(r) for r in b.indices.tolist()]
-                # a row zeroed in superstep z may come in batches z+1 .. z+depth
-                # (prepared before the update), never later
-                late = [r for r in rows if r != keep and zeroed_at.get(r, s) < s - depth]
-                assert not late, f"superstep {s}: rows zeroed too long ago delivered: {late}"
-                for r in rows:
-                    zeroed_at.setdefault(r, s)
-                edp.update_priorities(b.indices, np.zeros(len(b)))
-                edp.update_priorities(np.array([keep]), [5.0])
+                probe.step(s, b)
             # one row at a huge priority: once the prefetched batches are through,
             # it is (nearly) every row drawn
             edp.update_priorities(np.array([keep]), [1e9])

@@ -25,7 +25,7 @@ SPEC = {"observation": {"dtype": "float32", "shape": [4]},
 
 @pytest.fixture(autouse=True)
 def _extra() -> None:
-    from torchrl_extra import need_torchrl
+    from extras import need_torchrl
 
     need_torchrl()
 

@@ -4,27 +4,21 @@ is plain Python."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sys
 
 import numpy as np
 import pytest
+from extras import need_extra
 
 from conduit_hpc import Config, ConfigError
 
-if importlib.util.find_spec("ray") is None:
-    if os.environ.get("CI"):
-        raise RuntimeError("the [rllib] extra is not installed but CI is set: .ci/run "
-                           "installs it (pip install -e '.[rllib]')")
-    pytest.skip("the [rllib] extra is not installed (pip install -e '.[rllib]')",
-                allow_module_level=True)
+need_extra("rllib", "ray.rllib", module_level=True)
 
-from ray.rllib.algorithms.dqn import DQNConfig
+from ray.rllib.algorithms.dqn import DQNConfig  # noqa: E402
 
-from conduit_hpc.config import declared_config
-from conduit_hpc.integrations import rllib
-from conduit_hpc.testing import REPO
+from conduit_hpc.config import declared_config  # noqa: E402
+from conduit_hpc.integrations import rllib  # noqa: E402
+from conduit_hpc.testing import REPO  # noqa: E402
 
 JOB = REPO / "jobs" / "rllib_dqn_cartpole.toml"
 

@@ -9,17 +9,18 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from extras import need_extra
 
 from conduit_hpc import Config, ConfigError
 from conduit_hpc.plane.metrics import ACTOR_COLUMNS, LEARNER_COLUMNS, CsvSink
 
-pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+need_extra("tensorboard", "tensorboard", module_level=True)
 
-from tensorboard.backend.event_processing.event_accumulator import (
+from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402
     EventAccumulator,
 )
 
-from conduit_hpc.features.tensorboard import TensorBoardScalars, scalar_tag
+from conduit_hpc.features.tensorboard import TensorBoardScalars, scalar_tag  # noqa: E402
 
 
 def config(on: bool) -> Config:

@@ -1,5 +1,5 @@
 """The naming rule between TensorDict keys and spec fields (no MPI; torch only for the
-TensorDict checks, which need the [torchrl] extra - see tests/torchrl_extra.py)."""
+TensorDict checks, which need the [torchrl] extra - see tests/extras.py)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ torch = pytest.importorskip("torch")
 
 
 def _tensordict_or_skip():
-    from torchrl_extra import need_torchrl
+    from extras import need_torchrl
 
     need_torchrl()
     from tensordict import TensorDict
