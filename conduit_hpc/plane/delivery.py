@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +33,9 @@ from conduit_hpc.storage.layout import H_COMMIT, H_HELD, H_MIN, H_TOTAL, H_UNSAM
 from conduit_hpc.storage.ring import ShardRing
 from conduit_hpc.transport.channel import Channel
 from conduit_hpc.wait import Backoff, Deadline, wait_until
+
+if TYPE_CHECKING:
+    from conduit_hpc.plane.device_tier import DeviceShard
 
 __all__ = ["Deliverer", "Fill", "Part", "Transform"]
 
@@ -100,6 +105,9 @@ class Deliverer:
         self.alloc: Callable[[int], dict[str, np.ndarray]] | None = None
         # replies that arrived while another batch's were awaited (pipelined owner fetch)
         self.stash: dict[int, tuple[SampleReply, np.ndarray]] = {}
+        #: shards of the ``learner_gpu`` tier, mirrored on this learner's device
+        #: (:mod:`~conduit_hpc.plane.device_tier`): synced, drawn and updated there
+        self.device_shards: dict[int, DeviceShard] = {}
 
     @property
     def capacities(self) -> dict[int, int]:
@@ -116,7 +124,9 @@ class Deliverer:
             ring = self.rings[int(sid)]
             head = ring.read_header()
             f = head.view(np.float64)
-            out.append(ShardStats(total=float(f[H_TOTAL]), count=int(head[H_HELD]),
+            dev = self.device_shards.get(int(sid))
+            out.append(dev.sync() if dev is not None else
+                       ShardStats(total=float(f[H_TOTAL]), count=int(head[H_HELD]),
                                   min=float(f[H_MIN])))
             written += min(int(head[H_COMMIT]), ring.capacity)
             unsampled += int(head[H_UNSAMPLED])
@@ -170,12 +180,24 @@ class Deliverer:
         sample request per shard - an owner handles a learner's messages in order and
         commits a shard before it answers a sample request of it, and the rows were in
         its memory before the request was sent."""
-        ids = {self.request(Tag.SAMPLE, k, np.zeros(1)) for k in range(len(self.shard_ids))}
+        ids = {self.ask(Tag.SAMPLE, k, np.zeros(1)) for k in range(len(self.shard_ids))}
         if ids:
             self.collect(Tag.SAMPLE_REPLY, ids, "the owners' replies to a fence")
 
     # -- sampling --------------------------------------------------------------------
     def request(self, tag: Tag, shard_pos: int, targets: np.ndarray) -> int:
+        """Ask shard ``shard_pos``'s owner to sample ``targets``; a device shard answers
+        at once (its reply is stashed). Returns the request id."""
+        dev = self.device_shards.get(int(self.shard_ids[shard_pos]))
+        if dev is None:
+            return self.ask(tag, shard_pos, targets)
+        self._request_id += 1
+        self.stash[self._request_id] = (replace(dev.draw(targets), request_id=self._request_id),
+                                        np.zeros(0, np.uint8))
+        return self._request_id
+
+    def ask(self, tag: Tag, shard_pos: int, targets: np.ndarray) -> int:
+        """Send shard ``shard_pos``'s owner a sample request. Returns its id."""
         self._request_id += 1
         sid = int(self.shard_ids[shard_pos])
         req = SampleRequest(self._request_id, sid, targets)
@@ -206,7 +228,8 @@ class Deliverer:
             a, b = int(bounds[k]), int(bounds[k + 1])
             if b == a:
                 continue
-            found = None if tag is Tag.SERVICE else self.search(k, local[a:b])
+            found = None if tag is Tag.SERVICE or int(self.shard_ids[k]) in \
+                self.device_shards else self.search(k, local[a:b])
             if found is not None:
                 parts.append((a, b, found, np.zeros(0, np.uint8)))
             else:
@@ -286,10 +309,18 @@ class Deliverer:
         indices = np.empty((B, 3), dtype=np.int64)
         mass = np.empty(B, dtype=np.float64)
         t1 = time.perf_counter()
+        on_device: list[tuple[np.ndarray, dict[str, Any]]] = []  # rows of device shards
         for a, b, rep, rows in parts:
             indices[a:b, 0], indices[a:b, 1], indices[a:b, 2] = rep.shard_id, rep.slots, rep.gens
             mass[a:b] = rep.mass
-            fill(a, b, rows, indices, mass, flat)
+            dev = self.device_shards.get(rep.shard_id)
+            if dev is None:
+                fill(a, b, rows, indices, mass, flat)
+            elif self.transform is None:  # written into the batch on the device
+                on_device.append((np.arange(a, b), dev.gather(rep.slots)))
+            else:  # the transform works on numpy: the rows come to the host for it
+                for k, v in dev.gather(rep.slots).items():
+                    flat[k][a:b] = v.cpu().numpy().view(flat[k].dtype)
         t2 = time.perf_counter()
         timings["gather_s"] = t2 - t1
         data = out
@@ -298,8 +329,10 @@ class Deliverer:
         t3 = time.perf_counter()
         timings["transform_s"] = t3 - t2
         weights = self.sampler.weights(mass, stats, superstep)
+        extra: dict[str, Any] = {"device_rows": on_device} if on_device else {}
         batch = self.stager.to_device(data, indices, weights,
-                                      superstep + self.sampler.superstep_offset, staleness)
+                                      superstep + self.sampler.superstep_offset, staleness,
+                                      **extra)
         timings["copy_s"] = time.perf_counter() - t3
         batch.timings = timings
         return batch
@@ -375,6 +408,11 @@ class Deliverer:
     def send_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> int:
         """Carry checked priority updates to the owners (one message per shard).
         Non-blocking sends. Returns rows sent."""
+        for sid, dev in self.device_shards.items():  # at once on the device ...
+            sel = indices[:, 0] == sid
+            if sel.any():
+                dev.update(indices[sel, 1], indices[sel, 2], priorities[sel])
+        # ... and to every owner, device shards' too (their index mirrors the device)
         order = np.argsort(indices[:, 0], kind="stable")
         idx, pr = indices[order], priorities[order]
         cuts = np.flatnonzero(np.diff(idx[:, 0])) + 1

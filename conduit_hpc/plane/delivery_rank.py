@@ -77,13 +77,20 @@ def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: Stager,
     acks = {o: a for o in set(owners.values())
             if (a := edp.memory.acks_of(o, roles.world_size)) is not None}
     seed = cfg.run.seed + (rank if seed_rank is None else seed_rank)
-    return Deliverer(spec=edp.spec, rings={s: edp.rings[s] for s in shards}, owners=owners,
-                     acks=acks, sync=edp.window.sync, rank=rank,
-                     pin_offset=8 * roles.world_size, channel=edp.channel,
-                     control=edp.control, limiter=edp.limiter, config=cfg.scheduler,
-                     sampler=make_sampler(cfg, seed), n_actors=len(roles.writer_ranks),
-                     stager=stager, transform=transform, timeout_s=cfg.run.timeout_s,
-                     poll_interval_s=cfg.transport.poll_interval_s)
+    d = Deliverer(spec=edp.spec, rings={s: edp.rings[s] for s in shards}, owners=owners,
+                  acks=acks, sync=edp.window.sync, rank=rank,
+                  pin_offset=8 * roles.world_size, channel=edp.channel,
+                  control=edp.control, limiter=edp.limiter, config=cfg.scheduler,
+                  sampler=make_sampler(cfg, seed), n_actors=len(roles.writer_ranks),
+                  stager=stager, transform=transform, timeout_s=cfg.run.timeout_s,
+                  poll_interval_s=cfg.transport.poll_interval_s)
+    gpu = [s for s in shards if edp.placement.shards[s].tier == "learner_gpu"]
+    if gpu:  # mirrored on this learner's device (planning.executable checked the rest)
+        from conduit_hpc.plane.device_tier import DeviceShard
+
+        d.device_shards = {s: DeviceShard(s, edp.rings[s], alpha=d.sampler.alpha,
+                                          device=stager.device, seed=seed + s) for s in gpu}
+    return d
 
 
 def make_delivery_server(edp: Any, ring: StagingRing, transform: Any) -> DeliveryServer:
@@ -163,7 +170,9 @@ class SlotWriter(Stager):
         return self.ring.slot_of(t).columns
 
     def to_device(self, data: Any, indices: np.ndarray, weights: np.ndarray, superstep: int,
-                  staleness: int) -> Batch:
+                  staleness: int, device_rows: Any = ()) -> Batch:
+        # no learner_gpu shard with a delivery rank (refused by planning.executable)
+        assert not device_rows, "a delivery rank has no device tier"
         slot = self.ring.slot_of(self.t)
         if set(data) != set(slot.columns):
             raise ConfigError(f"with scheduler.delivery = 'process' the transform must "

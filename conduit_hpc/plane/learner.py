@@ -424,4 +424,10 @@ class LearnerEndpoint:
         summary["limiter_wait_s"] = float(self.d.limiter_wait_s)
         summary["overwritten_unsampled"] = float(self.d.overwritten_unsampled)
         summary["pinned_rounds"] = float(self.d.pinned_rounds)
+        if self.d.device_shards:  # the learner_gpu tier (plane/device_tier.py)
+            devs = self.d.device_shards.values()
+            summary["device_rows_drawn"] = float(sum(x.drawn for x in devs))
+            summary["device_rows_in"] = float(sum(x.rows_in for x in devs))
+            summary["device_rows_evicted"] = float(sum(x.evicted for x in devs))
+            summary["device_rows_missed"] = float(sum(x.missed for x in devs))
         return summary

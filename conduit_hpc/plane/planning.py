@@ -20,10 +20,11 @@ window. A ``learner_host`` shard lives in host memory of the learner's node: its
 is a *buffer rank on that node* (the plan names the learner; :func:`executable` moves the
 ownership to the node's buffer ranks, in turn), so the owner's progress loop, the RMA
 window and the learner's shared-memory reads are exactly those of a buffer shard - only
-its location differs. A plan whose ``learner_host`` shard has no buffer rank on its node,
-or any ``learner_gpu`` shard, is refused (the device tier,
-:mod:`conduit_hpc.storage.device`, is not wired into a running job's batches yet): leave
-that tier out of ``[placement] tiers``.
+its location differs. A ``learner_gpu`` shard is such a ring too, and its one learner
+mirrors it slot for slot on its device (:mod:`~conduit_hpc.plane.device_tier`): its rows
+are drawn, gathered and re-prioritised there. A plan whose ``learner_host`` or
+``learner_gpu`` shard has no buffer rank on its node is refused, as is a ``learner_gpu``
+shard read by several learners or with a delivery rank or the sequence sampler.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from conduit_hpc.config import Config
+from conduit_hpc.config import Config, SchedulerConfig
 from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.placement import Placement, plan_round_robin
 from conduit_hpc.plane.roles import RoleComms
@@ -46,7 +47,7 @@ __all__ = ["EXECUTED_TIERS", "PlanRecord", "decide_placement", "executable", "pl
            "write_plan"]
 
 #: tiers whose shards a running job serves (see the module docstring)
-EXECUTED_TIERS = ("buffer_host", "learner_host")
+EXECUTED_TIERS = ("buffer_host", "learner_host", "learner_gpu")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,49 +68,79 @@ class PlanRecord:
     workload: dict[str, Any] = field(default_factory=dict)
 
 
-def executable(plan: Placement, roles: RoleComms) -> tuple[Placement, list[str]]:
-    """``plan`` on the ranks that serve it: each ``learner_host`` shard owned by a buffer
-    rank on its learner's node (in turn when a node has several). Local; deterministic.
+def executable(plan: Placement, roles: RoleComms, scheduler: SchedulerConfig | None = None
+               ) -> tuple[Placement, list[str]]:
+    """``plan`` on the ranks that serve it: each ``learner_host`` and ``learner_gpu``
+    shard owned by a buffer rank on its learner's node (in turn when a node has several);
+    a ``learner_gpu`` shard is mirrored on that learner's device
+    (:mod:`~conduit_hpc.plane.device_tier`). Local; deterministic.
 
     Returns:
         tuple: the placement and notes on what changed.
 
     Raises:
-        ConfigError: a ``learner_gpu`` shard, or a ``learner_host`` shard on a node with no
-            buffer rank (names ``placement.tiers``).
+        ConfigError: a ``learner_host``/``learner_gpu`` shard on a node with no buffer rank
+            (``placement.tiers``); a ``learner_gpu`` shard read by several learners
+            (``placement.scope``), with ``scheduler.delivery = "process"`` or with the
+            sequence sampler (``scheduler.*``).
     """
-    gpu = [s.shard_id for s in plan.shards if s.tier == "learner_gpu"]
-    if gpu:
-        rows = sum(plan.shards[i].capacity_rows for i in gpu)
-        raise ConfigError(
-            f"the static plan puts {rows} rows in {len(gpu)} learner_gpu shard(s) "
-            f"{gpu}; a running job serves only {list(EXECUTED_TIERS)} (the device tier is "
-            f"not wired into batches yet): set [placement] tiers without 'learner_gpu'",
-            key="placement.tiers")
     shards, notes = [], []
     turn: dict[int, int] = {}
     for s in plan.shards:
-        if s.tier != "learner_host" or s.owner_rank in roles.buffer_ranks:
+        if s.tier == "learner_gpu":
+            reader = _gpu_reader(plan, s.shard_id, s.capacity_rows, scheduler)
+        elif s.tier == "learner_host" and s.owner_rank not in roles.buffer_ranks:
+            reader = s.owner_rank
+        else:
             shards.append(s)
             continue
-        node = roles.node_of[s.owner_rank]
+        node = roles.node_of[reader]
         bufs = [b for b in roles.buffer_ranks if roles.node_of[b] == node]
         if not bufs:
             raise ConfigError(
                 f"the static plan puts shard {s.shard_id} ({s.capacity_rows} rows) in "
-                f"learner_host memory of node {node} ({s.location or '?'}), which runs no "
+                f"{s.tier} memory of node {node} ({s.location or '?'}), which runs no "
                 f"buffer rank to own it; give that node a buffer rank or set [placement] "
-                f"tiers without 'learner_host'", key="placement.tiers")
+                f"tiers without {s.tier!r}", key="placement.tiers")
         k = turn.get(node, 0)
         turn[node] = k + 1
         owner = bufs[k % len(bufs)]
-        notes.append(f"shard {s.shard_id} (learner_host, {s.location}): owned by buffer rank "
-                     f"{owner} on the learner's node (planned: rank {s.owner_rank})")
+        if s.tier == "learner_gpu":
+            notes.append(f"shard {s.shard_id} (learner_gpu, {s.location}): rows on learner "
+                         f"{reader}'s device, its ring owned by buffer rank {owner} on the "
+                         f"learner's node")
+        else:
+            notes.append(f"shard {s.shard_id} (learner_host, {s.location}): owned by buffer "
+                         f"rank {owner} on the learner's node (planned: rank {s.owner_rank})")
         shards.append(replace(s, owner_rank=owner))
     out = Placement(shards=tuple(shards), actor_shards=dict(plan.actor_shards),
                     learner_shards=dict(plan.learner_shards),
                     actor_weights=plan.actor_weights, prediction=plan.prediction)
     return out, notes
+
+
+def _gpu_reader(plan: Placement, sid: int, rows: int, scheduler: SchedulerConfig | None
+                ) -> int:
+    """The one learner that reads ``learner_gpu`` shard ``sid`` (checks the rest)."""
+    readers = sorted(r for r, got in plan.learner_shards.items() if sid in got)
+    what = f"the static plan puts {rows} rows in learner_gpu shard {sid}"
+    if len(readers) != 1:
+        raise ConfigError(
+            f"{what}, which learners {readers} read; a learner_gpu shard is read by its "
+            f"own learner only (rows on one device; exchanging them between learners' "
+            f"devices is not built): set [placement] scope = 'partitioned' or tiers "
+            f"without 'learner_gpu'", key="placement.scope")
+    if scheduler is not None and scheduler.delivery != "thread":
+        raise ConfigError(
+            f"{what}; scheduler.delivery = {scheduler.delivery!r} gathers batches on a "
+            f"delivery rank, which has no device: use delivery = 'thread' or [placement] "
+            f"tiers without 'learner_gpu'", key="scheduler.delivery")
+    if scheduler is not None and scheduler.sampler == "sequence":
+        raise ConfigError(
+            f"{what}; the sequence sampler cuts windows on the ring's owner, not on the "
+            f"device: use sampler 'uniform'/'prioritized' or [placement] tiers without "
+            f"'learner_gpu'", key="scheduler.sampler")
+    return readers[0]
 
 
 def _static(config: Config, spec: Spec, roles: RoleComms) -> tuple[Placement, PlanRecord]:
@@ -136,7 +167,7 @@ def _static(config: Config, spec: Spec, roles: RoleComms) -> tuple[Placement, Pl
     workload, notes = Workload.from_job(config)
     workload = replace(workload, row_bytes=spec.row_bytes, tiers=tuple(pc.tiers))
     plan = plan_static(cluster, workload, roster=roster)
-    plan, moved = executable(plan, roles)
+    plan, moved = executable(plan, roles, config.scheduler)
     wl = {k: getattr(workload, k) for k in workload.__slots__}
     return plan, PlanRecord("static", where, [*notes, *moved], wl)
 

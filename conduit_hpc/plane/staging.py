@@ -8,7 +8,7 @@ copied on a side stream, and :class:`Batch` carries the CUDA event the learner w
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -119,16 +119,44 @@ class Stager:
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def to_device(self, data: Mapping[str, np.ndarray], indices: np.ndarray,
-                  weights: np.ndarray, superstep: int, staleness: int) -> Batch:
-        """A :class:`Batch` of ``data`` on the device (asynchronous on a GPU)."""
+                  weights: np.ndarray, superstep: int, staleness: int,
+                  device_rows: Sequence[tuple[np.ndarray, Mapping[str, torch.Tensor]]] = ()
+                  ) -> Batch:
+        """A :class:`Batch` of ``data`` on the device (asynchronous on a GPU).
+        ``device_rows``: (batch positions, columns already on the device) - rows of the
+        ``learner_gpu`` tier, written over those positions of the batch on the device."""
         torch = self._torch
         if self._stream is None:
             tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in data.items()}
+            _place(tensors, device_rows)
             return Batch(tensors, indices, torch.from_numpy(weights), superstep, staleness)
+        # the device rows were gathered on this thread's stream: the side stream waits
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
             tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).pin_memory().to(
                 self.device, non_blocking=True) for k, v in data.items()}
+            _place(tensors, device_rows)
             wt = torch.from_numpy(weights).pin_memory().to(self.device, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self._stream)
         return Batch(tensors, indices, wt, superstep, staleness, ready=event)
+
+
+def _place(tensors: dict[str, torch.Tensor],
+           device_rows: Sequence[tuple[np.ndarray, Mapping[str, torch.Tensor]]]) -> None:
+    """Write each part's device columns over its positions of the batch (on the batch's
+    device: rows of the ``learner_gpu`` tier never pass through the host)."""
+    for pos, cols in device_rows:
+        for k, t in tensors.items():
+            src = cols[k]
+            # uint16/32/64 columns are kept as the signed type of their width on the
+            # device (storage/device.py): write the bits through a view
+            dst = t.view(src.dtype) if t.dtype.itemsize == src.dtype.itemsize and \
+                t.dtype != src.dtype and not t.dtype.is_floating_point else t
+            dst.index_copy_(0, torch_index(pos, t.device), src.to(dst.dtype))
+
+
+def torch_index(pos: np.ndarray, device: Any) -> torch.Tensor:
+    import torch
+
+    return torch.as_tensor(np.asarray(pos, np.int64), device=device)

@@ -28,7 +28,7 @@ import torch
 
 from conduit_hpc.spec import Spec
 
-__all__ = ["DeviceStore"]
+__all__ = ["DeviceStore", "device_dtype", "host_view"]
 
 
 class DeviceStore:
@@ -106,9 +106,7 @@ class DeviceStore:
             raise ValueError(f"{self.tier}: {n} rows do not fit in {len(free)} free slots")
         slots = free[:n]
         for f in self.spec:
-            src = rows[f.name]
-            t = src if isinstance(src, torch.Tensor) else torch.from_numpy(
-                np.ascontiguousarray(src))
+            t = _tensor(rows[f.name])
             self.columns[f.name].index_copy_(0, slots, t.to(self.device).reshape(
                 n, *f.shape).to(self.columns[f.name].dtype))
         p = torch.as_tensor(np.asarray(priorities, np.float64) if not isinstance(
@@ -119,6 +117,45 @@ class DeviceStore:
         self.mass.index_copy_(0, slots, self._scaled(p))
         self._changed()
         return slots
+
+    def put(self, slots: Any, rows: Mapping[str, Any], ids: Any, masses: Any) -> None:
+        """Rows at given ``slots`` (replacing what they held), each with its mass
+        ``priority ** alpha`` as another index computed it (a mirror of a ring, slot for
+        slot: :class:`~conduit_hpc.plane.device_tier.DeviceShard`). The priority kept is
+        ``mass ** (1 / alpha)`` (1 when ``alpha`` is 0)."""
+        s = torch.as_tensor(np.asarray(slots, np.int64), device=self.device).reshape(-1)
+        n = int(s.numel())
+        if n == 0:
+            return
+        for f in self.spec:
+            t = _tensor(rows[f.name])
+            self.columns[f.name].index_copy_(0, s, t.to(self.device).reshape(
+                n, *f.shape).to(self.columns[f.name].dtype))
+        m = torch.as_tensor(np.asarray(masses, np.float64), device=self.device).reshape(-1)
+        p = torch.pow(m, 1.0 / self.alpha) if self.alpha > 0 else torch.ones_like(m)
+        self.ids.index_copy_(0, s, torch.as_tensor(np.asarray(ids, np.int64),
+                                                   device=self.device).reshape(-1))
+        self.prio.index_copy_(0, s, p)
+        self.mass.index_copy_(0, s, m)
+        self._changed()
+
+    def evict_ids_below(self, limit: int) -> int:
+        """Drop every held row whose id is below ``limit`` (a ring's rows of an older
+        lap); returns how many. On the device; one scalar read back."""
+        gone = (self.ids >= 0) & (self.ids < int(limit))
+        n = int(gone.sum().item())
+        if n:
+            self.ids.masked_fill_(gone, -1)
+            self.prio.masked_fill_(gone, 0.0)
+            self.mass.masked_fill_(gone, 0.0)
+            self._changed()
+        return n
+
+    def min_mass(self) -> float:
+        """Smallest mass of a drawable row (held, mass > 0; ``inf`` when none), as the
+        host index's min-tree gives it."""
+        held = self.mass[(self.ids >= 0) & (self.mass > 0)]
+        return float(held.min().item()) if held.numel() else float("inf")
 
     def search(self, targets: Any) -> torch.Tensor:
         t = torch.as_tensor(targets, dtype=torch.float64, device=self.device)
@@ -173,7 +210,8 @@ class DeviceStore:
         s = torch.as_tensor(np.asarray(slots, np.int64), device=self.device).reshape(-1)
         held = self.ids.index_select(0, s) >= 0
         s = s[held]
-        rows = {k: v.cpu().numpy() for k, v in self.gather(s).items()}
+        rows = {f.name: host_view(v, f.dtype) for f, v in zip(
+            self.spec, self.gather(s).values(), strict=True)}
         ids = self.to_host(self.ids.index_select(0, s))
         prio = self.to_host(self.prio.index_select(0, s))
         self.ids.index_fill_(0, s, -1)
@@ -189,4 +227,25 @@ class DeviceStore:
 
 
 def _torch_dtype(dt: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype=dt)).dtype
+    return torch.from_numpy(np.zeros(0, dtype=device_dtype(dt))).dtype
+
+
+def device_dtype(dt: np.dtype) -> np.dtype:
+    """The numpy dtype a column is kept as on the device: the signed type of the same
+    width for ``uint16/32/64`` (torch has few kernels for them; the bits are kept, and
+    :func:`host_view` / a ``Tensor.view`` gives the unsigned values back)."""
+    dt = np.dtype(dt)
+    return np.dtype(f"i{dt.itemsize}") if dt.kind == "u" and dt.itemsize > 1 else dt
+
+
+def host_view(x: torch.Tensor, dt: np.dtype) -> np.ndarray:
+    """A device column's rows as host numpy of the spec's dtype ``dt``."""
+    return x.detach().cpu().numpy().view(np.dtype(dt))
+
+
+def _tensor(src: Any) -> torch.Tensor:
+    if isinstance(src, torch.Tensor):
+        return src.view(_torch_dtype(np.dtype(str(src.dtype).removeprefix("torch.")))) \
+            if src.dtype in (torch.uint16, torch.uint32, torch.uint64) else src
+    arr = np.ascontiguousarray(src)
+    return torch.from_numpy(arr.view(device_dtype(arr.dtype)))

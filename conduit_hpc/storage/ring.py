@@ -362,6 +362,27 @@ class ShardRing:
             deadline.check()
             time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
 
+    def leaves(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The owner's index at ``slots`` (node-local readers): the generation each
+        leaf is for (0: none) and its mass, one consistent snapshot (seqlock; retries
+        while the owner writes, bounded by ``timeout_s``)."""
+        v = self.views
+        if v is None:
+            raise RuntimeError("leaves() needs direct access to the shard")
+        slots = np.asarray(slots, dtype=np.int64)
+        deadline = Deadline(self.timeout_s, f"the index of the shard on rank {self.owner} "
+                                            f"to settle (it stayed mid-update)")
+        while True:
+            self.transport.sync()
+            before = int(v.header[H_STATS_VERSION])
+            if before % 2 == 0:
+                gens, mass = v.gens[slots].copy(), v.tree[slots + len(v.tree) // 2].copy()
+                self.transport.sync()
+                if int(v.header[H_STATS_VERSION]) == before:
+                    return gens, mass
+            deadline.check()
+            time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
+
     # -- reader --------------------------------------------------------------------
     def stamps_of(self, slots: np.ndarray) -> np.ndarray:
         """Current stamps (``seq + 1``, 0 empty) of ``slots``."""

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 from scipy.stats import chi2
 
-from conduit_hpc.config import FieldConfig
+from conduit_hpc.config import FieldConfig, SchedulerConfig
 from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.placement import Placement, ShardPlacement
 from conduit_hpc.plane.planning import executable
@@ -256,11 +256,29 @@ def test_learner_host_shards_are_owned_by_a_buffer_rank_on_the_learners_node() -
     assert out.learner_shards == plan.learner_shards
 
 
+def test_learner_gpu_shards_get_a_ring_owner_on_their_learners_node() -> None:
+    sp = (ShardPlacement(0, 3, "learner_gpu", 10, location="n1.gpu0"),
+          ShardPlacement(1, 1, "buffer_host", 5, location="n0.buf"))
+    plan = Placement(sp, {2: 0, 5: 0}, {0: (1,), 3: (0, 1)})
+    out, notes = executable(plan, ROLES)  # type: ignore[arg-type]
+    assert [(s.owner_rank, s.tier) for s in out.shards] == [(4, "learner_gpu"),
+                                                           (1, "buffer_host")]
+    assert "learner 3's device" in notes[0] and "buffer rank 4" in notes[0]
+
+
 def test_a_plan_with_tiers_the_job_cannot_serve_is_refused() -> None:
-    with pytest.raises(ConfigError, match="learner_gpu") as err:
+    # a learner_gpu shard read by two learners (global scope)
+    with pytest.raises(ConfigError, match=r"learners \[0, 3\] read") as err:
         executable(plan_of((0, "learner_gpu", 10), (1, "buffer_host", 5)),
                    ROLES)  # type: ignore[arg-type]
-    assert err.value.key == "placement.tiers"
+    assert err.value.key == "placement.scope"
+    one = Placement(plan_of((0, "learner_gpu", 10)).shards, {2: 0, 5: 0}, {0: (0,)})
+    for sched, key in ((SchedulerConfig(delivery="process"), "scheduler.delivery"),
+                       (SchedulerConfig(sampler="sequence", sequence_length=4, episode_field="e"),
+                        "scheduler.sampler")):
+        with pytest.raises(ConfigError, match="learner_gpu shard 0") as err:
+            executable(one, ROLES, sched)  # type: ignore[arg-type]
+        assert err.value.key == key
     roles = SimpleNamespace(buffer_ranks=(4,), learner_ranks=(0, 3), actor_ranks=(2, 5),
                             node_of=(0, 0, 0, 1, 1, 1))
     with pytest.raises(ConfigError, match="runs no buffer rank") as err:
