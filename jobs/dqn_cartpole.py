@@ -475,6 +475,9 @@ def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],
         "exposed_mean_s_per_learner": {
             r: summary["learners"].get(r, {}).get("exposed_mean_s", math.nan)
             for r in sorted(learners)},
+        # rows drawn from learner_gpu shards on the learners' devices (plane/device_tier.py)
+        "device_rows_drawn": sum(summary["learners"].get(r, {}).get("device_rows_drawn", 0.0)
+                                 for r in learners),
     }
 
 

@@ -115,3 +115,37 @@ def test_two_learners_train_data_parallel_with_identical_parameters(tmp_path: Pa
     print(f"2 learners: final mean return {summary['final_mean_return']:.1f} after "
           f"{summary['updates']} updates, {summary['env_steps']} env steps")
     assert summary["final_mean_return"] > 2.5 * RANDOM_MEAN_RETURN, summary
+
+
+@pytest.mark.timeout(300)
+def test_the_learner_gpu_tier_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
+    """``planner = "static"`` on ``jobs/cluster-local-gpu.toml``: part of the replay in a
+    ``learner_gpu`` shard mirrored on the learner's device (the CPU here). The job learns,
+    draws about the planned share of its rows from the device, checkpoints (the owner's
+    index mirrors the device's priorities) and resumes with the device tier refilled."""
+    common = [sys.executable, "-m", "conduit_hpc.tools.cli", "run", str(JOB), "--runs",
+              str(tmp_path), "--set", "job.progress_every_s=0", "--set",
+              "placement.planner=static", "--set",
+              "placement.cluster=jobs/cluster-local-gpu.toml", "--set",
+              "checkpoint.every_supersteps=600"]
+    first = subprocess.run([*common, "--set", "job.max_supersteps=1200"], cwd=REPO,
+                           capture_output=True, text=True, timeout=140, check=False)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    first_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+    plan = json.loads((first_dir / "plan.json").read_text())
+    gpu = [s for s in plan["placement"]["shards"] if s["tier"] == "learner_gpu"]
+    assert len(gpu) == 1 and plan["tiers"]["learner_gpu"]["rows"] == gpu[0]["capacity_rows"]
+    summary = json.loads((first_dir / "metrics" / "summary.json").read_text())
+    assert summary["final_mean_return"] > 2.5 * RANDOM_MEAN_RETURN, summary
+    drawn = summary["device_rows_drawn"]
+    assert drawn > 0, summary
+    print(f"learner_gpu: {drawn:.0f} of {summary['updates'] * 64} rows drawn on the device")
+    second = subprocess.run([*common, "--resume", "--set", "job.max_supersteps=1300"],
+                            cwd=REPO, capture_output=True, text=True, timeout=140,
+                            check=False)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    rows = re.search(r"resumed from \S+ \(checkpoint 1\): ([\d,]+) rows", second.stdout)
+    assert rows and int(rows.group(1).replace(",", "")) >= 1000, second.stdout[-2000:]
+    second_dir = max((p for p in tmp_path.iterdir() if p.is_dir()), key=lambda p: p.name)
+    after = json.loads((second_dir / "metrics" / "summary.json").read_text())
+    assert after["updates"] == 1300 and after["device_rows_drawn"] > 0, after
