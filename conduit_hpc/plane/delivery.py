@@ -108,6 +108,7 @@ class Deliverer:
         #: shards of the ``learner_gpu`` tier, mirrored on this learner's device
         #: (:mod:`~conduit_hpc.plane.device_tier`): synced, drawn and updated there
         self.device_shards: dict[int, DeviceShard] = {}
+        self.sync_s = 0.0  # seconds the last admit() spent syncing device shards
 
     @property
     def capacities(self) -> dict[int, int]:
@@ -125,8 +126,12 @@ class Deliverer:
             head = ring.read_header()
             f = head.view(np.float64)
             dev = self.device_shards.get(int(sid))
-            out.append(dev.sync() if dev is not None else
-                       ShardStats(total=float(f[H_TOTAL]), count=int(head[H_HELD]),
+            if dev is not None:
+                t0 = time.perf_counter()
+                out.append(dev.sync())
+                self.sync_s += time.perf_counter() - t0
+                continue
+            out.append(ShardStats(total=float(f[H_TOTAL]), count=int(head[H_HELD]),
                                   min=float(f[H_MIN])))
             written += min(int(head[H_COMMIT]), ring.capacity)
             unsampled += int(head[H_UNSAMPLED])
@@ -135,8 +140,10 @@ class Deliverer:
 
     def admit(self, rows: int) -> tuple[list[ShardStats], float]:
         """Wait until the limiter lets us sample ``rows``, then count them. Returns the
-        shard statistics to sample with and the seconds waited."""
+        shard statistics to sample with and the seconds waited (less :attr:`sync_s`,
+        the time device shards took to sync, which is part of sampling)."""
         t0 = time.perf_counter()
+        self.sync_s = 0.0
         deadline = Deadline(self.timeout_s, f"the rate limiter to let this learner sample "
                                             f"{rows} rows")
         backoff = Backoff(self.poll_s)
@@ -170,7 +177,7 @@ class Deliverer:
             self.channel.progress()  # e.g. messages held for a long link still go out
             backoff.pause()
         self.control.add(C_SAMPLES, rows)
-        waited = time.perf_counter() - t0
+        waited = time.perf_counter() - t0 - self.sync_s
         self.limiter_wait_s += waited
         return stats, waited
 

@@ -129,10 +129,14 @@ class DeviceShard:
 
     def _evict(self) -> int:
         """Drop the rows whose slot the ring has handed to a writer; returns the gate."""
-        gate = self._writer_gate()
+        gate, cap = self._writer_gate(), self.capacity
         if gate > self._gate:
-            # a row of seq q is gone once q + capacity < gate: its id q + 1 <= gate - cap
-            self.evicted += self.store.evict_ids_below(gate - self.capacity + 1)
+            # a row of seq q is gone once q + capacity < gate: its id q + 1 <= gate - cap.
+            # Rows below the last gate are gone already and none is put below a gate, so
+            # only the seqs between the two gates' laps can hold such rows
+            lo = max(self._gate - cap, gate - 2 * cap, 0)
+            slots = np.arange(lo, max(gate - cap, lo), dtype=np.int64) % cap
+            self.evicted += self.store.evict_ids_below(gate - cap + 1, slots)
             self._gate = gate
         return gate
 

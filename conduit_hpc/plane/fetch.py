@@ -48,7 +48,7 @@ class Fetch(abc.ABC):
                    "gather_s": 0.0, "transform_s": 0.0, "copy_s": 0.0}
         stats, waited = d.admit(B)
         timings["limiter_wait_s"] = waited
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() - d.sync_s  # a device shard's sync is sampling work
         parts = d.draw(self.request_tag, stats, B)
         timings["sample_s"] = time.perf_counter() - t0
         return d.assemble(superstep, staleness, stats, parts, timings,
@@ -112,7 +112,7 @@ class OwnerFetch(Fetch):
         sampling back."""
         B = d.cfg.batch_rows
         stats, waited = d.admit(B)
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() - d.sync_s  # a device shard's sync is sampling work
         shard_pos, local = d.sampler.targets(stats, B)
         bounds = np.searchsorted(shard_pos, np.arange(len(stats) + 1))
         ids: dict[int, tuple[int, int]] = {}

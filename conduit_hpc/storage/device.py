@@ -139,15 +139,27 @@ class DeviceStore:
         self.mass.index_copy_(0, s, m)
         self._changed()
 
-    def evict_ids_below(self, limit: int) -> int:
-        """Drop every held row whose id is below ``limit`` (a ring's rows of an older
-        lap); returns how many. On the device; one scalar read back."""
-        gone = (self.ids >= 0) & (self.ids < int(limit))
-        n = int(gone.sum().item())
+    def evict_ids_below(self, limit: int, slots: Any = None) -> int:
+        """Drop the held rows whose id is below ``limit`` (a ring's rows of an older
+        lap), among ``slots`` (every slot when ``None``); returns how many. On the
+        device; one scalar read back."""
+        if slots is None:
+            gone = (self.ids >= 0) & (self.ids < int(limit))
+            n = int(gone.sum().item())
+            if n:
+                self.ids.masked_fill_(gone, -1)
+                self.prio.masked_fill_(gone, 0.0)
+                self.mass.masked_fill_(gone, 0.0)
+                self._changed()
+            return n
+        s = torch.as_tensor(np.asarray(slots, np.int64), device=self.device).reshape(-1)
+        ids = self.ids.index_select(0, s)
+        s = s[(ids >= 0) & (ids < int(limit))]
+        n = int(s.numel())
         if n:
-            self.ids.masked_fill_(gone, -1)
-            self.prio.masked_fill_(gone, 0.0)
-            self.mass.masked_fill_(gone, 0.0)
+            self.ids.index_fill_(0, s, -1)
+            self.prio.index_fill_(0, s, 0.0)
+            self.mass.index_fill_(0, s, 0.0)
             self._changed()
         return n
 

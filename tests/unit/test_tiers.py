@@ -232,6 +232,38 @@ def test_device_store_samples_gathers_and_updates_on_the_device() -> None:
         g.insert(rows_for(np.arange(100, 125)), np.arange(100, 125), np.ones(25))
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 15), st.integers(0, 60),
+                          st.floats(0.0, 10.0, allow_nan=False)), min_size=1, max_size=40),
+       st.integers(0, 70))
+def test_mirror_operations_of_the_device_store_keep_a_reference_model(puts, limit) -> None:
+    """``put`` (rows at given slots, by mass), ``evict_ids_below`` (every slot, or only
+    given ones) and ``min_mass`` - what a running job's mirror of a ring uses - against
+    a dict; unsigned columns keep their bits."""
+    spec = Spec.from_config({"u": FieldConfig(dtype="uint64"), "v": FieldConfig(dtype="uint32")})
+    g = DeviceStore(spec, 16, alpha=ALPHA, device=DEVICE)
+    ref: dict[int, tuple[int, float]] = {}
+    for slot, ident, m in puts:
+        u = np.array([np.iinfo(np.uint64).max - ident], np.uint64)
+        g.put([slot], {"u": u, "v": np.array([ident], np.uint32)}, [ident], [m])
+        ref[slot] = (ident, m)
+    some = sorted(ref)[::2]
+    g.evict_ids_below(limit, some)
+    ref = {s: v for s, v in ref.items() if not (s in some and v[0] < limit)}
+    slots, ids, _ = g.held_rows()
+    assert dict(zip(slots.tolist(), ids.tolist(), strict=True)) == {
+        s: v[0] for s, v in ref.items()}
+    live = [m for _, m in ref.values() if m > 0]
+    assert g.min_mass() == pytest.approx(min(live) if live else float("inf"))
+    assert g.total() == pytest.approx(sum(m for _, m in ref.values()))
+    rows, got_ids, prio = g.take(np.array(sorted(ref), np.int64))
+    assert rows["u"].dtype == np.uint64 and (rows["u"] == np.iinfo(np.uint64).max - got_ids
+                                             .astype(np.uint64)).all()
+    assert np.allclose(prio ** ALPHA, [ref[s][1] for s in sorted(ref)])
+    g.evict_ids_below(1 << 40)  # every slot
+    assert g.held() == 0 and g.total() == 0.0
+
+
 # -- plan -> storage mapping (a running job) -----------------------------------------
 
 ROLES = SimpleNamespace(buffer_ranks=(1, 4), learner_ranks=(0, 3), actor_ranks=(2, 5),
