@@ -14,9 +14,13 @@
 #   1. gpu      - nvidia-smi name/memory, torch.cuda.is_available(), versions
 #   2. tiers    - tests/unit/test_tiers.py with CONDUIT_TEST_DEVICE=cuda (DeviceStore,
 #                 TieredReplay and `bench tiers --smoke` on cuda:0)
+#   2b. devtier - tests/mpi/test_device_tier.py under mpirun -n 3: a running job's
+#                 learner_gpu tier on cuda:0 (mirror, exactly once, chi-square across tiers)
 #   3. dqn      - conduit-hpc run jobs/dqn_cartpole.toml --set scheduler.device=cuda with
-#                 a small budget (6 ranks, 1 learner on the GPU); its metrics/summary.json
-#   4. bench    - conduit-hpc bench tiers --device cuda (device tier vs host tier)
+#                 a small budget (6 ranks, 1 learner on the GPU, part of the replay in its
+#                 learner_gpu tier: jobs/cluster-local-gpu.toml); its metrics/summary.json
+#   4. bench    - conduit-hpc bench tiers --device cuda (device tier vs host tier), and
+#                 bench tiers-job on cuda (the synthetic job with rows in each tier)
 #   5. overlap  - scripts/device_overlap.py: a pinned H2D copy on a side stream vs a matmul
 # Output: device_check.json (what ran, rc, seconds, passed, measured numbers, what is NOT
 # covered) and logs/*.log in the output folder. The run directory of step 3 stays in
@@ -109,6 +113,16 @@ if log.is_file():
             except ValueError:
                 pass
 res["bench_tiers"] = bench or None
+job = []
+log = out / "logs/tiersjob.log"
+if log.is_file():
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                job.append(json.loads(line))
+            except ValueError:
+                pass
+res["bench_tiers_job"] = job or None
 res["overlap"] = load(out / "overlap.json")
 res["not_covered"] = [
     "NCCL collectives: with one GPU several ranks cannot form an NCCL group on it, so "
@@ -180,14 +194,20 @@ fi
 run_step tiers 90 env CONDUIT_TEST_DEVICE=cuda python -m pytest -q -p no:cacheprovider \
   --junitxml="$OUTDIR/test_tiers.xml" tests/unit/test_tiers.py
 
-# -- 3. the single-learner DQN job, learner on the GPU, a small budget ---------------
+# -- 2b. the learner_gpu tier of a running job on cuda:0 (scheduler.device = "auto") --
+run_step devtier 120 bash -c 'source scripts/mpi_env.sh && mpirun -n 3 python -m mpi4py \
+  -m pytest -q -p no:cacheprovider --with-mpi tests/mpi/test_device_tier.py'
+
+# -- 3. the single-learner DQN job, learner on the GPU, part of its replay in the GPU's
+#       memory (the learner_gpu tier of jobs/cluster-local-gpu.toml), a small budget ----
 RUN_DIR=$WORK/dqn-run
 rm -rf "$RUN_DIR"
-# ends at 90 s of training or 40000 env steps; the launcher's own budget is
-# duration_s + timeout_s + 60 = 195 s (then it stops the ranks), inside the step's 210 s
-run_step dqn 210 conduit-hpc run jobs/dqn_cartpole.toml --run-dir "$RUN_DIR" \
-  --set scheduler.device=cuda --set run.duration_s=90 --set run.timeout_s=45 \
-  --set dqn.max_env_steps=40000 --set checkpoint.every_supersteps=0
+# ends at 60 s of training or 40000 env steps; the launcher's own budget is
+# duration_s + timeout_s + 60 = 165 s (then it stops the ranks), inside the step's 180 s
+run_step dqn 180 conduit-hpc run jobs/dqn_cartpole.toml --run-dir "$RUN_DIR" \
+  --set scheduler.device=cuda --set run.duration_s=60 --set run.timeout_s=45 \
+  --set dqn.max_env_steps=40000 --set checkpoint.every_supersteps=0 \
+  --set placement.planner=static --set placement.cluster=jobs/cluster-local-gpu.toml
 if [ -f "$RUN_DIR/metrics/summary.json" ]; then
   cp "$RUN_DIR/metrics/summary.json" "$OUTDIR/dqn_summary.json"
 fi
@@ -197,6 +217,8 @@ fi
 
 # -- 4. delivery per superstep: device tier vs host tier, on cuda --------------------
 run_step bench 90 conduit-hpc bench tiers --device cuda
+# ... and in the running synthetic job: buffer window vs all rows / a quarter on the GPU
+run_step tiersjob 120 conduit-hpc bench tiers-job --duration 5 --set scheduler.device=cuda
 
 # -- 5. a pinned H2D copy on a side stream overlapping a matmul ----------------------
 run_step overlap 45 python scripts/device_overlap.py --out "$OUTDIR/overlap.json"

@@ -126,13 +126,13 @@ class Deliverer:
             head = ring.read_header()
             f = head.view(np.float64)
             dev = self.device_shards.get(int(sid))
-            if dev is not None:
+            if dev is not None:  # a learner_gpu shard: the device's statistics
                 t0 = time.perf_counter()
                 out.append(dev.sync())
                 self.sync_s += time.perf_counter() - t0
-                continue
-            out.append(ShardStats(total=float(f[H_TOTAL]), count=int(head[H_HELD]),
-                                  min=float(f[H_MIN])))
+            else:
+                out.append(ShardStats(total=float(f[H_TOTAL]), count=int(head[H_HELD]),
+                                      min=float(f[H_MIN])))
             written += min(int(head[H_COMMIT]), ring.capacity)
             unsampled += int(head[H_UNSAMPLED])
         self.written, self.overwritten_unsampled = written, unsampled

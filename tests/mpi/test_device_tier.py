@@ -74,12 +74,14 @@ def _cluster(shared_dir, nodes, gpu: str) -> str:
     return str(path)
 
 
-def _config(shared_dir, *, mode: str = "sync", scope: str | None = None, **sched):
+def _config(shared_dir, *, mode: str = "sync", scope: str | None = None,
+            gpu: str = "12 kB", tiers: tuple[str, ...] = ("learner_gpu", "buffer_host"),
+            **sched):
     layout, default_scope, nodes = _layout()
     return make_config(
         layout=layout, storage={"capacity_rows": CAPACITY, "priority_exponent": 0.7},
-        placement={"planner": "static", "cluster": _cluster(shared_dir, nodes, "12 kB"),
-                   "tiers": ["learner_gpu", "buffer_host"], "scope": scope or default_scope},
+        placement={"planner": "static", "cluster": _cluster(shared_dir, nodes, gpu),
+                   "tiers": list(tiers), "scope": scope or default_scope},
         scheduler={"mode": mode, "batch_rows": 16, "min_fill_rows": 32, **sched},
         checkpoint={"on_stop": False})
 
@@ -126,7 +128,7 @@ def test_the_device_mirrors_its_ring_exactly_once_under_concurrent_writers(share
             steps = 0
             while steps < 40 or edp.control.read(C_ACTORS_DONE) < len(roles.writer_ranks):
                 b = edp.next_batch()
-                cols = {k: v.numpy() for k, v in b.data.items()}
+                cols = {k: v.cpu().numpy() for k, v in b.data.items()}
                 if not row_consistent(cols).all():
                     problems.append(f"torn rows in batch {steps}")
                 tiers_seen |= set(np.asarray(b.indices)[:, 0].tolist())
@@ -152,7 +154,7 @@ def test_the_device_mirrors_its_ring_exactly_once_under_concurrent_writers(share
                 host, _ = ring.gather(slots)
                 for name, col in dev.store.gather(slots).items():
                     dt = host[name].dtype
-                    if not np.array_equal(col.numpy().view(dt), host[name]):
+                    if not np.array_equal(col.cpu().numpy().view(dt), host[name]):
                         problems.append(f"shard {sid}: column {name} differs")
                 # every row the owner's index holds is on the device, same priority
                 gens, mass = ring.leaves(np.arange(cap))
@@ -160,7 +162,7 @@ def test_the_device_mirrors_its_ring_exactly_once_under_concurrent_writers(share
                 on_dev = dict(zip(slots.tolist(), ids.tolist(), strict=True))
                 if any(on_dev.get(int(s)) != int(gens[s]) for s in live):
                     problems.append(f"shard {sid}: an indexed row is not on the device")
-                dmass = dev.store.masses(live).numpy()
+                dmass = dev.store.masses(live).cpu().numpy()
                 if not np.allclose(dmass, mass[live], rtol=1e-9):
                     problems.append(f"shard {sid}: priorities differ from the owner's")
                 if dev.rows_in - dev.evicted != len(ids) or dev.rows_in <= cap:
@@ -208,7 +210,7 @@ def test_sampling_across_tiers_is_exact(shared_dir, mode):
                     if dev is not None:
                         dev.sync()
                         slots, ids = dev.audit()
-                        m = dev.store.masses(slots).numpy()
+                        m = dev.store.masses(slots).cpu().numpy()
                     elif ring.views is not None:
                         gens, lm = ring.leaves(np.arange(ring.capacity))
                         slots = np.flatnonzero(gens > 0)
@@ -275,13 +277,40 @@ def test_device_rows_pass_a_numpy_transform(shared_dir):
             seen = set()
             for _ in range(60):
                 b = edp.next_batch()
-                cols = {k: v.numpy() for k, v in b.data.items()}
+                cols = {k: v.cpu().numpy() for k, v in b.data.items()}
                 cols["payload"] = cols["payload"] - 1
                 if not row_consistent(cols).all():
                     bad.append("torn or wrong rows")
                 seen |= set(np.asarray(b.indices)[:, 0].tolist())
             if not set(edp.learner.d.device_shards) & seen:
                 bad.append("no device row drawn")
+        else:
+            edp.serve()
+        edp.done()
+    assert _verdict(not bad), bad
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode", ["sync", "edp"])
+def test_every_row_on_the_device(shared_dir, mode):
+    """``tiers = ["learner_gpu"]`` and room for the whole replay: the minimum fill and
+    the rate limiter count the device shard's rows, and every batch comes from it."""
+    cfg = _config(shared_dir, mode=mode, gpu="64 MB", tiers=("learner_gpu",))
+    bad: list[str] = []
+    with ExperienceDataPlane(cfg) as edp:
+        if {s.tier for s in edp.placement.shards} != {"learner_gpu"}:
+            bad.append(f"tiers {[s.tier for s in edp.placement.shards]}")
+        if edp.role is Role.ACTOR:
+            _actor(edp, 2 * CAPACITY)  # finishes: the learner then runs on what is held
+        elif edp.role is Role.LEARNER:
+            d = edp.learner.d
+            for _ in range(40):
+                b = edp.next_batch()
+                if not set(np.asarray(b.indices)[:, 0].tolist()) <= set(d.device_shards):
+                    bad.append("a row from outside the device tier")
+                if not row_consistent({k: v.cpu().numpy() for k, v in b.data.items()}).all():
+                    bad.append("torn rows")
+                edp.update_priorities(b.indices, np.full(len(b), 2.0))
         else:
             edp.serve()
         edp.done()
