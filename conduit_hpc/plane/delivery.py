@@ -264,8 +264,11 @@ class Deliverer:
         may need this core); never a fixed sleep on the way."""
         if not self.sampler.direct_search:
             return
+        # owners of device shards only: their index is not searched (the device is)
+        searched = {self.owners[s] for s in self.rings if s not in self.device_shards}
         for owner, acks in self.acks.items():
-            self._await_ack(owner, acks)
+            if owner in searched:
+                self._await_ack(owner, acks)
 
     def _await_ack(self, owner: int, acks: np.ndarray) -> None:
         need = self.required.get(owner, 0)

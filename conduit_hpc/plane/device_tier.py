@@ -144,12 +144,8 @@ class DeviceShard:
         import torch
 
         st = self.store
-        held = st.ids >= 0
-        drawable = held & (st.mass > 0)
-        inf = torch.full_like(st.mass, math.inf)
-        vals = torch.stack([st.total_tensor(), held.sum().to(torch.float64),
-                            torch.where(drawable, st.mass, inf).min()]).cpu().numpy()
-        return ShardStats(total=float(vals[0]), count=int(vals[1]), min=float(vals[2]))
+        vals = torch.stack([st.total_tensor(), st.min_tensor()]).cpu().numpy()
+        return ShardStats(total=float(vals[0]), count=st.held(), min=float(vals[1]))
 
     @property
     def stats(self) -> ShardStats:

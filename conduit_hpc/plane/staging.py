@@ -154,6 +154,14 @@ def _place(tensors: dict[str, torch.Tensor],
             dst = t.view(src.dtype) if t.dtype.itemsize == src.dtype.itemsize and \
                 t.dtype != src.dtype and not t.dtype.is_floating_point else t
             dst.index_copy_(0, torch_index(pos, t.device), src.to(dst.dtype))
+            if src.is_cuda:  # read on the copy stream: keep its memory until then
+                src.record_stream(torch_stream(src.device))
+
+
+def torch_stream(device: Any) -> Any:
+    import torch
+
+    return torch.cuda.current_stream(device)
 
 
 def torch_index(pos: np.ndarray, device: Any) -> torch.Tensor:

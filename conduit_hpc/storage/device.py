@@ -58,6 +58,12 @@ class DeviceStore:
         self.prio = torch.zeros(self.capacity, dtype=torch.float64, device=d)
         self.mass = torch.zeros(self.capacity, dtype=torch.float64, device=d)
         self._cum: torch.Tensor | None = None
+        # kept up to date slot by slot (O(rows changed)): held flags and count, and each
+        # slot's mass where it can be drawn (inf elsewhere) for the minimum
+        self._flag = torch.zeros(self.capacity, dtype=torch.int8, device=d)
+        self._held = 0
+        self._drawable = torch.full((self.capacity,), float("inf"), dtype=torch.float64,
+                                    device=d)
         self.generator = torch.Generator(device=d)
         self.generator.manual_seed(int(seed))
 
@@ -74,8 +80,18 @@ class DeviceStore:
             return p
         return torch.where(p > 0, torch.pow(p, self.alpha), torch.zeros_like(p))
 
-    def _changed(self) -> None:
+    def _changed(self, slots: torch.Tensor, *, held_same: bool = False) -> None:
+        """``slots`` changed (rows, ids or masses): the cumulative masses are rebuilt at
+        the next draw; the held count and drawable masses are refreshed there."""
         self._cum = None
+        s = torch.unique(slots)
+        now = self.ids.index_select(0, s) >= 0
+        if not held_same:  # one scalar read back
+            self._held += int((now.to(torch.int64) - self._flag.index_select(0, s)).sum())
+            self._flag.index_copy_(0, s, now.to(torch.int8))
+        m = self.mass.index_select(0, s)
+        self._drawable.index_copy_(0, s, torch.where(now & (m > 0), m,
+                                                     torch.full_like(m, float("inf"))))
 
     def cumulative(self) -> torch.Tensor:
         """Cumulative masses over the slots (device, float64)."""
@@ -85,7 +101,7 @@ class DeviceStore:
 
     # -- the interface (TierStore) -------------------------------------------------
     def held(self) -> int:
-        return int((self.ids >= 0).sum().item())
+        return self._held
 
     def free(self) -> int:
         return self.capacity - self.held()
@@ -115,7 +131,7 @@ class DeviceStore:
         self.ids.index_copy_(0, slots, ids_t)
         self.prio.index_copy_(0, slots, p)
         self.mass.index_copy_(0, slots, self._scaled(p))
-        self._changed()
+        self._changed(slots)
         return slots
 
     def put(self, slots: Any, rows: Mapping[str, Any], ids: Any, masses: Any) -> None:
@@ -137,7 +153,7 @@ class DeviceStore:
                                                    device=self.device).reshape(-1))
         self.prio.index_copy_(0, s, p)
         self.mass.index_copy_(0, s, m)
-        self._changed()
+        self._changed(s)
 
     def evict_ids_below(self, limit: int, slots: Any = None) -> int:
         """Drop the held rows whose id is below ``limit`` (a ring's rows of an older
@@ -150,7 +166,7 @@ class DeviceStore:
                 self.ids.masked_fill_(gone, -1)
                 self.prio.masked_fill_(gone, 0.0)
                 self.mass.masked_fill_(gone, 0.0)
-                self._changed()
+                self._changed(torch.nonzero(gone).reshape(-1))
             return n
         s = torch.as_tensor(np.asarray(slots, np.int64), device=self.device).reshape(-1)
         ids = self.ids.index_select(0, s)
@@ -160,14 +176,17 @@ class DeviceStore:
             self.ids.index_fill_(0, s, -1)
             self.prio.index_fill_(0, s, 0.0)
             self.mass.index_fill_(0, s, 0.0)
-            self._changed()
+            self._changed(s)
         return n
 
     def min_mass(self) -> float:
         """Smallest mass of a drawable row (held, mass > 0; ``inf`` when none), as the
         host index's min-tree gives it."""
-        held = self.mass[(self.ids >= 0) & (self.mass > 0)]
-        return float(held.min().item()) if held.numel() else float("inf")
+        return float(self.min_tensor().item())
+
+    def min_tensor(self) -> torch.Tensor:
+        """:meth:`min_mass` as a device scalar (no host synchronisation)."""
+        return self._drawable.min()
 
     def search(self, targets: Any) -> torch.Tensor:
         t = torch.as_tensor(targets, dtype=torch.float64, device=self.device)
@@ -215,7 +234,7 @@ class DeviceStore:
         new = torch.where(live, p, self.prio.index_select(0, s))
         self.prio.index_copy_(0, s, new)
         self.mass.index_copy_(0, s, self._scaled(new))
-        self._changed()
+        self._changed(s, held_same=True)
         return live
 
     def take(self, slots: Any) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
@@ -229,7 +248,7 @@ class DeviceStore:
         self.ids.index_fill_(0, s, -1)
         self.prio.index_fill_(0, s, 0.0)
         self.mass.index_fill_(0, s, 0.0)
-        self._changed()
+        self._changed(s)
         return rows, ids, prio
 
     def held_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
