@@ -68,8 +68,8 @@ class PlanRecord:
     workload: dict[str, Any] = field(default_factory=dict)
 
 
-def executable(plan: Placement, roles: RoleComms, scheduler: SchedulerConfig | None = None
-               ) -> tuple[Placement, list[str]]:
+def executable(plan: Placement, roles: RoleComms, scheduler: SchedulerConfig | None = None,
+               *, shared_memory: str = "auto") -> tuple[Placement, list[str]]:
     """``plan`` on the ranks that serve it: each ``learner_host`` and ``learner_gpu``
     shard owned by a buffer rank on its learner's node (in turn when a node has several);
     a ``learner_gpu`` shard is mirrored on that learner's device
@@ -81,14 +81,21 @@ def executable(plan: Placement, roles: RoleComms, scheduler: SchedulerConfig | N
     Raises:
         ConfigError: a ``learner_host``/``learner_gpu`` shard on a node with no buffer rank
             (``placement.tiers``); a ``learner_gpu`` shard read by several learners
-            (``placement.scope``), with ``scheduler.delivery = "process"`` or with the
-            sequence sampler (``scheduler.*``).
+            (``placement.scope``), with ``scheduler.delivery = "process"``, the sequence
+            sampler (``scheduler.*``) or ``transport.shared_memory = "never"``.
     """
     shards, notes = [], []
     turn: dict[int, int] = {}
     for s in plan.shards:
         if s.tier == "learner_gpu":
             reader = _gpu_reader(plan, s.shard_id, s.capacity_rows, scheduler)
+            if shared_memory == "never":
+                raise ConfigError(
+                    f"the static plan puts {s.capacity_rows} rows in learner_gpu shard "
+                    f"{s.shard_id}; its learner mirrors the shard's ring from the node's "
+                    f"shared memory, which transport.shared_memory = 'never' turns off: use "
+                    f"'auto' or [placement] tiers without 'learner_gpu'",
+                    key="transport.shared_memory")
         elif s.tier == "learner_host" and s.owner_rank not in roles.buffer_ranks:
             reader = s.owner_rank
         else:
@@ -167,7 +174,8 @@ def _static(config: Config, spec: Spec, roles: RoleComms) -> tuple[Placement, Pl
     workload, notes = Workload.from_job(config)
     workload = replace(workload, row_bytes=spec.row_bytes, tiers=tuple(pc.tiers))
     plan = plan_static(cluster, workload, roster=roster)
-    plan, moved = executable(plan, roles, config.scheduler)
+    plan, moved = executable(plan, roles, config.scheduler,
+                             shared_memory=config.transport.shared_memory)
     wl = {k: getattr(workload, k) for k in workload.__slots__}
     return plan, PlanRecord("static", where, [*notes, *moved], wl)
 

@@ -311,6 +311,9 @@ def test_a_plan_with_tiers_the_job_cannot_serve_is_refused() -> None:
         with pytest.raises(ConfigError, match="learner_gpu shard 0") as err:
             executable(one, ROLES, sched)  # type: ignore[arg-type]
         assert err.value.key == key
+    with pytest.raises(ConfigError, match="shared_memory = 'never'") as err:
+        executable(one, ROLES, shared_memory="never")  # type: ignore[arg-type]
+    assert err.value.key == "transport.shared_memory"
     roles = SimpleNamespace(buffer_ranks=(4,), learner_ranks=(0, 3), actor_ranks=(2, 5),
                             node_of=(0, 0, 0, 1, 1, 1))
     with pytest.raises(ConfigError, match="runs no buffer rank") as err:
