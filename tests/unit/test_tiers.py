@@ -9,7 +9,9 @@ check (scripts/device_check.sh) sets it to ``cuda`` to run the same tests on a G
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -330,3 +332,27 @@ def test_bench_tiers_smoke_runs_every_configuration() -> None:
     assert [r["config"] for r in out["results"]] == [
         "learner_gpu (device path)", "learner_gpu", "learner_host", "split"]
     assert all(r["median_ms"] > 0 for r in out["results"])
+
+
+def test_bench_tiers_job_plans_each_placement(tmp_path) -> None:
+    """The running-job tier benchmark's placements (its runs: `conduit-hpc bench
+    tiers-job --smoke`, minutes): the cluster files it writes are valid, and the static
+    planner puts every row on the device for the first and about a quarter for the split."""
+    from conduit_hpc.bench.tiers_job import JOB, placements
+    from conduit_hpc.config import Config
+    from conduit_hpc.placement.cluster import ClusterModel
+    from conduit_hpc.placement.static import plan_static
+    from conduit_hpc.placement.workload import Workload
+
+    cfg = Config.from_toml(JOB)
+    got = dict(placements(tmp_path, JOB))
+    assert got["buffer_host"] == []
+    for name, share in (("learner_gpu (all)", 1.0), ("split", 0.25)):
+        sets = dict(s.split("=", 1) for s in got[name])
+        cluster = ClusterModel.from_toml(sets["placement.cluster"])
+        wl, _ = Workload.from_job(cfg)
+        wl = replace(wl, row_bytes=Spec.from_config(cfg.spec).row_bytes,
+                     tiers=tuple(json.loads(sets["placement.tiers"])))
+        plan = plan_static(cluster, wl)
+        gpu = sum(s.capacity_rows for s in plan.shards if s.tier == "learner_gpu")
+        assert gpu / cfg.storage.capacity_rows == pytest.approx(share, abs=0.02), name
