@@ -22,7 +22,7 @@ PriorityIndex and SumTree, and added per mode:
 Assumptions are listed in bench/README.md. ``--measured RUN_DIR ...`` prints predicted
 against measured per mode for runs made on this machine, ``--measured-learners RUN_DIR
 ...`` per learner count for the DQN job's runs with 1, 2, ... learners, the gradient
-all-reduce on a link probed here (:mod:`conduit_hpc.bench.scale_measured`).
+all-reduce on a link probed here (:mod:`conduit_hpc.bench._scale_measured`).
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ from typing import Any
 
 import numpy as np
 
-from conduit_hpc.bench.common import git_sha, repo_path
-from conduit_hpc.bench.scale_model import (
+from conduit_hpc.bench._scale_model import (
     MODES,
     allreduce_link,
     cluster_of,
     predict_modes,
     read_split,
 )
+from conduit_hpc.bench.common import git_sha, repo_path
 
 __all__ = ["MODES", "allreduce_link", "cluster_of", "measure_costs", "predict_modes",
            "read_split", "run_scale"]
@@ -160,7 +160,7 @@ def measure_costs(*, batch: int = 256, repeats: int = 20) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------
-# the model at each size (the model itself: conduit_hpc.bench.scale_model)
+# the model at each size (the model itself: conduit_hpc.bench._scale_model)
 
 
 def run_scale(cluster_path: Path, sizes: list[int], costs: dict[str, float], *,
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
          f"{args.row_bytes:,} B rows, batch {args.batch_rows}, compute "
          f"{args.compute_s * 1e3:g} ms ({args.scope} sampling)")
     print(f"\ncurves: {args.png}")
-    from conduit_hpc.bench import scale_measured as sm
+    from conduit_hpc.bench import _scale_measured as sm
 
     comparison, learners = [], []
     local_cluster = repo_path("jobs/cluster-local.toml")

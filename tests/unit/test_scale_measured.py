@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from conduit_hpc.bench.allreduce import ring_allreduce_s
-from conduit_hpc.bench.scale_measured import (
+from conduit_hpc.bench._scale_measured import (
     AGREE_BYTES,
     compare_learners,
     fit_link,
     load_learner_runs,
     predict_learners,
 )
+from conduit_hpc.bench.allreduce import ring_allreduce_s
 from conduit_hpc.placement.clusterfile import LinkSpec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -27,8 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from conduit_hpc.bench._scale_model import MODES, predict_modes
 from conduit_hpc.bench.allreduce import ring_allreduce_s
-from conduit_hpc.bench.scale_model import MODES, predict_modes
 
 __all__ = ["compare_learners", "compare_with_measured", "fit_link", "load_learner_runs",
            "load_measured", "predict_learners", "predict_local", "probe_gloo_link"]
