@@ -158,6 +158,7 @@ def load_learner_runs(run_dirs: list[str]) -> dict[int, dict[str, Any]]:
 
     Raises:
         FileNotFoundError: a run directory without its summary or learner metrics.
+        ValueError: a run with several learners whose summary has no collective times.
     """
     acc: dict[int, list[dict[str, Any]]] = {}
     for d in run_dirs:
@@ -170,6 +171,10 @@ def load_learner_runs(run_dirs: list[str]) -> dict[int, dict[str, Any]]:
         n = int(summary.get("learners", 1))
         run: dict[str, Any] = {k: statistics.mean(float(r[k]) for r in rows)
                for k in ("iteration_s", "exposed_s", "compute_s")}
+        if n > 1 and not all(k in summary for k in ("allreduce_mean_s", "agree_mean_s")):
+            raise ValueError(f"{metrics / 'summary.json'}: a run with {n} learners without "
+                             "allreduce_mean_s / agree_mean_s (runs of the DQN job record "
+                             "them from git 188bbd9 on; run it again)")
         run["allreduce_s"] = _num(summary.get("allreduce_mean_s")) if n > 1 else 0.0
         run["agree_s"] = _num(summary.get("agree_mean_s")) if n > 1 else 0.0
         run["updates_per_s"] = float(summary.get("updates_per_s", 0.0))

@@ -106,6 +106,14 @@ def test_load_learner_runs_names_a_run_without_learner_metrics(tmp_path: Path) -
     (tmp_path / "r" / "metrics" / "summary.json").write_text('{"learners": 2}')
     with pytest.raises(FileNotFoundError, match=r"no learner-<rank>\.csv"):
         load_learner_runs([str(tmp_path / "r")])
+    # a two-learner run from before the learners timed their collectives: named, refused
+    old = write_run(tmp_path, "old", 2, [0.006] * 10, [0.002] * 10, 0.001, 0.0005)
+    summary = json.loads((old / "metrics" / "summary.json").read_text())
+    del summary["allreduce_mean_s"]
+    (old / "metrics" / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(ValueError, match=r"old/metrics/summary.json: a run with 2 learners "
+                                         r"without allreduce_mean_s"):
+        load_learner_runs([str(old)])
 
 
 def test_predict_learners_adds_the_ring_terms_on_the_given_link(tmp_path: Path) -> None:
