@@ -308,7 +308,8 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
     wall = time.perf_counter() - t0
     out: dict[str, Any] = {"updates": updater.updates, "why": why, "wall_s": wall,
                            "env_steps_offset": env_steps_offset,
-                           "param_checksum": group.checksum(updater.online)}
+                           "param_checksum": group.checksum(updater.online),
+                           **group.timings()}
     if referee is not None:
         out.update(reached_at=referee.reached_at, reached_after_s=referee.reached_after_s,
                    mean=referee.mean, episodes_seen=referee.episodes,
@@ -472,6 +473,12 @@ def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],
         # equal on every learner iff the all-reduced training kept them identical
         "param_checksums": {r: s.get("param_checksum") for r, s in sorted(learners.items())},
         "params_identical": len({s.get("param_checksum") for s in learners.values()}) == 1,
+        # the learners' gradient all-reduce and per-superstep agreement (gloo/NCCL), mean
+        # seconds per call on the lead learner (waiting for the other learners included)
+        "allreduce_mean_s": learner.get("allreduce_mean_s", math.nan),
+        "agree_mean_s": learner.get("agree_mean_s", math.nan),
+        "allreduce_mean_s_per_learner": {
+            r: s.get("allreduce_mean_s", math.nan) for r, s in sorted(learners.items())},
         "exposed_mean_s_per_learner": {
             r: summary["learners"].get(r, {}).get("exposed_mean_s", math.nan)
             for r in sorted(learners)},

@@ -20,28 +20,36 @@ PriorityIndex and SumTree, and added per mode:
                 the last waits for all of them; plus a request round trip.
 
 Assumptions are listed in bench/README.md. ``--measured RUN_DIR ...`` prints predicted
-against measured for runs made on this machine (see :func:`compare_with_measured`).
+against measured per mode for runs made on this machine, ``--measured-learners RUN_DIR
+...`` per learner count for the DQN job's runs with 1, 2, ... learners, the gradient
+all-reduce on a link probed here (:mod:`conduit_hpc.bench._scale_measured`).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import queue
 import statistics
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from conduit_hpc.bench._scale_model import (
+    MODES,
+    allreduce_link,
+    cluster_of,
+    predict_modes,
+    read_split,
+)
 from conduit_hpc.bench.common import git_sha, repo_path
 
-MODES = ("edp", "sync", "service")
+__all__ = ["MODES", "allreduce_link", "cluster_of", "measure_costs", "predict_modes",
+           "read_split", "run_scale"]
 
 
 # ---------------------------------------------------------------------------------
@@ -152,110 +160,7 @@ def measure_costs(*, batch: int = 256, repeats: int = 20) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------
-# the model
-
-
-def cluster_of(template: Any, nodes: int, actors_per_learner: int) -> Any:
-    """A homogeneous cluster of ``nodes`` copies of ``template``'s first node."""
-    from conduit_hpc.placement.cluster import ClusterModel
-
-    node = template.to_dict()["nodes"][0]
-    node = {**node, "name": "node", "count": nodes,
-            "actors": actors_per_learner * node["learners"], "buffers": max(node["buffers"], 1)}
-    if nodes > 1 and "nic" not in node:
-        raise ValueError("the template node has no nic; a multi-node model needs one")
-    return ClusterModel.from_dict({"name": f"{template.name}-{nodes}n", "nodes": [node]})
-
-
-def read_split(plan: Any, batch_rows: int) -> tuple[float, float]:
-    """For the first learner (all learners are alike here): the share of its samples
-    from host-memory shards on its own node (gathered with numpy on its CPU; rows in GPU
-    memory are gathered on the device, their copies are in the link model), and the RMA
-    reads per superstep - the distinct shards on other nodes that ``batch_rows`` samples
-    hit, each read with one indexed get whose bytes the link model carries."""
-    if not plan.learner_shards or plan.prediction is None:
-        return 0.0, 0.0
-    rank = min(plan.learner_shards)
-    node = plan.prediction.learners[0].node
-    local = remote = 0.0
-    shares = []
-    for sid in plan.learner_shards[rank]:
-        sh = plan.shards[sid]
-        if sh.location.startswith(node + "."):
-            if sh.tier != "learner_gpu":  # GPU-resident rows are gathered on the device
-                local += sh.share
-        else:
-            remote += sh.share
-            shares.append(sh.share)
-    msgs = float(np.sum(1.0 - (1.0 - np.asarray(shares)) ** batch_rows)) if shares else 0.0
-    return local, msgs
-
-
-def allreduce_link(cluster: Any) -> Any:
-    """The link a ring all-reduce over every learner is paced by: the adapters across
-    nodes, NVLink within a GPU node, shared memory otherwise."""
-    node = cluster.nodes[0]
-    if len(cluster.nodes) > 1 and node.nic is not None:
-        return node.nic
-    return node.nvlink if node.gpus and node.nvlink is not None else node.shm
-
-
-def predict_modes(cluster: Any, workload: Any, costs: dict[str, float],
-                  gradient_bytes: float = 0.0) -> dict[str, dict]:
-    """Per mode: path_s, exposed_s, iteration_s (the slowest learner gates a BSP step),
-    and allreduce_s: the learners' gradient all-reduce of ``gradient_bytes`` (a ring over
-    every learner on :func:`allreduce_link`; see ``bench allreduce``), which follows
-    compute and adds to the iteration in every mode."""
-    from conduit_hpc.bench.allreduce import ring_allreduce_s
-    from conduit_hpc.placement.static import plan_static
-
-    b, rb = workload.batch_rows, workload.row_bytes
-    compute = workload.effective_compute_s
-    gather_row = costs["gather_s_per_row"] + costs["gather_s_per_byte"] * rb
-    cpu_gather = b * gather_row  # a buffer rank gathering a whole batch (service)
-    cpu_sample = b * costs["sample_s_per_row"]
-    cpu_update = b * costs["update_s_per_row"]
-    fields = 1  # one indexed get per field and shard; the row types here have one field
-    out: dict[str, dict] = {}
-    # edp and sync run on the planned placement
-    plan = plan_static(cluster, workload)
-    pred = plan.prediction
-    assert pred is not None
-    link = pred.max_path_s
-    local, messages = read_split(plan, b)
-    path = (link + cpu_sample + local * b * gather_row + cpu_update
-            + messages * costs["rma_message_s"] * fields)
-    exposed = max(0.0, path - compute) + costs["handoff_s"]
-    common = {"link_s": link, "bottleneck": pred.bottleneck.link,
-              "planning_s": pred.planning_s, "rma_messages": messages,
-              "local_share": local}
-    out["edp"] = {"path_s": path, "exposed_s": exposed, "iteration_s": compute + exposed,
-                  **common}
-    out["sync"] = {"path_s": path, "exposed_s": path, "iteration_s": compute + path,
-                   **common}
-    # service: a replay server on the buffer ranks, every learner asks one of them
-    svc_w = replace(workload, tiers=("buffer_host",), scope="global")
-    svc = plan_static(cluster, svc_w).prediction
-    assert svc is not None
-    learners = sum(n.learners for n in cluster.nodes)
-    buffers = max(sum(n.buffers for n in cluster.nodes), 1)
-    per_buffer = -(-learners // buffers)
-    serve = costs["request_s"] + cpu_sample + cpu_gather + cpu_update
-    node = cluster.nodes[0]
-    hop = node.nic.latency_s if (node.nic is not None and len(cluster.nodes) > 1) else \
-        node.shm.latency_s
-    rtt = 2 * hop + costs["request_s"]
-    spath = rtt + per_buffer * serve + svc.max_path_s
-    out["service"] = {"path_s": spath, "exposed_s": spath, "iteration_s": compute + spath,
-                      "link_s": svc.max_path_s, "bottleneck": svc.bottleneck.link,
-                      "planning_s": svc.planning_s, "learners_per_buffer": per_buffer}
-    ar_link = allreduce_link(cluster)
-    ar = (ring_allreduce_s(gradient_bytes, learners, ar_link.bandwidth_gbps,
-                           ar_link.latency_s) if gradient_bytes > 0 else 0.0)
-    for r in out.values():
-        r["allreduce_s"] = ar
-        r["iteration_s"] += ar
-    return out
+# the model at each size (the model itself: conduit_hpc.bench._scale_model)
 
 
 def run_scale(cluster_path: Path, sizes: list[int], costs: dict[str, float], *,
@@ -321,71 +226,6 @@ def print_table(results: list[dict]) -> None:
 
 
 # ---------------------------------------------------------------------------------
-# predicted vs measured (needs the exposed-latency benchmark's runs)
-
-
-def load_measured(run_dirs: list[str]) -> dict[str, dict[str, float]]:
-    """Mean iteration_s, exposed_s and compute_s per mode from runs' learner CSVs
-    (``RUN_DIR/metrics/learner-<rank>.csv``, columns of the scheduler's metrics), skipping
-    the first 10 % of supersteps as warm-up."""
-    acc: dict[str, dict[str, list[float]]] = {}
-    for d in run_dirs:
-        for f in sorted(Path(d, "metrics").glob("learner-*.csv")):
-            with open(f) as fh:
-                rows = list(csv.DictReader(fh))
-            for r in rows[len(rows) // 10:]:
-                m = acc.setdefault(r["mode"], {"iteration_s": [], "exposed_s": [],
-                                               "compute_s": []})
-                for k in m:
-                    m[k].append(float(r[k]))
-    return {mode: {k: statistics.mean(v) for k, v in m.items() if v}
-            for mode, m in acc.items()}
-
-
-def compare_with_measured(predicted: dict[str, dict[str, float]],
-                          measured: dict[str, dict[str, float]]) -> list[dict]:
-    """PREDICTED VS MEASURED. Print the model's iteration and exposed latency per mode
-    beside what runs on this machine measured, with their ratios; returns the rows.
-
-    ``predicted``: mode -> {"iteration_s", "exposed_s"} from :func:`predict_modes` on
-    ``jobs/cluster-local.toml`` with the runs' workload and measured compute time;
-    ``measured``: mode -> the same keys, e.g. from :func:`load_measured`.
-    """
-    rows = []
-    print(f"\n{'mode':>8} {'iter pred ms':>13} {'iter meas ms':>13} {'ratio':>6} "
-          f"{'exp pred ms':>12} {'exp meas ms':>12} {'ratio':>6}")
-    for mode in MODES:
-        if mode not in predicted or mode not in measured:
-            continue
-        p, m = predicted[mode], measured[mode]
-        row = {"mode": mode, "iteration_pred_s": p["iteration_s"],
-               "iteration_meas_s": m["iteration_s"], "exposed_pred_s": p["exposed_s"],
-               "exposed_meas_s": m["exposed_s"]}
-        ri = p["iteration_s"] / m["iteration_s"] if m["iteration_s"] else float("nan")
-        re_ = p["exposed_s"] / m["exposed_s"] if m["exposed_s"] else float("nan")
-        print(f"{mode:>8} {p['iteration_s'] * 1e3:>13.3f} {m['iteration_s'] * 1e3:>13.3f} "
-              f"{ri:>6.2f} {p['exposed_s'] * 1e3:>12.3f} {m['exposed_s'] * 1e3:>12.3f} "
-              f"{re_:>6.2f}")
-        rows.append(row)
-    return rows
-
-
-def predict_local(job_toml: Path, measured: dict[str, dict[str, float]],
-                  costs: dict[str, float], cluster_path: Path) -> dict[str, dict]:
-    """The model's numbers for a job config run on this machine (``cluster-local.toml``),
-    at the compute time the runs measured."""
-    from conduit_hpc.placement.cluster import ClusterModel
-    from conduit_hpc.placement.model import Workload
-
-    w, _ = Workload.from_toml(job_toml)
-    comp = statistics.mean(m.get("compute_s", 0.0) for m in measured.values()) if measured \
-        else 0.0
-    if comp > 0:
-        w = replace(w, compute_s=comp)
-    return predict_modes(ClusterModel.from_toml(cluster_path), w, costs)
-
-
-# ---------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -408,6 +248,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--png", default=str(repo_path("bench/scale.png")))
     p.add_argument("--measured", nargs="*", default=[],
                    help="run directories of this machine to compare against")
+    p.add_argument("--measured-learners", nargs="*", default=[], metavar="RUN_DIR",
+                   help="DQN runs with 1, 2, ... learners (bench convergence --learners)")
+    p.add_argument("--link", default="probe", help="the learners' all-reduce link for "
+                   "--measured-learners: probe (gloo, measured here) or LATENCY_US,GBPS")
     p.add_argument("--job", default=str(repo_path("jobs/synthetic.toml")),
                    help="job config of the --measured runs")
     p.add_argument("--cost", action="append", default=[], metavar="NAME=SECONDS",
@@ -444,15 +288,21 @@ def main(argv: list[str] | None = None) -> dict:
          f"{args.row_bytes:,} B rows, batch {args.batch_rows}, compute "
          f"{args.compute_s * 1e3:g} ms ({args.scope} sampling)")
     print(f"\ncurves: {args.png}")
-    comparison: list[dict] = []
+    from conduit_hpc.bench import _scale_measured as sm
+
+    comparison, learners = [], []
+    local_cluster = repo_path("jobs/cluster-local.toml")
     if args.measured:
-        measured = load_measured(args.measured)
-        local = predict_local(Path(args.job), measured, costs,
-                              repo_path("jobs/cluster-local.toml"))
-        comparison = compare_with_measured(local, measured)
+        measured = sm.load_measured(args.measured)
+        local = sm.predict_local(Path(args.job), measured, costs, local_cluster)
+        comparison = sm.compare_with_measured(local, measured)
+    if args.measured_learners:
+        learners = sm.measured_learners(args.measured_learners, costs, local_cluster,
+                                        args.link, args.gradient_bytes)
     top = {m: max((r for r in results if r["mode"] == m), key=lambda r: r["gpus"])
            for m in MODES}
     return {"costs": costs, "results": results, "png": args.png, "comparison": comparison,
+            "learners": learners,
             "largest": {m: {"gpus": r["gpus"], "iteration_s": r["iteration_s"],
                             "exposed_s": r["exposed_s"]} for m, r in top.items()}}
 

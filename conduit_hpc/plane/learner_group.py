@@ -15,6 +15,8 @@ while the ``edp`` data-plane thread owns this rank's MPI calls.
 from __future__ import annotations
 
 import hashlib
+import math
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -37,11 +39,17 @@ class LearnerGroup:
         size (int): learner ranks in the job.
         rank (int): this learner's index among them (0 = the lead; -1 elsewhere).
         backend (str): ``gloo``, ``nccl``, or ``none`` (one learner, or not a learner).
+        allreduce_s, agree_s (float): seconds this learner spent in
+            :meth:`average_gradients` and :meth:`agree` (0 with one learner); a call's
+            time includes waiting for the slowest learner to arrive.
+        allreduce_calls, agree_calls (int): how many of those calls went to the group.
     """
 
     def __init__(self, coll: Collectives | None, size: int, rank: int) -> None:
         self._coll, self.size, self.rank = coll, size, rank
         self.backend = coll.backend if coll is not None else "none"
+        self.allreduce_s = self.agree_s = 0.0
+        self.allreduce_calls = self.agree_calls = 0
 
     @classmethod
     def open(cls, roles: RoleComms, backend: str = "auto", *, timeout_s: float = 60.0,
@@ -87,12 +95,31 @@ class LearnerGroup:
         """Replace every parameter's gradient by its mean over the learners (one flat
         all-reduce). **Collective** on the learners; blocks (bounded)."""
         if self._coll is not None:
+            t0 = time.perf_counter()
             self._coll.allreduce_mean_([p.grad for p in params if p.grad is not None])
+            self.allreduce_s += time.perf_counter() - t0
+            self.allreduce_calls += 1
 
     def agree(self, code: int) -> int:
         """The largest ``code`` any learner passed (0: every learner goes on).
         **Collective** on the learners; blocks (bounded)."""
-        return self._coll.allreduce_max([code])[0] if self._coll is not None else code
+        if self._coll is None:
+            return code
+        t0 = time.perf_counter()
+        out = self._coll.allreduce_max([code])[0]
+        self.agree_s += time.perf_counter() - t0
+        self.agree_calls += 1
+        return out
+
+    def timings(self) -> dict[str, float]:
+        """This learner's mean seconds per gradient all-reduce and per agreement
+        (``allreduce_mean_s``, ``agree_mean_s``; ``nan`` where no call went to a group:
+        one learner) and the call counts, for the run's summary. Local."""
+        return {"allreduce_mean_s": (self.allreduce_s / self.allreduce_calls
+                                     if self.allreduce_calls else math.nan),
+                "agree_mean_s": (self.agree_s / self.agree_calls
+                                 if self.agree_calls else math.nan),
+                "allreduce_calls": self.allreduce_calls, "agree_calls": self.agree_calls}
 
     def broadcast_module(self, module: torch.nn.Module) -> None:
         """Give every learner the lead learner's parameters and buffers.

@@ -108,6 +108,11 @@ def test_two_learners_train_data_parallel_with_identical_parameters(tmp_path: Pa
     checksums = summary["param_checksums"]
     assert len(checksums) == 2 and len(set(checksums.values())) == 1, checksums
     assert summary["params_identical"] is True
+    # the gradient all-reduce and the agreement, timed on each learner, every superstep
+    ar = summary["allreduce_mean_s_per_learner"]
+    assert sorted(ar) == sorted(checksums) and all(0 < t < 10 for t in ar.values()), ar
+    assert summary["allreduce_mean_s"] == ar[min(ar, key=int)]
+    assert 0 < summary["agree_mean_s"] < 10, summary
     for rank in (int(r) for r in checksums):  # every learner wrote its metrics
         with open(run_dir / "metrics" / f"learner-{rank}.csv", newline="") as f:
             rows = list(csv.DictReader(f))

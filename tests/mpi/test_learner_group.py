@@ -7,6 +7,7 @@ the whole world, so a bad backend fails every rank of the job together."""
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 
 import numpy as np
@@ -84,6 +85,10 @@ def test_two_learners_hold_identical_parameters_after_every_superstep() -> None:
             same_after.append(all(torch.equal(a, b) for a, b in
                                   zip(net.parameters(), lead, strict=True)))
         assert updater.updates == STEPS
+        t = group.timings()  # what the DQN job's summary reports per learner
+        assert t["allreduce_calls"] == STEPS and t["agree_calls"] == 0
+        assert 0 < t["allreduce_mean_s"] < 30 and math.isnan(t["agree_mean_s"])
+        assert group.agree(0) == 0 and group.timings()["agree_calls"] == 1
     edp.done()
     group.close()
     edp.close()
