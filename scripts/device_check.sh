@@ -103,26 +103,19 @@ try:
 except (OSError, ET.ParseError, AttributeError):
     res["tiers_tests"] = None
 res["dqn"] = load(out / "dqn_summary.json")
-bench = []
-log = out / "logs/bench.log"
-if log.is_file():
-    for line in log.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            try:
-                bench.append(json.loads(line))
-            except ValueError:
-                pass
-res["bench_tiers"] = bench or None
-job = []
-log = out / "logs/tiersjob.log"
-if log.is_file():
-    for line in log.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            try:
-                job.append(json.loads(line))
-            except ValueError:
-                pass
-res["bench_tiers_job"] = job or None
+def json_lines(name):
+    """The JSON lines a step printed (its log), or None."""
+    got, log = [], out / f"logs/{name}.log"
+    if log.is_file():
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    got.append(json.loads(line))
+                except ValueError:
+                    pass
+    return got or None
+res["bench_tiers"] = json_lines("bench")
+res["bench_tiers_job"] = json_lines("tiersjob")
 res["overlap"] = load(out / "overlap.json")
 res["not_covered"] = [
     "NCCL collectives: with one GPU several ranks cannot form an NCCL group on it, so "
