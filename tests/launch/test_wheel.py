@@ -21,7 +21,8 @@ import pytest
 from conduit_hpc.testing import REPO
 
 BENCHMARKS = ("adaptive", "allreduce", "checkpoint", "convergence", "exposed-latency", "ingest",
-              "longhaul", "longhaul-tbf", "peers", "plan", "rllib", "scale", "tiers", "torchrl")
+              "longhaul", "longhaul-tbf", "peers", "plan", "rllib", "scale", "tiers", "tiers-job",
+              "torchrl")
 
 
 def run(cmd: list[str], *, cwd: Path, timeout: float,
