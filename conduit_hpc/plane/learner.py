@@ -430,4 +430,6 @@ class LearnerEndpoint:
             summary["device_rows_in"] = float(sum(x.rows_in for x in devs))
             summary["device_rows_evicted"] = float(sum(x.evicted for x in devs))
             summary["device_rows_missed"] = float(sum(x.missed for x in devs))
+        if self.d.device_policy is not None:  # promotions (plane/device_policy.py)
+            summary.update(self.d.device_policy.counters())
         return summary
