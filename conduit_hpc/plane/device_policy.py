@@ -51,12 +51,13 @@ What a promotion costs: the acknowledgement wait and one copy of the shard's liv
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from conduit_hpc.plane.device_tier import DeviceShard
 
-if TYPE_CHECKING:
-    from conduit_hpc.plane.delivery import Deliverer
+#: the :class:`~conduit_hpc.plane.delivery.Deliverer` a policy serves (it owns the policy,
+#: so this module does not import it: no import cycle)
+Deliverer = Any
 
 __all__ = ["DevicePolicy", "choose"]
 
