@@ -1,0 +1,211 @@
+"""Promotion and demotion to the learner's device tier (``plane/device_policy.py``;
+the CPU device here, the same code as ``cuda:i``): ``[placement] device_rows`` = one
+shard's capacity, a look every superstep, patience 1.
+
+* the learner heats shard X (priority 50 for its rows, 0.1 for the others): X is
+  promoted, once; then it heats shard Y instead: X is demoted and Y promoted;
+* at the end (actors finished, a fence): the device mirrors Y's ring exactly once - ids
+  distinct and equal to the ring's stamps, every row of the owner's index on the device
+  with the same mass (late updates followed the rows through both moves);
+* with writes stopped, draws across the two tiers match the mass shares (per tier and
+  per row, chi-square);
+* ``device_rows`` with a delivery rank is refused on every rank.
+
+Layouts: 3 ranks (learner, buffer, actor: 4 shards), 4 ranks (two buffers: 8 shards),
+one node, so every shard's ring is in the learner's shared memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from scipy.stats import chi2
+
+from conduit_hpc import ConfigError, ExperienceDataPlane, Role
+from conduit_hpc.placement.placement import Placement, ShardWeights, plan_round_robin
+from conduit_hpc.plane.control import C_ACTORS_DONE
+from conduit_hpc.testing import checked_batch, make_config, row_consistent
+from conduit_hpc.wait import wait_until
+
+COMM = MPI.COMM_WORLD
+LAYOUTS = {3: {"learners": 1, "buffers": 1}, 4: {"learners": 1, "buffers": 2}}
+SHARD_ROWS = 128
+PER_BUFFER = 4
+
+
+def _config(**extra):
+    if COMM.size not in LAYOUTS:
+        pytest.skip(f"no layout for {COMM.size} ranks (runs at {sorted(LAYOUTS)})")
+    layout = LAYOUTS[COMM.size]
+    sched = {"mode": "sync", "batch_rows": 16, "min_fill_rows": 32, **extra.pop("sched", {})}
+    return make_config(
+        layout=layout,
+        storage={"capacity_rows": SHARD_ROWS * PER_BUFFER * layout["buffers"],
+                 "shards_per_buffer": PER_BUFFER, "priority_exponent": 0.7},
+        placement={"planner": "round_robin", "device_rows": SHARD_ROWS,
+                   "interval_supersteps": 1, "patience": 1},
+        scheduler=sched, checkpoint={"on_stop": False}, **extra)
+
+
+def _placement(cfg) -> Placement:
+    """Round robin (world rank 0 learns, then the buffer ranks, then the actors), each
+    actor spreading its rows evenly over every shard (so that every shard fills)."""
+    nb = cfg.layout.buffers
+    actors = tuple(range(1 + nb, COMM.size))
+    rr = plan_round_robin(actor_ranks=actors, buffer_ranks=tuple(range(1, 1 + nb)),
+                          learner_ranks=(0,), capacity_rows=cfg.storage.capacity_rows,
+                          shards_per_buffer=PER_BUFFER)
+    spread = ShardWeights.of({s.shard_id: 1.0 for s in rr.shards})
+    return Placement(shards=rr.shards, actor_shards=rr.actor_shards,
+                     learner_shards=rr.learner_shards,
+                     actor_weights=dict.fromkeys(actors, spread))
+
+
+def _verdict(ok: bool) -> bool:
+    return bool(COMM.allreduce(int(ok), op=MPI.MIN))
+
+
+def _heat(edp, hot: int, steps: int, until, problems: list[str]) -> int:
+    """Batches with priority 50 for shard ``hot``'s rows, 0.1 for the others, until
+    ``until()`` (at most ``steps``); returns the batches taken."""
+    for n in range(steps):
+        if until():
+            return n
+        b = edp.next_batch()
+        cols = {k: v.numpy() for k, v in b.data.items()}
+        if not row_consistent(cols).all():
+            problems.append("torn or wrong rows")
+        sid = np.asarray(b.indices)[:, 0]
+        edp.update_priorities(b.indices, np.where(sid == hot, 50.0, 0.1))
+    return steps
+
+
+def _mirror_problems(d) -> list[str]:
+    """The device tier mirrors its rings exactly once (as in ``test_device_tier.py``)."""
+    out = []
+    for sid, dev in d.device_shards.items():
+        dev.sync()
+        ring, cap = dev.ring, dev.capacity
+        slots, ids = dev.audit()
+        if len(set(ids.tolist())) != len(ids):
+            out.append(f"shard {sid}: an id held twice")
+        if (ring.stamps_of(slots) != ids).any():
+            out.append(f"shard {sid}: device rows the ring no longer holds")
+        gens, mass = ring.leaves(np.arange(cap))
+        live = np.flatnonzero(gens > 0)
+        on_dev = dict(zip(slots.tolist(), ids.tolist(), strict=True))
+        if any(on_dev.get(int(s)) != int(gens[s]) for s in live):
+            out.append(f"shard {sid}: an indexed row is not on the device")
+        dmass = dev.store.masses(live).numpy()
+        if not np.allclose(dmass, mass[live], rtol=1e-9):
+            bad = int(np.count_nonzero(~np.isclose(dmass, mass[live], rtol=1e-9)))
+            out.append(f"shard {sid}: {bad} priorities differ from the owner's")
+    return out
+
+
+def _draws_match_masses(edp, d, batches: int) -> list[str]:
+    """Draw ``batches`` batches without updates; each tier's and each row's share of
+    the draws against its share of the mass."""
+    counts: dict[tuple[int, int, int], int] = {}
+    drawn = 0
+    for _ in range(batches):
+        b = edp.next_batch()
+        for key in map(tuple, np.asarray(b.indices).tolist()):
+            counts[key] = counts.get(key, 0) + 1
+        drawn += len(b)
+    mass: dict[tuple[int, int, int], float] = {}
+    for sid, ring in d.rings.items():
+        dev = d.device_shards.get(sid)
+        if dev is not None:
+            dev.sync()
+            slots, ids = dev.audit()
+            m = dev.store.masses(slots).numpy()
+        else:
+            gens, lm = ring.leaves(np.arange(ring.capacity))
+            slots = np.flatnonzero(gens > 0)
+            ids, m = gens[slots], lm[slots]
+        for s, i, x in zip(slots.tolist(), ids.tolist(), m.tolist(), strict=True):
+            mass[(sid, s, i)] = x
+    out = []
+    stray = [k for k in counts if k not in mass]
+    if stray:
+        out.append(f"drawn rows not held: {stray[:5]}")
+    total = sum(mass.values())
+    on_dev = set(d.device_shards)
+    for name, keys in (("device", [k for k in mass if k[0] in on_dev]),
+                       ("host", [k for k in mass if k[0] not in on_dev])):
+        p = sum(mass[k] for k in keys) / total
+        got = sum(counts.get(k, 0) for k in keys)
+        sd = max(np.sqrt(drawn * p * (1 - p)), 1.0)
+        if abs(got - p * drawn) > 5 * sd:
+            out.append(f"{name} tier: {got} draws, expected {p * drawn:.0f} ± {sd:.0f}")
+    keys = sorted(mass, key=lambda k: mass[k])
+    exp_all = np.array([mass[k] / total * drawn for k in keys])
+    got_all = np.array([counts.get(k, 0) for k in keys], float)
+    edges = np.searchsorted(np.cumsum(exp_all), np.linspace(0, exp_all.sum(), 21)[1:-1])
+    e = np.array([x.sum() for x in np.split(exp_all, edges)])
+    o = np.array([x.sum() for x in np.split(got_all, edges)])
+    stat = float(((o - e) ** 2 / e).sum())
+    p_value = float(chi2.sf(stat, len(e) - 1))
+    if p_value < 1e-4:
+        out.append(f"chi-square p = {p_value:.2g} (stat {stat:.1f})")
+    return out
+
+
+@pytest.mark.mpi(min_size=3)
+def test_the_hottest_shard_moves_to_the_device_and_back_without_loss():
+    cfg = _config()
+    problems: list[str] = []
+    with ExperienceDataPlane(cfg, placement=_placement(cfg)) as edp:
+        if edp.role is Role.ACTOR:
+            w = 0
+            while w < 3 * cfg.storage.capacity_rows and not edp.should_stop:
+                edp.ingest(checked_batch(edp.world_rank, w, 8))
+                w += 8
+        elif edp.role is Role.LEARNER:
+            d = edp.learner.d
+            pol = d.device_policy
+            assert pol is not None and not d.device_shards
+            shards = sorted(d.rings)
+            assert list(pol.candidates) == shards  # one learner, one node: all of them
+            x, y = shards[0], shards[-1]
+            _heat(edp, x, 600, lambda: set(d.device_shards) == {x}, problems)
+            assert set(d.device_shards) == {x}, (pol.moves, pol.heat(d))
+            assert sum(m[1:] == ("promote", x) for m in pol.moves) == 1, pol.moves
+            before = len(pol.moves)
+            _heat(edp, y, 1500, lambda: set(d.device_shards) == {y}, problems)
+            assert set(d.device_shards) == {y}, (pol.moves, pol.heat(d))
+            later = [m[1:] for m in pol.moves[before:]]
+            assert ("demote", x) in later and ("promote", y) in later, pol.moves
+            # writes stop; varied priorities that keep Y the hottest, then the checks
+            n = len(roles := edp.roles.writer_ranks)
+            wait_until(lambda: edp.control.read(C_ACTORS_DONE) >= n, timeout_s=60,
+                       what=f"the actors {roles} to finish")
+            rng = np.random.default_rng(3)
+            for _ in range(30):
+                b = edp.next_batch()
+                sid = np.asarray(b.indices)[:, 0]
+                edp.update_priorities(b.indices, np.where(
+                    sid == y, rng.uniform(20, 60, len(b)), rng.uniform(0.1, 4.0, len(b))))
+            d.fence()  # every owner committed everything and applied every update
+            problems += _mirror_problems(d)
+            moves = len(pol.moves)
+            problems += _draws_match_masses(edp, d, 400)
+            if len(pol.moves) != moves or set(d.device_shards) != {y}:
+                problems.append(f"moved while the heat held still: {pol.moves}")
+            c = pol.counters()
+            if c["device_promotions"] < 2 or c["device_demotions"] < 1 or \
+                    c["device_rows_promoted"] <= 0:
+                problems.append(f"counters {c}")
+        else:
+            edp.serve()
+        edp.done()
+    assert _verdict(not problems), problems
+
+
+@pytest.mark.mpi(min_size=3)
+def test_device_rows_with_a_delivery_rank_is_refused_on_every_rank():
+    with pytest.raises(ConfigError) as err:
+        _config(sched={"delivery": "process"})
+    assert _verdict(err.value.key == "scheduler.delivery"), str(err.value)
