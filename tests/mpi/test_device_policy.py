@@ -173,11 +173,15 @@ def test_the_hottest_shard_moves_to_the_device_and_back_without_loss():
             _heat(edp, x, 600, lambda: set(d.device_shards) == {x}, problems)
             assert set(d.device_shards) == {x}, (pol.moves, pol.heat(d))
             assert sum(m[1:] == ("promote", x) for m in pol.moves) == 1, pol.moves
+            d.fence()  # the copy X's promotion made, and every update since, as the owner's
+            problems += _mirror_problems(d)
             before = len(pol.moves)
             _heat(edp, y, 1500, lambda: set(d.device_shards) == {y}, problems)
             assert set(d.device_shards) == {y}, (pol.moves, pol.heat(d))
             later = [m[1:] for m in pol.moves[before:]]
             assert ("demote", x) in later and ("promote", y) in later, pol.moves
+            d.fence()
+            problems += _mirror_problems(d)
             # writes stop; varied priorities that keep Y the hottest, then the checks
             n = len(roles := edp.roles.writer_ranks)
             wait_until(lambda: edp.control.read(C_ACTORS_DONE) >= n, timeout_s=60,
