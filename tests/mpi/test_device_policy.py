@@ -66,11 +66,12 @@ def _verdict(ok: bool) -> bool:
     return bool(COMM.allreduce(int(ok), op=MPI.MIN))
 
 
-def _heat(edp, hot: int, steps: int, until, problems: list[str]) -> int:
+def _heat(edp, hot: int, steps: int, until: set[int], problems: list[str]) -> int:
     """Batches with priority 50 for shard ``hot``'s rows, 0.1 for the others, until
-    ``until()`` (at most ``steps``); returns the batches taken."""
+    the device mirrors the shards ``until`` (at most ``steps``); returns the batches."""
+    d = edp.learner.d
     for n in range(steps):
-        if until():
+        if _on_thread(edp, lambda: set(d.device_shards)) == until:
             return n
         b = edp.next_batch()
         cols = {k: v.numpy() for k, v in b.data.items()}
@@ -79,6 +80,11 @@ def _heat(edp, hot: int, steps: int, until, problems: list[str]) -> int:
         sid = np.asarray(b.indices)[:, 0]
         edp.update_priorities(b.indices, np.where(sid == hot, 50.0, 0.1))
     return steps
+
+
+def _on_thread(edp, fn):
+    """``fn()`` on the thread that uses the Deliverer (the data-plane thread in edp)."""
+    return edp.learner.run_on_thread(fn, "a test's look at the device tier")
 
 
 def _mirror_problems(d) -> list[str]:
@@ -104,16 +110,9 @@ def _mirror_problems(d) -> list[str]:
     return out
 
 
-def _draws_match_masses(edp, d, batches: int) -> list[str]:
-    """Draw ``batches`` batches without updates; each tier's and each row's share of
-    the draws against its share of the mass."""
-    counts: dict[tuple[int, int, int], int] = {}
-    drawn = 0
-    for _ in range(batches):
-        b = edp.next_batch()
-        for key in map(tuple, np.asarray(b.indices).tolist()):
-            counts[key] = counts.get(key, 0) + 1
-        drawn += len(b)
+def _masses(d) -> dict[tuple[int, int, int], float]:
+    """(shard, slot, id) -> mass of every row the learner may draw, from the tier that
+    holds it (on the Deliverer's thread)."""
     mass: dict[tuple[int, int, int], float] = {}
     for sid, ring in d.rings.items():
         dev = d.device_shards.get(sid)
@@ -127,12 +126,26 @@ def _draws_match_masses(edp, d, batches: int) -> list[str]:
             ids, m = gens[slots], lm[slots]
         for s, i, x in zip(slots.tolist(), ids.tolist(), m.tolist(), strict=True):
             mass[(sid, s, i)] = x
+    return mass
+
+
+def _draws_match_masses(edp, d, batches: int) -> list[str]:
+    """Draw ``batches`` batches without updates; each tier's and each row's share of
+    the draws against its share of the mass."""
+    counts: dict[tuple[int, int, int], int] = {}
+    drawn = 0
+    for _ in range(batches):
+        b = edp.next_batch()
+        for key in map(tuple, np.asarray(b.indices).tolist()):
+            counts[key] = counts.get(key, 0) + 1
+        drawn += len(b)
+    mass = _on_thread(edp, lambda: _masses(d))
+    on_dev = _on_thread(edp, lambda: set(d.device_shards))
     out = []
     stray = [k for k in counts if k not in mass]
     if stray:
         out.append(f"drawn rows not held: {stray[:5]}")
     total = sum(mass.values())
-    on_dev = set(d.device_shards)
     for name, keys in (("device", [k for k in mass if k[0] in on_dev]),
                        ("host", [k for k in mass if k[0] not in on_dev])):
         p = sum(mass[k] for k in keys) / total
@@ -154,8 +167,12 @@ def _draws_match_masses(edp, d, batches: int) -> list[str]:
 
 
 @pytest.mark.mpi(min_size=3)
-def test_the_hottest_shard_moves_to_the_device_and_back_without_loss():
-    cfg = _config()
+@pytest.mark.parametrize("mode", ["sync", "edp"])
+def test_the_hottest_shard_moves_to_the_device_and_back_without_loss(mode):
+    """``edp``: owner fetch, two batches prefetched - batches drawn from one tier complete
+    after a move (device replies are matched to the store that drew them)."""
+    extra = {"mode": mode, "fetch": "owner", "prefetch_depth": 2} if mode == "edp" else {}
+    cfg = _config(sched=extra)
     problems: list[str] = []
     with ExperienceDataPlane(cfg, placement=_placement(cfg)) as edp:
         if edp.role is Role.ACTOR:
@@ -167,21 +184,26 @@ def test_the_hottest_shard_moves_to_the_device_and_back_without_loss():
             d = edp.learner.d
             pol = d.device_policy
             assert pol is not None and not d.device_shards
+
+            def tier() -> set[int]:
+                return _on_thread(edp, lambda: set(d.device_shards))
+
+            def check() -> None:  # every owner committed and applied everything sent
+                problems.extend(_on_thread(edp, lambda: (d.fence(), _mirror_problems(d))[1]))
+
             shards = sorted(d.rings)
             assert list(pol.candidates) == shards  # one learner, one node: all of them
             x, y = shards[0], shards[-1]
-            _heat(edp, x, 600, lambda: set(d.device_shards) == {x}, problems)
-            assert set(d.device_shards) == {x}, (pol.moves, pol.heat(d))
-            assert sum(m[1:] == ("promote", x) for m in pol.moves) == 1, pol.moves
-            d.fence()  # the copy X's promotion made, and every update since, as the owner's
-            problems += _mirror_problems(d)
+            _heat(edp, x, 600, {x}, problems)
+            assert tier() == {x}, pol.moves
+            assert sum(m[1:] == ("promote", x) for m in list(pol.moves)) == 1, pol.moves
+            check()  # the copy X's promotion made, and every update since, as the owner's
             before = len(pol.moves)
-            _heat(edp, y, 1500, lambda: set(d.device_shards) == {y}, problems)
-            assert set(d.device_shards) == {y}, (pol.moves, pol.heat(d))
-            later = [m[1:] for m in pol.moves[before:]]
+            _heat(edp, y, 1500, {y}, problems)
+            assert tier() == {y}, pol.moves
+            later = [m[1:] for m in list(pol.moves)[before:]]
             assert ("demote", x) in later and ("promote", y) in later, pol.moves
-            d.fence()
-            problems += _mirror_problems(d)
+            check()
             # writes stop; varied priorities that keep Y the hottest, then the checks
             n = len(roles := edp.roles.writer_ranks)
             wait_until(lambda: edp.control.read(C_ACTORS_DONE) >= n, timeout_s=60,
@@ -192,11 +214,10 @@ def test_the_hottest_shard_moves_to_the_device_and_back_without_loss():
                 sid = np.asarray(b.indices)[:, 0]
                 edp.update_priorities(b.indices, np.where(
                     sid == y, rng.uniform(20, 60, len(b)), rng.uniform(0.1, 4.0, len(b))))
-            d.fence()  # every owner committed everything and applied every update
-            problems += _mirror_problems(d)
+            check()
             moves = len(pol.moves)
             problems += _draws_match_masses(edp, d, 400)
-            if len(pol.moves) != moves or set(d.device_shards) != {y}:
+            if len(pol.moves) != moves or tier() != {y}:
                 problems.append(f"moved while the heat held still: {pol.moves}")
             c = pol.counters()
             if c["device_promotions"] < 2 or c["device_demotions"] < 1 or \
