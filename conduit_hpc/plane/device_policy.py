@@ -111,6 +111,8 @@ class DevicePolicy:
         self._agree = 0  # ... how many looks in a row
         self.promotions = self.demotions = 0
         self.rows_copied = 0  # rows the promotions' first syncs put on the device
+        #: what demoted shards' mirrors counted (``DeviceShard`` attribute -> rows)
+        self.retired = dict.fromkeys(("drawn", "rows_in", "evicted", "missed"), 0)
         #: (look, "promote" | "demote", shard) of every move, in order
         self.moves: list[tuple[int, str, int]] = []
 
@@ -165,7 +167,9 @@ class DevicePolicy:
 
     def demote(self, d: Deliverer, sid: int) -> None:
         """Stop mirroring shard ``sid``: its rows are drawn from the owner's index again."""
-        del d.device_shards[sid]
+        dev = d.device_shards.pop(sid)
+        for k in self.retired:
+            self.retired[k] += getattr(dev, k)
         self.held.discard(sid)
         self.demotions += 1
         self.moves.append((self.looks, "demote", sid))

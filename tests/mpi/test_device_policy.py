@@ -219,13 +219,16 @@ def test_the_hottest_shard_moves_to_the_device_and_back_without_loss(mode):
             problems += _draws_match_masses(edp, d, 400)
             if len(pol.moves) != moves or tier() != {y}:
                 problems.append(f"moved while the heat held still: {pol.moves}")
-            c = pol.counters()
-            if c["device_promotions"] < 2 or c["device_demotions"] < 1 or \
-                    c["device_rows_promoted"] <= 0:
-                problems.append(f"counters {c}")
         else:
             edp.serve()
         edp.done()
+        summary = edp.summary()
+    # the learner's summary counts the moves and every mirror's rows, demoted ones' too
+    c = summary["learners"].get(0) or summary["learners"].get("0")
+    if not (c["device_promotions"] >= 2 and c["device_demotions"] >= 1
+            and c["device_rows_promoted"] > 0 and c["device_rows_in"] >= c["device_rows_promoted"]
+            and c["device_rows_drawn"] >= 400 * cfg.scheduler.batch_rows * 0.5):
+        problems.append(f"learner summary {c}")
     assert _verdict(not problems), problems
 
 
