@@ -59,7 +59,7 @@ from conduit_hpc.plane.device_tier import DeviceShard
 #: so this module does not import it: no import cycle)
 Deliverer = Any
 
-__all__ = ["DevicePolicy", "choose"]
+__all__ = ["Agreement", "DevicePolicy", "choose"]
 
 
 def choose(heat: Mapping[int, tuple[float, int]], budget: int,
@@ -87,6 +87,33 @@ def choose(heat: Mapping[int, tuple[float, int]], budget: int,
     return frozenset(out)
 
 
+class Agreement:
+    """Patience: a change happens once ``patience`` consecutive looks called for the same
+    one. Pure.
+
+    Args:
+        patience (int): looks that must agree (1: act on the first).
+    """
+
+    def __init__(self, patience: int) -> None:
+        self.patience = patience
+        self.wanted: frozenset[int] | None = None  # what the last looks called for
+        self.count = 0  # ... how many looks in a row
+
+    def look(self, want: frozenset[int], held: frozenset[int]) -> bool:
+        """One look wanting ``want`` while ``held`` is mirrored: whether to move now
+        (then the count starts again)."""
+        if want == held:
+            self.wanted, self.count = None, 0
+            return False
+        self.count = self.count + 1 if want == self.wanted else 1
+        self.wanted = want
+        if self.count < self.patience:
+            return False
+        self.wanted, self.count = None, 0
+        return True
+
+
 class DevicePolicy:
     """Decides and makes this learner's promotions and demotions (see the module
     docstring). Not thread-safe: the Deliverer's thread calls :meth:`step`.
@@ -107,8 +134,7 @@ class DevicePolicy:
         self.held: set[int] = set()  # shards this policy mirrors now
         self.marks = 0  # superstep boundaries seen
         self.looks = 0
-        self._wanted: frozenset[int] | None = None  # what the last looks called for
-        self._agree = 0  # ... how many looks in a row
+        self.agreement = Agreement(patience)
         self.promotions = self.demotions = 0
         self.rows_copied = 0  # rows the promotions' first syncs put on the device
         #: what demoted shards' mirrors counted (``DeviceShard`` attribute -> rows)
@@ -138,18 +164,12 @@ class DevicePolicy:
         self.looks += 1
         held = frozenset(self.held)
         want = choose(self.heat(d), self.budget, held)
-        if want == held:
-            self._wanted, self._agree = None, 0
-            return
-        self._agree = self._agree + 1 if want == self._wanted else 1
-        self._wanted = want
-        if self._agree < self.patience:
+        if not self.agreement.look(want, held):
             return
         for sid in sorted(held - want):  # first: their rows leave the device budget
             self.demote(d, sid)
         for sid in sorted(want - held):
             self.promote(d, sid)
-        self._wanted, self._agree = None, 0
 
     def promote(self, d: Deliverer, sid: int) -> None:
         """Mirror shard ``sid`` on the device (see the module docstring)."""

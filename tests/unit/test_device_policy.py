@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConfigError
-from conduit_hpc.plane.device_policy import choose
+from conduit_hpc.plane.device_policy import Agreement, choose
 
 masses = st.floats(min_value=0.0, max_value=1e6, allow_nan=False)
 heats = st.dictionaries(st.integers(0, 40), st.tuples(masses, st.integers(1, 64)),
@@ -54,6 +54,33 @@ def test_incumbents_win_ties_and_the_densest_shard_wins() -> None:
     assert choose(heat, 8, incumbents={2}) == {0, 1}
     assert choose({0: (50.0, 10), 1: (9.0, 1)}, 10) == {1}  # density, not mass
     assert choose({0: (0.0, 4)}, 100) == frozenset()
+
+
+def test_a_move_waits_for_patience_agreeing_looks() -> None:
+    a, b, none = frozenset({1}), frozenset({2}), frozenset()
+    ag = Agreement(3)
+    assert [ag.look(a, none) for _ in range(3)] == [False, False, True]
+    # a look that wants something else, or what is held, starts the count again
+    assert [ag.look(a, none), ag.look(b, none), ag.look(a, none), ag.look(a, none)] == [
+        False, False, False, False]
+    assert ag.look(none, none) is False and ag.count == 0
+    assert [ag.look(b, a) for _ in range(3)] == [False, False, True]
+    assert Agreement(1).look(a, none) is True
+
+
+@settings(max_examples=200, deadline=None)
+@given(patience=st.integers(1, 5), seq=st.lists(st.sampled_from([0, 1, 2]), max_size=30))
+def test_a_move_happens_exactly_after_patience_equal_looks(patience, seq) -> None:
+    sets = [frozenset(), frozenset({1}), frozenset({2})]
+    ag, run, last = Agreement(patience), 0, None
+    for k in seq:
+        want = sets[k]
+        moved = ag.look(want, frozenset())
+        run = 0 if not want else (run + 1 if want == last else 1)
+        last = want if want else None
+        assert moved == (run == patience)
+        if moved:
+            run, last = 0, None
 
 
 @pytest.mark.parametrize(
