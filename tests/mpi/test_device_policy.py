@@ -87,8 +87,11 @@ def _on_thread(edp, fn):
     return edp.learner.run_on_thread(fn, "a test's look at the device tier")
 
 
-def _mirror_problems(d) -> list[str]:
-    """The device tier mirrors its rings exactly once (as in ``test_device_tier.py``)."""
+def _mirror_problems(d, writing: bool = False) -> list[str]:
+    """The device tier mirrors its rings exactly once (as in ``test_device_tier.py``).
+    ``writing``: actors may still write, so rows may change under the check; then only
+    what a write cannot race is checked - distinct ids, and the same mass as the
+    owner's index for every row both hold at the same generation."""
     out = []
     for sid, dev in d.device_shards.items():
         dev.sync()
@@ -96,12 +99,14 @@ def _mirror_problems(d) -> list[str]:
         slots, ids = dev.audit()
         if len(set(ids.tolist())) != len(ids):
             out.append(f"shard {sid}: an id held twice")
-        if (ring.stamps_of(slots) != ids).any():
+        if not writing and (ring.stamps_of(slots) != ids).any():
             out.append(f"shard {sid}: device rows the ring no longer holds")
         gens, mass = ring.leaves(np.arange(cap))
         live = np.flatnonzero(gens > 0)
         on_dev = dict(zip(slots.tolist(), ids.tolist(), strict=True))
-        if any(on_dev.get(int(s)) != int(gens[s]) for s in live):
+        if writing:
+            live = np.array([s for s in live if on_dev.get(int(s)) == int(gens[s])], np.int64)
+        elif any(on_dev.get(int(s)) != int(gens[s]) for s in live):
             out.append(f"shard {sid}: an indexed row is not on the device")
         dmass = dev.store.masses(live).numpy()
         if not np.allclose(dmass, mass[live], rtol=1e-9):
@@ -129,9 +134,10 @@ def _masses(d) -> dict[tuple[int, int, int], float]:
     return mass
 
 
-def _draws_match_masses(edp, d, batches: int) -> list[str]:
+def _draws_match_masses(edp, d, batches: int) -> tuple[list[str], int]:
     """Draw ``batches`` batches without updates; each tier's and each row's share of
-    the draws against its share of the mass."""
+    the draws against its share of the mass. Returns the problems and the draws of
+    device rows."""
     counts: dict[tuple[int, int, int], int] = {}
     drawn = 0
     for _ in range(batches):
@@ -163,7 +169,7 @@ def _draws_match_masses(edp, d, batches: int) -> list[str]:
     p_value = float(chi2.sf(stat, len(e) - 1))
     if p_value < 1e-4:
         out.append(f"chi-square p = {p_value:.2g} (stat {stat:.1f})")
-    return out
+    return out, sum(c for k, c in counts.items() if k[0] in on_dev)
 
 
 @pytest.mark.mpi(min_size=3)
@@ -174,6 +180,7 @@ def test_the_hottest_shard_moves_to_the_device_and_back_without_loss(mode):
     extra = {"mode": mode, "fetch": "owner", "prefetch_depth": 2} if mode == "edp" else {}
     cfg = _config(sched=extra)
     problems: list[str] = []
+    device_draws = None  # the learner's draws of device rows with writes stopped
     with ExperienceDataPlane(cfg, placement=_placement(cfg)) as edp:
         if edp.role is Role.ACTOR:
             w = 0
@@ -188,8 +195,9 @@ def test_the_hottest_shard_moves_to_the_device_and_back_without_loss(mode):
             def tier() -> set[int]:
                 return _on_thread(edp, lambda: set(d.device_shards))
 
-            def check() -> None:  # every owner committed and applied everything sent
-                problems.extend(_on_thread(edp, lambda: (d.fence(), _mirror_problems(d))[1]))
+            def check(writing: bool) -> None:  # the owners committed and applied all sent
+                problems.extend(_on_thread(edp, lambda: (d.fence(),
+                                                         _mirror_problems(d, writing))[1]))
 
             shards = sorted(d.rings)
             assert list(pol.candidates) == shards  # one learner, one node: all of them
@@ -197,13 +205,13 @@ def test_the_hottest_shard_moves_to_the_device_and_back_without_loss(mode):
             _heat(edp, x, 600, {x}, problems)
             assert tier() == {x}, pol.moves
             assert sum(m[1:] == ("promote", x) for m in list(pol.moves)) == 1, pol.moves
-            check()  # the copy X's promotion made, and every update since, as the owner's
+            check(True)  # the copy X's promotion made, and every update since, as the owner's
             before = len(pol.moves)
             _heat(edp, y, 1500, {y}, problems)
             assert tier() == {y}, pol.moves
             later = [m[1:] for m in list(pol.moves)[before:]]
             assert ("demote", x) in later and ("promote", y) in later, pol.moves
-            check()
+            check(True)
             # writes stop; varied priorities that keep Y the hottest, then the checks
             n = len(roles := edp.roles.writer_ranks)
             wait_until(lambda: edp.control.read(C_ACTORS_DONE) >= n, timeout_s=60,
@@ -214,9 +222,10 @@ def test_the_hottest_shard_moves_to_the_device_and_back_without_loss(mode):
                 sid = np.asarray(b.indices)[:, 0]
                 edp.update_priorities(b.indices, np.where(
                     sid == y, rng.uniform(20, 60, len(b)), rng.uniform(0.1, 4.0, len(b))))
-            check()
+            check(False)
             moves = len(pol.moves)
-            problems += _draws_match_masses(edp, d, 400)
+            bad, device_draws = _draws_match_masses(edp, d, 400)
+            problems += bad
             if len(pol.moves) != moves or tier() != {y}:
                 problems.append(f"moved while the heat held still: {pol.moves}")
         else:
@@ -225,9 +234,10 @@ def test_the_hottest_shard_moves_to_the_device_and_back_without_loss(mode):
         summary = edp.summary()
     # the learner's summary counts the moves and every mirror's rows, demoted ones' too
     c = summary["learners"].get(0) or summary["learners"].get("0")
-    if not (c["device_promotions"] >= 2 and c["device_demotions"] >= 1
-            and c["device_rows_promoted"] > 0 and c["device_rows_in"] >= c["device_rows_promoted"]
-            and c["device_rows_drawn"] >= 400 * cfg.scheduler.batch_rows * 0.5):
+    counted = (c["device_promotions"] >= 2 and c["device_demotions"] >= 1
+               and c["device_rows_in"] >= c["device_rows_promoted"] > 0
+               and device_draws is not None and c["device_rows_drawn"] >= device_draws > 0)
+    if edp.role is Role.LEARNER and not counted:
         problems.append(f"learner summary {c}")
     assert _verdict(not problems), problems
 
