@@ -33,7 +33,7 @@ LAYOUTS = {3: {"learners": 1, "buffers": 1}, 4: {"learners": 1, "buffers": 2}}
 SHARD_ROWS = 128
 PER_BUFFER = 4
 #: rows per batch: a priority update for one shard then carries over 256 rows, past the
-#: eager limit - it reaches the owner only while the learner is inside MPI, so a
+#: eager limit - it may reach the owner only while the learner is inside MPI, so a
 #: promotion that did not wait for the owner to apply it would copy stale masses
 BATCH = 512
 
