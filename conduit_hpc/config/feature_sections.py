@@ -31,6 +31,11 @@ class PlacementConfig:
             many supersteps of predicted gain.
         patience (int): consecutive looks that must all call for a move before it happens.
         cooldown_supersteps (int): no move within this many supersteps of the last one.
+        device_rows (int): rows of shards a learner's device may mirror beyond the
+            plan's own ``learner_gpu`` shards (0: off): the learner promotes its hottest
+            shards (mass per row) to its device and demotes them again, looked at every
+            ``interval_supersteps``, changed after ``patience`` looks agree (see
+            :mod:`conduit_hpc.plane.device_policy`).
     """
 
     planner: Literal["round_robin", "static"] = "round_robin"
@@ -43,6 +48,7 @@ class PlacementConfig:
     payback_supersteps: int = 1000
     patience: int = 3
     cooldown_supersteps: int = 500
+    device_rows: int = 0
 
     def __post_init__(self) -> None:
         tiers = ("learner_gpu", "learner_host", "buffer_host")
@@ -59,6 +65,8 @@ class PlacementConfig:
                 f">= 1 and <= {MAX_COUNT}")
         require(0 <= self.cooldown_supersteps <= MAX_ROWS, "cooldown_supersteps",
                 self.cooldown_supersteps, f">= 0 and <= {MAX_ROWS}")
+        require(0 <= self.device_rows <= MAX_ROWS, "device_rows", self.device_rows,
+                f">= 0 and <= {MAX_ROWS} (0: no promotion to the learner's device)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -79,6 +79,8 @@ class Config:
                     f"off (every_seconds = 0, every_supersteps = 0, on_stop = false) {why}: "
                     f"a shard that rows moved out of holds a non-contiguous run of rows, "
                     f"which the checkpoint format does not store")
+        if self.placement.device_rows:
+            self._check_device_rows()
         if self.layout.learners_ingest:
             self._check_learners_ingest()
         self._check_sizes()
@@ -111,6 +113,24 @@ class Config:
         require(self.longhaul.mode == "off", "longhaul.mode", self.longhaul.mode,
                 f"'off' {why} (long-haul places and paces the learner's own traffic; not "
                 f"implemented for a delivery rank)")
+
+    def _check_device_rows(self) -> None:
+        """What promoting shards to a learner's device supports
+        (:mod:`conduit_hpc.plane.device_policy`)."""
+        why = f"with placement.device_rows = {self.placement.device_rows}"
+        sch = self.scheduler
+        require(sch.delivery == "thread", "scheduler.delivery", sch.delivery,
+                f"'thread' {why} (a delivery rank gathers batches and has no device)")
+        require(sch.sampler != "sequence", "scheduler.sampler", sch.sampler,
+                f"'uniform' or 'prioritized' {why} (the sequence sampler cuts windows on "
+                f"the ring's owner, not on the device)")
+        require(not self.placement.adaptive, "placement.adaptive", self.placement.adaptive,
+                f"false {why} (live re-placement moves shards between buffer ranks; the "
+                f"two are not combined)")
+        require(self.transport.shared_memory == "auto", "transport.shared_memory",
+                self.transport.shared_memory,
+                f"'auto' {why} (a mirror is synced from the node's shared memory; with "
+                f"'never' no shard could be promoted)")
 
     def _check_learners_ingest(self) -> None:
         """What a rank that both ingests and learns cannot do: wait for itself."""

@@ -35,6 +35,7 @@ from conduit_hpc.transport.channel import Channel
 from conduit_hpc.wait import Backoff, Deadline, wait_until
 
 if TYPE_CHECKING:
+    from conduit_hpc.plane.device_policy import DevicePolicy
     from conduit_hpc.plane.device_tier import DeviceShard
 
 __all__ = ["Deliverer", "Fill", "Part", "Transform"]
@@ -109,6 +110,9 @@ class Deliverer:
         #: (:mod:`~conduit_hpc.plane.device_tier`): synced, drawn and updated there
         self.device_shards: dict[int, DeviceShard] = {}
         self.sync_s = 0.0  # seconds the last admit() spent syncing device shards
+        self._device_replies: dict[int, DeviceShard] = {}  # request id -> the store that drew
+        #: promotes and demotes shards at superstep boundaries (``placement.device_rows``)
+        self.device_policy: DevicePolicy | None = None
 
     @property
     def capacities(self) -> dict[int, int]:
@@ -201,6 +205,7 @@ class Deliverer:
         self._request_id += 1
         self.stash[self._request_id] = (replace(dev.draw(targets), request_id=self._request_id),
                                         np.zeros(0, np.uint8))
+        self._device_replies[self._request_id] = dev
         return self._request_id
 
     def ask(self, tag: Tag, shard_pos: int, targets: np.ndarray) -> int:
@@ -252,8 +257,10 @@ class Deliverer:
         """A superstep ended: batches prepared from now on must see every priority
         update sent so far. Messages to an owner arrive in order, so asking the owner
         keeps this by itself; a direct search of its tree first waits for the owner's
-        acknowledgement count to catch up (:meth:`_search`)."""
+        acknowledgement count to catch up (:meth:`_search`). Then the device policy looks."""
         self.required = dict(self.sent)
+        if self.device_policy is not None:
+            self.device_policy.step(self)
 
     def await_acks(self) -> None:
         """Before a batch's statistics are read: wait (bounded) until every owner whose
@@ -287,6 +294,10 @@ class Deliverer:
                        what=f"the owner (rank {owner}) to apply this learner's priority "
                             f"updates")
         self._acked[owner] = need
+
+    def await_owner(self, owner: int) -> None:
+        """Wait (bounded) until ``owner`` has applied the updates :attr:`required`."""
+        self._await_ack(owner, self.acks[owner])
 
     def search(self, k: int, targets: np.ndarray) -> SampleReply | None:
         """Search shard ``k``'s tree in shared memory, if this process maps it."""
@@ -323,7 +334,7 @@ class Deliverer:
         for a, b, rep, rows in parts:
             indices[a:b, 0], indices[a:b, 1], indices[a:b, 2] = rep.shard_id, rep.slots, rep.gens
             mass[a:b] = rep.mass
-            dev = self.device_shards.get(rep.shard_id)
+            dev = self._device_replies.pop(rep.request_id, None)  # the tier that drew them
             if dev is None:
                 fill(a, b, rows, indices, mass, flat)
             elif self.transform is None:  # written into the batch on the device

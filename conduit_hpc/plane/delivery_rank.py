@@ -90,6 +90,15 @@ def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: Stager,
 
         d.device_shards = {s: DeviceShard(s, edp.rings[s], alpha=d.sampler.alpha,
                                           device=stager.device, seed=seed + s) for s in gpu}
+    pc = cfg.placement
+    if pc.device_rows > 0:  # promotion to the device (plane/device_policy.py)
+        from conduit_hpc.plane.device_policy import DevicePolicy
+
+        mine = [s for s in shards if s not in gpu and edp.rings[s].views is not None
+                and owners[s] in acks and [r for r, got in edp.placement.learner_shards.items()
+                                           if s in got] == [rank]]
+        d.device_policy = DevicePolicy(mine, budget=pc.device_rows, seed=seed,
+                                       interval=pc.interval_supersteps, patience=pc.patience)
     return d
 
 

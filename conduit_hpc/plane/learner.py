@@ -424,10 +424,13 @@ class LearnerEndpoint:
         summary["limiter_wait_s"] = float(self.d.limiter_wait_s)
         summary["overwritten_unsampled"] = float(self.d.overwritten_unsampled)
         summary["pinned_rounds"] = float(self.d.pinned_rounds)
-        if self.d.device_shards:  # the learner_gpu tier (plane/device_tier.py)
+        pol = self.d.device_policy  # promotions (plane/device_policy.py)
+        if self.d.device_shards or pol is not None:  # the device tier (plane/device_tier.py)
             devs = self.d.device_shards.values()
-            summary["device_rows_drawn"] = float(sum(x.drawn for x in devs))
-            summary["device_rows_in"] = float(sum(x.rows_in for x in devs))
-            summary["device_rows_evicted"] = float(sum(x.evicted for x in devs))
-            summary["device_rows_missed"] = float(sum(x.missed for x in devs))
+            for key, attr in (("drawn", "drawn"), ("in", "rows_in"), ("evicted", "evicted"),
+                              ("missed", "missed")):  # mirrors demoted since count too
+                summary[f"device_rows_{key}"] = float(
+                    sum(getattr(x, attr) for x in devs) + (pol.retired[attr] if pol else 0))
+        if pol is not None:
+            summary.update(pol.counters())
         return summary
