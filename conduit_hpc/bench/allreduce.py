@@ -11,7 +11,12 @@ CartPole Q network's parameters, 128x128 hidden):
 * ``allreduce_mean_``: the gradient average of one superstep (one flat bucket);
 * ``agree``: the one-integer all-reduce (max) with which the learners agree each superstep
   to go on;
-* ``mpi_allreduce``: MPI's ``Allreduce`` of the same float32 buffer (SUM), for comparison.
+* ``mpi_allreduce``: MPI's ``Allreduce`` of the same float32 buffer (SUM), for comparison;
+* ``broadcast_``: rank 0's vector to every rank through the same group (weights to actors
+  as a collective), against
+* ``rma_board``: what the jobs do today - rank 0 publishes into its
+  :class:`~conduit_hpc.plane.weights.WeightsBoard` (a seqlocked shared-memory / RMA
+  window) and every other rank pulls until it has the new version.
 
 Median and p90 over ``--iterations`` timed calls (after 10 untimed ones), the slowest
 rank's time per call. One JSON line per figure, with ``model_us``: the ring
@@ -62,19 +67,26 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     from mpi4py import MPI
 
+    from conduit_hpc.plane.weights import WeightsBoard
     from conduit_hpc.transport.collectives import Collectives
+    from conduit_hpc.transport.rma import RmaWindow
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
     coll = Collectives.open(comm, args.backend, timeout_s=60.0)
+    node: MPI.Intracomm = comm.Split_type(MPI.COMM_TYPE_SHARED)  # type: ignore[assignment]
     for n in [int(x) for x in args.floats.split(",")]:
         grads = [torch.randn(n, generator=torch.Generator().manual_seed(comm.rank))]
         buf = grads[0].numpy().copy()
         out = np.empty_like(buf)
+        win = RmaWindow(comm, 64 + 4 * n, node_comm=node)
+        board = WeightsBoard(win, 0, n)
         figures = {
             "allreduce_mean_": lambda g=grads: coll.allreduce_mean_(g),
             "agree": lambda: coll.allreduce_max([0]),
             "mpi_allreduce": lambda b=buf, o=out: comm.Allreduce(b, o, op=MPI.SUM),
+            "broadcast_": lambda g=grads: coll.broadcast_(g, 0),
+            "rma_board": lambda b=board, f=buf, k=[0]: _board_round(b, f, comm.rank, k),
         }
         for name, fn in figures.items():
             times = np.array(_timed(fn, comm, args.iterations))
@@ -87,7 +99,24 @@ def worker(args: argparse.Namespace) -> None:
                     "median_us": float(np.median(slowest) * 1e6),
                     "p90_us": float(np.percentile(slowest, 90) * 1e6),
                     "iterations": args.iterations, "git_sha": args.sha}), flush=True)
+        comm.Barrier()
+        win.close()
+    node.Free()
     coll.close()
+
+
+def _board_round(board: Any, flat: np.ndarray, rank: int, rounds: list[int]) -> None:
+    """Round ``k``: rank 0 publishes version ``2k``; every other rank pulls until it holds
+    that version or a newer one (the board keeps only the newest)."""
+    rounds[0] += 1
+    if rank == 0:
+        board.publish(flat, rounds[0])
+        return
+    end = time.monotonic() + 30.0
+    while board.seen_version < 2 * rounds[0]:
+        board.pull()
+        if time.monotonic() > end:
+            raise TimeoutError("rma_board: no new version within 30 s")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -125,7 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
             if line.startswith("{"):
                 r = json.loads(line)
                 r["model_us"] = 1e6 * ring_allreduce_s(4.0 * r["floats"], r["ranks"],
-                                                       shm.bandwidth_gbps, shm.latency_s)
+                                                       shm.bandwidth_gbps, shm.latency_s) \
+                    if r["op"] in ("allreduce_mean_", "agree", "mpi_allreduce") else None
                 results.append(r)
                 print(json.dumps(r), flush=True)
     return {"results": results}

@@ -31,7 +31,8 @@ def test_allreduce_benchmark_smoke() -> None:
 
     out = main(["--smoke"])
     ops = {r["op"]: r for r in out["results"]}
-    assert set(ops) == {"allreduce_mean_", "agree", "mpi_allreduce"}
+    assert set(ops) == {"allreduce_mean_", "agree", "mpi_allreduce", "broadcast_", "rma_board"}
+    assert ops["broadcast_"]["model_us"] is None and ops["rma_board"]["floats"] == CARTPOLE_PARAMS
     for r in ops.values():
         assert r["ranks"] == 2 and r["backend"] == "gloo" and r["median_us"] > 0
     assert ops["allreduce_mean_"]["floats"] == CARTPOLE_PARAMS
