@@ -240,8 +240,7 @@ class Deliverer:
             a, b = int(bounds[k]), int(bounds[k + 1])
             if b == a:
                 continue
-            found = None if tag is Tag.SERVICE or int(self.shard_ids[k]) in \
-                self.device_shards else self.search(k, local[a:b])
+            found = None if tag is Tag.SERVICE else self.search(k, local[a:b])
             if found is not None:
                 parts.append((a, b, found, np.zeros(0, np.uint8)))
             else:
@@ -304,6 +303,8 @@ class Deliverer:
         if not self.sampler.direct_search:  # sequence windows are cut by the owner
             return None
         sid = int(self.shard_ids[k])
+        if sid in self.device_shards:  # drawn on the device (request() answers it)
+            return None
         owner = self.owners[sid]
         acks = self.acks.get(owner)
         if acks is None:

@@ -180,8 +180,3 @@ class DeviceShard:
         """New priorities where ``slots`` still hold generations ``gens``, on the device
         without a host synchronisation (rows since evicted are skipped)."""
         self.store.update(slots, gens, priorities)
-
-    def audit(self) -> tuple[np.ndarray, np.ndarray]:
-        """Held rows (slots, ids), from the device (for tests)."""
-        slots, ids, _ = self.store.held_rows()
-        return slots, ids

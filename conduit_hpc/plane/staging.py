@@ -128,43 +128,34 @@ class Stager:
         torch = self._torch
         if self._stream is None:
             tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in data.items()}
-            _place(tensors, device_rows)
+            self._place(tensors, device_rows)
             return Batch(tensors, indices, torch.from_numpy(weights), superstep, staleness)
         # the device rows were gathered on this thread's stream: the side stream waits
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
             tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).pin_memory().to(
                 self.device, non_blocking=True) for k, v in data.items()}
-            _place(tensors, device_rows)
+            self._place(tensors, device_rows)
             wt = torch.from_numpy(weights).pin_memory().to(self.device, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self._stream)
         return Batch(tensors, indices, wt, superstep, staleness, ready=event)
 
-
-def _place(tensors: dict[str, torch.Tensor],
-           device_rows: Sequence[tuple[np.ndarray, Mapping[str, torch.Tensor]]]) -> None:
-    """Write each part's device columns over its positions of the batch (on the batch's
-    device: rows of the ``learner_gpu`` tier never pass through the host)."""
-    for pos, cols in device_rows:
-        for k, t in tensors.items():
-            src = cols[k]
-            # uint16/32/64 columns are kept as the signed type of their width on the
-            # device (storage/device.py): write the bits through a view
-            dst = t.view(src.dtype) if t.dtype.itemsize == src.dtype.itemsize and \
-                t.dtype != src.dtype and not t.dtype.is_floating_point else t
-            dst.index_copy_(0, torch_index(pos, t.device), src.to(dst.dtype))
-            if src.is_cuda:  # read on the copy stream: keep its memory until then
-                src.record_stream(torch_stream(src.device))
-
-
-def torch_stream(device: Any) -> Any:
-    import torch
-
-    return torch.cuda.current_stream(device)
-
-
-def torch_index(pos: np.ndarray, device: Any) -> torch.Tensor:
-    import torch
-
-    return torch.as_tensor(np.asarray(pos, np.int64), device=device)
+    def _place(self, tensors: dict[str, torch.Tensor],
+               device_rows: Sequence[tuple[np.ndarray, Mapping[str, torch.Tensor]]]) -> None:
+        """Write each part's device columns over its positions of the batch, on the
+        batch's device (rows of the ``learner_gpu`` tier never pass through the host);
+        on a GPU inside the copy stream, after the host rows."""
+        torch = self._torch
+        for pos, cols in device_rows:
+            idx = torch.as_tensor(np.asarray(pos, np.int64), device=self.device)
+            for k, t in tensors.items():
+                src = cols[k]
+                # uint16/32/64 columns are kept as the signed type of their width on the
+                # device (storage/device.py): write the bits through a view
+                dst = t.view(src.dtype) if t.dtype != src.dtype and \
+                    t.dtype.itemsize == src.dtype.itemsize and not t.dtype.is_floating_point \
+                    else t
+                dst.index_copy_(0, idx, src.to(dst.dtype))
+                if self._stream is not None:  # read on the copy stream: keep it until then
+                    src.record_stream(self._stream)

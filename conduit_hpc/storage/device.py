@@ -155,29 +155,23 @@ class DeviceStore:
         self.mass.index_copy_(0, s, m)
         self._changed(s)
 
-    def evict_ids_below(self, limit: int, slots: Any = None) -> int:
-        """Drop the held rows whose id is below ``limit`` (a ring's rows of an older
-        lap), among ``slots`` (every slot when ``None``); returns how many. On the
-        device; one scalar read back."""
-        if slots is None:
-            gone = (self.ids >= 0) & (self.ids < int(limit))
-            n = int(gone.sum().item())
-            if n:
-                self.ids.masked_fill_(gone, -1)
-                self.prio.masked_fill_(gone, 0.0)
-                self.mass.masked_fill_(gone, 0.0)
-                self._changed(torch.nonzero(gone).reshape(-1))
-            return n
+    def evict_ids_below(self, limit: int, slots: Any) -> int:
+        """Drop the rows held at ``slots`` whose id is below ``limit`` (a ring's rows of
+        an older lap); returns how many. On the device; one scalar read back."""
         s = torch.as_tensor(np.asarray(slots, np.int64), device=self.device).reshape(-1)
         ids = self.ids.index_select(0, s)
         s = s[(ids >= 0) & (ids < int(limit))]
         n = int(s.numel())
         if n:
-            self.ids.index_fill_(0, s, -1)
-            self.prio.index_fill_(0, s, 0.0)
-            self.mass.index_fill_(0, s, 0.0)
-            self._changed(s)
+            self._clear(s)
         return n
+
+    def _clear(self, s: torch.Tensor) -> None:
+        """Slots ``s`` hold nothing from now on."""
+        self.ids.index_fill_(0, s, -1)
+        self.prio.index_fill_(0, s, 0.0)
+        self.mass.index_fill_(0, s, 0.0)
+        self._changed(s)
 
     def min_mass(self) -> float:
         """Smallest mass of a drawable row (held, mass > 0; ``inf`` when none), as the
@@ -245,10 +239,7 @@ class DeviceStore:
             self.spec, self.gather(s).values(), strict=True)}
         ids = self.to_host(self.ids.index_select(0, s))
         prio = self.to_host(self.prio.index_select(0, s))
-        self.ids.index_fill_(0, s, -1)
-        self.prio.index_fill_(0, s, 0.0)
-        self.mass.index_fill_(0, s, 0.0)
-        self._changed(s)
+        self._clear(s)
         return rows, ids, prio
 
     def held_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -274,9 +265,13 @@ def host_view(x: torch.Tensor, dt: np.dtype) -> np.ndarray:
     return x.detach().cpu().numpy().view(np.dtype(dt))
 
 
+#: torch's wide unsigned types -> the signed type a device column keeps (device_dtype)
+_SIGNED = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
 def _tensor(src: Any) -> torch.Tensor:
+    """Rows (numpy or torch) as a tensor of the device column's dtype family."""
     if isinstance(src, torch.Tensor):
-        return src.view(_torch_dtype(np.dtype(str(src.dtype).removeprefix("torch.")))) \
-            if src.dtype in (torch.uint16, torch.uint32, torch.uint64) else src
+        return src.view(_SIGNED[src.dtype]) if src.dtype in _SIGNED else src
     arr = np.ascontiguousarray(src)
     return torch.from_numpy(arr.view(device_dtype(arr.dtype)))

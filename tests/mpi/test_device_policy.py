@@ -20,13 +20,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mpi4py import MPI
-from scipy.stats import chi2
 
 from conduit_hpc import ConfigError, ExperienceDataPlane, Role
 from conduit_hpc.placement.placement import Placement, ShardWeights, plan_round_robin
 from conduit_hpc.plane.control import C_ACTORS_DONE
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
 from conduit_hpc.wait import wait_until
+from tests.mpi.tier_checks import draw_problems, masses, mirror_problems
 
 COMM = MPI.COMM_WORLD
 LAYOUTS = {3: {"learners": 1, "buffers": 1}, 4: {"learners": 1, "buffers": 2}}
@@ -78,7 +78,7 @@ def _heat(edp, hot: int, steps: int, until: set[int], problems: list[str]) -> in
         if _on_thread(edp, lambda: set(d.device_shards)) == until:
             return n
         b = edp.next_batch()
-        cols = {k: v.numpy() for k, v in b.data.items()}
+        cols = {k: v.cpu().numpy() for k, v in b.data.items()}
         if not row_consistent(cols).all():
             problems.append("torn or wrong rows")
         sid = np.asarray(b.indices)[:, 0]
@@ -91,89 +91,19 @@ def _on_thread(edp, fn):
     return edp.learner.run_on_thread(fn, "a test's look at the device tier")
 
 
-def _mirror_problems(d, writing: bool = False) -> list[str]:
-    """The device tier mirrors its rings exactly once (as in ``test_device_tier.py``).
-    ``writing``: actors may still write, so rows may change under the check; then only
-    what a write cannot race is checked - distinct ids, and the same mass as the
-    owner's index for every row both hold at the same generation."""
-    out = []
-    for sid, dev in d.device_shards.items():
-        dev.sync()
-        ring, cap = dev.ring, dev.capacity
-        slots, ids = dev.audit()
-        if len(set(ids.tolist())) != len(ids):
-            out.append(f"shard {sid}: an id held twice")
-        if not writing and (ring.stamps_of(slots) != ids).any():
-            out.append(f"shard {sid}: device rows the ring no longer holds")
-        gens, mass = ring.leaves(np.arange(cap))
-        live = np.flatnonzero(gens > 0)
-        on_dev = dict(zip(slots.tolist(), ids.tolist(), strict=True))
-        if writing:
-            live = np.array([s for s in live if on_dev.get(int(s)) == int(gens[s])], np.int64)
-        elif any(on_dev.get(int(s)) != int(gens[s]) for s in live):
-            out.append(f"shard {sid}: an indexed row is not on the device")
-        dmass = dev.store.masses(live).numpy()
-        if not np.allclose(dmass, mass[live], rtol=1e-9):
-            bad = int(np.count_nonzero(~np.isclose(dmass, mass[live], rtol=1e-9)))
-            out.append(f"shard {sid}: {bad} priorities differ from the owner's")
-    return out
-
-
-def _masses(d) -> dict[tuple[int, int, int], float]:
-    """(shard, slot, id) -> mass of every row the learner may draw, from the tier that
-    holds it (on the Deliverer's thread)."""
-    mass: dict[tuple[int, int, int], float] = {}
-    for sid, ring in d.rings.items():
-        dev = d.device_shards.get(sid)
-        if dev is not None:
-            dev.sync()
-            slots, ids = dev.audit()
-            m = dev.store.masses(slots).numpy()
-        else:
-            gens, lm = ring.leaves(np.arange(ring.capacity))
-            slots = np.flatnonzero(gens > 0)
-            ids, m = gens[slots], lm[slots]
-        for s, i, x in zip(slots.tolist(), ids.tolist(), m.tolist(), strict=True):
-            mass[(sid, s, i)] = x
-    return mass
-
-
 def _draws_match_masses(edp, d, batches: int) -> tuple[list[str], int]:
     """Draw ``batches`` batches without updates; each tier's and each row's share of
-    the draws against its share of the mass. Returns the problems and the draws of
-    device rows."""
+    the draws against its share of the mass (:func:`draw_problems`). Returns the
+    problems and the draws of device rows."""
     counts: dict[tuple[int, int, int], int] = {}
-    drawn = 0
     for _ in range(batches):
         b = edp.next_batch()
         for key in map(tuple, np.asarray(b.indices).tolist()):
             counts[key] = counts.get(key, 0) + 1
-        drawn += len(b)
-    mass = _on_thread(edp, lambda: _masses(d))
+    mass = _on_thread(edp, lambda: masses(d))
     on_dev = _on_thread(edp, lambda: set(d.device_shards))
-    out = []
-    stray = [k for k in counts if k not in mass]
-    if stray:
-        out.append(f"drawn rows not held: {stray[:5]}")
-    total = sum(mass.values())
-    for name, keys in (("device", [k for k in mass if k[0] in on_dev]),
-                       ("host", [k for k in mass if k[0] not in on_dev])):
-        p = sum(mass[k] for k in keys) / total
-        got = sum(counts.get(k, 0) for k in keys)
-        sd = max(np.sqrt(drawn * p * (1 - p)), 1.0)
-        if abs(got - p * drawn) > 5 * sd:
-            out.append(f"{name} tier: {got} draws, expected {p * drawn:.0f} ± {sd:.0f}")
-    keys = sorted(mass, key=lambda k: mass[k])
-    exp_all = np.array([mass[k] / total * drawn for k in keys])
-    got_all = np.array([counts.get(k, 0) for k in keys], float)
-    edges = np.searchsorted(np.cumsum(exp_all), np.linspace(0, exp_all.sum(), 21)[1:-1])
-    e = np.array([x.sum() for x in np.split(exp_all, edges)])
-    o = np.array([x.sum() for x in np.split(got_all, edges)])
-    stat = float(((o - e) ** 2 / e).sum())
-    p_value = float(chi2.sf(stat, len(e) - 1))
-    if p_value < 1e-4:
-        out.append(f"chi-square p = {p_value:.2g} (stat {stat:.1f})")
-    return out, sum(c for k, c in counts.items() if k[0] in on_dev)
+    return (draw_problems(counts, mass, on_dev),
+            sum(c for k, c in counts.items() if k[0] in on_dev))
 
 
 @pytest.mark.mpi(min_size=3)
@@ -201,7 +131,7 @@ def test_the_hottest_shard_moves_to_the_device_and_back_without_loss(mode):
 
             def check(writing: bool) -> None:  # the owners committed and applied all sent
                 problems.extend(_on_thread(edp, lambda: (d.fence(),
-                                                         _mirror_problems(d, writing))[1]))
+                                                         mirror_problems(d, writing=writing))[1]))
 
             shards = sorted(d.rings)
             assert list(pol.candidates) == shards  # one learner, one node: all of them

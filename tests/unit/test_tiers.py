@@ -239,8 +239,8 @@ def test_device_store_samples_gathers_and_updates_on_the_device() -> None:
                           st.floats(0.0, 10.0, allow_nan=False)), min_size=1, max_size=40),
        st.integers(0, 70))
 def test_mirror_operations_of_the_device_store_keep_a_reference_model(puts, limit) -> None:
-    """``put`` (rows at given slots, by mass), ``evict_ids_below`` (every slot, or only
-    given ones) and ``min_mass`` - what a running job's mirror of a ring uses - against
+    """``put`` (rows at given slots, by mass), ``evict_ids_below`` (among given slots)
+    and ``min_mass`` - what a running job's mirror of a ring uses - against
     a dict; unsigned columns keep their bits."""
     spec = Spec.from_config({"u": FieldConfig(dtype="uint64"), "v": FieldConfig(dtype="uint32")})
     g = DeviceStore(spec, 16, alpha=ALPHA, device=DEVICE)
@@ -262,7 +262,7 @@ def test_mirror_operations_of_the_device_store_keep_a_reference_model(puts, limi
     assert rows["u"].dtype == np.uint64 and (rows["u"] == np.iinfo(np.uint64).max - got_ids
                                              .astype(np.uint64)).all()
     assert np.allclose(prio ** ALPHA, [ref[s][1] for s in sorted(ref)])
-    g.evict_ids_below(1 << 40)  # every slot
+    g.evict_ids_below(1 << 40, np.arange(16))  # every slot
     assert g.held() == 0 and g.total() == 0.0
 
 
