@@ -104,7 +104,10 @@ class ShardMemory:
                 s.shard_id, ring, index, drawer, guarded=learners, pins=pins,
                 guard_s=storage.guard_s,
                 block=storage.ingest_policy == "block" and learners,
-                block_timeout_s=storage.block_timeout_s))
+                block_timeout_s=storage.block_timeout_s,
+                # a learner's device mirror drops the rows the guard band hides and
+                # does not take them back (plane/device_tier.py): keep them hidden there
+                restore_idle=s.tier != "learner_gpu" and config.placement.device_rows == 0))
         return owned
 
     def acks_of(self, rank: int, world_size: int) -> np.ndarray | None:

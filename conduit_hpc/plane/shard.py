@@ -33,10 +33,17 @@ class OwnedShard:
     between passes (``gap``), and hides from the index the oldest rows that writers
     will reach within ``guard_s + gap``:
     ``guard = min(capacity // 2, ceil(rate * (guard_s + gap)))`` rows ahead of the
-    reserve cursor (once writers are past the first lap; rows hidden so stay hidden if
-    the writers then stop), so that at least half of the ring past the writers stays sampleable.
+    reserve cursor (once writers are past the first lap), so that at least half of the
+    ring past the writers stays sampleable.
     Only then does it publish the **free cursor** ``F = min(commit + capacity // 2,
-    reserved + guard)``: writers wait for ``F`` before they write a slot, so a row a
+    reserved + guard)`` - held where a learner's read pin holds it, and the rows hidden
+    are exactly those below ``F`` (a learner that redraws under a pin always finds the
+    rows between ``F`` and the writers it holds back). Hidden rows keep their
+    generation and priority (:meth:`PriorityIndex.hide`): once writers have reserved
+    nothing for ``idle_s`` the owner takes ``F`` back to the reserve cursor
+    (:meth:`_revoke`) and the band's rows are drawable again with the priority last
+    given to them (``unhidden_rows``; ``guard_row_s`` counts the row-seconds rows spent
+    hidden ahead of the writers). Writers wait for ``F`` before they write a slot, so a row a
     learner could draw is never being written, one drawn at time ``t`` is not
     overwritten before ``t + guard_s`` (while passes keep their pace), and at least half
     of a full ring stays committed and drawable (writers cannot run more than half a
@@ -89,6 +96,13 @@ class OwnedShard:
     block_releases: int = 0
     rate_rows_s: float = 0.0
     guard_rows: int = 0
+    #: give the guard band back to sampling once writers are idle this long
+    idle_s: float = 0.02
+    restore_idle: bool = True
+    revocations: int = 0  # times idle writers' free cursor was taken back
+    unhidden_rows: int = 0  # guard-band rows made drawable again (writers went idle)
+    guard_row_s: float = 0.0  # row-seconds rows spent hidden ahead of the writers
+    guard_rows_max: int = 0  # the most rows hidden ahead of the writers at once
     _dirty: bool = True
     _free: int = field(default=-1, repr=False)
     _rate_at: tuple[float, int] | None = field(default=None, repr=False)
@@ -96,6 +110,10 @@ class OwnedShard:
     _gap_s: float = field(default=0.0, repr=False)
     _stuck_since: float | None = field(default=None, repr=False)
     _stall_since: float | None = field(default=None, repr=False)
+    _last_reserved: int = field(default=-1, repr=False)
+    _reserved_at: float = field(default=0.0, repr=False)
+    _guard_at: float = field(default=0.0, repr=False)
+    _guard_n: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         if self.drawer is None:
@@ -180,11 +198,43 @@ class OwnedShard:
             return want
         return cut
 
+    def _pinned(self) -> int:
+        """The smallest free cursor a learner's read pin on this shard holds (a huge
+        number when none does)."""
+        if self.pins is not None:
+            mine = self.pins[:, 0] == self.shard_id + 1
+            if mine.any():
+                return int(self.pins[mine, 1].min())
+        return 1 << 62
+
+    def _idle(self, reserved: int, now: float) -> bool:
+        """Whether writers have reserved nothing for :attr:`idle_s` (``reserved`` is
+        the reserve cursor read in this pass)."""
+        if reserved != self._last_reserved:
+            self._last_reserved, self._reserved_at = reserved, now
+            return False
+        return now - self._reserved_at >= self.idle_s
+
+    def _revoke(self, published: int, reserved: int) -> bool:
+        """Writers are idle: take the free cursor back to the reserve cursor, so that
+        the guard band's rows (hidden, not yet written) can be drawn again. Safe against
+        a writer reserving meanwhile: the cursor is lowered first, then the reserve
+        cursor read again (both MPI atomics, in that order); a writer that reserved in
+        between may have read the old value, and then it is put back. Returns whether
+        the lower value stands."""
+        ring = self.ring
+        ring.publish_free(reserved)
+        if ring.reserve_cursor() == reserved:
+            return True
+        ring.publish_free(published)  # a writer came: it may rely on the old cursor
+        return False
+
     def poll(self, *, bounded: bool = False) -> int:
         """One owner pass over the shard: advance commits (at most ``max_commit_rows``
         when ``bounded``), count overwritten-unsampled rows, make the new rows visible,
-        hide the guard band, publish stats and the free cursor. Returns rows made
-        visible. Local; never blocks."""
+        move the guard band (hide the rows writers may take next, or give back to
+        sampling those that idle writers will not take), publish stats and the free
+        cursor. Returns rows made visible. Local; never blocks."""
         ring, cap = self.ring, self.ring.capacity
         v = ring.views
         assert v is not None
@@ -198,6 +248,10 @@ class OwnedShard:
         reserved = ring.reserve_cursor()
         self.guard_rows = guard = self._guard(reserved)
         limit = new + cap  # two writers never write one slot
+        ring.transport.sync()
+        # never below what writers may already have been let write (readers' intact
+        # check relies on it) - unless idle writers give it back (_revoke)
+        published = int(v.header[H_FREE])
         hide_from = self.hidden_upto
         if not self.guarded:  # the plain one-lap rule
             hide_to, free = max(hide_from, min(limit, reserved)), limit
@@ -206,11 +260,20 @@ class OwnedShard:
             free = min(bound, reserved + guard)
             if self.block:
                 free = self._held_back(hide_from, free, reserved, now, old)
-            hide_to = max(hide_from, free)
+            # a read pin holds the cursor where its learner read it; the rows hidden
+            # are exactly those writers may take (hiding more would leave a learner
+            # that redraws under a pin nothing to draw while writers wait for the pin)
+            free = min(max(min(free, self._pinned()), published), limit)
+            if (self._idle(reserved, now) and self.restore_idle and published > reserved
+                    and hide_from > max(reserved, cap) and self._revoke(published, reserved)):
+                self.revocations += 1
+                free = published = reserved
+            hide_to = free
+        self._account_guard(now, max(0, min(hide_to, limit) - reserved))
         self.hidden_upto = hide_to
-        if new > old or hide_to > hide_from or self._dirty:
+        if new > old or hide_to != hide_from or self._dirty:
             with self.writing():
-                lo = max(old, new - cap, hide_to - cap)
+                lo = max(old, new - cap)
                 if new > lo:
                     seqs = np.arange(lo, new, dtype=np.int64)
                     slots = seqs % cap
@@ -218,22 +281,29 @@ class OwnedShard:
                 if hide_to > hide_from:
                     seqs = np.arange(max(hide_from, cap), hide_to, dtype=np.int64)
                     slots = seqs % cap
-                    self.index.invalidate(slots[self.index.gens[slots] == seqs - cap + 1])
+                    self.index.hide(slots[self.index.gens[slots] == seqs - cap + 1])
+                elif hide_to < hide_from:  # idle writers: the band's rows are drawable again
+                    seqs = np.arange(max(hide_to, cap), hide_from, dtype=np.int64)
+                    self.unhidden_rows += self.index.unhide(seqs % cap, seqs - cap + 1)
         ring.publish_unsampled(self.overwritten_unsampled)
-        free = min(max(free, hide_to), limit)
         ring.transport.sync()
-        # never below what writers may already have been let write (readers' intact
-        # check relies on it); a restore sets it anew
-        published = int(v.header[H_FREE])
-        if self.pins is not None:  # read after the hide: see the class docstring
-            mine = self.pins[:, 0] == self.shard_id + 1
-            if mine.any():
-                free = min(free, int(self.pins[mine, 1].min()))
-        free = max(free, published)
+        if self.guarded:
+            # a pin that appeared during the hide: hold the cursor there (never below
+            # what is published); the rows hidden beyond it are given back next pass
+            free = min(max(min(free, self._pinned()), published), limit)
+        else:
+            free = max(free, published)
         if free != published:
             ring.publish_free(free)
             self._free = free
         return new - old
+
+    def _account_guard(self, now: float, rows: int) -> None:
+        """Row-seconds that rows spent hidden ahead of the writers (the guard band)."""
+        if self._guard_at:
+            self.guard_row_s += self._guard_n * (now - self._guard_at)
+        self._guard_at, self._guard_n = now, rows
+        self.guard_rows_max = max(self.guard_rows_max, rows)
 
     def mark(self, slots: np.ndarray, gens: np.ndarray, window: int = 1) -> None:
         """Record that the rows of ``slots`` (and the ``window - 1`` after each) were

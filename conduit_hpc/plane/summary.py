@@ -14,7 +14,9 @@ __all__ = ["merge_summaries", "shard_counters"]
 def shard_counters(shards: Sequence[OwnedShard]) -> dict[str, dict[str, float]]:
     """Per owned shard (after a commit pass): committed, held, priority updates applied
     and dropped, rows overwritten before any learner drew them, block-policy releases,
-    the measured insert rate and the guard band. Local."""
+    the measured insert rate and the guard band (rows hidden ahead of writers now and
+    at most, their row-seconds hidden, rows given back to sampling when writers went
+    idle). Local."""
     out: dict[str, dict[str, float]] = {}
     for s in shards:
         s.poll()
@@ -24,7 +26,11 @@ def shard_counters(shards: Sequence[OwnedShard]) -> dict[str, dict[str, float]]:
                                 "overwritten_unsampled": s.overwritten_unsampled,
                                 "block_releases": s.block_releases,
                                 "insert_rate_rows_s": s.rate_rows_s,
-                                "guard_rows": s.guard_rows}
+                                "guard_rows": s.guard_rows,
+                                "guard_rows_max": s.guard_rows_max,
+                                "guard_row_s": s.guard_row_s,
+                                "unhidden_rows": s.unhidden_rows,
+                                "guard_revocations": s.revocations}
     return out
 
 

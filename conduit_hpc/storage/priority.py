@@ -1,9 +1,15 @@
 """Per-shard priority index: sum-tree and min-tree over slots, with generations.
 
 Held by the shard's owner (single writer). A leaf holds ``priority ** alpha`` of the row
-committed in that slot, or 0 when the slot is empty or being overwritten. Each leaf
-remembers the generation (stamp ``seq + 1``) it was set for, so that an update for a row
-that has since been overwritten is dropped, never applied to the new row.
+committed in that slot, or 0 when the slot is empty, being overwritten, or hidden. Each
+leaf remembers the generation (stamp ``seq + 1``) it was set for, so that an update for a
+row that has since been overwritten is dropped, never applied to the new row.
+
+A row can be **hidden** (:meth:`PriorityIndex.hide`: the owner's guard band, ahead of
+writers that may soon overwrite it) without being removed: it is not drawable (mass 0,
+generation 0 in :attr:`gens`), but its generation (:attr:`hidden_gens`) and raw priority
+are kept, updates that name it still set its priority, and :meth:`unhide` makes it
+drawable again with the priority last given to it.
 """
 
 from __future__ import annotations
@@ -66,6 +72,8 @@ class PriorityIndex:
             self.gens = gens_buffer
             self.gens[:] = 0
         self.priority = np.zeros(capacity, dtype=np.float64)  # raw priority (before alpha)
+        #: generation of each hidden row (0: the slot is not hidden)
+        self.hidden_gens = np.zeros(capacity, dtype=np.int64)
         self.max_priority = float(initial_priority)
         self.dropped_updates = 0
         self.applied_updates = 0
@@ -93,6 +101,7 @@ class PriorityIndex:
         if given.any():
             check_priorities(p[given])
             self.max_priority = max(self.max_priority, float(p[given].max()))
+        self.hidden_gens[slots] = 0
         self._set(slots, np.asarray(gens, dtype=np.int64), p)
 
     def _set(self, slots: np.ndarray, gens: np.ndarray, p: np.ndarray) -> None:
@@ -105,10 +114,36 @@ class PriorityIndex:
         self.min.update(slots, np.where((gens > 0) & (scaled > 0), scaled, np.inf))
 
     def invalidate(self, slots: np.ndarray) -> None:
-        """Hide slots (being overwritten) from sampling."""
+        """Remove the rows of ``slots`` (taken out, or their slot handed to a writer):
+        nothing of them is kept."""
         slots = np.asarray(slots, dtype=np.int64)
         if slots.size:
+            self.hidden_gens[slots] = 0
             self._set(slots, np.zeros(len(slots), np.int64), np.zeros(len(slots)))
+
+    def hide(self, slots: np.ndarray) -> int:
+        """Make the held rows of ``slots`` undrawable but keep them (generation, raw
+        priority; see the module docstring). Returns rows hidden."""
+        slots = np.asarray(slots, dtype=np.int64)
+        slots = slots[self.gens[slots] > 0]
+        if slots.size:
+            keep = self.priority[slots].copy()
+            self.hidden_gens[slots] = self.gens[slots]
+            self._set(slots, np.zeros(len(slots), np.int64), np.zeros(len(slots)))
+            self.priority[slots] = keep
+        return int(slots.size)
+
+    def unhide(self, slots: np.ndarray, gens: np.ndarray) -> int:
+        """Make hidden rows drawable again where the slot still holds generation
+        ``gens``, with the priority last given to them. Returns rows made drawable."""
+        slots = np.asarray(slots, dtype=np.int64)
+        gens = np.asarray(gens, dtype=np.int64)
+        ok = (self.hidden_gens[slots] == gens) & (gens > 0)
+        slots, gens = slots[ok], gens[ok]
+        if slots.size:
+            self.hidden_gens[slots] = 0
+            self._set(slots, gens, self.priority[slots].copy())
+        return int(slots.size)
 
     def update(self, slots: np.ndarray, gens: np.ndarray, priorities: np.ndarray) -> int:
         """Set new priorities where the slot still holds generation ``gens``.
@@ -128,10 +163,14 @@ class PriorityIndex:
         if slots.size and (slots.min() < 0 or slots.max() >= self.capacity):
             raise ValueError(f"slot outside [0, {self.capacity})")
         live = (self.gens[slots] == gens) & (gens > 0)
-        dropped = int(len(slots) - np.count_nonzero(live))
+        hidden = ~live & (self.hidden_gens[slots] == gens) & (gens > 0)
+        dropped = int(len(slots) - np.count_nonzero(live) - np.count_nonzero(hidden))
         if live.any():
             self._set(slots[live], gens[live], p[live])
             self.max_priority = max(self.max_priority, float(p[live].max()))
+        if hidden.any():  # kept for when the row is drawable again (unhide)
+            self.priority[slots[hidden]] = p[hidden]
+            self.max_priority = max(self.max_priority, float(p[hidden].max()))
         self.dropped_updates += dropped
         self.applied_updates += len(slots) - dropped
         return dropped
