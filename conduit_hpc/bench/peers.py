@@ -84,6 +84,14 @@ def _learner_loop(edp: Any, n: int, prioritized: bool, warm: int) -> dict[str, f
     return out
 
 
+def mode_spec(spec: str) -> tuple[str, str, str]:
+    """``MODE[-process][:FETCH]`` (``sync``, ``edp``, ``edp-process:owner``...) ->
+    (scheduler.mode, scheduler.delivery, scheduler.fetch)."""
+    mode, _, fetch = spec.partition(":")
+    mode, _, delivery = mode.partition("-")
+    return mode, delivery or "thread", fetch or "direct"
+
+
 def ours_worker(args: argparse.Namespace) -> None:
     from mpi4py import MPI
 
@@ -98,10 +106,13 @@ def ours_worker(args: argparse.Namespace) -> None:
         sz = sizes[kind]
         for mode in args.modes.split(","):
             for sampler in samplers:
+                m, delivery, fetch = mode_spec(mode)
                 cfg = make_config(
                     spec=ROWS[kind], layout={"learners": 1, "buffers": 1},
                     storage={"capacity_rows": sz["capacity"], "priority_exponent": ALPHA},
-                    scheduler={"mode": mode, "fetch": "direct", "batch_rows": sz["batch"],
+                    checkpoint={"on_stop": False},
+                    scheduler={"mode": m, "delivery": delivery, "fetch": fetch,
+                               "batch_rows": sz["batch"],
                                "sampler": sampler, "beta": BETA, "beta_final": BETA,
                                "min_fill_rows": sz["batch"], "prefetch_depth": 2},
                     run={"timeout_s": 120.0})

@@ -41,7 +41,7 @@ def make_server(edp: Any, on_done: Callable[[int], None] | None) -> BufferServer
     sampler = make_sampler(cfg, cfg.run.seed + me)
     owned = edp.memory.owned_shards(cfg, roles, edp.placement, sampler)
     peers = tuple(r for r in range(roles.world_size) if r not in roles.buffer_ranks)
-    acks = edp.window.own_segment()[:8 * roles.world_size].view(np.int64)
+    acks = edp.memory.block.acks(edp.window.own_segment())
     return BufferServer(owned, edp.channel, peers, on_done=on_done,
                         poll_interval_s=cfg.transport.poll_interval_s,
                         seed=cfg.run.seed + me, window=sampler.window, acks=acks,
@@ -183,7 +183,7 @@ class BufferServer:
             for k, col in got.items():
                 cols[k][sel] = col
             # nothing drawn, or the oldest row of the item handed to a writer meanwhile
-            bad = ~drawn | ((gens[todo] - 1) + cap < reserved)
+            bad = ~drawn | ~shard.ring.intact(gens[todo], reserved)
             if not bad.any():
                 break
             todo = todo[bad]

@@ -24,19 +24,22 @@ import numpy as np
 from conduit_hpc.config import SchedulerConfig
 from conduit_hpc.errors import DataPlaneClosed
 from conduit_hpc.plane.control import C_ACTORS_DONE, C_INSERTS, C_SAMPLES, ControlBlock
+from conduit_hpc.plane.priority_write import PriorityWrite
 from conduit_hpc.plane.staging import Batch, Stager
-from conduit_hpc.protocol import PriorityUpdate, SampleReply, SampleRequest, Tag
+from conduit_hpc.protocol import SampleReply, SampleRequest, Tag
 from conduit_hpc.sampling import Sampler, ShardStats
 from conduit_hpc.scheduler import LimiterState, RateLimiter
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage.layout import H_COMMIT, H_HELD, H_MIN, H_TOTAL, H_UNSAMPLED
 from conduit_hpc.storage.ring import ShardRing
 from conduit_hpc.transport.channel import Channel
-from conduit_hpc.wait import Backoff, Deadline, wait_until
+from conduit_hpc.wait import Backoff, Deadline
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.device_policy import DevicePolicy
     from conduit_hpc.plane.device_tier import DeviceShard
+    from conduit_hpc.plane.owner_block import OwnerBlock
+    from conduit_hpc.storage.shared_index import SharedIndexWriter
 
 __all__ = ["Deliverer", "Fill", "Part", "Transform"]
 
@@ -68,8 +71,11 @@ class Deliverer:
         transform (Transform | None): applied to each numpy batch before the copy.
         timeout_s (float): bound on every wait.
         poll_interval_s (float): longest pause of a wait.
-        pin_offset (int | None): byte offset of the read pins in each owner's memory
+        pins (OwnerBlock | None): where the read pins are in each owner's memory
             (``None``: no pins; see :meth:`gather_checked`).
+        writers (Mapping[int, SharedIndexWriter] | None): shards whose index this rank
+            writes its priority updates into itself (the priority write stage,
+            :class:`~conduit_hpc.plane.priority_write.PriorityWrite`).
     """
 
     def __init__(self, *, spec: Spec, rings: Mapping[int, ShardRing], owners: Mapping[int, int],
@@ -77,7 +83,8 @@ class Deliverer:
                  channel: Channel, control: ControlBlock, limiter: RateLimiter,
                  config: SchedulerConfig, sampler: Sampler, n_actors: int,
                  stager: Stager, transform: Transform | None, timeout_s: float,
-                 poll_interval_s: float, pin_offset: int | None = None) -> None:
+                 poll_interval_s: float, pins: OwnerBlock | None = None,
+                 writers: Mapping[int, SharedIndexWriter] | None = None) -> None:
         self.spec, self.rings, self.owners = spec, dict(rings), dict(owners)
         self.shard_ids = np.array(sorted(self.rings), dtype=np.int64)
         self.channel, self.control, self.limiter = channel, control, limiter
@@ -88,12 +95,13 @@ class Deliverer:
         self.window = sampler.window
         self._request_id = 0
         self.acks, self._sync, self.rank = dict(acks), sync, rank
-        self.sent: dict[int, int] = {}  # priority-update messages sent, per owner
-        self.required: dict[int, int] = {}  # ... that a direct search must wait for
-        self._acked: dict[int, int] = {}  # ... that the owner is known to have applied
+        #: the priority write stage: updates to where each row's index lives
+        self.prio = PriorityWrite(owners=owners, acks=acks, sync=sync, rank=rank,
+                                  channel=channel, writers=writers or {},
+                                  timeout_s=timeout_s, poll_interval_s=poll_interval_s)
         self.resampled = 0
         self.limiter_wait_s = 0.0
-        self.pin_offset = pin_offset
+        self.pins = pins
         self.pinned_rounds = 0  # redraw rounds made under a read pin
         #: rows committed into this learner's shards, up to each shard's capacity (what
         #: the minimum fill counts: rows hidden while being overwritten were written)
@@ -256,8 +264,9 @@ class Deliverer:
         """A superstep ended: batches prepared from now on must see every priority
         update sent so far. Messages to an owner arrive in order, so asking the owner
         keeps this by itself; a direct search of its tree first waits for the owner's
-        acknowledgement count to catch up (:meth:`_search`). Then the device policy looks."""
-        self.required = dict(self.sent)
+        acknowledgement count to catch up (:meth:`_search`); updates written into a
+        node-local index directly are there already. Then the device policy looks."""
+        self.prio.mark()
         if self.device_policy is not None:
             self.device_policy.step(self)
 
@@ -272,31 +281,9 @@ class Deliverer:
             return
         # owners of device shards only: their index is not searched (the device is)
         searched = {self.owners[s] for s in self.rings if s not in self.device_shards}
-        for owner, acks in self.acks.items():
+        for owner in self.acks:
             if owner in searched:
-                self._await_ack(owner, acks)
-
-    def _await_ack(self, owner: int, acks: np.ndarray) -> None:
-        need = self.required.get(owner, 0)
-        if need <= self._acked.get(owner, 0):
-            return
-        self._sync()
-        if int(acks[self.rank]) < need:
-            def applied() -> bool:
-                self._sync()
-                return int(acks[self.rank]) >= need
-
-            # progress drives this learner's sends: an update past the eager limit
-            # (256 rows: 6 kB) only moves while its sender is inside MPI
-            wait_until(applied, timeout_s=self.timeout_s, max_sleep_s=self.poll_s,
-                       yields=200, between=self.channel.progress,
-                       what=f"the owner (rank {owner}) to apply this learner's priority "
-                            f"updates")
-        self._acked[owner] = need
-
-    def await_owner(self, owner: int) -> None:
-        """Wait (bounded) until ``owner`` has applied the updates :attr:`required`."""
-        self._await_ack(owner, self.acks[owner])
+                self.prio.await_applied(owner)
 
     def search(self, k: int, targets: np.ndarray) -> SampleReply | None:
         """Search shard ``k``'s tree in shared memory, if this process maps it."""
@@ -309,7 +296,7 @@ class Deliverer:
         acks = self.acks.get(owner)
         if acks is None:
             return None
-        self._await_ack(owner, acks)
+        self.prio.await_applied(owner)
         ring = self.rings[sid]
         found = ring.search(targets)
         if found is None:
@@ -391,7 +378,7 @@ class Deliverer:
                     sel = (todo[:, None] * w + np.arange(w)[None, :]).reshape(-1)
                     for k, v in got.items():
                         flat[k][sel] = v
-                bad = ~drawn | ((indices[todo, 2] - 1) + cap < reserved)
+                bad = ~drawn | ~ring.intact(indices[todo, 2], reserved)
                 if not bad.any():
                     return
                 if bad.all() and pinned:  # nothing drawable: let the owner run
@@ -399,7 +386,7 @@ class Deliverer:
                 todo = todo[bad]
                 self.resampled += len(todo)
                 deadline.check()
-                if not pinned and self.pin_offset is not None:
+                if not pinned and self.pins is not None:
                     self._pin(ring, sid, True)
                     pinned = True
                 self.pinned_rounds += pinned
@@ -418,8 +405,8 @@ class Deliverer:
     def _pin(self, ring: ShardRing, sid: int, on: bool) -> None:
         """Hold (or drop) this learner's read pin on shard ``sid``: its owner does not
         move the free cursor past the value read here while the pin is held."""
-        assert self.pin_offset is not None
-        t, disp = ring.transport, self.pin_offset + 16 * self.rank
+        assert self.pins is not None
+        t, disp = ring.transport, self.pins.pin_displacement(self.rank)
         if on:
             t.atomic_write(ring.owner, disp + 8, ring.free_cursor())
             t.atomic_write(ring.owner, disp, sid + 1)
@@ -428,20 +415,6 @@ class Deliverer:
 
     # -- priorities ----------------------------------------------------------------------
     def send_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> int:
-        """Carry checked priority updates to the owners (one message per shard).
-        Non-blocking sends. Returns rows sent."""
-        for sid, dev in self.device_shards.items():  # at once on the device ...
-            sel = indices[:, 0] == sid
-            if sel.any():
-                dev.update(indices[sel, 1], indices[sel, 2], priorities[sel])
-        # ... and to every owner, device shards' too (their index mirrors the device)
-        order = np.argsort(indices[:, 0], kind="stable")
-        idx, pr = indices[order], priorities[order]
-        cuts = np.flatnonzero(np.diff(idx[:, 0])) + 1
-        for part, p in zip(np.split(idx, cuts), np.split(pr, cuts), strict=True):
-            sid = int(part[0, 0])
-            up = PriorityUpdate(sid, part[:, 1], part[:, 2], p)
-            owner = self.owners[sid]
-            self.channel.isend(owner, Tag.PRIORITY, up.pack())
-            self.sent[owner] = self.sent.get(owner, 0) + 1
-        return len(indices)
+        """Carry checked priority updates to where the rows' index lives (the priority
+        write stage, :meth:`PriorityWrite.send`). Returns rows sent."""
+        return self.prio.send(indices, priorities, self.device_shards)

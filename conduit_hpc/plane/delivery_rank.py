@@ -77,13 +77,21 @@ def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: Stager,
     acks = {o: a for o in set(owners.values())
             if (a := edp.memory.acks_of(o, roles.world_size)) is not None}
     seed = cfg.run.seed + (rank if seed_rank is None else seed_rank)
+    sampler = make_sampler(cfg, seed)
+    writers = {}
+    if sampler.direct_search and not any(f.priority_messages for f in edp.features):
+        from conduit_hpc.storage.shared_index import SharedIndexWriter
+
+        # node-local shards: this rank writes its updates into their index itself
+        writers = {s: SharedIndexWriter(edp.rings[s], rank, alpha=sampler.alpha)
+                   for s in shards if edp.rings[s].views is not None and owners[s] in acks}
     d = Deliverer(spec=edp.spec, rings={s: edp.rings[s] for s in shards}, owners=owners,
                   acks=acks, sync=edp.window.sync, rank=rank,
-                  pin_offset=8 * roles.world_size, channel=edp.channel,
+                  pins=edp.memory.block, channel=edp.channel,
                   control=edp.control, limiter=edp.limiter, config=cfg.scheduler,
-                  sampler=make_sampler(cfg, seed), n_actors=len(roles.writer_ranks),
+                  sampler=sampler, n_actors=len(roles.writer_ranks),
                   stager=stager, transform=transform, timeout_s=cfg.run.timeout_s,
-                  poll_interval_s=cfg.transport.poll_interval_s)
+                  poll_interval_s=cfg.transport.poll_interval_s, writers=writers)
     gpu = [s for s in shards if edp.placement.shards[s].tier == "learner_gpu"]
     if gpu:  # mirrored on this learner's device (planning.executable checked the rest)
         from conduit_hpc.plane.device_tier import DeviceShard
@@ -316,7 +324,7 @@ class DeliveryServer:
         self._forward()
         d, ring = self.d, self.ring
         for k, v in enumerate((d.resampled, d.limiter_wait_s, d.overwritten_unsampled,
-                               d.pinned_rounds)):
+                               d.pinned_rounds, d.prio.direct_rows, d.prio.message_rows)):
             ring.counters[k] = float(v)
         ring.set_word(W_STOPPED, 1)
 
@@ -388,6 +396,7 @@ class ProcessMode(DeliveryMode):
         d.resampled, d.limiter_wait_s, d.overwritten_unsampled, d.pinned_rounds = (
             int(ring.counters[0]), float(ring.counters[1]), int(ring.counters[2]),
             int(ring.counters[3]))
+        d.prio.direct_rows, d.prio.message_rows = int(ring.counters[4]), int(ring.counters[5])
 
     def fail(self, why: str) -> None:
         """The learner failed: tell the delivery rank (it raises at once)."""

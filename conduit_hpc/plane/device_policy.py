@@ -174,8 +174,7 @@ class DevicePolicy:
     def promote(self, d: Deliverer, sid: int) -> None:
         """Mirror shard ``sid`` on the device (see the module docstring)."""
         owner = d.owners[sid]
-        d.required[owner] = max(d.required.get(owner, 0), d.sent.get(owner, 0))
-        d.await_owner(owner)  # the index the first sync copies has every update
+        d.prio.catch_up(owner)  # the index the first sync copies has every update
         dev = DeviceShard(sid, d.rings[sid], alpha=d.sampler.alpha, device=d.stager.device,
                           seed=self.seed + sid)
         dev.sync()

@@ -115,7 +115,7 @@ class DeviceShard:
                 self.missed += int(np.count_nonzero(~ok[:last]))  # hidden, overwritten
                 take = np.flatnonzero(ok[:last + 1])
                 rows, cursor = ring.gather(slots[take])
-                intact = seqs[take] + cap >= cursor  # no writer touched them meanwhile
+                intact = ring.intact(seqs[take] + 1, cursor)  # no writer touched them
                 keep = take[intact]
                 self.missed += int(np.count_nonzero(~intact))
                 if len(keep) < len(take):

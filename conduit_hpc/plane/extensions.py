@@ -117,6 +117,10 @@ class Feature(abc.ABC):
 
     #: the key of ``ExperienceDataPlane.summary()`` this feature fills
     name: ClassVar[str]
+    #: its buffer extensions must see every priority update (``on_priority_update``):
+    #: learners then send them to the owners as messages instead of writing node-local
+    #: indexes directly (:mod:`conduit_hpc.plane.priority_write`)
+    priority_messages: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod

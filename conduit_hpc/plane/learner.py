@@ -304,6 +304,13 @@ class LearnerEndpoint:
         if rng is not None:
             self.d.sampler.rng = rng
 
+    def updates_through_owners(self) -> None:
+        """From the next priority update on, send updates to every owner as messages
+        until each has applied one of them (e.g. behind a checkpoint's marker, which the
+        owner holds the learner's later messages behind until its cut). Call where this
+        rank's MPI calls are made (:meth:`post`)."""
+        self.d.prio.through_owners()
+
     def add_hook(self, hook: LearnerHook) -> None:
         """Call ``hook`` at superstep boundaries (see LearnerHook). Local."""
         self.hooks.append(hook)
@@ -424,6 +431,9 @@ class LearnerEndpoint:
         summary["limiter_wait_s"] = float(self.d.limiter_wait_s)
         summary["overwritten_unsampled"] = float(self.d.overwritten_unsampled)
         summary["pinned_rounds"] = float(self.d.pinned_rounds)
+        # priority-update rows written into node-local indexes / sent to owners
+        summary["priority_rows_direct"] = float(self.d.prio.direct_rows)
+        summary["priority_rows_messaged"] = float(self.d.prio.message_rows)
         pol = self.d.device_policy  # promotions (plane/device_policy.py)
         if self.d.device_shards or pol is not None:  # the device tier (plane/device_tier.py)
             devs = self.d.device_shards.values()

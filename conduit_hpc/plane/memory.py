@@ -18,11 +18,12 @@ from conduit_hpc.config import Config
 from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.placement import Placement
 from conduit_hpc.plane.control import ControlBlock
+from conduit_hpc.plane.owner_block import OwnerBlock
 from conduit_hpc.plane.roles import RoleComms
 from conduit_hpc.plane.shard import OwnedShard
 from conduit_hpc.sampling import Sampler
 from conduit_hpc.spec import Spec
-from conduit_hpc.storage.priority import PriorityIndex
+from conduit_hpc.storage.priority import PriorityIndex, index_buffers
 from conduit_hpc.storage.ring import ShardLayout, ShardRing
 from conduit_hpc.transport.rma import RmaWindow
 
@@ -37,9 +38,9 @@ class ShardMemory:
         window (RmaWindow): every rank's shards (this rank's segment: its own).
         control (ControlBlock): the job-wide counters (on the first buffer rank).
         rings (dict[int, ShardRing]): a client of every shard; the owner maps its own.
-        ack_bytes (int): bytes before the first shard of each owner's segment: int64 per
-            rank, the priority-update messages the owner applied from that rank, then two
-            int64 per rank, its read pin.
+        block (OwnerBlock): the block before the first shard of each owner's segment
+            (acknowledgements and read pins, :mod:`conduit_hpc.plane.owner_block`).
+        ack_bytes (int): its size in bytes.
 
     Raises:
         ConfigError: the shards of some node do not fit in its free memory (on every
@@ -50,10 +51,8 @@ class ShardMemory:
                  placement: Placement) -> None:
         me = roles.world_rank
         layouts = [ShardLayout(spec, s.capacity_rows) for s in placement.shards]
-        # int64[world_size] acknowledgements (priority-update messages the owner applied
-        # from each rank), then int64[world_size, 2] read pins: (shard id + 1, free
-        # cursor) that a learner holds while it redraws rows (see OwnedShard)
-        self.ack_bytes = (24 * roles.world_size + 63) // 64 * 64
+        self.block = OwnerBlock(roles.world_size)
+        self.ack_bytes = self.block.nbytes
         bases: dict[int, int] = {}
         used: dict[int, int] = {}
         for s, lay in zip(placement.shards, layouts, strict=True):
@@ -81,13 +80,12 @@ class ShardMemory:
     def owned_shards(self, config: Config, roles: RoleComms, placement: Placement,
                      sampler: Sampler) -> list[OwnedShard]:
         """The shards this (buffer) rank owns, with their priority indexes and drawers
-        (the tree and generations live in the window: node-local learners search them
-        directly, under the shard's seqlock). Local."""
-        world = roles.world_size
+        (the whole index lives in the window: node-local learners search it under the
+        shard's seqlock, and write their priority updates into it under its lock).
+        Local."""
         seg = self.window.own_segment()
         # read pins (none on a buffer rank that holds no shard: its segment is empty)
-        pins = (seg[8 * world:24 * world].view(np.int64).reshape(world, 2)
-                if len(seg) >= 24 * world else None)
+        pins = self.block.pins(seg)
         learners = bool(roles.learner_ranks)
         storage = config.storage
         owned = []
@@ -97,7 +95,7 @@ class ShardMemory:
             assert views is not None
             index = PriorityIndex(s.capacity_rows, alpha=sampler.alpha,
                                   initial_priority=storage.initial_priority,
-                                  sum_buffer=views.tree, gens_buffer=views.gens)
+                                  buffers=index_buffers(views))
             drawer = sampler.drawer(views.columns, ring.capacity,
                                     lambda v=views: int(v.header[1]))
             owned.append(OwnedShard(
@@ -113,7 +111,7 @@ class ShardMemory:
     def acks_of(self, rank: int, world_size: int) -> np.ndarray | None:
         """``rank``'s acknowledgement counters if this process maps its segment."""
         view = self.window.local_view(rank)
-        return None if view is None else view[:8 * world_size].view(np.int64)
+        return None if view is None else self.block.acks(view)
 
     def close(self) -> None:
         """Free both windows. **Collective**; after the last one-sided access."""

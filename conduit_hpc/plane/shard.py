@@ -19,6 +19,7 @@ from conduit_hpc.protocol import SampleReply
 from conduit_hpc.sampling import ShardDrawer
 from conduit_hpc.storage.priority import PriorityIndex
 from conduit_hpc.storage.ring import H_FREE, ShardRing
+from conduit_hpc.storage.shared_index import lock_index, unlock_index
 
 __all__ = ["OwnedShard"]
 
@@ -317,17 +318,34 @@ class OwnedShard:
         self.ring.mark_sampled(slots, gens)
 
     @contextmanager
-    def writing(self) -> Iterator[None]:
-        """Change the index inside the shard's seqlock, then publish its stats, so that
-        node-local readers searching the tree see a consistent state or retry."""
-        self.ring.index_write_begin()
+    def locked(self) -> Iterator[None]:
+        """Hold the shard's index lock (no node-local learner writes the index
+        meanwhile): for a consistent copy of it, e.g. a checkpoint's cut."""
+        lock_index(self.ring, self.ring.owner)
         try:
             yield
         finally:
-            assert self.drawer is not None
-            self.drawer.changed()
-            self.ring.index_write_end(*self.drawer.stats(self.index))
-            self._dirty = False
+            unlock_index(self.ring, self.ring.owner)
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Change the index under the shard's index lock (node-local learners write
+        their priority updates into it too) and inside its seqlock, then publish its
+        stats, so that node-local readers searching the tree see a consistent state or
+        retry."""
+        ring = self.ring
+        lock_index(ring, ring.owner)
+        try:
+            ring.index_write_begin()
+            try:
+                yield
+            finally:
+                assert self.drawer is not None
+                self.drawer.changed()
+                ring.index_write_end(*self.drawer.stats(self.index))
+                self._dirty = False
+        finally:
+            unlock_index(ring, ring.owner)
 
     def span(self) -> float:
         """The range the sampler's targets for this shard are drawn from."""

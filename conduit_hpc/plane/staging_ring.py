@@ -42,7 +42,8 @@ _ALIGN = 64
 W_REQUESTED, W_STOP, W_LEARNER_FAILED, W_STOPPED, W_FAILED, W_CLOSED = 0, 1, 2, 3, 4, 5
 W_Q_HEAD, W_Q_TAIL = 6, 7
 #: float64 counters the delivery rank leaves when it stops (words 16 ..)
-COUNTERS = ("resampled", "limiter_wait_s", "overwritten_unsampled", "pinned_rounds")
+COUNTERS = ("resampled", "limiter_wait_s", "overwritten_unsampled", "pinned_rounds",
+            "priority_rows_direct", "priority_rows_messaged")
 _CONTROL_WORDS = 32
 _MESSAGE_BYTES = 2048
 #: per-slot header words: tag, superstep, rows, staleness, then the timings

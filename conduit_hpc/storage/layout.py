@@ -1,7 +1,33 @@
 """The byte layout of one shard: header words, blocks, numpy views, ring arithmetic.
 
-See :mod:`conduit_hpc.storage.ring` for the layout table and the protocol that uses it.
-Plain numpy; no MPI import.
+Byte layout of one shard (every block 64-byte aligned), starting at ``base``::
+
+    header   int64[16]        [0] reserve cursor  (next sequence number to hand out)
+                              [1] commit cursor   (every seq below it is committed)
+                              [2] index version (seqlock: odd while a writer holding
+                              the index lock writes the index blocks and the stats)
+                              [3] rows held  [4] total mass  [5] min mass  [6] max
+                              priority (4-6 are float64 bit patterns), written by the
+                              owner for samplers
+                              [7] free cursor (writers may write every seq below it;
+                              0: not managed, writers wait for the commit cursor)
+                              [8] rows overwritten before any learner drew them
+                              [9] the index's running maximum priority (float64 bits),
+                              [10] updates applied, [11] dropped; [12] the index lock
+                              (0 free, else world rank + 1 of its holder)
+    stamps   int64[capacity]  stamp[slot] = seq + 1 of the row committed there (0: empty)
+    priority float64[capacity] initial priority given by the writer (NaN: none)
+    tree     float64[2P]      sum-tree of priority ** alpha (index block)
+    gens     int64[capacity]  generation each tree leaf is for, 0: none (index block)
+    marks    int64[capacity]  largest generation a learner drew from the slot (learners
+                              and the owner store it; the owner reads it)
+    min      float64[2P]      min-tree of the masses (index block)
+    raw      float64[capacity] raw priority last given to each row (index block)
+    hidden   int64[capacity]  generation of each row the guard band hides (index block)
+    column   per spec field   field[capacity, *shape] of the field's dtype
+
+See :mod:`conduit_hpc.storage.ring` for the protocol that uses it. Plain numpy; no MPI
+import.
 """
 
 from __future__ import annotations
@@ -13,8 +39,8 @@ import numpy as np
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage.sumtree import tree_nodes
 
-__all__ = ["HEADER_BYTES", "HEADER_WORDS", "RingSegment", "ShardLayout", "ShardViews",
-           "ring_segments"]
+__all__ = ["HEADER_BYTES", "HEADER_WORDS", "H_IDX_DROPPED", "H_IDX_MAXP", "H_INDEX_LOCK",
+           "RingSegment", "ShardLayout", "ShardViews", "ring_segments"]
 
 _ALIGN = 64
 H_RESERVE = 0
@@ -26,6 +52,13 @@ H_MIN = 5
 H_MAXP = 6
 H_FREE = 7
 H_UNSAMPLED = 8
+#: the priority index's own state (shared by every process that writes it): running
+#: maximum priority (float64 bits), updates applied and dropped, and the lock word that
+#: serialises the index's writers (0: free, else world rank + 1 of the holder)
+H_IDX_MAXP = 9
+H_IDX_APPLIED = 10
+H_IDX_DROPPED = 11
+H_INDEX_LOCK = 12
 HEADER_WORDS = 16
 HEADER_BYTES = 8 * HEADER_WORDS
 
@@ -77,8 +110,9 @@ class ShardLayout:
         nbytes (int): bytes the shard takes.
     """
 
-    __slots__ = ("capacity", "column_offsets", "gens_offset", "marks_offset", "nbytes",
-                 "priority_offset", "spec", "stamps_offset", "tree_offset")
+    __slots__ = ("capacity", "column_offsets", "gens_offset", "hidden_offset",
+                 "marks_offset", "min_offset", "nbytes", "priority_offset", "raw_offset",
+                 "spec", "stamps_offset", "tree_offset")
 
     def __init__(self, spec: Spec, capacity: int) -> None:
         if capacity <= 0:
@@ -90,7 +124,11 @@ class ShardLayout:
         self.tree_offset = _align(self.priority_offset + 8 * capacity)
         self.gens_offset = _align(self.tree_offset + 8 * tree_nodes(capacity))
         self.marks_offset = _align(self.gens_offset + 8 * capacity)
-        off = _align(self.marks_offset + 8 * capacity)
+        # the rest of the index, shared so that node-local learners write it too
+        self.min_offset = _align(self.marks_offset + 8 * capacity)
+        self.raw_offset = _align(self.min_offset + 8 * tree_nodes(capacity))
+        self.hidden_offset = _align(self.raw_offset + 8 * capacity)
+        off = _align(self.hidden_offset + 8 * capacity)
         self.column_offsets: dict[str, int] = {}
         for f in spec:
             self.column_offsets[f.name] = off
@@ -121,6 +159,9 @@ class ShardLayout:
                           tree=arr(self.tree_offset, f64, (tree_nodes(self.capacity),)),
                           gens=arr(self.gens_offset, i64, (self.capacity,)),
                           marks=arr(self.marks_offset, i64, (self.capacity,)),
+                          min_tree=arr(self.min_offset, f64, (tree_nodes(self.capacity),)),
+                          raw=arr(self.raw_offset, f64, (self.capacity,)),
+                          hidden=arr(self.hidden_offset, i64, (self.capacity,)),
                           columns=cols)
 
 
@@ -134,4 +175,7 @@ class ShardViews:
     tree: np.ndarray
     gens: np.ndarray
     marks: np.ndarray
+    min_tree: np.ndarray
+    raw: np.ndarray
+    hidden: np.ndarray
     columns: dict[str, np.ndarray]

@@ -14,14 +14,17 @@ drawable again with the priority last given to it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numpy.typing import ArrayLike
 
 from conduit_hpc.errors import SpecError
 from conduit_hpc.spec import as_array
+from conduit_hpc.storage.layout import H_IDX_DROPPED, H_IDX_MAXP, ShardViews
 from conduit_hpc.storage.sumtree import MinTree, SumTree
 
-__all__ = ["PriorityIndex"]
+__all__ = ["IndexBuffers", "PriorityIndex", "index_buffers"]
 
 
 def check_priorities(priorities: ArrayLike, name: str = "priorities") -> np.ndarray:
@@ -46,6 +49,37 @@ def check_priorities(priorities: ArrayLike, name: str = "priorities") -> np.ndar
     return p
 
 
+@dataclass(frozen=True, slots=True)
+class IndexBuffers:
+    """Where a :class:`PriorityIndex` keeps its state, when not in its own memory: the
+    shard's index blocks in shared memory (see the layout in
+    :mod:`conduit_hpc.storage.ring`), so that every node-local process that holds the
+    index lock can write it.
+
+    Attributes:
+        sum_tree, min_tree (np.ndarray): float64 trees of :func:`tree_nodes` nodes.
+        gens, hidden (np.ndarray): int64 per slot: generation of the drawable row, of
+            the hidden row.
+        raw (np.ndarray): float64 per slot: raw priority.
+        state (np.ndarray): int64[3]: running maximum priority (float64 bits), updates
+            applied, updates dropped.
+    """
+
+    sum_tree: np.ndarray
+    min_tree: np.ndarray
+    gens: np.ndarray
+    hidden: np.ndarray
+    raw: np.ndarray
+    state: np.ndarray
+
+
+def index_buffers(views: ShardViews) -> IndexBuffers:
+    """The index blocks of a shard mapped in this process (see the ring's layout)."""
+    return IndexBuffers(sum_tree=views.tree, min_tree=views.min_tree, gens=views.gens,
+                        hidden=views.hidden, raw=views.raw,
+                        state=views.header[H_IDX_MAXP:H_IDX_DROPPED + 1])
+
+
 class PriorityIndex:
     """Priorities of one shard.
 
@@ -55,14 +89,31 @@ class PriorityIndex:
         initial_priority (float): priority of rows inserted without one before any
             larger priority was seen.
         sum_buffer, gens_buffer (np.ndarray | None): storage for the sum-tree and the
-            generations (shared memory, so that node-local learners search directly).
+            generations only (shared memory, so that node-local learners search).
+        buffers (IndexBuffers | None): storage for the whole index (overrides the two
+            above): node-local learners then also write it, under the shard's lock.
+        attach (bool): with ``buffers``, use the index another object built there
+            (a learner's writer) instead of clearing it.
     """
 
     def __init__(self, capacity: int, *, alpha: float, initial_priority: float = 1.0,
                  sum_buffer: np.ndarray | None = None,
-                 gens_buffer: np.ndarray | None = None) -> None:
+                 gens_buffer: np.ndarray | None = None,
+                 buffers: IndexBuffers | None = None, attach: bool = False) -> None:
         self.capacity = int(capacity)
         self.alpha = float(alpha)
+        if buffers is not None:
+            self.sum = SumTree(capacity, buffers.sum_tree, attach=attach)
+            self.min = MinTree(capacity, buffers.min_tree, attach=attach)
+            self.gens, self.priority = buffers.gens, buffers.raw
+            #: generation of each hidden row (0: the slot is not hidden)
+            self.hidden_gens = buffers.hidden
+            self._state = buffers.state
+            if not attach:
+                for a in (self.gens, self.priority, self.hidden_gens, self._state):
+                    a[:] = 0
+                self.max_priority = float(initial_priority)
+            return
         self.sum = SumTree(capacity, sum_buffer)
         self.min = MinTree(capacity)
         # generation each leaf is for (0: nothing to draw there)
@@ -72,11 +123,37 @@ class PriorityIndex:
             self.gens = gens_buffer
             self.gens[:] = 0
         self.priority = np.zeros(capacity, dtype=np.float64)  # raw priority (before alpha)
-        #: generation of each hidden row (0: the slot is not hidden)
         self.hidden_gens = np.zeros(capacity, dtype=np.int64)
+        self._state = np.zeros(3, dtype=np.int64)
         self.max_priority = float(initial_priority)
-        self.dropped_updates = 0
-        self.applied_updates = 0
+
+    # the running maximum and the update counters live in ``_state`` (shared or not)
+    @property
+    def max_priority(self) -> float:
+        """Largest priority seen: rows inserted without one get it."""
+        return float(self._state[0:1].view(np.float64)[0])
+
+    @max_priority.setter
+    def max_priority(self, value: float) -> None:
+        self._state[0:1].view(np.float64)[0] = float(value)
+
+    @property
+    def applied_updates(self) -> int:
+        """Priority updates applied (to drawable or hidden rows)."""
+        return int(self._state[1])
+
+    @applied_updates.setter
+    def applied_updates(self, value: int) -> None:
+        self._state[1] = int(value)
+
+    @property
+    def dropped_updates(self) -> int:
+        """Priority updates dropped: their row had been overwritten."""
+        return int(self._state[2])
+
+    @dropped_updates.setter
+    def dropped_updates(self, value: int) -> None:
+        self._state[2] = int(value)
 
     def _scaled(self, p: np.ndarray) -> np.ndarray:
         # p ** 0 would give 1 for p = 0; keep zero priority at zero mass

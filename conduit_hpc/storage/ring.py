@@ -1,24 +1,7 @@
 """A shard: a ring of fixed-size slots in a transport segment, with a commit protocol.
 
-Byte layout of one shard (every block 64-byte aligned), starting at ``base``::
-
-    header   int64[16]        [0] reserve cursor  (next sequence number to hand out)
-                              [1] commit cursor   (every seq below it is committed)
-                              [2] index version (seqlock: odd while the owner writes
-                              the index blocks and the stats)
-                              [3] rows held  [4] total mass  [5] min mass  [6] max
-                              priority (4-6 are float64 bit patterns), written by the
-                              owner for samplers
-                              [7] free cursor (writers may write every seq below it;
-                              0: not managed, writers wait for the commit cursor)
-                              [8] rows overwritten before any learner drew them
-    stamps   int64[capacity]  stamp[slot] = seq + 1 of the row committed there (0: empty)
-    priority float64[capacity] initial priority given by the writer (NaN: none)
-    tree     float64[2P]      the owner's sum-tree of priority ** alpha (index block)
-    gens     int64[capacity]  generation each tree leaf is for, 0: none (index block)
-    marks    int64[capacity]  largest generation a learner drew from the slot (learners
-                              and the owner store it; the owner reads it)
-    column   per spec field   field[capacity, *shape] of the field's dtype
+The byte layout of one shard (header words, blocks) is in
+:mod:`conduit_hpc.storage.layout`.
 
 Protocol (sequence numbers ``seq`` are global to the shard, ``slot = seq % capacity``):
 
@@ -36,6 +19,9 @@ Protocol (sequence numbers ``seq`` are global to the shard, ``slot = seq % capac
   then publish the free cursor that lets writers take those slots.
 * **Search** (node-local readers): prefix-search the owner's tree in shared memory
   under the index seqlock, instead of asking the owner.
+* **Index writes** (owner's commits and hides, node-local learners' updates): one
+  writer at a time under the index lock (:mod:`conduit_hpc.storage.shared_index`),
+  inside the seqlock; learners on other nodes send updates to the owner instead.
 * **Read** (any rank): copy rows of sampled slots, then read the reserve cursor ``R``
   and the free cursor ``F``; a row of sequence ``q`` is intact iff
   ``q + capacity >= min(R, F)`` (``R`` alone while ``F`` is 0) - no writer has yet been
@@ -242,16 +228,17 @@ class ShardRing:
         return old, new
 
     def index_write_begin(self) -> None:
-        """Owner only: the index blocks (tree, gens) and stats are about to change."""
+        """The index blocks (trees, gens) and stats are about to change (the owner, or
+        a node-local writer holding the index lock)."""
         v = self.views
         if v is None:
-            raise RuntimeError("index_write_begin() must run on the shard's owner")
+            raise RuntimeError("index_write_begin() needs direct access to the shard")
         v.header[H_STATS_VERSION] += 1
         self.transport.sync()
 
     def index_write_end(self, held: int, total: float, min_mass: float,
                         max_priority: float) -> None:
-        """Owner only: publish the stats and close the write (seqlock)."""
+        """Publish the stats and close the write (seqlock; see :meth:`index_write_begin`)."""
         v = self.views
         assert v is not None
         self.transport.sync()
@@ -438,6 +425,14 @@ class ShardRing:
         else:
             free = self.free_cursor()
         return out, min(reserved, free) if free else reserved
+
+    def intact(self, gens: np.ndarray, cursor: int) -> np.ndarray:
+        """The ring's one rule for copied rows: per generation (``seq + 1``; 0 or less:
+        nothing was drawn), whether that row was still intact when it was copied, given
+        the writers' ``cursor`` that :meth:`gather` returned with the copy
+        (``seq + capacity >= cursor``: no writer was handed, or let write, its slot)."""
+        g = np.asarray(gens, dtype=np.int64)
+        return (g > 0) & ((g - 1) + self.capacity >= cursor)
 
     def read_committed(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
         """Every committed row currently held, oldest first (owner or direct readers).

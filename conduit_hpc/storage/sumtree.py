@@ -31,7 +31,8 @@ def tree_nodes(capacity: int) -> int:
 class _Tree:
     _fill: float
 
-    def __init__(self, capacity: int, buffer: np.ndarray | None = None) -> None:
+    def __init__(self, capacity: int, buffer: np.ndarray | None = None, *,
+                 attach: bool = False) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be > 0, got {capacity!r}")
         self.capacity = int(capacity)
@@ -45,7 +46,8 @@ class _Tree:
                 raise ValueError(f"buffer must be float64 of shape ({nodes},), got "
                                  f"{buffer.dtype} {buffer.shape}")
             self._tree = buffer
-            self._tree[:] = self._fill
+            if not attach:  # attach: another process's tree, already built
+                self._tree[:] = self._fill
 
     def _combine(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -125,6 +127,7 @@ class SumTree(_Tree):
         capacity (int): number of leaves.
         buffer (np.ndarray | None): float64 storage of :func:`tree_nodes` nodes to use
             (e.g. shared memory that other processes search); default: its own.
+        attach (bool): use ``buffer`` as it is (a tree another object built there).
     """
 
     _fill = 0.0
@@ -169,10 +172,13 @@ def prefix_search(tree: np.ndarray, targets: np.ndarray) -> np.ndarray:
         # the top levels in one step: the node of the ``level``-wide level whose running
         # sum first exceeds the target (never one without mass: its running sum does
         # not grow); rounding past the end goes to the last node with mass
-        masses = tree[level:2 * level]
+        # one copy: another process may be writing a tree in shared memory (its seqlock
+        # then makes the caller retry), and every figure below must come from one read
+        masses = tree[level:2 * level].copy()
         cum = np.cumsum(masses)
         k = np.searchsorted(cum, t, side="right")
-        last = int(np.flatnonzero(masses > 0)[-1]) if cum[-1] > 0 else 0
+        nonzero = np.flatnonzero(masses > 0)
+        last = int(nonzero[-1]) if nonzero.size else 0
         k = np.minimum(k, last)
         t -= cum[k] - masses[k]
         np.maximum(t, 0.0, out=t)
@@ -195,6 +201,7 @@ class MinTree(_Tree):
 
     Args:
         capacity (int): number of leaves.
+        buffer (np.ndarray | None), attach (bool): as for :class:`SumTree`.
     """
 
     _fill = float("inf")

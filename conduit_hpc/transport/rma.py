@@ -54,6 +54,7 @@ class RmaWindow:
         self._closed = False
         self._shm: MPI.Win | None = None
         self._views: dict[int, np.ndarray] = {}
+        self._node_rank: dict[int, int] = {}  # rank of comm -> its rank on this node
         size = comm.Get_size()
         alloc = max(int(nbytes), 1)
         alloc = (alloc + _ALIGN - 1) // _ALIGN * _ALIGN
@@ -69,6 +70,7 @@ class RmaWindow:
                                                    comm_group)
             node_group.Free()
             comm_group.Free()
+            self._node_rank = {int(r): k for k, r in enumerate(node_ranks)}
             for node_rank, rank in enumerate(node_ranks):
                 buf, _ = self._shm.Shared_query(node_rank)
                 self._views[int(rank)] = np.frombuffer(buf, dtype=np.uint8)  # type: ignore[call-overload]
@@ -195,6 +197,26 @@ class RmaWindow:
         self._win.Fetch_and_op([val, MPI.INT64_T], [res, MPI.INT64_T], target_rank,
                                displacement, MPI.REPLACE)
         self._win.Flush(target_rank)
+
+    def compare_and_swap(self, target_rank: int, displacement: int, compare: int,
+                         value: int) -> int:
+        """Atomically replace the int64 at ``displacement`` by ``value`` if it equals
+        ``compare``; returns the old value. Blocks. Through the node's shared window when
+        the target shares this node (no remote progress needed): a word used with it
+        must only be used so by ranks of the target's node."""
+        self._check(target_rank, displacement, 8)
+        val, cmp = np.array([value], np.int64), np.array([compare], np.int64)
+        res = np.zeros(1, np.int64)
+        node = self._node_rank.get(target_rank)
+        if node is not None and self._shm is not None:
+            self._shm.Compare_and_swap([val, MPI.INT64_T], [cmp, MPI.INT64_T],
+                                       [res, MPI.INT64_T], node, displacement)
+            self._shm.Flush(node)
+        else:
+            self._win.Compare_and_swap([val, MPI.INT64_T], [cmp, MPI.INT64_T],
+                                       [res, MPI.INT64_T], target_rank, displacement)
+            self._win.Flush(target_rank)
+        return int(res[0])
 
     def flush(self, target_rank: int | None = None) -> None:
         """Complete every outstanding operation to ``target_rank`` (all targets when

@@ -43,3 +43,28 @@ def test_an_absent_peer_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch,
     line = capsys.readouterr().out.strip().splitlines()[-1]
     r = json.loads(line.removeprefix("RESULT "))
     assert "not installed" in r["skipped"] and "[peers]" in r["skipped"]
+
+
+def test_capacity_smoke_reports_every_delivery_mode_and_the_ratios() -> None:
+    # sync, a data-plane thread, a delivery rank, and owner fetch: each a figure with 0
+    # and 2 actors inserting, beside cpprb (or the reason it is missing)
+    modes = ["sync", "edp", "edp-process", "sync:owner"]
+    out = subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", "bench", "--json",
+                          "capacity", "--smoke", "--kinds", "cartpole", "--peers", "cpprb",
+                          "--modes", ",".join(modes)], cwd=REPO,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    ours = {r["mode"]: r for r in result["results"] if r["system"] == "conduit_hpc"}
+    assert set(ours) == set(modes)
+    for mode, r in ours.items():
+        assert "failed" not in r, (mode, r)
+        for phase in ("idle", "inserting"):
+            assert r[phase]["batches"] == 30 and r[phase]["batches_per_s"] > 0
+        assert r["inserting_rows_per_s"] > 0
+    assert {t["mode"] for t in result["ratios"]} == set(modes)
+    for t in result["ratios"]:
+        assert t["inserting_over_idle"] > 0
+    (cpprb,) = [r for r in result["results"] if r["system"] == "cpprb"]
+    if "skipped" not in cpprb:  # then every mode has its ratio to it
+        assert all(t["over_cpprb"] > 0 for t in result["ratios"])

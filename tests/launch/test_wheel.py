@@ -20,9 +20,9 @@ import pytest
 
 from conduit_hpc.testing import REPO
 
-BENCHMARKS = ("adaptive", "allreduce", "checkpoint", "convergence", "exposed-latency", "ingest",
-              "longhaul", "longhaul-tbf", "peers", "plan", "rllib", "scale", "tiers", "tiers-job",
-              "torchrl")
+BENCHMARKS = ("adaptive", "allreduce", "capacity", "checkpoint", "convergence",
+              "exposed-latency", "ingest", "longhaul", "longhaul-tbf", "peers", "plan", "rllib",
+              "scale", "tiers", "tiers-job", "torchrl")
 
 
 def run(cmd: list[str], *, cwd: Path, timeout: float,

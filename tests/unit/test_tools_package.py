@@ -92,4 +92,4 @@ def test_bench_help_lists_every_benchmark_module_with_its_first_docstring_line(c
 def test_an_unknown_benchmark_names_the_available_ones(capsys) -> None:
     assert cli.main(["bench", "nosuch"]) == 2
     err = capsys.readouterr().err
-    assert "no benchmark 'nosuch'; available: adaptive, allreduce, checkpoint" in err
+    assert "no benchmark 'nosuch'; available: adaptive, allreduce, capacity, checkpoint" in err

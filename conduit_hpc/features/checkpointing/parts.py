@@ -60,8 +60,9 @@ def cut_shards(shards: Sequence[OwnedShard],
     snaps = []
     for s in shards:
         s.poll()
-        snaps.append(take_snapshot(s.shard_id, s.ring, s.index,
-                                   None if staging is None else staging[s.shard_id]))
+        with s.locked():  # no node-local learner's update half in the copy
+            snaps.append(take_snapshot(s.shard_id, s.ring, s.index,
+                                       None if staging is None else staging[s.shard_id]))
     return snaps, time.perf_counter() - t0
 
 

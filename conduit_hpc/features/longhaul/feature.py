@@ -93,6 +93,7 @@ class LongHaul(Feature):
     """
 
     name = "longhaul"
+    priority_messages = True  # its owners see every update (forward, count)
 
     @classmethod
     def wanted(cls, config: Config) -> bool:

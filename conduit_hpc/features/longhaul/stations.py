@@ -70,7 +70,7 @@ class EdgeForwarder(BufferExtension):
             seqs = np.arange(self.next_seq, self.next_seq + k, dtype=np.int64)
             slots = seqs % cap
             cols, reserved = shard.ring.gather(slots)
-            torn = int(np.count_nonzero(seqs + cap < reserved))  # a prefix: oldest first
+            torn = int(np.count_nonzero(~shard.ring.intact(seqs + 1, reserved)))  # a prefix
             if torn:
                 c.rows_dropped += torn
                 self.next_seq += torn

@@ -168,6 +168,7 @@ class Replacement(Feature):
     """
 
     name = "replacement"
+    priority_messages = True  # its owners see every update (forward, count)
 
     @classmethod
     def wanted(cls, config: Config) -> bool:

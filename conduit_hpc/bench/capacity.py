@@ -1,0 +1,121 @@
+"""Delivery capacity: the most prioritized batches per second a learner that computes
+nothing gets, per delivery mode and fetch, beside cpprb and TorchRL in process.
+
+    conduit-hpc bench capacity [--smoke] [--kinds cartpole,atari]
+                               [--modes sync,edp,edp-process,sync:owner] [--batches N]
+                               [--actors 2] [--peers cpprb,torchrl]
+
+Each mode runs the workload of ``conduit-hpc bench peers`` (rows, capacity, batch,
+alpha 0.6, beta 0.4; :mod:`conduit_hpc.bench.peers`) on its own ``mpirun`` (1 buffer, 1
+learner, ``--actors`` actors, plus the learner's delivery rank for ``edp-process``): the
+actors fill the ring, then the learner takes ``--batches`` prioritized batches, each
+followed by a priority update of every row, with the actors idle (0 inserting), then as
+many again while every actor inserts as fast as it can. A mode is ``MODE[-process]
+[:FETCH]``: ``sync`` (inline), ``edp`` (a data-plane thread prefetches), ``edp-process``
+(a delivery rank prefetches), fetch ``direct`` (default) or ``owner``. The peers run in
+their own process on the same rows; one that is missing or broken is skipped with a
+note. One JSON line per result, then the ratios ours / peer and inserting / idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from conduit_hpc.bench.common import git_sha, worker_command
+from conduit_hpc.bench.peers import PEERS, mode_spec, run_peer
+
+__all__ = ["main"]
+
+
+def _ours(mode: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from conduit_hpc.testing import mpirun
+
+    _, delivery, _ = mode_spec(mode)
+    ranks = 2 + args.actors + (1 if delivery == "process" else 0)
+    wargs = ["--worker", "--kinds", args.kinds, "--modes", mode, "--samplers", "prioritized",
+             "--batches", str(args.batches), "--duration", str(args.duration)]
+    wargs += ["--smoke"] * args.smoke
+    out = mpirun(ranks, worker_command("conduit_hpc.bench.peers", *wargs), timeout_s=900)
+    if out.returncode != 0:
+        return [{"system": "conduit_hpc", "mode": mode,
+                 "failed": f"exit {out.returncode}: {out.stderr.strip()[-1500:]}"}]
+    res = [json.loads(line[7:]) for line in out.stdout.splitlines()
+           if line.startswith("RESULT ")]
+    for r in res:
+        r.update(system="conduit_hpc", mode=mode)
+    return res
+
+
+def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per row kind and mode: batches/s idle and inserting, inserting / idle, and ours /
+    each peer's prioritized sample + update rate."""
+    out = []
+    for r in results:
+        if r["system"] != "conduit_hpc" or "idle" not in r:
+            continue
+        row: dict[str, Any] = {
+            "kind": r["kind"], "mode": r["mode"],
+            "idle_batches_per_s": r["idle"]["batches_per_s"],
+            "idle_median_ms": r["idle"]["latency_median_s"] * 1e3,
+            "inserting_batches_per_s": r["inserting"]["batches_per_s"],
+            "inserting_rows_per_s": r["inserting_rows_per_s"],
+            "inserting_over_idle": r["inserting"]["batches_per_s"] / r["idle"]["batches_per_s"]}
+        for peer in results:
+            if (peer["system"] in PEERS and peer.get("kind") == r["kind"]
+                    and "prioritized" in peer):
+                row[f"over_{peer['system']}"] = (r["idle"]["batches_per_s"]
+                                                 / peer["prioritized"]["batches_per_s"])
+        out.append(row)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="conduit-hpc bench capacity")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
+    p.add_argument("--kinds", default="cartpole,atari")
+    p.add_argument("--modes", default="sync,edp,edp-process,sync:owner")
+    p.add_argument("--batches", type=int, default=400, help="timed batches per phase")
+    p.add_argument("--actors", type=int, default=2)
+    p.add_argument("--duration", type=float, default=1.0, help="seconds of the first fill")
+    p.add_argument("--peers", default=",".join(PEERS))
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.batches, args.duration = 30, 0.1
+    sha = git_sha()
+    load = os.getloadavg()[0]
+    results: list[dict[str, Any]] = []
+    for mode in [m for m in args.modes.split(",") if m]:
+        for r in _ours(mode, args):
+            r.update(git_sha=sha, bench="capacity", load_1min=load)
+            results.append(r)
+            print(json.dumps(r), flush=True)
+    for peer in [x for x in args.peers.split(",") if x]:
+        for kind in args.kinds.split(","):
+            r = run_peer(peer, kind, args)
+            r.update(system=peer, kind=kind, git_sha=sha, bench="capacity")
+            results.append(r)
+            print(json.dumps(r), flush=True)
+    table = ratios(results)
+    peers = sorted({k[5:] for t in table for k in t if k.startswith("over_")})
+    print(f"\n{'kind':>8} {'mode':>18} {'idle b/s':>9} {'med ms':>7} {'ins. b/s':>9} "
+          f"{'ins/idle':>8} {'rows/s ins.':>12} " + " ".join(f"{'x ' + q:>10}" for q in peers))
+    for t in table:
+        print(f"{t['kind']:>8} {t['mode']:>18} {t['idle_batches_per_s']:>9,.0f} "
+              f"{t['idle_median_ms']:>7.3f} {t['inserting_batches_per_s']:>9,.0f} "
+              f"{t['inserting_over_idle']:>8.2f} {t['inserting_rows_per_s']:>12,.0f} "
+              + " ".join(f"{t.get('over_' + q, float('nan')):>10.2f}" for q in peers))
+    for r in results:
+        if "failed" in r or "skipped" in r:
+            print(f"{r['system']} {r.get('mode', r.get('kind'))}: "
+                  f"{r.get('failed') or r.get('skipped')}")
+    print(json.dumps({"bench": "capacity", "git_sha": sha, "load_1min": load,
+                      "ratios": table}), flush=True)
+    return {"results": results, "ratios": table}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
