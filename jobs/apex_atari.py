@@ -13,7 +13,8 @@ and a target network, and sends ``|TD|`` back as priorities.
 
 Rows are stored whole (the plain layout: ``obs`` and ``next_obs`` each hold 4 frames,
 56 kB a row); ``[spec.obs] stack`` / ``[spec.next_obs] next_of`` declare the frame
-stacks, which the storage does not use yet (see docs/frame-stacks.md).
+stacks, with ``[spec.env]`` (the env slot over all actors) as their stream, which the
+storage does not use yet (see docs/frame-stacks.md).
 
 The job ends when the mean return of the last ``dqn.window`` scored episodes reaches
 ``dqn.target_return``, or on a budget: ``dqn.max_env_steps`` agent steps (each is
@@ -56,6 +57,7 @@ from conduit_hpc.rl import (
     make_atari_vector_env,
     merge_episode_files,
 )
+from conduit_hpc.spec import frame_stacks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -115,6 +117,12 @@ def check_config(cfg: ApexAtariConfig, n_actors: int, n_learners: int) -> int:
             got = None if fc is None else (fc.dtype, list(fc.shape))
             raise ConfigError(f"spec.{name} must be uint8 of shape {shape} (atari.frame_stack"
                               f", screen_size, screen_size), got {got}", key=f"spec.{name}")
+    stacks = frame_stacks(cfg.spec)
+    if stacks and (set(stacks) != {"obs"} or stacks["obs"].axis != 0
+                   or stacks["obs"].next_field != "next_obs"):
+        raise ConfigError("the Atari job's frame stacks are obs (stack = {axis = 0, "
+                          "stream = ...}) and next_obs (next_of = 'obs'), or none; got "
+                          f"{sorted(stacks)}", key="spec.obs.stack")
     return hp.num_envs // n_actors
 
 
@@ -159,12 +167,14 @@ def actor_loop(edp: ExperienceDataPlane, cfg: ApexAtariConfig, net: torch.nn.Mod
                run_dir: Path | None, t0: float) -> dict[str, Any]:
     hp, job, atari = cfg.dqn, cfg.job, cfg.atari
     a = edp.roles.role_rank
+    stacks = frame_stacks(cfg.spec)
     path = run_dir / "metrics" / f"episodes-{edp.world_rank}.csv" if run_dir else None
     actor = ApexActor(hp, net, actor_index=a, envs_per_actor=k,
                       seed=cfg.run.seed * 1000 + a * k, episodes_path=path,
                       actor_id=edp.world_rank, t0=t0,
                       make_env=lambda n, seed: make_atari_vector_env(hp.env_id, n, seed, atari),
-                      obs_dtype="uint8", reward_clip=atari.reward_clip)
+                      obs_dtype="uint8", reward_clip=atari.reward_clip,
+                      stream_field=stacks["obs"].stream if "obs" in stacks else "")
     actor.weights_loaded(edp.policy_version)
     lead = edp.roles.learner_ranks[0]
     pending: list[float] = []
@@ -325,6 +335,10 @@ def flat_summary(cfg: ApexAtariConfig, summary: dict[str, Any],
         "loss_last": learner.get("loss_last", math.nan),
         "loss_finite": bool(learner.get("loss_finite", False)),
         "row_bytes": row_bytes,
+        # declared in [spec] (the storage keeps rows whole either way, for now)
+        "frame_stacks": {k: {"stream": v.stream, "axis": v.axis, "depth": v.depth,
+                             "next_field": v.next_field}
+                         for k, v in frame_stacks(cfg.spec).items()},
         "rows_ingested": summary["rows_ingested"],
         "ingest_rows_per_s": summary["rows_ingested"] / wall if wall > 0 else 0.0,
         "ingest_mb_per_s": summary["rows_ingested"] * row_bytes / wall / 1e6 if wall > 0

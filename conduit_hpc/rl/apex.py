@@ -39,8 +39,8 @@ class ActorStep(NamedTuple):
     """What one :meth:`ApexActor.step` produced.
 
     Attributes:
-        rows (dict[str, np.ndarray]): n-step transitions (the five DQN columns; may be
-            empty).
+        rows (dict[str, np.ndarray]): n-step transitions (the five DQN columns, and the
+            stream column when asked for; may be empty).
         priorities (np.ndarray): float64 initial priority per row.
         returns (list[float]): returns of the episodes that ended at this step.
         scored (list[bool]): per ended episode, whether its env slot is scored
@@ -76,6 +76,9 @@ class ApexActor:
         obs_dtype (str): dtype of the observation columns (``uint8`` for pixels).
         reward_clip (float): rewards enter the n-step returns clipped to
             ``[-reward_clip, reward_clip]`` (0: unclipped); episode returns stay raw.
+        stream_field (str): when set, rows also carry this int64 column: the env slot
+            each row came from over all actors (``actor_index * k + env``), the stream of
+            a frame-stack declaration (``[spec.obs] stack``).
 
     Raises:
         ValueError: the actor's slots do not fit in ``hp.num_envs``.
@@ -85,7 +88,8 @@ class ApexActor:
                  envs_per_actor: int, seed: int, episodes_path: str | Path | None = None,
                  actor_id: int = 0, t0: float | None = None,
                  make_env: Callable[[int, int], tuple[Any, np.ndarray]] | None = None,
-                 obs_dtype: str = "float32", reward_clip: float = 0.0) -> None:
+                 obs_dtype: str = "float32", reward_clip: float = 0.0,
+                 stream_field: str = "") -> None:
         k, a = envs_per_actor, actor_index
         if k < 1 or a < 0 or (a + 1) * k > hp.num_envs:
             raise ValueError(f"actor {a} with {k} envs needs slots {a * k}..{(a + 1) * k - 1}"
@@ -95,6 +99,7 @@ class ApexActor:
                                         else make_vector_env(hp.env_id, k, seed))
         self.env, self.obs = made
         self.reward_clip = float(reward_clip)
+        self.stream_field, self.first_slot = stream_field, a * k
         self.rng = np.random.default_rng(seed)
         self.epsilons = hp.epsilons()[a * k:(a + 1) * k]
         self.scored = hp.scored_slots()[a * k:(a + 1) * k]
@@ -138,6 +143,8 @@ class ApexActor:
         batch = {f: rows[f] for f in FIELDS}
         prio = (initial_priorities(self.net, batch, target=self.target)
                 if len(batch["action"]) else np.zeros(0))
+        if self.stream_field:
+            batch[self.stream_field] = rows["env"] + self.first_slot
         return ActorStep(batch, prio, returns, scored)
 
     def close(self) -> None:
