@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 MPIENV := source $(CURDIR)/scripts/mpi_env.sh
 TEST_TIMEOUT ?= 600
 # extras of the venv: the integrations' too, so that their tests run (`make test` in CI)
-EXTRAS ?= local,dev,tensorboard,torchrl,rllib
+EXTRAS ?= local,dev,tensorboard,torchrl,rllib,atari
 # the launch tier starts ~40 jobs (each test also has its own pytest-timeout, 300 s)
 LAUNCH_TIMEOUT ?= 1200
 

@@ -16,7 +16,7 @@ import numpy as np
 from conduit_hpc.config import FieldConfig
 from conduit_hpc.errors import SpecError
 
-__all__ = ["Field", "Spec", "as_array"]
+__all__ = ["Field", "FrameStack", "Spec", "as_array", "frame_stacks"]
 
 
 def as_array(value: object, what: str) -> np.ndarray:
@@ -239,3 +239,41 @@ class Spec:
     def rows_of(self, batch: Mapping[str, np.ndarray]) -> int:
         """Rows in an already validated batch."""
         return int(next(iter(batch.values())).shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class FrameStack:
+    """A field declared a stack of the previous ``depth`` frames of one stream
+    (``[spec.NAME] stack = {axis, stream}``), resolved against the other fields.
+
+    Attributes:
+        field (str): the stacked field (``obs``).
+        stream (str): the integer scalar field naming each row's stream.
+        axis (int): the axis of the field's shape that the frames are stacked along.
+        depth (int): frames per stack (``shape[axis]``); the newest is the last.
+        frame_shape (tuple[int, ...]): the shape of one frame (the field's shape
+            without ``axis``).
+        next_field (str): the field declared its next stack (``next_of``), or ``""``.
+    """
+
+    field: str
+    stream: str
+    axis: int
+    depth: int
+    frame_shape: tuple[int, ...]
+    next_field: str = ""
+
+
+def frame_stacks(fields: Mapping[str, FieldConfig]) -> dict[str, FrameStack]:
+    """The frame stacks a validated ``[spec.*]`` declares, by stacked field (empty for
+    the plain layout). Local; pure. The replay's storage does not use them yet (see
+    ``docs/frame-stacks.md``): rows are stored whole either way."""
+    nexts = {fc.next_of: name for name, fc in fields.items() if fc.next_of}
+    out: dict[str, FrameStack] = {}
+    for name, fc in fields.items():
+        if not fc.stack.enabled:
+            continue
+        shape, axis = tuple(fc.shape), fc.stack.axis
+        out[name] = FrameStack(name, fc.stack.stream, axis, shape[axis],
+                               shape[:axis] + shape[axis + 1:], nexts.get(name, ""))
+    return out

@@ -34,6 +34,7 @@ from conduit_hpc.config.sections import (
     LayoutConfig,
     RunConfig,
     SchedulerConfig,
+    StackConfig,
     StorageConfig,
     TransportConfig,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "PlacementConfig",
     "RunConfig",
     "SchedulerConfig",
+    "StackConfig",
     "StorageConfig",
     "TransportConfig",
     "apply_overrides",

@@ -79,6 +79,7 @@ class Config:
                     f"off (every_seconds = 0, every_supersteps = 0, on_stop = false) {why}: "
                     f"a shard that rows moved out of holds a non-contiguous run of rows, "
                     f"which the checkpoint format does not store")
+        self._check_frame_stacks()
         if self.placement.device_rows:
             self._check_device_rows()
         if self.layout.learners_ingest:
@@ -91,6 +92,40 @@ class Config:
             require(sch.fetch == "owner" or sch.mode == "service", "scheduler.fetch",
                     sch.fetch, "'owner' with longhaul.mode = 'edge_replay' (the edge buffer "
                     "samples and sends the rows across the link)")
+
+    def _check_frame_stacks(self) -> None:
+        """Frame-stack declarations against the other fields (``[spec.NAME] stack`` and
+        ``next_of``; see :class:`~conduit_hpc.config.sections.StackConfig`): a stack's
+        stream is an integer scalar field that is no stack itself; a next stack follows
+        one stacked field, of its dtype and shape, and no two follow the same one."""
+        followed: dict[str, str] = {}
+        for name, fc in self.spec.items():
+            if fc.stack.enabled:
+                key, stream = f"spec.{name}.stack.stream", fc.stack.stream
+                others = ", ".join(n for n in self.spec if n != name) or "none"
+                require(stream != name and stream in self.spec, key, stream,
+                        f"another spec field (the stream's id; the fields: {others})")
+                sf = self.spec[stream]
+                require(sf.shape == () and sf.dtype.startswith(("int", "uint")), key, stream,
+                        f"an integer scalar field (spec.{stream} is {sf.dtype} of shape "
+                        f"{list(sf.shape)})")
+                require(not sf.stack.enabled and not sf.next_of, key, stream,
+                        f"a field that is not a frame stack itself (spec.{stream} is one)")
+            if fc.next_of:
+                key, of = f"spec.{name}.next_of", fc.next_of
+                require(of != name and of in self.spec and self.spec[of].stack.enabled, key,
+                        of, "a spec field declared a stack ([spec.NAME] stack = {axis = 0, "
+                        "stream = ...}); stacked fields: "
+                        + (", ".join(n for n, f in self.spec.items() if f.stack.enabled)
+                           or "none"))
+                src = self.spec[of]
+                require(src.dtype == fc.dtype and src.shape == fc.shape, key, of,
+                        f"a field of this one's dtype and shape ({fc.dtype} "
+                        f"{list(fc.shape)}); spec.{of} is {src.dtype} {list(src.shape)}")
+                require(of not in followed, key, of,
+                        f"a stacked field that no other field follows (spec.{followed.get(of)}"
+                        f" has next_of = {of!r} too)")
+                followed[of] = name
 
     def _check_process_delivery(self) -> None:
         """What ``scheduler.delivery = "process"`` supports (a delivery rank per learner

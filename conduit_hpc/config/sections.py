@@ -9,7 +9,7 @@ them (types, unknown keys) and each ``__post_init__`` checks ranges with
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from conduit_hpc.config.checks import (
@@ -28,6 +28,7 @@ __all__ = [
     "LayoutConfig",
     "RunConfig",
     "SchedulerConfig",
+    "StackConfig",
     "StorageConfig",
     "TransportConfig",
 ]
@@ -115,6 +116,37 @@ class LayoutConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StackConfig:
+    """``[spec.NAME] stack = {axis = 0, stream = "env_id"}``: the field is a stack of the
+    previous ``shape[axis]`` frames of one stream (an environment), the newest last.
+
+    Optional; off (``stream = ""``) by default, the plain layout, where every row holds
+    its whole stack. A declaration says what a row means; the replay's storage does not
+    use it yet (storing each frame once is the next step): see ``docs/frame-stacks.md``.
+
+    Attributes:
+        stream (str): the spec field that names the stream each row comes from (an
+            integer scalar field); ``""``: not a stack.
+        axis (int): the axis of the field's shape along which the frames are stacked
+            (``0 <= axis < len(shape)``); the depth is ``shape[axis]``.
+    """
+
+    stream: str = ""
+    axis: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.stream == "" or self.stream.isidentifier(), "stream", self.stream,
+                "the name of a spec field, or empty (not a stack)")
+        require(0 <= self.axis <= 31, "axis", self.axis,
+                "an axis of the field's shape (>= 0 and < its number of dimensions)")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the field is declared a stack."""
+        return bool(self.stream)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FieldConfig:
     """``[spec.NAME]``: one field of the experience spec.
 
@@ -129,6 +161,11 @@ class FieldConfig:
         description (str): what the field means (written as an attribute of its
             checkpoint datasets; e.g. "n-step discounted return, n = 3, gamma = 0.99").
         units (str): its units ("" when it has none).
+        stack (StackConfig): declares the field a stack of the previous frames of one
+            stream (default: not a stack, the plain layout).
+        next_of (str): declares the field the *next* stack of the stacked field it names
+            (``next_obs`` of ``obs``: the same stream, one step on; same dtype and
+            shape); ``""``: none. Checked against the other fields by ``Config``.
     """
 
     dtype: str
@@ -137,10 +174,23 @@ class FieldConfig:
     cast: Literal["safe", "same_kind"] = "safe"
     description: str = ""
     units: str = ""
+    stack: StackConfig = field(default_factory=StackConfig)
+    next_of: str = ""
 
     def __post_init__(self) -> None:
         require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
         require(len(self.shape) <= 32, "shape", self.shape, "at most 32 dimensions")
+        require(self.next_of == "" or self.next_of.isidentifier(), "next_of", self.next_of,
+                "the name of a stacked spec field, or empty")
+        if self.stack.enabled:
+            require(not self.next_of, "stack", to_plain_stack(self.stack),
+                    f"unset on a field with next_of = {self.next_of!r} (a next stack "
+                    f"has the stack of the field it follows)")
+            require(self.stack.axis < len(self.shape), "stack.axis", self.stack.axis,
+                    f"an axis of shape {list(self.shape)} (>= 0 and < {len(self.shape)})")
+            depth = self.shape[self.stack.axis]
+            require(depth >= 1, "stack", to_plain_stack(self.stack),
+                    f"a stack of at least one frame (shape[{self.stack.axis}] = {depth})")
         for name in ("description", "units"):
             text = getattr(self, name)
             require(len(text) <= 1000 and text.isprintable(), name, text,
@@ -156,6 +206,11 @@ class FieldConfig:
     def row_bytes(self) -> int:
         """Bytes of this field in one row."""
         return math.prod(self.shape) * itemsize(self.dtype)
+
+
+def to_plain_stack(stack: StackConfig) -> dict[str, object]:
+    """A stack declaration as it is written in TOML (for messages)."""
+    return {"axis": stack.axis, "stream": stack.stream}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

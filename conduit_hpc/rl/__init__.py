@@ -1,12 +1,15 @@
 """DQN building blocks (pure torch/numpy; no MPI, no data plane).
 
 The single-process baseline and the distributed Ape-X-style job share every piece:
-:class:`QNetwork`, the epsilon ladder, the n-step accumulator, the double-DQN loss,
-actor-side initial priorities and the hyperparameters (:class:`DQNSection`).
+:class:`QNetwork` (:class:`NatureQNetwork` for Atari frames), the epsilon ladder, the
+n-step accumulator, the double-DQN loss, actor-side initial priorities and the
+hyperparameters (:class:`DQNSection`; :class:`AtariSection` for an ALE game's
+preprocessing).
 Importing this package imports torch.
 """
 
 from conduit_hpc.rl.apex import ActorStep, ApexActor
+from conduit_hpc.rl.atari import AtariSection, make_atari_vector_env
 from conduit_hpc.rl.dqn import DQNSection, make_vector_env, train_single_process, updates_due
 from conduit_hpc.rl.episodes import (
     EPISODE_COLUMNS,
@@ -22,7 +25,7 @@ from conduit_hpc.rl.losses import (
     to_tensors,
 )
 from conduit_hpc.rl.nstep import NStepAccumulator, describe_transitions, true_next_obs
-from conduit_hpc.rl.qnet import QNetwork, copy_weights, sync_target
+from conduit_hpc.rl.qnet import NatureQNetwork, QNetwork, copy_weights, sync_target
 from conduit_hpc.rl.replay import PrioritizedReplay, ReplaySample
 from conduit_hpc.rl.updater import DQNUpdater
 
@@ -31,10 +34,12 @@ __all__ = [
     "EPISODE_COLUMNS",
     "ActorStep",
     "ApexActor",
+    "AtariSection",
     "DQNSection",
     "DQNUpdater",
     "EpisodeLog",
     "NStepAccumulator",
+    "NatureQNetwork",
     "PrioritizedReplay",
     "QNetwork",
     "ReplaySample",
@@ -45,6 +50,7 @@ __all__ = [
     "epsilon_greedy",
     "epsilon_ladder",
     "initial_priorities",
+    "make_atari_vector_env",
     "make_vector_env",
     "merge_episode_files",
     "sync_target",

@@ -16,8 +16,9 @@ in-process replay. Plain torch/numpy: no MPI, no ``torch.distributed``.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -38,8 +39,8 @@ class ActorStep(NamedTuple):
     """What one :meth:`ApexActor.step` produced.
 
     Attributes:
-        rows (dict[str, np.ndarray]): n-step transitions (the five DQN columns; may be
-            empty).
+        rows (dict[str, np.ndarray]): n-step transitions (the five DQN columns, and the
+            stream column when asked for; may be empty).
         priorities (np.ndarray): float64 initial priority per row.
         returns (list[float]): returns of the episodes that ended at this step.
         scored (list[bool]): per ended episode, whether its env slot is scored
@@ -68,6 +69,16 @@ class ApexActor:
         episodes_path (str | Path | None): this actor's ``episodes*.csv`` (None: none).
         actor_id (int): written in the ``actor`` column (e.g. the world rank).
         t0 (float | None): ``time.perf_counter()`` origin of the ``time_s`` column.
+        make_env (callable | None): ``make_env(num_envs, seed) -> (env, first_obs)``, a
+            Gymnasium vector env in ``SAME_STEP`` autoreset mode (default:
+            :func:`make_vector_env` of ``hp.env_id``; Atari:
+            :func:`~conduit_hpc.rl.atari.make_atari_vector_env`).
+        obs_dtype (str): dtype of the observation columns (``uint8`` for pixels).
+        reward_clip (float): rewards enter the n-step returns clipped to
+            ``[-reward_clip, reward_clip]`` (0: unclipped); episode returns stay raw.
+        stream_field (str): when set, rows also carry this int64 column: the env slot
+            each row came from over all actors (``actor_index * k + env``), the stream of
+            a frame-stack declaration (``[spec.obs] stack``).
 
     Raises:
         ValueError: the actor's slots do not fit in ``hp.num_envs``.
@@ -75,17 +86,24 @@ class ApexActor:
 
     def __init__(self, hp: DQNSection, net: nn.Module, *, actor_index: int,
                  envs_per_actor: int, seed: int, episodes_path: str | Path | None = None,
-                 actor_id: int = 0, t0: float | None = None) -> None:
+                 actor_id: int = 0, t0: float | None = None,
+                 make_env: Callable[[int, int], tuple[Any, np.ndarray]] | None = None,
+                 obs_dtype: str = "float32", reward_clip: float = 0.0,
+                 stream_field: str = "") -> None:
         k, a = envs_per_actor, actor_index
         if k < 1 or a < 0 or (a + 1) * k > hp.num_envs:
             raise ValueError(f"actor {a} with {k} envs needs slots {a * k}..{(a + 1) * k - 1}"
                              f", but dqn.num_envs = {hp.num_envs}")
         self.hp, self.net, self.k = hp, net, k
-        self.env, self.obs = make_vector_env(hp.env_id, k, seed)
+        made: tuple[Any, np.ndarray] = (make_env(k, seed) if make_env is not None
+                                        else make_vector_env(hp.env_id, k, seed))
+        self.env, self.obs = made
+        self.reward_clip = float(reward_clip)
+        self.stream_field, self.first_slot = stream_field, a * k
         self.rng = np.random.default_rng(seed)
         self.epsilons = hp.epsilons()[a * k:(a + 1) * k]
         self.scored = hp.scored_slots()[a * k:(a + 1) * k]
-        self.nstep = NStepAccumulator(k, hp.n_step, hp.gamma)
+        self.nstep = NStepAccumulator(k, hp.n_step, hp.gamma, obs_dtype)
         self.episodes = EpisodeLog(k, actor=actor_id, path=episodes_path, window=hp.window,
                                    t0=t0, epsilons=self.epsilons, scored=self.scored)
         # the target network follows the learner's: the weights published at its last
@@ -114,7 +132,9 @@ class ApexActor:
         action = epsilon_greedy(q, self.epsilons, self.rng)
         next_obs, reward, term, trunc, info = self.env.step(action)
         self.env_steps += self.k
-        rows = self.nstep.push(self.obs, action, reward, true_next_obs(next_obs, info),
+        clipped = (np.clip(reward, -self.reward_clip, self.reward_clip)
+                   if self.reward_clip > 0 else reward)
+        rows = self.nstep.push(self.obs, action, clipped, true_next_obs(next_obs, info),
                                term, trunc)
         self.obs = next_obs
         returns = self.episodes.step(reward, term | trunc, self.env_steps)
@@ -123,6 +143,8 @@ class ApexActor:
         batch = {f: rows[f] for f in FIELDS}
         prio = (initial_priorities(self.net, batch, target=self.target)
                 if len(batch["action"]) else np.zeros(0))
+        if self.stream_field:
+            batch[self.stream_field] = rows["env"] + self.first_slot
         return ActorStep(batch, prio, returns, scored)
 
     def close(self) -> None:

@@ -61,9 +61,12 @@ class NStepAccumulator:
         num_envs (int): environments stepped together.
         n (int): steps per transition, >= 1.
         gamma (float): discount per step in [0, 1].
+        obs_dtype (str): dtype of the ``obs`` and ``next_obs`` columns (``float32``;
+            ``uint8`` keeps Atari frames as pixels).
     """
 
-    def __init__(self, num_envs: int, n: int, gamma: float) -> None:
+    def __init__(self, num_envs: int, n: int, gamma: float,
+                 obs_dtype: str = "float32") -> None:
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs!r}")
         if n < 1:
@@ -71,6 +74,7 @@ class NStepAccumulator:
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
         self.num_envs, self.n, self.gamma = num_envs, n, float(gamma)
+        self.obs_dtype = np.dtype(obs_dtype)
         self._windows: list[deque[tuple[np.ndarray, int, float]]] = [
             deque() for _ in range(num_envs)]
 
@@ -98,12 +102,12 @@ class NStepAccumulator:
             truncated (np.ndarray): ``(E,)`` episode was cut (time limit).
 
         Returns:
-            dict[str, np.ndarray]: columns ``obs`` (float32), ``action`` (int64),
-            ``reward`` (float32), ``next_obs`` (float32), ``discount`` (float32) and
+            dict[str, np.ndarray]: columns ``obs`` (``obs_dtype``), ``action`` (int64),
+            ``reward`` (float32), ``next_obs`` (``obs_dtype``), ``discount`` (float32) and
             ``env`` (int64, the env each row came from); zero rows is possible.
         """
-        obs = np.asarray(obs, dtype=np.float32)
-        next_obs = np.asarray(next_obs, dtype=np.float32)
+        obs = np.asarray(obs, dtype=self.obs_dtype)
+        next_obs = np.asarray(next_obs, dtype=self.obs_dtype)
         if obs.shape[0] != self.num_envs:
             raise ValueError(f"obs must have {self.num_envs} rows (one per env), "
                              f"got shape {obs.shape}")
@@ -137,21 +141,21 @@ class NStepAccumulator:
                     ret = w[i][2] + g * ret
                 rows.append((o, a, ret, next_obs[e], g ** self.n, e))
                 w.popleft()
-        return self._columns(rows, obs.shape[1:])
+        return self._columns(rows, obs.shape[1:], self.obs_dtype)
 
     @staticmethod
     def _columns(rows: list[tuple[np.ndarray, int, float, np.ndarray, float, int]],
-                 obs_shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+                 obs_shape: tuple[int, ...], obs_dtype: np.dtype) -> dict[str, np.ndarray]:
         if not rows:
-            return {"obs": np.zeros((0, *obs_shape), np.float32),
+            return {"obs": np.zeros((0, *obs_shape), obs_dtype),
                     "action": np.zeros(0, np.int64), "reward": np.zeros(0, np.float32),
-                    "next_obs": np.zeros((0, *obs_shape), np.float32),
+                    "next_obs": np.zeros((0, *obs_shape), obs_dtype),
                     "discount": np.zeros(0, np.float32), "env": np.zeros(0, np.int64)}
         o, a, r, no, d, e = zip(*rows, strict=True)
-        return {"obs": np.stack(o).astype(np.float32),
+        return {"obs": np.stack(o).astype(obs_dtype, copy=False),
                 "action": np.asarray(a, dtype=np.int64),
                 "reward": np.asarray(r, dtype=np.float32),
-                "next_obs": np.stack(no).astype(np.float32),
+                "next_obs": np.stack(no).astype(obs_dtype, copy=False),
                 "discount": np.asarray(d, dtype=np.float32),
                 "env": np.asarray(e, dtype=np.int64)}
 

@@ -1,5 +1,5 @@
-"""The Q network (an MLP) and target-network synchronisation. Plain torch; no
-``torch.distributed``."""
+"""The Q networks (an MLP for flat observations, the Nature CNN for stacked frames) and
+target-network synchronisation. Plain torch; no ``torch.distributed``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["QNetwork", "copy_weights", "sync_target"]
+__all__ = ["NatureQNetwork", "QNetwork", "copy_weights", "sync_target"]
 
 
 class QNetwork(nn.Module):
@@ -48,6 +48,51 @@ class QNetwork(nn.Module):
         if self.value is None:
             return adv
         return self.value(z) + adv - adv.mean(dim=1, keepdim=True)
+
+
+class NatureQNetwork(nn.Module):
+    """The DQN network of Mnih et al. (Nature, 2015) for stacked frames: conv 32 8x8
+    stride 4, conv 64 4x4 stride 2, conv 64 3x3 stride 1 (ReLU after each), then an MLP
+    head (:class:`QNetwork`: ``hidden`` widths, 512 in the paper) to one value per action.
+
+    Observations are ``(batch, frames, height, width)`` pixels of any dtype (uint8 from
+    the replay); the network scales them by ``scale`` (1/255) itself, so rows stay
+    uint8 in replay and on the wire.
+
+    Args:
+        obs_shape (Sequence[int]): ``(frames, height, width)``, e.g. ``(4, 84, 84)``.
+        n_actions (int): number of discrete actions.
+        hidden (Sequence[int]): widths of the head's hidden layers.
+        dueling (bool): dueling head (see :class:`QNetwork`).
+        scale (float): multiplies the pixels before the first convolution.
+
+    Raises:
+        ValueError: ``obs_shape`` is not three positive sizes, or too small for the
+            convolutions (at least 36 x 36 pixels).
+    """
+
+    def __init__(self, obs_shape: Sequence[int], n_actions: int,
+                 hidden: Sequence[int] = (512,), dueling: bool = False,
+                 scale: float = 1.0 / 255.0) -> None:
+        super().__init__()
+        shape = tuple(int(d) for d in obs_shape)
+        if len(shape) != 3 or min(shape) < 1 or min(shape[1:]) < 36:
+            raise ValueError(f"obs_shape must be (frames, height, width) with height and "
+                             f"width >= 36, got {tuple(obs_shape)!r}")
+        self.obs_shape, self.scale = shape, float(scale)
+        self.torso = nn.Sequential(
+            nn.Conv2d(shape[0], 32, kernel_size=8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, kernel_size=4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, kernel_size=3, stride=1), nn.ReLU(),
+            nn.Flatten())
+        with torch.no_grad():
+            self.features = int(self.torso(torch.zeros(1, *shape)).shape[1])
+        self.head = QNetwork(self.features, n_actions, hidden, dueling)
+        self.n_actions = n_actions
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """``(batch, frames, height, width)`` -> ``(batch, n_actions)`` action values."""
+        return self.head(self.torso(obs.float() * self.scale))
 
 
 @torch.no_grad()

@@ -1,0 +1,376 @@
+"""Ape-X DQN on an ALE game (``[dqn] env_id``, e.g. ``"ALE/Pong-v5"``), through the data
+plane.
+
+The Atari counterpart of ``jobs/dqn_cartpole.py``, with the same :mod:`conduit_hpc.rl`
+pieces: each actor steps ``dqn.num_envs / actors`` games preprocessed as in the DQN
+papers (``[atari]``: no-op starts, frame skip 4, 84 x 84 grayscale, 4 frames stacked;
+see :mod:`conduit_hpc.rl.atari`) with its slice of the epsilon ladder, emits n-step
+transitions (uint8 frame stacks, clipped rewards) with initial priorities ``|TD|`` from
+its copies of the network and the target network, and loads the learner's weights when
+they are published. One learner takes prioritized batches, trains the Nature CNN
+(:class:`~conduit_hpc.rl.NatureQNetwork`) with the importance-weighted double-DQN loss
+and a target network, and sends ``|TD|`` back as priorities.
+
+Rows are stored whole (the plain layout: ``obs`` and ``next_obs`` each hold 4 frames,
+56 kB a row); ``[spec.obs] stack`` / ``[spec.next_obs] next_of`` declare the frame
+stacks, with ``[spec.env]`` (the env slot over all actors) as their stream, which the
+storage does not use yet (see docs/frame-stacks.md).
+
+The job ends when the mean return of the last ``dqn.window`` scored episodes reaches
+``dqn.target_return``, or on a budget: ``dqn.max_env_steps`` agent steps (each is
+``atari.frame_skip`` emulator frames), ``job.max_supersteps`` learner updates or
+``run.duration_s`` seconds. This first version has one learner and no checkpoints.
+
+Outputs under the run directory: ``metrics/learner-0.csv`` (per superstep, with
+``loss``, ``td_abs_mean``, ``mean_return``), ``metrics/actor-<rank>.csv``,
+``metrics/episodes.csv`` and ``metrics/summary.json`` (frames/s, ingest rows/s and the
+delivery figures: exposed latency and iteration time per superstep).
+
+    conduit-hpc run jobs/apex_atari.toml [--set dqn.env_id=ALE/Breakout-v5]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlane, Role
+from conduit_hpc.config import require
+from conduit_hpc.job import job_main
+from conduit_hpc.plane.metrics import write_summary
+from conduit_hpc.rl import (
+    EPISODES_TAG,
+    ApexActor,
+    AtariSection,
+    DQNSection,
+    DQNUpdater,
+    NatureQNetwork,
+    describe_transitions,
+    make_atari_vector_env,
+    merge_episode_files,
+)
+from conduit_hpc.spec import frame_stacks
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AtariJobSection:
+    """``[job]``: budgets and reporting (the algorithm's knobs are in ``[dqn]``, the
+    preprocessing in ``[atari]``).
+
+    Attributes:
+        max_supersteps (int): learner updates before the job ends (0: no such budget).
+        progress_every_s (float): seconds between progress lines (0: none).
+        poll_every_s (float): seconds between the learner's looks at episode reports.
+        report_every_s (float): an actor reports its step count at least this often.
+    """
+
+    max_supersteps: int = 0
+    progress_every_s: float = 10.0
+    poll_every_s: float = 0.05
+    report_every_s: float = 0.25
+
+    def __post_init__(self) -> None:
+        require(self.max_supersteps >= 0, "max_supersteps", self.max_supersteps,
+                ">= 0 (0: no superstep budget)")
+        for name in ("progress_every_s", "poll_every_s", "report_every_s"):
+            v = getattr(self, name)
+            require(math.isfinite(v) and v >= 0, name, v, ">= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApexAtariConfig(Config):
+    job: AtariJobSection = field(default_factory=AtariJobSection)
+    dqn: DQNSection = field(default_factory=DQNSection)
+    atari: AtariSection = field(default_factory=AtariSection)
+
+
+def check_config(cfg: ApexAtariConfig, n_actors: int, n_learners: int) -> int:
+    """What this job needs of the layout, the sampler and the spec. Deterministic:
+    every rank raises together.
+
+    Returns:
+        int: environments per actor.
+    """
+    hp = cfg.dqn
+    if cfg.scheduler.sampler != "prioritized":
+        raise ConfigError(f"scheduler.sampler must be 'prioritized' for Ape-X DQN, got "
+                          f"{cfg.scheduler.sampler!r}", key="scheduler.sampler")
+    if n_learners != 1:
+        raise ConfigError(f"layout.learners must be 1 for this job (one learner; the "
+                          f"data-parallel learners of dqn_cartpole are not wired here "
+                          f"yet), got {n_learners}", key="layout.learners")
+    if n_actors < 1 or hp.num_envs % n_actors:
+        raise ConfigError(f"dqn.num_envs must be a positive multiple of the number of "
+                          f"actor ranks ({n_actors}), got {hp.num_envs}", key="dqn.num_envs")
+    shape = list(cfg.atari.obs_shape)
+    for name in ("obs", "next_obs"):
+        fc = cfg.spec.get(name)
+        if fc is None or fc.dtype != "uint8" or list(fc.shape) != shape:
+            got = None if fc is None else (fc.dtype, list(fc.shape))
+            raise ConfigError(f"spec.{name} must be uint8 of shape {shape} (atari.frame_stack"
+                              f", screen_size, screen_size), got {got}", key=f"spec.{name}")
+    stacks = frame_stacks(cfg.spec)
+    if stacks and (set(stacks) != {"obs"} or stacks["obs"].axis != 0
+                   or stacks["obs"].next_field != "next_obs"):
+        raise ConfigError("the Atari job's frame stacks are obs (stack = {axis = 0, "
+                          "stream = ...}) and next_obs (next_of = 'obs'), or none; got "
+                          f"{sorted(stacks)}", key="spec.obs.stack")
+    return hp.num_envs // n_actors
+
+
+class EpisodeReferee:
+    """On the learner: the actors' episode reports, the mean return of the last
+    ``window`` scored episodes and the agent steps spent. Local."""
+
+    def __init__(self, edp: ExperienceDataPlane, hp: DQNSection) -> None:
+        self.edp, self.hp = edp, hp
+        self.recent: deque[float] = deque(maxlen=hp.window)
+        self.actor_steps: dict[int, int] = {}
+        self.episodes = 0
+        self.reached_at: int | None = None
+
+    @property
+    def env_steps(self) -> int:
+        return sum(self.actor_steps.values())
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.recent)) if self.recent else math.nan
+
+    def _drain(self) -> None:
+        while (msg := self.edp.channel.poll(tag=EPISODES_TAG)) is not None:
+            v = msg.view(np.float64)
+            self.actor_steps[msg.source] = int(v[0])
+            for ret, scored in v[1:].reshape(-1, 2):
+                self.episodes += 1
+                if scored:
+                    self.recent.append(float(ret))
+                if (self.reached_at is None and len(self.recent) == self.hp.window
+                        and self.mean >= self.hp.target_return):
+                    self.reached_at = self.env_steps
+
+    def poll(self) -> None:
+        """Read every report that has arrived (on the data-plane thread)."""
+        assert self.edp.learner is not None
+        self.edp.learner.run_on_thread(self._drain, "episode reports")
+
+
+def actor_loop(edp: ExperienceDataPlane, cfg: ApexAtariConfig, net: torch.nn.Module, k: int,
+               run_dir: Path | None, t0: float) -> dict[str, Any]:
+    hp, job, atari = cfg.dqn, cfg.job, cfg.atari
+    a = edp.roles.role_rank
+    stacks = frame_stacks(cfg.spec)
+    path = run_dir / "metrics" / f"episodes-{edp.world_rank}.csv" if run_dir else None
+    actor = ApexActor(hp, net, actor_index=a, envs_per_actor=k,
+                      seed=cfg.run.seed * 1000 + a * k, episodes_path=path,
+                      actor_id=edp.world_rank, t0=t0,
+                      make_env=lambda n, seed: make_atari_vector_env(hp.env_id, n, seed, atari),
+                      obs_dtype="uint8", reward_clip=atari.reward_clip,
+                      stream_field=stacks["obs"].stream if "obs" in stacks else "")
+    actor.weights_loaded(edp.policy_version)
+    lead = edp.roles.learner_ranks[0]
+    pending: list[float] = []
+    last_report = started = time.perf_counter()
+    rows = 0
+    try:
+        while not edp.should_stop:
+            out = actor.step()
+            if len(out.priorities):
+                edp.ingest(out.rows, priorities=out.priorities)
+                rows += len(out.priorities)
+            for ret, scored in zip(out.returns, out.scored, strict=True):
+                pending += [ret, float(scored)]
+            now = time.perf_counter()
+            if ((pending and now - last_report >= job.poll_every_s / 2)
+                    or now - last_report >= job.report_every_s):
+                edp.channel.isend(lead, EPISODES_TAG,
+                                  np.array([actor.env_steps, *pending], dtype=np.float64))
+                pending, last_report = [], now
+            if edp.pull_weights():
+                actor.weights_loaded(edp.policy_version)
+    finally:
+        actor.close()
+    wall = time.perf_counter() - started
+    return {"env_steps": actor.env_steps, "episodes": len(actor.episodes.returns),
+            "rows": rows, "wall_s": wall,
+            "frames_per_s": actor.env_steps * atari.frame_skip / wall if wall > 0 else 0.0}
+
+
+def learner_loop(edp: ExperienceDataPlane, cfg: ApexAtariConfig,
+                 updater: DQNUpdater) -> dict[str, Any]:
+    hp, job = cfg.dqn, cfg.job
+    referee = EpisodeReferee(edp, hp)
+    t0 = last_poll = last_print = time.perf_counter()
+    printed = (0, 0)  # (updates, env steps) at the last progress line
+    why, losses = "", []
+    while not why:
+        now = time.perf_counter()
+        if now - last_poll >= job.poll_every_s:
+            last_poll = now
+            referee.poll()
+        if referee.reached_at is not None:
+            why = "target"
+        elif referee.env_steps >= hp.max_env_steps:
+            why = "env-step budget"
+        elif job.max_supersteps and updater.updates >= job.max_supersteps:
+            why = "superstep budget"
+        elif cfg.run.duration_s and now - t0 >= cfg.run.duration_s:
+            why = "time budget"
+        if why:
+            break
+        try:
+            batch = edp.next_batch()
+        except DataPlaneClosed:
+            why = "stream closed"
+            break
+        loss, td = updater.update(batch.data, batch.weights)
+        losses.append(loss)
+        prio = td.abs().double().cpu().numpy() + 1e-6
+        edp.update_priorities(batch.indices, prio)
+        edp.log(loss=loss, td_abs_mean=float(prio.mean()), mean_return=referee.mean)
+        if job.progress_every_s and now - last_print >= job.progress_every_s:
+            dt = max(now - last_print, 1e-9)
+            frames_s = (referee.env_steps - printed[1]) * cfg.atari.frame_skip / dt
+            frames = referee.env_steps * cfg.atari.frame_skip
+            print(f"[apex_atari] {now - t0:6.1f} s  frames {frames:>9,} ({frames_s:6.0f}/s)"
+                  f"  mean-{hp.window} return {referee.mean:6.1f}  "
+                  f"supersteps {updater.updates:>6,} ({(updater.updates - printed[0]) / dt:5.1f}/s)"
+                  f"  loss {loss:.4f}", flush=True)
+            last_print, printed = now, (updater.updates, referee.env_steps)
+    referee.poll()
+    return {"updates": updater.updates, "why": why, "wall_s": time.perf_counter() - t0,
+            "reached_at": referee.reached_at, "mean": referee.mean,
+            "episodes_seen": referee.episodes, "env_steps_seen": referee.env_steps,
+            "loss_last": losses[-1] if losses else math.nan,
+            "loss_finite": bool(losses) and all(math.isfinite(v) for v in losses)}
+
+
+def build_net(cfg: ApexAtariConfig) -> torch.nn.Module:
+    """The Nature CNN, the same initial weights on every rank."""
+    env, _ = make_atari_vector_env(cfg.dqn.env_id, 1, cfg.run.seed, cfg.atari)
+    n_actions = int(env.single_action_space.n)
+    env.close()
+    torch.manual_seed(cfg.run.seed)
+    return NatureQNetwork(cfg.atari.obs_shape, n_actions, cfg.dqn.hidden, cfg.dqn.dueling)
+
+
+def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    if resume:
+        raise ConfigError("apex_atari has no checkpoints yet; run it without --resume",
+                          key="resume")
+    cfg = replace(cfg, spec=describe_transitions(cfg.spec, n_step=cfg.dqn.n_step,
+                                                 gamma=cfg.dqn.gamma))
+    out: dict[str, Any] = {}
+    with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:  # collective
+        k = check_config(cfg, len(edp.roles.actor_ranks), len(edp.roles.learner_ranks))
+        rank = edp.world_rank
+        net = build_net(cfg) if edp.role is not Role.BUFFER else None
+        updater = None
+        if net is not None and edp.role is Role.LEARNER:
+            net = net.to(edp.device)
+            updater = DQNUpdater(cfg.dqn, net)
+            updater.warm_up()
+        edp.share_weights(net)  # collective; actors start from the learner's weights
+        if rank == 0:
+            print(f"apex_atari: {cfg.dqn.env_id}, {len(edp.roles.actor_ranks)} actor ranks x "
+                  f"{k} envs, {len(edp.roles.buffer_ranks)} buffer, 1 learner; rows of "
+                  f"{sum(f.row_bytes for f in cfg.spec.values()):,} bytes, mode "
+                  f"{cfg.scheduler.mode}, target mean-{cfg.dqn.window} return "
+                  f"{cfg.dqn.target_return:g}", flush=True)
+        t0 = time.perf_counter()
+        if edp.role is Role.ACTOR:
+            assert net is not None
+            out = actor_loop(edp, cfg, net, k, run_dir, t0)
+        elif edp.role is Role.BUFFER:
+            edp.serve()
+        else:
+            assert updater is not None
+            out = learner_loop(edp, cfg, updater)
+        edp.done()
+        summary = edp.summary()
+        stats = edp.roles.world.allgather((edp.role.value, rank, out))
+        wall = time.perf_counter() - t0
+    if rank == 0:
+        flat = flat_summary(cfg, summary, stats, wall)
+        if run_dir is not None:
+            merge_episode_files(run_dir / "metrics")
+            write_summary(run_dir / "metrics" / "summary.json", flat)
+        report(flat)
+    return summary
+
+
+def flat_summary(cfg: ApexAtariConfig, summary: dict[str, Any],
+                 stats: list[tuple[str, int, dict[str, Any]]], wall: float) -> dict[str, Any]:
+    """The run's headline numbers (``summary.json``)."""
+    learner = next(s for role, _, s in stats if role == "learner")
+    lead = next(r for role, r, _ in stats if role == "learner")
+    actors = [s for role, _, s in stats if role == "actor"]
+    lat = summary["learners"].get(lead, {})
+    learner_wall = float(learner.get("wall_s", wall)) or wall
+    env_steps = sum(a.get("env_steps", 0) for a in actors)
+    frames = env_steps * cfg.atari.frame_skip
+    updates = int(learner.get("updates", 0))
+    row_bytes = sum(f.row_bytes for f in cfg.spec.values())
+    return {
+        "job": "apex_atari", "env_id": cfg.dqn.env_id, "mode": cfg.scheduler.mode,
+        "seed": cfg.run.seed, "reached": learner.get("reached_at") is not None,
+        "env_steps_to_target": learner.get("reached_at"),
+        "target_return": cfg.dqn.target_return, "stopped_by": learner.get("why", ""),
+        "wall_s": learner_wall, "env_steps": env_steps, "frames": frames,
+        "frames_per_s": frames / learner_wall if learner_wall > 0 else 0.0,
+        "frames_per_s_per_actor": [a.get("frames_per_s", 0.0) for a in actors],
+        "episodes": sum(a.get("episodes", 0) for a in actors),
+        "final_mean_return": learner.get("mean", math.nan),
+        "updates": updates, "supersteps": int(lat.get("supersteps", updates)),
+        "updates_per_s": updates / learner_wall if learner_wall > 0 else 0.0,
+        "loss_last": learner.get("loss_last", math.nan),
+        "loss_finite": bool(learner.get("loss_finite", False)),
+        "row_bytes": row_bytes,
+        # declared in [spec] (the storage keeps rows whole either way, for now)
+        "frame_stacks": {k: {"stream": v.stream, "axis": v.axis, "depth": v.depth,
+                             "next_field": v.next_field}
+                         for k, v in frame_stacks(cfg.spec).items()},
+        "rows_ingested": summary["rows_ingested"],
+        "ingest_rows_per_s": summary["rows_ingested"] / wall if wall > 0 else 0.0,
+        "ingest_mb_per_s": summary["rows_ingested"] * row_bytes / wall / 1e6 if wall > 0
+        else 0.0,
+        "limiter_wait_s": sum(a["limiter_wait_s"] for a in summary["actors"].values()),
+        # delivery: rows the learner took, and what its batches cost it per superstep
+        "rows_delivered": updates * cfg.scheduler.batch_rows,
+        "delivered_rows_per_s": (updates * cfg.scheduler.batch_rows / learner_wall
+                                 if learner_wall > 0 else 0.0),
+        "delivered_mb_per_s": (updates * cfg.scheduler.batch_rows * row_bytes / learner_wall
+                               / 1e6 if learner_wall > 0 else 0.0),
+        "exposed_mean_s": lat.get("exposed_mean_s", math.nan),
+        "exposed_median_s": lat.get("exposed_median_s", math.nan),
+        "iteration_mean_s": lat.get("iteration_mean_s", math.nan),
+    }
+
+
+def report(flat: dict[str, Any]) -> None:
+    """The final summary, in words, then as one JSON line."""
+    print(f"apex_atari ({flat['env_id']}, {flat['mode']}): stopped by {flat['stopped_by']}; "
+          f"final mean return {flat['final_mean_return']:.1f}\n"
+          f"  {flat['frames']:,} frames ({flat['frames_per_s']:,.0f} frames/s), "
+          f"{flat['episodes']:,} episodes, {flat['supersteps']:,} supersteps "
+          f"({flat['updates_per_s']:.1f}/s) in {flat['wall_s']:.1f} s\n"
+          f"  ingest {flat['ingest_rows_per_s']:,.0f} rows/s ({flat['ingest_mb_per_s']:.1f} "
+          f"MB/s, {flat['rows_ingested']:,} rows); delivered {flat['delivered_rows_per_s']:,.0f}"
+          f" rows/s ({flat['delivered_mb_per_s']:.1f} MB/s), exposed latency mean "
+          f"{flat['exposed_mean_s'] * 1e3:.3f} ms", flush=True)
+    print(json.dumps(flat, sort_keys=True, default=str), flush=True)
+
+
+JOB_CONFIG = ApexAtariConfig  # [job], [dqn] and [atari]
+
+if __name__ == "__main__":
+    job_main(ApexAtariConfig, run)
