@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from conduit_hpc import jsontext
 from conduit_hpc.errors import CheckpointError
 from conduit_hpc.spec import Field, Spec
 
@@ -76,7 +77,7 @@ def _fsync(path: Path) -> None:
 
 
 def _json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return jsontext.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
 def spec_to_json(spec: Spec) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ Every function here is local (no MPI, no collective) and blocks for its own disk
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import zlib
@@ -20,6 +19,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from conduit_hpc import jsontext
 from conduit_hpc.checkpoint import files as _files
 from conduit_hpc.checkpoint.files import (
     CHUNK_BYTES,
@@ -354,7 +354,7 @@ def finalize(tmp_dir: Path, final_dir: Path, manifest_record: Mapping[str, Any])
                 "created_unix": float(manifest_record["created_unix"]),
                 "manifest_sha256": digest, "files": dict(manifest_record["files"])}
         tmp_done = final_dir / (DONE + ".partial")
-        tmp_done.write_text(json.dumps(done, indent=1, sort_keys=True) + "\n")
+        tmp_done.write_text(jsontext.dumps(done, indent=1, sort_keys=True) + "\n")
         _fsync(tmp_done)
         tmp_done.rename(final_dir / DONE)
         _fsync(final_dir)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
+
+from conduit_hpc import jsontext
 
 __all__ = [
     "ACTOR_COLUMNS",
@@ -102,17 +102,9 @@ def latency_summary(rows: Sequence[Mapping[str, Any]], *, skip: int = 0) -> dict
 
 
 def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
-    """A flat JSON dict of headline numbers (non-finite floats become null)."""
-    def clean(v: Any) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, np.generic):
-            return clean(v.item())
-        return v
-
+    """A JSON dict of headline numbers (non-finite floats become null, at any depth)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({k: clean(v) for k, v in summary.items()}, indent=1,
-                               sort_keys=True) + "\n")
+    path.write_text(jsontext.dumps(dict(summary), indent=1, sort_keys=True) + "\n")
 
 
 def format_table(rows: list[list[str]], header: list[str]) -> str:

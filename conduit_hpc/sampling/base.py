@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from conduit_hpc import jsontext
 from conduit_hpc.errors import SpecError
 from conduit_hpc.sampling.stratified import ShardStats, allocate_targets
 from conduit_hpc.spec import as_array
@@ -114,7 +115,7 @@ class Sampler(abc.ABC):
     # -- state -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """JSON-able state: the generator and the superstep offset."""
-        return {"rng": json.dumps(self.rng.bit_generator.state),
+        return {"rng": jsontext.dumps(self.rng.bit_generator.state),
                 "superstep_offset": self.superstep_offset}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -33,12 +33,12 @@ module writes the markdown.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from conduit_hpc import jsontext
 from conduit_hpc.errors import ConduitError
 from conduit_hpc.tools.report.plan_check import load_plan, plan_markdown
 from conduit_hpc.tools.report.run_data import RunData, load_run, run_stats
@@ -151,7 +151,7 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     for r in runs:
         if r.summary:
             lines += [f"### summary.json of {r.label}", "", "| key | value |", "|---|---|"]
-            lines += [f"| {k} | {_fmt(v) if not isinstance(v, dict | list) else json.dumps(v)}"
+            lines += [f"| {k} | {_fmt(v) if not isinstance(v, dict | list) else jsontext.dumps(v)}"
                       " |" for k, v in r.summary.items()]
             lines.append("")
     plans = [(r, *load_plan(r.path)) for r in runs]
