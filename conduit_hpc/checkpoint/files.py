@@ -24,7 +24,9 @@ from conduit_hpc import jsontext
 from conduit_hpc.errors import CheckpointError
 from conduit_hpc.spec import Field, Spec
 
-SCHEMA_VERSION = 1
+#: 2: a ``sampler`` group (world rank -> the learner's Sampler.state_dict as JSON);
+#: version 1 checkpoints, without it, are still read
+SCHEMA_VERSION = 2
 FORMAT = "conduit_hpc experience checkpoint"
 MANIFEST = "manifest.h5"
 DONE = "DONE"

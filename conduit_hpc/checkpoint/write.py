@@ -272,11 +272,14 @@ def write_manifest(directory: Path, *, seq: int, spec: Spec, config_toml: str,
             for key, (text, units) in _SHARD_TABLE.items():
                 _set_attrs(t[key], {"description": text, "units": units})
             rng = f.create_group("rng")
+            sampler = f.create_group("sampler")  # schema 2 (absent in schema 1)
             counters = f.create_group("counters")
             for p in sorted(parts, key=lambda p: int(p["world_rank"])):
                 r = str(int(p["world_rank"]))
                 if p.get("rng"):
                     rng[r] = str(p["rng"])
+                if p.get("sampler"):
+                    sampler[r] = _json(p["sampler"])
                 c = counters.create_group(r)
                 c.attrs["role"] = str(p.get("role", ""))
                 for k, v in (p.get("counters") or {}).items():

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -296,6 +296,22 @@ class LearnerEndpoint:
     def limiter_wait_s(self) -> float:
         """Seconds this learner waited for the rate limiter."""
         return self.d.limiter_wait_s
+
+    def sampler_state(self, supersteps: int | None = None) -> dict[str, Any]:
+        """The sampler's state to resume after ``supersteps`` of this learner (counted
+        from its start; None: those delivered so far), JSON-able
+        (:meth:`~conduit_hpc.sampling.Sampler.state_dict`). Local; call it where the
+        data-plane thread is not drawing (``post``) or after the last ``next_batch``."""
+        done = self._superstep + 1 if supersteps is None else int(supersteps)
+        return self.d.sampler.state_dict(done)
+
+    def load_sampler_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint's sampler state. Before the first ``next_batch``.
+
+        Raises:
+            CheckpointError: a state the sampler cannot take.
+        """
+        self.d.sampler.load_state_dict(state)
 
     def resume_at(self, superstep: int, rng: np.random.Generator | None = None) -> None:
         """Continue counting from ``superstep`` (and with ``rng``) after a restore.

@@ -69,6 +69,7 @@ class BoundaryHook(LearnerHook):
 
         def mark() -> None:  # after this learner's updates of supersteps < s
             part["rng"] = rng_to_json(ep.sampler_rng)
+            part["sampler"] = ep.sampler_state(s)  # strategy, rng, offset (schema 2)
             agent.mark(s)
 
         ep.post(mark)
