@@ -56,7 +56,7 @@ from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.job import job_main
 from conduit_hpc.plane.headline import headline_figures
 from conduit_hpc.plane.learner_group import LearnerGroup
-from conduit_hpc.plane.metrics import write_summary
+from conduit_hpc.plane.metrics import exposed_story, write_summary
 from conduit_hpc.rl import (
     EPISODES_TAG,
     ApexActor,
@@ -467,6 +467,11 @@ def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],
         "exposed_median_s": lat.get("exposed_median_s", math.nan),
         "iteration_mean_s": lat.get("iteration_mean_s", math.nan),
         "iteration_median_s": lat.get("iteration_median_s", math.nan),
+        # the lead learner's exposed time by what it waited for (plane/metrics.py
+        # exposed_split): path work, the rate limiter, neither (a core, other ranks)
+        **{k: lat.get(k, math.nan) for k in ("exposed_total_s", "exposed_path_s",
+                                             "exposed_limiter_s", "exposed_other_s",
+                                             "path_work_s", "path_work_hidden")},
         "rows_ingested": summary["rows_ingested"],
         "ingest_rows_per_s": summary["rows_ingested"] / wall if wall > 0 else 0.0,
         "limiter_wait_s": sum(a["limiter_wait_s"] for a in summary["actors"].values()),
@@ -529,6 +534,9 @@ def report(flat: dict[str, Any]) -> None:
           f"{flat['iteration_mean_s'] * 1e3:.3f} ms; ingest "
           f"{flat['ingest_rows_per_s']:,.0f} rows/s ({flat['rows_ingested']:,} rows, "
           f"limiter wait {flat['limiter_wait_s']:.1f} s over actors)", flush=True)
+    story = exposed_story(flat, flat["wall_s"])
+    if story:
+        print(f"  lead learner {story}", flush=True)
     print(jsontext.dumps(flat, sort_keys=True, default=str), flush=True)
 
 

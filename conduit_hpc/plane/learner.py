@@ -31,7 +31,13 @@ from conduit_hpc.plane.control import C_LEARNER_VERSION, ControlBlock
 from conduit_hpc.plane.delivery import Deliverer
 from conduit_hpc.plane.extensions import LearnerHook
 from conduit_hpc.plane.fetch import FETCHES, Fetch, OwnerFetch, PendingBatch
-from conduit_hpc.plane.metrics import LEARNER_COLUMNS, CsvSink, latency_summary
+from conduit_hpc.plane.metrics import (
+    LEARNER_COLUMNS,
+    CsvSink,
+    exposed_story,
+    latency_summary,
+    rows_split,
+)
 from conduit_hpc.plane.progress import ProgressBoard
 from conduit_hpc.plane.staging import Batch
 from conduit_hpc.plane.weights import WeightsBoard, flat_parameters
@@ -386,8 +392,11 @@ class LearnerEndpoint:
         rows = self.metrics.rows[-50:]
         exp = np.median([r["exposed_s"] for r in rows]) * 1e3 if rows else float("nan")
         it = np.nanmedian([r["iteration_s"] for r in rows]) * 1e3 if rows else float("nan")
+        wall = float(np.nansum([r["iteration_s"] for r in rows]))
+        story = exposed_story(rows_split(rows), wall) if rows else ""
         return (f"[{self.mode.name}] exposed {exp:.2f} ms  iteration {it:.2f} ms (median "
-                f"of the last {len(rows)})  resampled {self.d.resampled}")
+                f"of the last {len(rows)})  resampled {self.d.resampled}"
+                + (f"  {story}" if story else ""))
 
     def _publish(self, s: int) -> None:
         if not self.lead:

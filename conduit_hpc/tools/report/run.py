@@ -73,7 +73,12 @@ STAT_ROWS = (
     ("exposed_p95_ms", "exposed latency, p95 (ms)"),
     ("compute_mean_ms", "learner compute, mean (ms)"),
     ("exposed_share", "exposed share of wall time"),
-    ("path_work_hidden", "experience-path work hidden behind compute"),
+    ("exposed_total_s", "exposed time, learners (s): the wait in next_batch"),
+    ("exposed_path_s", "- of it, path work (s; edp: at most, it ran on a thread)"),
+    ("exposed_limiter_s", "- of it, the rate limiter (s)"),
+    ("exposed_other_s", "- of it, neither: a core, scheduling, other ranks (s)"),
+    ("path_work_s", "experience-path work, learners (s)"),
+    ("path_work_hidden", "experience-path work hidden behind compute (share)"),
     ("rows_ingested", "rows ingested (all actors)"),
     ("ingest_rows_per_s", "ingest rate (rows/s, all actors, over their span)"),
     ("actor_limiter_wait_s", "rate-limiter wait, actors (s)"),
@@ -148,6 +153,13 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
             lines.append(f"| {title} | " + " | ".join(_fmt(s.get(key, "-")) for s in stats)
                          + " |")
     lines.append("")
+    lines += [f"- {r.label}: {s['exposed_story']}" for r, s in zip(runs, stats, strict=True)
+              if s.get("exposed_story")]
+    if any(s.get("exposed_story") for s in stats):
+        lines += ["", "Exposed time is the learner's wait in `next_batch`. Path work is "
+                  "the batch's ack wait, sampling, gathering, transform and copy; 'other' "
+                  "is waiting that neither path work nor the rate limiter explains: with "
+                  "more ranks than cores, waiting for a core.", ""]
     for r in runs:
         if r.summary:
             lines += [f"### summary.json of {r.label}", "", "| key | value |", "|---|---|"]
