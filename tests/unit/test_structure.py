@@ -258,8 +258,8 @@ def test_no_pickling_collectives_or_messages() -> None:
     found = []
     for mod, path in _python_files().items():  # jobs included: users copy them
         text = path.read_text()
-        if "mpi4py" not in text:
-            continue
+        if "mpi4py" not in text and not mod.startswith("jobs."):
+            continue  # jobs reach MPI through edp.roles.world without importing mpi4py
         tree = ast.parse(text)
         for node in ast.walk(tree):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
