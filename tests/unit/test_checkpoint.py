@@ -305,8 +305,11 @@ def test_the_samplers_state_round_trips_and_schema_1_still_opens(tmp_path: Path,
     checkpoint (no ``sampler`` group) opens with none, and resume falls back to the
     superstep counter and the RNG."""
     state = {"sampler": "prioritized", "rng": "{}", "superstep_offset": 1234}
-    c = ck.open_checkpoint(write(tmp_path / "new", 1, sampler=state))
+    new = write(tmp_path / "new", 1, sampler=state)
+    c = ck.open_checkpoint(new)
     assert c.schema_version == 2 and c.sampler == {0: state}
+    text = ck.format_report(ck.inspect_checkpoint(new))
+    assert "samplers     rank 0: prioritized from superstep 1234" in text
     old = write(tmp_path / "old", 1)
     with h5py.File(old / ck.MANIFEST, "r") as f:
         assert len(f["sampler"]) == 0
