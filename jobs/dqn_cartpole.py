@@ -37,7 +37,6 @@ Outputs under the run directory: ``metrics/learner-<rank>.csv`` (per superstep, 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import deque
@@ -48,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlane, Role
+from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlane, Role, jsontext
 from conduit_hpc.config import require
 from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent
@@ -57,7 +56,7 @@ from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.job import job_main
 from conduit_hpc.plane.headline import headline_figures
 from conduit_hpc.plane.learner_group import LearnerGroup
-from conduit_hpc.plane.metrics import write_summary
+from conduit_hpc.plane.metrics import exposed_story, write_summary
 from conduit_hpc.rl import (
     EPISODES_TAG,
     ApexActor,
@@ -68,6 +67,7 @@ from conduit_hpc.rl import (
     make_vector_env,
     merge_episode_files,
 )
+from conduit_hpc.transport.objects import allgather_json
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -397,7 +397,9 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
                 extra_state=updater.state_arrays() if lead and updater else None,
                 extra_attrs=updater.state_attrs() if lead and updater else None)
         summary = edp.summary()
-        stats = edp.roles.world.allgather((edp.role.value, edp.world_rank, out))
+        # JSON, not pickle (collective on the world; every rank gets every rank's stats)
+        stats = [(str(role), int(r), dict(s)) for role, r, s in allgather_json(
+            edp.roles.world, [edp.role.value, edp.world_rank, out])]
         stop.close()
         wall = time.perf_counter() - t0
     if rank == 0:
@@ -465,6 +467,11 @@ def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],
         "exposed_median_s": lat.get("exposed_median_s", math.nan),
         "iteration_mean_s": lat.get("iteration_mean_s", math.nan),
         "iteration_median_s": lat.get("iteration_median_s", math.nan),
+        # the lead learner's exposed time by what it waited for (plane/metrics.py
+        # exposed_split): path work, the rate limiter, neither (a core, other ranks)
+        **{k: lat.get(k, math.nan) for k in ("exposed_total_s", "exposed_path_s",
+                                             "exposed_limiter_s", "exposed_other_s",
+                                             "path_work_s", "path_work_hidden")},
         "rows_ingested": summary["rows_ingested"],
         "ingest_rows_per_s": summary["rows_ingested"] / wall if wall > 0 else 0.0,
         "limiter_wait_s": sum(a["limiter_wait_s"] for a in summary["actors"].values()),
@@ -527,7 +534,10 @@ def report(flat: dict[str, Any]) -> None:
           f"{flat['iteration_mean_s'] * 1e3:.3f} ms; ingest "
           f"{flat['ingest_rows_per_s']:,.0f} rows/s ({flat['rows_ingested']:,} rows, "
           f"limiter wait {flat['limiter_wait_s']:.1f} s over actors)", flush=True)
-    print(json.dumps(flat, sort_keys=True, default=str), flush=True)
+    story = exposed_story(flat, flat["wall_s"])
+    if story:
+        print(f"  lead learner {story}", flush=True)
+    print(jsontext.dumps(flat, sort_keys=True, default=str), flush=True)
 
 
 JOB_CONFIG = DQNCartPoleConfig  # [job] and [dqn] (see conduit_hpc.config.jobs)

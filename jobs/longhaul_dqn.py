@@ -33,7 +33,6 @@ link budget, not this machine's two cores, decides what crosses. Per-superstep m
 from __future__ import annotations
 
 import copy
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -43,11 +42,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role
+from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role, jsontext
 from conduit_hpc.config import require
 from conduit_hpc.features.longhaul.metrics import settled_mean
 from conduit_hpc.job import job_main
 from conduit_hpc.plane.metrics import write_summary
+from conduit_hpc.transport.objects import allgather_json
 
 try:  # the DQN pieces (issue 6); the regression workload runs without them
     from conduit_hpc.rl import DQNSection
@@ -323,12 +323,14 @@ def run(cfg: LongHaulJobConfig, run_dir: Path | None, resume: str) -> dict[str, 
             out = learner_loop(edp, cfg, model, wl)
         edp.done()
         summary = edp.summary()
-        job_stats = edp.roles.world.allgather((edp.role.value, out))
+        # JSON, not pickle (collective on the world; every rank gets every rank's stats)
+        job_stats = [(str(role), dict(s)) for role, s in allgather_json(
+            edp.roles.world, [edp.role.value, out])]
         wall = time.perf_counter() - t0
         rank = edp.world_rank
     if rank == 0:
         flat = flat_summary(cfg, summary, job_stats, wall)
-        print(json.dumps(flat, sort_keys=True), flush=True)
+        print(jsontext.dumps(flat, sort_keys=True), flush=True)
         if run_dir is not None:
             from conduit_hpc.rl.episodes import merge_episode_files
 

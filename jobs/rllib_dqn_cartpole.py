@@ -8,14 +8,13 @@ collective and before Ray starts, so a bad key fails the whole job at once.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role
+from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role, jsontext
 from conduit_hpc.config.checks import require
 from conduit_hpc.job import job_main
 
@@ -176,10 +175,10 @@ def run(cfg: RllibDQNConfig, run_dir: Path | None, resume: str) -> None:
         elif edp.role is Role.LEARNER:
             result = train(cfg, edp, dqn)
             edp.done()
-            print("rllib-result " + json.dumps({k: v for k, v in result.items()
+            print("rllib-result " + jsontext.dumps({k: v for k, v in result.items()
                                                  if k != "curve"}), flush=True)
             if run_dir is not None:
-                (run_dir / "rllib-result.json").write_text(json.dumps(result, indent=1))
+                (run_dir / "rllib-result.json").write_text(jsontext.dumps(result, indent=1))
         edp.done()
 
 

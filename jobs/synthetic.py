@@ -18,14 +18,13 @@ and exit 0.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from conduit_hpc import Config, DataPlaneClosed, ExperienceDataPlane, Role, Spec
+from conduit_hpc import Config, DataPlaneClosed, ExperienceDataPlane, Role, Spec, jsontext
 from conduit_hpc.checkpoint import rng_from_json, rng_to_json
 from conduit_hpc.config import require
 from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
@@ -265,7 +264,7 @@ def report(summary: dict, cfg: SyntheticConfig, wall: float) -> None:
             f"exposed median {lat.get('exposed_median_s', float('nan')) * 1e3:.3f} ms "
             f"(p99 {lat.get('exposed_p99_s', float('nan')) * 1e3:.3f}), iteration median "
             f"{lat.get('iteration_median_s', float('nan')) * 1e3:.3f} ms")
-    print(json.dumps({"dropped_updates": sum(s["dropped_updates"]
+    print(jsontext.dumps({"dropped_updates": sum(s["dropped_updates"]
                                              for s in summary["shards"].values())}))
 
 

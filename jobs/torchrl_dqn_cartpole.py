@@ -41,7 +41,6 @@ update the mean iteration time and the time in ``sample()`` + priority update
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import deque
@@ -52,7 +51,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role
+from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role, jsontext
 from conduit_hpc.config import require
 from conduit_hpc.job import job_main
 from conduit_hpc.plane.metrics import write_summary
@@ -416,7 +415,7 @@ def run(cfg: TorchRLDQNConfig, run_dir: Path | None, resume: str) -> dict[str, A
         print(f"torchrl_dqn_cartpole ({out['mode']}): {head}; {out['env_steps']:,} env "
               f"steps, {out['updates']:,} updates ({out['updates_per_s']:.0f}/s) in "
               f"{out['wall_s']:.1f} s", flush=True)
-        print(json.dumps(out, sort_keys=True, default=str), flush=True)
+        print(jsontext.dumps(out, sort_keys=True, default=str), flush=True)
     return out
 
 

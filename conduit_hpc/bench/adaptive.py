@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench.common import git_sha, repo_path, worker_command
 from conduit_hpc.bench.scale import cluster_of
 
@@ -198,7 +199,7 @@ def live_worker(cfg_path: str, out_path: str) -> None:
         rep = summary["replacement"].get(1, {})
         out["history"] = rep.get("history", [])
         out["counters"] = {r: v.get("counters", {}) for r, v in summary["replacement"].items()}
-        Path(out_path).write_text(json.dumps(out, default=str))
+        Path(out_path).write_text(jsontext.dumps(out, default=str))
 
 
 def _stats(r: dict, lo: int, hi: int | None = None) -> dict:
@@ -222,7 +223,7 @@ def _cluster_toml(gbps: float) -> str:
 def _launch(args: argparse.Namespace, job: dict, work: Path, name: str) -> dict:
     from conduit_hpc.testing import mpirun
 
-    (work / f"{name}.json").write_text(json.dumps(job))
+    (work / f"{name}.json").write_text(jsontext.dumps(job))
     t0 = time.perf_counter()
     out = mpirun(4, worker_command("conduit_hpc.bench.adaptive", "--live-worker",
                                    str(work / f"{name}.json"), str(work / f"{name}-out.json")),
@@ -353,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
         trace = r.pop("trace")
         r.update(bench="adaptive", git_sha=sha, supersteps=args.supersteps,
                  compute_s=args.compute_s)
-        print(json.dumps(r))
+        print(jsontext.dumps(r))
         what = ("skew unknown when planned, then persistent" if not known else
                 f"skew known when planned, hot set drifts (tau = {tau:g} supersteps)")
         print(f"\n{what}")
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> dict:
     out: dict = {"results": results}
     if args.live:
         live = run_live(args)
-        print(json.dumps(live))
+        print(jsontext.dumps(live))
         print_live(live)
         out["live"] = live
     return out

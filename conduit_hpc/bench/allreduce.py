@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench.common import git_sha, repo_path, worker_command
 
 CARTPOLE_PARAMS = 4 * 128 + 128 + 128 * 128 + 128 + 128 * 2 + 2  # QNetwork(4, 2, (128, 128))
@@ -93,7 +94,7 @@ def worker(args: argparse.Namespace) -> None:
             slowest = np.empty_like(times)
             comm.Allreduce(times, slowest, op=MPI.MAX)
             if comm.rank == 0:
-                print(json.dumps({
+                print(jsontext.dumps({
                     "bench": "allreduce", "op": name, "ranks": comm.size,
                     "backend": coll.backend, "floats": n if name != "agree" else 1,
                     "median_us": float(np.median(slowest) * 1e6),
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                        shm.bandwidth_gbps, shm.latency_s) \
                     if r["op"] in ("allreduce_mean_", "agree", "mpi_allreduce") else None
                 results.append(r)
-                print(json.dumps(r), flush=True)
+                print(jsontext.dumps(r), flush=True)
     return {"results": results}
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench.common import git_sha, worker_command
 from conduit_hpc.plane.extensions import BufferExtension
 
@@ -174,7 +175,7 @@ def worker(args: argparse.Namespace) -> None:
         everyone = gather_json(world, out, root=0)
     if comm.rank == 0:
         assert everyone is not None
-        print("RESULT " + json.dumps(summarize(everyone, args, cap)), flush=True)
+        print("RESULT " + jsontext.dumps(summarize(everyone, args, cap)), flush=True)
 
 
 def plain_path(root: Path, rank: int) -> Path:
@@ -279,10 +280,10 @@ def main(argv: list[str] | None = None) -> dict:
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
     result = json.loads(line[7:])
     result.update(git_sha=git_sha(), disk=str(Path(args.dir or tempfile.gettempdir())))
-    print(json.dumps(result))
+    print(jsontext.dumps(result))
     if args.out:
         with open(args.out, "a") as f:
-            f.write(json.dumps(result) + "\n")
+            f.write(jsontext.dumps(result) + "\n")
     print_table(result)
     return result
 

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/dqn_cartpole.toml")
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
                      label=mode if n == 1 else f"{mode}/{n}L",
                      target_return=hp.target_return, max_env_steps=hp.max_env_steps)
             results.append(r)
-            print(json.dumps(r, default=str), flush=True)
+            print(jsontext.dumps(r, default=str), flush=True)
     by_mode = summarise(results)
     print_table(by_mode, hp)
     from conduit_hpc.tools.report.run import write_report

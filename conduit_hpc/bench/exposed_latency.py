@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench.common import git_sha, repo_path
 
 MODES = ("sync", "service", "edp", "edp-process")
@@ -148,12 +148,12 @@ def main(argv: list[str] | None = None) -> dict:
                     r.update(factor=factor, calibrated_path_s=path_s, git_sha=sha,
                              bench="exposed_latency")
                     results.append(r)
-                    print(json.dumps(r), flush=True)
+                    print(jsontext.dumps(r), flush=True)
     table = reductions(results)
     print_table(results, table)
     if not args.smoke:
         plot(results, out_dir / "exposed_latency.png")
-        (out_dir / "exposed_latency.json").write_text(json.dumps(
+        (out_dir / "exposed_latency.json").write_text(jsontext.dumps(
             {"results": results, "reductions": table}, indent=1))
     return {"results": results, "reductions": table}
 

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench.common import git_sha, worker_command
 
 ROWS = {
@@ -93,7 +94,7 @@ def worker(args: argparse.Namespace) -> None:
                                 "gbps": total * row_bytes / wall / 1e9})
     if comm.rank == 0:
         for r in results:
-            print("RESULT " + json.dumps(r), flush=True)
+            print("RESULT " + jsontext.dumps(r), flush=True)
 
 
 # ---------------------------------------------------------------------------------
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
                     r.update(transport=transport, memcpy_gbps=bw,
                              ratio_to_memcpy=r["gbps"] / bw, git_sha=sha, bench="ingest")
                     results.append(r)
-    lines = [json.dumps(r) for r in results]
+    lines = [jsontext.dumps(r) for r in results]
     for ln in lines:
         print(ln)
     if args.out:

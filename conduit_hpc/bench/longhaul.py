@@ -25,13 +25,13 @@ and the ``regression`` workload otherwise (said in the output).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/longhaul_dqn.toml")
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
                     r = run_one(args, workload, mode, seed, factor * demand, work)
                     r.update(budget_factor=factor, git_sha=sha)
                     results.append(r)
-                    print(json.dumps(r), flush=True)
+                    print(jsontext.dumps(r), flush=True)
         table = summarize(results)
         if keep:
             from conduit_hpc.tools.report.longhaul import write_longhaul_report
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"plots and table: {md}")
     print_table(table)
     for t in table:
-        print(json.dumps({"bench": "longhaul", "summary": t, "git_sha": sha}), flush=True)
+        print(jsontext.dumps({"bench": "longhaul", "summary": t, "git_sha": sha}), flush=True)
     return {"workload": workload, "results": results, "ratios": table}
 
 

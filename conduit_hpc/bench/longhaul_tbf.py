@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from conduit_hpc import jsontext
+
 RECEIVER = r"""
 import json, socket, sys, time
 n, size, pings, port = map(int, sys.argv[1:5])
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     except PermissionError as err:
         result = {"bench": "longhaul_tbf", "skipped": str(err)}
     result["wall_s"] = time.perf_counter() - t0
-    print(json.dumps(result), flush=True)
+    print(jsontext.dumps(result), flush=True)
     return result
 
 

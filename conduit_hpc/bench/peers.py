@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench._peers_inprocess import (
     ALPHA,
     BETA,
@@ -132,7 +133,7 @@ def ours_worker(args: argparse.Namespace) -> None:
                         res.update(kind=kind, mode=mode, sampler=sampler)
                         results.append(res)
     for r in results:
-        print("RESULT " + json.dumps(r), flush=True)
+        print("RESULT " + jsontext.dumps(r), flush=True)
 
 
 def _ours_phases(edp: Any, side: Any, kind: str, sz: dict[str, int],
@@ -209,7 +210,7 @@ def peer_worker(args: argparse.Namespace) -> None:
     except ImportError as err:
         res = {"skipped": f"{args.peer} is not installed ({err}); pip install "
                           f"'conduit_hpc[peers]' (or cpprb torchrl tensordict)"}
-    print("RESULT " + json.dumps(res), flush=True)
+    print("RESULT " + jsontext.dumps(res), flush=True)
 
 
 # ---------------------------------------------------------------------------------
@@ -276,16 +277,16 @@ def main(argv: list[str] | None = None) -> dict:
             r = json.loads(line[7:])
             r.update(system="conduit_hpc", git_sha=sha, bench="peers")
             results.append(r)
-            print(json.dumps(r), flush=True)
+            print(jsontext.dumps(r), flush=True)
     for peer in [x for x in args.peers.split(",") if x]:
         for kind in args.kinds.split(","):
             r = run_peer(peer, kind, args)
             r.update(system=peer, kind=kind, git_sha=sha, bench="peers")
             results.append(r)
-            print(json.dumps(r), flush=True)
+            print(jsontext.dumps(r), flush=True)
     table = ratios(results)
     for t in table:
-        print(json.dumps({**t, "bench": "peers", "git_sha": sha}), flush=True)
+        print(jsontext.dumps({**t, "bench": "peers", "git_sha": sha}), flush=True)
     print_table(results, table)
     return {"results": results, "ratios": table}
 

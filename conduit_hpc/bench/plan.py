@@ -14,11 +14,11 @@ per result.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench.common import git_sha, repo_path
 from conduit_hpc.bench.scale import cluster_of
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "best_s": min(times), "median_s": statistics.median(times),
                      "cpu_best_s": min(cpu),
                      "objective_s": plan.prediction.objective_s}
-                print(json.dumps(r))
+                print(jsontext.dumps(r))
                 results.append(r)
     print(f"\n{'GPUs':>5} {'buffers':>7} {'scope':>11} {'sampling':>11} {'shards':>7} "
           f"{'best s':>8} {'median s':>9} {'CPU s':>7}  method")

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/rllib_dqn_cartpole.toml")
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for v in variants:  # interleaved, so that load drifts hit every variant alike
             row = {"bench": "rllib", "git": git_sha(), "smoke": a.smoke, "sets": sets,
                    **run_one(v, seed, sets, out, a.timeout)}
-            print(json.dumps(row), flush=True)
+            print(jsontext.dumps(row), flush=True)
             rows.append(row)
     text = table(rows, variants)
     print(text)

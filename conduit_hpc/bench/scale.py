@@ -28,7 +28,6 @@ all-reduce on a link probed here (:mod:`conduit_hpc.bench._scale_measured`).
 from __future__ import annotations
 
 import argparse
-import json
 import queue
 import statistics
 import sys
@@ -39,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench._scale_model import (
     MODES,
     allreduce_link,
@@ -268,14 +268,14 @@ def main(argv: list[str] | None = None) -> dict:
         if name not in costs:
             raise SystemExit(f"--cost {item!r}: unknown cost; known: {', '.join(costs)}")
         costs[name] = float(value)
-    print(json.dumps({"bench": "scale", "what": "costs", "git_sha": sha, **costs}))
+    print(jsontext.dumps({"bench": "scale", "what": "costs", "git_sha": sha, **costs}))
     results = run_scale(Path(args.cluster), sizes, costs, row_bytes=args.row_bytes,
                         batch_rows=args.batch_rows, rows_per_learner=args.rows_per_learner,
                         compute_s=args.compute_s, update_rate_hz=args.update_rate,
                         actor_rows_per_s=args.actor_rate,
                         actors_per_learner=args.actors_per_learner, scope=args.scope,
                         gradient_bytes=args.gradient_bytes)
-    lines = [json.dumps({"bench": "scale", "git_sha": sha, "scope": args.scope,
+    lines = [jsontext.dumps({"bench": "scale", "git_sha": sha, "scope": args.scope,
                          "row_bytes": args.row_bytes, "batch_rows": args.batch_rows,
                          "compute_s": args.compute_s, **r}) for r in results]
     for ln in lines:

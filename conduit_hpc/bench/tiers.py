@@ -28,7 +28,6 @@ not PCIe.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench.common import git_sha
 
 
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
              "median_ms": 1e3 * statistics.median(times),
              "p95_ms": 1e3 * float(np.percentile(times, 95)),
              "batches_per_s": 1.0 / statistics.median(times)}
-        print(json.dumps(r))
+        print(jsontext.dumps(r))
         results.append(r)
     print(f"\n{'configuration':<26} {'median ms':>10} {'p95 ms':>8} {'batches/s':>10}")
     for r in results:

@@ -34,6 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench.common import git_sha
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "synthetic.toml"
@@ -133,6 +134,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = []
     for name, sets in placements(out, Path(args.job)):
         r = run_one(name, sets, args, out)
-        print(json.dumps(r), flush=True)
+        print(jsontext.dumps(r), flush=True)
         results.append(r)
     return {"results": results, "out": str(out)}

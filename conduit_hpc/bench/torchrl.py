@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/torchrl_dqn_cartpole.toml")
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
             r = run_mode(mode, Path(args.config), sets, seed, out, args.time_limit)
             r.update(bench="torchrl", mode=mode, seed=seed, git_sha=sha, sets=sets)
             results.append(r)
-            print(json.dumps(r, default=str), flush=True)
+            print(jsontext.dumps(r, default=str), flush=True)
     print_table(results)
     return {"results": results, "git_sha": sha, "sets": sets}
 

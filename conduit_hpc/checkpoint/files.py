@@ -20,10 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from conduit_hpc import jsontext
 from conduit_hpc.errors import CheckpointError
 from conduit_hpc.spec import Field, Spec
 
-SCHEMA_VERSION = 1
+#: 2: a ``sampler`` group (world rank -> the learner's Sampler.state_dict as JSON);
+#: version 1 checkpoints, without it, are still read
+SCHEMA_VERSION = 2
 FORMAT = "conduit_hpc experience checkpoint"
 MANIFEST = "manifest.h5"
 DONE = "DONE"
@@ -76,7 +79,7 @@ def _fsync(path: Path) -> None:
 
 
 def _json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return jsontext.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
 def spec_to_json(spec: Spec) -> list[dict[str, Any]]:

@@ -56,6 +56,8 @@ def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, A
                    spec=spec_to_json(ckpt.spec), rows=ckpt.rows,
                    config_toml=ckpt.config_toml, counters=ckpt.counters,
                    rng_ranks=sorted(ckpt.rng), layout=ckpt.layout,
+                   sampler={r: {k: v for k, v in s.items() if k != "rng"}
+                            for r, s in sorted(ckpt.sampler.items())},
                    extra_arrays=sorted(d[len("/arrays/"):] for d in
                                        ckpt.files.get(LEARNER_FILE, {}).get("datasets", {})),
                    attributes=ckpt.dataset_attrs())
@@ -130,6 +132,10 @@ def format_report(report: Mapping[str, Any]) -> str:
                          for k, v in c.items() if k != "role")
         lines.append(f"  rank {r} ({c.get('role', '?')}): {body or '-'}")
     lines.append(f"rng states   world ranks {report['rng_ranks'] or 'none'}")
+    samplers = report.get("sampler") or {}
+    lines.append("samplers     " + (", ".join(
+        f"rank {r}: {s.get('sampler', '?')} from superstep {s.get('superstep_offset', '?')}"
+        for r, s in samplers.items()) if samplers else "none stored (schema 1)"))
     extra = report.get("extra_arrays") or []
     lines.append(f"extra state  {', '.join(extra) if extra else 'none'}")
     attrs = {k: a for k, a in (report.get("attributes") or {}).items() if a}

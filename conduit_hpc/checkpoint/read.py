@@ -106,6 +106,8 @@ class Checkpoint:
         files (dict[str, dict]): file records (bytes, dataset checksums).
         counters (dict[int, dict]): world rank -> counters (``role`` included).
         rng (dict[int, str]): world rank -> RNG state (JSON).
+        sampler (dict[int, dict]): world rank -> the learner's sampler state
+            (:meth:`~conduit_hpc.sampling.Sampler.state_dict`; empty before schema 2).
     """
 
     path: Path
@@ -120,6 +122,7 @@ class Checkpoint:
     files: dict[str, dict[str, Any]]
     counters: dict[int, dict[str, Any]] = field(default_factory=dict)
     rng: dict[int, str] = field(default_factory=dict)
+    sampler: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def rows(self) -> int:
@@ -366,9 +369,12 @@ def _read_manifest(p: Path, f: h5py.File) -> Checkpoint:
                                 v.decode() if isinstance(v, bytes) else v)
                             for k, v in g.attrs.items()}
     rng = {int(r): _str(ds) for r, ds in f["rng"].items()}
+    sampler = ({int(r): json.loads(_str(ds)) for r, ds in f["sampler"].items()}
+               if "sampler" in f else {})  # schema 1: none
     return Checkpoint(path=p, seq=int(a["seq"]), created_unix=float(a["created_unix"]),
                       schema_version=version, spec=spec,
                       config_toml=_str(meta["config_toml"]),
                       layout=json.loads(_str(meta["layout"])),
                       placement=json.loads(_str(meta["placement"])), shards=shards,
-                      files=json.loads(_str(meta["files"])), counters=counters, rng=rng)
+                      files=json.loads(_str(meta["files"])), counters=counters, rng=rng,
+                      sampler=sampler)

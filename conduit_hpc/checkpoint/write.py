@@ -9,7 +9,6 @@ Every function here is local (no MPI, no collective) and blocks for its own disk
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import zlib
@@ -20,6 +19,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from conduit_hpc import jsontext
 from conduit_hpc.checkpoint import files as _files
 from conduit_hpc.checkpoint.files import (
     CHUNK_BYTES,
@@ -272,11 +272,14 @@ def write_manifest(directory: Path, *, seq: int, spec: Spec, config_toml: str,
             for key, (text, units) in _SHARD_TABLE.items():
                 _set_attrs(t[key], {"description": text, "units": units})
             rng = f.create_group("rng")
+            sampler = f.create_group("sampler")  # schema 2 (absent in schema 1)
             counters = f.create_group("counters")
             for p in sorted(parts, key=lambda p: int(p["world_rank"])):
                 r = str(int(p["world_rank"]))
                 if p.get("rng"):
                     rng[r] = str(p["rng"])
+                if p.get("sampler"):
+                    sampler[r] = _json(p["sampler"])
                 c = counters.create_group(r)
                 c.attrs["role"] = str(p.get("role", ""))
                 for k, v in (p.get("counters") or {}).items():
@@ -354,7 +357,7 @@ def finalize(tmp_dir: Path, final_dir: Path, manifest_record: Mapping[str, Any])
                 "created_unix": float(manifest_record["created_unix"]),
                 "manifest_sha256": digest, "files": dict(manifest_record["files"])}
         tmp_done = final_dir / (DONE + ".partial")
-        tmp_done.write_text(json.dumps(done, indent=1, sort_keys=True) + "\n")
+        tmp_done.write_text(jsontext.dumps(done, indent=1, sort_keys=True) + "\n")
         _fsync(tmp_done)
         tmp_done.rename(final_dir / DONE)
         _fsync(final_dir)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from conduit_hpc import jsontext
 from conduit_hpc.config.checks import MAX_BYTES, MAX_ROW_BYTES, require
 from conduit_hpc.config.feature_sections import CheckpointConfig, LongHaulConfig, PlacementConfig
 from conduit_hpc.config.loader import load, to_plain, validate
@@ -236,7 +236,7 @@ class Config:
 
     def digest(self) -> str:
         """SHA-256 of the canonical JSON form; equal configs have equal digests."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        blob = jsontext.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def replace(self: T, **sections: Any) -> T:

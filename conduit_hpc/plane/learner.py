@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -31,7 +31,13 @@ from conduit_hpc.plane.control import C_LEARNER_VERSION, ControlBlock
 from conduit_hpc.plane.delivery import Deliverer
 from conduit_hpc.plane.extensions import LearnerHook
 from conduit_hpc.plane.fetch import FETCHES, Fetch, OwnerFetch, PendingBatch
-from conduit_hpc.plane.metrics import LEARNER_COLUMNS, CsvSink, latency_summary
+from conduit_hpc.plane.metrics import (
+    LEARNER_COLUMNS,
+    CsvSink,
+    exposed_story,
+    latency_summary,
+    rows_split,
+)
 from conduit_hpc.plane.progress import ProgressBoard
 from conduit_hpc.plane.staging import Batch
 from conduit_hpc.plane.weights import WeightsBoard, flat_parameters
@@ -297,6 +303,22 @@ class LearnerEndpoint:
         """Seconds this learner waited for the rate limiter."""
         return self.d.limiter_wait_s
 
+    def sampler_state(self, supersteps: int | None = None) -> dict[str, Any]:
+        """The sampler's state to resume after ``supersteps`` of this learner (counted
+        from its start; None: those delivered so far), JSON-able
+        (:meth:`~conduit_hpc.sampling.Sampler.state_dict`). Local; call it where the
+        data-plane thread is not drawing (``post``) or after the last ``next_batch``."""
+        done = self._superstep + 1 if supersteps is None else int(supersteps)
+        return self.d.sampler.state_dict(done)
+
+    def load_sampler_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint's sampler state. Before the first ``next_batch``.
+
+        Raises:
+            CheckpointError: a state the sampler cannot take.
+        """
+        self.d.sampler.load_state_dict(state)
+
     def resume_at(self, superstep: int, rng: np.random.Generator | None = None) -> None:
         """Continue counting from ``superstep`` (and with ``rng``) after a restore.
         Before the first ``next_batch``."""
@@ -377,8 +399,11 @@ class LearnerEndpoint:
         rows = self.metrics.rows[-50:]
         exp = np.median([r["exposed_s"] for r in rows]) * 1e3 if rows else float("nan")
         it = np.nanmedian([r["iteration_s"] for r in rows]) * 1e3 if rows else float("nan")
+        wall = float(np.nansum([r["iteration_s"] for r in rows]))
+        story = exposed_story(rows_split(rows), wall) if rows else ""
         return (f"[{self.mode.name}] exposed {exp:.2f} ms  iteration {it:.2f} ms (median "
-                f"of the last {len(rows)})  resampled {self.d.resampled}")
+                f"of the last {len(rows)})  resampled {self.d.resampled}"
+                + (f"  {story}" if story else ""))
 
     def _publish(self, s: int) -> None:
         if not self.lead:

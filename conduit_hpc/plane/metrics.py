@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -18,13 +17,24 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from conduit_hpc import jsontext
+
 __all__ = [
     "ACTOR_COLUMNS",
     "LEARNER_COLUMNS",
+    "PATH_WORK",
     "CsvSink",
+    "exposed_split",
+    "exposed_story",
     "latency_summary",
+    "rows_split",
     "write_summary",
 ]
+
+#: the batch timings that are experience-path work (its preparation, inline or on the
+#: data-plane thread): waiting for acknowledged updates, sampling, gathering, the
+#: transform and the copy to the learner's device
+PATH_WORK = ("ack_wait_s", "sample_s", "gather_s", "transform_s", "copy_s")
 
 LEARNER_COLUMNS = ("superstep", "time_s", "mode", "iteration_s", "exposed_s", "compute_s",
                    "sample_s", "gather_s", "transform_s", "copy_s", "rows", "staleness",
@@ -98,21 +108,81 @@ def latency_summary(rows: Sequence[Mapping[str, Any]], *, skip: int = 0) -> dict
             out[f"{key[:-2]}_median_s"] = float(np.median(vals))
             out[f"{key[:-2]}_p99_s"] = float(np.percentile(vals, 99))
             out[f"{key[:-2]}_mean_s"] = float(vals.mean())
+    if use and "exposed_s" in use[0]:
+        out.update(rows_split(use))  # what the exposed time was spent waiting for
     return out
 
 
-def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
-    """A flat JSON dict of headline numbers (non-finite floats become null)."""
-    def clean(v: Any) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, np.generic):
-            return clean(v.item())
-        return v
+def _zeros_for_nan(values: Any, n: int) -> np.ndarray:
+    arr = np.zeros(n) if values is None else np.asarray(values, dtype=float).reshape(-1)
+    return np.nan_to_num(arr, nan=0.0, posinf=0.0, neginf=0.0)
 
+
+def exposed_split(exposed: Any, limiter: Any = None, path: Any = None) -> dict[str, float]:
+    """What the learner waited for in ``next_batch`` (its exposed time), per superstep.
+
+    Each superstep's exposed time is split, in this order, into the batch's path work
+    (``PATH_WORK`` summed, at most the exposed time), the rate limiter's wait (at most
+    what is left) and the rest: waiting that neither explains - for a core, for the
+    scheduler, for other ranks. With ``scheduler.mode = "sync"`` the path work runs
+    inside the wait; with ``edp`` it ran on the data-plane thread, partly during
+    compute, so its share of the wait is an upper bound (path work is counted first so
+    that what is called hidden is never overstated) and the rest is waiting for a batch
+    that was not being worked on.
+
+    Args:
+        exposed (array-like): exposed seconds per superstep.
+        limiter (array-like | None): the learner's rate-limiter wait per superstep.
+        path (array-like | None): path-work seconds per superstep.
+
+    Returns:
+        dict[str, float]: totals ``exposed_total_s``, ``exposed_path_s``,
+        ``exposed_limiter_s``, ``exposed_other_s`` (summing to the first), ``path_work_s``
+        and ``path_work_hidden`` (the share of path work that did not lie in the wait:
+        hidden behind compute; NaN without path work). NaN entries count as 0.
+    """
+    e = np.maximum(_zeros_for_nan(exposed, 0), 0.0)
+    work = np.maximum(_zeros_for_nan(path, len(e)), 0.0)
+    p = np.minimum(work, e)
+    rest = e - p
+    lim = np.minimum(np.maximum(_zeros_for_nan(limiter, len(e)), 0.0), rest)
+    total_work = float(work.sum())
+    return {"exposed_total_s": float(e.sum()), "exposed_limiter_s": float(lim.sum()),
+            "exposed_path_s": float(p.sum()), "exposed_other_s": float((rest - lim).sum()),
+            "path_work_s": total_work,
+            "path_work_hidden": (1.0 - float(p.sum()) / total_work if total_work > 0
+                                 else math.nan)}
+
+
+def exposed_story(split: Mapping[str, float], wall_s: float | None = None) -> str:
+    """The split in words: ``"exposed 0.231 of wall time: path work 4%, rate limiter 0%,
+    other (a core, scheduling, other ranks) 96%; path work hidden behind compute 91%"``
+    ("" when nothing was exposed)."""
+    total = split.get("exposed_total_s", 0.0)
+    if not total:
+        return ""
+    head = (f"exposed {total / wall_s:.3g} of wall time" if wall_s else
+            f"exposed {total:.3g} s")
+    parts = ", ".join(f"{name} {100 * split.get(key, 0.0) / total:.0f}%" for name, key in (
+        ("path work", "exposed_path_s"), ("rate limiter", "exposed_limiter_s"),
+        ("other (a core, scheduling, other ranks)", "exposed_other_s")))
+    hidden = split.get("path_work_hidden", math.nan)
+    tail = (f"; path work hidden behind compute {100 * hidden:.0f}%"
+            if math.isfinite(hidden) else "")
+    return f"{head}: {parts}{tail}"
+
+
+def rows_split(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """:func:`exposed_split` of metrics rows (dicts with ``exposed_s`` and timings)."""
+    return exposed_split([float(r.get("exposed_s", math.nan)) for r in rows],
+                         [float(r.get("limiter_wait_s", math.nan)) for r in rows],
+                         [math.fsum(float(r.get(k, 0.0)) for k in PATH_WORK) for r in rows])
+
+
+def write_summary(path: Path, summary: Mapping[str, Any]) -> None:
+    """A JSON dict of headline numbers (non-finite floats become null, at any depth)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({k: clean(v) for k, v in summary.items()}, indent=1,
-                               sort_keys=True) + "\n")
+    path.write_text(jsontext.dumps(dict(summary), indent=1, sort_keys=True) + "\n")
 
 
 def format_table(rows: list[list[str]], header: list[str]) -> str:

@@ -30,12 +30,12 @@ shard read by several learners or with a delivery rank or the sequence sampler.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from conduit_hpc import jsontext
 from conduit_hpc.config import Config, SchedulerConfig
 from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.placement import Placement, plan_round_robin
@@ -217,7 +217,7 @@ def decide_placement(config: Config, spec: Spec, roles: RoleComms,
         key = getattr(err, "key", "") or "placement.planner"
         error = f"{type(err).__name__}: {err}"
     digest = "" if plan is None else hashlib.sha256(
-        json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
+        jsontext.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
     seen = allgather_json(roles.world, {"error": error, "key": key if error else "",
                                         "digest": digest})
     bad = [(r, s) for r, s in enumerate(seen) if s["error"]]
@@ -273,6 +273,6 @@ def write_plan(run_dir: Path, plan: Placement, record: PlanRecord) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "plan.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(plan_document(plan, record), indent=1, sort_keys=True))
+    tmp.write_text(jsontext.dumps(plan_document(plan, record), indent=1, sort_keys=True))
     tmp.replace(path)
     return path

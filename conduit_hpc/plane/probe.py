@@ -11,13 +11,13 @@ over the job's role split and hands plain numbers to
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
 
 from mpi4py import MPI
 
+from conduit_hpc import jsontext
 from conduit_hpc.config import LayoutConfig
 from conduit_hpc.placement.cluster import ClusterModel, Roster
 from conduit_hpc.plane.roles import RoleComms, split_roles
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         roles.close()
     if comm.Get_rank() == 0:
-        print(json.dumps({"measurements": m.as_dict()}))
+        print(jsontext.dumps({"measurements": m.as_dict()}))
         print(cluster.to_toml(), end="")
         if args.out:
             with open(args.out, "w") as f:

@@ -5,8 +5,10 @@ otherwise (under mpirun or SLURM, where stdout is a log file).
 One process draws the board (the lead learner: :class:`~conduit_hpc.plane.learner.
 LearnerEndpoint` makes it when asked for a status); other ranks print nothing periodic.
 A line's budget is a count (``total`` in ``unit``: supersteps, env steps), a time
-(``time_s``), or both; its share is the larger of the two fractions spent, so the ETA is
-that of whichever budget ends the run first.
+(``time_s``), or both; its share is the larger of the two fractions spent. The run ends
+at the first budget of any line, so the board shows one ETA, on its first line: the
+earliest end it can foresee over all lines, with its reason (``ETA 2 min (actors: env
+steps budget)``). An end it cannot foresee (a return target) is not in it.
 
 Updating is cheap: :meth:`ProgressBoard.update` stores numbers and returns unless it is
 time to draw (every 0.25 s on a terminal, every ``every_s`` seconds in a log); a note
@@ -81,25 +83,39 @@ class ProgressLine:
             return math.nan
         return (self.done - d0) / (now - t0)
 
-    def eta_s(self, now: float, rate: float) -> float:
-        """Seconds until the first budget runs out (inf when none can be told)."""
-        etas = []
+    def ends(self, now: float, rate: float) -> list[tuple[float, str]]:
+        """(seconds left, reason) of each budget of this line whose end can be told."""
+        out = []
         if self.total > 0 and rate > 0:
-            etas.append(max(0.0, self.total - self.done) / rate)
+            out.append((max(0.0, self.total - self.done) / rate,
+                        f"{self.role}: {self.unit or 'count'} budget"))
         if self.time_s > 0:
-            etas.append(max(0.0, self.time_s - (now - self.started)))
-        return min(etas) if etas else math.inf
+            out.append((max(0.0, self.time_s - (now - self.started)),
+                        f"{self.role}: time budget"))
+        return out
 
-    def text(self, now: float) -> str:
-        """The line as plain text."""
+    def eta_s(self, now: float, rate: float) -> float:
+        """Seconds until this line's first budget runs out (inf when none can be told)."""
+        return min((s for s, _ in self.ends(now, rate)), default=math.inf)
+
+    def text(self, now: float, rate: float | None = None,
+             eta: tuple[float, str] | None = None) -> str:
+        """The line as plain text; with ``eta`` (seconds, reason) it shows that ETA.
+
+        Args:
+            now (float): ``time.monotonic()``.
+            rate (float | None): this line's rate (None: measured now).
+            eta (tuple[float, str] | None): the run's ETA and why (None: no ETA shown).
+        """
         frac = self.fraction(now)
-        rate = self.rate(now)
+        rate = self.rate(now) if rate is None else rate
         done = f"{self.done:,.0f}" + (f"/{self.total:,.0f}" if self.total > 0 else "")
         pieces = [f"{self.role:<8}", f"{100 * frac:5.1f}%" if math.isfinite(frac) else "    -",
                   f"{done} {self.unit}".rstrip()]
         if math.isfinite(rate):
             pieces.append(f"{rate:,.0f} {self.unit}/s" if self.unit else f"{rate:,.1f}/s")
-        pieces.append(f"ETA {format_eta(self.eta_s(now, rate))}")
+        if eta is not None:
+            pieces.append(f"ETA {format_eta(eta[0])}" + (f" ({eta[1]})" if eta[1] else ""))
         pieces.append(f"elapsed {format_eta(now - self.started)}")
         note = self.note() if callable(self.note) else self.note
         if note:
@@ -160,13 +176,23 @@ class ProgressBoard:
         if not force and now - self._last < (0.25 if self.live else self.every_s):
             return
         self._last = now
-        texts = [line.text(now) for line in self.lines.values()]
+        texts = self.texts(now)
         if self.live:
             self._draw_live(texts)
         else:  # one write per block: lines of one board never interleave
             stamp = time.strftime("%H:%M:%S")
             self.stream.write("".join(f"[progress {stamp}] {t}\n" for t in texts))
             self.stream.flush()
+
+    def texts(self, now: float) -> list[str]:
+        """Every line as text; the first carries the run's one ETA: the earliest end
+        foreseen over all lines, with its reason (``-`` when none can be told)."""
+        lines = list(self.lines.values())
+        rates = [line.rate(now) for line in lines]
+        ends = [e for line, r in zip(lines, rates, strict=True) for e in line.ends(now, r)]
+        eta = min(ends, default=(math.inf, ""))
+        return [line.text(now, rate=r, eta=eta if i == 0 else None)
+                for i, (line, r) in enumerate(zip(lines, rates, strict=True))]
 
     def _draw_live(self, texts: list[str]) -> None:
         from rich.console import Console, Group

@@ -15,7 +15,6 @@ sections, their one source of truth (``scheduler.batch_rows``, ``min_fill_rows``
 from __future__ import annotations
 
 import copy
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from conduit_hpc import jsontext
 from conduit_hpc.config import SchedulerConfig, StorageConfig, require
 from conduit_hpc.rl.episodes import EpisodeLog
 from conduit_hpc.rl.exploration import epsilon_greedy
@@ -164,5 +164,5 @@ def train_single_process(hp: DQNSection, scheduler: SchedulerConfig, storage: St
               "env_steps_to_target": reached_at, "wall_s": wall, "updates": updater.updates,
               "episodes": len(episodes.returns), "final_mean_return": episodes.mean_recent}
     if metrics is not None:
-        (metrics / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+        (metrics / "summary.json").write_text(jsontext.dumps(result, indent=1) + "\n")
     return result

@@ -7,7 +7,7 @@ A :class:`Sampler` has two halves, both plain numpy:
   (:meth:`Sampler.redraw`), importance weights (:meth:`Sampler.weights`), the check of a
   priority update (:meth:`Sampler.check_update`), and its own state
   (:meth:`Sampler.state_dict`: the random generator and the superstep offset that the
-  beta schedule counts from) for checkpoints;
+  beta schedule counts from), which learner checkpoints hold and restore;
 * **owner side** - a :class:`ShardDrawer` per shard, used by the shard's owner: what the
   shard publishes for samplers (:meth:`ShardDrawer.stats`) and which rows the targets
   fall on (:meth:`ShardDrawer.draw`).
@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from conduit_hpc.errors import SpecError
+from conduit_hpc import jsontext
+from conduit_hpc.errors import CheckpointError, SpecError
 from conduit_hpc.sampling.stratified import ShardStats, allocate_targets
 from conduit_hpc.spec import as_array
 from conduit_hpc.storage.priority import PriorityIndex, check_priorities
@@ -112,19 +113,41 @@ class Sampler(abc.ABC):
         return check_update(indices, priorities, capacities)
 
     # -- state -----------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-able state: the generator and the superstep offset."""
-        return {"rng": json.dumps(self.rng.bit_generator.state),
-                "superstep_offset": self.superstep_offset}
+    def state_dict(self, supersteps: int = 0) -> dict[str, Any]:
+        """JSON-able state, written into checkpoints (schema 2): the strategy's name, its
+        random generator and the superstep offset its schedules count from.
+
+        Args:
+            supersteps (int): supersteps done since :attr:`superstep_offset` was set; the
+                state resumes after them (a checkpoint at a boundary passes its own).
+        """
+        return {"sampler": self.name, "rng": jsontext.dumps(self.rng.bit_generator.state),
+                "superstep_offset": self.superstep_offset + int(supersteps)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Inverse of :meth:`state_dict` (missing keys keep their value)."""
+        """Inverse of :meth:`state_dict` (missing keys keep their value). Strategies with
+        more state extend both.
+
+        Raises:
+            CheckpointError: an RNG state that is not one of numpy's bit generators, or
+                an offset that is not a non-negative integer.
+        """
         if state.get("rng"):
-            bg = np.random.PCG64()
-            bg.state = json.loads(state["rng"])
+            try:
+                raw = json.loads(state["rng"])
+                bg = getattr(np.random, str(raw["bit_generator"]))()
+                bg.state = raw
+            except (ValueError, TypeError, KeyError, AttributeError) as err:
+                raise CheckpointError(f"sampler state 'rng' must be a numpy bit generator's "
+                                      f"state as JSON, got {str(state['rng'])[:80]!r}: "
+                                      f"{err}") from err
             self.rng = np.random.Generator(bg)
         if "superstep_offset" in state:
-            self.superstep_offset = int(state["superstep_offset"])
+            off = state["superstep_offset"]
+            if isinstance(off, bool) or not isinstance(off, int) or off < 0:
+                raise CheckpointError(f"sampler state 'superstep_offset' must be an "
+                                      f"integer >= 0, got {off!r}")
+            self.superstep_offset = off
 
 
 def check_update(indices: Any, priorities: Any, shards: Mapping[int, int]

@@ -13,7 +13,6 @@ import argparse
 import ast
 import contextlib
 import importlib
-import json
 import os
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from conduit_hpc import __version__
+from conduit_hpc import __version__, jsontext
 from conduit_hpc.errors import ConduitError
 
 __all__ = ["COMMANDS", "Command", "benchmarks", "build_parser", "main"]
@@ -207,7 +206,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     mod = importlib.import_module(f"conduit_hpc.bench.{name.replace('-', '_')}")
     result = mod.main(args.args)
     if args.json:
-        print(json.dumps(result, default=str))
+        print(jsontext.dumps(result, default=str))
     return 0
 
 
@@ -258,7 +257,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from conduit_hpc.checkpoint import format_report, inspect_checkpoint
 
     report = inspect_checkpoint(_checkpoints_of_run(args.path), verify=args.verify)
-    print(json.dumps(report, default=str) if args.json else format_report(report))
+    print(jsontext.dumps(report, default=str) if args.json else format_report(report))
     if not report["ok"]:
         print(f"conduit-hpc: error: CheckpointError: {report['error']}", file=sys.stderr)
         return 1

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
 from conduit_hpc import checkpoint as ck
-from conduit_hpc.features.checkpointing import restore_data_plane
+from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.testing import checked_batch, make_config
 
@@ -101,6 +101,44 @@ def test_restore_brings_back_the_learners_position_and_sampler_state(shared_dir)
             assert edp.learner.superstep_offset == EVERY
             first = edp.next_batch()
             assert first.superstep == EVERY  # the scheduler continues where it was
+        elif edp.role is Role.BUFFER:
+            edp.serve()
+        edp.done()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_final_checkpoint_resumes_the_samplers_own_state(shared_dir) -> None:
+    """Issue 23 item 5: save_checkpoint without counters (as the DQN job calls it) used to
+    restore the learner at superstep 0 with a fresh RNG: the beta schedule restarted.
+    The sampler's state_dict now travels in the checkpoint (schema 2)."""
+    cfg = config("sync")
+    steps = EVERY + 2
+    want = None
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            for i in range(20):
+                edp.ingest(checked_batch(edp.world_rank, 8 * i, 8))
+            edp.done()
+        elif edp.role is Role.LEARNER:
+            for _ in range(steps):
+                b = edp.next_batch()
+                edp.update_priorities(b.indices, np.ones(len(b)))
+            edp.done()
+            want = edp.learner.sampler_state()
+        else:
+            edp.serve()
+        save_checkpoint(edp, shared_dir)
+    assert want is None or want["superstep_offset"] == steps
+    with ExperienceDataPlane(cfg) as edp:
+        restored = restore_data_plane(edp, "latest", roots=[shared_dir])
+        assert restored is not None
+        if edp.role is Role.LEARNER:
+            learner = edp.world_rank
+            c = ck.open_checkpoint(restored.path, spec=edp.spec)
+            assert c.schema_version == ck.SCHEMA_VERSION and c.sampler[learner] == want
+            assert edp.learner.superstep_offset == steps
+            assert edp.learner.sampler_state(0) == want  # the same RNG, the same offset
+            assert edp.next_batch().superstep == steps
         elif edp.role is Role.BUFFER:
             edp.serve()
         edp.done()

@@ -38,7 +38,7 @@ def snapshots() -> list[ShardSnapshot]:
 
 
 def write(root: Path, seq: int, snaps: list[ShardSnapshot] | None = None, *,
-          extra: dict | None = None, spec: Spec = SPEC) -> Path:
+          extra: dict | None = None, spec: Spec = SPEC, sampler: dict | None = None) -> Path:
     """A checkpoint as the collective save writes it, without MPI."""
     snaps = snapshots() if snaps is None else snaps
     tmp = root / f".tmp-{ck.checkpoint_name(seq)}-1"
@@ -53,7 +53,8 @@ def write(root: Path, seq: int, snaps: list[ShardSnapshot] | None = None, *,
     gen = np.random.default_rng(42)
     gen.random(3)
     learner = {"world_rank": 0, "role": "learner", "rng": ck.rng_to_json(gen),
-               "counters": {"superstep": 1234, "samples": 5.5e6}, "files": [], "shards": []}
+               "counters": {"superstep": 1234, "samples": 5.5e6}, "files": [], "shards": [],
+               "sampler": sampler}
     if extra is not None:
         learner["files"] = [ck.write_arrays_file(tmp / ck.LEARNER_FILE, extra)]
     parts.append(learner)
@@ -191,8 +192,9 @@ def test_refuses_a_schema_from_the_future(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(ck.files, "SCHEMA_VERSION", ck.SCHEMA_VERSION + 1)
     path = write(tmp_path, 1)
     monkeypatch.undo()
-    with pytest.raises(CheckpointError, match=r"schema version 2 is newer than this "
-                                              r"conduit_hpc reads \(1\)"):
+    now = ck.SCHEMA_VERSION
+    with pytest.raises(CheckpointError, match=rf"schema version {now + 1} is newer than "
+                                              rf"this conduit_hpc reads \({now}\)"):
         ck.open_checkpoint(path)
 
 
@@ -295,3 +297,22 @@ def test_checkpoint_roots_follow_the_run_directory(tmp_path: Path) -> None:
                                                      tmp_path / "job-1" / "checkpoints"]
     absolute = Config.from_dict({"checkpoint": {"directory": str(tmp_path / "shared")}})
     assert resume_roots(absolute, tmp_path / "job-2") == [tmp_path / "shared"]
+
+
+def test_the_samplers_state_round_trips_and_schema_1_still_opens(tmp_path: Path,
+                                                                monkeypatch) -> None:
+    """Schema 2 holds each learner's Sampler.state_dict (issue 23 item 5); a schema-1
+    checkpoint (no ``sampler`` group) opens with none, and resume falls back to the
+    superstep counter and the RNG."""
+    state = {"sampler": "prioritized", "rng": "{}", "superstep_offset": 1234}
+    new = write(tmp_path / "new", 1, sampler=state)
+    c = ck.open_checkpoint(new)
+    assert c.schema_version == 2 and c.sampler == {0: state}
+    text = ck.format_report(ck.inspect_checkpoint(new))
+    assert "samplers     rank 0: prioritized from superstep 1234" in text
+    old = write(tmp_path / "old", 1)
+    with h5py.File(old / ck.MANIFEST, "r") as f:
+        assert len(f["sampler"]) == 0
+    monkeypatch.setattr(ck.files, "SCHEMA_VERSION", 1)
+    c1 = ck.open_checkpoint(write(tmp_path / "v1", 1))
+    assert c1.schema_version == 1 and c1.sampler == {} and c1.rng[0]

@@ -79,3 +79,22 @@ def test_live_board_draws_with_rich_and_logs_above_it() -> None:
                                          (3720, "1 h 02 min"), (float("inf"), "-")])
 def test_eta_format(s: float, text: str) -> None:
     assert format_eta(s) == text
+
+
+def test_one_eta_from_whichever_end_comes_first_with_its_reason() -> None:
+    """Issue 23 item 7: the learner's line said ``ETA 10 min`` (its time budget) while
+    the actors would reach their env-step budget in 2 min; the board shows one ETA."""
+    out = io.StringIO()
+    board = ProgressBoard(out, every_s=3600.0, live=False)
+    board.update("learner", 0, unit="supersteps", time_s=600.0)
+    board.update("actors", 0, total=12_000, unit="env steps", time_s=600.0)
+    actors = board.lines["actors"]
+    actors._recent[:] = [(time.monotonic() - 10.0, 0.0)]
+    board.update("actors", 1000, force=True)  # 100 steps/s: 110 s to the 12,000
+    learner, actor = out.getvalue().splitlines()[-2:]
+    assert re.search(r"ETA 1 min 5\d s \(actors: env steps budget\)", learner), learner
+    assert "ETA" not in actor and "10 min" not in learner
+    board.lines["actors"].total = 10_000_000  # now the time budget comes first
+    board.update("actors", 1000, force=True)
+    assert re.search(r"ETA (9 min|10 min).*\(learner: time budget\)",
+                     out.getvalue().splitlines()[-2])

@@ -289,6 +289,7 @@ class CheckpointAgent(BufferExtension):
         state = provide()
         part: dict[str, Any] = {"seq": int(info["seq"]), "world_rank": self.edp.world_rank,
                                 "role": self.edp.role.value, "rng": state.get("rng"),
+                                "sampler": state.get("sampler"),
                                 "counters": dict(state.get("counters") or {}),
                                 "files": [], "shards": []}
         extra = state.get("extra_state")

@@ -69,6 +69,7 @@ class BoundaryHook(LearnerHook):
 
         def mark() -> None:  # after this learner's updates of supersteps < s
             part["rng"] = rng_to_json(ep.sampler_rng)
+            part["sampler"] = ep.sampler_state(s)  # strategy, rng, offset (schema 2)
             # updates from here on go behind the marker, which the owners hold until
             # their cut: not straight into a node-local index
             ep.updates_through_owners()

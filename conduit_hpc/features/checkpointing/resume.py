@@ -233,10 +233,17 @@ def restore_data_plane(edp: ExperienceDataPlane, source: str | Path = "latest", 
                            rng_state=ckpt.rng.get(me) if same_world else None,
                            extra_state=extra, config_toml=ckpt.config_toml, skipped=skipped)
     if edp.learner is not None:
-        # the scheduler's position and the sampler's random state come back too
-        mine = result.counters.get(me, {})
-        edp.learner.resume_at(int(mine.get("superstep", 0)),
-                              ck.rng_from_json(result.rng_state) if result.rng_state else None)
+        # the scheduler's position and the sampler's state come back too: the sampler's
+        # own state (schema 2; its random state only in the same world), else (schema 1)
+        # the superstep counter and the RNG
+        state = ckpt.sampler.get(me)
+        if state:
+            edp.learner.load_sampler_state(state if same_world else
+                                           {k: v for k, v in state.items() if k != "rng"})
+        else:
+            mine = result.counters.get(me, {})
+            edp.learner.resume_at(int(mine.get("superstep", 0)), ck.rng_from_json(
+                result.rng_state) if result.rng_state else None)
     return result
 
 

@@ -103,7 +103,10 @@ def save_checkpoint(edp: ExperienceDataPlane, root: Path, *,
         raise CheckpointError(plan["error"])
     seq, tmp = int(plan["seq"]), Path(plan["tmp"])
     part: dict[str, Any] = {"seq": seq, "world_rank": me, "role": edp.role.value, "rng": rng,
-                            "counters": dict(counters or {}), "files": [], "shards": []}
+                            "counters": dict(counters or {}), "files": [], "shards": [],
+                            # a learner's sampler resumes after its last batch
+                            "sampler": (edp.learner.sampler_state()
+                                        if edp.learner is not None else None)}
     try:
         if agent is not None and agent.busy:
             raise CheckpointError(f"world rank {me} still has checkpoint work in flight; "

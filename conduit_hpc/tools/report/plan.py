@@ -6,7 +6,6 @@ Plain Python (rich for the tables); no MPI. :func:`plan_command` is what the CLI
 from __future__ import annotations
 
 import io
-import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
@@ -15,6 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from conduit_hpc import jsontext
 from conduit_hpc.errors import PlacementInfeasible
 from conduit_hpc.placement.cluster import TIERS, ClusterModel, Roster
 from conduit_hpc.placement.model import Topology, Workload
@@ -203,14 +203,14 @@ def plan_command(cluster_path: str, workload_path: str | None, *, as_json: bool,
                            method=method)  # type: ignore[arg-type]
     except PlacementInfeasible as err:
         if as_json:
-            print(json.dumps({"cluster": cluster.name, "infeasible": str(err),
+            print(jsontext.dumps({"cluster": cluster.name, "infeasible": str(err),
                               "tier": err.tier, "shortfall_bytes": err.shortfall_bytes}),
                   file=out)
         else:
             print(render_infeasible(cluster, workload, err), file=out)
         raise
     if as_json:
-        print(json.dumps(plan_json(cluster, workload, plan)), file=out)
+        print(jsontext.dumps(plan_json(cluster, workload, plan)), file=out)
     else:
         print(render_plan(cluster, workload, plan, notes=notes, top=top), file=out)
     return 0

@@ -33,12 +33,12 @@ module writes the markdown.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from conduit_hpc import jsontext
 from conduit_hpc.errors import ConduitError
 from conduit_hpc.tools.report.plan_check import load_plan, plan_markdown
 from conduit_hpc.tools.report.run_data import RunData, load_run, run_stats
@@ -73,7 +73,12 @@ STAT_ROWS = (
     ("exposed_p95_ms", "exposed latency, p95 (ms)"),
     ("compute_mean_ms", "learner compute, mean (ms)"),
     ("exposed_share", "exposed share of wall time"),
-    ("path_work_hidden", "experience-path work hidden behind compute"),
+    ("exposed_total_s", "exposed time, learners (s): the wait in next_batch"),
+    ("exposed_path_s", "- of it, path work (s; edp: at most, it ran on a thread)"),
+    ("exposed_limiter_s", "- of it, the rate limiter (s)"),
+    ("exposed_other_s", "- of it, neither: a core, scheduling, other ranks (s)"),
+    ("path_work_s", "experience-path work, learners (s)"),
+    ("path_work_hidden", "experience-path work hidden behind compute (share)"),
     ("rows_ingested", "rows ingested (all actors)"),
     ("ingest_rows_per_s", "ingest rate (rows/s, all actors, over their span)"),
     ("actor_limiter_wait_s", "rate-limiter wait, actors (s)"),
@@ -148,10 +153,17 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
             lines.append(f"| {title} | " + " | ".join(_fmt(s.get(key, "-")) for s in stats)
                          + " |")
     lines.append("")
+    lines += [f"- {r.label}: {s['exposed_story']}" for r, s in zip(runs, stats, strict=True)
+              if s.get("exposed_story")]
+    if any(s.get("exposed_story") for s in stats):
+        lines += ["", "Exposed time is the learner's wait in `next_batch`. Path work is "
+                  "the batch's ack wait, sampling, gathering, transform and copy; 'other' "
+                  "is waiting that neither path work nor the rate limiter explains: with "
+                  "more ranks than cores, waiting for a core.", ""]
     for r in runs:
         if r.summary:
             lines += [f"### summary.json of {r.label}", "", "| key | value |", "|---|---|"]
-            lines += [f"| {k} | {_fmt(v) if not isinstance(v, dict | list) else json.dumps(v)}"
+            lines += [f"| {k} | {_fmt(v) if not isinstance(v, dict | list) else jsontext.dumps(v)}"
                       " |" for k, v in r.summary.items()]
             lines.append("")
     plans = [(r, *load_plan(r.path)) for r in runs]

@@ -18,6 +18,7 @@ import numpy as np
 
 from conduit_hpc.errors import ConduitError
 from conduit_hpc.plane.headline import headline_figures
+from conduit_hpc.plane.metrics import PATH_WORK, exposed_split, exposed_story
 
 __all__ = ["PATH_PARTS", "TARGET_RETURN", "RunData", "Table", "episode_x", "has_columns",
            "ingest_grid", "learner_table", "load_run", "missing_columns", "pooled",
@@ -287,11 +288,17 @@ def run_stats(run: RunData) -> dict[str, Any]:
     it, ex = pooled(run, "iteration_s"), pooled(run, "exposed_s")
     if len(it) and len(ex) and it.sum() > 0:
         s["exposed_share"] = float(ex.sum() / it.sum())
-    parts = [c for c in PATH_PARTS if has_columns(lt, c)]
-    if lt is not None and parts and has_columns(lt, "exposed_s"):
-        work = float(sum(np.nansum(lt[c]) for c in parts))
-        if work > 0:
-            s["path_work_hidden"] = max(0.0, 1.0 - float(np.nansum(lt["exposed_s"])) / work)
+    if lt is not None and has_columns(lt, "exposed_s"):
+        # what the learner waited for: path work, the rate limiter, or neither (a core,
+        # scheduling, other ranks); path work hidden = the share not inside a wait
+        n = len(lt["exposed_s"])
+        path = sum((np.nan_to_num(lt[c]) for c in PATH_WORK if has_columns(lt, c)),
+                   np.zeros(n))
+        split = exposed_split(lt["exposed_s"], lt.get("limiter_wait_s"), path)
+        s.update({k: v for k, v in split.items() if k != "path_work_hidden"})
+        if split["path_work_s"] > 0:
+            s["path_work_hidden"] = split["path_work_hidden"]
+        s["exposed_story"] = exposed_story(split, float(it.sum()) if len(it) else None)
     # the headline figures: the function summary.json's come from, on the same files
     if run.metrics is not None:
         fig = headline_figures(run.metrics, target_return=run.target_return,
