@@ -31,7 +31,6 @@ delivery figures: exposed latency and iteration time per superstep).
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import deque
@@ -42,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlane, Role
+from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlane, Role, jsontext
 from conduit_hpc.config import require
 from conduit_hpc.job import job_main
 from conduit_hpc.plane.metrics import write_summary
@@ -58,6 +57,7 @@ from conduit_hpc.rl import (
     merge_episode_files,
 )
 from conduit_hpc.spec import frame_stacks
+from conduit_hpc.transport.objects import allgather_json
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -297,7 +297,9 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
             out = learner_loop(edp, cfg, updater)
         edp.done()
         summary = edp.summary()
-        stats = edp.roles.world.allgather((edp.role.value, rank, out))
+        # JSON, not pickle (collective on the world; every rank gets every rank's stats)
+        stats = [(str(role), int(r), dict(s)) for role, r, s in allgather_json(
+            edp.roles.world, [edp.role.value, rank, out])]
         wall = time.perf_counter() - t0
     if rank == 0:
         flat = flat_summary(cfg, summary, stats, wall)
@@ -367,7 +369,7 @@ def report(flat: dict[str, Any]) -> None:
           f"MB/s, {flat['rows_ingested']:,} rows); delivered {flat['delivered_rows_per_s']:,.0f}"
           f" rows/s ({flat['delivered_mb_per_s']:.1f} MB/s), exposed latency mean "
           f"{flat['exposed_mean_s'] * 1e3:.3f} ms", flush=True)
-    print(json.dumps(flat, sort_keys=True, default=str), flush=True)
+    print(jsontext.dumps(flat, sort_keys=True, default=str), flush=True)
 
 
 JOB_CONFIG = ApexAtariConfig  # [job], [dqn] and [atari]

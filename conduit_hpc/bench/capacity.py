@@ -25,6 +25,7 @@ import os
 import sys
 from typing import Any
 
+from conduit_hpc import jsontext
 from conduit_hpc.bench.common import git_sha, worker_command
 from conduit_hpc.bench.peers import PEERS, mode_spec, run_peer
 
@@ -92,13 +93,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for r in _ours(mode, args):
             r.update(git_sha=sha, bench="capacity", load_1min=load)
             results.append(r)
-            print(json.dumps(r), flush=True)
+            print(jsontext.dumps(r), flush=True)
     for peer in [x for x in args.peers.split(",") if x]:
         for kind in args.kinds.split(","):
             r = run_peer(peer, kind, args)
             r.update(system=peer, kind=kind, git_sha=sha, bench="capacity")
             results.append(r)
-            print(json.dumps(r), flush=True)
+            print(jsontext.dumps(r), flush=True)
     table = ratios(results)
     peers = sorted({k[5:] for t in table for k in t if k.startswith("over_")})
     print(f"\n{'kind':>8} {'mode':>18} {'idle b/s':>9} {'med ms':>7} {'ins. b/s':>9} "
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if "failed" in r or "skipped" in r:
             print(f"{r['system']} {r.get('mode', r.get('kind'))}: "
                   f"{r.get('failed') or r.get('skipped')}")
-    print(json.dumps({"bench": "capacity", "git_sha": sha, "load_1min": load,
+    print(jsontext.dumps({"bench": "capacity", "git_sha": sha, "load_1min": load,
                       "ratios": table}), flush=True)
     return {"results": results, "ratios": table}
 

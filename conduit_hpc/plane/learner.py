@@ -327,10 +327,8 @@ class LearnerEndpoint:
             self.d.sampler.rng = rng
 
     def updates_through_owners(self) -> None:
-        """From the next priority update on, send updates to every owner as messages
-        until each has applied one of them (e.g. behind a checkpoint's marker, which the
-        owner holds the learner's later messages behind until its cut). Call where this
-        rank's MPI calls are made (:meth:`post`)."""
+        """Send the next priority updates to the owners as messages until each applied
+        one (behind a checkpoint's marker). Where MPI calls are made (:meth:`post`)."""
         self.d.prio.through_owners()
 
     def add_hook(self, hook: LearnerHook) -> None:
