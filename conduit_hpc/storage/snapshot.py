@@ -256,8 +256,10 @@ def restore_snapshot(ring: ShardRing, index: PriorityIndex, snap: ShardSnapshot)
     ring.transport.sync()
     ring.transport.atomic_write(ring.owner, ring.base + 8 * H_RESERVE, snap.commit)
     ring.transport.atomic_write(ring.owner, ring.base + 8 * H_COMMIT, snap.commit)
-    # the plain one-lap rule until the owner's next pass (never lower: see OwnedShard)
-    ring.transport.atomic_write(ring.owner, ring.base + 8 * H_FREE, snap.commit + cap)
+    # writers may take the empty slots of a first lap; a full ring's slots only once the
+    # owner's next pass has hidden the rows in them (it hides exactly the rows below the
+    # free cursor it publishes: see OwnedShard)
+    ring.transport.atomic_write(ring.owner, ring.base + 8 * H_FREE, max(snap.commit, cap))
     v.marks[:] = 0  # no restored row has been drawn in this run
     # the index: same leaves as the original, so the same trees bit for bit
     gens = np.zeros(cap, dtype=np.int64)
