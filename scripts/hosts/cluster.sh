@@ -8,7 +8,8 @@
 #   cluster.sh down                          stop every process of the cluster, remove it
 #   cluster.sh exec HOST CMD...              run CMD inside HOST (net, UTS, mount, IPC ns)
 #   cluster.sh mpirun MPIRUN-ARGS...         mpirun inside host0 over the cluster's hostfile
-#                                            (prted started on the others through agent.sh)
+#                                            (or the --hostfile/--host given); prted started
+#                                            on the other hosts through agent.sh
 #   cluster.sh status                        hosts, addresses, links; exit 1 if not up
 #   cluster.sh hostfile                      path of the hostfile (one line per host)
 #
@@ -212,6 +213,10 @@ mpirun_in() {
   export PRTE_MCA_oob_tcp_if_include=${PRTE_MCA_oob_tcp_if_include:-$SUBNET}
   export OMPI_MCA_btl_tcp_if_include=${OMPI_MCA_btl_tcp_if_include:-$SUBNET}
   export CONDUIT_HOSTS_NAME=$NAME CONDUIT_HOSTS_DIR=$STATE
+  local a
+  for a in "$@"; do  # a hostfile or host list of the caller's wins (a subset of the hosts)
+    case $a in --hostfile|--machinefile|--host|-H|--hostfile=*|--host=*) exec_in host0 mpirun "$@" ;; esac
+  done
   exec_in host0 mpirun --hostfile "$STATE/hostfile" "$@"
 }
 
