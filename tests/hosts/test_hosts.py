@@ -13,7 +13,7 @@ import subprocess
 import time
 
 import pytest
-from hosts_cluster import CLUSTER, Cluster
+from hosts_cluster import CLUSTER, Cluster, in_ci
 
 from conduit_hpc.testing import REPO
 
@@ -22,8 +22,13 @@ PYTEST_RANKS = ("python", "-m", "mpi4py", "-m", "pytest", "-q", "--with-mpi",
                 "--timeout=180")
 
 #: tests/mpi files that pass across hosts (ranks dealt round-robin over 2 or 3 hosts):
-#: with real nodes their "shm" cases become shared memory within a host and RMA across
+#: with real nodes their "shm" cases become shared memory within a host and RMA across.
+#: Their "hybrid" cases are left out: `emulate_nodes = 2` over ranks of different hosts
+#: asks for shared memory across hosts (MPI_ERR_RMA_SHARED); so are two tests that
+#: assert a one-node world (tests/hosts/ranks checks what holds across hosts instead)
 MPI_FILES = ("test_roles.py", "test_transport.py", "test_ingest.py", "test_checkpoint.py")
+MPI_DESELECT = ("not hybrid and not test_real_node_split_puts_everyone_on_one_node"
+                " and not test_local_view_aliases_node_local_segments_only")
 
 
 def summary(out: str) -> str:
@@ -33,7 +38,10 @@ def summary(out: str) -> str:
 
 def test_refuses_without_privilege() -> None:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to run cluster.sh as another user")
+        msg = "needs root and setpriv (util-linux) to run cluster.sh as another user"
+        if in_ci():
+            pytest.fail(f"{msg} - under CI the hosts tier must run", pytrace=False)
+        pytest.skip(msg)
     env = {**os.environ, "CONDUIT_HOSTS_NAME": "pytest-unprivileged",
            "CONDUIT_HOSTS_DIR": "/tmp/conduit-hosts-unprivileged"}
     out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
@@ -70,7 +78,7 @@ def test_rank_checks_across_hosts(cluster: Cluster, hosts: int) -> None:
 @pytest.mark.parametrize("hosts", [2, 3])
 def test_mpi_tier_across_hosts(cluster: Cluster, hosts: int) -> None:
     files = [f"tests/mpi/{f}" for f in MPI_FILES]
-    out = cluster.mpirun(hosts, 2, *PYTEST_RANKS, *files, timeout=900)
+    out = cluster.mpirun(hosts, 2, *PYTEST_RANKS, "-k", MPI_DESELECT, *files, timeout=600)
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     assert "passed" in summary(out.stdout), out.stdout[-2000:]
 
