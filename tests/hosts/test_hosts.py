@@ -6,6 +6,7 @@ failing rank aborts the job instead of hanging the others.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -125,3 +126,29 @@ def test_killed_rank_is_named_and_ends_the_job(cluster: Cluster, tmp_path) -> No
     # connection to it broke aborts first ("Socket closed"), naming host0 (docs/hosts.md)
     named = re.search(r"rank 1 with PID \d+ on node host1", out)
     assert named or "Socket closed" in out, out[-3000:]
+
+
+def test_dqn_job_checkpoints_and_resumes_across_hosts(cluster: Cluster, tmp_path) -> None:
+    """`conduit-hpc run` with the cluster's mpirun (scripts/hosts/mpirun.sh): the DQN job on
+    6 ranks dealt round-robin over 3 hosts (learner on host0, buffer on host1, actors on
+    all three) checkpoints, and a second run resumes from it across the hosts."""
+    env = {**cluster.env, "CONDUIT_MPIRUN": str(REPO / "scripts/hosts/mpirun.sh")}
+    common = ["python", "-m", "conduit_hpc.tools.cli", "run", "jobs/dqn_cartpole.toml",
+              "--runs", str(tmp_path), "--timeout", "240", "--set", "job.progress_every_s=0",
+              "--set", "checkpoint.every_supersteps=50"]
+    first = subprocess.run([*common, "--set", "job.max_supersteps=120"], env=env, cwd=REPO,
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+    assert "scripts/hosts/mpirun.sh -n 6" in (run_dir / "command.txt").read_text()
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "ckpt-000001", "ckpt-000002"]  # at supersteps 50 and 100
+    second = subprocess.run([*common, "--run-dir", str(run_dir), "--resume", "--set",
+                             "job.max_supersteps=150"], env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    assert "from checkpoint 2 (after 100 updates)" in second.stdout, second.stdout[-2000:]
+    rows = re.search(r"resumed from \S+ \(checkpoint 2\): ([\d,]+) rows", second.stdout)
+    assert rows and int(rows.group(1).replace(",", "")) > 0, second.stdout[-2000:]
+    summary = json.loads((run_dir / "metrics" / "summary.json").read_text())
+    assert summary["updates"] == 150  # 50 more on top of the checkpoint's 100
