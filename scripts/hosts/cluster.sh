@@ -53,8 +53,10 @@ CAP_NET_ADMIN for links); running as uid $(id -u)"
 }
 
 # --- state --------------------------------------------------------------------------------
-holder_alive() {  # PID MARK: the holder is alive and is ours
-  [ -n "$1" ] && [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' <"/proc/$1/cmdline" | grep -q -- "$2"
+holder_alive() {  # PID MARK: the holder is alive and is ours: its argv[0] is exactly MARK
+  # (not merely a command line that contains MARK: the setup script that starts it does)
+  [ -n "$1" ] && [ -r "/proc/$1/cmdline" ] \
+    && [ "$(head -z -n 1 "/proc/$1/cmdline" 2>/dev/null | tr -d '\0')" = "$2" ]
 }
 pid_of() {  # HOST -> holder pid (exit 1 if the host is not up)
   local f=$STATE/$1.pid pid
@@ -65,10 +67,16 @@ pid_of() {  # HOST -> holder pid (exit 1 if the host is not up)
 }
 hosts() { [ -f "$STATE/hosts.list" ] && cat "$STATE/hosts.list"; }
 
-# every process inside the network namespace of PID (daemons left there, then the holder)
-kill_netns_of() {
-  local pid=$1 ns p
-  ns=$(readlink "/proc/$pid/ns/net" 2>/dev/null) || return 0
+# every process inside the network namespace NS (net:[inode], recorded by `up`): daemons
+# left there, then the holder - even if the holder itself died first
+kill_netns() {
+  local ns=$1 pid=${2:-} p
+  [ -n "$ns" ] || return 0
+  # never the machine's own namespace (nor this script's): that would kill everything
+  if [ "$ns" = "$(readlink /proc/$$/ns/net)" ] || [ "$ns" = "$(readlink /proc/1/ns/net)" ]; then
+    log "not killing the processes of $ns: it is the machine's own network namespace"
+    return 0
+  fi
   for sig in TERM KILL; do
     for p in /proc/[0-9]*; do
       p=${p#/proc/}
@@ -76,7 +84,7 @@ kill_netns_of() {
       [ "$(readlink "/proc/$p/ns/net" 2>/dev/null)" = "$ns" ] && kill -s "$sig" "$p" 2>/dev/null || true
     done
     for _ in $(seq 20); do
-      [ -e "/proc/$pid" ] || break
+      [ -n "$pid" ] && [ -e "/proc/$pid" ] || break
       sleep 0.1
     done
   done
@@ -84,9 +92,12 @@ kill_netns_of() {
 
 down() {
   [ -d "$STATE" ] || return 0
-  local h pid
-  for h in $(hosts) switch; do
-    if pid=$(pid_of "$h"); then kill_netns_of "$pid"; fi
+  local f h pid
+  for f in "$STATE"/*.netns; do  # every host started, even by an `up` that failed halfway
+    [ -f "$f" ] || continue
+    h=$(basename "$f" .netns)
+    pid=$(pid_of "$h") || pid=""
+    kill_netns "$(cat "$f")" "$pid"
   done
   rm -rf "$STATE"
 }
@@ -100,7 +111,12 @@ start_holder() {  # HOST SETUP-SCRIPT: a process in new namespaces that runs SET
 exec -a 'conduit-host:$NAME:$h' sleep infinity" </dev/null >"$STATE/$h.log" 2>&1 &
   echo $! >"$STATE/$h.pid"
   for _ in $(seq 100); do
-    if holder_alive "$(cat "$STATE/$h.pid")" "conduit-host:$NAME:$h"; then return 0; fi
+    if holder_alive "$(cat "$STATE/$h.pid")" "conduit-host:$NAME:$h"; then
+      readlink "/proc/$(cat "$STATE/$h.pid")/ns/net" >"$STATE/$h.netns"
+      [ "$(cat "$STATE/$h.netns")" != "$(readlink /proc/$$/ns/net)" ] \
+        || die "host $h is in the machine's own network namespace (unshare failed?)"
+      return 0
+    fi
     kill -0 "$(cat "$STATE/$h.pid")" 2>/dev/null || break
     sleep 0.05
   done

@@ -24,10 +24,21 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+def remove_stale_clusters(root: Path) -> None:
+    """``cluster.sh down`` for the clusters of test sessions that died without their own
+    teardown (named ``pytest-PID`` after a process that no longer exists)."""
+    for state in root.glob("pytest-*"):
+        pid = state.name.removeprefix("pytest-")
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            Cluster(state.name, state).sh("down", timeout=120)
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = Path("/run/conduit-hosts")
+    remove_stale_clusters(root)
     name = f"pytest-{os.getpid()}"
-    c = Cluster(name, Path(f"/run/conduit-hosts/{name}"))
+    c = Cluster(name, root / name)
     try:
         up = c.sh("up", str(HOSTS), timeout=120)
     except subprocess.TimeoutExpired as err:

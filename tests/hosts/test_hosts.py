@@ -55,6 +55,11 @@ def test_refuses_without_privilege() -> None:
 def test_hosts_are_separate(cluster: Cluster) -> None:
     st = cluster.sh("status")
     assert st.returncode == 0, st.stdout + st.stderr
+    # every host and the switch in a namespace of its own, never the machine's (`down`
+    # kills every process of a recorded namespace)
+    recorded = [f.read_text().strip() for f in cluster.state.glob("*.netns")]
+    assert len(recorded) == 4 and len(set(recorded)) == 4
+    assert os.readlink("/proc/self/ns/net") not in recorded
     names = [cluster.sh("exec", f"host{i}", "hostname").stdout.strip() for i in range(3)]
     assert names == ["host0", "host1", "host2"]
     # a file in host0's /dev/shm is not in host1's, nor in the machine's
