@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# An `mpirun` for `conduit-hpc run` across the test cluster's hosts:
+#   CONDUIT_MPIRUN=scripts/hosts/mpirun.sh conduit-hpc run jobs/dqn_cartpole.toml
+# ranks dealt round-robin over every host of the cluster (CONDUIT_HOSTS_MAP_BY=slot fills
+# host0 first); see docs/hosts.md.
+exec "$(dirname "${BASH_SOURCE[0]}")/cluster.sh" mpirun --map-by "${CONDUIT_HOSTS_MAP_BY:-node}" "$@"

@@ -1,0 +1,86 @@
+"""Run on every rank inside the test cluster's hosts (``tests/hosts`` starts them with
+``cluster.sh mpirun``, ranks dealt round-robin over the hosts): what only real hosts
+show - nodes found from the hosts themselves, shared memory that stops at a host's edge.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from conduit_hpc import LayoutConfig
+from conduit_hpc.plane.roles import split_roles
+from conduit_hpc.transport.rma import RmaWindow
+
+COMM = MPI.COMM_WORLD
+
+
+def hostnames() -> list[str]:
+    return COMM.allgather(socket.gethostname())
+
+
+@pytest.mark.mpi(min_size=2)
+def test_node_of_every_rank_is_its_host() -> None:
+    names = hostnames()
+    assert len(set(names)) >= 2, f"the ranks are not on several hosts: {names}"
+    # per node: a buffer, the rest actors (two ranks per host suffice)
+    roles = split_roles(COMM, LayoutConfig(learners=0, buffers=1, actors=0, per_node=True))
+    node_of = roles.node_of
+    # same node id exactly when same host, on every rank
+    for a in range(COMM.size):
+        for b in range(COMM.size):
+            assert (node_of[a] == node_of[b]) == (names[a] == names[b]), (node_of, names)
+    assert len(set(node_of)) == len(set(names))
+    assert roles.node.Get_size() == names.count(names[COMM.rank])
+    # one buffer on every host: the lowest rank there
+    assert sorted(names[r] for r in roles.buffer_ranks) == sorted(set(names))
+    assert roles.buffer_ranks == tuple(names.index(h) for h in dict.fromkeys(names))
+    roles.close()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_dev_shm_is_private_to_a_host(tmp_path_factory: pytest.TempPathFactory) -> None:
+    tag = COMM.bcast(f"conduit-hosts-{os.getpid()}-{np.random.randint(1 << 30)}")
+    marker = f"/dev/shm/{tag}-{socket.gethostname()}-{COMM.rank}"
+    with open(marker, "w") as f:
+        f.write("x")
+    COMM.Barrier()
+    seen = sorted(n for n in os.listdir("/dev/shm") if n.startswith(tag))
+    mine = sorted(f"{tag}-{socket.gethostname()}-{r}" for r, h in enumerate(hostnames())
+                  if h == socket.gethostname())
+    ok = seen == mine
+    COMM.Barrier()
+    os.unlink(marker)
+    assert all(COMM.allgather(ok)), f"rank {COMM.rank} sees {seen}, expected {mine}"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_window_shared_within_a_host_rma_across() -> None:
+    names = hostnames()
+    node = COMM.Split_type(MPI.COMM_TYPE_SHARED, key=COMM.rank)
+    win = RmaWindow(COMM, 64, node_comm=node)
+    try:
+        # direct views exactly for the ranks of this host
+        direct = [r for r in range(COMM.size) if win.local_view(r) is not None]
+        assert direct == [r for r in range(COMM.size) if names[r] == names[COMM.rank]]
+        # every rank adds its rank+1 into every segment (atomics, RMA across hosts) ...
+        for target in range(COMM.size):
+            win.fetch_add(target, 0, COMM.rank + 1)
+        win.flush()
+        COMM.Barrier()
+        win.sync()
+        total = COMM.size * (COMM.size + 1) // 2
+        got = [win.atomic_read(t, 0) for t in range(COMM.size)]
+        assert got == [total] * COMM.size
+        # ... and a neighbour on the same host sees the owner's segment without MPI calls
+        for r in direct:
+            view = win.local_view(r)
+            assert view is not None and int(view[:8].view(np.int64)[0]) == total
+        COMM.Barrier()
+    finally:
+        win.close()
+        node.Free()
