@@ -34,6 +34,9 @@ class Shard:
         self.writer = ShardRing(self.win, 0, 0, lay, timeout_s=2.0)
         owner = ShardRing(self.win, 0, 0, lay, timeout_s=2.0)
         self.owned = OwnedShard(shard_id, owner, PriorityIndex(cap, alpha=alpha))
+        # writer and owner share this process: a write that waits for the free cursor
+        # runs the owner's pass (a restore releases a full ring's slots only then)
+        self.writer.on_wait = self.owned.poll
 
     def write(self, writer: int, first: int, n: int, prio: np.ndarray | None = None) -> None:
         self.writer.write(SPEC.validate(checked_batch(writer, first, n)), prio)
