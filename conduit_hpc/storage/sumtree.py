@@ -2,13 +2,16 @@
 
 Both trees are flat numpy arrays of ``2 * P`` nodes (``P`` the next power of two of the
 capacity; node 1 is the root, leaves start at ``P``). Updates recompute each touched
-parent from its two children level by level, so repeated updates never drift; there is
-no per-row Python loop anywhere.
+parent from its two children, so repeated updates never drift: in one compiled loop
+where numba is installed (:mod:`conduit_hpc.storage.tree_kernels`), else level by level
+with numpy (the reference the compiled path is tested against); no per-row Python loop.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from conduit_hpc.storage import tree_kernels
 
 __all__ = ["MinTree", "SumTree", "prefix_search", "tree_nodes"]
 
@@ -30,6 +33,8 @@ def tree_nodes(capacity: int) -> int:
 
 class _Tree:
     _fill: float
+    #: use the compiled update (storage/tree_kernels.py) where numba is there
+    compiled: bool = True
 
     def __init__(self, capacity: int, buffer: np.ndarray | None = None, *,
                  attach: bool = False) -> None:
@@ -49,6 +54,8 @@ class _Tree:
             if not attach:  # attach: another process's tree, already built
                 self._tree[:] = self._fill
 
+    _kind: str  # the compiled kernel's name (storage/tree_kernels.py)
+
     def _combine(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
@@ -64,6 +71,13 @@ class _Tree:
             return
         self._check_index(idx)
         vals = np.broadcast_to(np.asarray(values, dtype=np.float64), idx.shape)
+        if self.compiled and tree_kernels.update(self._kind, self._tree, self._p, idx,
+                                                 np.ascontiguousarray(vals)):
+            return
+        self._update_numpy(idx, vals)
+
+    def _update_numpy(self, idx: np.ndarray, vals: np.ndarray) -> None:
+        """The reference path of :meth:`update` (and its fallback without numba)."""
         tree = self._tree
         nodes = idx + self._p
         tree[nodes] = vals
@@ -131,6 +145,7 @@ class SumTree(_Tree):
     """
 
     _fill = 0.0
+    _kind = "sum"
 
     def _combine(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return a + b
@@ -159,11 +174,18 @@ class SumTree(_Tree):
         return prefix_search(self._tree, targets)
 
 
-def prefix_search(tree: np.ndarray, targets: np.ndarray) -> np.ndarray:
+def prefix_search(tree: np.ndarray, targets: np.ndarray, *, compiled: bool = True
+                  ) -> np.ndarray:
     """Prefix search over a sum-tree stored flat in ``tree`` (``2 * P`` nodes, root at
     1, leaves from ``P``) - usable on another process's tree in shared memory. Targets
-    are clipped into ``[0, total)``; the tree's total must be > 0."""
+    are clipped into ``[0, total)``; the tree's total must be > 0. Compiled where numba
+    is there (the same steps: :mod:`conduit_hpc.storage.tree_kernels`), else numpy."""
     p = len(tree) // 2
+    if compiled and p > 1:
+        found = tree_kernels.search(tree, np.asarray(targets).reshape(-1),
+                                    min(_SEARCH_LEVEL, p))
+        if found is not None:
+            return found
     total = float(tree[1])
     t = np.array(targets, dtype=np.float64, copy=True).reshape(-1)
     np.clip(t, 0.0, np.nextafter(total, 0.0), out=t)
@@ -205,6 +227,7 @@ class MinTree(_Tree):
     """
 
     _fill = float("inf")
+    _kind = "min"
 
     def _combine(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.minimum(a, b)
