@@ -320,12 +320,16 @@ class OwnedShard:
     @contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the shard's index lock (no node-local learner writes the index
-        meanwhile): for a consistent copy of it, e.g. a checkpoint's cut."""
-        lock_index(self.ring, self.ring.owner)
+        meanwhile): for a consistent copy of it, e.g. a checkpoint's cut. Without
+        learners (not ``guarded``) nobody else writes it, and no lock is taken: its
+        atomics would only compete with the writers' for the window."""
+        if self.guarded:
+            lock_index(self.ring, self.ring.owner)
         try:
             yield
         finally:
-            unlock_index(self.ring, self.ring.owner)
+            if self.guarded:
+                unlock_index(self.ring, self.ring.owner)
 
     @contextmanager
     def writing(self) -> Iterator[None]:
@@ -334,8 +338,7 @@ class OwnedShard:
         stats, so that node-local readers searching the tree see a consistent state or
         retry."""
         ring = self.ring
-        lock_index(ring, ring.owner)
-        try:
+        with self.locked():
             ring.index_write_begin()
             try:
                 yield
@@ -344,8 +347,6 @@ class OwnedShard:
                 self.drawer.changed()
                 ring.index_write_end(*self.drawer.stats(self.index))
                 self._dirty = False
-        finally:
-            unlock_index(ring, ring.owner)
 
     def span(self) -> float:
         """The range the sampler's targets for this shard are drawn from."""

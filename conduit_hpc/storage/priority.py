@@ -21,6 +21,7 @@ from numpy.typing import ArrayLike
 
 from conduit_hpc.errors import SpecError
 from conduit_hpc.spec import as_array
+from conduit_hpc.storage import tree_kernels
 from conduit_hpc.storage.layout import H_IDX_DROPPED, H_IDX_MAXP, ShardViews
 from conduit_hpc.storage.sumtree import MinTree, SumTree
 
@@ -102,6 +103,7 @@ class PriorityIndex:
                  buffers: IndexBuffers | None = None, attach: bool = False) -> None:
         self.capacity = int(capacity)
         self.alpha = float(alpha)
+        tree_kernels.warm()  # numba's import and kernels now, not in the first update
         if buffers is not None:
             self.sum = SumTree(capacity, buffers.sum_tree, attach=attach)
             self.min = MinTree(capacity, buffers.min_tree, attach=attach)

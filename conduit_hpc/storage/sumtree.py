@@ -71,8 +71,10 @@ class _Tree:
             return
         self._check_index(idx)
         vals = np.broadcast_to(np.asarray(values, dtype=np.float64), idx.shape)
-        if self.compiled and tree_kernels.update(self._kind, self._tree, self._p, idx,
-                                                 np.ascontiguousarray(vals)):
+        # fresh, writable, contiguous arrays: one compiled signature for every caller
+        if self.compiled and tree_kernels.update(self._kind, self._tree, self._p,
+                                                 np.array(idx, dtype=np.int64),
+                                                 np.array(vals, dtype=np.float64)):
             return
         self._update_numpy(idx, vals)
 

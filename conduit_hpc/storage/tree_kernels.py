@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["available", "search", "update"]
+__all__ = ["available", "search", "update", "warm"]
 
 _KERNELS: dict[str, Callable[..., Any]] | None = None
 _FAILED = False
@@ -115,6 +115,25 @@ def available() -> bool:
     return _KERNELS is not None
 
 
+_WARM = False
+
+
+def warm() -> None:
+    """Import numba and load (or compile) every kernel now, on a scratch tree, so that
+    the first real update or search does not pay for it (a data plane's owners and
+    writers call this while they are built). Idempotent; local."""
+    global _WARM
+    if _WARM or not available():
+        return
+    assert _KERNELS is not None
+    tree = np.zeros(8, dtype=np.float64)
+    idx, vals = np.arange(2, dtype=np.int64), np.ones(2, dtype=np.float64)
+    _KERNELS["sum"](tree, 4, idx, vals)
+    _KERNELS["min"](tree.copy(), 4, idx, vals)
+    _KERNELS["search"](tree, np.zeros(1), 2, np.empty(1, dtype=np.int64))
+    _WARM = True
+
+
 def update(kind: str, tree: np.ndarray, p: int, idx: np.ndarray, vals: np.ndarray) -> bool:
     """Set leaves ``idx`` (int64) of ``tree`` (float64, leaves from ``p``) to ``vals``
     (float64) and fix their parents; ``kind`` is ``"sum"`` or ``"min"``. Returns False
@@ -134,5 +153,5 @@ def search(tree: np.ndarray, targets: np.ndarray, level: int) -> np.ndarray | No
         return None
     assert _KERNELS is not None
     out = np.empty(len(targets), dtype=np.int64)
-    _KERNELS["search"](tree, np.ascontiguousarray(targets, dtype=np.float64), level, out)
+    _KERNELS["search"](tree, np.array(targets, dtype=np.float64), level, out)
     return out
