@@ -58,7 +58,6 @@ from conduit_hpc.plane.weights import WeightsBoard, agreed_model_size, load_flat
 from conduit_hpc.protocol import Tag
 from conduit_hpc.scheduler import RateLimiter
 from conduit_hpc.spec import Spec
-from conduit_hpc.storage import tree_kernels
 from conduit_hpc.transport.channel import Channel
 from conduit_hpc.transport.objects import allgather_json
 from conduit_hpc.transport.rma import RmaWindow
@@ -128,11 +127,6 @@ class ExperienceDataPlane:
         if self.run_dir is not None and roles.world_rank == 0:
             write_plan(self.run_dir, placement, self.plan_record)
         self.started_at = time.perf_counter()
-        if roles.role is not Role.ACTOR:
-            # the ranks that search and update priority trees load their compiled kernels
-            # (numba: ~0.7 s, seconds on a first compile) before the windows' collective,
-            # so that no owner is still loading them while actors already write
-            tree_kernels.warm()
         try:
             self.memory = ShardMemory(config, self.spec, roles, placement)
         except ConduitError:

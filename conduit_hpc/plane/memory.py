@@ -19,10 +19,11 @@ from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.placement import Placement
 from conduit_hpc.plane.control import ControlBlock
 from conduit_hpc.plane.owner_block import OwnerBlock
-from conduit_hpc.plane.roles import RoleComms
+from conduit_hpc.plane.roles import Role, RoleComms
 from conduit_hpc.plane.shard import OwnedShard
 from conduit_hpc.sampling import Sampler
 from conduit_hpc.spec import Spec
+from conduit_hpc.storage import tree_kernels
 from conduit_hpc.storage.priority import PriorityIndex, index_buffers
 from conduit_hpc.storage.ring import ShardLayout, ShardRing
 from conduit_hpc.transport.rma import RmaWindow
@@ -50,6 +51,11 @@ class ShardMemory:
     def __init__(self, config: Config, spec: Spec, roles: RoleComms,
                  placement: Placement) -> None:
         me = roles.world_rank
+        if roles.role is not Role.ACTOR:
+            # the ranks that search and update priority trees load their compiled kernels
+            # (numba: ~0.7 s, seconds on a first compile) before the windows' collective,
+            # so that no owner is still loading them while actors already write
+            tree_kernels.warm()
         layouts = [ShardLayout(spec, s.capacity_rows) for s in placement.shards]
         self.block = OwnerBlock(roles.world_size)
         self.ack_bytes = self.block.nbytes
