@@ -156,8 +156,7 @@ class Deliverer:
         the time device shards took to sync, which is part of sampling)."""
         t0 = time.perf_counter()
         self.sync_s = 0.0
-        deadline = Deadline(self.timeout_s, f"the rate limiter to let this learner sample "
-                                            f"{rows} rows")
+        deadline: Deadline | None = None  # made on the first wait (most batches have none)
         backoff = Backoff(self.poll_s)
         lim = self.limiter
         fenced = False
@@ -165,6 +164,8 @@ class Deliverer:
             stats = self.shard_stats()
             held = self.written  # written rows: those hidden for overwriting count too
             mass = sum(s.total for s in stats)
+            if mass > 0 and not lim.enabled and held >= lim.min_size_to_sample:
+                break  # no ratio to keep: the insert and sample counters need no read
             state = LimiterState(self.control.read(C_INSERTS), self.control.read(C_SAMPLES),
                                  held)
             if mass > 0 and lim.can_sample(state, rows):
@@ -185,6 +186,9 @@ class Deliverer:
                     f"every actor finished with {held} rows held (total priority mass "
                     f"{mass:g}); sampling needs scheduler.min_fill_rows = "
                     f"{lim.min_size_to_sample} rows with mass > 0")
+            if deadline is None:
+                deadline = Deadline(self.timeout_s, f"the rate limiter to let this learner "
+                                                    f"sample {rows} rows")
             deadline.check(lambda: lim.explain(state))  # noqa: B023 - called at once
             self.channel.progress()  # e.g. messages held for a long link still go out
             backoff.pause()
@@ -359,7 +363,17 @@ class Deliverer:
         timeout; writers of the shard wait for at most that one round."""
         ring, w = self.rings[sid], self.window
         cap = ring.capacity
-        todo = np.arange(a, b)
+        # first pass: straight into the batch; most batches end here
+        slots = indices[a:b, 1]
+        drawn = slots >= 0  # -1: the owner had nothing to draw then
+        if not drawn.all():
+            slots = np.where(drawn, slots, 0)
+        rows = slots if w == 1 else (slots[:, None] + np.arange(w)[None, :]).reshape(-1) % cap
+        _, reserved = ring.gather(rows, {k: v[a * w:b * w] for k, v in flat.items()})
+        bad = ~drawn | ~ring.intact(indices[a:b, 2], reserved)
+        if not bad.any():
+            return
+        todo = a + np.flatnonzero(bad)
         pos = int(np.flatnonzero(self.shard_ids == sid)[0])
         deadline = Deadline(self.timeout_s, f"intact rows of shard {sid} (they kept being "
                                             f"overwritten while gathered)")
@@ -367,23 +381,6 @@ class Deliverer:
         pinned = False
         try:
             while True:
-                drawn = indices[todo, 1] >= 0  # -1: the owner had nothing to draw then
-                slots = np.where(drawn, indices[todo, 1], 0)
-                rows = (slots[:, None] + np.arange(w)[None, :]).reshape(-1) % cap
-                if len(todo) == b - a:  # first pass: straight into the batch
-                    dst = {k: v[a * w:b * w] for k, v in flat.items()}
-                    _, reserved = ring.gather(rows, dst)
-                else:
-                    got, reserved = ring.gather(rows)
-                    sel = (todo[:, None] * w + np.arange(w)[None, :]).reshape(-1)
-                    for k, v in got.items():
-                        flat[k][sel] = v
-                bad = ~drawn | ~ring.intact(indices[todo, 2], reserved)
-                if not bad.any():
-                    return
-                if bad.all() and pinned:  # nothing drawable: let the owner run
-                    backoff.pause()
-                todo = todo[bad]
                 self.resampled += len(todo)
                 deadline.check()
                 if not pinned and self.pins is not None:
@@ -398,6 +395,19 @@ class Deliverer:
                     (rep, _), = self.collect(Tag.SAMPLE_REPLY, {rid},
                                              "resample reply").values()
                 indices[todo, 1], indices[todo, 2], mass[todo] = rep.slots, rep.gens, rep.mass
+                drawn = indices[todo, 1] >= 0
+                slots = np.where(drawn, indices[todo, 1], 0)
+                rows = (slots[:, None] + np.arange(w)[None, :]).reshape(-1) % cap
+                got, reserved = ring.gather(rows)
+                sel = (todo[:, None] * w + np.arange(w)[None, :]).reshape(-1)
+                for k, v in got.items():
+                    flat[k][sel] = v
+                bad = ~drawn | ~ring.intact(indices[todo, 2], reserved)
+                if not bad.any():
+                    return
+                if bad.all() and pinned:  # nothing drawable: let the owner run
+                    backoff.pause()
+                todo = todo[bad]
         finally:
             if pinned:
                 self._pin(ring, sid, False)
