@@ -119,9 +119,9 @@ def ours_worker(args: argparse.Namespace) -> None:
                     run={"timeout_s": 120.0})
                 with ExperienceDataPlane(cfg, comm) as edp:
                     role = edp.role
-                    side = comm.Split(0 if role is Role.BUFFER else 1,
+                    side = comm.Split(0 if edp.serves else 1,
                                       0 if role is Role.LEARNER else 1 + comm.rank)
-                    if role is Role.BUFFER:
+                    if edp.serves:
                         side.Free()
                         edp.serve()
                         continue

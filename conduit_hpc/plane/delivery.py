@@ -5,7 +5,7 @@ statistics, wait for the rate limiter, draw stratified targets (the
 :class:`~conduit_hpc.sampling.Sampler`), have the rows found and fetched (the
 :class:`~conduit_hpc.plane.fetch.Fetch` strategy: searched and copied by this rank, or
 sampled and sent by their owners), check they are intact, transform them, weigh them
-and hand them to the :class:`~conduit_hpc.plane.staging.Stager`. It also carries
+and hand them to the :class:`~conduit_hpc.plane.staging.BatchSink`. It also carries
 priority updates back to the owners.
 
 This is the composition layer: it uses the transport (windows, channel) and the
@@ -25,7 +25,7 @@ from conduit_hpc.config import SchedulerConfig
 from conduit_hpc.errors import DataPlaneClosed
 from conduit_hpc.plane.control import C_ACTORS_DONE, C_INSERTS, C_SAMPLES, ControlBlock
 from conduit_hpc.plane.priority_write import PriorityWrite
-from conduit_hpc.plane.staging import Batch, Stager
+from conduit_hpc.plane.staging import Batch, BatchSink
 from conduit_hpc.protocol import SampleReply, SampleRequest, Tag
 from conduit_hpc.sampling import Sampler, ShardStats
 from conduit_hpc.scheduler import LimiterState, RateLimiter
@@ -67,7 +67,8 @@ class Deliverer:
         config (SchedulerConfig): batch size, window.
         sampler (Sampler): draws targets and weighs rows.
         n_actors (int): actors in the job (to know when all are done).
-        stager (Stager): hands batches to the learner's device.
+        stager (BatchSink): takes finished batches (the learner's device, or a delivery
+            rank's staging slot).
         transform (Transform | None): applied to each numpy batch before the copy.
         timeout_s (float): bound on every wait.
         poll_interval_s (float): longest pause of a wait.
@@ -82,7 +83,7 @@ class Deliverer:
                  acks: Mapping[int, np.ndarray], sync: Callable[[], None], rank: int,
                  channel: Channel, control: ControlBlock, limiter: RateLimiter,
                  config: SchedulerConfig, sampler: Sampler, n_actors: int,
-                 stager: Stager, transform: Transform | None, timeout_s: float,
+                 stager: BatchSink, transform: Transform | None, timeout_s: float,
                  poll_interval_s: float, pins: OwnerBlock | None = None,
                  writers: Mapping[int, SharedIndexWriter] | None = None) -> None:
         self.spec, self.rings, self.owners = spec, dict(rings), dict(owners)
