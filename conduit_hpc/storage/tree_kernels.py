@@ -35,25 +35,60 @@ def _build() -> dict[str, Callable[..., Any]] | None:
         return None
 
     @numba.njit(cache=True, nogil=True)
+    def parents(p: int, idx: np.ndarray, n: int) -> np.ndarray:
+        # the parents of leaves idx[:n], sorted, in a fresh array (repeats kept: fix()
+        # skips them)
+        par = np.empty(n, np.int64)
+        ordered = True
+        for i in range(n):
+            par[i] = (idx[i] + p) >> 1
+            if i > 0 and par[i] < par[i - 1]:
+                ordered = False
+        if not ordered:
+            par.sort()
+        return par
+
+    @numba.njit(cache=True, nogil=True)
+    def fix(sum_tree: np.ndarray, min_tree: np.ndarray, par: np.ndarray, do_sum: bool,
+            do_min: bool) -> None:
+        # recompute every touched parent from its two children, level by level from the
+        # bottom, each node once per level (a contiguous range of leaves shares its
+        # parents: walking each leaf to the root would redo them ~log(n) times). ``par``
+        # is sorted; it is reused in place for the level above (k <= i).
+        m = par.shape[0]
+        while m > 0:
+            k = 0
+            for i in range(m):
+                node = par[i]
+                if node < 1 or (k > 0 and par[k - 1] == node):
+                    continue  # a one-leaf tree's leaf is its root; or done on this level
+                if do_sum:
+                    sum_tree[node] = sum_tree[2 * node] + sum_tree[2 * node + 1]
+                if do_min:
+                    a, b = min_tree[2 * node], min_tree[2 * node + 1]
+                    min_tree[node] = a if a <= b else b
+                par[k] = node  # this level's distinct nodes, in place
+                k += 1
+            # the next level up: halve and drop duplicates (sorted stays sorted)
+            m2 = 0
+            for i in range(k):
+                up = par[i] >> 1
+                if up >= 1 and (m2 == 0 or par[m2 - 1] != up):
+                    par[m2] = up
+                    m2 += 1
+            m = m2
+
+    @numba.njit(cache=True, nogil=True)
     def sum_update(tree: np.ndarray, p: int, idx: np.ndarray, vals: np.ndarray) -> None:
         for i in range(idx.shape[0]):  # later duplicates win, as in numpy's scatter
             tree[idx[i] + p] = vals[i]
-        for i in range(idx.shape[0]):
-            node = (idx[i] + p) >> 1
-            while node >= 1:
-                tree[node] = tree[2 * node] + tree[2 * node + 1]
-                node >>= 1
+        fix(tree, tree, parents(p, idx, idx.shape[0]), True, False)
 
     @numba.njit(cache=True, nogil=True)
     def min_update(tree: np.ndarray, p: int, idx: np.ndarray, vals: np.ndarray) -> None:
         for i in range(idx.shape[0]):
             tree[idx[i] + p] = vals[i]
-        for i in range(idx.shape[0]):
-            node = (idx[i] + p) >> 1
-            while node >= 1:
-                a, b = tree[2 * node], tree[2 * node + 1]
-                tree[node] = a if a <= b else b
-                node >>= 1
+        fix(tree, tree, parents(p, idx, idx.shape[0]), False, True)
 
     @numba.njit(cache=True, nogil=True)
     def search(tree: np.ndarray, targets: np.ndarray, level: int, out: np.ndarray) -> None:
@@ -153,13 +188,8 @@ def _build() -> dict[str, Callable[..., Any]] | None:
                     maxp = pr
             else:
                 dropped += 1
-        for i in range(touched):
-            node = (slots[i] + p) >> 1
-            while node >= 1:
-                sum_tree[node] = sum_tree[2 * node] + sum_tree[2 * node + 1]
-                a, b = min_tree[2 * node], min_tree[2 * node + 1]
-                min_tree[node] = a if a <= b else b
-                node >>= 1
+        if touched:
+            fix(sum_tree, min_tree, parents(p, slots, touched), True, True)
         return dropped, maxp
 
     @numba.njit(cache=True, nogil=True)
