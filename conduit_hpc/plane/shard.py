@@ -254,18 +254,22 @@ class OwnedShard:
         # check relies on it) - unless idle writers give it back (_revoke)
         published = int(v.header[H_FREE])
         hide_from = self.hidden_upto
+        idle = self._idle(reserved, now) and self.restore_idle
         if not self.guarded:  # the plain one-lap rule
             hide_to, free = max(hide_from, min(limit, reserved)), limit
         else:
             bound = limit - self._keep(old, new, reserved, now)
             free = min(bound, reserved + guard)
+            if idle:  # no band ahead of idle writers (it comes back with their next
+                # reservation): else each pass after a revocation hid it again
+                free = min(free, max(published, reserved))
             if self.block:
                 free = self._held_back(hide_from, free, reserved, now, old)
             # a read pin holds the cursor where its learner read it; the rows hidden
             # are exactly those writers may take (hiding more would leave a learner
             # that redraws under a pin nothing to draw while writers wait for the pin)
             free = min(max(min(free, self._pinned()), published), limit)
-            if (self._idle(reserved, now) and self.restore_idle and published > reserved
+            if (idle and published > reserved
                     and hide_from > max(reserved, cap) and self._revoke(published, reserved)):
                 self.revocations += 1
                 free = published = reserved

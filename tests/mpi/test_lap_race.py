@@ -273,6 +273,12 @@ def test_guard_band_rows_come_back_when_writers_stop(transport: str) -> None:
                 problems.append(f"{ix.count} of the {cap} rows in the shard are drawable "
                                 f"after the writer stopped (hidden: "
                                 f"{int(np.count_nonzero(ix.hidden_gens))})")
+            for k in range(6):  # and they stay so: the band is not hidden again (it was,
+                shard.poll()  # every other pass after a revocation)
+                if ix.count != cap:
+                    problems.append(f"pass {k} after the rows came back hid "
+                                    f"{cap - ix.count} of them again")
+                    break
             for d in drawn_all:
                 for _, slot, gen in d:
                     if ix.gens[slot] == gen and ix.priority[slot] != 1e6:
@@ -286,4 +292,4 @@ def test_guard_band_rows_come_back_when_writers_stop(transport: str) -> None:
         summary = edp.summary()
     assert _verdict(problems) == []
     (s,) = summary["shards"].values()
-    assert s["held"] == cap
+    assert s["held"] == cap, s
