@@ -26,7 +26,8 @@ from typing import Any
 
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConfigError
-from conduit_hpc.plane.extensions import Feature, FeatureHost
+from conduit_hpc.plane.extensions import Feature
+from conduit_hpc.plane.host import FeatureHost
 from conduit_hpc.plane.metrics import LEARNER_COLUMNS
 
 __all__ = ["TensorBoardScalars", "scalar_tag"]

@@ -7,19 +7,16 @@ rank's endpoint and lets the features attach. Then it dispatches:
 
 * on **actor** ranks (and learners with ``layout.learners_ingest``),
   :meth:`~ExperienceDataPlane.ingest` (the :class:`~conduit_hpc.plane.actor.ActorEndpoint`);
-* on **buffer** ranks, :meth:`~ExperienceDataPlane.serve` (the
-  :class:`~conduit_hpc.plane.buffer.BufferServer` loop);
+* on **buffer** and **delivery** ranks (:attr:`~ExperienceDataPlane.serves`),
+  :meth:`~ExperienceDataPlane.serve` (the buffer loop, or the delivery loop);
 * on **learner** ranks, :meth:`~ExperienceDataPlane.next_batch` and
   :meth:`~ExperienceDataPlane.update_priorities` (the
   :class:`~conduit_hpc.plane.learner.LearnerEndpoint`);
 * every rank calls :meth:`~ExperienceDataPlane.close` (collective) at the end.
 
 Features (checkpointing, live re-placement, long-haul) plug in through
-:mod:`conduit_hpc.plane.extensions`; this module imports none of them. Their public
-handles here: :attr:`config`, :attr:`spec`, :attr:`roles`, :attr:`placement`,
-:attr:`rings`, :attr:`window`, :attr:`control`, :attr:`channel`, :attr:`run_dir`,
-:attr:`started_at`, and the endpoint of this rank's role (:attr:`actor`,
-:attr:`server`, :attr:`learner`; ``None`` for the other roles).
+:mod:`conduit_hpc.plane.extensions`; this module imports none of them. What they may use
+of it is :class:`~conduit_hpc.plane.host.FeatureHost`.
 """
 
 from __future__ import annotations
@@ -48,6 +45,7 @@ from conduit_hpc.plane.delivery_rank import (
     process_mode,
 )
 from conduit_hpc.plane.extensions import Feature, feature_factories
+from conduit_hpc.plane.host import FeatureHost
 from conduit_hpc.plane.learner import MODES, EdpMode, LearnerEndpoint
 from conduit_hpc.plane.memory import ShardMemory
 from conduit_hpc.plane.planning import decide_placement, write_plan
@@ -166,8 +164,9 @@ class ExperienceDataPlane:
             self.delivery = make_delivery_server(self, self.staging, transform)
         if roles.world_rank in roles.writer_ranks:  # actors, and learners that ingest
             self._init_actor()
+        host: FeatureHost = self  # all a feature may use (mypy checks the front has it)
         for f in self.features:
-            f.attach(self)  # collective where a feature makes windows
+            f.attach(host)  # collective where a feature makes windows
 
     # -- construction --------------------------------------------------------------
     def _metrics_file(self, name: str) -> Path | None:
@@ -233,10 +232,8 @@ class ExperienceDataPlane:
 
     @property
     def serves(self) -> bool:
-        """Whether this rank only serves the others - a buffer or a learner's delivery
-        rank: it calls :meth:`serve` and nothing of an actor's or learner's. Jobs
-        dispatch on it (``elif edp.serves: edp.serve()``), so that they run unchanged
-        with ``scheduler.delivery = "process"``."""
+        """A buffer or delivery rank: it only calls :meth:`serve` (jobs dispatch on it,
+        ``elif edp.serves: edp.serve()``, and run unchanged with a delivery rank)."""
         return self.roles.role in (Role.BUFFER, Role.DELIVERY)
 
     @property
@@ -411,13 +408,9 @@ class ExperienceDataPlane:
 
         Returns:
             dict: ``actors`` (world rank -> ingest counters), ``shards`` (shard id ->
-            committed, held, dropped and applied priority updates, rows overwritten
-            before any learner drew them, ``block`` releases, the last measured insert
-            rate and guard band; see :class:`~conduit_hpc.plane.buffer.OwnedShard`),
-            ``learners`` (world
-            rank -> latency summary), ``rows_ingested``, ``bytes_ingested``, and one
-            entry per attached feature (its ``merge`` of every rank's part; for
-            ``replacement`` and ``longhaul`` see those features).
+            counters: :func:`~conduit_hpc.plane.summary.shard_counters`), ``learners``
+            (world rank -> latency summary), ``rows_ingested``, ``bytes_ingested``, and
+            one entry per attached feature (its ``merge`` of every rank's part).
         """
         mine: dict[str, Any] = {"rank": self.world_rank, "role": self.roles.role.value}
         if self.actor is not None:

@@ -68,7 +68,7 @@ from conduit_hpc.transport.objects import bcast_json, gather_json
 from conduit_hpc.wait import Deadline
 
 if TYPE_CHECKING:
-    from conduit_hpc.plane.extensions import FeatureHost
+    from conduit_hpc.plane.host import FeatureHost
 
 Handler = Callable[["Message"], None]
 

@@ -19,7 +19,7 @@ from conduit_hpc.plane.buffer import OwnedShard
 from conduit_hpc.storage.snapshot import ShardSnapshot, SnapshotStaging, take_snapshot
 
 if TYPE_CHECKING:
-    from conduit_hpc.plane.extensions import FeatureHost
+    from conduit_hpc.plane.host import FeatureHost
 
 __all__ = ["STALL_ENV", "buffer_file", "cut_shards", "described_for", "finish_checkpoint",
            "finish_from_parts", "layout_json", "placement_json", "shard_part", "write_buffer_part"]

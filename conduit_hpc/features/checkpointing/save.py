@@ -30,7 +30,7 @@ from conduit_hpc.features.checkpointing.parts import (
 from conduit_hpc.transport.objects import bcast_json, gather_json
 
 if TYPE_CHECKING:
-    from conduit_hpc.plane.extensions import FeatureHost
+    from conduit_hpc.plane.host import FeatureHost
 
 __all__ = ["SaveResult", "save_checkpoint"]
 

@@ -25,7 +25,7 @@ from conduit_hpc.protocol import Tag
 from conduit_hpc.transport.channel import Message
 
 if TYPE_CHECKING:
-    from conduit_hpc.plane.extensions import FeatureHost
+    from conduit_hpc.plane.host import FeatureHost
 
 __all__ = ["StopCoordinator"]
 

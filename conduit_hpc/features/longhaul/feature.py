@@ -73,7 +73,7 @@ from conduit_hpc.transport.link import LinkedChannel, LinkParams
 from conduit_hpc.transport.rma import RmaWindow
 
 if TYPE_CHECKING:
-    from conduit_hpc.plane.extensions import FeatureHost
+    from conduit_hpc.plane.host import FeatureHost
 
 __all__ = ["LongHaul"]
 

@@ -88,7 +88,7 @@ from conduit_hpc.transport.rma import RmaWindow
 
 if TYPE_CHECKING:
     from conduit_hpc.config import Config
-    from conduit_hpc.plane.extensions import FeatureHost
+    from conduit_hpc.plane.host import FeatureHost
     from conduit_hpc.plane.roles import RoleComms
     from conduit_hpc.spec import Spec
 

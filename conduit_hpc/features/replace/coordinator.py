@@ -35,7 +35,7 @@ from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.protocol import Tag
 
 if TYPE_CHECKING:
-    from conduit_hpc.plane.extensions import FeatureHost
+    from conduit_hpc.plane.host import FeatureHost
     from conduit_hpc.transport.channel import Message
 
 Handler = Callable[["Message"], None]

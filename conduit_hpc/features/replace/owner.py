@@ -23,7 +23,7 @@ from conduit_hpc.storage.ring import H_COMMIT
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.buffer import BufferServer, OwnedShard
-    from conduit_hpc.plane.extensions import FeatureHost
+    from conduit_hpc.plane.host import FeatureHost
     from conduit_hpc.transport.channel import Message
 
 Handler = Callable[["Message"], None]
