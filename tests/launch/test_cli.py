@@ -70,30 +70,6 @@ def test_failing_job_is_one_message_and_nonzero(tmp_path, args, fragments) -> No
         assert f in errors[0]
 
 
-def test_ingest_benchmark_smoke() -> None:
-    out = cli("bench", "--json", "ingest", "--smoke", timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert "single-core numpy memcpy" in out.stdout
-    import json
-
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["memcpy_gbps"] > 0
-    assert all(r["rows"] > 0 and r["ratio_to_memcpy"] > 0 for r in result["results"])
-
-
-def test_exposed_latency_benchmark_smoke(tmp_path) -> None:
-    import json
-
-    out = cli("bench", "--json", "exposed-latency", "--smoke", "--out", str(tmp_path),
-              timeout=300)  # --smoke: 40 supersteps of float4 rows at 1x, no files
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    runs = result["results"]
-    assert {r["mode"] for r in runs} == {"edp", "sync", "service"}
-    assert all(r["supersteps"] > 0 and r["iteration_median_s"] > 0 for r in runs)
-    assert {r["case"] for r in result["reductions"]} == {"float4"}
-
-
 @pytest.mark.parametrize("mode", ["edp", "sync", "service"])
 def test_synthetic_job_in_each_mode_writes_metrics(tmp_path, mode: str) -> None:
     import csv
@@ -264,25 +240,6 @@ def test_slurm_renders_and_refuses_impossible_layouts(tmp_path) -> None:
     assert bad.stderr.startswith("conduit-hpc: error: ConfigError: --nodes 1 x "
                                  "--ntasks-per-node 2 = 2 tasks")
     assert "more roles than tasks" in bad.stderr
-
-
-def test_convergence_smoke_then_report_draws_the_return_curve(tmp_path) -> None:
-    import json
-
-    out = cli("bench", "--json", "convergence", "--smoke", "--modes", "single", "--out",
-              str(tmp_path), timeout=300)
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    (single,) = result["results"]
-    assert single["env_steps"] >= 3000 and single["episodes"] > 10
-    rep = cli("report", single["run_dir"], timeout=120)
-    assert rep.returncode == 0, rep.stderr
-    report_dir = tmp_path / "single-seed0" / "report"
-    png = report_dir / "returns.png"
-    assert png.exists() and png.stat().st_size > 10_000
-    md = (report_dir / "report.md").read_text()
-    assert "![Return curve](returns.png)" in md
-    assert "timeline of dqn [single-process] skipped (no learner-*.csv)" in md
 
 
 def test_info_with_a_job_runs_the_ranks_of_its_layout() -> None:
