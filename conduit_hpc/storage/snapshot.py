@@ -3,8 +3,9 @@
 A :class:`ShardSnapshot` is everything a shard's owner holds about its rows at one
 moment (the *cut*): the rows themselves (oldest first, with their sequence numbers; the
 stored columns: with frame stacks, frames once and references, sealed so that no row
-refers to a frame before the cut), their current priorities, the priorities the writers gave them, the cursors and the priority
-index's counters. It is what a checkpoint stores per shard and what a restore writes back.
+refers to a frame before the cut), their current priorities, the priorities the writers
+gave them, the cursors and the priority index's counters. It is what a checkpoint stores
+per shard and what a restore writes back.
 
 The cut (:func:`take_snapshot`, run by the owner right after a commit pass) contains every
 row with ``seq < commit`` that the shard still holds, and none after; rows that a writer
