@@ -206,6 +206,17 @@ def test_stored_bytes_of_an_atari_row_are_under_a_sixth() -> None:
     assert stored_spec(plain) is plain and "obs__frame" in stored_spec(framed).names
 
 
+def test_bench_frames_reports_a_sixth_or_less(capsys) -> None:
+    from conduit_hpc.bench import frames
+
+    out = frames.main(["--capacity", "300", "--rows", "600", "--streams", "3",
+                       "--repeats", "1", "--batches", "32"])
+    full, once = out["results"]
+    assert full["layout"] == "full" and once["layout"] == "frames_once"
+    assert once["ratio_to_full"] <= 1 / 6 and once["deliverable_fraction"] > 0.8
+    assert "bytes/transition" in capsys.readouterr().out
+
+
 def _write_checkpoint(root: Path, snap, spec: Spec) -> Path:
     tmp = root / ".tmp-ckpt"
     tmp.mkdir(parents=True)
