@@ -250,11 +250,18 @@ def stored_spec(spec: Spec) -> Spec:
     return FrameCodec(spec).stored if spec.stacks else spec
 
 
-def seal_cut(columns: dict[str, np.ndarray], first_seq: int) -> None:
-    """Make a cut (rows from seq ``first_seq`` on, oldest first) self-contained: a row
-    whose oldest frame lies before the cut can never be delivered from it (its lag
-    becomes :data:`LAG_NONE`). No-op for the plain layout."""
-    lag = columns.get(LAG_COLUMN)
-    if lag is not None and len(lag):
-        seqs = np.arange(first_seq, first_seq + len(lag), dtype=np.int64)
-        lag[seqs - np.minimum(lag, LAG_NONE) < first_seq] = LAG_NONE
+def seal_cut(codec: FrameCodec | None, columns: Mapping[str, np.ndarray],
+             first_seq: int) -> None:
+    """Make a cut (stored columns of the slots from seq ``first_seq`` on, oldest first)
+    self-contained: a row that references a frame outside the cut (before it, or past
+    its end: a batch whose last slots were not committed yet) can never be delivered
+    from it, so its lag becomes :data:`LAG_NONE` (in place). No-op for the plain layout."""
+    if codec is None or not len(columns[LAG_COLUMN]):
+        return
+    lag = columns[LAG_COLUMN]
+    n = len(lag)
+    seqs = np.arange(first_seq, first_seq + n, dtype=np.int64)
+    bad = seqs - np.minimum(lag, LAG_NONE) < first_seq
+    for g in codec.groups:
+        bad |= (columns[g.refs] >= first_seq + n).any(axis=1)
+    lag[bad] = LAG_NONE

@@ -219,7 +219,7 @@ def take_snapshot(shard_id: int, ring: ShardRing, index: PriorityIndex,
                            f"of seqs; the index and the ring disagree")
     sl = slice(first, n)
     columns = {k: c[sl] for k, c in staging.columns.items()}
-    seal_cut(columns, int(seqs[first]) if first < n else 0)  # frames: no ref before the cut
+    seal_cut(ring.layout.frames, columns, int(seqs[first]) if first < n else 0)
     return ShardSnapshot(
         shard_id=shard_id, capacity=cap, commit=commit, seqs=seqs[sl], columns=columns,
         priority=staging.priority[sl], init_priority=staging.init_priority[sl],

@@ -21,6 +21,7 @@ from conduit_hpc.spec import Field, FrameStack, Spec
 from conduit_hpc.storage import PriorityIndex, ShardLayout, ShardRing
 from conduit_hpc.storage.frames import LAG_COLUMN, LAG_NONE, stored_spec
 from conduit_hpc.storage.frames_reference import FrameReplay, FrameRing
+from conduit_hpc.storage.frames_reshard import reshard_frames
 from conduit_hpc.storage.snapshot import restore_snapshot, take_snapshot
 from conduit_hpc.testing import FRAME_SPEC, frame_rows, frame_stacks_of, make_config
 from conduit_hpc.transport.rma import RmaWindow
@@ -273,6 +274,56 @@ def test_checkpoint_round_trip_of_a_deduplicated_shard(tmp_path: Path) -> None:
         assert frame_stacks_of(cols).all() and (cols["episode"] == 2).any()
     finally:
         b.close()
+
+
+def _keys(cols: dict[str, np.ndarray]) -> list[tuple[int, int, int]]:
+    return list(zip(cols["env"].tolist(), cols["episode"].tolist(), cols["step"].tolist(),
+                    strict=True))
+
+
+@pytest.mark.parametrize(("old_caps", "new_caps"), [((80,), (50, 70)), ((60, 90), (200,))])
+def test_reshard_writes_each_frame_once_again(old_caps, new_caps) -> None:
+    """Cuts of lapped shards dealt over other shards: every row delivered from the new
+    shards is a row the old ones delivered, exactly, with its priority; about all of
+    them move when the new shards have the room."""
+    rng = np.random.default_rng(3)
+    snaps, live, prio = [], {}, {}
+    for sid, cap in enumerate(old_caps):
+        a = Shard(FSPEC, cap)
+        eps = [frame_rows(10 * sid + e, 1, 60) for e in range(3)]
+        for lo in range(0, 60, 4):
+            for ep in eps:
+                a.write(0, {n: c[lo:lo + 4] for n, c in ep.items()})
+        idx = a.owned.index
+        held = np.flatnonzero(idx.gens > 0)
+        idx.update(held, idx.gens[held], rng.uniform(0.5, 3.0, len(held)))
+        seqs, cols = a.delivered()
+        for q, key in zip(seqs, _keys(cols), strict=True):
+            live[key] = cols
+            prio[key] = idx.priority[q % cap]
+        snaps.append(take_snapshot(sid, a.owned.ring, idx))
+        a.close()
+    codec = ShardLayout(FSPEC, 8).frames
+    assert codec is not None
+    new, dropped = reshard_frames(codec, len(snaps), snaps.__getitem__, new_caps,
+                                  list(range(len(new_caps))), 3.0, chunk_rows=7)
+    assert dropped == 0
+    moved = []
+    for k, cap in enumerate(new_caps):
+        b = Shard(FSPEC, cap)
+        try:
+            with b.owned.writing():
+                restore_snapshot(b.owned.ring, b.owned.index, new[k])
+            b.owned.hidden_upto = new[k].commit
+            seqs, cols = b.delivered()
+            assert frame_stacks_of(cols).all()
+            for q, key in zip(seqs, _keys(cols), strict=True):
+                assert key in live and b.owned.index.priority[q % cap] == prio[key]
+            moved += _keys(cols)
+        finally:
+            b.close()
+    assert len(set(moved)) == len(moved)  # no row twice
+    assert len(moved) >= 0.9 * len(live)  # the new shards have the room
 
 
 def test_refusals_name_the_field() -> None:

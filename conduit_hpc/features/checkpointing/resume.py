@@ -21,7 +21,8 @@ import numpy as np
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.config import Config
 from conduit_hpc.errors import CheckpointError
-from conduit_hpc.storage.frames import stored_spec
+from conduit_hpc.storage.frames import FrameCodec, stored_spec
+from conduit_hpc.storage.frames_reshard import reshard_frames
 from conduit_hpc.storage.snapshot import (
     ShardSnapshot,
     build_resharded,
@@ -102,12 +103,12 @@ def _load_shards(edp: ExperienceDataPlane, ckpt: ck.Checkpoint
     new_caps = [s.capacity_rows for s in edp.placement.shards]
     if ckpt.capacities == new_caps:
         return {s.shard_id: ckpt.read_shard(s.shard_id) for s in mine}, False, 0
-    if edp.spec.stacks:  # references are seqs of one shard: dealing rows would break them
-        raise CheckpointError(
-            f"checkpoint {ckpt.path}: its shards of capacities {ckpt.capacities} store "
-            f"frames once (spec.{next(iter(edp.spec.stacks))}.stack), and restoring them "
-            f"into shards of capacities {new_caps} (a reshard) is not supported; expected "
-            f"the same shards (layout.buffers, storage.capacity_rows, the plan)")
+    if edp.spec.stacks:  # references are seqs of one shard: rows are written anew
+        snaps, dropped = reshard_frames(
+            FrameCodec(edp.spec), len(ckpt.shards), ckpt.read_shard, new_caps,
+            [s.shard_id for s in mine],
+            max((s.max_priority for s in ckpt.shards), default=1.0))
+        return snaps, True, dropped
     plan = plan_reshard([s.rows for s in ckpt.shards], new_caps)
     max_p = max((s.max_priority for s in ckpt.shards), default=1.0)
     ids = [s.shard_id for s in mine]
