@@ -15,8 +15,9 @@ columns* instead of its own fields (:class:`FrameCodec`):
 
 A writer (:class:`FrameWriter`, one per ring client) stores a frame only when no frame of
 the same stream with the same bytes is known to be in the ring and recent: frames are
-matched by their exact bytes (a ``dict`` keyed by them), so a reference always resolves to
-the very bytes the actor gave, whatever the order of rows, streams, episodes or writers;
+looked up by a 64-bit fingerprint and matched by their exact bytes (every reference is
+checked against the remembered copy), so a reference always resolves to the very bytes
+the actor gave, whatever the order of rows, streams, episodes or writers;
 episode starts that repeat (or zero-fill) a frame store it once. A batch of ``r`` rows
 takes ``max(r, new frames)`` slots: the rows first, then slots with frames only (never
 drawn: written with priority 0 and :data:`LAG_NONE`).
@@ -144,19 +145,46 @@ class WritePlan:
         slots (int): seqs to reserve (``max(rows, new frames of any group)``).
         refs (list[np.ndarray]): per group, int64 ``[rows, width]``: a seq (>= 0) or
             ``-1 - j`` for the batch's ``j``-th new frame.
-        new (list[list[tuple[int, bytes, np.ndarray]]]): per group, the new frames
-            (stream, bytes, frame) in slot order.
+        frames (list[np.ndarray]): per group, every frame of the batch,
+            ``[rows * width, *frame_shape]`` (row, field, oldest first).
+        new (list[list[tuple[int, int, int]]]): per group, the new frames (stream,
+            fingerprint, index into ``frames``) in slot order.
     """
 
     rows: int
     slots: int
     refs: list[np.ndarray]
-    new: list[list[tuple[int, bytes, np.ndarray]]]
+    frames: list[np.ndarray]
+    new: list[list[tuple[int, int, int]]]
+
+
+_MULTIPLIERS: dict[int, np.ndarray] = {}
+
+
+def fingerprints(frames: np.ndarray) -> np.ndarray:
+    """A 64-bit fingerprint per frame (``frames``: ``[m, ...]``, C-contiguous): a sum of
+    the frame's words times fixed random odd multipliers, modulo 2**64. Only a hint: equal
+    frames have equal fingerprints; equal fingerprints are checked byte for byte."""
+    m = len(frames)
+    raw = frames.reshape(m, -1).view(np.uint8)
+    nb = raw.shape[1]
+    w = next(k for k in (8, 4, 2, 1) if nb % k == 0)
+    words = raw.view(f"<u{w}")
+    mult = _MULTIPLIERS.get(words.shape[1])
+    if mult is None:
+        mult = np.random.default_rng(0x5EED).integers(0, 1 << 63, words.shape[1],
+                                                      dtype=np.uint64) * 2 + 1
+        mult = _MULTIPLIERS[words.shape[1]] = mult.astype(np.uint64)
+    return np.asarray(words.astype(np.uint64, copy=False) @ mult, np.uint64)
 
 
 class FrameWriter:
-    """A writer's knowledge of which frames of each stream a ring holds (by their exact
-    bytes), so that it stores each frame once. One per ring client; not thread-safe.
+    """A writer's knowledge of which frames of each stream a ring holds, so that it
+    stores each frame once. One per ring client; not thread-safe.
+
+    Frames are looked up by a fingerprint and taken only when their bytes equal the
+    remembered copy's (checked for every reference, in one comparison per batch): a
+    reference always resolves to the very bytes the actor gave.
 
     Args:
         codec (FrameCodec): the shard's stored layout.
@@ -166,11 +194,21 @@ class FrameWriter:
     def __init__(self, codec: FrameCodec, keep_per_stream: int = 0) -> None:
         self.codec = codec
         self.keep = keep_per_stream or max(g.width for g in codec.groups) * 2 + 8
-        # per group: stream -> {frame bytes: seq}, oldest first
-        self.known: list[dict[int, dict[bytes, int]]] = [{} for _ in codec.groups]
+        # per group: stream -> {fingerprint: (seq, a copy of the frame)}, oldest first
+        self.known: list[dict[int, dict[int, tuple[int, np.ndarray]]]] = [
+            {} for _ in codec.groups]
         self.end = 0  # the end of this writer's last reservation
         self.frames_stored = 0
         self.frames_referenced = 0
+        self.fingerprint_clashes = 0  # equal fingerprints of unequal frames (stored anew)
+
+    def _frames(self, g: FrameGroup, batch: Mapping[str, np.ndarray], rows: int) -> np.ndarray:
+        """Every frame of the group's fields, ``[rows * width, *frame_shape]``."""
+        d, ax = g.stack.depth, g.stack.axis
+        parts = [batch[n] if ax == 0 else np.moveaxis(batch[n], 1 + ax, 1) for n in g.fields]
+        both = parts[0][:, None] if len(parts) == 1 else np.stack(parts, axis=1)
+        return np.ascontiguousarray(both).reshape(rows * len(g.fields) * d,
+                                                  *g.stack.frame_shape)
 
     def plan(self, batch: Mapping[str, np.ndarray], reserved: int, capacity: int) -> WritePlan:
         """Which frames of a validated batch are new. ``reserved``: the reserve cursor
@@ -178,36 +216,50 @@ class FrameWriter:
         lives until its oldest frame is overwritten)."""
         if reserved < self.end:  # the ring went back (a restore): forget everything
             self.known = [{} for _ in self.codec.groups]
-        horizon = reserved - capacity // 2
+        horizon = max(0, reserved - capacity // 2)
         rows = self.codec.spec.rows_of(batch)
-        refs, new = [], []
+        refs, frames_of, new = [], [], []
         for gi, g in enumerate(self.codec.groups):
-            streams = batch[g.stack.stream]
-            known = self.known[gi]
-            pending: dict[tuple[int, bytes], int] = {}
-            r = np.empty((rows, g.width), np.int64)
-            fresh: list[tuple[int, bytes, np.ndarray]] = []
-            d = g.stack.depth
+            frames = self._frames(g, batch, rows)
+            fps = fingerprints(frames).tolist()
+            streams = batch[g.stack.stream].tolist()
+            known, width = self.known[gi], g.width
+            pending: dict[tuple[int, int], int] = {}
+            r = np.empty(rows * width, np.int64)
+            fresh: list[tuple[int, int, int]] = []
+            check_at: list[int] = []  # frames said equal to ...
+            check_to: list[np.ndarray] = []  # ... a remembered frame or a new one
             for i in range(rows):
-                stream = int(streams[i])
+                stream = streams[i]
                 seen = known.get(stream, {})
-                for k, name in enumerate(g.fields):
-                    arr = batch[name][i]
-                    for j in range(d):
-                        fr = self.codec.frame(g, arr, j)
-                        key = fr.tobytes()
-                        seq = seen.get(key, horizon - 1)
-                        if seq < horizon or seq < 0:
-                            at = pending.get((stream, key))
-                            if at is None:
-                                at = pending[(stream, key)] = len(fresh)
-                                fresh.append((stream, key, fr))
-                            seq = -1 - at
-                        r[i, k * d + j] = seq
-            refs.append(r)
+                for x in range(i * width, (i + 1) * width):
+                    fp = fps[x]
+                    hit = seen.get(fp)
+                    if hit is not None and hit[0] >= horizon:
+                        r[x] = hit[0]
+                        check_at.append(x)
+                        check_to.append(hit[1])
+                        continue
+                    at = pending.get((stream, fp))
+                    if at is None:
+                        at = pending[(stream, fp)] = len(fresh)
+                        fresh.append((stream, fp, x))
+                    else:
+                        check_at.append(x)
+                        check_to.append(frames[fresh[at][2]])
+                    r[x] = -1 - at
+            if check_at:  # the bytes decide: a fingerprint that lied stores its frame
+                want = np.stack(check_to).reshape(len(check_at), -1)
+                got = frames.reshape(len(frames), -1)[np.asarray(check_at, np.int64)]
+                for x in np.asarray(check_at)[~(got == want).all(axis=1)].tolist():
+                    self.fingerprint_clashes += 1
+                    r[x] = -1 - len(fresh)
+                    fresh.append((streams[x // width], fps[x], x))
+            refs.append(r.reshape(rows, width))
+            frames_of.append(frames)
             new.append(fresh)
         slots = max([rows] + [len(f) for f in new])
-        return WritePlan(rows, slots, refs, new)
+        return WritePlan(rows, slots, refs, frames_of, new)
 
     def columns(self, plan: WritePlan, batch: Mapping[str, np.ndarray], first: int,
                 priorities: np.ndarray | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -221,14 +273,12 @@ class FrameWriter:
             r = plan.refs[gi]
             r = np.where(r >= 0, r, first - 1 - r)
             fresh = plan.new[gi]
-            fs = self.codec.stored[g.frame]
-            frames = np.empty((len(fresh), *fs.shape), fs.dtype)
+            frames = plan.frames[gi][np.asarray([x for _, _, x in fresh], np.int64)]
             known = self.known[gi]
-            for j, (stream, key, fr) in enumerate(fresh):
-                frames[j] = fr
+            for j, (stream, fp, _) in enumerate(fresh):
                 seen = known.setdefault(stream, {})
-                seen.pop(key, None)
-                seen[key] = first + j
+                seen.pop(fp, None)
+                seen[fp] = (first + j, frames[j].copy())
                 while len(seen) > self.keep:
                     del seen[next(iter(seen))]
             cols[g.frame], cols[g.refs] = frames, r
