@@ -344,6 +344,8 @@ def test_refusals_name_the_field() -> None:
         Spec(fields, {"obs": FrameStack("obs", "nope", 0, 4, (2,))})
     with pytest.raises(SpecError, match="next field 'env'"):
         Spec(fields, {"obs": FrameStack("obs", "env", 0, 4, (2,), "env")})
+    with pytest.raises(ConfigError, match=r"stack\.axis .* got 3"):
+        FieldConfig(dtype="uint8", shape=(4, 2, 2), stack=StackConfig(axis=3, stream="env"))
     bad = dict(FRAME_SPEC, obs__frame={"dtype": "uint8"})
     with pytest.raises(SpecError, match="obs__frame"):
         ShardLayout(Spec.from_config(make_config(spec=bad).spec), 8)
