@@ -80,14 +80,17 @@ class Shard:
 
 class Actors:
     """Streams of frames as actors make them, the reference model as the oracle: what
-    each row's stacks were (``expected[rid]``)."""
+    each row's stacks were (``stacks(rid)``). The reference pads an episode's first
+    stacks by repeating its first frame; with ``zero_fill`` the actors pad with zeros
+    instead (the other common rule): the padding frames are zero frames."""
 
-    def __init__(self, n_step: int) -> None:
+    def __init__(self, n_step: int, zero_fill: bool = False) -> None:
         self.frames = FrameRing(1 << 20, FRAME, depth=DEPTH)  # never laps: the truth
         self.replay = FrameReplay(self.frames, 1 << 20)
-        self.n = n_step
+        self.n, self.zero_fill = n_step, zero_fill
         self.episode: dict[int, list[int]] = {}
         self.pending: list[tuple[int, int]] = []  # (stream, rid)
+        self.at: dict[int, tuple[int, int]] = {}  # rid -> episode positions of its frames
 
     def step(self, stream: int, reset: bool, sym: int) -> None:
         ep = self.episode.get(stream)
@@ -101,13 +104,25 @@ class Actors:
             self._rows(stream, [(ep[-1 - self.n], ep[-1])])
 
     def _rows(self, stream: int, pairs: list[tuple[int, int]]) -> None:
-        self.pending += [(stream, self.replay.add(o, nx)) for o, nx in pairs]
+        ep = self.episode[stream]
+        for o, nx in pairs:
+            rid = self.replay.add(o, nx)
+            self.pending.append((stream, rid))
+            self.at[rid] = (ep.index(o), ep.index(nx))
+
+    def stacks(self, rid: int) -> tuple[np.ndarray, np.ndarray]:
+        """The row's obs and next_obs stacks as its actor made them (oldest first)."""
+        obs, nxt = self.replay.get(rid)
+        if self.zero_fill:
+            for st_, t in zip((obs, nxt), self.at[rid], strict=True):
+                st_[:max(0, DEPTH - 1 - t)] = 0  # the frames before the episode
+        return obs, nxt
 
     def batch(self, k: int, axis: int) -> dict[str, np.ndarray] | None:
         take, self.pending = self.pending[:k], self.pending[k:]
         if not take:
             return None
-        obs, nxt = zip(*(self.replay.get(rid) for _, rid in take), strict=True)
+        obs, nxt = zip(*(self.stacks(rid) for _, rid in take), strict=True)
         return {"obs": np.moveaxis(np.stack(obs), 1, 1 + axis),
                 "next_obs": np.moveaxis(np.stack(nxt), 1, 1 + axis),
                 "env": np.array([s for s, _ in take], np.int64),
@@ -120,7 +135,7 @@ class Actors:
         for i, q in enumerate(seqs):
             rid = int(cols["rid"][i])
             assert rows_at.get(int(q)) == rid, f"seq {q}: delivered a slot that is no row"
-            obs, nxt = self.replay.get(rid)
+            obs, nxt = self.stacks(rid)
             np.testing.assert_array_equal(cols["obs"][i], np.moveaxis(obs, 0, axis))
             np.testing.assert_array_equal(cols["next_obs"][i], np.moveaxis(nxt, 0, axis))
             assert cols["env"][i] == self.replay.stream(rid)
@@ -132,13 +147,14 @@ EVENTS = st.lists(st.tuples(st.integers(0, 3), st.booleans(), st.integers(0, 5),
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=EVENTS, axis=st.sampled_from([0, 2]), cap=st.sampled_from([40, 64, 97]),
-       n_step=st.integers(1, 3))
-def test_delivered_stacks_equal_the_reference(events, axis, cap, n_step) -> None:
-    """Streams interleave, episodes end, several writers share the shard, the ring laps:
-    every row delivered is exactly what its actor made; frames-only slots are never
-    drawable nor delivered; the rows just written are all deliverable."""
+       n_step=st.integers(1, 3), zero_fill=st.booleans())
+def test_delivered_stacks_equal_the_reference(events, axis, cap, n_step, zero_fill) -> None:
+    """Streams interleave, episodes end (their first stacks padded by repeating the first
+    frame, or with zeros), several writers share the shard, the ring laps: every row
+    delivered is exactly what its actor made; frames-only slots are never drawable nor
+    delivered; the rows just written are all deliverable."""
     spec = spec_for(axis)
-    shard, actors = Shard(spec, cap, writers=3), Actors(n_step)
+    shard, actors = Shard(spec, cap, writers=3), Actors(n_step, zero_fill)
     rows_at: dict[int, int] = {}
     try:
         for stream, reset, sym, flush, writer in events:
