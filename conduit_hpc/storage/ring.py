@@ -26,7 +26,10 @@ Protocol (sequence numbers ``seq`` are global to the shard, ``slot = seq % capac
   and the free cursor ``F``; a row of sequence ``q`` is intact iff
   ``q + capacity >= min(R, F)`` (``R`` alone while ``F`` is 0) - no writer has yet been
   handed, and let write, the seq that overwrites it. Stale or torn rows are therefore
-  detected, never returned.
+  detected, never returned. With frame stacks (each frame stored once, see
+  :mod:`conduit_hpc.storage.frames`) a row also references the slots of its frames, and
+  the same rule is applied to its oldest frame: the gather returns the cursor per row,
+  raised by the row's lag (``seq - oldest frame's seq``).
 
 Storage never sees an ``MPI.Win``: it talks to a :class:`~conduit_hpc.transport.base.Transport`.
 """
