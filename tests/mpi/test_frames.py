@@ -103,10 +103,14 @@ def test_readers_on_every_rank_see_exact_stacks(transport: str) -> None:
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.parametrize("transport", ["auto", "never"])
-def test_every_delivered_stack_is_what_its_actor_produced(transport: str) -> None:
-    """A learner draws prioritized batches (direct fetch over shared memory, or RMA)
-    while the actors lap the shard: every stack in every batch is exact and was made."""
-    cfg = config(transport, learners=1)
+@pytest.mark.parametrize(("mode", "fetch"), [("edp", "direct"), ("edp", "owner"),
+                                             ("service", "direct")])
+def test_every_delivered_stack_is_what_its_actor_produced(transport: str, mode: str,
+                                                          fetch: str) -> None:
+    """A learner draws prioritized batches (prefetched with direct reads over shared
+    memory or RMA, or through the owner; or asking the buffer each time) while the
+    actors lap the shard: every stack in every batch is exact and was made."""
+    cfg = config(transport, learners=1, mode=mode, fetch=fetch)
     delivered: list[tuple[int, int, int]] = []
     made: set[tuple[int, int, int]] = set()
     with ExperienceDataPlane(cfg) as edp:
