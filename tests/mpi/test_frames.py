@@ -17,10 +17,12 @@ COMM = MPI.COMM_WORLD
 ENVS = 3  # streams per actor
 
 
-def config(transport: str, learners: int, **sch):
+def config(transport: str, learners: int, device_rows: int = 0, **sch):
     return make_config(spec=FRAME_SPEC, layout={"learners": learners, "buffers": 1},
                        storage={"capacity_rows": 192, "priority_exponent": 0.6},
                        transport={"shared_memory": transport},
+                       placement={"device_rows": device_rows, "interval_supersteps": 1,
+                                  "patience": 1},
                        scheduler={"batch_rows": 16, "prefetch_depth": 2,
                                   "min_fill_rows": 48, **sch})
 
@@ -102,15 +104,16 @@ def test_readers_on_every_rank_see_exact_stacks(transport: str) -> None:
 
 
 @pytest.mark.mpi(min_size=3)
-@pytest.mark.parametrize("transport", ["auto", "never"])
-@pytest.mark.parametrize(("mode", "fetch"), [("edp", "direct"), ("edp", "owner"),
-                                             ("service", "direct")])
+@pytest.mark.parametrize(("transport", "mode", "fetch", "device_rows"), [
+    ("auto", "edp", "direct", 0), ("never", "edp", "direct", 0), ("auto", "edp", "owner", 0),
+    ("auto", "service", "direct", 0), ("auto", "edp", "direct", 192)])
 def test_every_delivered_stack_is_what_its_actor_produced(transport: str, mode: str,
-                                                          fetch: str) -> None:
+                                                          fetch: str, device_rows: int) -> None:
     """A learner draws prioritized batches (prefetched with direct reads over shared
-    memory or RMA, or through the owner; or asking the buffer each time) while the
-    actors lap the shard: every stack in every batch is exact and was made."""
-    cfg = config(transport, learners=1, mode=mode, fetch=fetch)
+    memory or RMA, or through the owner; or asking the buffer each time; or from the
+    shard mirrored on its device, whole stacks there) while the actors lap the shard:
+    every stack in every batch is exact and was made."""
+    cfg = config(transport, 1, device_rows, mode=mode, fetch=fetch)
     delivered: list[tuple[int, int, int]] = []
     made: set[tuple[int, int, int]] = set()
     with ExperienceDataPlane(cfg) as edp:
@@ -135,6 +138,8 @@ def test_every_delivered_stack_is_what_its_actor_produced(transport: str, mode: 
     if edp.role is Role.LEARNER:
         assert len(delivered) == 30 * 16
     assert summary["rows_ingested"] >= 48
+    if device_rows:  # the shard was mirrored on the device and batches drawn from it
+        assert sum(v["device_rows_drawn"] for v in summary["learners"].values()) > 0
 
 
 def delivered_rows(edp: ExperienceDataPlane) -> list[tuple[int, int, int]]:
