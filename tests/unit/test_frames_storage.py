@@ -22,6 +22,7 @@ from conduit_hpc.storage import PriorityIndex, ShardLayout, ShardRing
 from conduit_hpc.storage.frames import LAG_COLUMN, LAG_NONE, stored_spec
 from conduit_hpc.storage.frames_reference import FrameReplay, FrameRing
 from conduit_hpc.storage.frames_reshard import reshard_frames
+from conduit_hpc.storage.migrate import move_rows
 from conduit_hpc.storage.snapshot import restore_snapshot, take_snapshot
 from conduit_hpc.testing import FRAME_SPEC, frame_rows, frame_stacks_of, make_config
 from conduit_hpc.transport.rma import RmaWindow
@@ -350,6 +351,27 @@ def test_reshard_writes_each_frame_once_again(old_caps, new_caps) -> None:
             b.close()
     assert len(set(moved)) == len(moved)  # no row twice
     assert len(moved) >= 0.9 * len(live)  # the new shards have the room
+
+
+def test_rows_moved_to_another_shard_keep_their_stacks() -> None:
+    """Live re-placement's row move (storage/migrate.py) out of a lapped frame-once shard:
+    the rows deliverable there arrive whole (frames stored once again), nothing else."""
+    a, b = Shard(FSPEC, 64), Shard(FSPEC, 160)
+    try:
+        eps = [frame_rows(e, 3, 50) for e in range(3)]
+        for lo in range(0, 50, 3):
+            for ep in eps:
+                a.write(0, {n: c[lo:lo + 3] for n, c in ep.items()})
+        _, live = a.delivered()
+        held = np.flatnonzero(a.owned.index.gens > 0)
+        rec = move_rows(a.owned.ring, a.owned.index, b.writers[0], held)
+        b.owned.poll()
+        _, got = b.delivered()
+        assert frame_stacks_of(got).all()
+        assert sorted(_keys(got)) == sorted(_keys(live)) and rec.skipped > 0
+    finally:
+        a.close()
+        b.close()
 
 
 def test_refusals_name_the_field() -> None:
