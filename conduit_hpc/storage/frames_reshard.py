@@ -83,7 +83,8 @@ def reshard_frames(codec: FrameCodec, old_shards: int,
 
     Returns:
         tuple: the new shards' snapshots by id (seqs from 0), and the deliverable rows
-        left out (all new shards).
+        left out because the new shards have fewer slots than rows (all new shards,
+        the same on every rank; the slots of older frames may leave a few more out).
     """
     stream = codec.groups[0].stack.stream
     cuts = [CutRows(codec, read(old)) for old in range(old_shards)]
@@ -106,12 +107,22 @@ def reshard_frames(codec: FrameCodec, old_shards: int,
         where[int(uniq[k])] = to
         load[to] += counts[k]
     shard_of = np.array([where[int(i)] for i in ids], np.int64)
+    # the same on every rank: rows beyond the new shards' capacities (the slots a
+    # shard's older frames take may leave a few more out)
     dropped = int(np.maximum(load - caps, 0).sum())
     out: dict[int, ShardSnapshot] = {}
     for k in new_ids:
-        mine = np.flatnonzero(shard_of == k)[-int(caps[k]):]  # the newest that fit
-        out[k] = _build(codec, cuts, src[mine], pos[mine], k, int(caps[k]), max_priority,
-                        chunk_rows)
+        mine = np.flatnonzero(shard_of == k)
+        take = min(len(mine), int(caps[k]))
+        for _ in range(8):  # the newest rows whose frames fit too (a stream's first row
+            # in the shard brings its older frames)
+            sel = mine[len(mine) - take:]
+            out[k] = _build(codec, cuts, src[sel], pos[sel], k, int(caps[k]), max_priority,
+                            chunk_rows)
+            over = out[k].commit - int(caps[k])
+            if over <= 0 or take == 0:
+                break
+            take = max(0, take - over)
     return out, dropped
 
 

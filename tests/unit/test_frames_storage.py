@@ -308,11 +308,12 @@ def _keys(cols: dict[str, np.ndarray]) -> list[tuple[int, int, int]]:
                     strict=True))
 
 
-@pytest.mark.parametrize(("old_caps", "new_caps"), [((80,), (50, 70)), ((60, 90), (200,))])
+@pytest.mark.parametrize(("old_caps", "new_caps"), [((80,), (50, 70)), ((60, 90), (200,)),
+                                                  ((80,), (30,))])
 def test_reshard_writes_each_frame_once_again(old_caps, new_caps) -> None:
     """Cuts of lapped shards dealt over other shards: every row delivered from the new
     shards is a row the old ones delivered, exactly, with its priority; about all of
-    them move when the new shards have the room."""
+    them move when the new shards have the room, the newest when they do not."""
     rng = np.random.default_rng(3)
     snaps, live, prio = [], {}, {}
     for sid, cap in enumerate(old_caps):
@@ -334,7 +335,8 @@ def test_reshard_writes_each_frame_once_again(old_caps, new_caps) -> None:
     assert codec is not None
     new, dropped = reshard_frames(codec, len(snaps), snaps.__getitem__, new_caps,
                                   list(range(len(new_caps))), 3.0, chunk_rows=7)
-    assert dropped == 0
+    room = sum(new_caps) >= sum(old_caps)
+    assert dropped == max(0, len(live) - sum(new_caps))
     moved = []
     for k, cap in enumerate(new_caps):
         b = Shard(FSPEC, cap)
@@ -350,7 +352,10 @@ def test_reshard_writes_each_frame_once_again(old_caps, new_caps) -> None:
         finally:
             b.close()
     assert len(set(moved)) == len(moved)  # no row twice
-    assert len(moved) >= 0.9 * len(live)  # the new shards have the room
+    if room:
+        assert len(moved) >= 0.9 * len(live)
+    else:  # the newest rows that fit (a few at the cut's edge lose their frames)
+        assert 0.6 * new_caps[0] <= len(moved) <= new_caps[0]
 
 
 def test_rows_moved_to_another_shard_keep_their_stacks() -> None:
