@@ -275,7 +275,7 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:  # collective
         k = check_config(cfg, len(edp.roles.actor_ranks), len(edp.roles.learner_ranks))
         rank = edp.world_rank
-        net = build_net(cfg) if edp.role is not Role.BUFFER else None
+        net = build_net(cfg) if not edp.serves else None
         updater = None
         if net is not None and edp.role is Role.LEARNER:
             net = net.to(edp.device)
@@ -292,7 +292,7 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
         if edp.role is Role.ACTOR:
             assert net is not None
             out = actor_loop(edp, cfg, net, k, run_dir, t0)
-        elif edp.role is Role.BUFFER:
+        elif edp.serves:
             edp.serve()
         else:
             assert updater is not None

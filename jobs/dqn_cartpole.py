@@ -347,7 +347,7 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
         root = checkpoint_root(cfg, run_dir)
         agent = CheckpointAgent(edp, root, every_seconds=ccfg.every_seconds, keep=ccfg.keep,
                                 first_seq=restored.seq + 1 if restored else 1)
-        net = build_net(cfg) if edp.role is not Role.BUFFER else None
+        net = build_net(cfg) if not edp.serves else None
         updater = None
         group = LearnerGroup.open(edp.roles, cfg.transport.collectives,  # collective
                                   timeout_s=cfg.run.timeout_s,
@@ -378,7 +378,7 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
         if edp.role is Role.ACTOR:
             assert net is not None
             out = actor_loop(edp, cfg, net, k, stop, run_dir, t0)
-        elif edp.role is Role.BUFFER:
+        elif edp.serves:
             edp.serve()
         else:
             assert updater is not None

@@ -34,7 +34,7 @@ def run(cfg: ExampleConfig, run_dir: Path | None, resume: str) -> None:
                             "reward": np.array([reward]), "next_obs": next_obs[None],
                             "done": np.array([terminated])})
                 obs = env.reset()[0] if terminated or truncated else next_obs
-        elif edp.role is Role.BUFFER:
+        elif edp.serves:
             edp.serve()  # until everyone is done
         else:
             for _ in range(cfg.example.batches):

@@ -306,7 +306,7 @@ def run(cfg: LongHaulJobConfig, run_dir: Path | None, resume: str) -> dict[str, 
         if cfg.job.workload == "dqn":
             check_dqn(cfg, len(edp.roles.actor_ranks))
         wl = Regression(cfg, edp.world_rank) if cfg.job.workload == "regression" else None
-        model = build_model(cfg, wl) if edp.role is not Role.BUFFER else None
+        model = build_model(cfg, wl) if not edp.serves else None
         if model is not None and edp.role is Role.LEARNER:
             model = model.to(edp.device)
             warm_up_optimizer()  # torch.optim's first step imports for seconds
@@ -316,7 +316,7 @@ def run(cfg: LongHaulJobConfig, run_dir: Path | None, resume: str) -> dict[str, 
             assert model is not None
             out = (actor_regression(edp, cfg, wl, t0) if wl is not None
                    else actor_dqn(edp, cfg, model, run_dir, t0))
-        elif edp.role is Role.BUFFER:
+        elif edp.serves:
             edp.serve()
         else:
             assert model is not None

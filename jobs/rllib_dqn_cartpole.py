@@ -170,7 +170,7 @@ def run(cfg: RllibDQNConfig, run_dir: Path | None, resume: str) -> None:
     dqn = algo_config(cfg)
     check_algo_config(dqn, cfg)  # every rank, before any collective and before Ray
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
-        if edp.role is Role.BUFFER:
+        if edp.serves:
             edp.serve()
         elif edp.role is Role.LEARNER:
             result = train(cfg, edp, dqn)

@@ -181,7 +181,7 @@ def run(cfg: SyntheticConfig, run_dir: Path | None, resume: str) -> dict:
                              lambda: {"counters": {"rows_sampled": edp.learner.priority_rows}})
         if edp.role is Role.ACTOR:
             actor_loop(edp, cfg, rng, stop)
-        elif edp.role is Role.BUFFER:
+        elif edp.serves:
             edp.serve()
         else:
             learner_loop(edp, cfg, rng, stop)

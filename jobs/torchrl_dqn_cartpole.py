@@ -333,7 +333,7 @@ def run_plane(cfg: TorchRLDQNConfig, run_dir: Path | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
         rank, role = edp.world_rank, edp.role
-        env = make_env(cfg.run.seed * 1000 + rank) if role is not Role.BUFFER else None
+        env = make_env(cfg.run.seed * 1000 + rank) if not edp.serves else None
         actor = make_actor(env, hp, cfg.run.seed) if env is not None else None
         tr = Trainer(env, actor, hp) if role is Role.LEARNER else None
         # the only TorchRL line that differs from a plain script (collective here)

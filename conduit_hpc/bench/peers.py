@@ -2,7 +2,8 @@
 
     conduit-hpc bench peers [--smoke] [--kinds cartpole,atari] [--batches N]
                             [--actors 2] [--modes sync] [--peers cpprb,torchrl]
-    conduit-hpc bench peers --profile [--batches 300]   # cProfile of the learner
+    conduit-hpc bench peers --profile [--batches 300] [--kinds atari] [--modes sync]
+                                                  # cProfile of the learner
 
 **Ours** (MPI ranks: 1 buffer, 1 learner, ``--actors`` actors, one node, shared memory):
 the actors first ingest as fast as they can (batches of 1,024 CartPole rows or 32 Atari
@@ -119,9 +120,9 @@ def ours_worker(args: argparse.Namespace) -> None:
                     run={"timeout_s": 120.0})
                 with ExperienceDataPlane(cfg, comm) as edp:
                     role = edp.role
-                    side = comm.Split(0 if role is Role.BUFFER else 1,
+                    side = comm.Split(0 if edp.serves else 1,
                                       0 if role is Role.LEARNER else 1 + comm.rank)
-                    if role is Role.BUFFER:
+                    if edp.serves:
                         side.Free()
                         edp.serve()
                         continue
@@ -236,7 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="conduit-hpc bench peers")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
     p.add_argument("--profile", action="store_true",
-                   help="cProfile the learner: cartpole, prioritized, idle actor, sync")
+                   help="cProfile the learner: prioritized, idle actor, the first of --kinds "
+                        "and --modes")
     p.add_argument("--kinds", default="cartpole,atari")
     p.add_argument("--modes", default="sync", help="our delivery modes (sync, edp, service)")
     p.add_argument("--batches", type=int, default=300, help="timed batches per figure")
@@ -256,8 +258,9 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     if args.smoke:
         args.batches, args.duration = 30, 0.1
-    if args.profile:
-        args.kinds, args.modes, args.actors, args.peers = "cartpole", "sync", 1, ""
+    if args.profile:  # one mode of one row kind (--kinds, --modes: the first of each)
+        args.kinds, args.modes = args.kinds.split(",")[0], args.modes.split(",")[0]
+        args.actors, args.peers = 1, ""
     from conduit_hpc.testing import mpirun
 
     sha = git_sha()

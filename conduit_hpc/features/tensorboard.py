@@ -26,7 +26,7 @@ from typing import Any
 
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConfigError
-from conduit_hpc.plane.extensions import Feature
+from conduit_hpc.plane.extensions import Feature, FeatureHost
 from conduit_hpc.plane.metrics import LEARNER_COLUMNS
 
 __all__ = ["TensorBoardScalars", "scalar_tag"]
@@ -79,7 +79,7 @@ class TensorBoardScalars(Feature):
         self.writer: Any = None
         self._step = 0
 
-    def attach(self, plane: Any) -> None:
+    def attach(self, plane: FeatureHost) -> None:
         run_dir: Path | None = plane.run_dir
         endpoint, role = ((plane.learner, "learner") if plane.learner is not None
                           else (plane.actor, "actor") if plane.actor is not None

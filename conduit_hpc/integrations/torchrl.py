@@ -375,7 +375,7 @@ class DataPlaneReplayBuffer:
         and learner ranks; one atomic read (on a learner, where its MPI calls are made:
         it waits for the data-plane thread's turn)."""
         edp = self.edp
-        if edp.role is Role.BUFFER:
+        if edp.serves:
             raise ConduitError("len() is for actor and learner ranks")
         if edp.learner is not None:
             n = edp.learner.run_on_thread(lambda: edp.control.read(C_INSERTS), "len()")

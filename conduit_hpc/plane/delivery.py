@@ -5,7 +5,7 @@ statistics, wait for the rate limiter, draw stratified targets (the
 :class:`~conduit_hpc.sampling.Sampler`), have the rows found and fetched (the
 :class:`~conduit_hpc.plane.fetch.Fetch` strategy: searched and copied by this rank, or
 sampled and sent by their owners), check they are intact, transform them, weigh them
-and hand them to the :class:`~conduit_hpc.plane.staging.Stager`. It also carries
+and hand them to the :class:`~conduit_hpc.plane.staging.BatchSink`. It also carries
 priority updates back to the owners.
 
 This is the composition layer: it uses the transport (windows, channel) and the
@@ -25,7 +25,7 @@ from conduit_hpc.config import SchedulerConfig
 from conduit_hpc.errors import DataPlaneClosed
 from conduit_hpc.plane.control import C_ACTORS_DONE, C_INSERTS, C_SAMPLES, ControlBlock
 from conduit_hpc.plane.priority_write import PriorityWrite
-from conduit_hpc.plane.staging import Batch, Stager
+from conduit_hpc.plane.staging import Batch, BatchSink
 from conduit_hpc.protocol import SampleReply, SampleRequest, Tag
 from conduit_hpc.sampling import Sampler, ShardStats
 from conduit_hpc.scheduler import LimiterState, RateLimiter
@@ -67,7 +67,8 @@ class Deliverer:
         config (SchedulerConfig): batch size, window.
         sampler (Sampler): draws targets and weighs rows.
         n_actors (int): actors in the job (to know when all are done).
-        stager (Stager): hands batches to the learner's device.
+        stager (BatchSink): takes finished batches (the learner's device, or a delivery
+            rank's staging slot).
         transform (Transform | None): applied to each numpy batch before the copy.
         timeout_s (float): bound on every wait.
         poll_interval_s (float): longest pause of a wait.
@@ -82,7 +83,7 @@ class Deliverer:
                  acks: Mapping[int, np.ndarray], sync: Callable[[], None], rank: int,
                  channel: Channel, control: ControlBlock, limiter: RateLimiter,
                  config: SchedulerConfig, sampler: Sampler, n_actors: int,
-                 stager: Stager, transform: Transform | None, timeout_s: float,
+                 stager: BatchSink, transform: Transform | None, timeout_s: float,
                  poll_interval_s: float, pins: OwnerBlock | None = None,
                  writers: Mapping[int, SharedIndexWriter] | None = None) -> None:
         self.spec, self.rings, self.owners = spec, dict(rings), dict(owners)
@@ -156,8 +157,7 @@ class Deliverer:
         the time device shards took to sync, which is part of sampling)."""
         t0 = time.perf_counter()
         self.sync_s = 0.0
-        deadline = Deadline(self.timeout_s, f"the rate limiter to let this learner sample "
-                                            f"{rows} rows")
+        deadline: Deadline | None = None  # made on the first wait (most batches have none)
         backoff = Backoff(self.poll_s)
         lim = self.limiter
         fenced = False
@@ -165,6 +165,8 @@ class Deliverer:
             stats = self.shard_stats()
             held = self.written  # written rows: those hidden for overwriting count too
             mass = sum(s.total for s in stats)
+            if mass > 0 and not lim.enabled and held >= lim.min_size_to_sample:
+                break  # no ratio to keep: the insert and sample counters need no read
             state = LimiterState(self.control.read(C_INSERTS), self.control.read(C_SAMPLES),
                                  held)
             if mass > 0 and lim.can_sample(state, rows):
@@ -185,6 +187,9 @@ class Deliverer:
                     f"every actor finished with {held} rows held (total priority mass "
                     f"{mass:g}); sampling needs scheduler.min_fill_rows = "
                     f"{lim.min_size_to_sample} rows with mass > 0")
+            if deadline is None:
+                deadline = Deadline(self.timeout_s, f"the rate limiter to let this learner "
+                                                    f"sample {rows} rows")
             deadline.check(lambda: lim.explain(state))  # noqa: B023 - called at once
             self.channel.progress()  # e.g. messages held for a long link still go out
             backoff.pause()
@@ -359,7 +364,17 @@ class Deliverer:
         timeout; writers of the shard wait for at most that one round."""
         ring, w = self.rings[sid], self.window
         cap = ring.capacity
-        todo = np.arange(a, b)
+        # first pass: straight into the batch; most batches end here
+        slots = indices[a:b, 1]
+        drawn = slots >= 0  # -1: the owner had nothing to draw then
+        if not drawn.all():
+            slots = np.where(drawn, slots, 0)
+        rows = slots if w == 1 else (slots[:, None] + np.arange(w)[None, :]).reshape(-1) % cap
+        _, reserved = ring.gather(rows, {k: v[a * w:b * w] for k, v in flat.items()})
+        bad = ~drawn | ~ring.intact(indices[a:b, 2], reserved)
+        if not bad.any():
+            return
+        todo = a + np.flatnonzero(bad)
         pos = int(np.flatnonzero(self.shard_ids == sid)[0])
         deadline = Deadline(self.timeout_s, f"intact rows of shard {sid} (they kept being "
                                             f"overwritten while gathered)")
@@ -367,23 +382,6 @@ class Deliverer:
         pinned = False
         try:
             while True:
-                drawn = indices[todo, 1] >= 0  # -1: the owner had nothing to draw then
-                slots = np.where(drawn, indices[todo, 1], 0)
-                rows = (slots[:, None] + np.arange(w)[None, :]).reshape(-1) % cap
-                if len(todo) == b - a:  # first pass: straight into the batch
-                    dst = {k: v[a * w:b * w] for k, v in flat.items()}
-                    _, reserved = ring.gather(rows, dst)
-                else:
-                    got, reserved = ring.gather(rows)
-                    sel = (todo[:, None] * w + np.arange(w)[None, :]).reshape(-1)
-                    for k, v in got.items():
-                        flat[k][sel] = v
-                bad = ~drawn | ~ring.intact(indices[todo, 2], reserved)
-                if not bad.any():
-                    return
-                if bad.all() and pinned:  # nothing drawable: let the owner run
-                    backoff.pause()
-                todo = todo[bad]
                 self.resampled += len(todo)
                 deadline.check()
                 if not pinned and self.pins is not None:
@@ -398,6 +396,19 @@ class Deliverer:
                     (rep, _), = self.collect(Tag.SAMPLE_REPLY, {rid},
                                              "resample reply").values()
                 indices[todo, 1], indices[todo, 2], mass[todo] = rep.slots, rep.gens, rep.mass
+                drawn = indices[todo, 1] >= 0
+                slots = np.where(drawn, indices[todo, 1], 0)
+                rows = (slots[:, None] + np.arange(w)[None, :]).reshape(-1) % cap
+                got, reserved = ring.gather(rows)
+                sel = (todo[:, None] * w + np.arange(w)[None, :]).reshape(-1)
+                for k, v in got.items():
+                    flat[k][sel] = v
+                bad = ~drawn | ~ring.intact(indices[todo, 2], reserved)
+                if not bad.any():
+                    return
+                if bad.all() and pinned:  # nothing drawable: let the owner run
+                    backoff.pause()
+                todo = todo[bad]
         finally:
             if pinned:
                 self._pin(ring, sid, False)

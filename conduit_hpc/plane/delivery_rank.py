@@ -30,7 +30,6 @@ without a word leaves the other to its timeout.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -39,10 +38,11 @@ from mpi4py import MPI
 
 from conduit_hpc.errors import ConfigError, DataPlaneClosed, DataPlaneTimeout, RemoteFailure
 from conduit_hpc.plane.delivery import Deliverer
-from conduit_hpc.plane.fetch import Fetch, OwnerFetch, PendingBatch
+from conduit_hpc.plane.fetch import Fetch
 from conduit_hpc.plane.learner import MODES, DeliveryMode, LearnerEndpoint
+from conduit_hpc.plane.prefetch import Prefetcher
 from conduit_hpc.plane.roles import RoleComms
-from conduit_hpc.plane.staging import Batch, Stager
+from conduit_hpc.plane.staging import Batch, BatchSink, Stager
 from conduit_hpc.plane.staging_ring import (
     W_CLOSED,
     W_FAILED,
@@ -67,7 +67,7 @@ __all__ = ["DeliveryServer", "ProcessMode", "SlotWriter", "make_deliverer",
            "make_delivery_server", "open_staging", "process_mode"]
 
 
-def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: Stager,
+def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: BatchSink,
                    transform: Any, seed_rank: int | None = None) -> Deliverer:
     """The experience path of ``rank`` over ``shards`` on the data plane ``edp`` (a
     learner's, or its delivery rank's: then ``seed_rank`` is the learner, whose sampler
@@ -96,6 +96,7 @@ def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: Stager,
     if gpu:  # mirrored on this learner's device (planning.executable checked the rest)
         from conduit_hpc.plane.device_tier import DeviceShard
 
+        assert stager.device is not None  # a learner's own (config refuses the others)
         d.device_shards = {s: DeviceShard(s, edp.rings[s], alpha=d.sampler.alpha,
                                           device=stager.device, seed=seed + s) for s in gpu}
     pc = cfg.placement
@@ -172,12 +173,12 @@ def open_staging(roles: RoleComms, config: Config, spec: Spec) -> StagingRing | 
     return StagingRing(window, owner, layout)
 
 
-class SlotWriter(Stager):
-    """The delivery rank's "device": batches go into the staging ring's slot, gathered
-    there directly (the Deliverer's ``alloc``); a transform's new arrays are copied in.
-    No torch."""
+class SlotWriter(BatchSink):
+    """Where a delivery rank's batches go: the staging ring's slot, gathered there
+    directly (the Deliverer's ``alloc``); a transform's new arrays are copied in. No
+    device, no torch (the learner stages the slot to its device)."""
 
-    def __init__(self, ring: StagingRing) -> None:  # no super(): no device, no torch
+    def __init__(self, ring: StagingRing) -> None:
         self.ring = ring
         self.t = -1
 
@@ -226,13 +227,11 @@ class DeliveryServer:
 
     def __init__(self, d: Deliverer, fetch: Fetch, ring: StagingRing, *, learner: int,
                  depth: int, timeout_s: float, poll_interval_s: float) -> None:
-        self.d, self.fetch, self.ring = d, fetch, ring
+        self.d, self.ring = d, ring
         self.learner, self.timeout_s = learner, timeout_s
         self.clock = PrefetchClock(depth)
         self.poll_s = min(poll_interval_s, 0.0005)
-        self._owner = fetch if isinstance(fetch, OwnerFetch) and fetch.pipelined else None
-        self._pending: deque[PendingBatch] = deque()
-        self._closed = False
+        self.prefetch = Prefetcher(d, fetch, self.clock, self._publish, self._closed)
         self.finished = False
         self.updates = 0  # update messages forwarded
 
@@ -265,13 +264,12 @@ class DeliveryServer:
             requested = ring.word(W_REQUESTED)
             self._forward()  # every update queued before that request
             while clock.requested < requested:
-                d.mark()
-                clock.request()
+                self.prefetch.request()
                 quiet = time.monotonic()
             if ring.word(W_STOP):
                 self._stop()
                 return
-            did = self._step()
+            did = self.prefetch.step()
             if did:
                 backoff.reset()
                 quiet = time.monotonic()
@@ -283,44 +281,16 @@ class DeliveryServer:
                     f"time between next_batch calls must stay under run.timeout_s)")
             backoff.pause()
 
-    def _step(self) -> bool:
-        if self._closed:
-            return self._complete_arrived()
-        try:
-            if self._owner is not None:
-                did = False
-                while self.clock.may_prepare():
-                    t, staleness = self.clock.start()
-                    self._pending.append(self._owner.begin(self.d, t, staleness))
-                    did = True
-                return self._complete_arrived() or did
-            if not self.clock.may_prepare():
-                return False
-            t, staleness = self.clock.start()
-            self._publish(self.fetch.prepare(self.d, t, staleness), t)
-            return True
-        except DataPlaneClosed as err:  # the end of the stream: the learner raises it
-            self._closed = True
-            self.ring.set_message(W_CLOSED, str(err))
-            return False
-
     def _publish(self, batch: Batch, t: int) -> None:
         self.ring.publish(t, batch.superstep, batch.staleness, batch.timings)
 
-    def _complete_arrived(self) -> bool:
-        o = self._owner
-        if not (o and self._pending and o.arrived(self.d, self._pending[0])):
-            return False
-        pending = self._pending.popleft()
-        self._publish(o.complete(self.d, pending), pending.superstep)
-        return True
+    def _closed(self, err: DataPlaneClosed) -> None:  # the learner raises it
+        self.ring.set_message(W_CLOSED, str(err))
 
     def _stop(self) -> None:
         """The learner stops: no owner's reply is left unreceived, every queued update
         is forwarded, the counters are left for the learner's summary."""
-        if self._owner is not None:
-            while self._pending:
-                self._owner.complete(self.d, self._pending.popleft())
+        self.prefetch.finish()
         self._forward()
         d, ring = self.d, self.ring
         for k, v in enumerate((d.resampled, d.limiter_wait_s, d.overwritten_unsampled,

@@ -175,7 +175,9 @@ class DevicePolicy:
         """Mirror shard ``sid`` on the device (see the module docstring)."""
         owner = d.owners[sid]
         d.prio.catch_up(owner)  # the index the first sync copies has every update
-        dev = DeviceShard(sid, d.rings[sid], alpha=d.sampler.alpha, device=d.stager.device,
+        device = d.stager.device
+        assert device is not None  # a learner's Stager (config refuses delivery ranks)
+        dev = DeviceShard(sid, d.rings[sid], alpha=d.sampler.alpha, device=device,
                           seed=self.seed + sid)
         dev.sync()
         d.device_shards[sid] = dev

@@ -28,21 +28,56 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
     from conduit_hpc.config import Config
     from conduit_hpc.placement.placement import Placement
-    from conduit_hpc.plane.roles import RoleComms
+    from conduit_hpc.plane.actor import ActorEndpoint
+    from conduit_hpc.plane.buffer import BufferServer, OwnedShard
+    from conduit_hpc.plane.control import ControlBlock
+    from conduit_hpc.plane.learner import LearnerEndpoint
+    from conduit_hpc.plane.roles import Role, RoleComms
     from conduit_hpc.plane.staging import Batch
     from conduit_hpc.protocol import PriorityUpdate
     from conduit_hpc.spec import Spec
+    from conduit_hpc.storage.ring import ShardRing
     from conduit_hpc.transport.channel import Channel, Message
 
-__all__ = ["BufferExtension", "Feature", "LearnerHook", "feature_factories",
+__all__ = ["BufferExtension", "Feature", "FeatureHost", "LearnerHook", "feature_factories",
            "register_feature"]
+
+
+class FeatureHost(Protocol):
+    """What a feature may use of the data plane it is attached to - the whole of it
+    (``mypy`` holds features to it; the plane's front object implements it). The
+    endpoints are ``None`` on ranks without that role."""
+
+    config: Config
+    spec: Spec
+    roles: RoleComms
+    placement: Placement
+    channel: Channel
+    control: ControlBlock
+    rings: dict[int, ShardRing]
+    run_dir: Path | None
+    #: this rank's endpoints (``None`` where the rank has not that role)
+    server: BufferServer | None
+    learner: LearnerEndpoint | None
+    actor: ActorEndpoint | None
+
+    @property
+    def role(self) -> Role: ...
+
+    @property
+    def world_rank(self) -> int: ...
+
+    def owned_shards(self) -> list[OwnedShard]: ...
+
+    def log(self, **values: float) -> None: ...
 
 
 class BufferExtension:
@@ -141,10 +176,9 @@ class Feature(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def attach(self, plane: Any) -> None:
-        """Register extensions and hooks on ``plane``'s endpoints (``plane`` is the
-        :class:`~conduit_hpc.plane.front.ExperienceDataPlane` being built; typed loosely
-        here because the front imports this module)."""
+    def attach(self, plane: FeatureHost) -> None:
+        """Register extensions and hooks on ``plane``'s endpoints (the data plane being
+        built; a feature uses nothing of it beyond :class:`FeatureHost`)."""
 
     def route(self, batches: int) -> int | None:
         """Actors: the shard of the next ingest (``None``: the placement's)."""

@@ -228,9 +228,16 @@ class ExperienceDataPlane:
     # -- introspection -------------------------------------------------------------
     @property
     def role(self) -> Role:
-        """The role jobs dispatch on: a delivery rank (``roles.role``) answers ``BUFFER``:
-        it only serves (:meth:`serve`), so jobs run unchanged with it."""
-        return Role.BUFFER if self.roles.role is Role.DELIVERY else self.roles.role
+        """This rank's role (a learner's delivery rank: ``Role.DELIVERY``)."""
+        return self.roles.role
+
+    @property
+    def serves(self) -> bool:
+        """Whether this rank only serves the others - a buffer or a learner's delivery
+        rank: it calls :meth:`serve` and nothing of an actor's or learner's. Jobs
+        dispatch on it (``elif edp.serves: edp.serve()``), so that they run unchanged
+        with ``scheduler.delivery = "process"``."""
+        return self.roles.role in (Role.BUFFER, Role.DELIVERY)
 
     @property
     def world_rank(self) -> int:

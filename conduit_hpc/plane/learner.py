@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -30,7 +29,7 @@ from conduit_hpc.errors import DataPlaneClosed
 from conduit_hpc.plane.control import C_LEARNER_VERSION, ControlBlock
 from conduit_hpc.plane.delivery import Deliverer
 from conduit_hpc.plane.extensions import LearnerHook
-from conduit_hpc.plane.fetch import FETCHES, Fetch, OwnerFetch, PendingBatch
+from conduit_hpc.plane.fetch import FETCHES, Fetch, OwnerFetch
 from conduit_hpc.plane.metrics import (
     LEARNER_COLUMNS,
     CsvSink,
@@ -38,6 +37,7 @@ from conduit_hpc.plane.metrics import (
     latency_summary,
     rows_split,
 )
+from conduit_hpc.plane.prefetch import Prefetcher
 from conduit_hpc.plane.progress import ProgressBoard
 from conduit_hpc.plane.staging import Batch
 from conduit_hpc.plane.weights import WeightsBoard, flat_parameters
@@ -123,79 +123,51 @@ class EdpMode(DeliveryMode):
     def __init__(self, endpoint: LearnerEndpoint) -> None:
         super().__init__(endpoint)
         self.depth = endpoint.cfg.prefetch_depth
-        self._pending: deque[PendingBatch] = deque()
         self._ready: dict[int, Batch] = {}
         self._cv = threading.Condition()
-        self._closed: DataPlaneClosed | None = None  # the thread saw the stream end
         self._stopping = False  # stop() began: no new batch may start
         self._thread: DataPlaneThread | None = None
-        f = self.fetch
-        self._owner = f if isinstance(f, OwnerFetch) and f.pipelined else None
+        self._prefetch: Prefetcher | None = None  # made in start(), with the clock
 
     def start(self) -> None:
+        self._prefetch = Prefetcher(self.d, self.fetch, self.ep.clock, self._deliver,
+                                    self._closed)
         self._thread = DataPlaneThread(self._prefetch_step)
         self._thread.start()
 
     # -- thread side -----------------------------------------------------------------
     def _prefetch_step(self) -> bool:
+        assert self._prefetch is not None
         self.d.channel.progress()  # e.g. release messages held for a long link
-        if self._closed is not None or self._stopping:
-            return self._complete_arrived()  # no new batches; those in flight complete
-        try:
-            return self._pipelined_step() if self._owner else self._prepare_step()
-        except DataPlaneClosed as err:
-            # the end of the stream (every actor finished below the minimum fill), not
-            # a failure of the thread: next_batch() raises it once the batches already
-            # made are handed out, and calls (done, checkpoints, stop checks) still run
-            with self._cv:
-                self._closed = err
-                self._cv.notify_all()
-            return False
+        return self._prefetch.step(start_new=not self._stopping)
 
     def _deliver(self, batch: Batch, t: int) -> None:
         with self._cv:
             self._ready[t] = batch
             self._cv.notify_all()
 
-    def _prepare_step(self) -> bool:
-        clock = self.ep.clock
-        if not clock.may_prepare():
-            return False
-        t, staleness = clock.start()
-        self._deliver(self.fetch.prepare(self.d, t, staleness), t)
-        return True
-
-    def _pipelined_step(self) -> bool:
-        assert self._owner is not None
-        clock, did = self.ep.clock, False
-        while clock.may_prepare():
-            t, staleness = clock.start()
-            self._pending.append(self._owner.begin(self.d, t, staleness))
-            did = True
-        return self._complete_arrived() or did
-
-    def _complete_arrived(self) -> bool:
-        if not (self._owner and self._pending and self._owner.arrived(self.d, self._pending[0])):
-            return False
-        pending = self._pending.popleft()
-        self._deliver(self._owner.complete(self.d, pending), pending.superstep)
-        return True
+    def _closed(self, err: DataPlaneClosed) -> None:
+        # calls (done, checkpoints, stop checks) still run on the thread
+        with self._cv:
+            self._cv.notify_all()
 
     def _request(self) -> None:
         """On the thread, after every update queued before it: end the superstep."""
-        self.d.mark()
-        self.ep.clock.request()
+        assert self._prefetch is not None
+        self._prefetch.request()
 
     # -- caller side -----------------------------------------------------------------
     def next_batch(self, s: int) -> Batch:
         assert self._thread is not None
         self._thread.post(self._request)
         deadline = Deadline(self.ep.timeout_s, f"batch {s}")
+        pf = self._prefetch
+        assert pf is not None
         with self._cv:
             while s not in self._ready:
                 self._thread.raise_if_failed()
-                if self._closed is not None and not self._pending:
-                    raise DataPlaneClosed(str(self._closed))
+                if pf.closed is not None and not pf.in_flight:
+                    raise DataPlaneClosed(str(pf.closed))
                 deadline.check()
                 self._cv.wait(0.05)
             return self._ready.pop(s)
@@ -216,14 +188,9 @@ class EdpMode(DeliveryMode):
             return
         self._stopping = True  # else a batch begun after finish() below would leave the
         # owners' replies unreceived, and their (rendezvous) sends would never complete
-        if self._owner is not None:
-            def finish() -> None:  # no owner's send is left unmatched
-                assert self._owner is not None
-                while self._pending:
-                    self._owner.complete(self.d, self._pending.popleft())
-
-            self._thread.call(finish, timeout_s=self.ep.timeout_s,
-                              what="replies of prefetched batches")
+        assert self._prefetch is not None
+        self._thread.call(self._prefetch.finish, timeout_s=self.ep.timeout_s,
+                          what="replies of prefetched batches")
         self._thread.stop(self.ep.timeout_s)
         self._thread = None
 

@@ -100,10 +100,14 @@ class PriorityWrite:
             sel = indices[:, 0] == sid
             if sel.any():
                 dev.update(indices[sel, 1], indices[sel, 2], priorities[sel])
-        order = np.argsort(indices[:, 0], kind="stable")
-        idx, pr = indices[order], priorities[order]
-        cuts = np.flatnonzero(np.diff(idx[:, 0])) + 1
-        for part, p in zip(np.split(idx, cuts), np.split(pr, cuts), strict=True):
+        if (indices[:, 0] == indices[0, 0]).all():  # one shard: no sort, no split
+            parts = [(indices, priorities)]
+        else:
+            order = np.argsort(indices[:, 0], kind="stable")
+            idx, pr = indices[order], priorities[order]
+            cuts = np.flatnonzero(np.diff(idx[:, 0])) + 1
+            parts = list(zip(np.split(idx, cuts), np.split(pr, cuts), strict=True))
+        for part, p in parts:
             sid = int(part[0, 0])
             owner = self.owners[sid]
             writer = self.writers.get(sid)

@@ -8,6 +8,7 @@ copied on a side stream, and :class:`Batch` carries the CUDA event the learner w
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ if TYPE_CHECKING:  # torch loads only on ranks that use it (learners)
 
     from conduit_hpc.plane.roles import RoleComms
 
-__all__ = ["Batch", "Stager", "agreed_device", "select_device"]
+__all__ = ["Batch", "BatchSink", "Stager", "agreed_device", "select_device"]
 
 
 def select_device(kind: str, local_learner_index: int) -> torch.device:
@@ -104,12 +105,31 @@ class Batch:
             self.ready = None
 
 
-class Stager:
+class BatchSink(abc.ABC):
+    """Where the experience path hands a finished batch (the last stage of
+    :class:`~conduit_hpc.plane.delivery.Deliverer`): the learner's device
+    (:class:`Stager`), or the staging ring a delivery rank writes for its learner
+    (:class:`~conduit_hpc.plane.delivery_rank.SlotWriter`)."""
+
+    #: the device whose memory mirrors ``learner_gpu`` shards (None: no device tier)
+    device: torch.device | None = None
+
+    @abc.abstractmethod
+    def to_device(self, data: Mapping[str, np.ndarray], indices: np.ndarray,
+                  weights: np.ndarray, superstep: int, staleness: int,
+                  device_rows: Sequence[tuple[np.ndarray, Mapping[str, torch.Tensor]]] = ()
+                  ) -> Batch:
+        """The batch, where the learner takes it from (see the subclasses)."""
+
+
+class Stager(BatchSink):
     """Hands numpy batches to torch on ``device`` (see the module docstring).
 
     Args:
         device (torch.device): the learner's device.
     """
+
+    device: torch.device
 
     def __init__(self, device: torch.device) -> None:
         import torch

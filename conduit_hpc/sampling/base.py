@@ -168,11 +168,15 @@ def check_update(indices: Any, priorities: Any, shards: Mapping[int, int]
     if len(p) != len(idx):
         raise SpecError(f"priorities has {len(p)} entries but indices has {len(idx)}")
     idx = idx.astype(np.int64)
-    for sid in np.unique(idx[:, 0]):
+    if len(idx) == 0:
+        return idx, p
+    first = int(idx[0, 0])
+    sids = np.unique(idx[:, 0]) if (idx[:, 0] != first).any() else (first,)
+    for sid in sids:
         if int(sid) not in shards:
             raise SpecError(f"indices names shard {int(sid)}, which this learner does "
                              f"not read (shards: {sorted(shards)})")
-        slots = idx[idx[:, 0] == sid, 1]
+        slots = idx[idx[:, 0] == sid, 1] if len(sids) > 1 else idx[:, 1]
         cap = shards[int(sid)]
         if slots.min() < 0 or slots.max() >= cap:
             worst = int(slots.min()) if slots.min() < 0 else int(slots.max())

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from conduit_hpc.storage import tree_kernels
+
 __all__ = ["ShardStats", "allocate_targets", "beta_at", "importance_weights"]
 
 
@@ -34,14 +36,17 @@ class ShardStats:
     min: float
 
 
-def allocate_targets(totals: np.ndarray, batch: int, rng: np.random.Generator
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def allocate_targets(totals: np.ndarray, batch: int, rng: np.random.Generator, *,
+                     compiled: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Stratified targets over the shards laid end to end.
 
     Args:
         totals (np.ndarray): mass of each shard (>= 0, at least one > 0).
         batch (int): rows to draw.
         rng (np.random.Generator): source of randomness.
+        compiled (bool): one compiled loop where numba is there
+            (:mod:`conduit_hpc.storage.tree_kernels`; the same draws and float steps),
+            else numpy (the reference).
 
     Returns:
         tuple[np.ndarray, np.ndarray]: the shard of each target and the target's mass
@@ -56,7 +61,12 @@ def allocate_targets(totals: np.ndarray, batch: int, rng: np.random.Generator
     grand = float(totals.sum())
     if not grand > 0:
         raise ValueError("cannot sample: every shard is empty")
-    u = (np.arange(batch) + rng.random(batch)) * (grand / batch)
+    rand = rng.random(batch)
+    if compiled:
+        found = tree_kernels.allocate(totals, grand, rand)
+        if found is not None:
+            return found
+    u = (np.arange(batch) + rand) * (grand / batch)
     cum = np.cumsum(totals)
     shard = np.searchsorted(cum, u, side="right")
     # rounding can push the last target to the end: give it to the last non-empty shard

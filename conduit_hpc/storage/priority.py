@@ -224,23 +224,51 @@ class PriorityIndex:
             self._set(slots, gens, self.priority[slots].copy())
         return int(slots.size)
 
-    def update(self, slots: np.ndarray, gens: np.ndarray, priorities: np.ndarray) -> int:
+    def update(self, slots: np.ndarray, gens: np.ndarray, priorities: np.ndarray, *,
+               checked: bool = False) -> int:
         """Set new priorities where the slot still holds generation ``gens``.
+
+        Args:
+            checked (bool): ``priorities`` are float64 already checked finite and >= 0
+                (:func:`check_priorities`; the learner checks every update before it is
+                sent), so they are not checked again.
 
         Returns:
             int: updates dropped because their row was overwritten.
 
         Raises:
-            ValueError: a negative, NaN or infinite priority (nothing applied).
+            ValueError: a negative, NaN or infinite priority, or one whose
+                ``priority ** alpha`` overflows (nothing applied).
         """
-        p = check_priorities(priorities)
+        p = (np.asarray(priorities, dtype=np.float64).reshape(-1) if checked
+             else check_priorities(priorities))
         slots = np.asarray(slots, dtype=np.int64).reshape(-1)
         gens = np.asarray(gens, dtype=np.int64).reshape(-1)
         if not (len(slots) == len(gens) == len(p)):
             raise ValueError(f"slots, gens and priorities differ in length: "
                              f"{len(slots)}, {len(gens)}, {len(p)}")
-        if slots.size and (slots.min() < 0 or slots.max() >= self.capacity):
+        if not slots.size:
+            return 0
+        if slots.min() < 0 or slots.max() >= self.capacity:
             raise ValueError(f"slot outside [0, {self.capacity})")
+        top = float(p.max())
+        if self.alpha > 1 and not np.isfinite(np.power(top, self.alpha)):
+            raise SpecError(f"priority {top!r} ** priority_exponent {self.alpha} overflows "
+                            f"float64; priorities must stay below "
+                            f"{np.finfo(np.float64).max ** (1 / self.alpha):.3g}")
+        if self.sum.compiled and self.min.compiled:
+            done = tree_kernels.index_update(self.sum.nodes, self.min.nodes, self.gens,
+                                             self.hidden_gens, self.priority, slots, gens, p,
+                                             self._scaled(p), self.max_priority)
+            if done is not None:
+                dropped, self.max_priority = done
+                self.dropped_updates += dropped
+                self.applied_updates += len(slots) - dropped
+                return dropped
+        return self._update_numpy(slots, gens, p)
+
+    def _update_numpy(self, slots: np.ndarray, gens: np.ndarray, p: np.ndarray) -> int:
+        """The reference path of :meth:`update` (and its fallback without numba)."""
         live = (self.gens[slots] == gens) & (gens > 0)
         hidden = ~live & (self.hidden_gens[slots] == gens) & (gens > 0)
         dropped = int(len(slots) - np.count_nonzero(live) - np.count_nonzero(hidden))

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 
+from conduit_hpc.storage import tree_kernels
 from conduit_hpc.storage.layout import (
     H_HELD,
     H_MAXP,
@@ -17,7 +18,7 @@ from conduit_hpc.storage.layout import (
     HEADER_WORDS,
     ShardViews,
 )
-from conduit_hpc.storage.sumtree import prefix_search
+from conduit_hpc.storage.sumtree import prefix_search, search_level
 from conduit_hpc.transport.base import Transport
 from conduit_hpc.wait import Deadline
 
@@ -85,16 +86,22 @@ class IndexReads:
                 f = v.header.view(np.float64)
                 total, mn = float(f[H_TOTAL]), float(f[H_MIN])
                 if total > 0 and float(v.tree[1]) > 0:
-                    slots = prefix_search(v.tree, targets)
                     # a tree read while the owner rewrites it (the version check below
                     # then retries) can lead the search into the padding leaves past
                     # the capacity: never index with those; -1 (nothing drawn) if a
                     # consistent read should ever give one
-                    inside = slots < self.capacity
-                    safe = np.where(inside, slots, 0)
-                    gens = np.where(inside, v.gens[safe], 0)
-                    mass = np.where(inside, v.tree[safe + len(v.tree) // 2], 0.0)
-                    slots = np.where(inside, slots, -1)
+                    found = (tree_kernels.draw(v.tree, v.gens, self.capacity, targets,
+                                               search_level(len(v.tree)))
+                             if tree_kernels.available() else None)
+                    if found is not None:
+                        slots, gens, mass = found
+                    else:
+                        slots = prefix_search(v.tree, targets)
+                        inside = slots < self.capacity
+                        safe = np.where(inside, slots, 0)
+                        gens = np.where(inside, v.gens[safe], 0)
+                        mass = np.where(inside, v.tree[safe + len(v.tree) // 2], 0.0)
+                        slots = np.where(inside, slots, -1)
                 else:
                     slots = np.full(len(targets), -1, np.int64)
                     gens, mass = np.zeros(len(targets), np.int64), np.zeros(len(targets))

@@ -105,7 +105,7 @@ class SharedIndexWriter:
         try:
             ring.index_write_begin()
             try:
-                dropped = ix.update(slots, gens, priorities)
+                dropped = ix.update(slots, gens, priorities, checked=True)
             finally:
                 held = int(v.header[H_HELD])  # the owner's count: updates keep it
                 ring.index_write_end(held, ix.total, ix.min.min if held else np.inf,

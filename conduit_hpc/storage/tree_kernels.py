@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["available", "search", "update", "warm"]
+__all__ = ["allocate", "available", "draw", "index_update", "search", "update", "warm"]
 
 _KERNELS: dict[str, Callable[..., Any]] | None = None
 _FAILED = False
@@ -35,25 +35,60 @@ def _build() -> dict[str, Callable[..., Any]] | None:
         return None
 
     @numba.njit(cache=True, nogil=True)
+    def parents(p: int, idx: np.ndarray, n: int) -> np.ndarray:
+        # the parents of leaves idx[:n], sorted, in a fresh array (repeats kept: fix()
+        # skips them)
+        par = np.empty(n, np.int64)
+        ordered = True
+        for i in range(n):
+            par[i] = (idx[i] + p) >> 1
+            if i > 0 and par[i] < par[i - 1]:
+                ordered = False
+        if not ordered:
+            par.sort()
+        return par
+
+    @numba.njit(cache=True, nogil=True)
+    def fix(sum_tree: np.ndarray, min_tree: np.ndarray, par: np.ndarray, do_sum: bool,
+            do_min: bool) -> None:
+        # recompute every touched parent from its two children, level by level from the
+        # bottom, each node once per level (a contiguous range of leaves shares its
+        # parents: walking each leaf to the root would redo them ~log(n) times). ``par``
+        # is sorted; it is reused in place for the level above (k <= i).
+        m = par.shape[0]
+        while m > 0:
+            k = 0
+            for i in range(m):
+                node = par[i]
+                if node < 1 or (k > 0 and par[k - 1] == node):
+                    continue  # a one-leaf tree's leaf is its root; or done on this level
+                if do_sum:
+                    sum_tree[node] = sum_tree[2 * node] + sum_tree[2 * node + 1]
+                if do_min:
+                    a, b = min_tree[2 * node], min_tree[2 * node + 1]
+                    min_tree[node] = a if a <= b else b
+                par[k] = node  # this level's distinct nodes, in place
+                k += 1
+            # the next level up: halve and drop duplicates (sorted stays sorted)
+            m2 = 0
+            for i in range(k):
+                up = par[i] >> 1
+                if up >= 1 and (m2 == 0 or par[m2 - 1] != up):
+                    par[m2] = up
+                    m2 += 1
+            m = m2
+
+    @numba.njit(cache=True, nogil=True)
     def sum_update(tree: np.ndarray, p: int, idx: np.ndarray, vals: np.ndarray) -> None:
         for i in range(idx.shape[0]):  # later duplicates win, as in numpy's scatter
             tree[idx[i] + p] = vals[i]
-        for i in range(idx.shape[0]):
-            node = (idx[i] + p) >> 1
-            while node >= 1:
-                tree[node] = tree[2 * node] + tree[2 * node + 1]
-                node >>= 1
+        fix(tree, tree, parents(p, idx, idx.shape[0]), True, False)
 
     @numba.njit(cache=True, nogil=True)
     def min_update(tree: np.ndarray, p: int, idx: np.ndarray, vals: np.ndarray) -> None:
         for i in range(idx.shape[0]):
             tree[idx[i] + p] = vals[i]
-        for i in range(idx.shape[0]):
-            node = (idx[i] + p) >> 1
-            while node >= 1:
-                a, b = tree[2 * node], tree[2 * node + 1]
-                tree[node] = a if a <= b else b
-                node >>= 1
+        fix(tree, tree, parents(p, idx, idx.shape[0]), False, True)
 
     @numba.njit(cache=True, nogil=True)
     def search(tree: np.ndarray, targets: np.ndarray, level: int, out: np.ndarray) -> None:
@@ -104,7 +139,92 @@ def _build() -> dict[str, Callable[..., Any]] | None:
                     node = left
             out[i] = node - p
 
-    return {"sum": sum_update, "min": min_update, "search": search}
+    @numba.njit(cache=True, nogil=True)
+    def draw(tree: np.ndarray, gens: np.ndarray, capacity: int, targets: np.ndarray,
+             level: int, slots: np.ndarray, got_gens: np.ndarray, mass: np.ndarray) -> None:
+        # search, then each found leaf's generation and mass; a leaf past the capacity
+        # (a tree read while another process rewrote it: the caller's seqlock retries)
+        # is never indexed: slot -1, generation 0, mass 0
+        search(tree, targets, level, slots)
+        p = tree.shape[0] // 2
+        for i in range(slots.shape[0]):
+            s = slots[i]
+            if s < capacity:
+                got_gens[i] = gens[s]
+                mass[i] = tree[s + p]
+            else:
+                slots[i] = -1
+                got_gens[i] = 0
+                mass[i] = 0.0
+
+    @numba.njit(cache=True, nogil=True)
+    def index_update(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
+                     hidden: np.ndarray, raw: np.ndarray, slots: np.ndarray,
+                     ugens: np.ndarray, prios: np.ndarray, scaled: np.ndarray,
+                     maxp: float) -> tuple[int, float]:
+        # PriorityIndex.update, step for step: a live row (its slot still holds the
+        # generation) gets the priority and its leaves (``scaled``: priority ** alpha,
+        # computed by numpy, whose pow may differ from libm's in the last bit), a hidden
+        # one only the raw priority; the others are dropped. Returns (dropped, new
+        # running maximum).
+        p = sum_tree.shape[0] // 2
+        dropped = 0
+        touched = 0
+        inf = np.inf
+        for i in range(slots.shape[0]):
+            s, g, pr = slots[i], ugens[i], prios[i]
+            if g > 0 and gens[s] == g:
+                raw[s] = pr
+                sc = scaled[i]
+                sum_tree[s + p] = sc
+                min_tree[s + p] = sc if sc > 0 else inf
+                slots[touched] = s  # compacted in place: the leaves whose parents change
+                touched += 1
+                if pr > maxp:
+                    maxp = pr
+            elif g > 0 and hidden[s] == g:
+                raw[s] = pr
+                if pr > maxp:
+                    maxp = pr
+            else:
+                dropped += 1
+        if touched:
+            fix(sum_tree, min_tree, parents(p, slots, touched), True, True)
+        return dropped, maxp
+
+    @numba.njit(cache=True, nogil=True)
+    def allocate(totals: np.ndarray, grand: float, rand: np.ndarray, shard: np.ndarray,
+                 local: np.ndarray) -> None:
+        # sampling.stratified.allocate_targets after its checks, the same float steps
+        # (``grand``: numpy's sum of the totals, whose pairwise order a loop would not keep)
+        n = totals.shape[0]
+        batch = rand.shape[0]
+        cum = np.cumsum(totals)
+        step = grand / batch
+        last = 0
+        for k in range(n - 1, -1, -1):
+            if totals[k] > 0:
+                last = k
+                break
+        for i in range(batch):
+            u = (i + rand[i]) * step
+            lo, up = 0, n  # searchsorted(cum, u, side="right")
+            while lo < up:
+                mid = (lo + up) >> 1
+                if cum[mid] <= u:
+                    lo = mid + 1
+                else:
+                    up = mid
+            k = lo if lo < last else last
+            while totals[k] <= 0 and k < last:  # an empty shard: the next non-empty one
+                k += 1
+            shard[i] = k
+            hi = np.nextafter(totals[k], 0.0)
+            t = u - (cum[k] - totals[k])
+            local[i] = 0.0 if t < 0.0 else (hi if t > hi else t)
+
+    return {"sum": sum_update, "min": min_update, "search": search, "draw": draw,
+            "index_update": index_update, "allocate": allocate}
 
 
 def available() -> bool:
@@ -131,6 +251,11 @@ def warm() -> None:
     _KERNELS["sum"](tree, 4, idx, vals)
     _KERNELS["min"](tree.copy(), 4, idx, vals)
     _KERNELS["search"](tree, np.zeros(1), 2, np.empty(1, dtype=np.int64))
+    one = np.ones(1, dtype=np.int64)
+    draw(tree, one, 4, np.zeros(1), 2)
+    index_update(tree, tree.copy(), one.copy(), one.copy(), np.zeros(4), np.zeros(1, np.int64),
+                 one, np.ones(1), np.ones(1), 1.0)
+    allocate(np.ones(2), 2.0, np.zeros(2))
     _WARM = True
 
 
@@ -155,3 +280,54 @@ def search(tree: np.ndarray, targets: np.ndarray, level: int) -> np.ndarray | No
     out = np.empty(len(targets), dtype=np.int64)
     _KERNELS["search"](tree, np.array(targets, dtype=np.float64), level, out)
     return out
+
+
+def draw(tree: np.ndarray, gens: np.ndarray, capacity: int, targets: np.ndarray,
+         level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """:func:`search` and, for each found leaf, its generation (``gens``) and mass, in
+    one call: (slots, generations, masses); a leaf at or past ``capacity`` (a torn read
+    of a tree another process rewrites) gives slot -1, generation 0, mass 0. ``None``
+    where the kernels are not available."""
+    if not available():
+        return None
+    assert _KERNELS is not None
+    n = len(targets)
+    slots, got, mass = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n)
+    _KERNELS["draw"](tree, gens, int(capacity), np.array(targets, dtype=np.float64), level,
+                     slots, got, mass)
+    return slots, got, mass
+
+
+def index_update(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
+                 hidden: np.ndarray, raw: np.ndarray, slots: np.ndarray, ugens: np.ndarray,
+                 prios: np.ndarray, scaled: np.ndarray, max_priority: float
+                 ) -> tuple[int, float] | None:
+    """:meth:`~conduit_hpc.storage.priority.PriorityIndex.update` after its checks, in
+    one call over the index's arrays (slots in range, priorities finite and >= 0,
+    ``scaled`` their masses): returns (updates dropped, the new running maximum);
+    ``None`` where the kernels are not available (nothing changed)."""
+    if not available():
+        return None
+    assert _KERNELS is not None
+    d, m = _KERNELS["index_update"](sum_tree, min_tree, gens, hidden, raw,
+                                    np.array(slots, dtype=np.int64),
+                                    np.ascontiguousarray(ugens, dtype=np.int64),
+                                    np.ascontiguousarray(prios, dtype=np.float64),
+                                    np.ascontiguousarray(scaled, dtype=np.float64),
+                                    float(max_priority))
+    return int(d), float(m)
+
+
+def allocate(totals: np.ndarray, grand: float, rand: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`~conduit_hpc.sampling.stratified.allocate_targets` after its checks
+    (``grand``: ``totals.sum()``, > 0; ``rand``: the batch's uniform draws): (shard,
+    local target) per item. ``None`` where the kernels are not available."""
+    if not available():
+        return None
+    assert _KERNELS is not None
+    n = len(rand)
+    shard, local = np.empty(n, np.int64), np.empty(n)
+    _KERNELS["allocate"](np.ascontiguousarray(totals, dtype=np.float64), float(grand),
+                         np.ascontiguousarray(rand, dtype=np.float64), shard, local)
+    return shard, local

@@ -144,7 +144,7 @@ def test_cut_under_ingest_restores_every_row_before_it_once(shared_dir, shared_m
             # the restored plane goes on: more rows come in and are kept with the others
             extra = ingest(edp2, 5000, 4) if edp2.role is Role.ACTOR else []
             edp2.done()
-            if edp2.role is Role.BUFFER:
+            if edp2.serves:
                 edp2.serve()
             n_extra = sum(n for part in edp2.roles.world.allgather(extra) for *_, n in part)
             after = held(edp2)
@@ -166,7 +166,7 @@ def test_cut_under_ingest_restores_every_row_before_it_once(shared_dir, shared_m
         rows = held(edp3)
         assert sorted((w, q, sh, sq) for w, q, sh, _, sq in rows) == sorted(expected)
         edp3.done()
-        if edp3.role is Role.BUFFER:
+        if edp3.serves:
             edp3.serve()
 
 
@@ -224,7 +224,7 @@ def test_signal_on_one_rank_stops_all_and_final_checkpoint_round_trips(shared_di
         gen = np.random.default_rng(100 + rank)
         gen.random(rank + 1)
         model = {"model/w": np.arange(6.0).reshape(2, 3) * rank, "optimizer/step": np.int64(9)}
-        if edp.role is Role.BUFFER:  # a learner's priority updates, before the save
+        if edp.serves:  # a learner's priority updates, before the save
             (s,) = edp.owned_shards()
             s.poll()
             slots = np.arange(0, s.index.count, 3)
@@ -232,7 +232,7 @@ def test_signal_on_one_rank_stops_all_and_final_checkpoint_round_trips(shared_di
             before = {"sum": s.index.sum._tree.copy(), "min": s.index.min._tree.copy(),
                       "max": s.index.max_priority, "commit": s.committed}
         result = save_checkpoint(edp, root, rng=ck.rng_to_json(gen), counters={"batches": batches},
-                                extra_state=model if edp.role is Role.BUFFER else None,
+                                extra_state=model if edp.serves else None,
                                 agent=agent)
         stop.close()
         everyone_batches = edp.roles.world.allgather(batches)
@@ -248,7 +248,7 @@ def test_signal_on_one_rank_stops_all_and_final_checkpoint_round_trips(shared_di
         assert res is not None and res.path == result.path and not res.resharded
         restored = ck.rng_from_json(res.rng_state)
         np.testing.assert_array_equal(restored.random(4), gen.random(4))
-        if edp2.role is Role.BUFFER:
+        if edp2.serves:
             (s,) = edp2.owned_shards()
             np.testing.assert_array_equal(s.index.sum._tree, before["sum"])
             np.testing.assert_array_equal(s.index.min._tree, before["min"])
@@ -259,7 +259,7 @@ def test_signal_on_one_rank_stops_all_and_final_checkpoint_round_trips(shared_di
         else:
             assert res.extra_state == {}
         edp2.done()
-        if edp2.role is Role.BUFFER:
+        if edp2.serves:
             edp2.serve()
 
 
@@ -310,12 +310,12 @@ def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
         with pytest.raises(CheckpointError, match="no DONE marker"):
             restore_data_plane(edp, root / "ckpt-000002")
         edp.done()
-        if edp.role is Role.BUFFER:
+        if edp.serves:
             edp.serve()
     with ExperienceDataPlane(cfg_for(1, 1, capacity=1000)) as edp:
         assert restore_data_plane(edp, "latest", roots=[root / "nothing-here"]) is None
         edp.done()
-        if edp.role is Role.BUFFER:
+        if edp.serves:
             edp.serve()
 
 

@@ -101,7 +101,7 @@ def test_restore_brings_back_the_learners_position_and_sampler_state(shared_dir)
             assert edp.learner.superstep_offset == EVERY
             first = edp.next_batch()
             assert first.superstep == EVERY  # the scheduler continues where it was
-        elif edp.role is Role.BUFFER:
+        elif edp.serves:
             edp.serve()
         edp.done()
 
@@ -139,6 +139,6 @@ def test_a_final_checkpoint_resumes_the_samplers_own_state(shared_dir) -> None:
             assert edp.learner.superstep_offset == steps
             assert edp.learner.sampler_state(0) == want  # the same RNG, the same offset
             assert edp.next_batch().superstep == steps
-        elif edp.role is Role.BUFFER:
+        elif edp.serves:
             edp.serve()
         edp.done()

@@ -139,7 +139,7 @@ def test_priority_updates_of_a_learner_that_ingests_keep_the_staleness_bound(mod
             edp.serve()
         edp.done()
         favoured = next(f for f in edp.roles.world.allgather(favoured) if f is not None)
-        if edp.role is Role.BUFFER:
+        if edp.serves:
             (shard,) = edp.owned_shards()
             _sid, slot, gen = favoured
             assert shard.index.gens[slot] == gen
@@ -161,6 +161,6 @@ def test_a_learner_may_not_ingest_without_the_layout_option() -> None:
             assert edp.world_rank not in edp.roles.writer_ranks
             with pytest.raises(Exception, match="ingest\\(\\) is for actor ranks"):
                 edp.ingest(checked_batch(0, 0, 1))
-        elif edp.role is Role.BUFFER:
+        elif edp.serves:
             edp.serve()
         edp.done()

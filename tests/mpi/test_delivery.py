@@ -110,7 +110,7 @@ def test_priority_updates_reach_the_right_rows_within_the_staleness_bound(mode: 
             favoured = None
         edp.done()
         favoured = next(f for f in edp.roles.world.allgather(favoured) if f is not None)
-        if edp.role is Role.BUFFER:
+        if edp.serves:
             (shard,) = edp.owned_shards()
             _sid, slot, gen = favoured
             assert shard.index.gens[slot] == gen
@@ -262,7 +262,7 @@ def test_rate_limiter_holds_the_ratio_and_releases_actors_when_learner_stops(mod
         edp.done()
         summary = edp.summary()
         counts = edp.control.read(C_INSERTS), edp.control.read(C_SAMPLES)
-        counts = edp.roles.world.bcast(counts if edp.role is Role.BUFFER else None,
+        counts = edp.roles.world.bcast(counts if edp.serves else None,
                                        root=edp.roles.buffer_ranks[0])
     inserts, samples = counts
     assert inserts == summary["rows_ingested"]

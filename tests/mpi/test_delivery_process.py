@@ -43,6 +43,7 @@ def test_batches_arrive_in_order_with_intact_rows(fetch: str) -> None:
     with ExperienceDataPlane(cfg) as edp:
         assert edp.roles.role.value == ("learner", "delivery", "buffer")[min(edp.world_rank, 2)] \
             or edp.roles.role is Role.ACTOR
+        assert edp.serves is (edp.role in (Role.BUFFER, Role.DELIVERY))
         if edp.role is Role.ACTOR:
             receipts = actor_ingest(edp)
         elif edp.role is Role.LEARNER:
@@ -56,7 +57,10 @@ def test_batches_arrive_in_order_with_intact_rows(fetch: str) -> None:
                 delivered.append((b.indices.copy(), cols["writer"].copy(), cols["wseq"].copy()))
                 edp.update_priorities(b.indices, np.full(len(b), 1.0 + s % 3))
         else:
-            edp.serve()  # the buffer, and the delivery rank (it answers Role.BUFFER)
+            # the buffer, and the delivery rank: each says what it is, and both serve
+            assert edp.serves and edp.role is (Role.DELIVERY if edp.world_rank == 1
+                                               else Role.BUFFER)
+            edp.serve()
         edp.done()
         rmap = {}
         for writer, rs in edp.roles.world.allgather((edp.world_rank, receipts)):

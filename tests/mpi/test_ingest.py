@@ -47,7 +47,7 @@ def run_job(cfg, batches: int):
         if edp.role is Role.ACTOR:
             receipts = ingest_ragged(edp, batches, seed=edp.world_rank)
             edp.done()
-        elif edp.role is Role.BUFFER:
+        elif edp.serves:
             edp.serve()
         else:
             edp.done()
@@ -135,7 +135,7 @@ def test_bad_batch_leaves_shard_exactly_as_it_was() -> None:
         world.Barrier()
 
         def snapshot():
-            if edp.role is not Role.BUFFER:
+            if not edp.serves:
                 return None
             (s,) = edp.owned_shards()
             s.poll()

@@ -259,10 +259,10 @@ def test_guard_band_rows_come_back_when_writers_stop(transport: str) -> None:
             while not second.Test():
                 edp.server.step()
         edp.done()
-        if edp.role is Role.BUFFER:
+        if edp.serves:
             edp.serve()
         drawn_all = world.allreduce([drawn], op=MPI.SUM)
-        if edp.role is Role.BUFFER:
+        if edp.serves:
             (shard,) = edp.owned_shards()
             deadline = time.monotonic() + 5.0
             while shard.index.count < cap and time.monotonic() < deadline:

@@ -60,7 +60,7 @@ def test_two_learners_hold_identical_parameters_after_every_superstep() -> None:
         while not edp.should_stop and time.monotonic() < end:
             edp.ingest(transitions(rng, 64), priorities=rng.uniform(0.1, 2.0, 64))
             time.sleep(0.002)  # leave the shared cores to the learners
-    elif edp.role is Role.BUFFER:
+    elif edp.serves:
         edp.serve()
     else:
         assert group.size == 2 and group.backend == "gloo"

@@ -107,7 +107,7 @@ def test_learners_and_owner_write_one_index(transport: str) -> None:
         given_all: dict = {}
         for part in COMM.allgather(given if learners == 1 else {}):
             given_all.update(part)
-        if edp.role is Role.BUFFER:  # while the window is still there
+        if edp.serves:  # while the window is still there
             (shard,) = edp.owned_shards()
             shard.poll()
             problems += _index_problems(shard)

@@ -77,7 +77,7 @@ def test_sampled_tensordicts_hold_exactly_rows_that_actors_extended(mode: str) -
     extended = 0
     with ExperienceDataPlane(cfg) as edp:
         torch.manual_seed(edp.world_rank)  # different models: share_weights must align them
-        model = torch.nn.Linear(4, 2) if edp.role is not Role.BUFFER else None
+        model = torch.nn.Linear(4, 2) if not edp.serves else None
         rb = DataPlaneReplayBuffer(edp, model=model,
                                    exclude_keys=[("collector", "traj_ids")])
         if edp.role is Role.ACTOR:

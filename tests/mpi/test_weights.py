@@ -27,7 +27,7 @@ def test_actors_receive_every_kth_publication_and_stay_within_the_lag(mode: str)
                                  "weights_every": k, "max_policy_lag": lag})
     model = net()
     with ExperienceDataPlane(cfg) as edp:
-        edp.share_weights(None if edp.role is Role.BUFFER else model)
+        edp.share_weights(None if edp.serves else model)
         seen = []
         if edp.role is Role.ACTOR:
             wseq = 0
@@ -80,7 +80,7 @@ def test_share_weights_refuses_a_different_model_everywhere() -> None:
                  torch.nn.Linear(2, 2) if edp.role is Role.ACTOR else None)
         with pytest.raises(ConfigError, match="parameters"):
             edp.share_weights(model)
-        if edp.role is Role.BUFFER:
+        if edp.serves:
             edp.serve()
         edp.done()
     assert MPI.COMM_WORLD.allreduce(1) == MPI.COMM_WORLD.Get_size()
@@ -94,6 +94,6 @@ def test_policy_lag_needs_shared_weights() -> None:
         if edp.role is Role.ACTOR:
             with pytest.raises(ConfigError, match="share_weights"):
                 edp.ingest(checked_batch(edp.world_rank, 0, 4))
-        if edp.role is Role.BUFFER:
+        if edp.serves:
             edp.serve()
         edp.done()

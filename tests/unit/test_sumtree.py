@@ -138,5 +138,68 @@ def test_compiled_updates_and_search_equal_numpy_bit_for_bit(cap, seed, rounds, 
     s.update(np.arange(cap), np.where(rng.random(cap) < zeros, 0.0, rng.random(cap)))
     if s.total > 0:
         targets = np.concatenate([rng.random(200) * s.total, [0.0, s.total, -1.0, 2 * s.total]])
-        assert np.array_equal(prefix_search(s._tree, targets), prefix_search(s._tree, targets,
-                                                                  compiled=False))
+        for level in (1, 2, 64, 4096):  # the compiled default descends from the root (1)
+            assert np.array_equal(prefix_search(s._tree, targets, level=level),
+                                  prefix_search(s._tree, targets, compiled=False, level=level))
+        # the fused draw: the search, then each leaf's generation and mass
+        gens = rng.integers(1, 1000, cap)
+        found = tree_kernels.draw(s._tree, gens, cap, targets, 1)
+        assert found is not None
+        slots = prefix_search(s._tree, targets, compiled=False, level=1)
+        assert np.array_equal(found[0], slots)
+        assert np.array_equal(found[1], gens[slots])
+        assert np.array_equal(found[2], s._tree[slots + len(s._tree) // 2])
+
+
+@settings(max_examples=60, deadline=None)
+@given(cap=st.integers(1, 3000), seed=st.integers(0, 2**32 - 1), alpha=st.sampled_from(
+    [0.0, 0.6, 1.0, 1.7]), rounds=st.integers(1, 5))
+def test_compiled_index_update_equals_numpy_bit_for_bit(cap, seed, alpha, rounds) -> None:
+    """PriorityIndex.update in one compiled call against its numpy path: live, hidden,
+    dropped (overwritten, never drawn) and repeated slots; zero priorities."""
+    rng = np.random.default_rng(seed)
+    fast, ref = PriorityIndex(cap, alpha=alpha), PriorityIndex(cap, alpha=alpha)
+    for ix in (fast, ref):
+        ix.sum.compiled = ix.min.compiled = ix is fast
+    gens = np.arange(1, cap + 1)
+    p0 = rng.random(cap) * 3
+    for ix in (fast, ref):
+        ix.insert(np.arange(cap), gens, p0)
+        ix.hide(np.flatnonzero(np.random.default_rng(seed + 1).random(cap) < 0.2))
+    for _ in range(rounds):
+        n = int(rng.integers(1, 400))
+        slots = rng.integers(0, cap, n)
+        g = gens[slots].copy()
+        g[rng.random(n) < 0.2] += cap  # overwritten since drawn: dropped
+        g[rng.random(n) < 0.05] = 0  # never drawn: dropped
+        pr = rng.random(n) * 5
+        pr[rng.random(n) < 0.1] = 0.0
+        assert fast.update(slots, g, pr) == ref.update(slots, g, pr)
+        for a, b in ((fast.sum.nodes, ref.sum.nodes), (fast.min.nodes, ref.min.nodes),
+                     (fast.priority, ref.priority), (fast.gens, ref.gens),
+                     (fast.hidden_gens, ref.hidden_gens), (fast._state, ref._state)):
+            assert np.array_equal(a, b)
+
+
+@settings(max_examples=80, deadline=None)
+@given(totals=st.lists(st.sampled_from([0.0, 1e-9, 0.5, 1.0, 3.25, 1e6]), min_size=1,
+                       max_size=20), batch=st.integers(1, 600), seed=st.integers(0, 2**32 - 1))
+def test_compiled_target_allocation_equals_numpy(totals, batch, seed) -> None:
+    from conduit_hpc.sampling.stratified import allocate_targets
+
+    t = np.array(totals)
+    if not t.sum() > 0:
+        return
+    a = allocate_targets(t, batch, np.random.default_rng(seed))
+    b = allocate_targets(t, batch, np.random.default_rng(seed), compiled=False)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    assert (t[a[0]] > 0).all()
+
+
+def test_an_update_whose_scaled_priority_overflows_is_refused_whole() -> None:
+    ix = PriorityIndex(8, alpha=2.0)
+    ix.insert(np.arange(8), np.arange(1, 9), np.ones(8))
+    before = ix.sum.nodes.copy()
+    with pytest.raises(ValueError, match="overflows"):
+        ix.update(np.array([0, 1]), np.array([1, 2]), np.array([2.0, 1e200]))
+    assert np.array_equal(ix.sum.nodes, before) and ix.priority[0] == 1.0

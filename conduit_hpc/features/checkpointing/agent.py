@@ -68,7 +68,7 @@ from conduit_hpc.transport.objects import bcast_json, gather_json
 from conduit_hpc.wait import Deadline
 
 if TYPE_CHECKING:
-    from conduit_hpc.plane.front import ExperienceDataPlane
+    from conduit_hpc.plane.extensions import FeatureHost
 
 Handler = Callable[["Message"], None]
 
@@ -114,7 +114,7 @@ class CheckpointAgent(BufferExtension):
     and touched here, so that a cut is a plain ``memcpy``.
 
     Args:
-        edp (ExperienceDataPlane): this rank's data plane.
+        edp (FeatureHost): this rank's data plane.
         root (Path): checkpoint root (shared by all buffer ranks).
         every_seconds (float): the leader starts a checkpoint this often (0: only on
             request).
@@ -127,7 +127,7 @@ class CheckpointAgent(BufferExtension):
             superstep-boundary checkpoint (default: the learner ranks).
     """
 
-    def __init__(self, edp: ExperienceDataPlane, root: Path, *, every_seconds: float = 0.0,
+    def __init__(self, edp: FeatureHost, root: Path, *, every_seconds: float = 0.0,
                  keep: int = 3, first_seq: int = 1,
                  counters: Callable[[], dict[str, Any]] | None = None,
                  markers: Sequence[int] | None = None) -> None:

@@ -20,7 +20,7 @@ from conduit_hpc.storage.frames import stored_spec
 from conduit_hpc.storage.snapshot import ShardSnapshot, SnapshotStaging, take_snapshot
 
 if TYPE_CHECKING:
-    from conduit_hpc.plane.front import ExperienceDataPlane
+    from conduit_hpc.plane.extensions import FeatureHost
 
 __all__ = ["STALL_ENV", "buffer_file", "cut_shards", "described_for", "finish_checkpoint",
            "finish_from_parts", "layout_json", "placement_json", "shard_part", "write_buffer_part"]
@@ -30,14 +30,14 @@ __all__ = ["STALL_ENV", "buffer_file", "cut_shards", "described_for", "finish_ch
 STALL_ENV = "CONDUIT_CHECKPOINT_STALL_S"
 
 
-def layout_json(edp: ExperienceDataPlane) -> dict[str, Any]:
+def layout_json(edp: FeatureHost) -> dict[str, Any]:
     r = edp.roles
     return {"world_size": r.world_size, "actor_ranks": list(r.actor_ranks),
             "buffer_ranks": list(r.buffer_ranks), "learner_ranks": list(r.learner_ranks),
             "node_of": list(r.node_of)}
 
 
-def placement_json(edp: ExperienceDataPlane) -> dict[str, Any]:
+def placement_json(edp: FeatureHost) -> dict[str, Any]:
     p = edp.placement
     return {"shards": [{"shard_id": s.shard_id, "owner_rank": s.owner_rank, "tier": s.tier,
                         "capacity_rows": s.capacity_rows} for s in p.shards],
@@ -45,12 +45,12 @@ def placement_json(edp: ExperienceDataPlane) -> dict[str, Any]:
             "learner_shards": {str(k): list(v) for k, v in p.learner_shards.items()}}
 
 
-def described_for(edp: ExperienceDataPlane) -> dict[str, dict[str, Any]]:
+def described_for(edp: FeatureHost) -> dict[str, dict[str, Any]]:
     """The attributes of this job's experience datasets (the spec's descriptions, alpha)."""
     return ck.dataset_attrs(stored_spec(edp.spec), edp.config.storage.priority_exponent)
 
 
-def buffer_file(edp: ExperienceDataPlane) -> str:
+def buffer_file(edp: FeatureHost) -> str:
     return f"buffer-{edp.roles.role_rank:04d}.h5"
 
 
@@ -82,7 +82,7 @@ def shard_part(path: Path, snaps: Sequence[ShardSnapshot], cut_s: float,
                          "checkpoint_bytes": rec["file"]["bytes"]}}
 
 
-def finish_checkpoint(tmp: Path, root: Path, seq: int, edp: ExperienceDataPlane,
+def finish_checkpoint(tmp: Path, root: Path, seq: int, edp: FeatureHost,
                       parts: Sequence[Mapping[str, Any]], keep: int) -> Path:
     """Leader: manifest, rename into place, DONE, prune. Blocks for the disk."""
     rec = ck.write_manifest(tmp, seq=seq, spec=stored_spec(edp.spec),
@@ -114,7 +114,7 @@ def write_buffer_part(path: Path, snaps: Sequence[ShardSnapshot], cut_s: float,
     return part
 
 
-def finish_from_parts(tmp: Path, root: Path, seq: int, edp: ExperienceDataPlane,
+def finish_from_parts(tmp: Path, root: Path, seq: int, edp: FeatureHost,
                       parts: Sequence[Mapping[str, Any]], keep: int, *,
                       started: float) -> dict[str, Any]:
     """The leader's manifest thread: :func:`finish_checkpoint` unless a part failed.

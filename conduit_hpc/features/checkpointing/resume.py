@@ -1,6 +1,6 @@
 """Restoring a data plane from a checkpoint, and where checkpoints are looked for.
 
-:func:`restore_data_plane` (``ExperienceDataPlane.restore``) is collective at start-up:
+:func:`restore_data_plane` (``FeatureHost.restore``) is collective at start-up:
 the newest complete checkpoint (``"latest"``, falling back past refused ones with a
 warning) or a given one; shard by shard when the shard capacities are unchanged (bit for
 bit: rows, slots, stamps, cursors, priority trees), else resharded (every row exactly
@@ -32,7 +32,7 @@ from conduit_hpc.storage.snapshot import (
 from conduit_hpc.transport.objects import bcast_json, gather_json
 
 if TYPE_CHECKING:
-    from conduit_hpc.plane.front import ExperienceDataPlane
+    from conduit_hpc.plane.extensions import FeatureHost
 
 __all__ = ["RestoreResult", "checkpoint_root", "restore_data_plane", "resume_roots"]
 
@@ -96,7 +96,7 @@ class RestoreResult:
 
 
 
-def _load_shards(edp: ExperienceDataPlane, ckpt: ck.Checkpoint
+def _load_shards(edp: FeatureHost, ckpt: ck.Checkpoint
                  ) -> tuple[dict[int, ShardSnapshot], bool, int]:
     """This rank's new shards, read (and verified) from the checkpoint."""
     mine = [s for s in edp.placement.shards_of(edp.world_rank)] if edp.server else []
@@ -134,7 +134,7 @@ def _load_shards(edp: ExperienceDataPlane, ckpt: ck.Checkpoint
 
 
 
-def restore_data_plane(edp: ExperienceDataPlane, source: str | Path = "latest", *,
+def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
                        roots: Sequence[Path] = ()) -> RestoreResult | None:
     """Restore replay state (and hand back stored state) from a checkpoint.
 
@@ -149,7 +149,7 @@ def restore_data_plane(edp: ExperienceDataPlane, source: str | Path = "latest", 
     priority.
 
     Args:
-        edp (ExperienceDataPlane): this rank's data plane.
+        edp (FeatureHost): this rank's data plane.
         source (str | Path): ``"latest"``: the newest complete checkpoint under
             ``roots``, falling back past refused ones (each logged as a warning and
             listed in :attr:`RestoreResult.skipped`); or a checkpoint directory (refused

@@ -30,7 +30,7 @@ from conduit_hpc.features.checkpointing.parts import (
 from conduit_hpc.transport.objects import bcast_json, gather_json
 
 if TYPE_CHECKING:
-    from conduit_hpc.plane.front import ExperienceDataPlane
+    from conduit_hpc.plane.extensions import FeatureHost
 
 __all__ = ["SaveResult", "save_checkpoint"]
 
@@ -54,7 +54,7 @@ class SaveResult:
     bytes: int
 
 
-def save_checkpoint(edp: ExperienceDataPlane, root: Path, *,
+def save_checkpoint(edp: FeatureHost, root: Path, *,
                     counters: Mapping[str, Any] | None = None, rng: str | None = None,
                     extra_state: Mapping[str, Any] | None = None,
                     extra_attrs: Mapping[str, Mapping[str, Any]] | None = None,
@@ -63,7 +63,7 @@ def save_checkpoint(edp: ExperienceDataPlane, root: Path, *,
     it is on disk (``DONE`` written). Buffer ranks must not be inside ``serve``.
 
     Args:
-        edp (ExperienceDataPlane): this rank's data plane.
+        edp (FeatureHost): this rank's data plane.
         root (Path): checkpoint root.
         counters (Mapping[str, number] | None): this rank's counters (scheduler
             position, rate-limiter counts, ...).

@@ -25,7 +25,7 @@ from conduit_hpc.protocol import Tag
 from conduit_hpc.transport.channel import Message
 
 if TYPE_CHECKING:
-    from conduit_hpc.plane.front import ExperienceDataPlane
+    from conduit_hpc.plane.extensions import FeatureHost
 
 __all__ = ["StopCoordinator"]
 
@@ -45,11 +45,11 @@ class StopCoordinator(BufferExtension):
     inside their progress loop; other ranks call :meth:`requested` in their loops.
 
     Args:
-        edp (ExperienceDataPlane): this rank's data plane.
+        edp (FeatureHost): this rank's data plane.
         signals (tuple[int, ...]): signals that request a stop.
     """
 
-    def __init__(self, edp: ExperienceDataPlane,
+    def __init__(self, edp: FeatureHost,
                  signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
         self.edp = edp
         # a request that came before this object existed is not lost

@@ -22,7 +22,7 @@ Metrics (definitions in :mod:`conduit_hpc.features.longhaul.metrics`): buffer ra
 their link counters on a small board in the learner's memory (one-sided atomics every
 ``publish_every_s``) and append them to ``metrics/link-<rank>.csv``; the learner adds
 per-superstep link columns to ``learner-<rank>.csv``; :meth:`LongHaul.local_stats`
-feeds ``ExperienceDataPlane.summary()["longhaul"]``.
+feeds ``FeatureHost.summary()["longhaul"]``.
 
 What the link model does not pace: one-sided reads and atomics (the job's control
 counters, a shard's published statistics that the learner reads before sampling - a
@@ -73,7 +73,7 @@ from conduit_hpc.transport.link import LinkedChannel, LinkParams
 from conduit_hpc.transport.rma import RmaWindow
 
 if TYPE_CHECKING:
-    from conduit_hpc.plane.front import ExperienceDataPlane
+    from conduit_hpc.plane.extensions import FeatureHost
 
 __all__ = ["LongHaul"]
 
@@ -127,7 +127,7 @@ class LongHaul(Feature):
         """
         if given is not None:
             raise ConfigError(f"longhaul.mode = {self.lh.mode!r} places the shards itself; "
-                              f"do not pass a placement to ExperienceDataPlane",
+                              f"do not pass a placement to FeatureHost",
                               key="longhaul.mode")
         return plan_longhaul(self.config, self.topology, self.roles.actor_ranks)
 
@@ -138,7 +138,7 @@ class LongHaul(Feature):
                                      params=self.params, poll_interval_s=poll_interval_s)
         return self.link
 
-    def attach(self, edp: ExperienceDataPlane) -> None:
+    def attach(self, edp: FeatureHost) -> None:
         """Set up this rank's part: the counters board (**collective** on the world),
         the buffer loop's extensions, the learner's link columns."""
         roles, topo, me = self.roles, self.topology, self.me
@@ -228,7 +228,7 @@ class LongHaul(Feature):
             self.link.release_held(self.config.run.timeout_s)
 
     def local_stats(self) -> dict[str, Any]:
-        """This rank's link counters (for ``ExperienceDataPlane.summary``). Local."""
+        """This rank's link counters (for ``FeatureHost.summary``). Local."""
         assert self.link is not None
         c = self.counters
         out: dict[str, Any] = {"rank": self.me, "side": self.topology.side(self.me),

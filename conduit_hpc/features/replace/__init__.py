@@ -88,7 +88,7 @@ from conduit_hpc.transport.rma import RmaWindow
 
 if TYPE_CHECKING:
     from conduit_hpc.config import Config
-    from conduit_hpc.plane.front import ExperienceDataPlane
+    from conduit_hpc.plane.extensions import FeatureHost
     from conduit_hpc.plane.roles import RoleComms
     from conduit_hpc.spec import Spec
 
@@ -186,7 +186,7 @@ class Replacement(Feature):
     def check(self, placement: Placement, spec: Spec) -> None:
         self.plan = plan_replacement(self.config, self.roles, placement, spec)
 
-    def attach(self, edp: ExperienceDataPlane) -> None:
+    def attach(self, edp: FeatureHost) -> None:
         plan = self.plan
         assert plan is not None
         cfg, roles = edp.config, edp.roles

@@ -35,7 +35,7 @@ from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.protocol import Tag
 
 if TYPE_CHECKING:
-    from conduit_hpc.plane.front import ExperienceDataPlane
+    from conduit_hpc.plane.extensions import FeatureHost
     from conduit_hpc.transport.channel import Message
 
 Handler = Callable[["Message"], None]
@@ -55,7 +55,7 @@ class Coordinator(BufferExtension):
     the owners move their rows one after another. Every wait has a deadline.
 
     Args:
-        edp (ExperienceDataPlane): the first buffer rank's data plane.
+        edp (FeatureHost): the first buffer rank's data plane.
         mover (ShardMover): this rank's owner part.
         board (PlacementBoard): the actors' routing.
         policy (AdaptivePolicy): the policy (its placement: the job's shards).
@@ -63,7 +63,7 @@ class Coordinator(BufferExtension):
         order (str): ``hottest`` (prioritized) or ``oldest``.
     """
 
-    def __init__(self, edp: ExperienceDataPlane, mover: ShardMover, board: PlacementBoard,
+    def __init__(self, edp: FeatureHost, mover: ShardMover, board: PlacementBoard,
                  policy: AdaptivePolicy, job: Placement, order: str) -> None:
         server = edp.server
         assert server is not None

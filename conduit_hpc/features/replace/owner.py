@@ -23,7 +23,7 @@ from conduit_hpc.storage.ring import H_COMMIT
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.buffer import BufferServer, OwnedShard
-    from conduit_hpc.plane.front import ExperienceDataPlane
+    from conduit_hpc.plane.extensions import FeatureHost
     from conduit_hpc.transport.channel import Message
 
 Handler = Callable[["Message"], None]
@@ -67,12 +67,12 @@ class ShardMover(BufferExtension):
     bounded writes.
 
     Args:
-        edp (ExperienceDataPlane): this buffer rank's data plane.
+        edp (FeatureHost): this buffer rank's data plane.
         chunk_rows (int | None): rows per ``move_rows`` call (default: ``CHUNK_ROWS``, at
             most ``CHUNK_BYTES`` of rows).
     """
 
-    def __init__(self, edp: ExperienceDataPlane, *, chunk_rows: int | None = None) -> None:
+    def __init__(self, edp: FeatureHost, *, chunk_rows: int | None = None) -> None:
         server = edp.server
         assert server is not None
         self.server: BufferServer = server

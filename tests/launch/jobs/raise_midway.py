@@ -17,7 +17,7 @@ def run(cfg: Config, run_dir: Path | None, resume: str) -> None:
             while not edp.should_stop:
                 edp.ingest(checked_batch(edp.world_rank, 8 * i, 8))
                 i += 1
-        elif edp.role is Role.BUFFER:
+        elif edp.serves:
             edp.serve()
         else:
             for step in range(1000):
