@@ -117,11 +117,11 @@ class FrameCodec:
         for g in self.groups:
             refs = np.empty((n, g.width), np.int64)
             read(g.refs, slots, refs)
-            frame_slots = (refs % capacity).reshape(-1)  # garbage refs: caught by the lag
+            frame_slots = refs % capacity  # garbage refs (torn rows): caught by the lag
             d, ax = g.stack.depth, g.stack.axis
             for k, name in enumerate(g.fields):
                 dst = out[name][:n]
-                picks = np.ascontiguousarray(frame_slots.reshape(n, -1)[:, k * d:(k + 1) * d])
+                picks = np.ascontiguousarray(frame_slots[:, k * d:(k + 1) * d])
                 if ax == 0 and dst.flags.c_contiguous:
                     read(g.frame, picks.reshape(-1), dst.reshape(n * d, *g.stack.frame_shape))
                 else:

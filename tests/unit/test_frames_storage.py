@@ -411,10 +411,13 @@ def test_a_batch_that_needs_more_slots_than_the_shard_is_refused() -> None:
         shard.close()
 
 
-def test_lag_none_never_intact() -> None:
+def test_lag_none_never_intact_and_an_empty_gather() -> None:
     spec = FSPEC
     ring = Shard(spec, 8)
     try:
         assert not ring.reader.intact(np.array([1]), np.array([LAG_NONE])).any()
+        ring.write(0, {n: c[:2] for n, c in frame_rows(0, 0, 2).items()})
+        cols, cursor = ring.reader.gather(np.zeros(0, np.int64))
+        assert len(cols["obs"]) == 0 and len(cursor) == 0
     finally:
         ring.close()
