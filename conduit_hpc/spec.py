@@ -197,12 +197,17 @@ class Spec:
 
     Args:
         fields (tuple[Field, ...] | list[Field]): the fields, in row order.
+        stacks (Mapping[str, FrameStack] | None): the frame stacks the fields declare
+            (:func:`frame_stacks`; none: the plain layout). With stacks, a shard stores
+            each frame once (:mod:`conduit_hpc.storage.frames`); rows look the same.
 
     Raises:
-        SpecError: no field, duplicate names, or a name that is not an identifier.
+        SpecError: no field, duplicate names, a name that is not an identifier, or a
+            stack that does not fit its fields.
     """
 
-    def __init__(self, fields: tuple[Field, ...] | list[Field]) -> None:
+    def __init__(self, fields: tuple[Field, ...] | list[Field],
+                 stacks: Mapping[str, FrameStack] | None = None) -> None:
         fields = tuple(fields)
         if not fields:
             raise SpecError("spec must have at least one field, got none")
@@ -217,13 +222,16 @@ class Spec:
         self._by_name = {f.name: f for f in fields}
         self._names = tuple(f.name for f in fields)
         self._row_bytes = sum(f.row_bytes for f in fields)
+        self._stacks = dict(stacks or {})
+        for name, st in self._stacks.items():
+            _check_stack(self._by_name, name, st)
 
     @classmethod
     def from_config(cls, fields: Mapping[str, FieldConfig]) -> Spec:
         """Build from the ``[spec.*]`` tables of a :class:`~conduit_hpc.config.Config`."""
         return cls([Field(name, np.dtype(fc.dtype), tuple(fc.shape), fc.allow_nan, fc.cast,
                           fc.description, fc.units)
-                    for name, fc in fields.items()])
+                    for name, fc in fields.items()], frame_stacks(fields))
 
     @classmethod
     def from_dict(cls, fields: Mapping[str, tuple[str | np.dtype, tuple[int, ...]]]) -> Spec:
@@ -239,6 +247,11 @@ class Spec:
     def names(self) -> tuple[str, ...]:
         return self._names
 
+    @property
+    def stacks(self) -> dict[str, FrameStack]:
+        """The frame stacks declared, by stacked field (empty: the plain layout)."""
+        return dict(self._stacks)
+
     def __getitem__(self, name: str) -> Field:
         return self._by_name[name]
 
@@ -249,7 +262,8 @@ class Spec:
         return len(self._fields)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Spec) and self.signature() == other.signature()
+        return (isinstance(other, Spec) and self.signature() == other.signature()
+                and self._stacks == other._stacks)
 
     def __hash__(self) -> int:
         return hash(self.signature())
@@ -358,8 +372,8 @@ class FrameStack:
 
 def frame_stacks(fields: Mapping[str, FieldConfig]) -> dict[str, FrameStack]:
     """The frame stacks a validated ``[spec.*]`` declares, by stacked field (empty for
-    the plain layout). Local; pure. The replay's storage does not use them yet (see
-    ``docs/frame-stacks.md``): rows are stored whole either way."""
+    the plain layout). Local; pure. A shard of a spec with stacks stores each frame once
+    (see ``docs/frame-stacks.md``)."""
     nexts = {fc.next_of: name for name, fc in fields.items() if fc.next_of}
     out: dict[str, FrameStack] = {}
     for name, fc in fields.items():
@@ -369,3 +383,26 @@ def frame_stacks(fields: Mapping[str, FieldConfig]) -> dict[str, FrameStack]:
         out[name] = FrameStack(name, fc.stack.stream, axis, shape[axis],
                                shape[:axis] + shape[axis + 1:], nexts.get(name, ""))
     return out
+
+
+def _check_stack(fields: Mapping[str, Field], name: str, st: FrameStack) -> None:
+    """Refuse a stack that does not fit the fields (``Spec`` built by hand; a loaded
+    config was checked already), naming the field, the value and what was expected."""
+    f = fields.get(name)
+    if f is None or st.field != name:
+        raise SpecError(f"stack {name!r} must name a spec field, got {st.field!r}")
+    if not (0 <= st.axis < len(f.shape)) or st.depth != f.shape[st.axis] or st.depth < 1:
+        raise SpecError(f"field {name!r}: stack axis {st.axis} / depth {st.depth} must "
+                        f"be an axis of its shape {list(f.shape)} of length >= 1")
+    if st.frame_shape != f.shape[:st.axis] + f.shape[st.axis + 1:]:
+        raise SpecError(f"field {name!r}: frame shape {list(st.frame_shape)} must be "
+                        f"its shape without axis {st.axis}")
+    s = fields.get(st.stream)
+    if s is None or s.shape != () or s.dtype.kind not in "iu":
+        raise SpecError(f"field {name!r}: stack stream {st.stream!r} must be an integer "
+                        f"scalar spec field")
+    if st.next_field:
+        nf = fields.get(st.next_field)
+        if nf is None or nf.shape != f.shape or nf.dtype != f.dtype:
+            raise SpecError(f"field {name!r}: next field {st.next_field!r} must be a spec "
+                            f"field of dtype {f.dtype.name} and shape {list(f.shape)}")

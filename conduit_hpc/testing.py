@@ -20,6 +20,8 @@ __all__ = [
     "REPO",
     "ZeroedRows",
     "checked_batch",
+    "frame_rows",
+    "frame_stacks_of",
     "make_config",
     "mpirun",
     "row_consistent",
@@ -70,6 +72,54 @@ def row_consistent(cols: Mapping[str, np.ndarray]) -> np.ndarray:
     with np.errstate(over="ignore"):
         ok = (cols["payload"] == _payload(w, s)).all(axis=1)
         return ok & (cols["check"] == _check(w, s))
+
+
+#: A spec whose stacks (depth 4 of 6x5 frames, stream ``env``) can be recomputed from
+#: the row's plain fields (:func:`frame_stacks_of`).
+FRAME_SPEC: dict[str, dict[str, Any]] = {
+    "obs": {"dtype": "uint8", "shape": [4, 6, 5], "stack": {"axis": 0, "stream": "env"}},
+    "next_obs": {"dtype": "uint8", "shape": [4, 6, 5], "next_of": "obs"},
+    "env": {"dtype": "int64"},
+    "episode": {"dtype": "int64"},
+    "step": {"dtype": "int64"},
+    "next_step": {"dtype": "int64"},
+}
+
+
+def _frame(env: int, episode: int, t: int) -> np.ndarray:
+    # pairs of steps share a frame (t // 2) and streams collide now and then: repeats
+    v = (env * 1_000_003 + episode * 10_007 + t // 2) % 251
+    return ((np.arange(30) * (1 + v % 3) + v) % 256).astype(np.uint8).reshape(6, 5)
+
+
+def _stack(env: int, episode: int, t: int) -> np.ndarray:
+    """The 4 frames ending at step ``t``, an episode's first frame repeated at its start."""
+    return np.stack([_frame(env, episode, max(0, k)) for k in range(t - 3, t + 1)])
+
+
+def frame_rows(env: int, episode: int, length: int, n_step: int = 3) -> dict[str, np.ndarray]:
+    """The rows of one episode of ``length`` steps (frames 0..length) of stream ``env`` in
+    :data:`FRAME_SPEC`, as an n-step actor makes them (``next_obs`` n steps on, or the
+    episode's last frame)."""
+    t = np.arange(length, dtype=np.int64)
+    nxt = np.minimum(t + n_step, length)
+    return {"obs": np.stack([_stack(env, episode, int(k)) for k in t]).reshape(-1, 4, 6, 5),
+            "next_obs": np.stack([_stack(env, episode, int(k)) for k in nxt]).reshape(
+                -1, 4, 6, 5),
+            "env": np.full(length, env, np.int64), "episode": np.full(length, episode,
+                                                                       np.int64),
+            "step": t, "next_step": nxt}
+
+
+def frame_stacks_of(cols: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Per row of :data:`FRAME_SPEC`: whether ``obs`` and ``next_obs`` are exactly the
+    stacks its actor made (recomputed from env, episode, step, next_step)."""
+    ok = np.empty(len(cols["env"]), bool)
+    for i, (e, ep, t, nt) in enumerate(zip(cols["env"], cols["episode"], cols["step"],
+                                           cols["next_step"], strict=True)):
+        ok[i] = (np.array_equal(cols["obs"][i], _stack(int(e), int(ep), int(t)))
+                 and np.array_equal(cols["next_obs"][i], _stack(int(e), int(ep), int(nt))))
+    return ok
 
 
 def world_size() -> int:

@@ -11,10 +11,11 @@ they are published. One learner takes prioritized batches, trains the Nature CNN
 (:class:`~conduit_hpc.rl.NatureQNetwork`) with the importance-weighted double-DQN loss
 and a target network, and sends ``|TD|`` back as priorities.
 
-Rows are stored whole (the plain layout: ``obs`` and ``next_obs`` each hold 4 frames,
-56 kB a row); ``[spec.obs] stack`` / ``[spec.next_obs] next_of`` declare the frame
-stacks, with ``[spec.env]`` (the env slot over all actors) as their stream, which the
-storage does not use yet (see docs/frame-stacks.md).
+Each frame is stored once: ``[spec.obs] stack`` / ``[spec.next_obs] next_of`` declare
+the frame stacks, with ``[spec.env]`` (the env slot over all actors) as their stream, so
+the replay's shards hold one 84 x 84 frame a row plus references (about 7 kB a row,
+against 56 kB for whole stacks) and rebuild ``obs`` and ``next_obs`` at gather (see
+docs/frame-stacks.md). Without the declarations rows are stored whole.
 
 The job ends when the mean return of the last ``dqn.window`` scored episodes reaches
 ``dqn.target_return``, or on a budget: ``dqn.max_env_steps`` agent steps (each is
@@ -56,7 +57,8 @@ from conduit_hpc.rl import (
     make_atari_vector_env,
     merge_episode_files,
 )
-from conduit_hpc.spec import frame_stacks
+from conduit_hpc.spec import Spec, frame_stacks
+from conduit_hpc.storage.frames import stored_spec
 from conduit_hpc.transport.objects import allgather_json
 
 
@@ -337,7 +339,9 @@ def flat_summary(cfg: ApexAtariConfig, summary: dict[str, Any],
         "loss_last": learner.get("loss_last", math.nan),
         "loss_finite": bool(learner.get("loss_finite", False)),
         "row_bytes": row_bytes,
-        # declared in [spec] (the storage keeps rows whole either way, for now)
+        # bytes a slot of the shards takes (frames once: a frame, references, lag)
+        "stored_row_bytes": stored_spec(Spec.from_config(cfg.spec)).row_bytes,
+        # declared in [spec]: the shards store each frame once
         "frame_stacks": {k: {"stream": v.stream, "axis": v.axis, "depth": v.depth,
                              "next_field": v.next_field}
                          for k, v in frame_stacks(cfg.spec).items()},

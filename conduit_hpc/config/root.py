@@ -126,6 +126,11 @@ class Config:
                         f"a stacked field that no other field follows (spec.{followed.get(of)}"
                         f" has next_of = {of!r} too)")
                 followed[of] = name
+        if any(fc.stack.enabled for fc in self.spec.values()):
+            # a shard stores each frame once; a window of rows is not gathered that way
+            require(self.scheduler.sampler != "sequence", "scheduler.sampler",
+                    self.scheduler.sampler, "'uniform' or 'prioritized' with frame stacks "
+                    "(spec.NAME.stack): the sequence sampler does not rebuild stacks yet")
 
     def _check_process_delivery(self) -> None:
         """What ``scheduler.delivery = "process"`` supports (a delivery rank per learner

@@ -121,8 +121,8 @@ class StackConfig:
     previous ``shape[axis]`` frames of one stream (an environment), the newest last.
 
     Optional; off (``stream = ""``) by default, the plain layout, where every row holds
-    its whole stack. A declaration says what a row means; the replay's storage does not
-    use it yet (storing each frame once is the next step): see ``docs/frame-stacks.md``.
+    its whole stack. With it, the replay's shards store each frame once and rebuild the
+    stacks when rows are gathered: see ``docs/frame-stacks.md``.
 
     Attributes:
         stream (str): the spec field that names the stream each row comes from (an

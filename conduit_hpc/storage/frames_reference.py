@@ -1,7 +1,8 @@
 """A single-process reference model of "each frame stored once" (frame-stacked replay).
 
-Not used by the data plane: it is the oracle that the shared-memory version will be
-tested against (see ``docs/frame-stacks.md``). Pure numpy; no MPI; not thread-safe.
+Not used by the data plane: it is the oracle that the shared-memory version
+(:mod:`conduit_hpc.storage.frames`) is tested against (``tests/unit/test_frames_storage.py``;
+see ``docs/frame-stacks.md``). Pure numpy; no MPI; not thread-safe.
 
 The model:
 

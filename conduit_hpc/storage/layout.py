@@ -24,7 +24,10 @@ Byte layout of one shard (every block 64-byte aligned), starting at ``base``::
     min      float64[2P]      min-tree of the masses (index block)
     raw      float64[capacity] raw priority last given to each row (index block)
     hidden   int64[capacity]  generation of each row the guard band hides (index block)
-    column   per spec field   field[capacity, *shape] of the field's dtype
+    column   per stored field field[capacity, *shape] of the field's dtype: the spec's
+                              fields, or with frame stacks the stored columns of
+                              :class:`~conduit_hpc.storage.frames.FrameCodec` (frames
+                              once, references, lags)
 
 See :mod:`conduit_hpc.storage.ring` for the protocol that uses it. Plain numpy; no MPI
 import.
@@ -37,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from conduit_hpc.spec import Spec
+from conduit_hpc.storage.frames import FrameCodec
 from conduit_hpc.storage.sumtree import tree_nodes
 
 __all__ = ["HEADER_BYTES", "HEADER_WORDS", "H_IDX_DROPPED", "H_IDX_MAXP", "H_INDEX_LOCK",
@@ -106,18 +110,23 @@ class ShardLayout:
 
     Attributes:
         stamps_offset (int), priority_offset (int): block offsets.
-        column_offsets (dict[str, int]): offset of each field's column.
+        frames (FrameCodec | None): the frame-stack layout (each frame stored once) when
+            the spec declares stacks, else None (the plain layout).
+        stored (Spec): the columns the shard holds (``spec`` for the plain layout).
+        column_offsets (dict[str, int]): offset of each stored column.
         nbytes (int): bytes the shard takes.
     """
 
-    __slots__ = ("capacity", "column_offsets", "gens_offset", "hidden_offset",
+    __slots__ = ("capacity", "column_offsets", "frames", "gens_offset", "hidden_offset",
                  "marks_offset", "min_offset", "nbytes", "priority_offset", "raw_offset",
-                 "spec", "stamps_offset", "tree_offset")
+                 "spec", "stamps_offset", "stored", "tree_offset")
 
     def __init__(self, spec: Spec, capacity: int) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be > 0, got {capacity!r}")
         self.spec = spec
+        self.frames = FrameCodec(spec) if spec.stacks else None
+        self.stored = spec if self.frames is None else self.frames.stored
         self.capacity = int(capacity)
         self.stamps_offset = HEADER_BYTES
         self.priority_offset = _align(self.stamps_offset + 8 * capacity)
@@ -130,7 +139,7 @@ class ShardLayout:
         self.hidden_offset = _align(self.raw_offset + 8 * capacity)
         off = _align(self.hidden_offset + 8 * capacity)
         self.column_offsets: dict[str, int] = {}
-        for f in spec:
+        for f in self.stored:
             self.column_offsets[f.name] = off
             off = _align(off + f.row_bytes * capacity)
         self.nbytes = off
@@ -152,7 +161,7 @@ class ShardLayout:
 
         i64, f64 = np.dtype(np.int64), np.dtype(np.float64)
         cols = {f.name: arr(self.column(f.name), f.dtype, (self.capacity, *f.shape))
-                for f in self.spec}
+                for f in self.stored}
         return ShardViews(header=arr(0, i64, (HEADER_WORDS,)),
                           stamps=arr(self.stamps_offset, i64, (self.capacity,)),
                           priority=arr(self.priority_offset, f64, (self.capacity,)),

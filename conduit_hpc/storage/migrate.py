@@ -183,7 +183,7 @@ def move_rows(src: ShardRing, src_index: PriorityIndex, dst: ShardRing,
     skipped = int(np.count_nonzero(~held))
     # copy, then check that no writer was handed the seq that overwrites a row
     rows, reserve_after = src.gather(slots)
-    intact = (gens - 1) + src.capacity >= reserve_after
+    intact = src.intact(gens, reserve_after)
     if not intact.all():
         skipped += int(np.count_nonzero(~intact))
         slots, gens = slots[intact], gens[intact]

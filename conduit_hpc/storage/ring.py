@@ -26,7 +26,10 @@ Protocol (sequence numbers ``seq`` are global to the shard, ``slot = seq % capac
   and the free cursor ``F``; a row of sequence ``q`` is intact iff
   ``q + capacity >= min(R, F)`` (``R`` alone while ``F`` is 0) - no writer has yet been
   handed, and let write, the seq that overwrites it. Stale or torn rows are therefore
-  detected, never returned.
+  detected, never returned. With frame stacks (each frame stored once, see
+  :mod:`conduit_hpc.storage.frames`) a row also references the slots of its frames, and
+  the same rule is applied to its oldest frame: the gather returns the cursor per row,
+  raised by the row's lag (``seq - oldest frame's seq``).
 
 Storage never sees an ``MPI.Win``: it talks to a :class:`~conduit_hpc.transport.base.Transport`.
 """
@@ -34,12 +37,12 @@ Storage never sees an ``MPI.Win``: it talks to a :class:`~conduit_hpc.transport.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from conduit_hpc.errors import SpecError
-from conduit_hpc.storage import tree_kernels
+from conduit_hpc.storage.frames import FrameWriter
 from conduit_hpc.storage.layout import (
     H_COMMIT,
     H_FREE,
@@ -50,20 +53,19 @@ from conduit_hpc.storage.layout import (
     H_STATS_VERSION,
     H_TOTAL,
     H_UNSAMPLED,
-    HEADER_WORDS,
     RingSegment,
     ShardLayout,
     ShardViews,
     ring_segments,
 )
-from conduit_hpc.storage.sumtree import prefix_search, search_level
+from conduit_hpc.storage.ring_index import IndexReads
 from conduit_hpc.transport.base import Transport
 from conduit_hpc.wait import Deadline
 
 __all__ = ["H_COMMIT", "H_FREE", "H_RESERVE", "H_UNSAMPLED", "RingSegment", "ShardLayout",
            "ShardRing", "ShardViews", "ring_segments"]
 
-class ShardRing:
+class ShardRing(IndexReads):
     """Client of one shard: writes (actors), commit scans (owner) and reads (learners).
 
     Local object; the operations are one-sided through ``transport``. Uses direct numpy
@@ -95,6 +97,8 @@ class ShardRing:
         #: run while a write waits for the free cursor (the owner's pass, when this
         #: process owns the shard: its own writes must not wait on itself)
         self.on_wait: Callable[[], object] | None = None
+        #: the frames this client wrote (frame-stack layout only; see storage/frames)
+        self.frames: FrameWriter | None = None
 
     @property
     def direct(self) -> bool:
@@ -124,26 +128,37 @@ class ShardRing:
             DataPlaneTimeout: a lapped writer did not commit within ``timeout_s``.
         """
         n = self.layout.spec.rows_of(batch)
-        if n > self.capacity:
-            raise SpecError(f"batch of {n} rows exceeds the shard capacity of "
-                            f"{self.capacity} rows; split it or raise storage.capacity_rows")
+        lay, plan = self.layout, None
+        if lay.frames is not None and n:  # each frame once: which frames are new
+            if self.frames is None:
+                self.frames = FrameWriter(lay.frames)
+            plan = self.frames.plan(batch, self.reserve_cursor(), self.capacity)
+        slots = n if plan is None else plan.slots
+        if slots > self.capacity:
+            raise SpecError(f"batch of {n} rows (taking {slots} slots) exceeds the shard "
+                            f"capacity of {self.capacity} rows; split it or raise "
+                            f"storage.capacity_rows")
         if n == 0:
             return self.reserve_cursor()
         prio = (None if priorities is None
                 else np.ascontiguousarray(priorities, dtype=np.float64))
         t = self.transport
-        first = t.fetch_add(self.owner, self.base + 8 * H_RESERVE, n)
-        self._wait_lap(first + n)
-        segs = ring_segments(first, n, self.capacity)
-        gens = np.arange(first + 1, first + n + 1, dtype=np.int64)
-        lay = self.layout
+        first = t.fetch_add(self.owner, self.base + 8 * H_RESERVE, slots)
+        self._wait_lap(first + slots)
+        cols: Mapping[str, np.ndarray] = batch
+        if plan is not None:
+            assert self.frames is not None
+            cols, prio = self.frames.columns(plan, batch, first, prio)
+        segs = ring_segments(first, slots, self.capacity)
+        gens = np.arange(first + 1, first + slots + 1, dtype=np.int64)
         if self.views is not None:
             v = self.views
             for s in segs:
-                dst, src = slice(s.slot, s.slot + s.count), slice(s.src, s.src + s.count)
-                for name, col in v.columns.items():
-                    col[dst] = batch[name][src]
-                v.priority[dst] = np.nan if prio is None else prio[src]
+                for name, col in v.columns.items():  # a column may be shorter: its head
+                    m = max(0, min(s.count, len(cols[name]) - s.src))
+                    col[s.slot:s.slot + m] = cols[name][s.src:s.src + m]
+                v.priority[s.slot:s.slot + s.count] = (np.nan if prio is None
+                                                       else prio[s.src:s.src + s.count])
             t.sync()
             for s in segs:
                 v.stamps[s.slot:s.slot + s.count] = gens[s.src:s.src + s.count]
@@ -152,9 +167,11 @@ class ShardRing:
             if prio is None:
                 prio = np.full(n, np.nan)
             for s in segs:
-                for f in lay.spec:
-                    off = self.base + lay.column(f.name) + s.slot * f.row_bytes
-                    t.put(self.owner, off, batch[f.name][s.src:s.src + s.count])
+                for f in lay.stored:
+                    m = max(0, min(s.count, len(cols[f.name]) - s.src))
+                    if m:
+                        t.put(self.owner, self.base + lay.column(f.name) + s.slot * f.row_bytes,
+                              cols[f.name][s.src:s.src + m])
                 t.put(self.owner, self.base + lay.priority_offset + 8 * s.slot,
                       prio[s.src:s.src + s.count])
             t.flush(self.owner)
@@ -264,36 +281,6 @@ class ShardRing:
             raise RuntimeError("publish_unsampled() must run on the shard's owner")
         v.header[H_UNSAMPLED] = rows
 
-    def read_header(self) -> np.ndarray:
-        """A consistent copy of the shard's int64 header as last published by the owner
-        (retries while the owner is writing the stats). Blocks only for the few reads
-        that takes (bounded by ``timeout_s``)."""
-        t = self.transport
-        buf = np.empty(HEADER_WORDS, dtype=np.int64)
-        deadline = Deadline(self.timeout_s, f"the shard stats on rank {self.owner} to "
-                                            f"settle (they stayed mid-update)")
-        while True:
-            if self.views is not None:
-                t.sync()
-                buf[:] = self.views.header
-                t.sync()
-                again = int(self.views.header[H_STATS_VERSION])
-            else:
-                t.get(self.owner, self.base, buf)
-                t.flush(self.owner)
-                again = t.atomic_read(self.owner, self.base + 8 * H_STATS_VERSION)
-            if buf[H_STATS_VERSION] % 2 == 0 and buf[H_STATS_VERSION] == again:
-                return buf
-            deadline.check()
-            time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
-
-    def read_stats(self) -> tuple[int, float, float, float]:
-        """(rows held, total mass, min mass, max priority) as last published by the
-        owner; a consistent snapshot (see :meth:`read_header`)."""
-        buf = self.read_header()
-        f = buf.view(np.float64)
-        return int(buf[H_HELD]), float(f[H_TOTAL]), float(f[H_MIN]), float(f[H_MAXP])
-
     def mark_sampled(self, slots: np.ndarray, gens: np.ndarray) -> bool:
         """Record that rows (``slots`` holding generations ``gens``; slot -1: nothing)
         were drawn, in the shard's marks block. Node-local readers and the owner only
@@ -311,72 +298,6 @@ class ShardRing:
             v.marks[slots] = np.maximum(v.marks[slots], gens)
         return True
 
-    def search(self, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                   int, float, float] | None:
-        """Prefix-search the owner's tree directly (node-local readers): slots,
-        generations and masses for ``targets``, with the stats they are consistent with;
-        slots are -1 when the shard had nothing to draw. ``None`` if this process cannot
-        load the shard's memory. Retries while the owner writes (bounded)."""
-        v = self.views
-        if v is None:
-            return None
-        t = self.transport
-        deadline = Deadline(self.timeout_s, f"the tree of the shard on rank {self.owner} "
-                                            f"to settle (it stayed mid-update)")
-        while True:
-            t.sync()
-            before = int(v.header[H_STATS_VERSION])
-            if before % 2 == 0:
-                held = int(v.header[H_HELD])
-                f = v.header.view(np.float64)
-                total, mn = float(f[H_TOTAL]), float(f[H_MIN])
-                if total > 0 and float(v.tree[1]) > 0:
-                    # a tree read while the owner rewrites it (the version check below
-                    # then retries) can lead the search into the padding leaves past
-                    # the capacity: never index with those; -1 (nothing drawn) if a
-                    # consistent read should ever give one
-                    found = (tree_kernels.draw(v.tree, v.gens, self.capacity, targets,
-                                               search_level(len(v.tree)))
-                             if tree_kernels.available() else None)
-                    if found is not None:
-                        slots, gens, mass = found
-                    else:
-                        slots = prefix_search(v.tree, targets)
-                        inside = slots < self.capacity
-                        safe = np.where(inside, slots, 0)
-                        gens = np.where(inside, v.gens[safe], 0)
-                        mass = np.where(inside, v.tree[safe + len(v.tree) // 2], 0.0)
-                        slots = np.where(inside, slots, -1)
-                else:
-                    slots = np.full(len(targets), -1, np.int64)
-                    gens, mass = np.zeros(len(targets), np.int64), np.zeros(len(targets))
-                t.sync()
-                if int(v.header[H_STATS_VERSION]) == before:
-                    return slots, gens, mass, held, total, mn
-            deadline.check()
-            time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
-
-    def leaves(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The owner's index at ``slots`` (node-local readers): the generation each
-        leaf is for (0: none) and its mass, one consistent snapshot (seqlock; retries
-        while the owner writes, bounded by ``timeout_s``)."""
-        v = self.views
-        if v is None:
-            raise RuntimeError("leaves() needs direct access to the shard")
-        slots = np.asarray(slots, dtype=np.int64)
-        deadline = Deadline(self.timeout_s, f"the index of the shard on rank {self.owner} "
-                                            f"to settle (it stayed mid-update)")
-        while True:
-            self.transport.sync()
-            before = int(v.header[H_STATS_VERSION])
-            if before % 2 == 0:
-                gens, mass = v.gens[slots].copy(), v.tree[slots + len(v.tree) // 2].copy()
-                self.transport.sync()
-                if int(v.header[H_STATS_VERSION]) == before:
-                    return gens, mass
-            deadline.check()
-            time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
-
     # -- reader --------------------------------------------------------------------
     def stamps_of(self, slots: np.ndarray) -> np.ndarray:
         """Current stamps (``seq + 1``, 0 empty) of ``slots``."""
@@ -391,15 +312,17 @@ class ShardRing:
         self.transport.flush(self.owner)
         return out
 
-    def gather(self, slots: np.ndarray,
-               out: dict[str, np.ndarray] | None = None) -> tuple[dict[str, np.ndarray], int]:
+    def gather(self, slots: np.ndarray, out: dict[str, np.ndarray] | None = None
+               ) -> tuple[dict[str, np.ndarray], int | np.ndarray]:
         """Copy the rows of ``slots`` and return them with the first seq that writers
         may have written, read *after* the copy: the reserve cursor, or the free cursor
         when that is smaller (writers wait for it); a row of seq ``q`` is intact iff
-        ``q + capacity >= cursor``.
+        ``q + capacity >= cursor`` (:meth:`intact`). With frame stacks the stacks are
+        rebuilt from the frames the rows reference, and the cursor is one per row,
+        raised by the row's lag (how far its oldest frame lies before it).
 
-        One indexed get per field when remote, ``np.take`` when direct. Blocks until the
-        data is here.
+        One indexed get per stored column when remote, ``np.take`` when direct. Blocks
+        until the data is here.
 
         Args:
             slots (np.ndarray): slot indices (any order, repeats allowed).
@@ -407,37 +330,53 @@ class ShardRing:
         """
         slots = np.ascontiguousarray(slots, dtype=np.int64)
         n = len(slots)
-        spec = self.layout.spec
         if out is None:
-            out = spec.empty(n)
-        t = self.transport
+            out = self.layout.spec.empty(n)
+        if n and (slots.min() < 0 or slots.max() >= self.capacity):
+            raise IndexError(f"slots outside [0, {self.capacity})")
+        codec = self.layout.frames
+        if codec is not None:
+            lag = codec.gather(self._read_column, slots, out, self.capacity)
+            return out, self._writers_cursor() + lag
+        if n:
+            for f in self.layout.spec:
+                self._read_column(f.name, slots, out[f.name][:n], flush=False)
+            self.transport.flush(self.owner)
+        return out, self._writers_cursor()
+
+    def _read_column(self, name: str, slots: np.ndarray, dst: np.ndarray,
+                     flush: bool = True) -> None:
+        """Copy the rows ``slots`` (checked) of stored column ``name`` into ``dst``."""
         if self.views is not None:
-            if n and (slots.min() < 0 or slots.max() >= self.capacity):
-                raise IndexError(f"slots outside [0, {self.capacity})")
-            for f in spec:
-                # mode="clip" (after the check above): numpy buffers a take with
-                # out= and mode="raise", which is ~10x slower on large rows
-                np.take(self.views.columns[f.name], slots, axis=0, out=out[f.name][:n],
-                        mode="clip")
-            t.sync()
-        elif n:
-            for f in spec:
-                t.get_blocks(self.owner, self.base + self.layout.column(f.name), f.row_bytes,
-                             slots * f.row_bytes, out[f.name][:n])
-            t.flush(self.owner)
+            # mode="clip" (slots are checked): numpy buffers a take with out= and
+            # mode="raise", which is ~10x slower on large rows
+            np.take(self.views.columns[name], slots, axis=0, out=dst, mode="clip")
+        elif len(slots):
+            f = self.layout.stored[name]
+            self.transport.get_blocks(self.owner, self.base + self.layout.column(name),
+                                      f.row_bytes, slots * f.row_bytes, dst)
+            if flush:
+                self.transport.flush(self.owner)
+
+    def _writers_cursor(self) -> int:
+        """After a copy: the first seq writers may have written (see :meth:`gather`)."""
+        t = self.transport
+        t.sync()
         reserved = self.reserve_cursor()
         if self.views is not None:
             t.sync()
             free = int(self.views.header[H_FREE])
         else:
             free = self.free_cursor()
-        return out, min(reserved, free) if free else reserved
+        return min(reserved, free) if free else reserved
 
-    def intact(self, gens: np.ndarray, cursor: int) -> np.ndarray:
+    def intact(self, gens: np.ndarray, cursor: int | np.ndarray) -> np.ndarray:
         """The ring's one rule for copied rows: per generation (``seq + 1``; 0 or less:
         nothing was drawn), whether that row was still intact when it was copied, given
         the writers' ``cursor`` that :meth:`gather` returned with the copy
-        (``seq + capacity >= cursor``: no writer was handed, or let write, its slot)."""
+        (``seq + capacity >= cursor``: no writer was handed, or let write, its slot -
+        nor, with frame stacks, the slot of any frame it references: that cursor is
+        per row, raised by the row's lag)."""
         g = np.asarray(gens, dtype=np.int64)
         return (g > 0) & ((g - 1) + self.capacity >= cursor)
 
@@ -457,5 +396,9 @@ class ShardRing:
         slots = seqs % self.capacity
         keep = v.stamps[slots] == seqs + 1
         seqs, slots = seqs[keep], slots[keep]
-        cols = {n: c[slots].copy() for n, c in v.columns.items()}
-        return seqs, cols, v.priority[slots].copy()
+        if self.layout.frames is None:
+            return seqs, {n: c[slots].copy() for n, c in v.columns.items()}, \
+                v.priority[slots].copy()
+        cols, cursor = self.gather(slots)  # frames: only rows whose frames are held
+        ok = self.intact(seqs + 1, cursor)
+        return seqs[ok], {n: c[ok] for n, c in cols.items()}, v.priority[slots[ok]]

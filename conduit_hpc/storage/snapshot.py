@@ -1,9 +1,11 @@
 """Consistent cuts of a shard, their restore, and resharding. Plain numpy; no MPI, no h5py.
 
 A :class:`ShardSnapshot` is everything a shard's owner holds about its rows at one
-moment (the *cut*): the rows themselves (oldest first, with their sequence numbers), their
-current priorities, the priorities the writers gave them, the cursors and the priority
-index's counters. It is what a checkpoint stores per shard and what a restore writes back.
+moment (the *cut*): the rows themselves (oldest first, with their sequence numbers; the
+stored columns: with frame stacks, frames once and references, sealed so that no row
+refers to a frame before the cut), their current priorities, the priorities the writers
+gave them, the cursors and the priority index's counters. It is what a checkpoint stores
+per shard and what a restore writes back.
 
 The cut (:func:`take_snapshot`, run by the owner right after a commit pass) contains every
 row with ``seq < commit`` that the shard still holds, and none after; rows that a writer
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from conduit_hpc.spec import Spec
+from conduit_hpc.storage.frames import seal_cut
 from conduit_hpc.storage.priority import PriorityIndex
 from conduit_hpc.storage.ring import H_COMMIT, H_FREE, H_RESERVE, ShardRing, ring_segments
 
@@ -188,7 +191,7 @@ def take_snapshot(shard_id: int, ring: ShardRing, index: PriorityIndex,
     lo = max(0, commit - cap)
     n = commit - lo
     if staging is None:
-        staging = SnapshotStaging(ring.layout.spec, cap)
+        staging = SnapshotStaging(ring.layout.stored, cap)
     elif staging.capacity < cap:
         raise ValueError(f"staging holds {staging.capacity} rows, the shard {cap}")
     segs = ring_segments(lo, n, cap)
@@ -215,9 +218,10 @@ def take_snapshot(shard_id: int, ring: ShardRing, index: PriorityIndex,
         raise RuntimeError(f"shard {shard_id}: the rows held are not one contiguous run "
                            f"of seqs; the index and the ring disagree")
     sl = slice(first, n)
+    columns = {k: c[sl] for k, c in staging.columns.items()}
+    seal_cut(ring.layout.frames, columns, int(seqs[first]) if first < n else 0)
     return ShardSnapshot(
-        shard_id=shard_id, capacity=cap, commit=commit, seqs=seqs[sl],
-        columns={k: c[sl] for k, c in staging.columns.items()},
+        shard_id=shard_id, capacity=cap, commit=commit, seqs=seqs[sl], columns=columns,
         priority=staging.priority[sl], init_priority=staging.init_priority[sl],
         max_priority=float(index.max_priority), applied_updates=int(index.applied_updates),
         dropped_updates=int(index.dropped_updates), reserve=reserve)
@@ -241,7 +245,7 @@ def restore_snapshot(ring: ShardRing, index: PriorityIndex, snap: ShardSnapshot)
     if snap.capacity != cap or index.capacity != cap:
         raise ValueError(f"shard {snap.shard_id}: snapshot of capacity {snap.capacity} does "
                          f"not fit a ring of {cap} slots")
-    snap.check(ring.layout.spec)
+    snap.check(ring.layout.stored)
     n = snap.rows
     slots = snap.seqs % cap
     v.stamps[:] = 0

@@ -42,6 +42,8 @@ def test_smoke_run_steps_frames_ingests_and_trains(tmp_path: Path) -> None:
           f"{summary['rows_ingested']:,} rows ({summary['ingest_rows_per_s']:.0f}/s), "
           f"{summary['updates']} supersteps in {summary['wall_s']:.1f} s")
     assert summary["env_id"] == "ALE/Pong-v5" and summary["row_bytes"] == 2 * 4 * 84 * 84 + 24
+    # each frame stored once: one frame, 8 references and a lag a slot (under 1/6)
+    assert summary["stored_row_bytes"] == 84 * 84 + 8 * 8 + 8 + 24
     assert summary["frame_stacks"] == {"obs": {"stream": "env", "axis": 0, "depth": 4,
                                                "next_field": "next_obs"}}
     # the superstep budget ended it (the time budget is only a guard)

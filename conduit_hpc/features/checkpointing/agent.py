@@ -172,7 +172,8 @@ class CheckpointAgent(BufferExtension):
         if self.is_buffer:
             assert edp.server is not None
             for s in edp.server.shards:
-                self.staging[s.shard_id] = SnapshotStaging(edp.spec, s.ring.capacity)
+                self.staging[s.shard_id] = SnapshotStaging(s.ring.layout.stored,
+                                                               s.ring.capacity)
             edp.server.add_extension(self)
             if self.is_leader:
                 self.root.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.config import to_toml
 from conduit_hpc.plane.buffer import OwnedShard
+from conduit_hpc.storage.frames import stored_spec
 from conduit_hpc.storage.snapshot import ShardSnapshot, SnapshotStaging, take_snapshot
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def placement_json(edp: FeatureHost) -> dict[str, Any]:
 
 def described_for(edp: FeatureHost) -> dict[str, dict[str, Any]]:
     """The attributes of this job's experience datasets (the spec's descriptions, alpha)."""
-    return ck.dataset_attrs(edp.spec, edp.config.storage.priority_exponent)
+    return ck.dataset_attrs(stored_spec(edp.spec), edp.config.storage.priority_exponent)
 
 
 def buffer_file(edp: FeatureHost) -> str:
@@ -84,7 +85,7 @@ def shard_part(path: Path, snaps: Sequence[ShardSnapshot], cut_s: float,
 def finish_checkpoint(tmp: Path, root: Path, seq: int, edp: FeatureHost,
                       parts: Sequence[Mapping[str, Any]], keep: int) -> Path:
     """Leader: manifest, rename into place, DONE, prune. Blocks for the disk."""
-    rec = ck.write_manifest(tmp, seq=seq, spec=edp.spec,
+    rec = ck.write_manifest(tmp, seq=seq, spec=stored_spec(edp.spec),
                             config_toml=to_toml(edp.config.to_dict()),
                             layout=layout_json(edp), placement=placement_json(edp),
                             parts=parts, alpha=edp.config.storage.priority_exponent)

@@ -21,6 +21,8 @@ import numpy as np
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.config import Config
 from conduit_hpc.errors import CheckpointError
+from conduit_hpc.storage.frames import FrameCodec, stored_spec
+from conduit_hpc.storage.frames_reshard import reshard_frames
 from conduit_hpc.storage.snapshot import (
     ShardSnapshot,
     build_resharded,
@@ -101,6 +103,12 @@ def _load_shards(edp: FeatureHost, ckpt: ck.Checkpoint
     new_caps = [s.capacity_rows for s in edp.placement.shards]
     if ckpt.capacities == new_caps:
         return {s.shard_id: ckpt.read_shard(s.shard_id) for s in mine}, False, 0
+    if edp.spec.stacks:  # references are seqs of one shard: rows are written anew
+        snaps, dropped = reshard_frames(
+            FrameCodec(edp.spec), len(ckpt.shards), ckpt.read_shard, new_caps,
+            [s.shard_id for s in mine],
+            max((s.max_priority for s in ckpt.shards), default=1.0))
+        return snaps, True, dropped
     plan = plan_reshard([s.rows for s in ckpt.shards], new_caps)
     max_p = max((s.max_priority for s in ckpt.shards), default=1.0)
     ids = [s.shard_id for s in mine]
@@ -180,7 +188,7 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             while candidates:
                 c = candidates.pop(0)
                 try:
-                    ck.open_checkpoint(c, spec=edp.spec)
+                    ck.open_checkpoint(c, spec=stored_spec(edp.spec))
                     decision["path"] = str(c)
                     break
                 except CheckpointError as err:
@@ -203,7 +211,7 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             return None
         error = None
         try:
-            ckpt = ck.open_checkpoint(decision["path"], spec=edp.spec)
+            ckpt = ck.open_checkpoint(decision["path"], spec=stored_spec(edp.spec))
             snaps, resharded, dropped = _load_shards(edp, ckpt)
             learners = edp.roles.learner_ranks or (leader,)
             extra = ckpt.extra_state() if me in learners else {}

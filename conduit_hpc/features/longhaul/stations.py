@@ -70,7 +70,9 @@ class EdgeForwarder(BufferExtension):
             seqs = np.arange(self.next_seq, self.next_seq + k, dtype=np.int64)
             slots = seqs % cap
             cols, reserved = shard.ring.gather(slots)
-            torn = int(np.count_nonzero(~shard.ring.intact(seqs + 1, reserved)))  # a prefix
+            # torn rows are a prefix (with frame stacks: up to the last torn row)
+            bad = np.flatnonzero(~shard.ring.intact(seqs + 1, reserved))
+            torn = int(bad[-1]) + 1 if bad.size else 0
             if torn:
                 c.rows_dropped += torn
                 self.next_seq += torn

@@ -1,0 +1,317 @@
+"""Each frame stored once: the frame-stack layout of a shard. Plain numpy; no MPI.
+
+A spec that declares frame stacks (``[spec.obs] stack = {axis, stream}``, ``[spec.next_obs]
+next_of = "obs"``; see ``docs/frame-stacks.md``) is stored in a shard's ring as *stored
+columns* instead of its own fields (:class:`FrameCodec`):
+
+* every plain field as it is;
+* per stack group (a stacked field and its next field) a **frame column** ``NAME__frame``
+  (one frame per slot) and a **references column** ``NAME__refs``: int64
+  ``[fields * depth]``, the sequence numbers of the slots that hold the frames of the
+  row's stacks (``obs`` oldest first, then ``next_obs``);
+* one **lag column** ``frames__lag``: int64, how far before its own seq the row's oldest
+  frame lies (``max(0, seq - min(refs))``); :data:`LAG_NONE` marks a slot that holds
+  frames but no row.
+
+A writer (:class:`FrameWriter`, one per ring client) stores a frame only when no frame of
+the same stream with the same bytes is known to be in the ring and recent: frames are
+looked up by a 64-bit fingerprint and matched by their exact bytes (every reference is
+checked against the remembered copy), so a reference always resolves to the very bytes
+the actor gave, whatever the order of rows, streams, episodes or writers;
+episode starts that repeat (or zero-fill) a frame store it once. A batch of ``r`` rows
+takes ``max(r, new frames)`` slots: the rows first, then slots with frames only (never
+drawn: written with priority 0 and :data:`LAG_NONE`).
+
+A gather copies the stored columns of the drawn slots, then the frames by reference, and
+rebuilds the stacks. The ring's one intact rule (``seq + capacity >= cursor``) covers the
+references because the gather returns each row's cursor raised by its lag: a row is
+intact iff its own slot *and its oldest frame's* were not handed to a writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from conduit_hpc.errors import SpecError
+from conduit_hpc.spec import Field, FrameStack, Spec
+
+__all__ = ["LAG_COLUMN", "LAG_NONE", "FrameCodec", "FrameWriter", "seal_cut", "stored_spec"]
+
+#: lag of a slot that holds frames but no row: never intact
+LAG_NONE = 1 << 60
+LAG_COLUMN = "frames__lag"
+
+
+@dataclass(frozen=True, slots=True)
+class FrameGroup:
+    """A stacked field and its next field, sharing one frame column.
+
+    Attributes:
+        stack (FrameStack): the declaration.
+        fields (tuple[str, ...]): the stacked field, then its next field if any.
+        frame (str), refs (str): the stored columns.
+    """
+
+    stack: FrameStack
+    fields: tuple[str, ...]
+    frame: str
+    refs: str
+
+    @property
+    def width(self) -> int:
+        """References per row."""
+        return self.stack.depth * len(self.fields)
+
+
+class FrameCodec:
+    """The stored columns of a spec with frame stacks, and how rows map onto them.
+
+    Args:
+        spec (Spec): a spec whose ``stacks`` are not empty.
+
+    Raises:
+        SpecError: no stack, or a stored column's name taken by a spec field.
+    """
+
+    def __init__(self, spec: Spec) -> None:
+        stacks = spec.stacks
+        if not stacks:
+            raise SpecError("FrameCodec needs a spec with frame stacks (spec.NAME.stack)")
+        self.spec = spec
+        self.groups = tuple(
+            FrameGroup(st, (name, st.next_field) if st.next_field else (name,),
+                       f"{name}__frame", f"{name}__refs") for name, st in stacks.items())
+        stacked = {n for g in self.groups for n in g.fields}
+        self.plain = tuple(f.name for f in spec if f.name not in stacked)
+        fields: list[Field] = [spec[n] for n in self.plain]
+        for g in self.groups:
+            src = spec[g.stack.field]
+            fields.append(Field(g.frame, src.dtype, g.stack.frame_shape,
+                                description=f"frames of {', '.join(g.fields)}, each once "
+                                            f"(one per slot)"))
+            fields.append(Field(g.refs, np.dtype(np.int64), (g.width,),
+                                description=f"seqs of the frames of {', '.join(g.fields)}"
+                                            f", oldest first"))
+        fields.append(Field(LAG_COLUMN, np.dtype(np.int64), (),
+                            description="seq minus the oldest referenced frame's seq"))
+        taken = [f.name for f in fields[len(self.plain):] if f.name in spec.names]
+        if taken:
+            raise SpecError(f"spec field {taken[0]!r} has the name of a stored frame "
+                            f"column; rename it")
+        self.stored = Spec(fields)
+
+    def gather(self, read: Callable[[str, np.ndarray, np.ndarray], None], slots: np.ndarray,
+               out: dict[str, np.ndarray], capacity: int) -> np.ndarray:
+        """Rebuild the rows of ``slots`` into ``out`` (the spec's fields, ``n`` rows or
+        more): ``read(column, slots, dst)`` copies a stored column's rows. Returns each
+        row's lag (clipped to ``[0, LAG_NONE]``) to add to the writers' cursor."""
+        n = len(slots)
+        for name in self.plain:
+            read(name, slots, out[name][:n])
+        lag = np.empty(n, np.int64)
+        read(LAG_COLUMN, slots, lag)
+        np.clip(lag, 0, LAG_NONE, out=lag)
+        for g in self.groups:
+            refs = np.empty((n, g.width), np.int64)
+            read(g.refs, slots, refs)
+            frame_slots = refs % capacity  # garbage refs (torn rows): caught by the lag
+            d, ax = g.stack.depth, g.stack.axis
+            for k, name in enumerate(g.fields):
+                dst = out[name][:n]
+                picks = np.ascontiguousarray(frame_slots[:, k * d:(k + 1) * d])
+                if ax == 0 and dst.flags.c_contiguous:
+                    read(g.frame, picks.reshape(-1), dst.reshape(n * d, *g.stack.frame_shape))
+                else:
+                    tmp = np.empty((n * d, *g.stack.frame_shape), dst.dtype)
+                    read(g.frame, picks.reshape(-1), tmp)
+                    dst[...] = np.moveaxis(tmp.reshape(n, d, *g.stack.frame_shape), 1, 1 + ax)
+        return lag
+
+    def frame(self, g: FrameGroup, arr: np.ndarray, k: int) -> np.ndarray:
+        """Frame ``k`` (oldest first) of one row's stack ``arr``."""
+        return arr[k] if g.stack.axis == 0 else np.take(arr, k, axis=g.stack.axis)
+
+
+@dataclass(slots=True)
+class WritePlan:
+    """What one write stores: :meth:`FrameWriter.plan` makes it, the ring reserves
+    ``slots`` seqs, :meth:`FrameWriter.columns` fills in the seqs.
+
+    Attributes:
+        rows (int): rows of the batch.
+        slots (int): seqs to reserve (``max(rows, new frames of any group)``).
+        refs (list[np.ndarray]): per group, int64 ``[rows, width]``: a seq (>= 0) or
+            ``-1 - j`` for the batch's ``j``-th new frame.
+        frames (list[np.ndarray]): per group, every frame of the batch,
+            ``[rows * width, *frame_shape]`` (row, field, oldest first).
+        new (list[list[tuple[int, int, int]]]): per group, the new frames (stream,
+            fingerprint, index into ``frames``) in slot order.
+    """
+
+    rows: int
+    slots: int
+    refs: list[np.ndarray]
+    frames: list[np.ndarray]
+    new: list[list[tuple[int, int, int]]]
+
+
+_MULTIPLIERS: dict[int, np.ndarray] = {}
+
+
+def fingerprints(frames: np.ndarray) -> np.ndarray:
+    """A 64-bit fingerprint per frame (``frames``: ``[m, ...]``, C-contiguous): a sum of
+    the frame's words times fixed random odd multipliers, modulo 2**64. Only a hint: equal
+    frames have equal fingerprints; equal fingerprints are checked byte for byte."""
+    m = len(frames)
+    raw = frames.reshape(m, -1).view(np.uint8)
+    nb = raw.shape[1]
+    w = next(k for k in (8, 4, 2, 1) if nb % k == 0)
+    words = raw.view(f"<u{w}")
+    mult = _MULTIPLIERS.get(words.shape[1])
+    if mult is None:
+        mult = np.random.default_rng(0x5EED).integers(0, 1 << 63, words.shape[1],
+                                                      dtype=np.uint64) * 2 + 1
+        mult = _MULTIPLIERS[words.shape[1]] = mult.astype(np.uint64)
+    return np.asarray(words.astype(np.uint64, copy=False) @ mult, np.uint64)
+
+
+class FrameWriter:
+    """A writer's knowledge of which frames of each stream a ring holds, so that it
+    stores each frame once. One per ring client; not thread-safe.
+
+    Frames are looked up by a fingerprint and taken only when their bytes equal the
+    remembered copy's (checked for every reference, in one comparison per batch): a
+    reference always resolves to the very bytes the actor gave.
+
+    Args:
+        codec (FrameCodec): the shard's stored layout.
+        keep_per_stream (int): frames remembered per stream and group (0: depth-based).
+    """
+
+    def __init__(self, codec: FrameCodec, keep_per_stream: int = 0) -> None:
+        self.codec = codec
+        self.keep = keep_per_stream or max(g.width for g in codec.groups) * 2 + 8
+        # per group: stream -> {fingerprint: (seq, a copy of the frame)}, oldest first
+        self.known: list[dict[int, dict[int, tuple[int, np.ndarray]]]] = [
+            {} for _ in codec.groups]
+        self.end = 0  # the end of this writer's last reservation
+        self.frames_stored = 0
+        self.frames_referenced = 0
+        self.fingerprint_clashes = 0  # equal fingerprints of unequal frames (stored anew)
+
+    def _frames(self, g: FrameGroup, batch: Mapping[str, np.ndarray], rows: int) -> np.ndarray:
+        """Every frame of the group's fields, ``[rows * width, *frame_shape]``."""
+        d, ax = g.stack.depth, g.stack.axis
+        parts = [batch[n] if ax == 0 else np.moveaxis(batch[n], 1 + ax, 1) for n in g.fields]
+        both = parts[0][:, None] if len(parts) == 1 else np.stack(parts, axis=1)
+        return np.ascontiguousarray(both).reshape(rows * len(g.fields) * d,
+                                                  *g.stack.frame_shape)
+
+    def plan(self, batch: Mapping[str, np.ndarray], reserved: int, capacity: int) -> WritePlan:
+        """Which frames of a validated batch are new. ``reserved``: the reserve cursor
+        read now; a known frame older than half a lap before it is stored again (a row
+        lives until its oldest frame is overwritten)."""
+        if reserved < self.end:  # the ring went back (a restore): forget everything
+            self.known = [{} for _ in self.codec.groups]
+        horizon = max(0, reserved - capacity // 2)
+        rows = self.codec.spec.rows_of(batch)
+        refs, frames_of, new = [], [], []
+        for gi, g in enumerate(self.codec.groups):
+            frames = self._frames(g, batch, rows)
+            fps = fingerprints(frames).tolist()
+            streams = batch[g.stack.stream].tolist()
+            known, width = self.known[gi], g.width
+            pending: dict[tuple[int, int], int] = {}
+            r = np.empty(rows * width, np.int64)
+            fresh: list[tuple[int, int, int]] = []
+            check_at: list[int] = []  # frames said equal to ...
+            check_to: list[np.ndarray] = []  # ... a remembered frame or a new one
+            for i in range(rows):
+                stream = streams[i]
+                seen = known.get(stream, {})
+                for x in range(i * width, (i + 1) * width):
+                    fp = fps[x]
+                    hit = seen.get(fp)
+                    if hit is not None and hit[0] >= horizon:
+                        r[x] = hit[0]
+                        check_at.append(x)
+                        check_to.append(hit[1])
+                        continue
+                    at = pending.get((stream, fp))
+                    if at is None:
+                        at = pending[(stream, fp)] = len(fresh)
+                        fresh.append((stream, fp, x))
+                    else:
+                        check_at.append(x)
+                        check_to.append(frames[fresh[at][2]])
+                    r[x] = -1 - at
+            if check_at:  # the bytes decide: a fingerprint that lied stores its frame
+                want = np.stack(check_to).reshape(len(check_at), -1)
+                got = frames.reshape(len(frames), -1)[np.asarray(check_at, np.int64)]
+                for x in np.asarray(check_at)[~(got == want).all(axis=1)].tolist():
+                    self.fingerprint_clashes += 1
+                    r[x] = -1 - len(fresh)
+                    fresh.append((streams[x // width], fps[x], x))
+            refs.append(r.reshape(rows, width))
+            frames_of.append(frames)
+            new.append(fresh)
+        slots = max([rows] + [len(f) for f in new])
+        return WritePlan(rows, slots, refs, frames_of, new)
+
+    def columns(self, plan: WritePlan, batch: Mapping[str, np.ndarray], first: int,
+                priorities: np.ndarray | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The stored columns of a planned batch whose slots start at seq ``first`` (a
+        column may be shorter than ``plan.slots``: its tail is not written) and the
+        priorities of every slot (0 for slots without a row); remembers the new frames."""
+        codec, rows = self.codec, plan.rows
+        cols: dict[str, np.ndarray] = {n: batch[n] for n in codec.plain}
+        low = np.arange(first, first + rows, dtype=np.int64)
+        for gi, g in enumerate(codec.groups):
+            r = plan.refs[gi]
+            r = np.where(r >= 0, r, first - 1 - r)
+            fresh = plan.new[gi]
+            frames = plan.frames[gi][np.asarray([x for _, _, x in fresh], np.int64)]
+            known = self.known[gi]
+            for j, (stream, fp, _) in enumerate(fresh):
+                seen = known.setdefault(stream, {})
+                seen.pop(fp, None)
+                seen[fp] = (first + j, frames[j].copy())
+                while len(seen) > self.keep:
+                    del seen[next(iter(seen))]
+            cols[g.frame], cols[g.refs] = frames, r
+            if rows:
+                np.minimum(low, r.min(axis=1), out=low)
+            self.frames_stored += len(fresh)
+            self.frames_referenced += r.size
+        lag = np.full(plan.slots, LAG_NONE, np.int64)
+        lag[:rows] = np.arange(first, first + rows) - low
+        cols[LAG_COLUMN] = lag
+        prio = np.zeros(plan.slots)
+        prio[:rows] = np.nan if priorities is None else priorities
+        self.end = first + plan.slots
+        return cols, prio
+
+
+def stored_spec(spec: Spec) -> Spec:
+    """The columns a shard of ``spec`` holds (``spec`` itself for the plain layout)."""
+    return FrameCodec(spec).stored if spec.stacks else spec
+
+
+def seal_cut(codec: FrameCodec | None, columns: Mapping[str, np.ndarray],
+             first_seq: int) -> None:
+    """Make a cut (stored columns of the slots from seq ``first_seq`` on, oldest first)
+    self-contained: a row that references a frame outside the cut (before it, or past
+    its end: a batch whose last slots were not committed yet) can never be delivered
+    from it, so its lag becomes :data:`LAG_NONE` (in place). No-op for the plain layout."""
+    if codec is None or not len(columns[LAG_COLUMN]):
+        return
+    lag = columns[LAG_COLUMN]
+    n = len(lag)
+    seqs = np.arange(first_seq, first_seq + n, dtype=np.int64)
+    bad = seqs - np.minimum(lag, LAG_NONE) < first_seq
+    for g in codec.groups:
+        bad |= (columns[g.refs] >= first_seq + n).any(axis=1)
+    lag[bad] = LAG_NONE
