@@ -341,7 +341,8 @@ class ShardRing(IndexReads):
         if n:
             for f in self.layout.spec:
                 self._read_column(f.name, slots, out[f.name][:n], flush=False)
-            self.transport.flush(self.owner)
+            if self.views is None:  # the gets complete here (a direct copy is done)
+                self.transport.flush(self.owner)
         return out, self._writers_cursor()
 
     def _read_column(self, name: str, slots: np.ndarray, dst: np.ndarray,
