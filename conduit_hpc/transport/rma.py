@@ -99,6 +99,12 @@ class RmaWindow:
 
     # -- introspection -------------------------------------------------------------
     @property
+    def one_node(self) -> bool:
+        """Whether every rank of the window shares this node's memory (one shared
+        window carries every operation; across nodes a second, RMA window spans them)."""
+        return self._shm is not None and not self._owns_second
+
+    @property
     def comm(self) -> MPI.Intracomm:
         """The communicator the window spans."""
         return self._comm
