@@ -64,6 +64,9 @@ class PlanRecord:
         nodes (list[dict]): the job's nodes as the ranks found them - ``node`` (index),
             ``host`` (the host name of its ranks) and ``ranks`` (world ranks) - whatever
             the planner (filled by :func:`decide_placement`).
+        probe (dict): what the start-up probe measured (``LinkMeasurements.as_dict``:
+            memcpy, RMA within a node and between two nodes, GB/s and s); empty when
+            the model came from a file or there was none.
     """
 
     planner: str
@@ -71,6 +74,7 @@ class PlanRecord:
     notes: list[str] = field(default_factory=list)
     workload: dict[str, Any] = field(default_factory=dict)
     nodes: list[dict[str, Any]] = field(default_factory=list)
+    probe: dict[str, Any] = field(default_factory=dict)
 
 
 def executable(plan: Placement, roles: RoleComms, scheduler: SchedulerConfig | None = None,
@@ -162,6 +166,7 @@ def _static(config: Config, spec: Spec, roles: RoleComms) -> tuple[Placement, Pl
     from conduit_hpc.placement.workload import Workload
 
     pc = config.placement
+    measured: dict[str, Any] = {}
     if pc.cluster:
         try:
             cluster = ClusterModel.from_toml(pc.cluster)
@@ -173,6 +178,7 @@ def _static(config: Config, spec: Spec, roles: RoleComms) -> tuple[Placement, Pl
         from conduit_hpc.plane.probe import probe_cluster
 
         cluster, _, m = probe_cluster(roles)
+        measured = m.as_dict()
         link = (f", node to node {m.net_put_gbps:.3g}/{m.net_get_gbps:.3g} GB/s put/get"
                 if len(cluster.nodes) > 1 else "")
         where = (f"{cluster.name} (measured by the start-up probe: "
@@ -185,7 +191,7 @@ def _static(config: Config, spec: Spec, roles: RoleComms) -> tuple[Placement, Pl
     plan, moved = executable(plan, roles, config.scheduler,
                              shared_memory=config.transport.shared_memory)
     wl = {k: getattr(workload, k) for k in workload.__slots__}
-    return plan, PlanRecord("static", where, [*notes, *moved], wl)
+    return plan, PlanRecord("static", where, [*notes, *moved], wl, probe=measured)
 
 
 def decide_placement(config: Config, spec: Spec, roles: RoleComms,
@@ -267,7 +273,7 @@ def plan_document(plan: Placement, record: PlanRecord) -> dict[str, Any]:
         t["shards"] += 1
         t["rows"] += s.capacity_rows
     doc: dict[str, Any] = {"planner": record.planner, "cluster": record.cluster,
-                           "nodes": record.nodes,
+                           "nodes": record.nodes, "probe": record.probe,
                            "notes": record.notes, "workload": record.workload,
                            "tiers": tiers, "placement": plan.to_dict(), "prediction": None}
     pred = plan.prediction

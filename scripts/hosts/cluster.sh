@@ -5,6 +5,8 @@
 #   cluster.sh up N [--rate R] [--delay D]   N hosts host0..host{N-1}; R: tc tbf rate of
 #                                            every host link (e.g. 1gbit); D: netem delay
 #                                            per link direction (e.g. 5ms), if the kernel has it
+#   cluster.sh shape [--rate R] [--delay D]  re-shape every host link of a running cluster
+#                                            (neither: no shaping); jobs keep running
 #   cluster.sh down                          stop every process of the cluster, remove it
 #   cluster.sh exec HOST CMD...              run CMD inside HOST (net, UTS, mount, IPC ns)
 #   cluster.sh mpirun MPIRUN-ARGS...         mpirun inside host0 over the cluster's hostfile
@@ -142,6 +144,38 @@ shape() {  # PID DEV RATE DELAY
   fi
 }
 
+unshape() {  # PID DEV: remove any root qdisc (back to the default)
+  in_ns "$1" tc qdisc del dev "$2" root 2>/dev/null || true
+}
+
+reshape() {
+  [ -f "$STATE/hosts.list" ] || die "no cluster '$NAME' is up ($STATE)"
+  local rate="" delay=""
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --rate) rate=${2:?--rate needs a value such as 100mbit}; shift 2 ;;
+      --delay) delay=${2:?--delay needs a value such as 5ms}; shift 2 ;;
+      *) die "unknown option $1 (shape [--rate R] [--delay D])" ;;
+    esac
+  done
+  if [ -n "$delay" ] && ! netem_available; then
+    die "--delay needs the netem qdisc (sch_netem), which this kernel does not have; \
+--rate (tbf) works without it"
+  fi
+  local sw h pid i
+  sw=$(pid_of switch) || die "the switch of cluster '$NAME' is not up"
+  for h in $(hosts); do
+    pid=$(pid_of "$h") || die "host '$h' is not up"
+    i=${h#host}
+    unshape "$pid" eth0
+    unshape "$sw" "p$i"
+    shape "$pid" eth0 "$rate" "$delay"
+    shape "$sw" "p$i" "$rate" "$delay"
+  done
+  echo "rate=${rate:-none} delay=${delay:-none} subnet=$SUBNET" >"$STATE/links"
+  log "shaped: $(cat "$STATE/links")"
+}
+
 up() {
   local n=${1:-}; shift || true
   local rate="" delay=""
@@ -240,9 +274,10 @@ cmd=${1:-}; shift || true
 case $cmd in
   up) up "$@" ;;
   down) down ;;
+  shape) reshape "$@" ;;
   status) status ;;
   exec) exec_in "$@" ;;
   mpirun) mpirun_in "$@" ;;
   hostfile) [ -f "$STATE/hostfile" ] || die "no cluster '$NAME' is up"; echo "$STATE/hostfile" ;;
-  *) die "usage: cluster.sh up N [--rate R] [--delay D] | down | exec HOST CMD... | mpirun ARGS... | status | hostfile" ;;
+  *) die "usage: cluster.sh up N [--rate R] [--delay D] | shape [--rate R] [--delay D] | down | exec HOST CMD... | mpirun ARGS... | status | hostfile" ;;
 esac
