@@ -153,6 +153,10 @@ def entry_for(config_path: Path, cfg: Config) -> Path:
 
 
 LAUNCHERS = ("auto", "mpirun", "srun")
+#: seconds the job may go on after a rank reported its error (it normally aborts the
+#: job within a second); past it the launcher stops the job - a rank on a host that
+#: stopped answering cannot be told to abort (docs/hosts.md, "Faults")
+ABORT_GRACE_S = 20.0
 
 
 def _mpi_flavour() -> str:
@@ -307,6 +311,8 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         deadline = time.monotonic() + budget
         fwd.grace_s = cfg.run.timeout_s + 60.0
         rc: int | None = None
+        reported_at: float | None = None
+        next_look = 0.0
         while rc is None:
             try:
                 rc = proc.wait(timeout=0.2)
@@ -314,6 +320,19 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
                 follower.pump()
                 fwd.act()
                 deadline = fwd.extend(deadline)
+                now = time.monotonic()
+                if reported_at is None and now >= next_look:
+                    next_look = now + 1.0
+                    if _rank_reported_error(logs):
+                        reported_at = now
+                if reported_at is not None and now - reported_at > ABORT_GRACE_S:
+                    _stop(proc)
+                    follower.pump()
+                    print(f"{first_error(run_dir) or ''}\n{ERROR_PREFIX}: the job did not end "
+                          f"within {ABORT_GRACE_S:.0f} s of that error and was stopped (a "
+                          f"rank that cannot be told to abort: a node or link that stopped "
+                          f"answering?)", file=sys.stderr)
+                    return 1, run_dir
                 if time.monotonic() > deadline:
                     _stop(proc)
                     follower.pump()
@@ -407,6 +426,18 @@ def _parent_death_signal() -> Callable[[], None] | None:
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     pr_set_pdeathsig, sig = 1, int(signal.SIGTERM)
     return lambda: prctl(pr_set_pdeathsig, sig)
+
+
+def _rank_reported_error(logs: Path) -> bool:
+    """Whether a rank wrote its ``conduit-hpc: error`` line (``rank.N/stderr``)."""
+    for f in logs.glob("rank.*/stderr"):
+        try:
+            with open(f, "rb") as fh:
+                if ERROR_PREFIX.encode() in fh.read():
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

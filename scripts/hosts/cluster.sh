@@ -255,6 +255,33 @@ exec_in() {
   exec nsenter -t "$pid" -n -u -m -i --wd="$PWD" -- "$@"
 }
 
+reachable() {  # HOST: host0 reaches HOST over the bridge within 2 s (a TCP connection
+  # to a closed port is refused at once when the host is there; a dropped or dead link
+  # times out or has no route)
+  local ip=$SUBNET_PREFIX.$((10 + ${1#host})) out
+  out=$(in_ns "$(pid_of host0)" timeout 2 bash -c "exec 3<>/dev/tcp/$ip/9" 2>&1) && return 0
+  [[ "$out" == *refused* ]]
+}
+
+check_hosts() {  # WHERE HOST...: the hosts an mpirun names - each once, each a host of this
+  # cluster that is up and that host0 reaches - else a named error before PRRTE starts
+  local where=$1 h seen=" " known
+  known=" $(hosts | tr '\n' ' ')"
+  shift
+  [ $# -gt 0 ] || die "$where names no host"
+  for h in "$@"; do
+    [[ "$seen" == *" $h "* ]] && die "$where names host '$h' twice: give each host one \
+line (with slots=N for several ranks)"
+    seen+="$h "
+    [[ "$known" == *" $h "* ]] || die "$where names host '$h', which is not a host of \
+cluster '$NAME' (its hosts:${known% })"
+    pid_of "$h" >/dev/null || die "host '$h' ($where) is down: its holder process is gone; \
+run cluster.sh up again"
+    [ "$h" = host0 ] || reachable "$h" || die "host '$h' ($where) cannot be reached from \
+host0 over the bridge within 2 s (link down, or its traffic dropped)"
+  done
+}
+
 mpirun_in() {
   [ -f "$STATE/hostfile" ] || die "no cluster '$NAME' is up"
   # prted on the other hosts is started by the agent (PRRTE's ssh launcher with our script);
@@ -263,10 +290,30 @@ mpirun_in() {
   export PRTE_MCA_oob_tcp_if_include=${PRTE_MCA_oob_tcp_if_include:-$SUBNET}
   export OMPI_MCA_btl_tcp_if_include=${OMPI_MCA_btl_tcp_if_include:-$SUBNET}
   export CONDUIT_HOSTS_NAME=$NAME CONDUIT_HOSTS_DIR=$STATE
-  local a
-  for a in "$@"; do  # a hostfile or host list of the caller's wins (a subset of the hosts)
-    case $a in --hostfile|--machinefile|--host|-H|--hostfile=*|--host=*) exec_in host0 mpirun "$@" ;; esac
+  # a hostfile or host list of the caller's wins (a subset of the hosts); the hosts it
+  # names are checked first
+  local args=("$@") i a file="" list="" own=0
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    a=${args[$i]}
+    case $a in
+      --hostfile|--machinefile) file=${args[$((i + 1))]:-}; own=1 ;;
+      --hostfile=*|--machinefile=*) file=${a#*=}; own=1 ;;
+      --host|-H) list=${args[$((i + 1))]:-}; own=1 ;;
+      --host=*) list=${a#*=}; own=1 ;;
+    esac
   done
+  if [ -n "$file" ]; then
+    [ -r "$file" ] || die "hostfile '$file' cannot be read"
+    # shellcheck disable=SC2046
+    check_hosts "hostfile $file" $(sed -e 's/#.*//' "$file" | awk 'NF {print $1}')
+  fi
+  if [ -n "$list" ]; then
+    # shellcheck disable=SC2046
+    check_hosts "--host $list" $(tr ',' '\n' <<<"$list" | sed -e 's/:.*//' | awk 'NF')
+  fi
+  if [ $own = 1 ]; then exec_in host0 mpirun "$@"; fi
+  # shellcheck disable=SC2046
+  check_hosts "the cluster's hostfile" $(hosts)
   exec_in host0 mpirun --hostfile "$STATE/hostfile" "$@"
 }
 
