@@ -36,18 +36,25 @@ hosts() {
 in_host() { local h=$1; shift; "$CLUSTER" exec "$h" "$@"; }
 
 stop() {
-  local pf pid
-  # slurmd first (they talk to slurmctld), then slurmctld, then munged
+  local pf pid pids=()
+  # TERM to slurmd, slurmctld and munged at once, then wait for all (KILL after 5 s)
   for pf in "$BASE"/run/slurmd-*.pid "$BASE/run/slurmctld.pid" "$BASE/munge/munged.pid"; do
     [ -s "$pf" ] || continue
     pid=$(cat "$pf")
-    if kill -0 "$pid" 2>/dev/null; then
-      kill -TERM "$pid" 2>/dev/null || true
-      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      if kill -0 "$pid" 2>/dev/null; then log "force-killing $pid"; kill -KILL "$pid" || true; fi
-    fi
     rm -f "$pf"
+    # only a daemon of ours: a pid file left by a crashed run may name a recycled PID
+    case $(cat "/proc/$pid/comm" 2>/dev/null) in slurmd|slurmctld|munged) ;; *) continue ;; esac
+    kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
   done
+  for _ in $(seq 1 50); do
+    local alive=()
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive+=("$pid"); done
+    pids=("${alive[@]}")
+    [ ${#pids[@]} -eq 0 ] && return 0
+    sleep 0.1
+  done
+  log "force-killing ${pids[*]}"
+  kill -KILL "${pids[@]}" 2>/dev/null || true
 }
 
 up() {

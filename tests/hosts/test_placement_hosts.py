@@ -1,6 +1,6 @@
 """Placement on a real link: the hosts' links shaped by ``tc tbf`` (``cluster.sh shape``).
 
-The start-up probe measures what the shaper lets through between two hosts, and the
+The probe measures what the shaper lets through between two hosts, and the
 static plan made on it keeps the learner's rows on the learner's host when the link is
 slow - where a plan on the same measurements with the link as fast as memory (a plan that
 ignores the link) puts half of them across it. ``plan.json`` and the report show the
@@ -50,20 +50,15 @@ def probe(cluster: Cluster) -> dict[str, float]:
     return json.loads(line)["measurements"]
 
 
-def test_probe_measures_the_shaped_link(cluster: Cluster) -> None:
-    """RMA between the hosts never beats the shaper, and at 100 Mbit/s gets close to it;
-    a 1 Gbit/s link measures faster than a 100 Mbit/s one."""
-    got = {}
-    for rate in ("100mbit", "1gbit"):
-        with shaped(cluster, rate):
-            m = probe(cluster)
-        got[rate] = m
-        limit = RATE_BYTES_S[rate] / 1e9
-        assert m["nodes"] == 2
-        assert m["net_put_gbps"] <= 1.1 * limit, (rate, m)
-        assert m["net_get_gbps"] <= 1.1 * limit, (rate, m)
-    assert got["100mbit"]["net_put_gbps"] >= 0.4 * RATE_BYTES_S["100mbit"] / 1e9, got
-    assert got["1gbit"]["net_put_gbps"] > 1.5 * got["100mbit"]["net_put_gbps"], got
+def test_probe_measures_a_1_gbit_link(cluster: Cluster) -> None:
+    """RMA between the hosts never beats the shaper, and beats what a 100 Mbit/s link
+    would allow (the 100 Mbit/s case is the job's start-up probe, below)."""
+    with shaped(cluster, "1gbit"):
+        m = probe(cluster)
+    assert m["nodes"] == 2
+    assert m["net_put_gbps"] <= 1.1 * RATE_BYTES_S["1gbit"] / 1e9, m
+    assert m["net_get_gbps"] <= 1.1 * RATE_BYTES_S["1gbit"] / 1e9, m
+    assert m["net_put_gbps"] > 1.5 * RATE_BYTES_S["100mbit"] / 1e9, m
 
 
 def test_static_plan_keeps_rows_on_the_learners_host_over_a_slow_link(
@@ -88,8 +83,11 @@ def test_static_plan_keeps_rows_on_the_learners_host_over_a_slow_link(
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["nodes"] == [{"node": 0, "host": "host0", "ranks": [0, 2, 4]},
                              {"node": 1, "host": "host1", "ranks": [1, 3, 5]}], plan["nodes"]
+    # the start-up probe measured the shaped link: never above it, put close to it
     m = plan["probe"]
-    assert m["nodes"] == 2 and m["net_put_gbps"] <= 1.1 * RATE_BYTES_S["100mbit"] / 1e9, m
+    limit = RATE_BYTES_S["100mbit"] / 1e9
+    assert m["nodes"] == 2 and 0.4 * limit <= m["net_put_gbps"] <= 1.1 * limit, m
+    assert m["net_get_gbps"] <= 1.1 * limit, m
     # every row the learner samples is on its own host (learner_host or host0's buffer)
     assert learner_host_share(plan) == 1.0, plan["placement"]["shards"]
     assert all(s["owner_rank"] in (0, 2, 4) for s in plan["placement"]["shards"])

@@ -102,7 +102,8 @@ def render(tmp_path: Path, nodes: int, *args: str) -> Path:
                           "jobs/synthetic.toml", "--nodes", str(nodes), "--gpus-per-node", "0",
                           "--time", "5", "--output", str(tmp_path / "%x-%j.out"),
                           "--runs", str(tmp_path / "runs"), "-o", str(script),
-                          "--set", "run.duration_s=1.0", "--set", "placement.planner=static",
+                          # 2 s: 1 s of ingest did not reach min_fill_rows at load 10
+                          "--set", "run.duration_s=2.0", "--set", "placement.planner=static",
                           *args], cwd=REPO, capture_output=True, text=True, timeout=60,
                          check=False)
     assert out.returncode == 0, out.stderr
