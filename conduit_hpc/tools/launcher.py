@@ -326,7 +326,9 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
                     if _rank_reported_error(logs):
                         reported_at = now
                 if reported_at is not None and now - reported_at > ABORT_GRACE_S:
-                    _stop(proc)
+                    # the ranks have failed already: no final checkpoint to wait for
+                    # (mpirun, unable to reach a silent host, may not end on TERM)
+                    _stop(proc, term_wait_s=3.0)
                     follower.pump()
                     print(f"{first_error(run_dir) or ''}\n{ERROR_PREFIX}: the job did not end "
                           f"within {ABORT_GRACE_S:.0f} s of that error and was stopped (a "
@@ -440,10 +442,10 @@ def _rank_reported_error(logs: Path) -> bool:
     return False
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _stop(proc: subprocess.Popen[bytes], term_wait_s: float = 10.0) -> None:
     os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=term_wait_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
