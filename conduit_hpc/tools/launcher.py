@@ -330,10 +330,11 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
                     # (mpirun, unable to reach a silent host, may not end on TERM)
                     _stop(proc, term_wait_s=3.0)
                     follower.pump()
-                    print(f"{first_error(run_dir) or ''}\n{ERROR_PREFIX}: the job did not end "
-                          f"within {ABORT_GRACE_S:.0f} s of that error and was stopped (a "
-                          f"rank that cannot be told to abort: a node or link that stopped "
-                          f"answering?)", file=sys.stderr)
+                    # one message: the rank's error, and why the launcher ended the job
+                    first = first_error(run_dir) or f"{ERROR_PREFIX}: a rank reported an error"
+                    print(f"{first}; the job did not end within {ABORT_GRACE_S:.0f} s of it "
+                          f"and was stopped (a rank that cannot be told to abort: a node or "
+                          f"link that stopped answering?)", file=sys.stderr)
                     return 1, run_dir
                 if time.monotonic() > deadline:
                     _stop(proc)
