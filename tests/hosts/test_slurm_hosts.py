@@ -102,8 +102,16 @@ def render(tmp_path: Path, nodes: int, *args: str) -> Path:
                           "jobs/synthetic.toml", "--nodes", str(nodes), "--gpus-per-node", "0",
                           "--time", "5", "--output", str(tmp_path / "%x-%j.out"),
                           "--runs", str(tmp_path / "runs"), "-o", str(script),
-                          # 2 s: 1 s of ingest did not reach min_fill_rows at load 10
-                          "--set", "run.duration_s=2.0", "--set", "placement.planner=static",
+                          # 3 s and one batch of fill: 1 s of ingest did not reach the
+                          # default 1,000 rows at load 10
+                          "--set", "run.duration_s=3.0", "--set", "scheduler.min_fill_rows=256",
+                          # no periodic checkpoints: with a learner beside its shard's owner
+                          # and actors on other hosts, a checkpoint cut across hosts leaves
+                          # the shard's index lock held now and then (the learner's
+                          # DataPlaneTimeout "index lock ... held by world rank 1"; also on
+                          # the base commit; docs/hosts.md "Not understood yet")
+                          "--set", "checkpoint.every_seconds=0",
+                          "--set", "placement.planner=static",
                           *args], cwd=REPO, capture_output=True, text=True, timeout=60,
                          check=False)
     assert out.returncode == 0, out.stderr
