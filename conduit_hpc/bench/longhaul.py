@@ -18,6 +18,13 @@ loss after it settles (mean of the second half of the supersteps), and the retur
 reached (``dqn``). The marks are the study's: priority x3.92 and loss at 26 %.
 ``--out`` gets ``longhaul.png`` and ``longhaul.md`` (see ``conduit_hpc.tools.report.longhaul``).
 
+``--hosts`` (root, a checkout): the same runs across 2 hosts of ``scripts/hosts/cluster.sh``
+(network namespaces on this machine, ``docs/hosts.md``): the data centre (learner, its
+buffer) on host0, the edge (edge buffer, actors) on host1, every host link shaped by
+``tc tbf`` at the link budget. The link model still paces each message at the budget and
+adds the latency (this kernel has no netem), so the kernel's shaper now also carries what
+the model does not pace (weights, RMA words, MPI and TCP headers).
+
 ``--workload auto`` runs DQN on CartPole when ``conduit_hpc.rl`` (issue 6) is importable
 and the ``regression`` workload otherwise (said in the output).
 """
@@ -25,9 +32,13 @@ and the ``regression`` workload otherwise (said in the output).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +85,7 @@ def run_one(args: argparse.Namespace, workload: str, mode: str, seed: int,
     run = load_longhaul_run(run_dir)
     s = run.summary
     return {"bench": "longhaul", "workload": workload, "mode": mode, "seed": seed,
+            "hosts": bool(args.hosts),
             "bandwidth_bytes_s": bandwidth_bytes_s, "run_dir": str(run_dir),
             "updates": s.get("updates"), "wall_s": s.get("wall_s"),
             "priority_mean_training": run.priority_mean,
@@ -86,6 +98,41 @@ def run_one(args: argparse.Namespace, workload: str, mode: str, seed: int,
             "exposed_median_s": s.get("exposed_median_s"),
             "iteration_median_s": s.get("iteration_median_s"),
             "late_s_max": s.get("link_late_s_max")}
+
+
+@contextlib.contextmanager
+def across_hosts(bandwidth_bytes_s: float, work: Path) -> Iterator[None]:
+    """A 2-host test cluster whose links ``tc tbf`` holds to ``bandwidth_bytes_s``, and
+    ``launch`` pointed at it (ranks 0-1 on host0, 2.. on host1); down again after."""
+    name = f"longhaul-{os.getpid()}"
+    state = f"/run/conduit-hosts/{name}"
+    script = str(repo_path("scripts/hosts/cluster.sh"))
+    env = {**os.environ, "CONDUIT_HOSTS_NAME": name, "CONDUIT_HOSTS_DIR": state}
+    rate = f"{max(8, round(bandwidth_bytes_s * 8 / 1e3))}kbit"
+    up = subprocess.run([script, "up", "2", "--rate", rate], env=env, capture_output=True,
+                        text=True, timeout=120, check=False)
+    if up.returncode != 0:
+        raise SystemExit(f"bench longhaul --hosts: cluster.sh up failed: {up.stderr.strip()}")
+    hostfile = work / f"hostfile-{name}"
+    hostfile.parent.mkdir(parents=True, exist_ok=True)
+    hostfile.write_text("host0 slots=2\nhost1 slots=3\n")  # data centre | edge
+    saved = {k: os.environ.get(k) for k in ("CONDUIT_MPIRUN", "CONDUIT_HOSTS_NAME",
+                                            "CONDUIT_HOSTS_DIR", "CONDUIT_HOSTS_MAP_BY",
+                                            "CONDUIT_HOSTS_HOSTFILE")}
+    os.environ.update(CONDUIT_MPIRUN=str(repo_path("scripts/hosts/mpirun.sh")),
+                      CONDUIT_HOSTS_NAME=name, CONDUIT_HOSTS_DIR=state,
+                      CONDUIT_HOSTS_MAP_BY="slot", CONDUIT_HOSTS_HOSTFILE=str(hostfile))
+    print(f"longhaul bench: across 2 hosts, links shaped to {rate} (tbf)", flush=True)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        subprocess.run([script, "down"], env=env, capture_output=True, timeout=120,
+                       check=False)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -106,6 +153,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--timeout", type=float, default=1800.0, help="per run (s)")
     p.add_argument("--out", default="", help="runs, plots and table go here (default: "
                    "bench/out/longhaul; with --smoke and no --out, a temporary folder)")
+    p.add_argument("--hosts", action="store_true",
+                   help="across 2 hosts of scripts/hosts/cluster.sh, links shaped by tc tbf "
+                        "at the budget (root; docs/hosts.md)")
     args = p.parse_args(argv)
     if args.smoke:  # a short queue and a tighter link, so that forward drops in seconds
         args.workload, args.seeds, args.budgets = "regression", "0", "0.25"
@@ -128,12 +178,15 @@ def main(argv: list[str] | None = None) -> dict:
         out = Path(args.out) if args.out else repo_path("bench/out/longhaul")
         work = out / "runs" if keep else Path(tmp)
         for factor in [float(x) for x in args.budgets.split(",")]:
-            for seed in [int(x) for x in args.seeds.split(",")]:
-                for mode in MODES:
-                    r = run_one(args, workload, mode, seed, factor * demand, work)
-                    r.update(budget_factor=factor, git_sha=sha)
-                    results.append(r)
-                    print(jsontext.dumps(r), flush=True)
+            hosts = across_hosts(factor * demand, work) if args.hosts else \
+                contextlib.nullcontext()
+            with hosts:
+                for seed in [int(x) for x in args.seeds.split(",")]:
+                    for mode in MODES:
+                        r = run_one(args, workload, mode, seed, factor * demand, work)
+                        r.update(budget_factor=factor, git_sha=sha)
+                        results.append(r)
+                        print(jsontext.dumps(r), flush=True)
         table = summarize(results)
         if keep:
             from conduit_hpc.tools.report.longhaul import write_longhaul_report

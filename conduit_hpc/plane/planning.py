@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -60,12 +61,20 @@ class PlanRecord:
             static).
         notes (list[str]): what was assumed (workload rates) or changed (owners).
         workload (dict): the workload planned for (static).
+        nodes (list[dict]): the job's nodes as the ranks found them - ``node`` (index),
+            ``host`` (the host name of its ranks) and ``ranks`` (world ranks) - whatever
+            the planner (filled by :func:`decide_placement`).
+        probe (dict): what the start-up probe measured (``LinkMeasurements.as_dict``:
+            memcpy, RMA within a node and between two nodes, GB/s and s); empty when
+            the model came from a file or there was none.
     """
 
     planner: str
     cluster: str = ""
     notes: list[str] = field(default_factory=list)
     workload: dict[str, Any] = field(default_factory=dict)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    probe: dict[str, Any] = field(default_factory=dict)
 
 
 def executable(plan: Placement, roles: RoleComms, scheduler: SchedulerConfig | None = None,
@@ -157,6 +166,7 @@ def _static(config: Config, spec: Spec, roles: RoleComms) -> tuple[Placement, Pl
     from conduit_hpc.placement.workload import Workload
 
     pc = config.placement
+    measured: dict[str, Any] = {}
     if pc.cluster:
         try:
             cluster = ClusterModel.from_toml(pc.cluster)
@@ -167,8 +177,12 @@ def _static(config: Config, spec: Spec, roles: RoleComms) -> tuple[Placement, Pl
     else:
         from conduit_hpc.plane.probe import probe_cluster
 
-        cluster, _, _ = probe_cluster(roles)
-        where = f"{cluster.name} (measured by the start-up probe)"
+        cluster, _, m = probe_cluster(roles)
+        measured = m.as_dict()
+        link = (f", node to node {m.net_put_gbps:.3g}/{m.net_get_gbps:.3g} GB/s put/get"
+                if len(cluster.nodes) > 1 else "")
+        where = (f"{cluster.name} (measured by the start-up probe: "
+                 f"{len(cluster.nodes)} node(s){link})")
     roster = Roster.from_ranks(cluster, roles.node_of, roles.learner_ranks,
                                roles.buffer_ranks, roles.actor_ranks)
     workload, notes = Workload.from_job(config)
@@ -177,7 +191,7 @@ def _static(config: Config, spec: Spec, roles: RoleComms) -> tuple[Placement, Pl
     plan, moved = executable(plan, roles, config.scheduler,
                              shared_memory=config.transport.shared_memory)
     wl = {k: getattr(workload, k) for k in workload.__slots__}
-    return plan, PlanRecord("static", where, [*notes, *moved], wl)
+    return plan, PlanRecord("static", where, [*notes, *moved], wl, probe=measured)
 
 
 def decide_placement(config: Config, spec: Spec, roles: RoleComms,
@@ -219,7 +233,7 @@ def decide_placement(config: Config, spec: Spec, roles: RoleComms,
     digest = "" if plan is None else hashlib.sha256(
         jsontext.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
     seen = allgather_json(roles.world, {"error": error, "key": key if error else "",
-                                        "digest": digest})
+                                        "digest": digest, "host": socket.gethostname()})
     bad = [(r, s) for r, s in enumerate(seen) if s["error"]]
     if bad:
         r, first = bad[0]
@@ -233,7 +247,16 @@ def decide_placement(config: Config, spec: Spec, roles: RoleComms,
                           f"cluster file or the planner's inputs differ between ranks",
                           key="placement.planner")
     assert plan is not None
-    return plan, record
+    nodes: dict[int, dict[str, Any]] = {}
+    for r, s in enumerate(seen):
+        n = nodes.setdefault(roles.node_of[r], {"node": roles.node_of[r], "hosts": [],
+                                                "ranks": []})
+        n["ranks"].append(r)
+        if s.get("host") not in n["hosts"]:
+            n["hosts"].append(s.get("host"))
+    found = [{"node": n["node"], "host": ",".join(n["hosts"]), "ranks": n["ranks"]}
+             for _, n in sorted(nodes.items())]
+    return plan, replace(record, nodes=found)
 
 
 def _finite(x: float) -> float | None:
@@ -250,6 +273,7 @@ def plan_document(plan: Placement, record: PlanRecord) -> dict[str, Any]:
         t["shards"] += 1
         t["rows"] += s.capacity_rows
     doc: dict[str, Any] = {"planner": record.planner, "cluster": record.cluster,
+                           "nodes": record.nodes, "probe": record.probe,
                            "notes": record.notes, "workload": record.workload,
                            "tiers": tiers, "placement": plan.to_dict(), "prediction": None}
     pred = plan.prediction

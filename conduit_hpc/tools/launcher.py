@@ -153,6 +153,10 @@ def entry_for(config_path: Path, cfg: Config) -> Path:
 
 
 LAUNCHERS = ("auto", "mpirun", "srun")
+#: seconds the job may go on after a rank reported its error (it normally aborts the
+#: job within a second); past it the launcher stops the job - a rank on a host that
+#: stopped answering cannot be told to abort (docs/hosts.md, "Faults")
+ABORT_GRACE_S = 20.0
 
 
 def _mpi_flavour() -> str:
@@ -307,6 +311,8 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         deadline = time.monotonic() + budget
         fwd.grace_s = cfg.run.timeout_s + 60.0
         rc: int | None = None
+        reported_at: float | None = None
+        next_look = 0.0
         while rc is None:
             try:
                 rc = proc.wait(timeout=0.2)
@@ -314,6 +320,22 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
                 follower.pump()
                 fwd.act()
                 deadline = fwd.extend(deadline)
+                now = time.monotonic()
+                if reported_at is None and now >= next_look:
+                    next_look = now + 1.0
+                    if _rank_reported_error(logs):
+                        reported_at = now
+                if reported_at is not None and now - reported_at > ABORT_GRACE_S:
+                    # the ranks have failed already: no final checkpoint to wait for
+                    # (mpirun, unable to reach a silent host, may not end on TERM)
+                    _stop(proc, term_wait_s=3.0)
+                    follower.pump()
+                    # one message: the rank's error, and why the launcher ended the job
+                    first = first_error(run_dir) or f"{ERROR_PREFIX}: a rank reported an error"
+                    print(f"{first}; the job did not end within {ABORT_GRACE_S:.0f} s of it "
+                          f"and was stopped (a rank that cannot be told to abort: a node or "
+                          f"link that stopped answering?)", file=sys.stderr)
+                    return 1, run_dir
                 if time.monotonic() > deadline:
                     _stop(proc)
                     follower.pump()
@@ -409,10 +431,22 @@ def _parent_death_signal() -> Callable[[], None] | None:
     return lambda: prctl(pr_set_pdeathsig, sig)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def _rank_reported_error(logs: Path) -> bool:
+    """Whether a rank wrote its ``conduit-hpc: error`` line (``rank.N/stderr``)."""
+    for f in logs.glob("rank.*/stderr"):
+        try:
+            with open(f, "rb") as fh:
+                if ERROR_PREFIX.encode() in fh.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _stop(proc: subprocess.Popen[bytes], term_wait_s: float = 10.0) -> None:
     os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=term_wait_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -107,6 +107,11 @@ def measure_gpu(nbytes: int = 64 << 20, repeats: int = 5) -> tuple[float, float,
     return h2d, d2h, lat, p2p, ndev
 
 
+#: seconds of timed transfers per direction and pair beyond the warm-up (fewer repeats on
+#: a slow link: 8 MiB over 100 Mbit/s takes 0.7 s)
+PAIR_BUDGET_S = 1.0
+
+
 def _pair_rma(win: RmaWindow, origin: int, target: int, me: int, nbytes: int,
               repeats: int) -> tuple[float, float, float]:
     """(put GB/s, get GB/s, 8-byte get round trip s) from ``origin`` to ``target``,
@@ -136,10 +141,15 @@ def _pair_rma(win: RmaWindow, origin: int, target: int, me: int, nbytes: int,
         win.get(target, 0, small)
         win.flush(target)
 
+    # the warm-up transfers also size the timed ones: on a slow link (a shaped or long
+    # one) as many as fit in PAIR_BUDGET_S per direction, at least one
+    t0 = time.perf_counter()
     put()
+    t1 = time.perf_counter()
     get()
-    put_s = best(put, repeats)
-    get_s = best(get, repeats)
+    t2 = time.perf_counter()
+    put_s = best(put, max(1, min(repeats, int(PAIR_BUDGET_S / max(t1 - t0, 1e-9)))))
+    get_s = best(get, max(1, min(repeats, int(PAIR_BUDGET_S / max(t2 - t1, 1e-9)))))
     lats = []
     for _ in range(50):
         t0 = time.perf_counter()

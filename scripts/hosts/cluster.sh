@@ -5,6 +5,8 @@
 #   cluster.sh up N [--rate R] [--delay D]   N hosts host0..host{N-1}; R: tc tbf rate of
 #                                            every host link (e.g. 1gbit); D: netem delay
 #                                            per link direction (e.g. 5ms), if the kernel has it
+#   cluster.sh shape [--rate R] [--delay D]  re-shape every host link of a running cluster
+#                                            (neither: no shaping); jobs keep running
 #   cluster.sh down                          stop every process of the cluster, remove it
 #   cluster.sh exec HOST CMD...              run CMD inside HOST (net, UTS, mount, IPC ns)
 #   cluster.sh mpirun MPIRUN-ARGS...         mpirun inside host0 over the cluster's hostfile
@@ -142,6 +144,38 @@ shape() {  # PID DEV RATE DELAY
   fi
 }
 
+unshape() {  # PID DEV: remove any root qdisc (back to the default)
+  in_ns "$1" tc qdisc del dev "$2" root 2>/dev/null || true
+}
+
+reshape() {
+  [ -f "$STATE/hosts.list" ] || die "no cluster '$NAME' is up ($STATE)"
+  local rate="" delay=""
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --rate) rate=${2:?--rate needs a value such as 100mbit}; shift 2 ;;
+      --delay) delay=${2:?--delay needs a value such as 5ms}; shift 2 ;;
+      *) die "unknown option $1 (shape [--rate R] [--delay D])" ;;
+    esac
+  done
+  if [ -n "$delay" ] && ! netem_available; then
+    die "--delay needs the netem qdisc (sch_netem), which this kernel does not have; \
+--rate (tbf) works without it"
+  fi
+  local sw h pid i
+  sw=$(pid_of switch) || die "the switch of cluster '$NAME' is not up"
+  for h in $(hosts); do
+    pid=$(pid_of "$h") || die "host '$h' is not up"
+    i=${h#host}
+    unshape "$pid" eth0
+    unshape "$sw" "p$i"
+    shape "$pid" eth0 "$rate" "$delay"
+    shape "$sw" "p$i" "$rate" "$delay"
+  done
+  echo "rate=${rate:-none} delay=${delay:-none} subnet=$SUBNET" >"$STATE/links"
+  log "shaped: $(cat "$STATE/links")"
+}
+
 up() {
   local n=${1:-}; shift || true
   local rate="" delay=""
@@ -221,6 +255,33 @@ exec_in() {
   exec nsenter -t "$pid" -n -u -m -i --wd="$PWD" -- "$@"
 }
 
+reachable() {  # HOST: host0 reaches HOST over the bridge within 2 s (a TCP connection
+  # to a closed port is refused at once when the host is there; a dropped or dead link
+  # times out or has no route)
+  local ip=$SUBNET_PREFIX.$((10 + ${1#host})) out
+  out=$(in_ns "$(pid_of host0)" timeout 2 bash -c "exec 3<>/dev/tcp/$ip/9" 2>&1) && return 0
+  [[ "$out" == *refused* ]]
+}
+
+check_hosts() {  # WHERE HOST...: the hosts an mpirun names - each once, each a host of this
+  # cluster that is up and that host0 reaches - else a named error before PRRTE starts
+  local where=$1 h seen=" " known
+  known=" $(hosts | tr '\n' ' ')"
+  shift
+  [ $# -gt 0 ] || die "$where names no host"
+  for h in "$@"; do
+    [[ "$seen" == *" $h "* ]] && die "$where names host '$h' twice: give each host one \
+line (with slots=N for several ranks)"
+    seen+="$h "
+    [[ "$known" == *" $h "* ]] || die "$where names host '$h', which is not a host of \
+cluster '$NAME' (its hosts:${known% })"
+    pid_of "$h" >/dev/null || die "host '$h' ($where) is down: its holder process is gone; \
+run cluster.sh up again"
+    [ "$h" = host0 ] || reachable "$h" || die "host '$h' ($where) cannot be reached from \
+host0 over the bridge within 2 s (link down, or its traffic dropped)"
+  done
+}
+
 mpirun_in() {
   [ -f "$STATE/hostfile" ] || die "no cluster '$NAME' is up"
   # prted on the other hosts is started by the agent (PRRTE's ssh launcher with our script);
@@ -229,10 +290,30 @@ mpirun_in() {
   export PRTE_MCA_oob_tcp_if_include=${PRTE_MCA_oob_tcp_if_include:-$SUBNET}
   export OMPI_MCA_btl_tcp_if_include=${OMPI_MCA_btl_tcp_if_include:-$SUBNET}
   export CONDUIT_HOSTS_NAME=$NAME CONDUIT_HOSTS_DIR=$STATE
-  local a
-  for a in "$@"; do  # a hostfile or host list of the caller's wins (a subset of the hosts)
-    case $a in --hostfile|--machinefile|--host|-H|--hostfile=*|--host=*) exec_in host0 mpirun "$@" ;; esac
+  # a hostfile or host list of the caller's wins (a subset of the hosts); the hosts it
+  # names are checked first
+  local args=("$@") i a file="" list="" own=0
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    a=${args[$i]}
+    case $a in
+      --hostfile|--machinefile) file=${args[$((i + 1))]:-}; own=1 ;;
+      --hostfile=*|--machinefile=*) file=${a#*=}; own=1 ;;
+      --host|-H) list=${args[$((i + 1))]:-}; own=1 ;;
+      --host=*) list=${a#*=}; own=1 ;;
+    esac
   done
+  if [ -n "$file" ]; then
+    [ -r "$file" ] || die "hostfile '$file' cannot be read"
+    # shellcheck disable=SC2046
+    check_hosts "hostfile $file" $(sed -e 's/#.*//' "$file" | awk 'NF {print $1}')
+  fi
+  if [ -n "$list" ]; then
+    # shellcheck disable=SC2046
+    check_hosts "--host $list" $(tr ',' '\n' <<<"$list" | sed -e 's/:.*//' | awk 'NF')
+  fi
+  if [ $own = 1 ]; then exec_in host0 mpirun "$@"; fi
+  # shellcheck disable=SC2046
+  check_hosts "the cluster's hostfile" $(hosts)
   exec_in host0 mpirun --hostfile "$STATE/hostfile" "$@"
 }
 
@@ -240,9 +321,10 @@ cmd=${1:-}; shift || true
 case $cmd in
   up) up "$@" ;;
   down) down ;;
+  shape) reshape "$@" ;;
   status) status ;;
   exec) exec_in "$@" ;;
   mpirun) mpirun_in "$@" ;;
   hostfile) [ -f "$STATE/hostfile" ] || die "no cluster '$NAME' is up"; echo "$STATE/hostfile" ;;
-  *) die "usage: cluster.sh up N [--rate R] [--delay D] | down | exec HOST CMD... | mpirun ARGS... | status | hostfile" ;;
+  *) die "usage: cluster.sh up N [--rate R] [--delay D] | shape [--rate R] [--delay D] | down | exec HOST CMD... | mpirun ARGS... | status | hostfile" ;;
 esac

@@ -12,6 +12,8 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from hosts_cluster import CLUSTER, Cluster, in_ci
@@ -157,3 +159,93 @@ def test_dqn_job_checkpoints_and_resumes_across_hosts(cluster: Cluster, tmp_path
     assert rows and int(rows.group(1).replace(",", "")) > 0, second.stdout[-2000:]
     summary = json.loads((run_dir / "metrics" / "summary.json").read_text())
     assert summary["updates"] == 150  # 50 more on top of the checkpoint's 100
+
+
+@contextmanager
+def dropped(cluster: Cluster, host: str) -> Iterator[None]:
+    """``host`` stops answering host0: its packets to host0 are dropped (a blackhole
+    route inside ``host``), so connections hang instead of failing at once."""
+    got = cluster.sh("exec", host, "ip", "route", "add", "blackhole", "10.213.0.10/32")
+    assert got.returncode == 0, got.stderr
+    try:
+        yield
+    finally:
+        cluster.sh("exec", host, "ip", "route", "del", "blackhole", "10.213.0.10/32")
+
+
+def test_hostfile_faults_are_named_before_the_launch(cluster: Cluster, tmp_path) -> None:
+    """A hostfile naming a host twice, a host the cluster does not have, and a host that
+    does not answer: ``cluster.sh mpirun`` names each and exits 2 within seconds, before
+    PRRTE starts a daemon."""
+    cases = {"twice": ("host0 slots=2\nhost1 slots=2\nhost1 slots=1\n",
+                       "names host 'host1' twice"),
+             "unknown": ("host0 slots=2\nhost7 slots=2\n",
+                         "names host 'host7', which is not a host of cluster"),
+             "unreachable": ("host0 slots=2\nhost1 slots=2\n",
+                             "host 'host1' (hostfile")}
+    for case, (text, message) in cases.items():
+        hf = tmp_path / f"hostfile-{case}"
+        hf.write_text(text)
+        t0 = time.monotonic()
+        if case == "unreachable":
+            with dropped(cluster, "host1"):
+                out = cluster.sh("mpirun", "--hostfile", str(hf), "-n", "2", "true")
+            assert "cannot be reached from host0" in out.stderr, out.stderr
+        else:
+            out = cluster.sh("mpirun", "--hostfile", str(hf), "-n", "2", "true")
+        assert out.returncode == 2 and message in out.stderr, (case, out.stderr)
+        assert time.monotonic() - t0 < 15, case
+    # a --host list is checked the same way
+    out = cluster.sh("mpirun", "--host", "host0:1,host0:1", "-n", "2", "true")
+    assert out.returncode == 2 and "names host 'host0' twice" in out.stderr, out.stderr
+
+
+def test_dropped_link_mid_run_ends_the_job_with_the_ranks_error(cluster: Cluster,
+                                                                  tmp_path) -> None:
+    """The buffer's host stops answering mid-run: the learner's deadline (run.timeout_s)
+    names the wait, and since the abort cannot reach the silent host, the launcher stops
+    the job ABORT_GRACE_S after that error - not at the end of its whole budget - and no
+    rank of the job is left on any host."""
+    from conduit_hpc.tools.launcher import ABORT_GRACE_S
+
+    env = {**cluster.env, "CONDUIT_MPIRUN": str(REPO / "scripts/hosts/mpirun.sh"),
+           "CONDUIT_HOSTS_HOSTFILE": str(cluster.hostfile(2, 2))}
+    cmd = ["python", "-m", "conduit_hpc.tools.cli", "run", "jobs/synthetic.toml", "--runs",
+           str(tmp_path), "--timeout", "240", "--set", "run.duration_s=120", "--set",
+           "run.timeout_s=5", "--set", "layout.actors=2", "--set",
+           "checkpoint.every_seconds=0", "--set", "checkpoint.on_stop=false"]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(p.name == "checkpoints" for p in tmp_path.glob("*/*")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.5)
+        time.sleep(2)
+        with dropped(cluster, "host1"):
+            t0 = time.monotonic()
+            _, err = proc.communicate(timeout=180)
+            took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode == 1, err[-3000:]
+    # one message: the rank's own error, and why the launcher ended the job
+    errors = [ln for ln in err.splitlines() if ln.startswith("conduit-hpc: error")]
+    assert len(errors) == 1, err[-3000:]
+    assert re.search(r"error on world rank \d+: \w+", errors[0]), errors[0]
+    assert "did not end within" in errors[0] and "link that stopped" in errors[0], errors[0]
+    assert took < 5 + ABORT_GRACE_S + 40, f"the job took {took:.0f} s to end after the drop"
+    run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+    left = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, str(run_dir))]
+    assert not left, f"processes of the job left behind: {left}"
+
+
+def _cmdline_has(pid: str, text: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return text.encode() in f.read()
+    except OSError:
+        return False

@@ -21,8 +21,9 @@ import pytest
 from conduit_hpc.testing import REPO
 
 BENCHMARKS = ("adaptive", "allreduce", "capacity", "checkpoint", "convergence",
-              "exposed-latency", "frames", "ingest", "longhaul", "longhaul-tbf", "peers",
-              "plan", "rllib", "scale", "tiers", "tiers-job", "torchrl")
+              "exposed-latency", "frames", "hosts-placement", "ingest", "longhaul",
+              "longhaul-tbf", "peers", "plan", "rllib", "scale", "tiers", "tiers-job",
+              "torchrl")
 
 
 def run(cmd: list[str], *, cwd: Path, timeout: float,

@@ -90,6 +90,12 @@ def _f(v: Any) -> str:
     return str(v)
 
 
+def _ranks(ranks: list[int]) -> str:
+    if ranks and ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(str(r) for r in ranks)
+
+
 def plan_markdown(label: str, plan: dict[str, Any],
                   learners: dict[int, dict[str, np.ndarray]]) -> list[str]:
     """The "Plan" section of one run: planner, tiers, and per learner predicted against
@@ -99,6 +105,11 @@ def plan_markdown(label: str, plan: dict[str, Any],
     lines = [f"### Plan of {label}", "",
              f"planner: {plan.get('planner', '?')}"
              + (f"; cluster: {plan['cluster']}" if plan.get("cluster") else ""), ""]
+    nodes = [n for n in plan.get("nodes") or () if isinstance(n, dict)]
+    if nodes:
+        lines += [f"nodes: {len(nodes)} - " + "; ".join(
+            f"node {n.get('node', '?')} {n.get('host', '?')}: world ranks "
+            f"{_ranks(n.get('ranks') or [])}" for n in nodes), ""]
     tiers = plan.get("tiers") or {}
     if tiers:
         lines += ["| tier | shards | rows | bytes used | bytes available |",

@@ -26,7 +26,9 @@ export OMPI_MCA_osc=${OMPI_MCA_osc:-^ucx}
 export OMPI_MCA_btl=${OMPI_MCA_btl:-^ofi}
 export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
-export PRTE_MCA_rmaps_default_mapping_policy=${PRTE_MCA_rmaps_default_mapping_policy:-:oversubscribe}
+# slot: fill each node's slots in turn (on several nodes of an allocation, the bare
+# ":oversubscribe" maps by core and put every rank on the first node: docs/hosts.md)
+export PRTE_MCA_rmaps_default_mapping_policy=${PRTE_MCA_rmaps_default_mapping_policy:-slot:oversubscribe}
 export PRTE_MCA_hwloc_default_binding_policy=${PRTE_MCA_hwloc_default_binding_policy:-none}
 if [ "$(id -u)" = 0 ]; then  # root only
   export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1}
