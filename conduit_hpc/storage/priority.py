@@ -252,7 +252,9 @@ class PriorityIndex:
         if slots.min() < 0 or slots.max() >= self.capacity:
             raise ValueError(f"slot outside [0, {self.capacity})")
         top = float(p.max())
-        if self.alpha > 1 and not np.isfinite(np.power(top, self.alpha)):
+        with np.errstate(over="ignore"):  # an overflow is refused below, not warned of
+            scaled_top = np.power(top, self.alpha)
+        if self.alpha > 1 and not np.isfinite(scaled_top):
             raise SpecError(f"priority {top!r} ** priority_exponent {self.alpha} overflows "
                             f"float64; priorities must stay below "
                             f"{np.finfo(np.float64).max ** (1 / self.alpha):.3g}")

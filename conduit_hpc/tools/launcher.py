@@ -13,21 +13,17 @@ forwarded to the ranks as ``SIGUSR1`` (a stop request); a second ``SIGTERM`` sto
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import functools
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from conduit_hpc.config import Config, job_script_for, load, to_toml
 from conduit_hpc.config.jobs import contract_problem
@@ -35,6 +31,13 @@ from conduit_hpc.config.layout_rule import assign_roles, delivery_per_learner, r
 from conduit_hpc.errors import ConduitError, ConfigError, WorldTooSmall
 from conduit_hpc.job import ERROR_PREFIX
 from conduit_hpc.tools.diagnose import first_error, never_started, rank_death
+from conduit_hpc.tools.supervise import (
+    Follower,
+    Forwarder,
+    parent_death_signal,
+    rank_reported_error,
+    stop_group,
+)
 
 __all__ = ["choose_launcher", "launch", "mpi_env"]
 
@@ -301,13 +304,13 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         cmd = [mpirun, "-n", str(n), *py]
     budget = timeout_s or (cfg.run.duration_s + cfg.run.timeout_s + 60.0)
     (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
-    with open(logs / "launcher.log", "w") as launcher_log, _Forwarder() as fwd:
+    with open(logs / "launcher.log", "w") as launcher_log, Forwarder() as fwd:
         proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True,
                                 stdout=launcher_log, stderr=subprocess.STDOUT,
-                                preexec_fn=_parent_death_signal())
+                                preexec_fn=parent_death_signal())
         fwd.proc = proc
         fwd.ready = lambda: all((logs / f"rank.{r}").is_dir() for r in range(n))
-        follower = _Follower(run_dir, quiet)
+        follower = Follower(run_dir, quiet)
         deadline = time.monotonic() + budget
         fwd.grace_s = cfg.run.timeout_s + 60.0
         rc: int | None = None
@@ -323,12 +326,12 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
                 now = time.monotonic()
                 if reported_at is None and now >= next_look:
                     next_look = now + 1.0
-                    if _rank_reported_error(logs):
+                    if rank_reported_error(logs):
                         reported_at = now
                 if reported_at is not None and now - reported_at > ABORT_GRACE_S:
                     # the ranks have failed already: no final checkpoint to wait for
                     # (mpirun, unable to reach a silent host, may not end on TERM)
-                    _stop(proc, term_wait_s=3.0)
+                    stop_group(proc, term_wait_s=3.0)
                     follower.pump()
                     # one message: the rank's error, and why the launcher ended the job
                     first = first_error(run_dir) or f"{ERROR_PREFIX}: a rank reported an error"
@@ -337,7 +340,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
                           f"link that stopped answering?)", file=sys.stderr)
                     return 1, run_dir
                 if time.monotonic() > deadline:
-                    _stop(proc)
+                    stop_group(proc)
                     follower.pump()
                     print(f"{ERROR_PREFIX}: job ran past its {budget:.0f} s budget and was "
                           f"stopped; logs in {logs}", file=sys.stderr)
@@ -355,131 +358,3 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
               or f"{ERROR_PREFIX}: job exited with status {rc}; logs in {logs}",
               file=sys.stderr)
     return rc, run_dir
-
-
-class _Forwarder:
-    """While the launcher waits: the first SIGTERM/SIGUSR1 (SLURM's preemption warning,
-    ``kill``) becomes SIGUSR1 to the ranks - a stop request, after which they write a
-    final checkpoint (``mpirun`` itself would kill them within a fraction of a second
-    of a SIGTERM) - and the wait is extended by ``grace_s``; a second SIGTERM stops
-    them. A request that comes while the ranks start is held until ``ready()`` (every
-    rank has installed its handler), since SIGUSR1 would kill a rank before that."""
-
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.ready: Callable[[], bool] = lambda: True
-        self.held = False
-        self.pending: list[int] = []
-        self.forwarded = False
-        self.grace_s = 60.0
-        self.at: float | None = None
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _Forwarder:
-        if threading.current_thread() is not threading.main_thread():
-            return self  # signal handlers can only be set in the main thread
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            self._old[sig] = signal.signal(sig, lambda s, f: self.pending.append(s))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-    def act(self) -> None:
-        if self.pending and self.proc is not None and not self.forwarded and not self.ready():
-            if self.pending.count(signal.SIGTERM) >= 2:
-                print(f"{ERROR_PREFIX}: second SIGTERM; stopping the ranks", file=sys.stderr)
-                _stop(self.proc)
-            elif not self.held:
-                print("conduit-hpc: stop request while the ranks start; passing it on once "
-                      "every rank is up", file=sys.stderr, flush=True)
-                self.held = True
-                self.at = self.at or time.monotonic()
-            return
-        while self.pending and self.proc is not None:
-            sig = self.pending.pop(0)
-            if sig == signal.SIGTERM and self.forwarded:
-                print(f"{ERROR_PREFIX}: second SIGTERM; stopping the ranks", file=sys.stderr)
-                _stop(self.proc)
-                return
-            name = signal.Signals(sig).name
-            print(f"conduit-hpc: {name} received; asking the ranks to stop (SIGUSR1): "
-                  f"asking every rank to stop and checkpoint", file=sys.stderr, flush=True)
-            self.forwarded = True
-            self.at = self.at or time.monotonic()
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGUSR1)
-
-    def extend(self, deadline: float) -> float:
-        """The wait's deadline, extended by ``grace_s`` after a forwarded stop."""
-        return deadline if self.at is None else max(deadline, self.at + self.grace_s)
-
-
-def _parent_death_signal() -> Callable[[], None] | None:
-    """A ``preexec_fn`` for the launcher's child: SIGTERM it when ``conduit-hpc run``
-    dies (even by SIGKILL), so that no orphaned mpirun keeps the ranks running - they
-    are in a session of their own and no terminal or process-group signal reaches them.
-    Linux only (``None`` elsewhere). ``prctl`` is looked up here, in the parent, so the
-    child between fork and exec only makes the call."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    pr_set_pdeathsig, sig = 1, int(signal.SIGTERM)
-    return lambda: prctl(pr_set_pdeathsig, sig)
-
-
-def _rank_reported_error(logs: Path) -> bool:
-    """Whether a rank wrote its ``conduit-hpc: error`` line (``rank.N/stderr``)."""
-    for f in logs.glob("rank.*/stderr"):
-        try:
-            with open(f, "rb") as fh:
-                if ERROR_PREFIX.encode() in fh.read():
-                    return True
-        except OSError:
-            continue
-    return False
-
-
-def _stop(proc: subprocess.Popen[bytes], term_wait_s: float = 10.0) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=term_wait_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-class _Follower:
-    """Copies what rank 0 writes to stdout onto ours while the job runs."""
-
-    def __init__(self, run_dir: Path, quiet: bool) -> None:
-        self.run_dir, self.quiet, self.pos, self.last = run_dir, quiet, 0, "\n"
-
-    def finish(self) -> None:
-        if self.last != "\n":
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-
-    def pump(self) -> None:
-        if self.quiet:
-            return
-        f = _rank_log(self.run_dir, 0, "stdout")
-        if f is None:
-            return
-        with open(f, "rb") as fh:
-            fh.seek(self.pos)
-            chunk = fh.read()
-        if chunk:
-            self.pos += len(chunk)
-            text = chunk.decode(errors="replace")
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            self.last = text[-1]
-
-
-def _rank_log(run_dir: Path, rank: int, name: str) -> Path | None:
-    f = run_dir / "logs" / f"rank.{rank}" / name
-    return f if f.exists() else None
