@@ -56,3 +56,15 @@ def test_convergence_smoke_then_report_draws_the_return_curve(tmp_path) -> None:
     md = (report_dir / "report.md").read_text()
     assert "![Return curve](returns.png)" in md
     assert "timeline of dqn [single-process] skipped (no learner-*.csv)" in md
+
+
+def test_checkpoint_benchmark_smoke() -> None:
+    import json
+
+    out = cli("bench", "--json", "checkpoint", "--smoke", timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["checkpoints"] == 2 and result["failed"] == 0
+    assert result["pause_s_max"] > 0 and result["write_gbps"] > 0
+    assert result["plain_write_gbps"] > 0 and result["read_gbps"] > 0
+    assert "pause (cut) per checkpoint" in out.stdout

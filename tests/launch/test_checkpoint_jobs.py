@@ -15,8 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.testing import REPO
 from conduit_hpc.tools.launcher import mpi_env
@@ -263,14 +261,3 @@ def test_inspect_good_and_damaged_checkpoints(tmp_path: Path) -> None:
     (path / ck.DONE).unlink()
     gone = cli("inspect", str(path))
     assert gone.returncode == 1 and "no DONE marker" in gone.stderr
-
-
-@pytest.mark.parametrize("args", [["--smoke"]])
-def test_checkpoint_benchmark_smoke(args: list[str]) -> None:
-    out = cli("bench", "--json", "checkpoint", *args, timeout=300)
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["checkpoints"] == 2 and result["failed"] == 0
-    assert result["pause_s_max"] > 0 and result["write_gbps"] > 0
-    assert result["plain_write_gbps"] > 0 and result["read_gbps"] > 0
-    assert "pause (cut) per checkpoint" in out.stdout
