@@ -91,6 +91,26 @@ def _build() -> dict[str, Callable[..., Any]] | None:
         fix(tree, tree, parents(p, idx, idx.shape[0]), False, True)
 
     @numba.njit(cache=True, nogil=True)
+    def upper(cum: np.ndarray, x: float) -> int:
+        # np.searchsorted(cum, x, side="right")
+        lo, up = 0, cum.shape[0]
+        while lo < up:
+            mid = (lo + up) >> 1
+            if cum[mid] <= x:
+                lo = mid + 1
+            else:
+                up = mid
+        return lo
+
+    @numba.njit(cache=True, nogil=True)
+    def last_positive(a: np.ndarray) -> int:
+        # the last index with a[j] > 0 (0 if none)
+        for j in range(a.shape[0] - 1, -1, -1):
+            if a[j] > 0:
+                return j
+        return 0
+
+    @numba.njit(cache=True, nogil=True)
     def search(tree: np.ndarray, targets: np.ndarray, level: int, out: np.ndarray) -> None:
         # the numpy path of sumtree.prefix_search, step for step (the same float
         # operations in the same order): the top levels through the running sums of the
@@ -105,23 +125,12 @@ def _build() -> dict[str, Callable[..., Any]] | None:
         if level > 1:
             masses = tree[level:2 * level].copy()
             cum = np.cumsum(masses)
-            last = 0
-            for j in range(level - 1, -1, -1):
-                if masses[j] > 0:
-                    last = j
-                    break
+            last = last_positive(masses)
         for i in range(n):
             t = targets[i]
             t = 0.0 if t < 0.0 else (hi if t > hi else t)
             if level > 1:
-                lo, up = 0, level  # searchsorted(cum, t, side="right")
-                while lo < up:
-                    mid = (lo + up) >> 1
-                    if cum[mid] <= t:
-                        lo = mid + 1
-                    else:
-                        up = mid
-                k = lo if lo < last else last
+                k = min(upper(cum, t), last)
                 t -= cum[k] - masses[k]
                 if t < 0.0:
                     t = 0.0
@@ -197,25 +206,13 @@ def _build() -> dict[str, Callable[..., Any]] | None:
                  local: np.ndarray) -> None:
         # sampling.stratified.allocate_targets after its checks, the same float steps
         # (``grand``: numpy's sum of the totals, whose pairwise order a loop would not keep)
-        n = totals.shape[0]
         batch = rand.shape[0]
         cum = np.cumsum(totals)
         step = grand / batch
-        last = 0
-        for k in range(n - 1, -1, -1):
-            if totals[k] > 0:
-                last = k
-                break
+        last = last_positive(totals)
         for i in range(batch):
             u = (i + rand[i]) * step
-            lo, up = 0, n  # searchsorted(cum, u, side="right")
-            while lo < up:
-                mid = (lo + up) >> 1
-                if cum[mid] <= u:
-                    lo = mid + 1
-                else:
-                    up = mid
-            k = lo if lo < last else last
+            k = min(upper(cum, u), last)
             while totals[k] <= 0 and k < last:  # an empty shard: the next non-empty one
                 k += 1
             shard[i] = k
