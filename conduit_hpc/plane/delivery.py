@@ -2,11 +2,13 @@
 
 :class:`Deliverer` runs the experience path for one batch - read the shards' published
 statistics, wait for the rate limiter, draw stratified targets (the
-:class:`~conduit_hpc.sampling.Sampler`), have the rows found and fetched (the
-:class:`~conduit_hpc.plane.fetch.Fetch` strategy: searched and copied by this rank, or
-sampled and sent by their owners), check they are intact, transform them, weigh them
-and hand them to the :class:`~conduit_hpc.plane.staging.BatchSink`. It also carries
-priority updates back to the owners.
+:class:`~conduit_hpc.sampling.Sampler`), have each shard's share drawn and its rows put
+into the batch by the shard's :class:`~conduit_hpc.plane.sources.ShardSource` (its tier:
+a buffer's ring, with the :class:`~conduit_hpc.plane.fetch.Fetch` strategy searching and
+copying here or the owner sampling and sending; or a device mirror), check they are
+intact, transform them, weigh them and hand them to the
+:class:`~conduit_hpc.plane.staging.BatchSink`. It also carries priority updates back
+(:class:`~conduit_hpc.plane.priority_write.PriorityWrite`).
 
 This is the composition layer: it uses the transport (windows, channel) and the
 semantics (sampling, scheduler) together. Not thread-safe: one thread uses it.
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,12 +26,13 @@ from conduit_hpc.config import SchedulerConfig
 from conduit_hpc.errors import DataPlaneClosed
 from conduit_hpc.plane.control import C_ACTORS_DONE, C_INSERTS, C_SAMPLES, ControlBlock
 from conduit_hpc.plane.priority_write import PriorityWrite
+from conduit_hpc.plane.sources import Fill, HostSource, ShardSource
 from conduit_hpc.plane.staging import Batch, BatchSink
 from conduit_hpc.protocol import SampleReply, SampleRequest, Tag
 from conduit_hpc.sampling import Sampler, ShardStats
 from conduit_hpc.scheduler import LimiterState, RateLimiter
 from conduit_hpc.spec import Spec
-from conduit_hpc.storage.layout import H_COMMIT, H_HELD, H_MIN, H_TOTAL, H_UNSAMPLED
+from conduit_hpc.storage.layout import H_COMMIT, H_UNSAMPLED
 from conduit_hpc.storage.ring import ShardRing
 from conduit_hpc.transport.channel import Channel
 from conduit_hpc.wait import Backoff, Deadline
@@ -41,13 +43,15 @@ if TYPE_CHECKING:
     from conduit_hpc.plane.owner_block import OwnerBlock
     from conduit_hpc.storage.shared_index import SharedIndexWriter
 
-__all__ = ["Deliverer", "Fill", "Part", "Transform"]
+__all__ = ["Asked", "Deliverer", "Fill", "Part", "Transform"]
 
 Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-#: puts rows a..b of a batch into its flat columns (from the reply's bytes, or gathered)
-Fill = Callable[[int, int, np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]], None]
-#: one shard's share of a batch: (first position, end, reply, rows that came with it)
-Part = tuple[int, int, SampleReply, np.ndarray]
+#: one shard's share of a batch: (first position, end, reply, rows that came with it,
+#: the source that drew it and fills it)
+Part = tuple[int, int, SampleReply, np.ndarray, ShardSource]
+#: requests sent to owners: request id -> (first position, end, the shard's source)
+Asked = dict[int, tuple[int, int, ShardSource]]
+_NO_ROWS = np.zeros(0, np.uint8)  # a part drawn here: no bytes came with a reply
 
 
 class Deliverer:
@@ -110,18 +114,37 @@ class Deliverer:
         #: rows of this learner's shards overwritten before any learner drew them, as
         #: the owners last published (see :class:`~conduit_hpc.plane.buffer.OwnedShard`)
         self.overwritten_unsampled = 0
-        #: where batch ``t``'s columns are gathered (``alloc(t)``: the staging ring's slot
-        #: on a delivery rank); ``None``: fresh arrays
-        self.alloc: Callable[[int], dict[str, np.ndarray]] | None = None
         # replies that arrived while another batch's were awaited (pipelined owner fetch)
         self.stash: dict[int, tuple[SampleReply, np.ndarray]] = {}
-        #: shards of the ``learner_gpu`` tier, mirrored on this learner's device
-        #: (:mod:`~conduit_hpc.plane.device_tier`): synced, drawn and updated there
+        #: shard id -> where its rows are drawn and gathered (:meth:`place`)
+        self.sources: dict[int, ShardSource] = {}
+        #: the sources that are device mirrors (``learner_gpu`` shards, promoted ones)
         self.device_shards: dict[int, DeviceShard] = {}
-        self.sync_s = 0.0  # seconds the last admit() spent syncing device shards
-        self._device_replies: dict[int, DeviceShard] = {}  # request id -> the store that drew
+        self._searched: set[int] = set()  # owners whose index this rank searches
+        for sid in self.rings:
+            self.place(sid, None)
+        self.sync_s = 0.0  # seconds the last admit() spent reading statistics (syncs)
         #: promotes and demotes shards at superstep boundaries (``placement.device_rows``)
         self.device_policy: DevicePolicy | None = None
+
+    def place(self, sid: int, source: DeviceShard | None) -> None:
+        """Draw and gather shard ``sid`` from ``source`` (a device mirror) from now on,
+        or (``None``) from its ring - searched here where this process maps the owner's
+        index and the sampler searches directly, else drawn by its owner."""
+        from conduit_hpc.plane.device_tier import DeviceShard
+
+        if isinstance(source, DeviceShard):
+            self.sources[sid] = source
+            self.device_shards[sid] = source
+        else:
+            owner = self.owners[sid]
+            self.sources[sid] = HostSource(
+                sid, self.rings[sid], owner,
+                searchable=self.sampler.direct_search and owner in self.acks,
+                await_applied=self.prio.await_applied)
+            self.device_shards.pop(sid, None)
+        self._searched = {o for s in self.sources.values()
+                          if (o := s.searched_owner) is not None}
 
     @property
     def capacities(self) -> dict[int, int]:
@@ -130,31 +153,27 @@ class Deliverer:
 
     # -- statistics and the rate limiter -------------------------------------------
     def shard_stats(self) -> list[ShardStats]:
-        """What each shard's owner last published for samplers (one header read each);
-        also updates :attr:`written` and :attr:`overwritten_unsampled`."""
+        """Each shard's statistics for samplers, from its source (what the owner last
+        published: one header read; a device mirror syncs); also updates
+        :attr:`written` and :attr:`overwritten_unsampled`."""
         out = []
         written = unsampled = 0
+        t0 = time.perf_counter()
         for sid in self.shard_ids:
             ring = self.rings[int(sid)]
             head = ring.read_header()
-            f = head.view(np.float64)
-            dev = self.device_shards.get(int(sid))
-            if dev is not None:  # a learner_gpu shard: the device's statistics
-                t0 = time.perf_counter()
-                out.append(dev.sync())
-                self.sync_s += time.perf_counter() - t0
-            else:
-                out.append(ShardStats(total=float(f[H_TOTAL]), count=int(head[H_HELD]),
-                                      min=float(f[H_MIN])))
+            out.append(self.sources[int(sid)].stats(head))
             written += min(int(head[H_COMMIT]), ring.capacity)
             unsampled += int(head[H_UNSAMPLED])
+        self.sync_s += time.perf_counter() - t0
         self.written, self.overwritten_unsampled = written, unsampled
         return out
 
     def admit(self, rows: int) -> tuple[list[ShardStats], float]:
         """Wait until the limiter lets us sample ``rows``, then count them. Returns the
         shard statistics to sample with and the seconds waited (less :attr:`sync_s`,
-        the time device shards took to sync, which is part of sampling)."""
+        the time the statistics took to read - device shards sync there - which is
+        part of sampling)."""
         t0 = time.perf_counter()
         self.sync_s = 0.0
         deadline: Deadline | None = None  # made on the first wait (most batches have none)
@@ -204,27 +223,14 @@ class Deliverer:
         sample request per shard - an owner handles a learner's messages in order and
         commits a shard before it answers a sample request of it, and the rows were in
         its memory before the request was sent."""
-        ids = {self.ask(Tag.SAMPLE, k, np.zeros(1)) for k in range(len(self.shard_ids))}
+        ids = {self.ask(Tag.SAMPLE, int(sid), np.zeros(1)) for sid in self.shard_ids}
         if ids:
             self.collect(Tag.SAMPLE_REPLY, ids, "the owners' replies to a fence")
 
     # -- sampling --------------------------------------------------------------------
-    def request(self, tag: Tag, shard_pos: int, targets: np.ndarray) -> int:
-        """Ask shard ``shard_pos``'s owner to sample ``targets``; a device shard answers
-        at once (its reply is stashed). Returns the request id."""
-        dev = self.device_shards.get(int(self.shard_ids[shard_pos]))
-        if dev is None:
-            return self.ask(tag, shard_pos, targets)
+    def ask(self, tag: Tag, sid: int, targets: np.ndarray) -> int:
+        """Send shard ``sid``'s owner a sample request. Returns its id."""
         self._request_id += 1
-        self.stash[self._request_id] = (replace(dev.draw(targets), request_id=self._request_id),
-                                        np.zeros(0, np.uint8))
-        self._device_replies[self._request_id] = dev
-        return self._request_id
-
-    def ask(self, tag: Tag, shard_pos: int, targets: np.ndarray) -> int:
-        """Send shard ``shard_pos``'s owner a sample request. Returns its id."""
-        self._request_id += 1
-        sid = int(self.shard_ids[shard_pos])
         req = SampleRequest(self._request_id, sid, targets)
         self.channel.isend(self.owners[sid], tag, req.pack())
         return self._request_id
@@ -241,29 +247,45 @@ class Deliverer:
                 self.stash[rep.request_id] = (rep, rest)
         return got
 
-    def draw(self, tag: Tag, stats: list[ShardStats], rows: int) -> list[Part]:
-        """Targets over all shards -> per shard (first position, end, reply, extra).
-        Shards in this node's shared memory are searched directly; the others' owners
-        are asked (one message per shard), as are all owners in service mode."""
+    def start_draw(self, tag: Tag, stats: list[ShardStats], rows: int
+                   ) -> tuple[list[Part], Asked]:
+        """Targets over all shards; each shard's share is drawn by its source here
+        (:meth:`ShardSource.draw <conduit_hpc.plane.sources.ShardSource.draw>`), or its
+        owner is asked (one message per shard, with ``tag``; ``Tag.SERVICE``: owners
+        send the rows). Returns the parts drawn and the requests sent (not awaited)."""
         shard_pos, local = self.sampler.targets(stats, rows)
         bounds = np.searchsorted(shard_pos, np.arange(len(stats) + 1))
-        ids: dict[int, tuple[int, int]] = {}
-        parts = []
+        owner_sends = tag is Tag.SERVICE
+        asked: Asked = {}
+        parts: list[Part] = []
         for k in range(len(stats)):
             a, b = int(bounds[k]), int(bounds[k + 1])
             if b == a:
                 continue
-            found = None if tag is Tag.SERVICE else self.search(k, local[a:b])
+            sid = int(self.shard_ids[k])
+            src = self.sources[sid]
+            found = src.draw(local[a:b], owner_sends)
             if found is not None:
-                parts.append((a, b, found, np.zeros(0, np.uint8)))
+                parts.append((a, b, found, _NO_ROWS, src))
             else:
-                ids[self.request(tag, k, local[a:b])] = (a, b)
-        if ids:
+                asked[self.ask(tag, sid, local[a:b])] = (a, b, src)
+        return parts, asked
+
+    def finish_draw(self, tag: Tag, parts: list[Part], asked: Asked, what: str) -> list[Part]:
+        """Wait (bounded) for the replies to ``asked`` (``tag``: the requests'); returns
+        every part in batch order."""
+        if asked:
             reply = Tag.SERVICE_REPLY if tag is Tag.SERVICE else Tag.SAMPLE_REPLY
-            replies = self.collect(reply, set(ids), "sample replies")
-            parts += [(a, b, replies[i][0], replies[i][1]) for i, (a, b) in ids.items()]
+            replies = self.collect(reply, set(asked), what)
+            parts = parts + [(a, b, replies[i][0], replies[i][1], src)
+                             for i, (a, b, src) in asked.items()]
         parts.sort(key=lambda x: x[0])
         return parts
+
+    def draw(self, tag: Tag, stats: list[ShardStats], rows: int) -> list[Part]:
+        """:meth:`start_draw` then :meth:`finish_draw`: every part of one batch."""
+        parts, asked = self.start_draw(tag, stats, rows)
+        return self.finish_draw(tag, parts, asked, "sample replies")
 
     def mark(self) -> None:
         """A superstep ended: batches prepared from now on must see every priority
@@ -282,33 +304,8 @@ class Deliverer:
         the trees they are searched in agree. Returns at once when nothing was sent
         since the last acknowledged count. Spins, then yields the processor (the owner
         may need this core); never a fixed sleep on the way."""
-        if not self.sampler.direct_search:
-            return
-        # owners of device shards only: their index is not searched (the device is)
-        searched = {self.owners[s] for s in self.rings if s not in self.device_shards}
-        for owner in self.acks:
-            if owner in searched:
-                self.prio.await_applied(owner)
-
-    def search(self, k: int, targets: np.ndarray) -> SampleReply | None:
-        """Search shard ``k``'s tree in shared memory, if this process maps it."""
-        if not self.sampler.direct_search:  # sequence windows are cut by the owner
-            return None
-        sid = int(self.shard_ids[k])
-        if sid in self.device_shards:  # drawn on the device (request() answers it)
-            return None
-        owner = self.owners[sid]
-        acks = self.acks.get(owner)
-        if acks is None:
-            return None
-        self.prio.await_applied(owner)
-        ring = self.rings[sid]
-        found = ring.search(targets)
-        if found is None:
-            return None
-        slots, gens, mass, held, total, mn = found
-        ring.mark_sampled(slots, gens)
-        return SampleReply(0, sid, slots, gens, mass, held, total, mn)
+        for owner in self._searched:  # the sources that search an owner's index here
+            self.prio.await_applied(owner)
 
     # -- one batch ---------------------------------------------------------------------
     def assemble(self, superstep: int, staleness: int, stats: list[ShardStats],
@@ -317,24 +314,19 @@ class Deliverer:
         weigh and copy one batch."""
         B, w = self.cfg.batch_rows, self.window
         lead = (B, w) if w > 1 else (B,)
-        out = (self.alloc(superstep) if self.alloc is not None else
-               {f.name: np.empty((*lead, *f.shape), dtype=f.dtype) for f in self.spec})
+        out = self.stager.alloc(superstep, self.spec, lead)  # where the sink wants it
         flat = {k: v.reshape(B * w, *v.shape[len(lead):]) for k, v in out.items()}
         indices = np.empty((B, 3), dtype=np.int64)
         mass = np.empty(B, dtype=np.float64)
         t1 = time.perf_counter()
-        on_device: list[tuple[np.ndarray, dict[str, Any]]] = []  # rows of device shards
-        for a, b, rep, rows in parts:
+        on_device: list[tuple[np.ndarray, dict[str, Any]]] = []  # rows left on the device
+        host = self.transform is not None  # the transform works on numpy: all rows here
+        for a, b, rep, rows, src in parts:
             indices[a:b, 0], indices[a:b, 1], indices[a:b, 2] = rep.shard_id, rep.slots, rep.gens
             mass[a:b] = rep.mass
-            dev = self._device_replies.pop(rep.request_id, None)  # the tier that drew them
-            if dev is None:
-                fill(a, b, rows, indices, mass, flat)
-            elif self.transform is None:  # written into the batch on the device
-                on_device.append((np.arange(a, b), dev.gather(rep.slots)))
-            else:  # the transform works on numpy: the rows come to the host for it
-                for k, v in dev.gather(rep.slots).items():
-                    flat[k][a:b] = v.cpu().numpy().view(flat[k].dtype)
+            placed = src.fill(fill, a, b, rep, rows, indices, mass, flat, host)
+            if placed is not None:
+                on_device.append(placed)
         t2 = time.perf_counter()
         timings["gather_s"] = t2 - t1
         data = out
@@ -375,7 +367,7 @@ class Deliverer:
         if not bad.any():
             return
         todo = a + np.flatnonzero(bad)
-        pos = int(np.flatnonzero(self.shard_ids == sid)[0])
+        src = self.sources[sid]
         deadline = Deadline(self.timeout_s, f"intact rows of shard {sid} (they kept being "
                                             f"overwritten while gathered)")
         backoff = Backoff(self.poll_s)
@@ -390,9 +382,9 @@ class Deliverer:
                 self.pinned_rounds += pinned
                 _, total, _, _ = ring.read_stats()
                 targets = self.sampler.redraw(total, len(todo))
-                rep = self.search(pos, targets)
+                rep = src.draw(targets, False)
                 if rep is None:
-                    rid = self.request(Tag.SAMPLE, pos, targets)
+                    rid = self.ask(Tag.SAMPLE, sid, targets)
                     (rep, _), = self.collect(Tag.SAMPLE_REPLY, {rid},
                                              "resample reply").values()
                 indices[todo, 1], indices[todo, 2], mass[todo] = rep.slots, rep.gens, rep.mass

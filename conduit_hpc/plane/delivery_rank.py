@@ -102,8 +102,9 @@ def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: BatchSi
         from conduit_hpc.plane.device_tier import DeviceShard
 
         assert stager.device is not None  # a learner's own (config refuses the others)
-        d.device_shards = {s: DeviceShard(s, edp.rings[s], alpha=d.sampler.alpha,
-                                          device=stager.device, seed=seed + s) for s in gpu}
+        for s in gpu:
+            d.place(s, DeviceShard(s, edp.rings[s], alpha=d.sampler.alpha,
+                                   device=stager.device, seed=seed + s))
     pc = cfg.placement
     if pc.device_rows > 0:  # promotion to the device (plane/device_policy.py)
         from conduit_hpc.plane.device_policy import DevicePolicy
@@ -124,7 +125,6 @@ def make_delivery_server(edp: Any, ring: StagingRing, transform: Any) -> Deliver
     writer = SlotWriter(ring)
     d = make_deliverer(edp, me, tuple(edp.placement.learner_shards.get(learner, ())),
                        writer, transform, seed_rank=learner)
-    d.alloc = writer.alloc  # gathered straight into the slot
     fetch = MODES[cfg.scheduler.mode].fetch_for(cfg.scheduler)
     return DeliveryServer(d, fetch, ring, learner=learner, depth=cfg.scheduler.prefetch_depth,
                           timeout_s=cfg.run.timeout_s,
@@ -180,14 +180,14 @@ def open_staging(roles: RoleComms, config: Config, spec: Spec) -> StagingRing | 
 
 class SlotWriter(BatchSink):
     """Where a delivery rank's batches go: the staging ring's slot, gathered there
-    directly (the Deliverer's ``alloc``); a transform's new arrays are copied in. No
+    directly (:meth:`alloc`); a transform's new arrays are copied in. No
     device, no torch (the learner stages the slot to its device)."""
 
     def __init__(self, ring: StagingRing) -> None:
         self.ring = ring
         self.t = -1
 
-    def alloc(self, t: int) -> dict[str, np.ndarray]:
+    def alloc(self, t: int, spec: Spec, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
         """The columns of batch ``t``'s slot (free by the prefetch clock)."""
         self.t = t
         return self.ring.slot_of(t).columns

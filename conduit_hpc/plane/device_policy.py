@@ -149,7 +149,7 @@ class DevicePolicy:
         for sid in self.candidates:
             dev = d.device_shards.get(sid)
             ring = d.rings[sid]
-            mass = dev.stats.total if dev is not None else ring.read_stats()[1]
+            mass = dev.last_stats.total if dev is not None else ring.read_stats()[1]
             out[sid] = (mass, ring.capacity)
         return out
 
@@ -180,7 +180,7 @@ class DevicePolicy:
         dev = DeviceShard(sid, d.rings[sid], alpha=d.sampler.alpha, device=device,
                           seed=self.seed + sid)
         dev.sync()
-        d.device_shards[sid] = dev
+        d.place(sid, dev)
         self.held.add(sid)
         self.promotions += 1
         self.rows_copied += dev.rows_in
@@ -188,7 +188,8 @@ class DevicePolicy:
 
     def demote(self, d: Deliverer, sid: int) -> None:
         """Stop mirroring shard ``sid``: its rows are drawn from the owner's index again."""
-        dev = d.device_shards.pop(sid)
+        dev = d.device_shards[sid]
+        d.place(sid, None)
         for k in self.retired:
             self.retired[k] += getattr(dev, k)
         self.held.discard(sid)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from conduit_hpc.plane.sources import Fill, ShardSource
 from conduit_hpc.protocol import SampleReply
 from conduit_hpc.sampling import ShardStats
 from conduit_hpc.storage.layout import H_FREE
@@ -52,9 +53,10 @@ if TYPE_CHECKING:
 __all__ = ["DeviceShard"]
 
 
-class DeviceShard:
-    """One ``learner_gpu`` shard on its learner's device (see the module docstring).
-    Not thread-safe: the learner's data-plane thread uses it.
+class DeviceShard(ShardSource):
+    """One ``learner_gpu`` shard on its learner's device (see the module docstring): the
+    device tier's :class:`~conduit_hpc.plane.sources.ShardSource`. Not thread-safe: the
+    learner's data-plane thread uses it.
 
     Args:
         shard_id (int): the shard.
@@ -148,16 +150,36 @@ class DeviceShard:
         return ShardStats(total=float(vals[0]), count=st.held(), min=float(vals[1]))
 
     @property
-    def stats(self) -> ShardStats:
+    def last_stats(self) -> ShardStats:
         """What the last :meth:`sync` (or update) left."""
         return self._stats
 
+    # -- the ShardSource stages ----------------------------------------------------------
+    local_updates = True
+
+    def stats(self, head: np.ndarray) -> ShardStats:
+        """Sync (the ring header is not needed: the device's statistics are exact)."""
+        return self.sync()
+
+    def fill(self, fill: Fill, a: int, b: int, rep: SampleReply, rows: np.ndarray,
+             indices: np.ndarray, mass: np.ndarray, flat: dict[str, np.ndarray],
+             host: bool) -> tuple[np.ndarray, dict[str, Any]] | None:
+        """The rows stay on the device, written into the batch there; with ``host``
+        (a transform works on numpy) they come to the host."""
+        cols = self.gather(rep.slots)
+        if not host:
+            return np.arange(a, b), cols
+        for k, v in cols.items():
+            flat[k][a:b] = v.cpu().numpy().view(flat[k].dtype)
+        return None
+
     # -- a batch's share -----------------------------------------------------------------
-    def draw(self, targets: np.ndarray) -> SampleReply:
+    def draw(self, targets: np.ndarray, owner_sends: bool = False) -> SampleReply:
         """Rows for ``targets`` (mass offsets in ``[0, stats.total)``, as the sampler
         drew them over the statistics of the last sync): their slots, generations and
         masses, found on the device; the rows are marked drawn in the ring (for the
-        owner's overwrite accounting)."""
+        owner's overwrite accounting). Always drawn here, whatever the fetch strategy
+        (``owner_sends``)."""
         import torch
 
         st = self.store

@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from conduit_hpc.plane.delivery import Deliverer
+from conduit_hpc.plane.delivery import Asked, Deliverer, Part
 from conduit_hpc.plane.staging import Batch
 from conduit_hpc.protocol import SampleReply, Tag, unpack_rows
 from conduit_hpc.sampling import ShardStats
@@ -83,12 +83,14 @@ class DirectFetch(Fetch):
 @dataclass
 class PendingBatch:
     """A batch whose rows the owners are sampling and sending (see
-    :meth:`OwnerFetch.begin`): request id -> the batch positions it fills."""
+    :meth:`OwnerFetch.begin`): the parts drawn at once (device mirrors) and the
+    requests sent (request id -> the batch positions it fills)."""
 
     superstep: int
     staleness: int
     stats: list[ShardStats]
-    ids: dict[int, tuple[int, int]]
+    parts: list[Part]
+    ids: Asked
     t0: float
     waited: float
 
@@ -113,14 +115,8 @@ class OwnerFetch(Fetch):
         B = d.cfg.batch_rows
         stats, waited = d.admit(B)
         t0 = time.perf_counter() - d.sync_s  # a device shard's sync is sampling work
-        shard_pos, local = d.sampler.targets(stats, B)
-        bounds = np.searchsorted(shard_pos, np.arange(len(stats) + 1))
-        ids: dict[int, tuple[int, int]] = {}
-        for k in range(len(stats)):
-            a, b = int(bounds[k]), int(bounds[k + 1])
-            if b > a:
-                ids[d.request(Tag.SERVICE, k, local[a:b])] = (a, b)
-        return PendingBatch(superstep, staleness, stats, ids, t0, waited)
+        parts, ids = d.start_draw(Tag.SERVICE, stats, B)
+        return PendingBatch(superstep, staleness, stats, parts, ids, t0, waited)
 
     def arrived(self, d: Deliverer, pending: PendingBatch) -> bool:
         """Whether every reply of ``pending`` is here (receives what has arrived). Local;
@@ -132,9 +128,7 @@ class OwnerFetch(Fetch):
 
     def complete(self, d: Deliverer, pending: PendingBatch) -> Batch:
         """Wait for ``pending``'s replies (bounded by the timeout) and assemble it."""
-        replies = d.collect(Tag.SERVICE_REPLY, set(pending.ids), "service replies")
-        parts = sorted(((a, b, replies[i][0], replies[i][1])
-                        for i, (a, b) in pending.ids.items()), key=lambda x: x[0])
+        parts = d.finish_draw(Tag.SERVICE, pending.parts, pending.ids, "service replies")
         timings = {"sample_s": time.perf_counter() - pending.t0, "gather_s": 0.0,
                    "transform_s": 0.0, "copy_s": 0.0, "limiter_wait_s": pending.waited}
         return d.assemble(pending.superstep, pending.staleness, pending.stats, parts, timings,

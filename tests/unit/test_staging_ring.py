@@ -55,7 +55,7 @@ def test_batches_go_through_their_slots_in_order() -> None:
     w = SlotWriter(r)
     for t in range(7):  # more batches than slots: each slot is reused
         assert not r.ready(t)
-        cols = w.alloc(t)  # gathered straight into the slot
+        cols = w.alloc(t, SPEC, (8,))  # gathered straight into the slot
         batch = checked_batch(5, 100 * t, 8)
         for k, v in batch.items():
             cols[k][...] = v
@@ -77,7 +77,7 @@ def test_batches_go_through_their_slots_in_order() -> None:
 def test_a_transform_that_changes_the_fields_is_refused_by_name() -> None:
     r = ring()
     w = SlotWriter(r)
-    cols = w.alloc(0)
+    cols = w.alloc(0, SPEC, (8,))
     idx, wts = np.zeros((8, 3), np.int64), np.ones(8, np.float32)
     with pytest.raises(Exception, match="must return the spec's fields"):
         w.to_device({"writer": cols["writer"]}, idx, wts, 0, 0)
