@@ -39,7 +39,7 @@ from mpi4py import MPI
 from conduit_hpc.errors import ConfigError, DataPlaneClosed, DataPlaneTimeout, RemoteFailure
 from conduit_hpc.plane.delivery import Deliverer
 from conduit_hpc.plane.fetch import Fetch
-from conduit_hpc.plane.learner import MODES, DeliveryMode, LearnerEndpoint
+from conduit_hpc.plane.learner import MODES, DeliveryMode, LearnerEndpoint, inline_mode
 from conduit_hpc.plane.prefetch import Prefetcher
 from conduit_hpc.plane.roles import RoleComms
 from conduit_hpc.plane.staging import Batch, BatchSink, Stager
@@ -61,10 +61,16 @@ from conduit_hpc.wait import Backoff, Deadline
 
 if TYPE_CHECKING:
     from conduit_hpc.config import Config
+    from conduit_hpc.sampling import Sampler
     from conduit_hpc.spec import Spec
 
-__all__ = ["DeliveryServer", "ProcessMode", "SlotWriter", "make_deliverer",
-           "make_delivery_server", "open_staging", "process_mode"]
+#: the delivery rank's counters, in the order of the staging ring's counter slots (left
+#: there when it stops, for the learner's summary)
+COUNTERS = ("resampled_rows", "limiter_wait_s", "overwritten_unsampled", "pinned_rounds",
+            "priority_rows_direct", "priority_rows_messaged")
+
+__all__ = ["COUNTERS", "DeliveryServer", "ProcessMode", "SlotWriter", "learner_delivery",
+           "make_deliverer", "make_delivery_server", "open_staging"]
 
 
 def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: BatchSink,
@@ -131,13 +137,20 @@ def make_delivery_server(edp: Any, ring: StagingRing, transform: Any) -> Deliver
                           poll_interval_s=cfg.transport.poll_interval_s)
 
 
-def process_mode(ring: StagingRing | None, stager: Stager,
-                 peer: int) -> Callable[[LearnerEndpoint], DeliveryMode] | None:
-    """The learner's delivery mode for ``delivery = "process"`` (``None`` without a
-    staging ring: the config's mode)."""
-    if ring is None:
-        return None
-    return lambda ep: ProcessMode(ep, ring, stager, peer)
+def learner_delivery(edp: Any, shards: tuple[int, ...], stager: Stager, transform: Any
+                     ) -> tuple[Callable[[LearnerEndpoint], DeliveryMode], Sampler]:
+    """A learner's delivery mode over ``shards`` and its sampler, on the data plane
+    ``edp`` (this rank): the experience path in this process (``scheduler.mode``'s
+    :func:`~conduit_hpc.plane.learner.inline_mode`), or, with ``delivery =
+    "process"``, the staging ring its delivery rank fills (:class:`ProcessMode`; the
+    sampler only checks this learner's priority updates). Local."""
+    cfg, me = edp.config, edp.roles.world_rank
+    if edp.staging is None:
+        d = make_deliverer(edp, me, shards, stager, transform)
+        return inline_mode(d, cfg.scheduler), d.sampler
+    ring, peer, poll_s = edp.staging, edp.roles.delivery_of[me], cfg.transport.poll_interval_s
+    return (lambda ep: ProcessMode(ep, ring, stager, peer, poll_s),
+            make_sampler(cfg, cfg.run.seed + me))
 
 
 def open_staging(roles: RoleComms, config: Config, spec: Spec) -> StagingRing | None:
@@ -298,9 +311,12 @@ class DeliveryServer:
         self.prefetch.finish()
         self._forward()
         d, ring = self.d, self.ring
-        for k, v in enumerate((d.resampled, d.limiter_wait_s, d.overwritten_unsampled,
-                               d.pinned_rounds, d.prio.direct_rows, d.prio.message_rows)):
-            ring.counters[k] = float(v)
+        got = {"resampled_rows": d.resampled, "limiter_wait_s": d.limiter_wait_s,
+               "overwritten_unsampled": d.overwritten_unsampled,
+               "pinned_rounds": d.pinned_rounds, "priority_rows_direct": d.prio.direct_rows,
+               "priority_rows_messaged": d.prio.message_rows}
+        for k, name in enumerate(COUNTERS):
+            ring.counters[k] = float(got[name])
         ring.set_word(W_STOPPED, 1)
 
 
@@ -310,12 +326,14 @@ class ProcessMode(DeliveryMode):
     name = "edp"
 
     def __init__(self, endpoint: LearnerEndpoint, ring: StagingRing, stager: Stager,
-                 delivery_rank: int) -> None:
+                 delivery_rank: int, poll_interval_s: float) -> None:
         super().__init__(endpoint)
         self.depth = endpoint.cfg.prefetch_depth
         self.ring, self.stager, self.peer = ring, stager, delivery_rank
+        self.poll_s = min(poll_interval_s, 0.0005)
         self._stopped = False
         self._failed = False  # this learner failed, or already raised the peer's failure
+        self._counters: dict[str, float] = {}  # the delivery rank's, left at its stop
 
     def _check_peer(self) -> None:
         if self.ring.word(W_FAILED):
@@ -325,7 +343,7 @@ class ProcessMode(DeliveryMode):
 
     def _wait(self, ready: Any, what: str) -> None:
         deadline = Deadline(self.ep.timeout_s, what)
-        backoff = Backoff(min(self.ep.d.poll_s, 0.0005), spins=200, yields=50)
+        backoff = Backoff(self.poll_s, spins=200, yields=50)
         while not ready():
             self._check_peer()
             deadline.check(f"the delivery rank is world rank {self.peer}")
@@ -367,11 +385,10 @@ class ProcessMode(DeliveryMode):
         if self._failed:  # its failure (or this learner's) was reported already
             return
         self._wait(lambda: ring.word(W_STOPPED) == 1, "the delivery rank to stop")
-        d = self.d
-        d.resampled, d.limiter_wait_s, d.overwritten_unsampled, d.pinned_rounds = (
-            int(ring.counters[0]), float(ring.counters[1]), int(ring.counters[2]),
-            int(ring.counters[3]))
-        d.prio.direct_rows, d.prio.message_rows = int(ring.counters[4]), int(ring.counters[5])
+        self._counters = dict(zip(COUNTERS, (float(v) for v in ring.counters), strict=False))
+
+    def counters(self) -> dict[str, float]:
+        return dict(self._counters)
 
     def fail(self, why: str) -> None:
         """The learner failed: tell the delivery rank (it raises at once)."""

@@ -39,10 +39,9 @@ from conduit_hpc.plane.control import C_ACTORS_DONE, C_LEARNERS_DONE
 from conduit_hpc.plane.delivery_rank import (
     DeliveryServer,
     ProcessMode,
-    make_deliverer,
+    learner_delivery,
     make_delivery_server,
     open_staging,
-    process_mode,
 )
 from conduit_hpc.plane.extensions import Feature, feature_factories
 from conduit_hpc.plane.host import FeatureHost
@@ -187,17 +186,15 @@ class ExperienceDataPlane:
         mine = tuple(self.placement.learner_shards.get(me, ()))
         assert self._device is not None  # a learner's (see agreed_device)
         self.device = self._device
-        stager = Stager(self.device)
-        d = make_deliverer(self, me, mine, stager, transform)
-        fetch = MODES[cfg.scheduler.mode].fetch_for(cfg.scheduler)
-        self.learner = LearnerEndpoint(d, fetch, cfg.scheduler, self.control,
+        mode, sampler = learner_delivery(self, mine, Stager(self.device), transform)
+        self.learner = LearnerEndpoint(mode, sampler,
+                                       {s: self.rings[s].capacity for s in mine},
+                                       cfg.scheduler, self.control,
                                        lead=me == roles.learner_ranks[0],
                                        metrics_path=self._metrics_file(f"learner-{me}.csv"),
                                        timeout_s=cfg.run.timeout_s,
                                        status=me == 0 and self.run_dir is not None,
-                                       budget_s=cfg.run.duration_s,
-                                       mode=process_mode(self.staging, stager,
-                                                         roles.delivery_of.get(me, -1)))
+                                       budget_s=cfg.run.duration_s)
 
     def _init_actor(self) -> None:
         me = self.roles.world_rank

@@ -8,6 +8,12 @@ The delivery mode is a strategy (:data:`MODES`, picked by ``scheduler.mode``):
 * :class:`SyncMode` - ``next_batch`` samples, fetches, transforms and copies inline.
 * :class:`ServiceMode` - ``next_batch`` asks the owners for the rows and waits.
 
+These three run the experience path in this process (:class:`InlineMode`: a
+:class:`~conduit_hpc.plane.delivery.Deliverer` and a fetch strategy); with
+``scheduler.delivery = "process"`` a delivery rank runs it and the learner's mode
+(:class:`~conduit_hpc.plane.delivery_rank.ProcessMode`) only reads the staging ring:
+the learner then keeps just the sampler (to check its priority updates).
+
 Per superstep the endpoint records iteration latency (between successive
 ``next_batch`` returns), exposed latency (time blocked inside ``next_batch``, including
 the device copy it waits on) and the split of the experience path. Features add
@@ -47,20 +53,21 @@ from conduit_hpc.wait import Deadline
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MODES", "DeliveryMode", "EdpMode", "LearnerEndpoint", "ServiceMode", "SyncMode"]
+    from conduit_hpc.sampling import Sampler
+
+__all__ = ["MODES", "DeliveryMode", "EdpMode", "InlineMode", "LearnerEndpoint",
+           "ServiceMode", "SyncMode", "inline_mode"]
 
 
 class DeliveryMode:
-    """How batches reach the learner. The inline modes' defaults: no prefetch, every
-    call runs in the caller's thread."""
+    """How batches reach the learner (see the module docstring). Defaults: no
+    prefetch, every call runs in the caller's thread."""
 
     name: ClassVar[str]
     depth: int = 0
 
     def __init__(self, endpoint: LearnerEndpoint) -> None:
         self.ep = endpoint
-        self.d = endpoint.d
-        self.fetch = endpoint.fetch
 
     @classmethod
     def fetch_for(cls, config: SchedulerConfig) -> Fetch:
@@ -72,10 +79,7 @@ class DeliveryMode:
 
     def next_batch(self, s: int) -> Batch:
         """Batch ``s`` (superstep ``s - 1`` has ended). Blocks (bounded)."""
-        self.d.mark()
-        self.ep.clock.request()
-        t, staleness = self.ep.clock.start()
-        return self.fetch.prepare(self.d, t, staleness)
+        raise NotImplementedError
 
     def post(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` where this rank's MPI calls are made, without waiting."""
@@ -87,21 +91,72 @@ class DeliveryMode:
 
     def send_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
         """Carry checked updates to the owners, behind every call posted before."""
-        d = self.d
-        self.post(lambda: d.send_priorities(indices, priorities))
+        raise NotImplementedError
+
+    def updates_through_owners(self) -> None:
+        """Send the next priority updates to the owners as messages (a checkpoint's
+        cut). Where MPI calls are made."""
+        raise NotImplementedError(f"{type(self).__name__}: no checkpoint cut")
+
+    def counters(self) -> dict[str, float]:
+        """What the experience path counted, for the learner's summary: resampled rows,
+        limiter wait, rows overwritten unsampled, pinned rounds, priority rows written
+        directly and as messages (and the device tier's, where it has one)."""
+        return {}
 
     def stop(self) -> None:
         """No more batches: finish what is in flight."""
 
 
-class SyncMode(DeliveryMode):
+class InlineMode(DeliveryMode):
+    """The experience path in this process: a :class:`Deliverer` (:attr:`d`) and a
+    fetch strategy."""
+
+    def __init__(self, endpoint: LearnerEndpoint, d: Deliverer, fetch: Fetch) -> None:
+        super().__init__(endpoint)
+        self.d, self.fetch = d, fetch
+
+    def next_batch(self, s: int) -> Batch:
+        self.d.mark()
+        self.ep.clock.request()
+        t, staleness = self.ep.clock.start()
+        return self.fetch.prepare(self.d, t, staleness)
+
+    def send_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+        d = self.d
+        self.post(lambda: d.send_priorities(indices, priorities))
+
+    def updates_through_owners(self) -> None:
+        self.d.prio.through_owners()
+
+    def counters(self) -> dict[str, float]:
+        d = self.d
+        out = {"resampled_rows": float(d.resampled), "limiter_wait_s": d.limiter_wait_s,
+               "overwritten_unsampled": float(d.overwritten_unsampled),
+               "pinned_rounds": float(d.pinned_rounds),
+               # priority-update rows written into node-local indexes / sent to owners
+               "priority_rows_direct": float(d.prio.direct_rows),
+               "priority_rows_messaged": float(d.prio.message_rows)}
+        pol = d.device_policy  # promotions (plane/device_policy.py)
+        if d.device_shards or pol is not None:  # the device tier (plane/device_tier.py)
+            devs = d.device_shards.values()
+            for key, attr in (("drawn", "drawn"), ("in", "rows_in"), ("evicted", "evicted"),
+                              ("missed", "missed")):  # mirrors demoted since count too
+                out[f"device_rows_{key}"] = float(
+                    sum(getattr(x, attr) for x in devs) + (pol.retired[attr] if pol else 0))
+        if pol is not None:
+            out.update(pol.counters())
+        return out
+
+
+class SyncMode(InlineMode):
     """``scheduler.mode = "sync"``: the experience path inline, as a framework-embedded
     buffer does."""
 
     name = "sync"
 
 
-class ServiceMode(DeliveryMode):
+class ServiceMode(InlineMode):
     """``scheduler.mode = "service"``: ask the owners for the rows and wait, as a replay
     server's client does (always :class:`~conduit_hpc.plane.fetch.OwnerFetch`)."""
 
@@ -112,7 +167,7 @@ class ServiceMode(DeliveryMode):
         return OwnerFetch()
 
 
-class EdpMode(DeliveryMode):
+class EdpMode(InlineMode):
     """``scheduler.mode = "edp"``: a data-plane thread prepares batches ahead (see the
     module docstring). With a pipelined fetch (owner), the requests of every batch the
     clock allows are in flight at once, so a long link's latency overlaps (batches
@@ -120,8 +175,8 @@ class EdpMode(DeliveryMode):
 
     name = "edp"
 
-    def __init__(self, endpoint: LearnerEndpoint) -> None:
-        super().__init__(endpoint)
+    def __init__(self, endpoint: LearnerEndpoint, d: Deliverer, fetch: Fetch) -> None:
+        super().__init__(endpoint, d, fetch)
         self.depth = endpoint.cfg.prefetch_depth
         self._ready: dict[int, Batch] = {}
         self._cv = threading.Condition()
@@ -196,16 +251,28 @@ class EdpMode(DeliveryMode):
 
 
 #: ``scheduler.mode`` -> strategy
-MODES: dict[str, type[DeliveryMode]] = {"edp": EdpMode, "sync": SyncMode,
-                                        "service": ServiceMode}
+MODES: dict[str, type[InlineMode]] = {"edp": EdpMode, "sync": SyncMode,
+                                      "service": ServiceMode}
+
+
+def inline_mode(d: Deliverer, config: SchedulerConfig
+                ) -> Callable[[LearnerEndpoint], DeliveryMode]:
+    """The mode ``config.mode`` running the experience path ``d`` in this process."""
+    cls = MODES[config.mode]
+    fetch = cls.fetch_for(config)
+    return lambda ep: cls(ep, d, fetch)
 
 
 class LearnerEndpoint:
     """Delivery on one learner rank.
 
     Args:
-        deliverer (Deliverer): the experience path.
-        fetch (Fetch): how its rows are found and fetched (``MODES[mode].fetch_for``).
+        mode (Callable): makes the delivery mode from the endpoint
+            (:func:`inline_mode`, or the process delivery's, see
+            :mod:`conduit_hpc.plane.delivery_rank`).
+        sampler (Sampler): this learner's sampler (checks priority updates; its state
+            and superstep count are what checkpoints keep).
+        capacities (Mapping[int, int]): shard id -> capacity, of the shards it reads.
         config (SchedulerConfig): mode, depth, weights cadence.
         control (ControlBlock): job-wide counters.
         lead (bool): this is the lead learner (publishes version and weights).
@@ -215,22 +282,19 @@ class LearnerEndpoint:
             terminal, plain lines every 10 s in a log.
         budget_s (float): the run's time budget (``run.duration_s``; 0: none), which
             the progress line counts down.
-        mode (Callable | None): makes the delivery mode from the endpoint (default:
-            ``MODES[config.mode]``; the process delivery's, see
-            :mod:`conduit_hpc.plane.delivery_rank`).
     """
 
-    def __init__(self, deliverer: Deliverer, fetch: Fetch, config: SchedulerConfig,
+    def __init__(self, mode: Callable[[LearnerEndpoint], DeliveryMode], sampler: Sampler,
+                 capacities: Mapping[int, int], config: SchedulerConfig,
                  control: ControlBlock, *, lead: bool, metrics_path: Path | None,
-                 timeout_s: float, status: bool = False, budget_s: float = 0.0,
-                 mode: Callable[[LearnerEndpoint], DeliveryMode] | None = None) -> None:
-        self.d = deliverer
-        self.fetch = fetch
+                 timeout_s: float, status: bool = False, budget_s: float = 0.0) -> None:
+        self.sampler = sampler
+        self.capacities = dict(capacities)
         self.cfg = config
         self.control = control
         self.lead = lead
         self.timeout_s = timeout_s
-        self.mode = (mode or MODES[config.mode])(self)
+        self.mode = mode(self)
         self.clock = PrefetchClock(self.mode.depth)
         self.metrics = CsvSink(metrics_path, LEARNER_COLUMNS)
         self.weights: WeightsBoard | None = None
@@ -253,22 +317,22 @@ class LearnerEndpoint:
     @property
     def superstep(self) -> int:
         """Supersteps of this learner so far, counting those before a restore."""
-        return self._superstep + self.d.sampler.superstep_offset
+        return self._superstep + self.sampler.superstep_offset
 
     @property
     def superstep_offset(self) -> int:
         """Supersteps done before a restore (where the counting resumes)."""
-        return self.d.sampler.superstep_offset
+        return self.sampler.superstep_offset
 
     @property
     def sampler_rng(self) -> np.random.Generator:
         """The sampler's random generator (for checkpoints)."""
-        return self.d.sampler.rng
+        return self.sampler.rng
 
     @property
     def limiter_wait_s(self) -> float:
         """Seconds this learner waited for the rate limiter."""
-        return self.d.limiter_wait_s
+        return float(self.mode.counters().get("limiter_wait_s", 0.0))
 
     def sampler_state(self, supersteps: int | None = None) -> dict[str, Any]:
         """The sampler's state to resume after ``supersteps`` of this learner (counted
@@ -276,7 +340,7 @@ class LearnerEndpoint:
         (:meth:`~conduit_hpc.sampling.Sampler.state_dict`). Local; call it where the
         data-plane thread is not drawing (``post``) or after the last ``next_batch``."""
         done = self._superstep + 1 if supersteps is None else int(supersteps)
-        return self.d.sampler.state_dict(done)
+        return self.sampler.state_dict(done)
 
     def load_sampler_state(self, state: Mapping[str, Any]) -> None:
         """Continue from a checkpoint's sampler state. Before the first ``next_batch``.
@@ -284,19 +348,19 @@ class LearnerEndpoint:
         Raises:
             CheckpointError: a state the sampler cannot take.
         """
-        self.d.sampler.load_state_dict(state)
+        self.sampler.load_state_dict(state)
 
     def resume_at(self, superstep: int, rng: np.random.Generator | None = None) -> None:
         """Continue counting from ``superstep`` (and with ``rng``) after a restore.
         Before the first ``next_batch``."""
-        self.d.sampler.superstep_offset = int(superstep)
+        self.sampler.superstep_offset = int(superstep)
         if rng is not None:
-            self.d.sampler.rng = rng
+            self.sampler.rng = rng
 
     def updates_through_owners(self) -> None:
         """Send the next priority updates to the owners as messages until each applied
         one (behind a checkpoint's marker). Where MPI calls are made (:meth:`post`)."""
-        self.d.prio.through_owners()
+        self.mode.updates_through_owners()
 
     def add_hook(self, hook: LearnerHook) -> None:
         """Call ``hook`` at superstep boundaries (see LearnerHook). Local."""
@@ -367,7 +431,8 @@ class LearnerEndpoint:
         wall = float(np.nansum([r["iteration_s"] for r in rows]))
         story = exposed_story(rows_split(rows), wall) if rows else ""
         return (f"[{self.mode.name}] exposed {exp:.2f} ms  iteration {it:.2f} ms (median "
-                f"of the last {len(rows)})  resampled {self.d.resampled}"
+                f"of the last {len(rows)})  resampled "
+                f"{int(self.mode.counters().get('resampled_rows', 0))}"
                 + (f"  {story}" if story else ""))
 
     def _publish(self, s: int) -> None:
@@ -391,8 +456,7 @@ class LearnerEndpoint:
         Raises:
             ValueError: see :func:`~conduit_hpc.sampling.check_update` (nothing sent).
         """
-        d = self.d
-        idx, p = d.sampler.check_update(indices, priorities, d.capacities)
+        idx, p = self.sampler.check_update(indices, priorities, self.capacities)
         self.priority_rows += len(idx)
         if len(idx) == 0:  # nothing to send (send_priorities needs a row)
             return
@@ -417,20 +481,5 @@ class LearnerEndpoint:
         if self.progress is not None:
             self.progress.close()
         summary = latency_summary(self.metrics.rows, skip=min(5, len(self.metrics.rows) // 10))
-        summary["resampled_rows"] = float(self.d.resampled)
-        summary["limiter_wait_s"] = float(self.d.limiter_wait_s)
-        summary["overwritten_unsampled"] = float(self.d.overwritten_unsampled)
-        summary["pinned_rounds"] = float(self.d.pinned_rounds)
-        # priority-update rows written into node-local indexes / sent to owners
-        summary["priority_rows_direct"] = float(self.d.prio.direct_rows)
-        summary["priority_rows_messaged"] = float(self.d.prio.message_rows)
-        pol = self.d.device_policy  # promotions (plane/device_policy.py)
-        if self.d.device_shards or pol is not None:  # the device tier (plane/device_tier.py)
-            devs = self.d.device_shards.values()
-            for key, attr in (("drawn", "drawn"), ("in", "rows_in"), ("evicted", "evicted"),
-                              ("missed", "missed")):  # mirrors demoted since count too
-                summary[f"device_rows_{key}"] = float(
-                    sum(getattr(x, attr) for x in devs) + (pol.retired[attr] if pol else 0))
-        if pol is not None:
-            summary.update(pol.counters())
+        summary.update(self.mode.counters())
         return summary

@@ -12,6 +12,7 @@ from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
 from conduit_hpc.errors import ConfigError, RemoteFailure, WorldTooSmall
+from conduit_hpc.plane.delivery_rank import ProcessMode
 from conduit_hpc.testing import ZeroedRows, checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD
@@ -47,6 +48,9 @@ def test_batches_arrive_in_order_with_intact_rows(fetch: str) -> None:
         if edp.role is Role.ACTOR:
             receipts = actor_ingest(edp)
         elif edp.role is Role.LEARNER:
+            # the learner reads the staging ring: no experience path of its own
+            assert isinstance(edp.learner.mode, ProcessMode)
+            assert not hasattr(edp.learner.mode, "d")
             for s in range(40):
                 b = edp.next_batch()
                 assert b.superstep == s  # in order, none skipped
@@ -73,6 +77,9 @@ def test_batches_arrive_in_order_with_intact_rows(fetch: str) -> None:
             assert rmap[(int(shard), int(gen) - 1)] == (int(w), int(q))
     assert len(delivered) == (40 if COMM.rank == 0 else 0)
     assert summary["learners"][0]["supersteps"] == 40
+    # the delivery rank's counters reach the learner's summary
+    assert summary["learners"][0]["priority_rows_direct"] + \
+        summary["learners"][0]["priority_rows_messaged"] == 40 * 32
     # every update row the learner queued was carried by the delivery rank into the
     # shard's index (written there directly: the shard is in the node's shared memory)
     # and applied, or (rows overwritten since they were drawn: unthrottled actors can

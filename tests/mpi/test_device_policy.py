@@ -73,7 +73,7 @@ def _verdict(ok: bool) -> bool:
 def _heat(edp, hot: int, steps: int, until: set[int], problems: list[str]) -> int:
     """Batches with priority 50 for shard ``hot``'s rows, 0.1 for the others, until
     the device mirrors the shards ``until`` (at most ``steps``); returns the batches."""
-    d = edp.learner.d
+    d = edp.learner.mode.d
     for n in range(steps):
         if _on_thread(edp, lambda: set(d.device_shards)) == until:
             return n
@@ -122,7 +122,7 @@ def test_the_hottest_shard_moves_to_the_device_and_back_without_loss(mode):
                 edp.ingest(checked_batch(edp.world_rank, w, 8))
                 w += 8
         elif edp.role is Role.LEARNER:
-            d = edp.learner.d
+            d = edp.learner.mode.d
             pol = d.device_policy
             assert pol is not None and not d.device_shards
 

@@ -122,7 +122,7 @@ def test_the_device_mirrors_its_ring_exactly_once_under_concurrent_writers(share
             _actor(edp, 6 * CAPACITY)  # laps every ring several times
         elif edp.role is Role.LEARNER:
             rng = np.random.default_rng(edp.world_rank)
-            d = edp.learner.d
+            d = edp.learner.mode.d
             assert d.device_shards, "this learner reads no learner_gpu shard"
             tiers_seen = set()
             steps = 0
@@ -162,7 +162,7 @@ def test_sampling_across_tiers_is_exact(shared_dir, mode):
             _actor(edp, 3 * CAPACITY)
         elif edp.role is Role.LEARNER:
             rng = np.random.default_rng(7)
-            d = edp.learner.d
+            d = edp.learner.mode.d
             _wait_actors_done(edp)
             for _ in range(30):  # give drawn rows varied priorities
                 b = edp.next_batch()
@@ -211,7 +211,7 @@ def test_device_rows_pass_a_numpy_transform(shared_dir):
                 if not row_consistent(cols).all():
                     bad.append("torn or wrong rows")
                 seen |= set(np.asarray(b.indices)[:, 0].tolist())
-            if not set(edp.learner.d.device_shards) & seen:
+            if not set(edp.learner.mode.d.device_shards) & seen:
                 bad.append("no device row drawn")
         else:
             edp.serve()
@@ -232,7 +232,7 @@ def test_every_row_on_the_device(shared_dir, mode):
         if edp.role is Role.ACTOR:
             _actor(edp, 2 * CAPACITY)  # finishes: the learner then runs on what is held
         elif edp.role is Role.LEARNER:
-            d = edp.learner.d
+            d = edp.learner.mode.d
             for _ in range(40):
                 b = edp.next_batch()
                 if not set(np.asarray(b.indices)[:, 0].tolist()) <= set(d.device_shards):
