@@ -10,7 +10,7 @@ rank of its own on the learner's node:
   clock, writes ready batches into the :class:`~conduit_hpc.plane.staging_ring.StagingRing`
   and forwards the learner's priority updates to the owners;
 * :class:`ProcessMode` - the learner's side (a
-  :class:`~conduit_hpc.plane.learner.DeliveryMode`): ``next_batch`` says "I asked for
+  :class:`~conduit_hpc.plane.modes.DeliveryMode`): ``next_batch`` says "I asked for
   batch ``s``" in a shared word and pops the ready slot (numpy views of shared memory,
   then the device staging); ``update_priorities`` is one write into the shared update
   queue; the learner's other MPI calls (weights, control words) run inline.
@@ -39,7 +39,8 @@ from mpi4py import MPI
 from conduit_hpc.errors import ConfigError, DataPlaneClosed, DataPlaneTimeout, RemoteFailure
 from conduit_hpc.plane.delivery import Deliverer
 from conduit_hpc.plane.fetch import Fetch
-from conduit_hpc.plane.learner import MODES, DeliveryMode, LearnerEndpoint, inline_mode
+from conduit_hpc.plane.learner import LearnerEndpoint
+from conduit_hpc.plane.modes import MODES, DeliveryMode, inline_mode
 from conduit_hpc.plane.prefetch import Prefetcher
 from conduit_hpc.plane.roles import RoleComms
 from conduit_hpc.plane.staging import Batch, BatchSink, Stager

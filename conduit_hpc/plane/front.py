@@ -45,8 +45,9 @@ from conduit_hpc.plane.delivery_rank import (
 )
 from conduit_hpc.plane.extensions import Feature, feature_factories
 from conduit_hpc.plane.host import FeatureHost
-from conduit_hpc.plane.learner import MODES, EdpMode, LearnerEndpoint
+from conduit_hpc.plane.learner import LearnerEndpoint
 from conduit_hpc.plane.memory import ShardMemory
+from conduit_hpc.plane.modes import MODES, EdpMode
 from conduit_hpc.plane.planning import decide_placement, write_plan
 from conduit_hpc.plane.roles import Role, RoleComms, check_same_config, split_roles
 from conduit_hpc.plane.staging import Batch, Stager, agreed_device

@@ -1,5 +1,5 @@
 """Batches prepared ahead: the one prefetch engine of the data-plane thread
-(:class:`~conduit_hpc.plane.learner.EdpMode`) and the delivery rank
+(:class:`~conduit_hpc.plane.modes.EdpMode`) and the delivery rank
 (:class:`~conduit_hpc.plane.delivery_rank.DeliveryServer`).
 
 :class:`Prefetcher` runs the :class:`~conduit_hpc.plane.fetch.Fetch` strategy under the
