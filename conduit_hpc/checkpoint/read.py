@@ -153,7 +153,11 @@ class Checkpoint:
         try:
             return _read_verified(obj, expected, where, out=out)
         except OSError as err:  # truncated or damaged storage under a readable header
-            raise CheckpointError(f"{where}: dataset {path} cannot be read: {err}") from err
+            codec = obj.compression
+            what = (f" (a compressed block is damaged: the {codec} filter refused it)"
+                    if codec else "")
+            raise CheckpointError(f"{where}: dataset {path} cannot be read{what}: "
+                                  f"{err}") from err
 
     def read_shard(self, shard_id: int, into: SnapshotStaging | None = None) -> ShardSnapshot:
         """Every row and counter of one shard, checksums verified.
