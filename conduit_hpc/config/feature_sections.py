@@ -137,6 +137,11 @@ class LongHaulConfig:
         forward_rows (int): ``forward``: rows per forwarded message.
         publish_every_s (float): how often buffer ranks publish their link counters for
             the learner's per-superstep metrics and append to ``link-<rank>.csv``.
+        compression (str): ``forward``: ``zlib`` compresses the rows of each forwarded
+            message (level 1; header and priorities stay plain) and the link is charged
+            with the bytes sent; ``none`` sends them as they are. Worth it while the
+            link is slower than zlib (~0.27 GB/s of Atari rows on one core here; see
+            ``docs/longhaul.md``).
     """
 
     mode: Literal["off", "forward", "edge_replay"] = "off"
@@ -147,6 +152,7 @@ class LongHaulConfig:
     queue_rows: int = 4096
     forward_rows: int = 64
     publish_every_s: float = 0.02
+    compression: Literal["none", "zlib"] = "none"
 
     def __post_init__(self) -> None:
         require(finite(self.bandwidth_gbps) and 1e-12 <= self.bandwidth_gbps <= 1e6,
@@ -166,6 +172,9 @@ class LongHaulConfig:
                 f"between 1 and queue_rows ({self.queue_rows})")
         require(finite(self.publish_every_s) and 0 < self.publish_every_s <= 10,
                 "publish_every_s", self.publish_every_s, "between 0 (excluded) and 10")
+        require(self.compression == "none" or self.mode == "forward", "compression",
+                self.compression, f"'none' with mode = {self.mode!r} (only the rows that "
+                f"'forward' sends are compressed)")
 
     @property
     def bytes_per_s(self) -> float:
