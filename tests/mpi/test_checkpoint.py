@@ -81,7 +81,10 @@ def wait_for(path: Path, timeout_s: float = 60.0) -> bool:
 def test_cut_under_ingest_restores_every_row_before_it_once(shared_dir, shared_memory) -> None:
     root = shared_dir
     # phase 1: one buffer rank, two shards; actors ingest while the buffer side checkpoints
-    cfg = cfg_for(1, 2, transport={"shared_memory": shared_memory})
+    # (over RMA, the periodic writer compresses two columns: the restores read them back)
+    codecs = {"payload": "gzip", "check": "lzf"} if shared_memory == "never" else {}
+    cfg = cfg_for(1, 2, transport={"shared_memory": shared_memory},
+                  checkpoint={"compression": codecs})
     with ExperienceDataPlane(cfg) as edp:
         agent = CheckpointAgent(edp, root, keep=0)
         receipts: list = []
@@ -127,6 +130,10 @@ def test_cut_under_ingest_restores_every_row_before_it_once(shared_dir, shared_m
         stored |= {(int(w), int(q), s.shard_id, int(sq)) for w, q, sq in zip(
             snap.columns["writer"], snap.columns["wseq"], snap.seqs, strict=True)}
     assert stored == expected
+    with h5py.File(root / "ckpt-000001" / "buffer-0000.h5", "r") as f:
+        assert f["/shards/0/columns/payload"].attrs.get("compression") == codecs.get("payload")
+        assert f["/shards/1/columns/check"].attrs.get("compression") == codecs.get("check")
+        assert "compression" not in f["/shards/0/columns/wseq"].attrs
     with h5py.File(root / "ckpt-000001" / ck.MANIFEST, "r") as f:  # the global view
         assert len(f["experience/wseq"]) == len(expected)
         assert set(zip(f["experience/writer"][:].tolist(), f["experience/wseq"][:].tolist(),
