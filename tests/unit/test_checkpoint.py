@@ -393,6 +393,11 @@ def test_refuses_a_damaged_compressed_block_naming_the_dataset(tmp_path: Path,
         c.read_shard(0)
     bad = ck.inspect_checkpoint(path, verify=True)
     assert not bad["ok"] and "/shards/0/columns/payload" in bad["error"]
+    cols = bad["columns"]  # headers only: readable though a block is damaged
+    assert cols["payload"]["codec"] == codec and cols["wseq"]["codec"] == "none"
+    assert cols["payload"]["raw_bytes"] == 29 * 6 * 8
+    assert cols["wseq"]["stored_bytes"] == cols["wseq"]["raw_bytes"] == 29 * 8
+    assert f"payload: {codec} " in ck.format_report(bad)
 
 
 def test_unknown_codec_is_refused_when_writing(tmp_path: Path) -> None:
