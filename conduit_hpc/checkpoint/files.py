@@ -43,7 +43,7 @@ COMPRESSED_CHUNK_BYTES = 1 << 20
 
 def h5_filter(codec: str) -> dict[str, Any]:
     """``h5py.Group.create_dataset`` keywords of a checkpoint codec (one of
-    :data:`conduit_hpc.config.CHECKPOINT_CODECS`; ``{}`` for ``"none"``).
+    :data:`conduit_hpc.config.CHECKPOINT_CODECS`; ``{}`` for ``"none"``). Local; pure.
 
     Raises:
         CheckpointError: an unknown codec (names it and the known ones).

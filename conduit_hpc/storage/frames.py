@@ -311,7 +311,8 @@ def stored_spec(spec: Spec) -> Spec:
 def stored_owner(spec: Spec) -> dict[str, str]:
     """Each stored column of ``spec`` -> the spec field whose bytes it holds: a plain
     field itself, a stack group's frame and reference columns its stacked field, the lag
-    column ``""`` (no field's). The plain layout maps every field to itself."""
+    column ``""`` (no field's). The plain layout maps every field to itself. Local;
+    pure."""
     if not spec.stacks:
         return {f.name: f.name for f in spec}
     codec = FrameCodec(spec)

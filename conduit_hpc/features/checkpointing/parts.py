@@ -53,7 +53,8 @@ def described_for(edp: FeatureHost) -> dict[str, dict[str, Any]]:
 
 def compression_for(edp: FeatureHost) -> dict[str, str]:
     """The codec of each stored column of this job's shards (``checkpoint.compression``
-    by spec field; a stacked field's codec covers its frames and references)."""
+    by spec field; a stacked field's codec covers its frames and references). Local;
+    the same on every rank."""
     by_field = edp.config.checkpoint.compression
     return {col: by_field[owner] for col, owner in stored_owner(edp.spec).items()
             if owner in by_field}
