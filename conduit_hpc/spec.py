@@ -274,8 +274,27 @@ class Spec:
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one row over all fields."""
+        """Bytes of one row over all fields (nominal: whole stacks)."""
         return self._row_bytes
+
+    @property
+    def stored_row_bytes(self) -> int:
+        """Bytes one shard slot takes in memory: :attr:`row_bytes` for the plain layout;
+        with frame stacks, the stored columns' (every plain field, one frame and the
+        int64 references per stack group, the int64 lag; ``docs/frame-stacks.md``),
+        7,152 for the Atari spec against 56,472 nominal. What placement charges a
+        tier's capacity and an actor's ingest with. :class:`conduit_hpc.storage.frames.
+        FrameCodec` lays these columns out; a unit test holds the two equal."""
+        if not self._stacks:
+            return self._row_bytes
+        stacked: set[str] = set()
+        total = 8  # the lag column
+        for st in self._stacks.values():
+            names = (st.field, st.next_field) if st.next_field else (st.field,)
+            stacked.update(names)
+            frame = int(np.prod(st.frame_shape, dtype=np.int64)) * self[st.field].dtype.itemsize
+            total += frame + 8 * st.depth * len(names)
+        return total + sum(f.row_bytes for f in self._fields if f.name not in stacked)
 
     def signature(self) -> tuple[tuple[str, str, tuple[int, ...], bool], ...]:
         """A plain, comparable description (name, dtype, shape, allow_nan) per field."""

@@ -1,30 +1,49 @@
-"""Stored bytes per Atari transition, each frame stored once against whole stacks.
+"""Stored bytes per Atari transition, each frame stored once against whole stacks; and
+what a checkpoint of each takes, with and without compression.
 
     conduit-hpc bench frames [--capacity 20000] [--streams 8] [--rows 40000]
                              [--batches 32,256] [--repeats 20] [--smoke]
+                             [--frames random|ale] [--game ALE/Pong-v5]
+                             [--checkpoint] [--codec gzip] [--dir DIR]
 
 One process, no MPI job: two shards of ``--capacity`` slots in shared-memory RMA windows
 on ``COMM_SELF``, one of the Atari spec with its frame stacks declared (the frame-once
 layout, :mod:`conduit_hpc.storage.frames`) and one of the same spec without (the full
-layout: ``obs`` and ``next_obs`` each hold 4 frames). ``--streams`` games of random
-84 x 84 frames and random episode lengths (50-500 steps), n-step 3, write ``--rows``
+layout: ``obs`` and ``next_obs`` each hold 4 frames). ``--streams`` games of 84 x 84
+frames and random episode lengths (50-500 steps), n-step 3, write ``--rows``
 transitions into both, interleaved in batches of 1-4 rows a stream as Ape-X actors do;
-then batches of each size in ``--batches`` are gathered from both.
+then batches of each size in ``--batches`` are gathered from both. The frames are
+random bytes (``--frames random``, the default: incompressible), or real ones
+(``--frames ale``: each stream plays ``--game`` with random actions through the Atari
+job's preprocessing; needs the ``[atari]`` extra).
 
 Reports, per layout (one JSON line each): bytes a shard takes per slot (columns, stamps,
 index), slots per transition written (frames-once writes extra slots at episode starts),
 so **stored bytes per transition** and its ratio to the full layout (goal <= 1/6); the
 fraction of held rows that are deliverable (a frame-once row dies with its oldest frame);
-ingest rows/s and gather ms per batch. Times are noisy on a shared machine: compare the
-two layouts of one run, not runs.
+ingest rows/s and gather ms per batch.
+
+``--checkpoint``: each shard is then cut and written as a one-shard HDF5 checkpoint under
+``--dir`` (a temporary directory on the default one) without compression and with the
+frame columns (``obs``, ``next_obs``; a stacked field's codec covers its frames) through
+``--codec``: **bytes on disk** per transition, **save** seconds (cut, shard file,
+manifest, fsyncs, ``DONE``) and **restore** seconds (open, read with every checksum
+verified and every block decompressed, write back into a fresh ring); the restored
+shard's rows are compared with the original's (a sample of 512). Reads right after
+writes come mostly from the page cache. Times are noisy on a shared machine: compare the
+layouts of one run, not runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,16 +61,39 @@ ATARI: dict[str, dict[str, Any]] = {
 }
 
 
-class _Game:
-    """One stream's transitions: random frames, episodes of random length, n-step 3."""
+class _AleFrames:
+    """Real frames of one stream: a game played with random actions through the Atari
+    job's preprocessing (84 x 84 grayscale, frame skip 4), the newest frame of each
+    step, the game reset when it ends."""
 
-    def __init__(self, env: int, rng: np.random.Generator) -> None:
-        self.env, self.rng, self.t = env, rng, 0
+    def __init__(self, game: str, seed: int) -> None:
+        from conduit_hpc.rl.atari import AtariSection, make_atari_vector_env
+
+        self.env, obs = make_atari_vector_env(game, 1, seed, AtariSection())
+        self.last = obs[0, -1].copy()
+
+    def take(self, n: int) -> np.ndarray:
+        out = np.empty((n, 84, 84), np.uint8)
+        for i in range(n):
+            out[i] = self.last
+            obs, *_ = self.env.step(self.env.action_space.sample())
+            self.last = obs[0, -1].copy()
+        return out
+
+
+class _Game:
+    """One stream's transitions: frames (random, or ``source``'s), episodes of random
+    length, n-step 3."""
+
+    def __init__(self, env: int, rng: np.random.Generator,
+                 source: _AleFrames | None = None) -> None:
+        self.env, self.rng, self.t, self.source = env, rng, 0, source
         self._episode()
 
     def _episode(self) -> None:
         length = int(self.rng.integers(50, 500))
-        frames = self.rng.integers(0, 256, (length + 1, 84, 84), dtype=np.uint8)
+        frames = (self.source.take(length + 1) if self.source is not None else
+                  self.rng.integers(0, 256, (length + 1, 84, 84), dtype=np.uint8))
         idx = np.maximum(np.arange(length + 1)[:, None] + np.arange(-3, 1)[None, :], 0)
         self.stacks = frames[idx]  # [t] = the 4 frames ending at t, the first repeated
         self.length, self.t = length, 0
@@ -67,6 +109,12 @@ class _Game:
                 "discount": np.full(len(t), 0.97, np.float32)}
 
 
+def _games(args: argparse.Namespace) -> list[_Game]:
+    return [_Game(e, np.random.default_rng(100 + e),
+                  _AleFrames(args.game, 100 + e) if args.frames == "ale" else None)
+            for e in range(args.streams)]
+
+
 def _measure(spec: Any, args: argparse.Namespace, name: str) -> dict[str, Any]:
     from mpi4py import MPI
 
@@ -78,7 +126,7 @@ def _measure(spec: Any, args: argparse.Namespace, name: str) -> dict[str, Any]:
     try:
         ring = ShardRing(win, 0, 0, lay, timeout_s=10.0)
         rng = np.random.default_rng(0)
-        games = [_Game(e, np.random.default_rng(100 + e)) for e in range(args.streams)]
+        games = _games(args)
         rows, write_s, firsts = 0, 0.0, []
         while rows < args.rows:
             for g in rng.permutation(len(games)):
@@ -108,15 +156,88 @@ def _measure(spec: Any, args: argparse.Namespace, name: str) -> dict[str, Any]:
                 times.append(time.perf_counter() - t0)
             gather_ms[str(k)] = 1e3 * statistics.median(times)
         slot_bytes = lay.nbytes / args.capacity
-        return {"bench": "frames", "git_sha": git_sha(), "layout": name,
-                "capacity": args.capacity, "streams": args.streams, "rows": rows,
-                "slots": slots, "frame_only_slots": frame_only, "slot_bytes": slot_bytes,
-                "stored_bytes_per_transition": slot_bytes * slots / rows,
-                "deliverable_fraction": deliverable / max(1, rows_held),
-                "ingest_rows_per_s": rows / write_s if write_s > 0 else 0.0,
-                "gather_ms": gather_ms}
+        out = {"bench": "frames", "git_sha": git_sha(), "layout": name,
+               "frames": args.frames, "capacity": args.capacity, "streams": args.streams,
+               "rows": rows, "slots": slots, "frame_only_slots": frame_only,
+               "slot_bytes": slot_bytes,
+               "stored_bytes_per_transition": slot_bytes * slots / rows,
+               "deliverable_fraction": deliverable / max(1, rows_held),
+               "ingest_rows_per_s": rows / write_s if write_s > 0 else 0.0,
+               "gather_ms": gather_ms, "load_avg": list(os.getloadavg())}
+        if args.checkpoint:
+            out["checkpoint"] = [_checkpoint(win, lay, codec, args, rows_held)
+                                 for codec in ("none", args.codec)]
+        return out
     finally:
         win.close()
+
+
+def _checkpoint(win: Any, lay: Any, codec: str, args: argparse.Namespace,
+                rows_held: int) -> dict[str, Any]:
+    """Cut the shard in ``win``, write it as a checkpoint (frame fields through
+    ``codec``), restore it into a fresh ring and compare rows. Blocks for the disk."""
+    from mpi4py import MPI
+
+    from conduit_hpc import checkpoint as ck
+    from conduit_hpc.storage import ShardRing
+    from conduit_hpc.storage.frames import stored_owner, stored_spec
+    from conduit_hpc.storage.priority import PriorityIndex
+    from conduit_hpc.storage.snapshot import restore_snapshot, take_snapshot
+    from conduit_hpc.transport.rma import RmaWindow
+
+    cap, spec = args.capacity, lay.spec
+    owner = ShardRing(win, 0, 0, lay, timeout_s=10.0)
+    owner.views = lay.views(win.own_segment(), 0)
+    index = PriorityIndex(cap, alpha=0.6)
+    commit = owner.commit_cursor()
+    seqs = np.arange(max(0, commit - cap), commit, dtype=np.int64)
+    index.insert(seqs % cap, seqs + 1, owner.views.priority[seqs % cap])
+    codecs = {col: codec for col, of in stored_owner(spec).items()
+              if of in ("obs", "next_obs")}
+    base = Path(tempfile.mkdtemp(prefix="bench-frames-", dir=args.dir))
+    try:
+        t0 = time.perf_counter()
+        snap = take_snapshot(0, owner, index)
+        tmp = base / ".tmp-ckpt"
+        tmp.mkdir()
+        rec = ck.write_shard_file(tmp / "buffer-0000.h5", [snap], compression=codecs,
+                                  described=ck.dataset_attrs(stored_spec(spec)))
+        parts = [{"world_rank": 0, "role": "buffer", "rng": None, "counters": {},
+                  "files": [rec["file"]], "shards": rec["shards"]}]
+        man = ck.write_manifest(
+            tmp, seq=1, spec=stored_spec(spec), config_toml="", parts=parts,
+            layout={"world_size": 1, "learner_ranks": [], "buffer_ranks": [0],
+                    "actor_ranks": [], "node_of": [0]},
+            placement={"shards": [{"shard_id": 0, "owner_rank": 0, "tier": "buffer_host",
+                                   "capacity_rows": cap}],
+                       "actor_shards": {}, "learner_shards": {}})
+        final = base / ck.checkpoint_name(1)
+        ck.finalize(tmp, final, man)
+        save_s = time.perf_counter() - t0
+        disk = sum(f.stat().st_size for f in final.iterdir())
+        del snap
+        win2 = RmaWindow(MPI.COMM_SELF, lay.nbytes, node_comm=MPI.COMM_SELF, shared=True)
+        try:
+            ring2 = ShardRing(win2, 0, 0, lay, timeout_s=10.0)
+            ring2.views = lay.views(win2.own_segment(), 0)
+            t0 = time.perf_counter()
+            back = ck.open_checkpoint(final, spec=stored_spec(spec)).read_shard(0)
+            restore_snapshot(ring2, PriorityIndex(cap, alpha=0.6), back)
+            restore_s = time.perf_counter() - t0
+            del back
+            pick = np.random.default_rng(1).choice(seqs, min(512, len(seqs)), replace=False)
+            a, ca = owner.gather(pick % cap)
+            b, cb = ring2.gather(pick % cap)
+            ok = ring2.intact(pick + 1, cb) & owner.intact(pick + 1, ca)
+            exact = all(np.array_equal(a[k][ok], b[k][ok]) for k in a)
+        finally:
+            win2.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return {"codec": codec, "disk_bytes": disk,
+            "disk_bytes_per_transition": disk / max(1, rows_held),
+            "save_s": save_s, "restore_s": restore_s, "rows_compared": int(ok.sum()),
+            "exact": bool(exact)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -130,6 +251,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batches", default="32,256")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--frames", choices=("random", "ale"), default="random")
+    p.add_argument("--game", default="ALE/Pong-v5")
+    p.add_argument("--checkpoint", action="store_true")
+    p.add_argument("--codec", default="gzip")
+    p.add_argument("--dir", default=None)
     args = p.parse_args(argv)
     if args.smoke:
         args.capacity, args.rows, args.streams, args.repeats = 1500, 2500, 4, 3
@@ -151,6 +277,17 @@ def main(argv: list[str] | None = None) -> dict:
               f"{r['ratio_to_full']:>6.3f} {r['deliverable_fraction']:>11.3f} "
               f"{r['ingest_rows_per_s']:>8.0f} "
               + " ".join(f"{r['gather_ms'][str(k)]:>15.3f}" for k in args.batches))
+    if args.checkpoint:
+        full_disk = results[0]["checkpoint"][0]["disk_bytes_per_transition"]
+        print(f"\n{'checkpoint':<22} {'disk bytes/transition':>21} {'ratio':>6} "
+              f"{'save s':>7} {'restore s':>9} {'exact':>5}")
+        for r in results:
+            for c in r["checkpoint"]:
+                c["ratio_to_full"] = c["disk_bytes_per_transition"] / full_disk
+                print(f"{r['layout'] + ' + ' + c['codec']:<22} "
+                      f"{c['disk_bytes_per_transition']:>21,.0f} {c['ratio_to_full']:>6.3f} "
+                      f"{c['save_s']:>7.2f} {c['restore_s']:>9.2f} {c['exact']!s:>5}")
+    print(f"load average {os.getloadavg()}")
     return {"results": results}
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.config import CHECKPOINT_CODECS
 from conduit_hpc.errors import CheckpointError
 from conduit_hpc.spec import Field, Spec
 
@@ -35,6 +36,26 @@ TMP_PREFIX = ".tmp-"
 NAME_RE = re.compile(r"^ckpt-(\d{6,})$")
 FILE_RE = re.compile(r"^[A-Za-z0-9_.-]+\.h5$")
 CHUNK_BYTES = 8 << 20  # write/read/checksum in slabs of this size
+#: bytes of one HDF5 chunk of a compressed dataset (the unit a codec compresses, and the
+#: unit a damaged block takes down); slabs are whole numbers of chunks
+COMPRESSED_CHUNK_BYTES = 1 << 20
+
+
+def h5_filter(codec: str) -> dict[str, Any]:
+    """``h5py.Group.create_dataset`` keywords of a checkpoint codec (one of
+    :data:`conduit_hpc.config.CHECKPOINT_CODECS`; ``{}`` for ``"none"``). Local; pure.
+
+    Raises:
+        CheckpointError: an unknown codec (names it and the known ones).
+    """
+    if codec not in CHECKPOINT_CODECS:
+        raise CheckpointError(f"checkpoint codec {codec!r} is unknown; expected one of "
+                              f"{', '.join(CHECKPOINT_CODECS)}")
+    if codec == "none":
+        return {}
+    if codec == "lzf":
+        return {"compression": "lzf"}
+    return {"compression": "gzip", "compression_opts": int(codec[5:] or 1)}
 
 
 def checkpoint_name(seq: int) -> str:

@@ -34,7 +34,8 @@ def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, A
         ``created_unix``, ``schema_version``, ``spec``, ``shards`` (per shard: rows,
         capacity, commit, owner, priority min/mean/max/sum), ``rows``, ``config_toml``,
         ``counters``, ``rng_ranks``, ``extra_arrays``, ``attributes`` (dataset path in
-        the manifest -> its attributes: description, units, alpha, ...); for a root,
+        the manifest -> its attributes: description, units, alpha, ...), ``columns``
+        (stored column -> codec, stored and raw bytes over every shard); for a root,
         ``checkpoints`` lists every checkpoint and whether it is complete.
     """
     p = Path(path)
@@ -60,7 +61,7 @@ def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, A
                             for r, s in sorted(ckpt.sampler.items())},
                    extra_arrays=sorted(d[len("/arrays/"):] for d in
                                        ckpt.files.get(LEARNER_FILE, {}).get("datasets", {})),
-                   attributes=ckpt.dataset_attrs())
+                   attributes=ckpt.dataset_attrs(), columns=ckpt.column_storage())
         owners = [s["owner_rank"] for s in ckpt.placement["shards"]]
         shards = []
         for s in ckpt.shards:
@@ -121,6 +122,13 @@ def format_report(report: Mapping[str, Any]) -> str:
                          f"{num(s['priority_min']):>10} {num(s['priority_mean']):>10} "
                          f"{num(s['priority_max']):>10} {num(s['priority_sum']):>12}  "
                          f"{s['file']}")
+    cols = report.get("columns") or {}
+    if cols:
+        lines.append("")
+        lines.append("columns      " + ", ".join(
+            f"{name}: {c['codec']}" + (f" {c['stored_bytes']:,} of {c['raw_bytes']:,} B"
+                                       if c["codec"] != "none" else "")
+            for name, c in cols.items()))
     lines.append("")
     position = [f"{k}={v}" for c in report["counters"].values() for k, v in c.items()
                 if k in ("superstep", "step", "samples", "inserts")]

@@ -153,7 +153,11 @@ class Checkpoint:
         try:
             return _read_verified(obj, expected, where, out=out)
         except OSError as err:  # truncated or damaged storage under a readable header
-            raise CheckpointError(f"{where}: dataset {path} cannot be read: {err}") from err
+            codec = obj.compression
+            what = (f" (a compressed block is damaged: the {codec} filter refused it)"
+                    if codec else "")
+            raise CheckpointError(f"{where}: dataset {path} cannot be read{what}: "
+                                  f"{err}") from err
 
     def read_shard(self, shard_id: int, into: SnapshotStaging | None = None) -> ShardSnapshot:
         """Every row and counter of one shard, checksums verified.
@@ -250,6 +254,34 @@ class Checkpoint:
                     obj = f.get(path)
                     if isinstance(obj, h5py.Dataset):
                         out["/weights/" + path[len("/arrays/"):]] = plain(obj.attrs)
+        return out
+
+    def column_storage(self) -> dict[str, dict[str, Any]]:
+        """Per stored column, over every shard: its ``codec`` (``"none"`` when not
+        compressed), ``stored_bytes`` (on disk) and ``raw_bytes`` (uncompressed). Local;
+        reads headers only."""
+        out: dict[str, dict[str, Any]] = {}
+        by_file: dict[str, list[int]] = {}
+        for s in self.shards:
+            by_file.setdefault(s.file, []).append(s.shard_id)
+        for name, ids in by_file.items():
+            with self._file(name) as f:
+                for sid in ids:
+                    g = f.get(f"/shards/{sid}/columns")
+                    if not isinstance(g, h5py.Group):
+                        continue
+                    for col in g:
+                        ds = g.get(col)
+                        if not isinstance(ds, h5py.Dataset):
+                            continue
+                        raw = ds.attrs.get("compression", "none")
+                        codec = raw.decode() if isinstance(raw, bytes) else str(raw)
+                        rec = out.setdefault(col, {"codec": codec, "stored_bytes": 0,
+                                                   "raw_bytes": 0})
+                        if rec["codec"] == "none":
+                            rec["codec"] = codec  # an empty shard's column is plain
+                        rec["stored_bytes"] += int(ds.id.get_storage_size())
+                        rec["raw_bytes"] += int(ds.nbytes)
         return out
 
     def verify(self) -> None:

@@ -23,6 +23,7 @@ from conduit_hpc import jsontext
 from conduit_hpc.checkpoint import files as _files
 from conduit_hpc.checkpoint.files import (
     CHUNK_BYTES,
+    COMPRESSED_CHUNK_BYTES,
     DONE,
     FILE_RE,
     FORMAT,
@@ -34,6 +35,7 @@ from conduit_hpc.checkpoint.files import (
     _rows_per_slab,
     _sha256,
     dataset_attrs,
+    h5_filter,
     spec_to_json,
 )
 from conduit_hpc.errors import CheckpointError
@@ -69,11 +71,21 @@ def _set_attrs(obj: h5py.HLObject, attrs: Mapping[str, Any] | None) -> None:
 
 def _write_dataset(group: h5py.Group, name: str, arr: np.ndarray, chunk_bytes: int,
                    limit: _DirtyLimit | None = None,
-                   attrs: Mapping[str, Any] | None = None) -> str:
-    """Create a contiguous dataset (with ``attrs``), write it in slabs, return its
-    checksum."""
+                   attrs: Mapping[str, Any] | None = None, codec: str = "none") -> str:
+    """Create a dataset (with ``attrs``), write it in slabs, return its checksum (CRC-32
+    of the uncompressed bytes). ``codec`` other than ``"none"``: a chunked dataset
+    through that HDF5 filter (chunks of about :data:`COMPRESSED_CHUNK_BYTES`, slabs of
+    whole chunks, so no chunk is compressed twice), its name in the ``compression``
+    attribute; else contiguous."""
     a = np.ascontiguousarray(arr)
-    ds = group.create_dataset(name, shape=a.shape, dtype=a.dtype)
+    chunk_rows = 0
+    if codec != "none" and a.ndim and len(a):
+        chunk_rows = min(len(a), _rows_per_slab(a, COMPRESSED_CHUNK_BYTES))
+        ds = group.create_dataset(name, shape=a.shape, dtype=a.dtype,
+                                  chunks=(chunk_rows, *a.shape[1:]), **h5_filter(codec))
+        ds.attrs["compression"] = codec
+    else:
+        ds = group.create_dataset(name, shape=a.shape, dtype=a.dtype)
     _set_attrs(ds, attrs)
     crc = 0
     if a.ndim == 0:
@@ -81,6 +93,8 @@ def _write_dataset(group: h5py.Group, name: str, arr: np.ndarray, chunk_bytes: i
         crc = zlib.crc32(a.tobytes())
     elif len(a):
         step = _rows_per_slab(a, chunk_bytes)
+        if chunk_rows:
+            step = max(chunk_rows, step // chunk_rows * chunk_rows)
         for i in range(0, len(a), step):
             piece = a[i:i + step]
             ds[i:i + len(piece)] = piece
@@ -95,13 +109,18 @@ def _write_dataset(group: h5py.Group, name: str, arr: np.ndarray, chunk_bytes: i
 def write_shard_file(path: Path, snapshots: Sequence[ShardSnapshot], *,
                      attrs: Mapping[str, Any] | None = None,
                      chunk_bytes: int = CHUNK_BYTES,
-                     described: Mapping[str, Mapping[str, Any]] | None = None
+                     described: Mapping[str, Mapping[str, Any]] | None = None,
+                     compression: Mapping[str, str] | None = None
                      ) -> dict[str, Any]:
     """Write the snapshots of one buffer rank's shards into ``path`` and fsync it.
 
     Local; blocks for the disk write (run it off the progress loop). The snapshots'
     arrays are only read. ``described`` gives each dataset's attributes by its path in
-    a shard group (:func:`~conduit_hpc.checkpoint.files.dataset_attrs`).
+    a shard group (:func:`~conduit_hpc.checkpoint.files.dataset_attrs`);
+    ``compression`` the codec of each stored column by name (``"none"`` for the
+    others; see :func:`~conduit_hpc.checkpoint.files.h5_filter`). The checksums are of
+    the uncompressed bytes, so a damaged compressed block is refused on read either by
+    the filter or by the checksum.
 
     Returns:
         dict: the file record (``name``, ``bytes``, ``datasets``: path -> checksum) and
@@ -136,7 +155,8 @@ def write_shard_file(path: Path, snapshots: Sequence[ShardSnapshot], *,
                 for name, arr in s.columns.items():
                     datasets[f"{cols.name}/{name}"] = _write_dataset(
                         cols, name, arr, chunk_bytes, limit,
-                        (described or {}).get(f"columns/{name}"))
+                        (described or {}).get(f"columns/{name}"),
+                        (compression or {}).get(name, "none"))
                 shards.append({**meta, "file": path.name})
         _fsync(path)
     except OSError as err:

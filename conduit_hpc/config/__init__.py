@@ -15,7 +15,12 @@ value and what was expected. Nothing here imports MPI.
 from __future__ import annotations
 
 from conduit_hpc.config.checks import require
-from conduit_hpc.config.feature_sections import CheckpointConfig, LongHaulConfig, PlacementConfig
+from conduit_hpc.config.feature_sections import (
+    CHECKPOINT_CODECS,
+    CheckpointConfig,
+    LongHaulConfig,
+    PlacementConfig,
+)
 from conduit_hpc.config.jobs import JOB_CONFIG_NAME, declared_config, job_script_for
 from conduit_hpc.config.loader import (
     apply_overrides,
@@ -41,6 +46,7 @@ from conduit_hpc.config.sections import (
 from conduit_hpc.errors import ConfigError
 
 __all__ = [
+    "CHECKPOINT_CODECS",
     "JOB_CONFIG_NAME",
     "CheckpointConfig",
     "Config",

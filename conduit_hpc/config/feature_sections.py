@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from conduit_hpc.config.checks import MAX_BYTES, MAX_COUNT, MAX_ROWS, MAX_SECONDS, finite, require
 
-__all__ = ["CheckpointConfig", "LongHaulConfig", "PlacementConfig"]
+__all__ = ["CHECKPOINT_CODECS", "CheckpointConfig", "LongHaulConfig", "PlacementConfig"]
+
+#: lossless codecs of checkpoint columns: the filters h5py has built in, no plugin
+#: ("gzip" is "gzip-1", which every HDF5 reader decodes; "lzf" is h5py's own). README,
+#: "Checkpoints", gives the measurement that chose them.
+CHECKPOINT_CODECS = ("none", "lzf", "gzip", *(f"gzip-{n}" for n in range(1, 10)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +87,11 @@ class CheckpointConfig:
         keep (int): complete checkpoints kept (0: all).
         on_stop (bool): write a final checkpoint when the job is asked to stop
             (SIGTERM / SIGUSR1).
+        compression (dict[str, str]): spec field -> lossless codec of its checkpoint
+            datasets, one of :data:`CHECKPOINT_CODECS` (``"gzip"`` = ``"gzip-1"``);
+            fields not named are stored uncompressed. A stacked field's codec applies to
+            its stored frames and references (a ``next_of`` field has no columns of its
+            own and is refused here; the root config checks the names).
     """
 
     directory: str = "checkpoints"
@@ -89,6 +99,7 @@ class CheckpointConfig:
     every_seconds: float = 0.0
     keep: int = 3
     on_stop: bool = True
+    compression: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         require(bool(self.directory.strip()), "directory", self.directory,
@@ -100,6 +111,9 @@ class CheckpointConfig:
                 f"a finite number >= 0 (0 = never) and <= {MAX_SECONDS:g}")
         require(0 <= self.keep <= MAX_COUNT, "keep", self.keep,
                 f">= 0 (0 = keep all) and <= {MAX_COUNT}")
+        for name, codec in self.compression.items():
+            require(codec in CHECKPOINT_CODECS, f"compression.{name}", codec,
+                    f"one of {', '.join(CHECKPOINT_CODECS)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,6 +137,11 @@ class LongHaulConfig:
         forward_rows (int): ``forward``: rows per forwarded message.
         publish_every_s (float): how often buffer ranks publish their link counters for
             the learner's per-superstep metrics and append to ``link-<rank>.csv``.
+        compression (str): ``forward``: ``zlib`` compresses the rows of each forwarded
+            message (level 1; header and priorities stay plain) and the link is charged
+            with the bytes sent; ``none`` sends them as they are. Worth it while the
+            link is slower than zlib (~0.27 GB/s of Atari rows on one core here; see
+            ``docs/longhaul.md``).
     """
 
     mode: Literal["off", "forward", "edge_replay"] = "off"
@@ -133,6 +152,7 @@ class LongHaulConfig:
     queue_rows: int = 4096
     forward_rows: int = 64
     publish_every_s: float = 0.02
+    compression: Literal["none", "zlib"] = "none"
 
     def __post_init__(self) -> None:
         require(finite(self.bandwidth_gbps) and 1e-12 <= self.bandwidth_gbps <= 1e6,
@@ -152,6 +172,9 @@ class LongHaulConfig:
                 f"between 1 and queue_rows ({self.queue_rows})")
         require(finite(self.publish_every_s) and 0 < self.publish_every_s <= 10,
                 "publish_every_s", self.publish_every_s, "between 0 (excluded) and 10")
+        require(self.compression == "none" or self.mode == "forward", "compression",
+                self.compression, f"'none' with mode = {self.mode!r} (only the rows that "
+                f"'forward' sends are compressed)")
 
     @property
     def bytes_per_s(self) -> float:

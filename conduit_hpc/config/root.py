@@ -80,6 +80,7 @@ class Config:
                     f"a shard that rows moved out of holds a non-contiguous run of rows, "
                     f"which the checkpoint format does not store")
         self._check_frame_stacks()
+        self._check_compression()
         if self.placement.device_rows:
             self._check_device_rows()
         if self.layout.learners_ingest:
@@ -131,6 +132,17 @@ class Config:
             require(self.scheduler.sampler != "sequence", "scheduler.sampler",
                     self.scheduler.sampler, "'uniform' or 'prioritized' with frame stacks "
                     "(spec.NAME.stack): the sequence sampler does not rebuild stacks yet")
+
+    def _check_compression(self) -> None:
+        """``checkpoint.compression`` names spec fields that own stored columns."""
+        for name in self.checkpoint.compression:
+            key = f"checkpoint.compression.{name}"
+            require(name in self.spec, key, name,
+                    f"a spec field (the fields: {', '.join(self.spec) or 'none'})")
+            of = self.spec[name].next_of
+            require(not of, key, name,
+                    f"a field with columns of its own: spec.{name} is the next stack of "
+                    f"spec.{of} (next_of), whose stored frames it shares; name {of!r}")
 
     def _check_process_delivery(self) -> None:
         """What ``scheduler.delivery = "process"`` supports (a delivery rank per learner

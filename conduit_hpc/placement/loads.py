@@ -111,7 +111,7 @@ def evaluate(topo: Topology, workload: Workload, alloc: Allocation, *,
     ingest = np.zeros(nlinks)
     bb = workload.batch_rows * workload.row_bytes
     step = workload.superstep_s
-    rb = workload.row_bytes
+    rb = workload.stored_bytes  # actors write stored columns (frames once)
     # -- reads
     if alloc.scope == "partitioned":
         routes = topo.read_routes(alloc.loc, alloc.part)

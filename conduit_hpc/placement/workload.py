@@ -46,7 +46,11 @@ class Workload:
 
     Attributes:
         capacity_rows (int): replay capacity over all shards (rows).
-        row_bytes (int): payload bytes of one row (the spec's ``row_bytes``).
+        row_bytes (int): payload bytes of one row as a batch carries it (the spec's
+            ``row_bytes``: a gather copies every frame of a stack).
+        stored_row_bytes (int): bytes one row takes in a tier's memory and in an
+            actor's ingest (the spec's ``stored_row_bytes``: with frame stacks, each
+            frame once); 0: ``row_bytes``.
         batch_rows (int): rows each learner samples per superstep.
         update_rate_hz (float): learner updates per second (superstep = 1 / rate).
         actor_rows_per_s (float): rows each actor ingests per second.
@@ -69,6 +73,7 @@ class Workload:
 
     capacity_rows: int
     row_bytes: int
+    stored_row_bytes: int = 0
     batch_rows: int = 256
     update_rate_hz: float = 100.0
     actor_rows_per_s: float = 1000.0
@@ -82,6 +87,9 @@ class Workload:
     def __post_init__(self) -> None:
         require(self.capacity_rows > 0, "capacity_rows", self.capacity_rows, "> 0")
         require(self.row_bytes > 0, "row_bytes", self.row_bytes, "> 0")
+        require(0 <= self.stored_row_bytes <= self.row_bytes, "stored_row_bytes",
+                self.stored_row_bytes, f">= 0 (0: row_bytes) and <= row_bytes "
+                f"({self.row_bytes})")
         require(self.batch_rows > 0, "batch_rows", self.batch_rows, "> 0")
         require(np.isfinite(self.update_rate_hz) and self.update_rate_hz > 0,
                 "update_rate_hz", self.update_rate_hz, "a finite number > 0")
@@ -117,11 +125,17 @@ class Workload:
         return self.compute_s if self.compute_s > 0 else self.superstep_s
 
     @property
+    def stored_bytes(self) -> int:
+        """Payload bytes one row takes in memory and in ingest (:attr:`stored_row_bytes`,
+        or :attr:`row_bytes` when that is 0)."""
+        return self.stored_row_bytes or self.row_bytes
+
+    @property
     def bytes_per_row(self) -> int:
-        """Memory one row takes in a tier: payload, stamp and priority, and the priority
-        index for prioritized replay."""
+        """Memory one row takes in a tier: stored payload, stamp and priority, and the
+        priority index for prioritized replay."""
         extra = INDEX_BYTES_PER_ROW if self.sampling == "prioritized" else 0
-        return self.row_bytes + STAMP_BYTES_PER_ROW + extra
+        return self.stored_bytes + STAMP_BYTES_PER_ROW + extra
 
     def bins(self) -> tuple[np.ndarray, np.ndarray]:
         """(row shares, mass shares) of the heat bins, hottest (by mass per row) first."""
@@ -182,8 +196,9 @@ class Workload:
         if rate <= 0:
             rate = 1000.0
             notes.append("actor_rows_per_s = 1000.0 (assumed)")
+        spec = Spec.from_config(cfg.spec)
         return cls(capacity_rows=cfg.storage.capacity_rows,
-                   row_bytes=Spec.from_config(cfg.spec).row_bytes,
+                   row_bytes=spec.row_bytes, stored_row_bytes=spec.stored_row_bytes,
                    batch_rows=cfg.scheduler.batch_rows, update_rate_hz=100.0,
                    min_shard_rows=cfg.scheduler.batch_rows,
                    actor_rows_per_s=rate,

@@ -186,7 +186,8 @@ def _static(config: Config, spec: Spec, roles: RoleComms) -> tuple[Placement, Pl
     roster = Roster.from_ranks(cluster, roles.node_of, roles.learner_ranks,
                                roles.buffer_ranks, roles.actor_ranks)
     workload, notes = Workload.from_job(config)
-    workload = replace(workload, row_bytes=spec.row_bytes, tiers=tuple(pc.tiers))
+    workload = replace(workload, row_bytes=spec.row_bytes,
+                       stored_row_bytes=spec.stored_row_bytes, tiers=tuple(pc.tiers))
     plan = plan_static(cluster, workload, roster=roster)
     plan, moved = executable(plan, roles, config.scheduler,
                              shared_memory=config.transport.shared_memory)

@@ -38,7 +38,15 @@ import numpy as np
 from conduit_hpc.errors import SpecError
 from conduit_hpc.spec import Field, FrameStack, Spec
 
-__all__ = ["LAG_COLUMN", "LAG_NONE", "FrameCodec", "FrameWriter", "seal_cut", "stored_spec"]
+__all__ = [
+    "LAG_COLUMN",
+    "LAG_NONE",
+    "FrameCodec",
+    "FrameWriter",
+    "seal_cut",
+    "stored_owner",
+    "stored_spec",
+]
 
 #: lag of a slot that holds frames but no row: never intact
 LAG_NONE = 1 << 60
@@ -298,6 +306,21 @@ class FrameWriter:
 def stored_spec(spec: Spec) -> Spec:
     """The columns a shard of ``spec`` holds (``spec`` itself for the plain layout)."""
     return FrameCodec(spec).stored if spec.stacks else spec
+
+
+def stored_owner(spec: Spec) -> dict[str, str]:
+    """Each stored column of ``spec`` -> the spec field whose bytes it holds: a plain
+    field itself, a stack group's frame and reference columns its stacked field, the lag
+    column ``""`` (no field's). The plain layout maps every field to itself. Local;
+    pure."""
+    if not spec.stacks:
+        return {f.name: f.name for f in spec}
+    codec = FrameCodec(spec)
+    out = {name: name for name in codec.plain}
+    for g in codec.groups:
+        out[g.frame] = out[g.refs] = g.stack.field
+    out[LAG_COLUMN] = ""
+    return out
 
 
 def seal_cut(codec: FrameCodec | None, columns: Mapping[str, np.ndarray],

@@ -81,7 +81,10 @@ def wait_for(path: Path, timeout_s: float = 60.0) -> bool:
 def test_cut_under_ingest_restores_every_row_before_it_once(shared_dir, shared_memory) -> None:
     root = shared_dir
     # phase 1: one buffer rank, two shards; actors ingest while the buffer side checkpoints
-    cfg = cfg_for(1, 2, transport={"shared_memory": shared_memory})
+    # (over RMA, the periodic writer compresses two columns: the restores read them back)
+    codecs = {"payload": "gzip", "check": "lzf"} if shared_memory == "never" else {}
+    cfg = cfg_for(1, 2, transport={"shared_memory": shared_memory},
+                  checkpoint={"compression": codecs})
     with ExperienceDataPlane(cfg) as edp:
         agent = CheckpointAgent(edp, root, keep=0)
         receipts: list = []
@@ -127,6 +130,10 @@ def test_cut_under_ingest_restores_every_row_before_it_once(shared_dir, shared_m
         stored |= {(int(w), int(q), s.shard_id, int(sq)) for w, q, sq in zip(
             snap.columns["writer"], snap.columns["wseq"], snap.seqs, strict=True)}
     assert stored == expected
+    with h5py.File(root / "ckpt-000001" / "buffer-0000.h5", "r") as f:
+        assert f["/shards/0/columns/payload"].attrs.get("compression") == codecs.get("payload")
+        assert f["/shards/1/columns/check"].attrs.get("compression") == codecs.get("check")
+        assert "compression" not in f["/shards/0/columns/wseq"].attrs
     with h5py.File(root / "ckpt-000001" / ck.MANIFEST, "r") as f:  # the global view
         assert len(f["experience/wseq"]) == len(expected)
         assert set(zip(f["experience/writer"][:].tolist(), f["experience/wseq"][:].tolist(),
@@ -263,9 +270,11 @@ def test_signal_on_one_rank_stops_all_and_final_checkpoint_round_trips(shared_di
             edp2.serve()
 
 
-def one_cycle(root: Path, rows_per_actor: int) -> None:
-    """A short job: actors ingest, then everyone writes a checkpoint."""
-    with ExperienceDataPlane(cfg_for(1, 1, capacity=1000)) as edp:
+def one_cycle(root: Path, rows_per_actor: int, compression: dict | None = None) -> None:
+    """A short job: actors ingest, then everyone writes a checkpoint (its columns through
+    the ``checkpoint.compression`` codecs given)."""
+    more = {"checkpoint": {"compression": compression}} if compression else {}
+    with ExperienceDataPlane(cfg_for(1, 1, capacity=1000, **more)) as edp:
         if edp.role is Role.ACTOR:
             ingest(edp, 0, rows_per_actor, rows=1)
             edp.done()
@@ -277,10 +286,19 @@ def one_cycle(root: Path, rows_per_actor: int) -> None:
 @pytest.mark.mpi(min_size=3)
 def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
     root = shared_dir
-    for k in range(1, 5):
-        one_cycle(root, k)
+    gzip = {"payload": "gzip", "check": "lzf"}
+    for k in range(1, 6):  # the first and the last with compressed columns
+        one_cycle(root, k, gzip if k in (1, 5) else None)
     COMM.Barrier()
     if COMM.rank == 0:
+        f5 = root / "ckpt-000005" / "buffer-0000.h5"
+        with h5py.File(f5, "r") as f:  # bytes flipped inside a compressed block
+            chunk = f["/shards/0/columns/payload"].id.get_chunk_info(0)
+        with open(f5, "r+b") as fh:
+            fh.seek(chunk.byte_offset + chunk.size // 2)
+            b = fh.read(4)
+            fh.seek(chunk.byte_offset + chunk.size // 2)
+            fh.write(bytes(x ^ 0xFF for x in b))
         (root / "ckpt-000002" / ck.DONE).unlink()  # killed before DONE
         f3 = root / "ckpt-000003" / "buffer-0000.h5"
         with open(f3, "r+b") as fh:  # truncated
@@ -299,14 +317,18 @@ def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
         res = restore_data_plane(edp, "latest", roots=[root])
         assert res is not None and res.path.name == "ckpt-000001"
         assert res.rows == actors
-        assert len(res.skipped) == 3
-        assert "buffer-0000.h5" in res.skipped[0] and "fails its checksum" in res.skipped[0]
-        assert "buffer-0000.h5 is truncated" in res.skipped[1]
-        assert "ckpt-000002: no DONE marker" in res.skipped[2]
+        assert len(res.skipped) == 4
+        assert ("ckpt-000005/buffer-0000.h5: dataset /shards/0/columns/payload cannot be "
+                "read (a compressed block is damaged" in res.skipped[0]), res.skipped[0]
+        assert "buffer-0000.h5" in res.skipped[1] and "fails its checksum" in res.skipped[1]
+        assert "buffer-0000.h5 is truncated" in res.skipped[2]
+        assert "ckpt-000002: no DONE marker" in res.skipped[3]
         assert len(held(edp)) == actors
         # a given checkpoint is refused without fallback, on every rank alike
         with pytest.raises(CheckpointError, match="fails its checksum"):
             restore_data_plane(edp, root / "ckpt-000004")
+        with pytest.raises(CheckpointError, match="a compressed block is damaged"):
+            restore_data_plane(edp, root / "ckpt-000005")
         with pytest.raises(CheckpointError, match="no DONE marker"):
             restore_data_plane(edp, root / "ckpt-000002")
         edp.done()

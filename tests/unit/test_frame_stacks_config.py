@@ -212,3 +212,26 @@ def test_random_declarations_load_exactly_when_the_rules_hold(spec) -> None:
     # the resolved config round-trips through TOML text
     text = tomli_w.dumps(cfg.to_dict())
     assert Config.from_dict(tomllib.loads(text)) == cfg
+
+
+@pytest.mark.parametrize("stack_axis", [0, 2])
+@pytest.mark.parametrize("with_next", [True, False])
+def test_stored_row_bytes_is_what_a_shard_slot_holds(stack_axis: int, with_next: bool) -> None:
+    """``Spec.stored_row_bytes`` (what placement charges a tier and an actor's ingest
+    with) is the row bytes of the stored columns the storage lays out."""
+    from conduit_hpc.spec import Spec
+    from conduit_hpc.storage.frames import stored_spec
+
+    spec_raw = copy.deepcopy(ATARI)
+    spec_raw["obs"]["stack"]["axis"] = stack_axis
+    if not with_next:
+        spec_raw["next_obs"] = {"dtype": "uint8", "shape": [4, 84, 84]}  # plain, whole
+    spec = Spec.from_config(load(spec_raw).spec)
+    assert spec.stored_row_bytes == stored_spec(spec).row_bytes < spec.row_bytes
+    plain = Spec.from_config(load({k: {a: b for a, b in v.items()
+                                       if a not in ("stack", "next_of")}
+                                   for k, v in ATARI.items()}).spec)
+    assert plain.stored_row_bytes == plain.row_bytes
+    if stack_axis == 0 and with_next:
+        # one frame, 8 references, the lag, action and env
+        assert spec.stored_row_bytes == 84 * 84 + 8 * 8 + 8 + 16

@@ -234,15 +234,21 @@ def test_stored_bytes_of_an_atari_row_are_under_a_sixth() -> None:
     assert stored_spec(plain) is plain and "obs__frame" in stored_spec(framed).names
 
 
-def test_bench_frames_reports_a_sixth_or_less(capsys) -> None:
+def test_bench_frames_reports_a_sixth_or_less(capsys, tmp_path: Path) -> None:
     from conduit_hpc.bench import frames
 
     out = frames.main(["--capacity", "300", "--rows", "600", "--streams", "3",
-                       "--repeats", "1", "--batches", "32"])
+                       "--repeats", "1", "--batches", "32", "--checkpoint", "--codec", "lzf",
+                       "--dir", str(tmp_path)])
     full, once = out["results"]
     assert full["layout"] == "full" and once["layout"] == "frames_once"
     assert once["ratio_to_full"] <= 1 / 6 and once["deliverable_fraction"] > 0.8
     assert "bytes/transition" in capsys.readouterr().out
+    # checkpoints of both layouts, plain and through lzf: restored rows are the same
+    for r in (full, once):
+        assert [c["codec"] for c in r["checkpoint"]] == ["none", "lzf"]
+        assert all(c["exact"] and c["rows_compared"] > 100 for c in r["checkpoint"])
+    assert once["checkpoint"][0]["ratio_to_full"] <= 1 / 6
 
 
 def _write_checkpoint(root: Path, snap, spec: Spec) -> Path:

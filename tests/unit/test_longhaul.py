@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conduit_hpc import ConfigError, Spec
+from conduit_hpc.errors import TransportError
 from conduit_hpc.features.longhaul import (
     CLOUD_SHARD,
     EDGE_SHARD,
@@ -24,7 +25,14 @@ from conduit_hpc.features.longhaul.metrics import (
     windowed_mean_priority,
 )
 from conduit_hpc.protocol import SampleReply, Tag
-from conduit_hpc.protocol.forward import F_END, forward_message_bytes, pack_forward, unpack_forward
+from conduit_hpc.protocol.forward import (
+    F_END,
+    F_ZLIB,
+    forward_head,
+    forward_message_bytes,
+    pack_forward,
+    unpack_forward,
+)
 from conduit_hpc.testing import make_config
 
 SPEC = {"obs": {"dtype": "float32", "shape": [4]}, "action": {"dtype": "int64"}}
@@ -52,6 +60,11 @@ def topo(c, world=6):
     ({"queue_rows": 10, "forward_rows": 11}, "longhaul.forward_rows must be between 1"),
     ({"edge_ranks": [3, 3]}, "longhaul.edge_ranks must be distinct world ranks"),
     ({"mode": "sideways"}, "longhaul.mode must be one of 'off', 'forward', 'edge_replay'"),
+    ({"mode": "forward", "compression": "lz4"},
+     "longhaul.compression must be one of 'none', 'zlib', got 'lz4'"),
+    ({"mode": "edge_replay", "compression": "zlib"},
+     r"longhaul.compression must be 'none' with mode = 'edge_replay' \(only the rows "
+     r"that 'forward' sends are compressed\), got 'zlib'"),
 ])
 def test_bad_longhaul_values_are_refused_naming_the_key(section, fragment) -> None:
     with pytest.raises(ConfigError, match=fragment):
@@ -137,6 +150,33 @@ def test_forward_message_round_trip_and_size() -> None:
     end = pack_forward(spec, 44, np.zeros(0), {}, flags=F_END)
     assert end.size == forward_message_bytes(spec, 0) == 24
     assert unpack_forward(spec, end)[:2] == (44, F_END)
+
+
+def test_compressed_forward_message_round_trip() -> None:
+    """``compress``: the rows are zlib-compressed (flag F_ZLIB), header and priorities
+    stay plain (read without decompressing), the rows come back exactly; damaged
+    compressed rows are refused naming the rows."""
+    spec = Spec.from_config(cfg().spec)
+    cols = {"obs": np.tile(np.arange(4, dtype=np.float32), (64, 1)),  # repetitive
+            "action": np.arange(64, dtype=np.int64) % 3}
+    prio = np.linspace(0.5, 7.0, 64)
+    msg = pack_forward(spec, 100, prio, cols, compress=True)
+    assert msg.size < forward_message_bytes(spec, 64) / 2
+    first, flags, p = forward_head(msg)
+    assert (first, flags) == (100, F_ZLIB)
+    np.testing.assert_array_equal(p, prio)
+    np.testing.assert_array_equal(crossing_priorities(Tag.FORWARD, msg, spec, {}), prio)
+    _, _, p2, back = unpack_forward(spec, msg)
+    np.testing.assert_array_equal(p2, prio)
+    for k in cols:
+        np.testing.assert_array_equal(back[k], cols[k])
+    end = pack_forward(spec, 164, np.zeros(0), {}, flags=F_END, compress=True)
+    assert unpack_forward(spec, end)[:2] == (164, F_END)  # nothing to compress
+    bad = msg.copy()
+    bad[24 + 8 * 64 + 5:] ^= 0x5A
+    with pytest.raises(TransportError, match=r"forward message of rows 100 .. 163: the "
+                                             r"compressed rows are damaged"):
+        unpack_forward(spec, bad)
 
 
 def test_crossing_priority_has_one_definition_for_both_placements() -> None:

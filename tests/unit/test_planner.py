@@ -390,6 +390,9 @@ def test_shard_weights_pick_follows_the_weights() -> None:
         ({"tiers": ("learner_gpu", "disk")}, "tiers must be"),
         ({"update_rate_hz": 0.0}, "update_rate_hz must be"),
         ({"batch_rows": 0}, "batch_rows must be > 0"),
+        ({"stored_row_bytes": 11}, r"stored_row_bytes must be >= 0 \(0: row_bytes\) and "
+                                   r"<= row_bytes \(10\), got 11"),
+        ({"stored_row_bytes": -1}, "stored_row_bytes must be >= 0"),
     ],
 )
 def test_workload_checks(kw: dict[str, Any], fragment: str) -> None:
@@ -458,3 +461,30 @@ def test_lp_objective_is_what_the_plan_evaluates_to(seed: int) -> None:
     pred = plan_static(cluster, w, method="symmetric").prediction
     assert pred is not None
     assert pred.objective_s == pytest.approx(sol.objective_s, rel=1e-3, abs=1e-12)
+
+
+def test_frames_once_rows_are_planned_with_their_stored_bytes() -> None:
+    """Issue 22 item 3: a tier's capacity and the actors' ingest are charged with the
+    bytes a row is stored in (frames once), a batch with the bytes it carries (whole
+    stacks): the Atari replay a tier refused at its nominal 56 kB a row fits at 7 kB."""
+    c = small_cluster()
+    nominal = Workload(capacity_rows=10_000, row_bytes=56_472, tiers=("learner_gpu",))
+    with pytest.raises(PlacementInfeasible):  # 565 MB in 2 x 100 MB
+        plan_static(c, nominal)
+    once = replace(nominal, stored_row_bytes=7_152)
+    plan = plan_static(c, once)  # 73 MB
+    assert plan.capacity_rows == 10_000
+    assert once.bytes_per_row == 7_152 + (nominal.bytes_per_row - 56_472)
+    # the same allocation: reads unchanged, ingest and memory at the stored bytes
+    topo = Topology(ClusterModel.from_toml(REPO / "jobs" / "cluster-dgx-h100.toml"))
+    w = Workload(capacity_rows=1000, row_bytes=56_472)
+    n = topo.n_locations
+    rows = np.random.default_rng(0).random(n) * 100
+    alloc = Allocation("global", np.zeros(n, np.int64), np.arange(n), rows, rows / rows.sum(),
+                       partition_rows(topo, w), ingest_matrix(topo, w))
+    a = evaluate(topo, w, alloc, overhead=False)
+    b = evaluate(topo, replace(w, stored_row_bytes=7_152), alloc, overhead=False)
+    np.testing.assert_allclose(b.read_bytes, a.read_bytes)  # batches carry whole stacks
+    assert a.ingest_bytes.sum() > 0
+    np.testing.assert_allclose(b.ingest_bytes, a.ingest_bytes * 7_152 / 56_472)
+    assert b.usage_bytes.sum() < a.usage_bytes.sum() / 7

@@ -55,6 +55,7 @@ from conduit_hpc.features.checkpointing.boundary import BoundaryHook
 from conduit_hpc.features.checkpointing.parts import (
     STALL_ENV,
     buffer_file,
+    compression_for,
     cut_shards,
     described_for,
     finish_from_parts,
@@ -346,9 +347,11 @@ class CheckpointAgent(BufferExtension):
         result: dict[str, Any] = {}
         self._writer_result = result
         described = described_for(self.edp)
+        codecs = compression_for(self.edp)
 
         def write() -> None:
-            result.update(write_buffer_part(path, snaps, cut_s, me, extra, described))
+            result.update(write_buffer_part(path, snaps, cut_s, me, extra, described,
+                                            codecs))
 
         self._writer = threading.Thread(target=write, name=f"ckpt-write-{seq}", daemon=True)
         self._writer.start()

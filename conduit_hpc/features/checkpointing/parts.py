@@ -16,14 +16,15 @@ from typing import TYPE_CHECKING, Any
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.config import to_toml
 from conduit_hpc.plane.buffer import OwnedShard
-from conduit_hpc.storage.frames import stored_spec
+from conduit_hpc.storage.frames import stored_owner, stored_spec
 from conduit_hpc.storage.snapshot import ShardSnapshot, SnapshotStaging, take_snapshot
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.host import FeatureHost
 
-__all__ = ["STALL_ENV", "buffer_file", "cut_shards", "described_for", "finish_checkpoint",
-           "finish_from_parts", "layout_json", "placement_json", "shard_part", "write_buffer_part"]
+__all__ = ["STALL_ENV", "buffer_file", "compression_for", "cut_shards", "described_for",
+           "finish_checkpoint", "finish_from_parts", "layout_json", "placement_json",
+           "shard_part", "write_buffer_part"]
 
 #: fault injection for tests: seconds a buffer's writer thread sleeps after writing its
 #: file and before reporting it (widens the window in which a kill leaves a partial one)
@@ -50,6 +51,15 @@ def described_for(edp: FeatureHost) -> dict[str, dict[str, Any]]:
     return ck.dataset_attrs(stored_spec(edp.spec), edp.config.storage.priority_exponent)
 
 
+def compression_for(edp: FeatureHost) -> dict[str, str]:
+    """The codec of each stored column of this job's shards (``checkpoint.compression``
+    by spec field; a stacked field's codec covers its frames and references). Local;
+    the same on every rank."""
+    by_field = edp.config.checkpoint.compression
+    return {col: by_field[owner] for col, owner in stored_owner(edp.spec).items()
+            if owner in by_field}
+
+
 def buffer_file(edp: FeatureHost) -> str:
     return f"buffer-{edp.roles.role_rank:04d}.h5"
 
@@ -68,11 +78,11 @@ def cut_shards(shards: Sequence[OwnedShard],
 
 
 def shard_part(path: Path, snaps: Sequence[ShardSnapshot], cut_s: float,
-               world_rank: int, described: Mapping[str, Mapping[str, Any]] | None = None
-               ) -> dict[str, Any]:
+               world_rank: int, described: Mapping[str, Mapping[str, Any]] | None = None,
+               compression: Mapping[str, str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     rec = ck.write_shard_file(path, snaps, attrs={"world_rank": world_rank},
-                              described=described)
+                              described=described, compression=compression)
     write_s = time.perf_counter() - t0
     for s in rec["shards"]:
         s["cut_s"] = cut_s
@@ -98,13 +108,13 @@ def finish_checkpoint(tmp: Path, root: Path, seq: int, edp: FeatureHost,
 
 def write_buffer_part(path: Path, snaps: Sequence[ShardSnapshot], cut_s: float,
                       world_rank: int, counters: Mapping[str, Any],
-                      described: Mapping[str, Mapping[str, Any]] | None = None
-                      ) -> dict[str, Any]:
+                      described: Mapping[str, Mapping[str, Any]] | None = None,
+                      compression: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A buffer rank's writer thread: its shard file and part record (``counters``
     added), or ``{"error": ...}`` - reported to the leader, which drops the checkpoint.
     Blocks for the disk (and :data:`STALL_ENV` seconds after writing, if set)."""
     try:
-        part = shard_part(path, snaps, cut_s, world_rank, described)
+        part = shard_part(path, snaps, cut_s, world_rank, described, compression)
         stall = float(os.environ.get(STALL_ENV, "0") or 0)
         if stall > 0:
             time.sleep(stall)

@@ -22,6 +22,7 @@ from conduit_hpc.errors import CheckpointError
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.checkpointing.parts import (
     buffer_file,
+    compression_for,
     cut_shards,
     described_for,
     finish_checkpoint,
@@ -113,7 +114,8 @@ def save_checkpoint(edp: FeatureHost, root: Path, *,
                                   f"call CheckpointAgent.finish() before save_checkpoint()")
         if edp.server is not None:
             snaps, cut_s = cut_shards(edp.server.shards, agent.staging if agent else None)
-            sp = shard_part(tmp / buffer_file(edp), snaps, cut_s, me, described_for(edp))
+            sp = shard_part(tmp / buffer_file(edp), snaps, cut_s, me, described_for(edp),
+                            compression_for(edp))
             part["files"] += sp["files"]
             part["shards"] += sp["shards"]
             part["counters"].update(sp["counters"])

@@ -18,7 +18,7 @@ import numpy as np
 
 from conduit_hpc.plane.metrics import CsvSink
 from conduit_hpc.protocol import SampleReply, Tag
-from conduit_hpc.protocol.forward import unpack_forward
+from conduit_hpc.protocol.forward import forward_head
 from conduit_hpc.spec import Spec
 from conduit_hpc.transport.link import LinkedChannel
 from conduit_hpc.transport.rma import RmaWindow
@@ -45,7 +45,7 @@ def crossing_priorities(tag: int, payload: np.ndarray, spec: Spec,
     the index's raw priority per slot) now. ``None`` for messages that carry no rows.
     Local; pure but for reading ``priorities``."""
     if tag == Tag.FORWARD:
-        _, _, prio, _ = unpack_forward(spec, payload)
+        _, _, prio = forward_head(payload)  # the rows are not decompressed
         return np.array(prio, copy=True)
     if tag == Tag.SERVICE_REPLY:
         rep, _ = SampleReply.unpack(payload)
@@ -63,10 +63,11 @@ def crossing_priorities(tag: int, payload: np.ndarray, spec: Spec,
 class LinkCounters:
     """What one rank counts about the link besides its channel's byte counts."""
 
-    __slots__ = ("priority_sum", "rows_backlog", "rows_crossed", "rows_dropped",
-                 "rows_forwarded", "rows_received", "rows_unsent")
+    __slots__ = ("forwarded_nominal_bytes", "priority_sum", "rows_backlog", "rows_crossed",
+                 "rows_dropped", "rows_forwarded", "rows_received", "rows_unsent")
 
     def __init__(self) -> None:
+        self.forwarded_nominal_bytes = 0  # forward messages as they would be uncompressed
         self.rows_crossed = 0
         self.priority_sum = 0.0
         self.rows_forwarded = 0

@@ -163,7 +163,8 @@ class LongHaul(Feature):
                     server.add_extension(EdgeForwarder(
                         self._shards[EDGE_SHARD], self.link, topo.cloud_buffer,
                         queue_rows=self.lh.queue_rows, forward_rows=self.lh.forward_rows,
-                        counters=self.counters, publisher=pub, timeout_s=timeout))
+                        counters=self.counters, publisher=pub, timeout_s=timeout,
+                        compress=self.lh.compression == "zlib"))
                 else:
                     server.add_extension(EdgeReplayStation(pub, timeout))
             else:
@@ -236,6 +237,7 @@ class LongHaul(Feature):
                                "rows_crossed": c.rows_crossed,
                                "priority_sum_crossed": c.priority_sum,
                                "rows_forwarded": c.rows_forwarded,
+                               "forwarded_nominal_bytes": c.forwarded_nominal_bytes,
                                "rows_dropped": c.rows_dropped, "rows_unsent": c.rows_unsent,
                                "rows_received": c.rows_received}
         edge = self._shards.get(EDGE_SHARD)

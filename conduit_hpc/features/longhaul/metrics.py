@@ -132,12 +132,14 @@ def merge_link_stats(per_rank: Iterable[Mapping[str, Any] | None], *, mode: str,
         ``{e2c,c2e}_received_bytes`` (counted by the receivers); ``rows_crossed``,
         ``priority_sum_crossed``, ``priority_mean_crossed``, ``rows_forwarded``,
         ``rows_dropped``, ``rows_unsent``, ``rows_received`` (into the data-centre
-        replay), ``edge_rows_committed``, ``late_s_max``.
+        replay), ``edge_rows_committed``, ``late_s_max``; ``forwarded_nominal_bytes``
+        (the forward messages' bytes uncompressed: with ``compression = "zlib"``,
+        over the bytes they took on the link, the compression ratio).
     """
     out: dict[str, Any] = {"mode": mode, "bandwidth_bytes_s": bytes_per_s,
                            "latency_s": latency_s}
     keys = ("rows_crossed", "priority_sum_crossed", "rows_forwarded", "rows_dropped",
-            "rows_unsent", "rows_received", "edge_rows_committed")
+            "rows_unsent", "rows_received", "edge_rows_committed", "forwarded_nominal_bytes")
     for k in ("e2c_bytes", "c2e_bytes", "e2c_messages", "c2e_messages",
               "e2c_received_bytes", "c2e_received_bytes", *keys):
         out[k] = 0

@@ -40,11 +40,15 @@ class EdgeForwarder(BufferExtension):
         counters (LinkCounters): updated in place.
         publisher (BoardPublisher): publishes them.
         timeout_s (float): bound on releasing the last messages when the loop ends.
+        compress (bool): zlib-compress the rows of each message
+            (:func:`~conduit_hpc.protocol.forward.pack_forward`); the link is charged
+            with the bytes sent, and a message's size is predicted for the pacing from
+            the last message's compression ratio.
     """
 
     def __init__(self, shard: OwnedShard, channel: LinkedChannel, dest: int, *,
                  queue_rows: int, forward_rows: int, counters: LinkCounters,
-                 publisher: BoardPublisher, timeout_s: float) -> None:
+                 publisher: BoardPublisher, timeout_s: float, compress: bool = False) -> None:
         self.shard, self.link, self.dest = shard, channel, dest
         self.timeout_s = timeout_s
         self.queue_rows, self.forward_rows = queue_rows, forward_rows
@@ -52,6 +56,8 @@ class EdgeForwarder(BufferExtension):
         self.spec = shard.ring.layout.spec
         self.next_seq = 0  # oldest committed row neither forwarded nor dropped
         self.finished = False
+        self.compress = compress
+        self.sent_ratio = 1.0  # sent / nominal bytes of the last message
 
     def on_pass(self) -> int:
         shard, ch, c = self.shard, self.link, self.c
@@ -64,7 +70,8 @@ class EdgeForwarder(BufferExtension):
         work = 0
         while self.next_seq < commit:
             k = min(commit - self.next_seq, self.forward_rows)
-            nbytes = forward_message_bytes(self.spec, k)
+            nominal = forward_message_bytes(self.spec, k)
+            nbytes = max(1, int(nominal * self.sent_ratio))
             if ch.ready_at(nbytes) > ch.clock() + 2 * nbytes / ch.link.params.bytes_per_s:
                 break  # the link is busy: the rows wait here, where the bound applies
             seqs = np.arange(self.next_seq, self.next_seq + k, dtype=np.int64)
@@ -78,7 +85,10 @@ class EdgeForwarder(BufferExtension):
                 self.next_seq += torn
                 continue
             prio = shard.index.priority[slots].copy()
-            ch.isend(self.dest, Tag.FORWARD, pack_forward(self.spec, self.next_seq, prio, cols))
+            msg = pack_forward(self.spec, self.next_seq, prio, cols, compress=self.compress)
+            self.sent_ratio = msg.size / nominal
+            ch.isend(self.dest, Tag.FORWARD, msg)
+            c.forwarded_nominal_bytes += nominal
             c.rows_forwarded += k
             self.next_seq += k
             work += 1

@@ -104,6 +104,7 @@ def job_workload(config: Config, spec: Spec, job: Placement) -> Workload:
     compute come from telemetry at each look."""
     sch = config.scheduler
     return Workload(capacity_rows=planned_rows(job), row_bytes=spec.row_bytes,
+                    stored_row_bytes=spec.stored_row_bytes,
                     batch_rows=sch.batch_rows, update_rate_hz=100.0, actor_rows_per_s=0.0,
                     sampling=sampling_of(sch, config.storage), scope="global",
                     tiers=("buffer_host",))
