@@ -85,7 +85,8 @@ class Deliverer:
                  config: SchedulerConfig, sampler: Sampler, n_actors: int,
                  stager: BatchSink, transform: Transform | None, timeout_s: float,
                  poll_interval_s: float, pins: OwnerBlock | None = None,
-                 writers: Mapping[int, SharedIndexWriter] | None = None) -> None:
+                 writers: Mapping[int, SharedIndexWriter] | None = None,
+                 progress: Callable[[], None] | None = None) -> None:
         self.spec, self.rings, self.owners = spec, dict(rings), dict(owners)
         self.shard_ids = np.array(sorted(self.rings), dtype=np.int64)
         self.channel, self.control, self.limiter = channel, control, limiter
@@ -99,7 +100,8 @@ class Deliverer:
         #: the priority write stage: updates to where each row's index lives
         self.prio = PriorityWrite(owners=owners, acks=acks, sync=sync, rank=rank,
                                   channel=channel, writers=writers or {},
-                                  timeout_s=timeout_s, poll_interval_s=poll_interval_s)
+                                  timeout_s=timeout_s, poll_interval_s=poll_interval_s,
+                                  progress=progress)
         self.resampled = 0
         self.limiter_wait_s = 0.0
         self.pins = pins

@@ -96,7 +96,8 @@ def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: BatchSi
                   control=edp.control, limiter=edp.limiter, config=cfg.scheduler,
                   sampler=sampler, n_actors=len(roles.writer_ranks),
                   stager=stager, transform=transform, timeout_s=cfg.run.timeout_s,
-                  poll_interval_s=cfg.transport.poll_interval_s, writers=writers)
+                  poll_interval_s=cfg.transport.poll_interval_s, writers=writers,
+                  progress=edp.window.progress)
     gpu = [s for s in shards if edp.placement.shards[s].tier == "learner_gpu"]
     if gpu:  # mirrored on this learner's device (planning.executable checked the rest)
         from conduit_hpc.plane.device_tier import DeviceShard
