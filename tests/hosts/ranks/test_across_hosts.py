@@ -137,3 +137,27 @@ def test_index_lock_waiter_lets_the_holders_atomics_through() -> None:
         node.Free()
     assert [o for o, _ in outcomes] == ["ok"] * COMM.size, outcomes
     assert outcomes[0][1] < 8.0, outcomes  # the owner held it ~1 s
+
+
+@pytest.mark.mpi(min_size=2)
+def test_gloo_group_across_hosts() -> None:
+    """A gloo group of every rank (learners averaging gradients, one per host): the
+    store on rank 0's host is reached from the others, gloo's pairs connect over the
+    bridge, and a mean, a max and a broadcast come out the same on every rank."""
+    import torch
+
+    from conduit_hpc.transport.collectives import Collectives
+
+    names = hostnames()
+    assert len(set(names)) >= 2, names
+    with Collectives.open(COMM, "gloo", timeout_s=30.0) as coll:
+        t = [torch.full((1_282,), float(COMM.rank)), torch.arange(3, dtype=torch.float32)]
+        coll.allreduce_mean_(t)
+        top = coll.allreduce_max([COMM.rank, 7])
+        b = [torch.full((4,), float(COMM.rank))]
+        coll.broadcast_(b, src=COMM.size - 1)
+    got = COMM.allgather((float(t[0][0]), float(t[0].sum()), t[1].tolist(), top,
+                          b[0].tolist()))
+    mean = (COMM.size - 1) / 2
+    assert got == [(mean, mean * 1_282, [0.0, 1.0, 2.0], [COMM.size - 1, 7],
+                    [float(COMM.size - 1)] * 4)] * COMM.size, got
