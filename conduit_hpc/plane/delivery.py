@@ -102,6 +102,10 @@ class Deliverer:
                                   channel=channel, writers=writers or {},
                                   timeout_s=timeout_s, poll_interval_s=poll_interval_s,
                                   progress=progress)
+        #: enters MPI's progress engine (the window's; a no-op on one node): a learner's
+        #: data-plane thread calls it every idle turn, as its node's atomics may wait
+        #: for it (docs/sharp-bits.md, "Passive-target progress")
+        self.mpi_progress: Callable[[], None] = progress or (lambda: None)
         self.resampled = 0
         self.limiter_wait_s = 0.0
         self.pins = pins
