@@ -79,12 +79,9 @@ def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: BatchSi
     seed = cfg.run.seed + (rank if seed_rank is None else seed_rank)
     sampler = make_sampler(cfg, seed)
     writers = {}
-    # direct writes need the index lock's compare-and-swap and the node's other atomics
-    # on one window: a job across nodes (an RMA window beside the node's shared one)
-    # hung on the lock about one run in three with periodic checkpoints (docs/hosts.md,
-    # not understood), so there its updates go to the owners as messages
-    if (sampler.direct_search and edp.window.one_node
-            and not any(f.priority_messages for f in edp.features)):
+    # across nodes too: the hang of a41331b (the lock's wait outside MPI while the
+    # holder's atomic needed this rank's progress) is fixed in lock_index (docs/hosts.md)
+    if sampler.direct_search and not any(f.priority_messages for f in edp.features):
         from conduit_hpc.storage.shared_index import SharedIndexWriter
 
         # node-local shards: this rank writes its updates into their index itself
