@@ -240,7 +240,9 @@ class RmaWindow:
         (e.g. spinning on a word of the node's shared window, whose ``osc sm`` atomics
         never call progress) therefore stalls every atomic on its node's segments if it
         is the leader - and deadlocks if the rank it waits for is inside such an atomic.
-        Every wait loop of a rank of this window calls this between its tries.
+        Waits that may be such a rank's call this between tries (the index lock, a
+        learner's wait for acknowledgements, its data-plane thread when idle); see
+        docs/sharp-bits.md, "Passive-target progress".
         """
         if self._closed:
             raise TransportError("window used after close()")
