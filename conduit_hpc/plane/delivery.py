@@ -89,7 +89,8 @@ class Deliverer:
                  config: SchedulerConfig, sampler: Sampler, n_actors: int,
                  stager: BatchSink, transform: Transform | None, timeout_s: float,
                  poll_interval_s: float, pins: OwnerBlock | None = None,
-                 writers: Mapping[int, SharedIndexWriter] | None = None) -> None:
+                 writers: Mapping[int, SharedIndexWriter] | None = None,
+                 progress: Callable[[], None] | None = None) -> None:
         self.spec, self.rings, self.owners = spec, dict(rings), dict(owners)
         self.shard_ids = np.array(sorted(self.rings), dtype=np.int64)
         self.channel, self.control, self.limiter = channel, control, limiter
@@ -103,7 +104,12 @@ class Deliverer:
         #: the priority write stage: updates to where each row's index lives
         self.prio = PriorityWrite(owners=owners, acks=acks, sync=sync, rank=rank,
                                   channel=channel, writers=writers or {},
-                                  timeout_s=timeout_s, poll_interval_s=poll_interval_s)
+                                  timeout_s=timeout_s, poll_interval_s=poll_interval_s,
+                                  progress=progress)
+        #: enters MPI's progress engine (the window's; a no-op on one node): a learner's
+        #: data-plane thread calls it every idle turn, as its node's atomics may wait
+        #: for it (docs/sharp-bits.md, "Passive-target progress")
+        self.mpi_progress: Callable[[], None] = progress or (lambda: None)
         self.resampled = 0
         self.limiter_wait_s = 0.0
         self.pins = pins

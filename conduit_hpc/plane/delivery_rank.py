@@ -86,12 +86,9 @@ def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: BatchSi
     seed = cfg.run.seed + (rank if seed_rank is None else seed_rank)
     sampler = make_sampler(cfg, seed)
     writers = {}
-    # direct writes need the index lock's compare-and-swap and the node's other atomics
-    # on one window: a job across nodes (an RMA window beside the node's shared one)
-    # hung on the lock about one run in three with periodic checkpoints (docs/hosts.md,
-    # not understood), so there its updates go to the owners as messages
-    if (sampler.direct_search and edp.window.one_node
-            and not any(f.priority_messages for f in edp.features)):
+    # across nodes too: the hang of a41331b (the lock's wait outside MPI while the
+    # holder's atomic needed this rank's progress) is fixed in lock_index (docs/hosts.md)
+    if sampler.direct_search and not any(f.priority_messages for f in edp.features):
         from conduit_hpc.storage.shared_index import SharedIndexWriter
 
         # node-local shards: this rank writes its updates into their index itself
@@ -103,7 +100,8 @@ def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: BatchSi
                   control=edp.control, limiter=edp.limiter, config=cfg.scheduler,
                   sampler=sampler, n_actors=len(roles.writer_ranks),
                   stager=stager, transform=transform, timeout_s=cfg.run.timeout_s,
-                  poll_interval_s=cfg.transport.poll_interval_s, writers=writers)
+                  poll_interval_s=cfg.transport.poll_interval_s, writers=writers,
+                  progress=edp.window.progress)
     gpu = [s for s in shards if edp.placement.shards[s].tier == "learner_gpu"]
     if gpu:  # mirrored on this learner's device (planning.executable checked the rest)
         from conduit_hpc.plane.device_tier import DeviceShard
@@ -277,6 +275,7 @@ class DeliveryServer:
         quiet = time.monotonic()
         while True:
             d.channel.progress()
+            d.mpi_progress()  # across nodes its node's atomics may wait for this rank
             if ring.word(W_LEARNER_FAILED):
                 raise RemoteFailure(f"the learner (world rank {self.learner}) failed: "
                                     f"{ring.message(W_LEARNER_FAILED)}")

@@ -179,6 +179,10 @@ class EdpMode(InlineMode):
     def _prefetch_step(self) -> bool:
         assert self._prefetch is not None
         self.d.channel.progress()  # e.g. release messages held for a long link
+        # across nodes this rank may be its node's osc rdma leader, whose progress every
+        # atomic on the node's segments waits for: enter MPI even when idle (while the
+        # learner computes or waits in a gloo allreduce, nothing else here does)
+        self.d.mpi_progress()
         return self._prefetch.step(start_new=not self._stopping)
 
     def _deliver(self, batch: Batch, t: int) -> None:

@@ -49,13 +49,19 @@ class PriorityWrite:
         channel (Channel): the data plane's channel.
         writers (Mapping[int, SharedIndexWriter]): shards written here directly.
         timeout_s (float), poll_interval_s (float): bounds of the waits.
+        progress (Callable[[], None] | None): enters MPI's progress engine (the
+            window's :meth:`~conduit_hpc.transport.rma.RmaWindow.progress`): the wait
+            for acknowledgements calls it, as the owner's atomics on its own segment may
+            need this rank inside MPI (across nodes, when this rank is its node's
+            leader; docs/hosts.md).
     """
 
     def __init__(self, *, owners: Mapping[int, int], acks: Mapping[int, np.ndarray],
                  sync: Callable[[], None], rank: int, channel: Channel,
                  writers: Mapping[int, SharedIndexWriter], timeout_s: float,
-                 poll_interval_s: float) -> None:
+                 poll_interval_s: float, progress: Callable[[], None] | None = None) -> None:
         self.owners, self.acks, self._sync, self.rank = dict(owners), dict(acks), sync, rank
+        self._progress = progress
         self.channel, self.writers = channel, dict(writers)
         self.timeout_s, self.poll_s = timeout_s, poll_interval_s
         self.sent: dict[int, int] = {}  # update messages sent, per owner
@@ -126,7 +132,9 @@ class PriorityWrite:
         """Wait (bounded) until ``owner`` has applied the messages :attr:`required`
         (at once when none is outstanding). Spins, then yields the processor (the owner
         may need this core) and drives MPI progress (a large update moves only while its
-        sender is inside MPI); never a fixed sleep on the way."""
+        sender is inside MPI; across nodes the owner's atomics on its own segment may
+        wait for this rank to enter MPI, see ``progress``); never a fixed sleep on the
+        way."""
         need = self.required.get(owner, 0)
         if need <= self._acked.get(owner, 0):
             return
@@ -137,8 +145,13 @@ class PriorityWrite:
                 self._sync()
                 return int(acks[self.rank]) >= need
 
+            def between() -> None:
+                self.channel.progress()
+                if self._progress is not None:
+                    self._progress()
+
             wait_until(applied, timeout_s=self.timeout_s, max_sleep_s=self.poll_s,
-                       yields=200, between=self.channel.progress,
+                       yields=200, between=between,
                        what=f"the owner (rank {owner}) to apply this learner's priority "
                             f"updates")
         self._acked[owner] = need

@@ -50,7 +50,11 @@ def lock_index(ring: ShardRing, rank: int) -> None:
     deadline = Deadline(ring.timeout_s, f"the index lock of the shard on rank {ring.owner}")
     while True:
         deadline.check(lambda: f"held by world rank {held - 1}")  # noqa: B023
-        time.sleep(0)  # the holder may need this core
+        # the holder may need MPI progress from this rank (across nodes an atomic of
+        # the holder's, on its own segment too, is run by its node's leader - maybe this
+        # rank: a wait outside MPI deadlocked the cut of a checkpoint; docs/hosts.md)
+        t.progress()
+        time.sleep(0)  # ... and this core
         held = t.compare_and_swap(ring.owner, disp, 0, rank + 1)
         if held == 0:
             return

@@ -53,6 +53,7 @@ class RmaWindow:
         self._comm = comm
         self._closed = False
         self._shm: MPI.Win | None = None
+        self._progress_comm: MPI.Intracomm | None = None
         self._views: dict[int, np.ndarray] = {}
         self._node_rank: dict[int, int] = {}  # rank of comm -> its rank on this node
         size = comm.Get_size()
@@ -82,6 +83,9 @@ class RmaWindow:
                 mem = self._shm.tomemory()
                 self._win = MPI.Win.Create(mem, 1, comm=comm)
                 self._owns_second = True
+                # nothing is ever sent on it: a probe there never matches, so it always
+                # enters the progress engine (see progress())
+                self._progress_comm = comm.Dup()
         else:
             self._win = MPI.Win.Allocate(alloc, 1, comm=comm)
             self._owns_second = False
@@ -224,6 +228,27 @@ class RmaWindow:
             self._win.Flush(target_rank)
         return int(res[0])
 
+    def progress(self) -> None:
+        """Enter MPI's progress engine once, where the window spans nodes (a no-op on
+        one node). Local; never blocks.
+
+        Across nodes the window is Open MPI's ``osc rdma`` over active-message BTLs
+        (``tcp``, ``sm``): every rank's window state - the accumulate lock that each
+        atomic, this rank's own included, takes first - lives in a segment of its
+        node's *leader* (its lowest rank) and is changed by messages that the leader
+        runs only while it is inside an MPI call. A rank that waits without entering MPI
+        (e.g. spinning on a word of the node's shared window, whose ``osc sm`` atomics
+        never call progress) therefore stalls every atomic on its node's segments if it
+        is the leader - and deadlocks if the rank it waits for is inside such an atomic.
+        Waits that may be such a rank's call this between tries (the index lock, a
+        learner's wait for acknowledgements, its data-plane thread when idle); see
+        docs/sharp-bits.md, "Passive-target progress".
+        """
+        if self._closed:
+            raise TransportError("window used after close()")
+        if self._progress_comm is not None:
+            self._progress_comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+
     def flush(self, target_rank: int | None = None) -> None:
         """Complete every outstanding operation to ``target_rank`` (all targets when
         ``None``), at origin and target. Blocks until done."""
@@ -257,6 +282,9 @@ class RmaWindow:
         self._win.Free()
         if self._owns_second and self._shm is not None:
             self._shm.Free()
+        if self._progress_comm is not None:
+            self._progress_comm.Free()
+            self._progress_comm = None
 
     @property
     def closed(self) -> bool:

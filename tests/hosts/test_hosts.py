@@ -91,6 +91,18 @@ def test_mpi_tier_across_hosts(cluster: Cluster, hosts: int) -> None:
     assert "passed" in summary(out.stdout), out.stdout[-2000:]
 
 
+def test_learner_group_across_hosts(cluster: Cluster) -> None:
+    """tests/mpi/test_learner_group.py over 2 hosts (4 ranks round-robin: a learner on
+    each host, the buffer beside the first): two learners averaging gradients through
+    gloo on real plane batches. Each learner is its host's osc rdma leader, whose MPI
+    progress every atomic on the host's segments waits for; without its data-plane
+    thread entering MPI while idle, the first allreduce failed after gloo's 30 s
+    (docs/hosts.md, "tests/mpi across hosts")."""
+    out = cluster.mpirun(2, 2, *PYTEST_RANKS, "tests/mpi/test_learner_group.py", timeout=300)
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    assert "passed" in summary(out.stdout) and "skipped" not in summary(out.stdout)
+
+
 def test_killed_rank_is_named_and_ends_the_job(cluster: Cluster, tmp_path) -> None:
     """A rank on host1 killed mid-job: mpirun ends every rank, names the host, and exits
     non-zero well within the deadline (no rank waits forever in a collective)."""

@@ -76,6 +76,9 @@ class ChaosTransport:
         self._maybe()
         self.inner.sync()
 
+    def progress(self):
+        self.inner.progress()
+
     def local_view(self, rank):
         return self.inner.local_view(rank)
 
