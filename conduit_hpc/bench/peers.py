@@ -355,12 +355,13 @@ def print_table(results: list[dict], table: list[dict]) -> None:
             if "prioritized_skipped" in r:
                 print(f"{r['system']:>12} {r['kind']:>12}   prioritized skipped: "
                       f"{r['prioritized_skipped']}")
-    print(f"\n{'kind':>12} {'mode':>5} {'sampler':>11} {'peer':>8} {'variant':>22} {'rate x':>7} "
-          f"{'rate x (ins.)':>13} {'median x':>9} {'ins./idle':>9}")
+    print(f"\n{'kind':>12} {'mode':>5} {'sampler':>11} {'peer':>8} {'peer variant':>22} "
+          f"{'rate x':>7} {'rate x (ins.)':>13} {'median x':>9} {'ins./idle':>9}")
     for t in table:
         print(f"{t['kind']:>12} {t['mode']:>5} {t['sampler']:>11} {t['peer']:>8} "
-              f"{t['rate_ratio_idle']:>7.2f} {t['rate_ratio_inserting']:>13.2f} "
-              f"{t['median_latency_ratio']:>9.2f} {t['inserting_over_idle']:>9.2f}")
+              f"{t['peer_variant'] or '-':>22} {t['rate_ratio_idle']:>7.2f} "
+              f"{t['rate_ratio_inserting']:>13.2f} {t['median_latency_ratio']:>9.2f} "
+              f"{t['inserting_over_idle']:>9.2f}")
 
 
 if __name__ == "__main__":
