@@ -125,8 +125,11 @@ def run_cpprb(kind: str, sz: dict[str, int], n: int, insert_rows: int) -> dict[s
            for name, f in ROWS[kind].items()}
     if "stack" not in ROWS[kind]["obs"]:
         data = fake_rows(kind, sz["ingest"], 0)
-        out.update(_cpprb_variant(cpprb, env, {}, lambda rb: rb.add(**data), sz, n,
-                                  insert_rows))
+        def add_data(rb: Any) -> int:
+            rb.add(**data)
+            return sz["ingest"]
+
+        out.update(_cpprb_variant(cpprb, env, {}, add_data, sz, n, insert_rows))
         return out
     variants = {"plain": _cpprb_variant(cpprb, env, {}, _interleaved_adds(kind, sz["ingest"]),
                                         sz, n, insert_rows)}
@@ -143,19 +146,20 @@ def run_cpprb(kind: str, sz: dict[str, int], n: int, insert_rows: int) -> dict[s
     return out
 
 
-def _interleaved_adds(kind: str, per_add: int) -> Callable[[Any], None]:
+def _interleaved_adds(kind: str, per_add: int) -> Callable[[Any], int]:
     """cpprb adds of ``per_add`` whole-stack rows from :data:`STREAMS` interleaved
     streams, as ours ingest (rows made ahead: only the add is timed)."""
     pool = [row_source(kind, per_add, 0)() for _ in range(16)]
     state = [0]
 
-    def add(rb: Any) -> None:
+    def add(rb: Any) -> int:
         rb.add(**pool[state[0] % len(pool)])
         state[0] += 1
+        return per_add
     return add
 
 
-def _one_stream_adds(per_add: int) -> Callable[[Any], None]:
+def _one_stream_adds(per_add: int) -> Callable[[Any], int]:
     """cpprb adds for ``next_of`` + ``stack_compress``: one stream in order, n-step 1
     (``next_obs`` is the next row's ``obs``), stacks on the last axis, up to ``per_add``
     rows an add, ``on_episode_end()`` at each episode's end (rows made ahead)."""
@@ -170,22 +174,28 @@ def _one_stream_adds(per_add: int) -> Callable[[Any], None]:
     pool[-1] = (pool[-1][0], True)  # the pool repeats: close the episode before it does
     state = [0]
 
-    def add(rb: Any) -> None:
+    def add(rb: Any) -> int:
         rows, ends = pool[state[0] % len(pool)]
         rb.add(**rows)
         if ends:
             rb.on_episode_end()
         state[0] += 1
+        return len(rows["env"])  # fewer at an episode's end
     return add
 
 
 def _cpprb_variant(cpprb: Any, env: dict[str, Any], options: dict[str, str],
-                   add: Callable[[Any], None], sz: dict[str, int], n: int,
+                   add: Callable[[Any], int], sz: dict[str, int], n: int,
                    insert_rows: int) -> dict[str, Any]:
+    """One cpprb buffer pair (``options``: its compression); ``add(rb)`` adds rows to
+    ``rb`` and returns how many. Blocks."""
     cap, B = sz["capacity"], sz["batch"]
     out: dict[str, Any] = {}
     prb = cpprb.PrioritizedReplayBuffer(cap, env, alpha=ALPHA, **options)
-    out["insert_rows_per_s"] = _timed_insert(lambda: add(prb), sz["ingest"], insert_rows)
+    t0, done = time.perf_counter(), 0
+    while done < insert_rows:
+        done += add(prb)
+    out["insert_rows_per_s"] = done / (time.perf_counter() - t0)
     prios = np.random.default_rng(1).random((n, B)) + 0.01
     warm = max(5, n // 10)
 
@@ -195,7 +205,7 @@ def _cpprb_variant(cpprb: Any, env: dict[str, Any], options: dict[str, str],
 
     out["prioritized"] = _timed_loop(prio_step, n, warm)
     urb = cpprb.ReplayBuffer(cap, env, **options)
-    for _ in range(-(-cap // sz["ingest"])):
+    while urb.get_stored_size() < cap:
         add(urb)
     out["uniform"] = _timed_loop(lambda i: urb.sample(B), n, warm)
     return out
