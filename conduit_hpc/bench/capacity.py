@@ -1,7 +1,7 @@
 """Delivery capacity: the most prioritized batches per second a learner that computes
 nothing gets, per delivery mode and fetch, beside cpprb and TorchRL in process.
 
-    conduit-hpc bench capacity [--smoke] [--kinds cartpole,atari]
+    conduit-hpc bench capacity [--smoke] [--kinds cartpole,atari,atari-frames]
                                [--modes sync,edp,edp-process,sync:owner] [--batches N]
                                [--actors 2] [--peers cpprb,torchrl]
 
@@ -15,6 +15,17 @@ many again while every actor inserts as fast as it can. A mode is ``MODE[-proces
 (a delivery rank prefetches), fetch ``direct`` (default) or ``owner``. The peers run in
 their own process on the same rows; one that is missing or broken is skipped with a
 note. One JSON line per result, then the ratios ours / peer and inserting / idle.
+
+Row kinds (``--kinds``): ``cartpole``, ``atari`` (random bytes, the full layout: each row
+holds ``obs`` and ``next_obs`` as 2 x uint8[4, 84, 84]) and ``atari-frames``: the same
+Atari transition (plus an ``env`` stream id) with its frame stacks declared, so the plane
+stores each frame once (:mod:`conduit_hpc.storage.frames`); the actors write
+stream-consistent rows (4 games each, n-step 3, interleaved), batch 32 as ``atari``. Set
+``atari`` and ``atari-frames`` side by side for the frame-once layout against the full one
+on the same delivered rows. cpprb runs ``atari-frames`` with its ``next_of`` +
+``stack_compress`` (one stream in order, n-step 1: what that scheme supports) and
+without (whole stacks); ``x cpprb`` is against the faster of the two (the harder bar;
+``cpprb_variant`` names it). TorchRL skips ``atari-frames`` with a note.
 """
 
 from __future__ import annotations
@@ -26,8 +37,10 @@ import sys
 from typing import Any
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._peers_inprocess import parse_kinds
 from conduit_hpc.bench.common import git_sha, worker_command
 from conduit_hpc.bench.peers import PEERS, mode_spec, run_peer
+from conduit_hpc.errors import ConfigError
 
 __all__ = ["main"]
 
@@ -53,7 +66,8 @@ def _ours(mode: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per row kind and mode: batches/s idle and inserting, inserting / idle, and ours /
-    each peer's prioritized sample + update rate."""
+    each peer's prioritized sample + update rate (cpprb on ``atari-frames``: its faster
+    variant, named in ``cpprb_variant``)."""
     out = []
     for r in results:
         if r["system"] != "conduit_hpc" or "idle" not in r:
@@ -70,6 +84,8 @@ def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     and "prioritized" in peer):
                 row[f"over_{peer['system']}"] = (r["idle"]["batches_per_s"]
                                                  / peer["prioritized"]["batches_per_s"])
+                if "prioritized_variant" in peer:
+                    row[f"{peer['system']}_variant"] = peer["prioritized_variant"]
         out.append(row)
     return out
 
@@ -77,13 +93,18 @@ def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="conduit-hpc bench capacity")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
-    p.add_argument("--kinds", default="cartpole,atari")
+    p.add_argument("--kinds", default="cartpole,atari",
+                   help="row kinds: cartpole, atari, atari-frames")
     p.add_argument("--modes", default="sync,edp,edp-process,sync:owner")
     p.add_argument("--batches", type=int, default=400, help="timed batches per phase")
     p.add_argument("--actors", type=int, default=2)
     p.add_argument("--duration", type=float, default=1.0, help="seconds of the first fill")
     p.add_argument("--peers", default=",".join(PEERS))
     args = p.parse_args(argv)
+    try:
+        kinds = parse_kinds(args.kinds)
+    except ConfigError as err:
+        p.error(str(err))
     if args.smoke:
         args.batches, args.duration = 30, 0.1
     sha = git_sha()
@@ -95,20 +116,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             results.append(r)
             print(jsontext.dumps(r), flush=True)
     for peer in [x for x in args.peers.split(",") if x]:
-        for kind in args.kinds.split(","):
+        for kind in kinds:
             r = run_peer(peer, kind, args)
             r.update(system=peer, kind=kind, git_sha=sha, bench="capacity")
             results.append(r)
             print(jsontext.dumps(r), flush=True)
     table = ratios(results)
     peers = sorted({k[5:] for t in table for k in t if k.startswith("over_")})
-    print(f"\n{'kind':>8} {'mode':>18} {'idle b/s':>9} {'med ms':>7} {'ins. b/s':>9} "
+    print(f"\n{'kind':>12} {'mode':>18} {'idle b/s':>9} {'med ms':>7} {'ins. b/s':>9} "
           f"{'ins/idle':>8} {'rows/s ins.':>12} " + " ".join(f"{'x ' + q:>10}" for q in peers))
     for t in table:
-        print(f"{t['kind']:>8} {t['mode']:>18} {t['idle_batches_per_s']:>9,.0f} "
+        print(f"{t['kind']:>12} {t['mode']:>18} {t['idle_batches_per_s']:>9,.0f} "
               f"{t['idle_median_ms']:>7.3f} {t['inserting_batches_per_s']:>9,.0f} "
               f"{t['inserting_over_idle']:>8.2f} {t['inserting_rows_per_s']:>12,.0f} "
               + " ".join(f"{t.get('over_' + q, float('nan')):>10.2f}" for q in peers))
+    for t in table:
+        for q in peers:
+            if f"{q}_variant" in t:
+                print(f"{t['kind']} {t['mode']}: x {q} is against {q}'s faster variant, "
+                      f"{t[q + '_variant']}")
     for r in results:
         if "failed" in r or "skipped" in r:
             print(f"{r['system']} {r.get('mode', r.get('kind'))}: "

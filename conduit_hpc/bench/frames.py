@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench.common import git_sha
+from conduit_hpc.bench.common import AtariGame, git_sha
 
 ATARI: dict[str, dict[str, Any]] = {
     "obs": {"dtype": "uint8", "shape": [4, 84, 84], "stack": {"axis": 0, "stream": "env"}},
@@ -81,36 +81,8 @@ class _AleFrames:
         return out
 
 
-class _Game:
-    """One stream's transitions: frames (random, or ``source``'s), episodes of random
-    length, n-step 3."""
-
-    def __init__(self, env: int, rng: np.random.Generator,
-                 source: _AleFrames | None = None) -> None:
-        self.env, self.rng, self.t, self.source = env, rng, 0, source
-        self._episode()
-
-    def _episode(self) -> None:
-        length = int(self.rng.integers(50, 500))
-        frames = (self.source.take(length + 1) if self.source is not None else
-                  self.rng.integers(0, 256, (length + 1, 84, 84), dtype=np.uint8))
-        idx = np.maximum(np.arange(length + 1)[:, None] + np.arange(-3, 1)[None, :], 0)
-        self.stacks = frames[idx]  # [t] = the 4 frames ending at t, the first repeated
-        self.length, self.t = length, 0
-
-    def rows(self, k: int) -> dict[str, np.ndarray]:
-        if self.t == self.length:
-            self._episode()
-        t = np.arange(self.t, min(self.t + k, self.length))
-        self.t += len(t)
-        return {"obs": self.stacks[t], "next_obs": self.stacks[np.minimum(t + 3, self.length)],
-                "action": t % 6, "reward": np.zeros(len(t), np.float32),
-                "env": np.full(len(t), self.env, np.int64),
-                "discount": np.full(len(t), 0.97, np.float32)}
-
-
-def _games(args: argparse.Namespace) -> list[_Game]:
-    return [_Game(e, np.random.default_rng(100 + e),
+def _games(args: argparse.Namespace) -> list[AtariGame]:
+    return [AtariGame(e, np.random.default_rng(100 + e),
                   _AleFrames(args.game, 100 + e) if args.frames == "ale" else None)
             for e in range(args.streams)]
 
@@ -130,7 +102,8 @@ def _measure(spec: Any, args: argparse.Namespace, name: str) -> dict[str, Any]:
         rows, write_s, firsts = 0, 0.0, []
         while rows < args.rows:
             for g in rng.permutation(len(games)):
-                batch = spec.validate(games[g].rows(int(rng.integers(1, 5))))
+                rows_g = games[g].rows(int(rng.integers(1, 5)))
+                batch = spec.validate({k: rows_g[k] for k in ATARI})
                 t0 = time.perf_counter()
                 firsts.append((ring.write(batch), len(batch["env"])))
                 ring.advance_commits()  # the owner's commit (no guard band here)

@@ -22,7 +22,13 @@ torch version) is skipped, with a note saying so and what to do.
 
 One JSON line per result; then the ratios ours / peer. Rows: ``cartpole`` 45 B (obs and
 next_obs float32[4], action int64, reward float32, done uint8), ``atari`` 56,461 B (obs
-and next_obs uint8[4,84,84], action, reward, done).
+and next_obs uint8[4,84,84], action, reward, done: random bytes, the full layout) and
+``atari-frames`` 56,469 B delivered (``atari``'s fields and an int64 ``env`` stream id,
+with the frame stacks declared: the plane stores each frame once; the actors write
+stream-consistent rows, 4 games each, n-step 3, interleaved, made as they go, so its
+insert rate includes making them). cpprb runs ``atari-frames`` with ``next_of`` +
+``stack_compress`` (one stream in order, n-step 1) and without (whole stacks); its
+figure is the faster variant's (``peer_variant``). TorchRL skips ``atari-frames``.
 """
 
 from __future__ import annotations
@@ -43,12 +49,14 @@ from conduit_hpc.bench._peers_inprocess import (
     ROWS,
     SIZES,
     SMOKE_SIZES,
-    fake_rows,
     latency_stats,
+    parse_kinds,
+    row_source,
     run_cpprb,
     run_torchrl,
 )
 from conduit_hpc.bench.common import git_sha, worker_command
+from conduit_hpc.errors import ConfigError
 
 PEERS = ("cpprb", "torchrl")
 
@@ -104,7 +112,7 @@ def ours_worker(args: argparse.Namespace) -> None:
     sizes = SMOKE_SIZES if args.smoke else SIZES
     results: list[dict] = []
     samplers = ("prioritized",) if args.profile else tuple(args.samplers.split(","))
-    for kind in args.kinds.split(","):
+    for kind in parse_kinds(args.kinds):
         sz = sizes[kind]
         for mode in args.modes.split(","):
             for sampler in samplers:
@@ -179,13 +187,13 @@ def _ours_phases(edp: Any, side: Any, kind: str, sz: dict[str, int],
         rows = sum(r for r, _ in during)
         out["inserting_rows_per_s"] = rows / max(max(e for _, e in during), 1e-9)
         return out
-    data = fake_rows(kind, sz["ingest"], seed=side.rank)
+    next_rows = row_source(kind, sz["ingest"], seed=side.rank)
     side.Barrier()
     rows, t0 = 0, time.perf_counter()
     # the timed insert phase; at least one lap of the ring, so it is full afterwards
     while (time.perf_counter() - t0 < args.duration
            or rows * (side.size - 1) < sz["capacity"]):
-        edp.ingest(data)
+        edp.ingest(next_rows())
         rows += sz["ingest"]
     gather_json(side, [rows, time.perf_counter() - t0], root=0)
     start = side.Ibarrier()
@@ -197,7 +205,7 @@ def _ours_phases(edp: Any, side: Any, kind: str, sz: dict[str, int],
         if args.profile:
             time.sleep(0.001)
             continue
-        edp.ingest(data)
+        edp.ingest(next_rows())
         rows += sz["ingest"]
     gather_json(side, [rows, time.perf_counter() - t0], root=0)
     return None
@@ -239,7 +247,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--profile", action="store_true",
                    help="cProfile the learner: prioritized, idle actor, the first of --kinds "
                         "and --modes")
-    p.add_argument("--kinds", default="cartpole,atari")
+    p.add_argument("--kinds", default="cartpole,atari",
+                   help="row kinds: cartpole, atari, atari-frames")
     p.add_argument("--modes", default="sync", help="our delivery modes (sync, edp, service)")
     p.add_argument("--batches", type=int, default=300, help="timed batches per figure")
     p.add_argument("--actors", type=int, default=2)
@@ -250,6 +259,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--peer", default="", help=argparse.SUPPRESS)
     p.add_argument("--kind", default="cartpole", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    try:
+        parse_kinds(args.kind if args.peer else args.kinds)
+    except ConfigError as err:
+        p.error(str(err))
     if args.peer:
         peer_worker(args)
         return {}
@@ -282,7 +295,7 @@ def main(argv: list[str] | None = None) -> dict:
             results.append(r)
             print(jsontext.dumps(r), flush=True)
     for peer in [x for x in args.peers.split(",") if x]:
-        for kind in args.kinds.split(","):
+        for kind in parse_kinds(args.kinds):
             r = run_peer(peer, kind, args)
             r.update(system=peer, kind=kind, git_sha=sha, bench="peers")
             results.append(r)
@@ -306,7 +319,7 @@ def ratios(results: list[dict]) -> list[dict]:
             pr = peer[key]
             out.append({
                 "kind": ours["kind"], "mode": ours["mode"], "sampler": ours["sampler"],
-                "peer": peer["system"],
+                "peer": peer["system"], "peer_variant": peer.get(f"{key}_variant", ""),
                 "rate_ratio_idle": ours["idle"]["batches_per_s"] / pr["batches_per_s"],
                 "rate_ratio_inserting":
                     ours["inserting"]["batches_per_s"] / pr["batches_per_s"],
@@ -318,36 +331,37 @@ def ratios(results: list[dict]) -> list[dict]:
 
 
 def print_table(results: list[dict], table: list[dict]) -> None:
-    print(f"\n{'system':>12} {'kind':>8} {'mode':>5} {'sampler':>11} {'insert rows/s':>14} "
+    print(f"\n{'system':>12} {'kind':>12} {'mode':>5} {'sampler':>11} {'insert rows/s':>14} "
           f"{'batches/s':>10} {'med ms':>7} {'p99 ms':>7} | {'ins. b/s':>9} {'med ms':>7} "
           f"{'p99 ms':>7} {'rows/s':>10}")
     for r in results:
         if r["system"] == "conduit_hpc":
             a, b = r["idle"], r.get("inserting", r["idle"])
-            print(f"{'ours':>12} {r['kind']:>8} {r['mode']:>5} {r['sampler']:>11} "
+            print(f"{'ours':>12} {r['kind']:>12} {r['mode']:>5} {r['sampler']:>11} "
                   f"{r['insert_rows_per_s']:>14,.0f} {a['batches_per_s']:>10,.0f} "
                   f"{a['latency_median_s'] * 1e3:>7.3f} {a['latency_p99_s'] * 1e3:>7.3f} | "
                   f"{b['batches_per_s']:>9,.0f} {b['latency_median_s'] * 1e3:>7.3f} "
                   f"{b['latency_p99_s'] * 1e3:>7.3f} {r['inserting_rows_per_s']:>10,.0f}")
         elif "skipped" in r:
-            print(f"{r['system']:>12} {r['kind']:>8}   skipped: {r['skipped']}")
+            print(f"{r['system']:>12} {r['kind']:>12}   skipped: {r['skipped']}")
         else:
             for key in ("prioritized", "uniform"):
                 if key in r:
                     a = r[key]
-                    print(f"{r['system']:>12} {r['kind']:>8} {'in-p':>5} {key:>11} "
+                    print(f"{r['system']:>12} {r['kind']:>12} {'in-p':>5} {key:>11} "
                           f"{r['insert_rows_per_s']:>14,.0f} {a['batches_per_s']:>10,.0f} "
                           f"{a['latency_median_s'] * 1e3:>7.3f} "
                           f"{a['latency_p99_s'] * 1e3:>7.3f} |")
             if "prioritized_skipped" in r:
-                print(f"{r['system']:>12} {r['kind']:>8}   prioritized skipped: "
+                print(f"{r['system']:>12} {r['kind']:>12}   prioritized skipped: "
                       f"{r['prioritized_skipped']}")
-    print(f"\n{'kind':>8} {'mode':>5} {'sampler':>11} {'peer':>8} {'rate x':>7} "
-          f"{'rate x (ins.)':>13} {'median x':>9} {'ins./idle':>9}")
+    print(f"\n{'kind':>12} {'mode':>5} {'sampler':>11} {'peer':>8} {'peer variant':>22} "
+          f"{'rate x':>7} {'rate x (ins.)':>13} {'median x':>9} {'ins./idle':>9}")
     for t in table:
-        print(f"{t['kind']:>8} {t['mode']:>5} {t['sampler']:>11} {t['peer']:>8} "
-              f"{t['rate_ratio_idle']:>7.2f} {t['rate_ratio_inserting']:>13.2f} "
-              f"{t['median_latency_ratio']:>9.2f} {t['inserting_over_idle']:>9.2f}")
+        print(f"{t['kind']:>12} {t['mode']:>5} {t['sampler']:>11} {t['peer']:>8} "
+              f"{t['peer_variant'] or '-':>22} {t['rate_ratio_idle']:>7.2f} "
+              f"{t['rate_ratio_inserting']:>13.2f} {t['median_latency_ratio']:>9.2f} "
+              f"{t['inserting_over_idle']:>9.2f}")
 
 
 if __name__ == "__main__":

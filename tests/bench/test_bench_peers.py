@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from conduit_hpc.bench import peers
+from conduit_hpc.bench import capacity, peers
+from conduit_hpc.bench._peers_inprocess import ROWS, row_source
 from conduit_hpc.testing import REPO
 
 
@@ -47,24 +50,65 @@ def test_an_absent_peer_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch,
 
 def test_capacity_smoke_reports_every_delivery_mode_and_the_ratios() -> None:
     # sync, a data-plane thread, a delivery rank, and owner fetch: each a figure with 0
-    # and 2 actors inserting, beside cpprb (or the reason it is missing)
+    # and 2 actors inserting, beside cpprb (or the reason it is missing); CartPole rows
+    # and Atari rows stored frame-once
     modes = ["sync", "edp", "edp-process", "sync:owner"]
+    kinds = {"cartpole", "atari-frames"}
     out = subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", "bench", "--json",
-                          "capacity", "--smoke", "--kinds", "cartpole", "--peers", "cpprb",
-                          "--modes", ",".join(modes)], cwd=REPO,
+                          "capacity", "--smoke", "--kinds", ",".join(sorted(kinds)),
+                          "--peers", "cpprb", "--modes", ",".join(modes)], cwd=REPO,
                          capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    ours = {r["mode"]: r for r in result["results"] if r["system"] == "conduit_hpc"}
-    assert set(ours) == set(modes)
-    for mode, r in ours.items():
-        assert "failed" not in r, (mode, r)
+    ours = {(r["kind"], r["mode"]): r for r in result["results"]
+            if r["system"] == "conduit_hpc"}
+    assert set(ours) == {(k, m) for k in kinds for m in modes}
+    for key, r in ours.items():
+        assert "failed" not in r, (key, r)
         for phase in ("idle", "inserting"):
             assert r[phase]["batches"] == 30 and r[phase]["batches_per_s"] > 0
         assert r["inserting_rows_per_s"] > 0
-    assert {t["mode"] for t in result["ratios"]} == set(modes)
+    # the frame-once kind delivers atari's rows and an env stream id
+    assert ours["atari-frames", "sync"]["row_bytes"] == 2 * 4 * 84 * 84 + 8 + 4 + 1 + 8
+    assert {(t["kind"], t["mode"]) for t in result["ratios"]} == set(ours)
     for t in result["ratios"]:
         assert t["inserting_over_idle"] > 0
-    (cpprb,) = [r for r in result["results"] if r["system"] == "cpprb"]
-    if "skipped" not in cpprb:  # then every mode has its ratio to it
-        assert all(t["over_cpprb"] > 0 for t in result["ratios"])
+    cpprb = {r["kind"]: r for r in result["results"] if r["system"] == "cpprb"}
+    assert set(cpprb) == kinds
+    if "skipped" not in cpprb["atari-frames"]:  # both variants; the ratio is to the faster
+        frames = cpprb["atari-frames"]
+        variants = frames["variants"]
+        assert set(variants) == {"plain", "next_of+stack_compress"}
+        assert frames["prioritized"]["batches_per_s"] == max(
+            v["prioritized"]["batches_per_s"] for v in variants.values())
+        assert all(t["cpprb_variant"] == frames["prioritized_variant"]
+                   for t in result["ratios"] if t["kind"] == "atari-frames")
+    for kind, r in cpprb.items():
+        if "skipped" not in r:  # then every mode has its ratio to it
+            assert all(t["over_cpprb"] > 0 for t in result["ratios"] if t["kind"] == kind)
+
+
+def test_an_unknown_row_kind_is_refused_with_the_allowed_ones(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        capacity.main(["--kinds", "atari,atari-franes"])
+    err = capsys.readouterr().err
+    assert "--kinds" in err and "'atari,atari-franes'" in err
+    assert "cartpole, atari, atari-frames" in err
+
+
+def test_atari_frames_rows_are_stream_consistent() -> None:
+    # 4 streams interleaved; within a stream and an episode each obs slides one frame
+    # on from the previous row's (consecutive rows share 3 frames)
+    rows = row_source("atari-frames", 600, seed=1)()
+    assert set(rows) == set(ROWS["atari-frames"])
+    assert len(set(rows["env"].tolist())) == 4
+    slid = 0
+    for env in set(rows["env"].tolist()):
+        obs = rows["obs"][rows["env"] == env]
+        for a, b in itertools.pairwise(obs):
+            if np.array_equal(b[:3], a[1:]):
+                slid += 1
+            else:  # a new episode: its first stack repeats one frame
+                assert all(np.array_equal(b[0], b[i]) for i in range(4))
+    assert slid >= 600 - 4 - 4 * 3  # a few episode starts at most
