@@ -12,7 +12,7 @@ EXTRAS ?= local,dev,tensorboard,torchrl,rllib,atari
 # the launch tier starts ~40 jobs (each test also has its own pytest-timeout, 300 s)
 LAUNCH_TIMEOUT ?= 1200
 # the hosts tier: MPI jobs across 2 and 3 hosts of a test cluster on this machine (root)
-HOSTS_TIMEOUT ?= 900
+HOSTS_TIMEOUT ?= 1200
 
 .PHONY: run test lint unit mpi launch hosts venv clean bench-smoke
 
@@ -43,8 +43,8 @@ launch: $(STAMP)
 
 test: lint unit mpi launch
 
-# not part of `test`: needs root (network, UTS, mount namespaces); skips with the reason
-# without it, fails under CI=true. See docs/hosts.md.
+# not part of `test`: needs root (network, UTS, mount namespaces; a real SLURM, one node
+# and several); skips with the reason without it, fails under CI=true. See docs/hosts.md.
 hosts: $(STAMP)
 	$(MPIENV) && timeout $(HOSTS_TIMEOUT) $(BIN)/python -m pytest -q -rs --durations=12 tests/hosts
 

@@ -159,8 +159,10 @@ class Recycler:
     is freed, and so does every view or ``.numpy()`` of it; a transform's view holds the
     array as its ``base``). A set of columns whose arrays have no reference left but
     this pool's is free: the next batch is gathered into it, into pages that are
-    already mapped. Fresh arrays of a 1.8 MB Atari batch cost ~0.2 ms of page faults on
-    every batch (``bench capacity``); a batch a user keeps is never written over (its
+    already mapped. In a plain process, with the previous batch still held (as
+    ``b = next_batch()`` holds it), fresh arrays cost 4x at batch 32 and 2x at 256 for
+    Atari rows (``bench/README.md``, "Round 4"); a batch a user keeps is never written
+    over (its
     set stays referenced; a new set is made, up to ``budget_bytes``, then fresh arrays
     that are not kept). A set is free when neither its dict nor any of its arrays has a
     reference but the pool's; references are only dropped on other threads meanwhile
@@ -173,13 +175,14 @@ class Recycler:
     def __init__(self, budget_bytes: int = 128 << 20) -> None:
         self.budget = int(budget_bytes)
         self.sets: list[dict[str, np.ndarray]] = []
-        self._key: tuple[int, ...] | None = None
+        self._key: tuple[Any, ...] | None = None
         self.reused = 0  # batches gathered into a set used before
 
     def take(self, spec: Spec, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
         """Columns for one batch of ``spec`` rows (``lead``: leading dimensions)."""
-        if lead != self._key:
-            self.sets, self._key = [], lead
+        key = (lead, tuple((f.name, f.dtype.str, f.shape) for f in spec))
+        if key != self._key:  # another batch shape or spec: the old sets go
+            self.sets, self._key = [], key
         for cols in self.sets:  # free: neither the dict nor any array is referred to
             if sys.getrefcount(cols) <= _SET_UNUSED and _refs(cols) <= _UNUSED:
                 self.reused += 1

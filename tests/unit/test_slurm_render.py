@@ -1,5 +1,5 @@
 """`conduit-hpc slurm` renders scripts bash accepts, with values from the job's [layout],
-and refuses layouts that cannot fit (the SLURM run itself: tests/launch/test_slurm.py)."""
+and refuses layouts that cannot fit (the SLURM run itself: tests/hosts/test_slurm_one_node.py)."""
 
 from __future__ import annotations
 
