@@ -27,15 +27,9 @@ RATE = float(os.environ.get("RATE", "2e6"))
 
 
 def record(game: str, steps: int = 700) -> np.ndarray:
-    from conduit_hpc.rl.atari import AtariSection, make_atari_vector_env
+    from conduit_hpc.bench.frames import AleFrames
 
-    env, obs = make_atari_vector_env(game, 1, 0, AtariSection())
-    out = [obs[0, -1].copy()]
-    for _ in range(steps):
-        obs, *_ = env.step(env.action_space.sample())
-        out.append(obs[0, -1].copy())
-    env.close()
-    return np.stack(out)
+    return AleFrames(game, 0).take(steps + 1)
 
 
 SPEC = {"obs": {"dtype": "uint8", "shape": [4, 84, 84], "stack": {"axis": 0, "stream": "env"}},

@@ -23,17 +23,11 @@ import gymnasium as gym
 import h5py
 import numpy as np
 
-from conduit_hpc.rl.atari import AtariSection, make_atari_vector_env
+from conduit_hpc.bench.frames import AleFrames
 
 
 def frames(game: str, steps: int) -> np.ndarray:
-    env, obs = make_atari_vector_env(game, 1, 0, AtariSection())
-    out = [obs[0, -1].copy()]
-    for _ in range(steps):
-        obs, *_ = env.step(env.action_space.sample())
-        out.append(obs[0, -1].copy())
-    env.close()
-    return np.stack(out)
+    return AleFrames(game, 0).take(steps + 1)
 
 
 def cartpole(rows: int) -> np.ndarray:

@@ -61,10 +61,11 @@ ATARI: dict[str, dict[str, Any]] = {
 }
 
 
-class _AleFrames:
+class AleFrames:
     """Real frames of one stream: a game played with random actions through the Atari
     job's preprocessing (84 x 84 grayscale, frame skip 4), the newest frame of each
-    step, the game reset when it ends."""
+    step, the game reset when it ends (also what ``scripts/measure_codecs.py`` and
+    ``scripts/longhaul_atari.py`` record)."""
 
     def __init__(self, game: str, seed: int) -> None:
         from conduit_hpc.rl.atari import AtariSection, make_atari_vector_env
@@ -83,7 +84,7 @@ class _AleFrames:
 
 def _games(args: argparse.Namespace) -> list[AtariGame]:
     return [AtariGame(e, np.random.default_rng(100 + e),
-                  _AleFrames(args.game, 100 + e) if args.frames == "ale" else None)
+                  AleFrames(args.game, 100 + e) if args.frames == "ale" else None)
             for e in range(args.streams)]
 
 
