@@ -39,7 +39,7 @@ from typing import Any
 from conduit_hpc import jsontext
 from conduit_hpc.bench._peers_inprocess import parse_kinds
 from conduit_hpc.bench.common import git_sha, worker_command
-from conduit_hpc.bench.peers import PEERS, mode_spec, run_peer
+from conduit_hpc.bench.peers import PEERS, mode_spec, parse_modes, parse_peers, run_peer
 from conduit_hpc.errors import ConfigError
 
 __all__ = ["main"]
@@ -103,19 +103,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     try:
         kinds = parse_kinds(args.kinds)
+        modes = parse_modes(args.modes)
+        peers = parse_peers(args.peers)
     except ConfigError as err:
         p.error(str(err))
+    if args.batches < 1 or args.actors < 1 or not args.duration >= 0:
+        p.error(f"--batches and --actors must be >= 1 and --duration >= 0, got "
+                f"{args.batches}, {args.actors}, {args.duration}")
     if args.smoke:
         args.batches, args.duration = 30, 0.1
     sha = git_sha()
     load = os.getloadavg()[0]
     results: list[dict[str, Any]] = []
-    for mode in [m for m in args.modes.split(",") if m]:
+    for mode in modes:
         for r in _ours(mode, args):
             r.update(git_sha=sha, bench="capacity", load_1min=load)
             results.append(r)
             print(jsontext.dumps(r), flush=True)
-    for peer in [x for x in args.peers.split(",") if x]:
+    for peer in peers:
         for kind in kinds:
             r = run_peer(peer, kind, args)
             r.update(system=peer, kind=kind, git_sha=sha, bench="capacity")

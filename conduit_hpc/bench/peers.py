@@ -102,6 +102,39 @@ def mode_spec(spec: str) -> tuple[str, str, str]:
     return mode, delivery or "thread", fetch or "direct"
 
 
+def parse_modes(text: str) -> list[str]:
+    """The delivery modes of a comma-separated ``--modes`` value (``MODE[-process]
+    [:FETCH]``: MODE ``sync``, ``edp`` or ``service``; ``-process`` with ``edp`` only;
+    FETCH ``direct`` or ``owner``); raises ConfigError naming the flag, the value and
+    what is allowed. Local."""
+    modes = [m for m in text.split(",") if m]
+    for m in modes:
+        mode, delivery, fetch = mode_spec(m)
+        if (mode not in ("sync", "edp", "service") or delivery not in ("thread", "process")
+                or fetch not in ("direct", "owner") or (delivery == "process" and mode != "edp")
+                or m.count(":") > 1 or m.partition(":")[0].count("-") > 1):
+            raise ConfigError(f"--modes: {m!r} is not MODE[-process][:FETCH] with MODE sync, "
+                              f"edp or service ('-process' with edp only) and FETCH direct "
+                              f"or owner; got --modes {text!r}")
+    if not modes:
+        raise ConfigError(f"--modes must name at least one mode, got {text!r}")
+    return modes
+
+
+def parse_peers(text: str) -> list[str]:
+    """The peers of a comma-separated ``--peers`` value (``cpprb``, ``torchrl``; empty
+    or ``none``: no peer); raises ConfigError naming the flag, the value and what is
+    allowed. Local."""
+    peers = [x for x in text.split(",") if x]
+    if peers == ["none"]:
+        return []
+    bad = [x for x in peers if x not in PEERS]
+    if bad:
+        raise ConfigError(f"--peers must be a comma-separated list of {', '.join(PEERS)} "
+                          f"(or none); got {text!r} (unknown: {', '.join(bad)})")
+    return list(dict.fromkeys(peers))
+
+
 def ours_worker(args: argparse.Namespace) -> None:
     from mpi4py import MPI
 
@@ -261,8 +294,17 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     try:
         parse_kinds(args.kind if args.peer else args.kinds)
+        peers = parse_peers(args.peers)
+        parse_modes(args.modes)
+        bad = [x for x in args.samplers.split(",") if x not in ("prioritized", "uniform")]
+        if bad or not args.samplers:
+            raise ConfigError(f"--samplers must be a comma-separated list of prioritized, "
+                              f"uniform; got {args.samplers!r}")
     except ConfigError as err:
         p.error(str(err))
+    if args.batches < 1 or args.actors < 1 or not args.duration >= 0:
+        p.error(f"--batches and --actors must be >= 1 and --duration >= 0, got "
+                f"{args.batches}, {args.actors}, {args.duration}")
     if args.peer:
         peer_worker(args)
         return {}
@@ -273,7 +315,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.batches, args.duration = 30, 0.1
     if args.profile:  # one mode of one row kind (--kinds, --modes: the first of each)
         args.kinds, args.modes = args.kinds.split(",")[0], args.modes.split(",")[0]
-        args.actors, args.peers = 1, ""
+        args.actors, peers = 1, []
     from conduit_hpc.testing import mpirun
 
     sha = git_sha()
@@ -294,7 +336,7 @@ def main(argv: list[str] | None = None) -> dict:
             r.update(system="conduit_hpc", git_sha=sha, bench="peers")
             results.append(r)
             print(jsontext.dumps(r), flush=True)
-    for peer in [x for x in args.peers.split(",") if x]:
+    for peer in peers:
         for kind in parse_kinds(args.kinds):
             r = run_peer(peer, kind, args)
             r.update(system=peer, kind=kind, git_sha=sha, bench="peers")

@@ -43,8 +43,10 @@ def check_priorities(priorities: ArrayLike, name: str = "priorities") -> np.ndar
     if arr.dtype.kind == "c":
         raise SpecError(f"{name} must be real numbers, got dtype {arr.dtype}")
     p = arr.astype(np.float64, copy=False).reshape(-1)
-    bad = ~np.isfinite(p) | (p < 0)
-    if bad.any():
+    # two reductions decide the common case (a NaN fails ``min >= 0``); the exact
+    # search for the first bad value runs only when one is there
+    if p.size and not (p.min() >= 0 and p.max() < np.inf):
+        bad = ~np.isfinite(p) | (p < 0)
         i = int(np.flatnonzero(bad)[0])
         raise SpecError(f"{name}[{i}] must be finite and >= 0, got {p[i]!r}")
     return p
@@ -158,8 +160,13 @@ class PriorityIndex:
         self._state[2] = int(value)
 
     def _scaled(self, p: np.ndarray) -> np.ndarray:
-        # p ** 0 would give 1 for p = 0; keep zero priority at zero mass
-        return np.where(p > 0, np.power(p, self.alpha), 0.0) if self.alpha != 1 else p
+        # p ** 0 would give 1 for p = 0; keep zero priority at zero mass (for alpha > 0,
+        # 0 ** alpha is 0 already)
+        if self.alpha == 1:
+            return p
+        if self.alpha > 0:
+            return np.power(p, self.alpha)
+        return np.where(p > 0, np.power(p, self.alpha), 0.0)
 
     @property
     def count(self) -> int:
@@ -251,13 +258,14 @@ class PriorityIndex:
             return 0
         if slots.min() < 0 or slots.max() >= self.capacity:
             raise ValueError(f"slot outside [0, {self.capacity})")
-        top = float(p.max())
-        with np.errstate(over="ignore"):  # an overflow is refused below, not warned of
-            scaled_top = np.power(top, self.alpha)
-        if self.alpha > 1 and not np.isfinite(scaled_top):
-            raise SpecError(f"priority {top!r} ** priority_exponent {self.alpha} overflows "
-                            f"float64; priorities must stay below "
-                            f"{np.finfo(np.float64).max ** (1 / self.alpha):.3g}")
+        if self.alpha > 1:  # p ** alpha may overflow only then
+            top = float(p.max())
+            with np.errstate(over="ignore"):  # an overflow is refused below, not warned of
+                scaled_top = np.power(top, self.alpha)
+            if not np.isfinite(scaled_top):
+                raise SpecError(f"priority {top!r} ** priority_exponent {self.alpha} "
+                                f"overflows float64; priorities must stay below "
+                                f"{np.finfo(np.float64).max ** (1 / self.alpha):.3g}")
         if self.sum.compiled and self.min.compiled:
             done = tree_kernels.index_update(self.sum.nodes, self.min.nodes, self.gens,
                                              self.hidden_gens, self.priority, slots, gens, p,

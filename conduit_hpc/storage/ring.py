@@ -351,7 +351,8 @@ class ShardRing(IndexReads):
         if self.views is not None:
             # mode="clip" (slots are checked): numpy buffers a take with out= and
             # mode="raise", which is ~10x slower on large rows
-            np.take(self.views.columns[name], slots, axis=0, out=dst, mode="clip")
+            # (the method, not np.take: its wrapper costs a call per column per batch)
+            self.views.columns[name].take(slots, axis=0, out=dst, mode="clip")
         elif len(slots):
             f = self.layout.stored[name]
             self.transport.get_blocks(self.owner, self.base + self.layout.column(name),

@@ -66,3 +66,28 @@ def test_a_missing_site_mpirun_or_bad_mpi_is_refused_before_the_run_directory(
     assert bad.returncode == 2 and "CONDUIT_MPI must be wheel or site, got 'system'" in \
         bad.stderr, bad.stderr
     assert not runs.exists()
+
+
+def test_bench_flags_are_refused_before_any_rank_starts() -> None:
+    """``bench capacity`` and ``bench peers`` name a bad ``--modes``, ``--peers`` or
+    count (argparse exit 2), rather than a KeyError after minutes of measuring."""
+    import pytest
+
+    from conduit_hpc.bench import capacity, peers
+    from conduit_hpc.errors import ConfigError
+
+    assert peers.parse_peers("none") == [] and peers.parse_peers("") == []
+    assert peers.parse_peers("cpprb,cpprb,torchrl") == ["cpprb", "torchrl"]
+    assert peers.parse_modes("sync,edp-process:owner,service") == [
+        "sync", "edp-process:owner", "service"]
+    for bad in ("foo", "sync-process", "edp-thread-process", "edp:foo", "sync:owner:x", ","):
+        with pytest.raises(ConfigError, match="--modes"):
+            peers.parse_modes(bad)
+    with pytest.raises(ConfigError, match="unknown: reverb"):
+        peers.parse_peers("cpprb,reverb")
+    for main in (capacity.main, peers.main):
+        for argv in (["--peers", "none,x"], ["--modes", "bogus"], ["--batches", "0"],
+                     ["--actors", "-1"], ["--duration", "nan"]):
+            with pytest.raises(SystemExit) as exc:
+                main(argv)
+            assert exc.value.code == 2, argv
