@@ -27,6 +27,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,8 +35,8 @@ from typing import Any, TypeVar
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConduitError
 
-__all__ = ["ERROR_PREFIX", "install_stop_handler", "job_arguments", "job_main",
-           "stop_requested", "stop_signal"]
+__all__ = ["ERROR_PREFIX", "ignore_stop_requests", "install_stop_handler", "job_arguments",
+           "job_main", "stop_requested", "stop_signal"]
 
 ERROR_PREFIX = "conduit-hpc: error"
 C = TypeVar("C", bound=Config)
@@ -78,6 +79,11 @@ def job_main(config_cls: type[C], run: Callable[[C, Path | None, str], Any],
         print(f"{ERROR_PREFIX} on world rank {rank}: {type(err).__name__}: {err}",
               file=sys.stderr, flush=True)
         sys.exit(3)
+    finally:
+        # the run is over: a stop request now (a preemption warning while the ranks
+        # finalize) has nothing left to stop, and Python's finalization would give
+        # SIGUSR1 its default action back - killing a rank that finished its work
+        ignore_stop_requests()
 
 
 def _log_to_files(logs: Path, rank: int) -> None:
@@ -107,6 +113,13 @@ def _on_stop_signal(signum: int, frame: object) -> None:
 def install_stop_handler() -> None:
     """Make ``SIGUSR1`` set the stop request (main thread only; idempotent)."""
     signal.signal(signal.SIGUSR1, _on_stop_signal)
+
+
+def ignore_stop_requests() -> None:
+    """Ignore ``SIGUSR1`` from now on (main thread; a no-op elsewhere): for a rank whose
+    run has ended. An ignored signal stays ignored through interpreter finalization."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def stop_requested() -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc.config import require
+from conduit_hpc.rl.section import check_env_id
 
 __all__ = ["AtariSection", "make_atari_vector_env"]
 
@@ -95,6 +96,7 @@ def make_atari_vector_env(env_id: str, num_envs: int, seed: int,
         raise ImportError(f"the Atari job needs the [atari] extra ({err}); pip install "
                           f"'conduit-hpc[atari]'") from err
     gym.register_envs(ale_py)
+    check_env_id(env_id)
 
     def wrap(env: Any) -> Any:
         env = AtariPreprocessing(env, noop_max=atari.noop_max, frame_skip=atari.frame_skip,

@@ -30,7 +30,7 @@ from conduit_hpc.rl.losses import initial_priorities
 from conduit_hpc.rl.nstep import NStepAccumulator, true_next_obs
 from conduit_hpc.rl.qnet import QNetwork, copy_weights
 from conduit_hpc.rl.replay import PrioritizedReplay
-from conduit_hpc.rl.section import DQNSection
+from conduit_hpc.rl.section import DQNSection, check_env_id
 from conduit_hpc.rl.updater import DQNUpdater
 from conduit_hpc.sampling import beta_at
 
@@ -57,6 +57,7 @@ def make_vector_env(env_id: str, num_envs: int, seed: int) -> Any:
     import gymnasium as gym
     from gymnasium.vector import AutoresetMode
 
+    check_env_id(env_id)
     env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
                        vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
     obs, _ = env.reset(seed=[seed + i for i in range(num_envs)])  # type: ignore[arg-type]

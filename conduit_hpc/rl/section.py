@@ -4,14 +4,16 @@ ratio, weight period and priority exponent are the data plane's ``[scheduler]`` 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from conduit_hpc.config import require
+from conduit_hpc.errors import ConfigError
 from conduit_hpc.rl.exploration import epsilon_ladder
 
-__all__ = ["DQNSection"]
+__all__ = ["DQNSection", "check_env_id"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,12 +74,17 @@ class DQNSection:
                 self.hidden, "a non-empty list of positive widths")
         require(0.0 <= self.gamma <= 1.0, "gamma", self.gamma, "in [0, 1]")
         require(self.n_step >= 1, "n_step", self.n_step, ">= 1")
-        require(self.lr > 0, "lr", self.lr, "> 0")
+        require(math.isfinite(self.lr) and self.lr > 0, "lr", self.lr, "finite and > 0")
         require(self.target_period >= 1, "target_period", self.target_period, ">= 1")
         require(0.0 < self.epsilon <= 1.0, "epsilon", self.epsilon, "in (0, 1]")
-        require(self.epsilon_alpha >= 0, "epsilon_alpha", self.epsilon_alpha, ">= 0")
-        require(self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, ">= 0")
-        require(self.huber_delta > 0, "huber_delta", self.huber_delta, "> 0")
+        require(math.isfinite(self.epsilon_alpha) and self.epsilon_alpha >= 0, "epsilon_alpha",
+                self.epsilon_alpha, "finite and >= 0")
+        require(math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0, "max_grad_norm",
+                self.max_grad_norm, "finite and >= 0")
+        require(math.isfinite(self.huber_delta) and self.huber_delta > 0, "huber_delta",
+                self.huber_delta, "finite and > 0")
+        require(not math.isnan(self.target_return), "target_return", self.target_return,
+                "a number (inf: never stop at a return)")
         require(self.window >= 1, "window", self.window, ">= 1")
         require(0.0 < self.score_max_epsilon <= 1.0, "score_max_epsilon",
                 self.score_max_epsilon, "in (0, 1]")
@@ -91,3 +98,21 @@ class DQNSection:
         """Bool per env slot: its episodes count toward the convergence test."""
         eps = self.epsilons()
         return eps <= max(self.score_max_epsilon, float(eps.min()))
+
+
+def check_env_id(env_id: str) -> None:
+    """Refuse an ``env_id`` Gymnasium does not know, naming ``dqn.env_id`` and the
+    closest ids it knows (Gymnasium's own message, e.g. a missing namespace or
+    version). Local.
+
+    Raises:
+        ConfigError: unknown id.
+    """
+    import gymnasium as gym
+    from gymnasium import error as gym_error
+
+    try:
+        gym.spec(env_id)
+    except gym_error.Error as err:
+        raise ConfigError(f"dqn.env_id must be a registered Gymnasium environment id, got "
+                          f"{env_id!r}: {err}", key="dqn.env_id") from err

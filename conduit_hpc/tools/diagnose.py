@@ -112,6 +112,22 @@ def _is_consequence(line: str) -> bool:
     return isinstance(cls, type) and issubclass(cls, errors.RemoteFailure)
 
 
+def exception_lines(text: str) -> list[str]:
+    """The exception line (``module.Class: message``) ending each Python traceback in
+    ``text``, whatever the class is called (``gymnasium.error.NameNotFound``,
+    ``KeyboardInterrupt``...): the first unindented line after a traceback's frames."""
+    out: list[str] = []
+    inside = False
+    for ln in text.splitlines():
+        if ln.startswith("Traceback (most recent call last)"):
+            inside = True
+        elif inside and ln and not ln[0].isspace():
+            if re.match(r"^[A-Za-z_][\w.]*(: |$)", ln):
+                out.append(ln)
+            inside = False
+    return out
+
+
 def first_error(run_dir: Path) -> str | None:
     """The first ``conduit-hpc: error`` line any rank wrote (one that is not a
     :class:`~conduit_hpc.errors.RemoteFailure` if there is one), or the last line of the
@@ -129,7 +145,7 @@ def first_error(run_dir: Path) -> str | None:
     for f in [*logs, launcher] if launcher.exists() else logs:
         text = f.read_text(errors="replace")
         if "Traceback (most recent call last)" in text:
-            tail = [ln for ln in text.splitlines() if re.match(r"^\w[\w.]*(Error|Exception)", ln)]
+            tail = exception_lines(text)
             where = (f"world rank {f.parent.name.split('.')[1]}" if f.name == "stderr"
                      else "a rank")
             if tail:

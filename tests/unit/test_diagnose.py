@@ -39,3 +39,17 @@ def test_a_peers_traceback_beats_a_collective_failure_and_alone_it_is_reported(
     write_logs(tmp_path / "c", {0: "conduit-hpc: error on world rank 0: ConfigError: x\n",
                                 1: "conduit-hpc: error on world rank 1: ConduitError: y\n"})
     assert "world rank 0: ConfigError: x" in str(first_error(tmp_path / "c"))
+
+
+def test_a_traceback_of_any_exception_class_is_reported(tmp_path: Path) -> None:
+    """An exception whose class does not end in Error (gymnasium's NameNotFound, a
+    KeyboardInterrupt) is still the message, not "job exited with status 1"."""
+    write_logs(tmp_path, {1: "", 3: "A.L.E: banner\nTraceback (most recent call last):\n"
+                          "  File \"x.py\", line 1, in <module>\n    make()\n"
+                          "gymnasium.error.NameNotFound: Environment `NoSuchEnv` doesn't "
+                          "exist.\n"})
+    msg = str(first_error(tmp_path))
+    assert "world rank 3: gymnasium.error.NameNotFound: Environment `NoSuchEnv`" in msg
+    write_logs(tmp_path / "k", {0: "Traceback (most recent call last):\n  File \"y\"\n"
+                                "KeyboardInterrupt\n"})
+    assert "world rank 0: KeyboardInterrupt" in str(first_error(tmp_path / "k"))

@@ -60,3 +60,34 @@ def test_ranks_problem_mirrors_the_role_assignment(layout, n, error) -> None:
     if not layout.get("per_node"):
         _, want = assign_roles(cfg.layout, (0,) * n)  # what the ranks would raise
         assert (None if want is None else type(want)) is error
+
+
+def test_a_stop_request_after_the_run_does_not_kill_the_rank(tmp_path) -> None:
+    """A SIGUSR1 (a preemption warning, or the launcher forwarding a SIGTERM) that
+    reaches a rank after its run returned - while it finalizes - is ignored: before,
+    Python's finalization gave SIGUSR1 its default action back and the rank died of it
+    after finishing its work (seen: ``killed by signal 10`` at the end of a job)."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("")
+    code = (
+        "import os, signal, sys\n"
+        "from conduit_hpc.config import Config\n"
+        "from conduit_hpc.job import job_main, stop_requested\n"
+        "seen = []\n"
+        "def run(cfg, run_dir, resume):\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n"  # during the run: a stop request
+        "    seen.append(stop_requested())\n"
+        f"job_main(Config, run, ['--config', {str(cfg)!r}])\n"
+        "assert seen == [True], seen\n"
+        "class Late:\n"  # a signal while the interpreter tears its modules down
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "        os.write(1, b'alive')\n"
+        "late = Late()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "alive" in out.stdout, (out.returncode,
+                                                           out.stderr[-2000:])

@@ -313,6 +313,23 @@ def test_dqn_section_names_bad_values() -> None:
                           max_insert_batch=64, error_buffer=2000.0)
     assert updates_due(sch, 999) == 0 and updates_due(sch, 1000) == 1
     assert updates_due(sch, 1004) == 2  # 16 / 64 updates per inserted row
+    # non-finite values are refused by name (lr = inf trained on NaN weights before)
+    for key, value in (("lr", float("inf")), ("lr", float("nan")),
+                       ("epsilon_alpha", float("inf")), ("max_grad_norm", float("nan")),
+                       ("huber_delta", float("inf")), ("target_return", float("nan"))):
+        with pytest.raises(ConfigError, match=f"{key} must be"):
+            DQNSection(**{key: value})
+    DQNSection(target_return=float("inf"))  # never stop at a return: allowed
+
+
+def test_an_unknown_env_id_is_refused_naming_the_key() -> None:
+    from conduit_hpc.rl.section import check_env_id
+
+    check_env_id("CartPole-v1")
+    for bad in ("NoSuchEnv-v9", "CartPole-v99", "ALE/NoSuchGame-v5", ""):
+        with pytest.raises(ConfigError, match=r"dqn\.env_id must be a registered") as exc:
+            check_env_id(bad)
+        assert exc.value.key == "dqn.env_id"
 
 
 def test_episode_log_writes_the_episodes_csv(tmp_path) -> None:
