@@ -321,6 +321,8 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
         # collective: the replay (each frame once, as saved), the sampler, stored state
         restored = (restore_data_plane(edp, resume, roots=resume_roots(cfg, run_dir))
                     if resume else None)
+        if rank == 0:
+            say_restored(restored, resume)
         root = checkpoint_root(cfg, run_dir)
         agent = CheckpointAgent(edp, root, every_seconds=ccfg.every_seconds, keep=ccfg.keep,
                                 first_seq=restored.seq + 1 if restored else 1)
@@ -339,7 +341,6 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
                       f"buffer-side periodic one); the model starts fresh", flush=True)
         edp.share_weights(net)  # collective; actors start from the learner's weights
         if rank == 0:
-            say_restored(restored, resume)
             print(f"apex_atari: {cfg.dqn.env_id}, {len(edp.roles.actor_ranks)} actor ranks x "
                   f"{k} envs, {len(edp.roles.buffer_ranks)} buffer, 1 learner; rows of "
                   f"{sum(f.row_bytes for f in cfg.spec.values()):,} bytes, mode "
