@@ -45,11 +45,11 @@ def run_cmd(runs: Path, *sets: str) -> list[str]:
     return cmd
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(420)  # inner timeouts: 200 + 120 + 80 s
 def test_smoke_run_steps_frames_ingests_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
     need_extra("atari", "ale_py", "cv2")
     cmd = run_cmd(tmp_path, f"checkpoint.every_supersteps={CKPT_EVERY}")
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=260,
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=200,
                           check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
@@ -121,13 +121,13 @@ def resume_then_stop(runs: Path, first: Path) -> None:
                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     try:
-        end = time.monotonic() + 150
+        end = time.monotonic() + 120
         while not any(int(m.replace(",", "")) > CKPT_EVERY for m in re.findall(
                 r"^\[apex_atari\].* supersteps +([\d,]+)", out_path.read_text(), re.M)):
             assert job.poll() is None and time.monotonic() < end, out_path.read_text()[-3000:]
             time.sleep(0.1)
         job.send_signal(signal.SIGTERM)  # the launcher asks every rank to stop
-        rc = job.wait(timeout=120)
+        rc = job.wait(timeout=80)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
