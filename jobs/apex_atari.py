@@ -19,15 +19,32 @@ docs/frame-stacks.md). Without the declarations rows are stored whole.
 
 The job ends when the mean return of the last ``dqn.window`` scored episodes reaches
 ``dqn.target_return``, or on a budget: ``dqn.max_env_steps`` agent steps (each is
-``atari.frame_skip`` emulator frames), ``job.max_supersteps`` learner updates or
-``run.duration_s`` seconds. This first version has one learner and no checkpoints.
+``atari.frame_skip`` emulator frames) and ``job.max_supersteps`` learner updates (both
+counted over resumed runs), ``run.duration_s`` seconds (of this run), or on SIGTERM /
+SIGUSR1 to any rank (through
+:class:`~conduit_hpc.features.checkpointing.stopping.StopCoordinator`, as in
+``jobs/dqn_cartpole.py``). One learner in this version.
+
+Checkpoints (``[checkpoint]``), as in ``jobs/dqn_cartpole.py``: every
+``every_supersteps`` learner updates (the replay, the Nature CNN, its target network
+and Adam's moments, the counters), and a final one when a signal stops the job
+(``on_stop``). The replay is saved as the shards hold it, each frame once (a frame
+column and a references column for ``obs``, none for ``next_obs``), with
+``compression = { obs = "gzip" }`` on those columns (gzip-1: ~1/30 of their bytes on
+real frames; bench/README.md, "Compression where bytes are dear").
+``conduit-hpc run ... --resume`` continues from the newest complete checkpoint, falling
+back past damaged ones (a corrupted compressed block is refused naming its dataset); the
+actors' games start new episodes, the learner's updates, agent steps and beta schedule
+go on counting.
 
 Outputs under the run directory: ``metrics/learner-0.csv`` (per superstep, with
 ``loss``, ``td_abs_mean``, ``mean_return``), ``metrics/actor-<rank>.csv``,
-``metrics/episodes.csv`` and ``metrics/summary.json`` (frames/s, ingest rows/s and the
-delivery figures: exposed latency and iteration time per superstep).
+``metrics/episodes.csv`` and ``metrics/summary.json`` (frames/s, ingest rows/s, the
+delivery figures: exposed latency and iteration time per superstep, and what the replay
+holds: rows per tier and bytes a row takes stored against the full layout).
 
     conduit-hpc run jobs/apex_atari.toml [--set dqn.env_id=ALE/Breakout-v5]
+    conduit-hpc run jobs/apex_atari.toml --resume     # from the newest checkpoint
 """
 
 from __future__ import annotations
@@ -44,7 +61,13 @@ import torch
 
 from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlane, Role, jsontext
 from conduit_hpc.config import require
+from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
+from conduit_hpc.features.checkpointing.agent import CheckpointAgent
+from conduit_hpc.features.checkpointing.resume import RestoreResult, checkpoint_root, resume_roots
+from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.job import job_main
+from conduit_hpc.placement.placement import Placement
+from conduit_hpc.placement.workload import Workload
 from conduit_hpc.plane.metrics import write_summary
 from conduit_hpc.rl import (
     EPISODES_TAG,
@@ -57,8 +80,7 @@ from conduit_hpc.rl import (
     make_atari_vector_env,
     merge_episode_files,
 )
-from conduit_hpc.spec import Spec, frame_stacks
-from conduit_hpc.storage.frames import stored_spec
+from conduit_hpc.spec import frame_stacks
 from conduit_hpc.transport.objects import allgather_json
 
 
@@ -132,8 +154,10 @@ class EpisodeReferee:
     """On the learner: the actors' episode reports, the mean return of the last
     ``window`` scored episodes and the agent steps spent. Local."""
 
-    def __init__(self, edp: ExperienceDataPlane, hp: DQNSection) -> None:
+    def __init__(self, edp: ExperienceDataPlane, hp: DQNSection,
+                 env_steps_offset: int = 0) -> None:
         self.edp, self.hp = edp, hp
+        self.env_steps_offset = env_steps_offset  # steps of the run this one resumes
         self.recent: deque[float] = deque(maxlen=hp.window)
         self.actor_steps: dict[int, int] = {}
         self.episodes = 0
@@ -141,7 +165,7 @@ class EpisodeReferee:
 
     @property
     def env_steps(self) -> int:
-        return sum(self.actor_steps.values())
+        return self.env_steps_offset + sum(self.actor_steps.values())
 
     @property
     def mean(self) -> float:
@@ -166,7 +190,7 @@ class EpisodeReferee:
 
 
 def actor_loop(edp: ExperienceDataPlane, cfg: ApexAtariConfig, net: torch.nn.Module, k: int,
-               run_dir: Path | None, t0: float) -> dict[str, Any]:
+               stop: StopCoordinator, run_dir: Path | None, t0: float) -> dict[str, Any]:
     hp, job, atari = cfg.dqn, cfg.job, cfg.atari
     a = edp.roles.role_rank
     stacks = frame_stacks(cfg.spec)
@@ -183,7 +207,7 @@ def actor_loop(edp: ExperienceDataPlane, cfg: ApexAtariConfig, net: torch.nn.Mod
     last_report = started = time.perf_counter()
     rows = 0
     try:
-        while not edp.should_stop:
+        while not edp.should_stop and not stop.requested():  # a step is ms of frames
             out = actor.step()
             if len(out.priorities):
                 edp.ingest(out.rows, priorities=out.priorities)
@@ -206,32 +230,50 @@ def actor_loop(edp: ExperienceDataPlane, cfg: ApexAtariConfig, net: torch.nn.Mod
             "frames_per_s": actor.env_steps * atari.frame_skip / wall if wall > 0 else 0.0}
 
 
-def learner_loop(edp: ExperienceDataPlane, cfg: ApexAtariConfig,
-                 updater: DQNUpdater) -> dict[str, Any]:
+def budget_spent(cfg: ApexAtariConfig, referee: EpisodeReferee, updates: int,
+                 elapsed_s: float) -> str:
+    """Why the learner stops on its own (``""``: go on). Local."""
     hp, job = cfg.dqn, cfg.job
-    referee = EpisodeReferee(edp, hp)
+    if referee.reached_at is not None:
+        return "target"
+    if referee.env_steps >= hp.max_env_steps:
+        return "env-step budget"
+    if job.max_supersteps and updates >= job.max_supersteps:
+        return "superstep budget"
+    if cfg.run.duration_s and elapsed_s >= cfg.run.duration_s:
+        return "time budget"
+    return ""
+
+
+def learner_loop(edp: ExperienceDataPlane, cfg: ApexAtariConfig, updater: DQNUpdater,
+                 stop: StopCoordinator, agent: CheckpointAgent,
+                 env_steps_offset: int) -> dict[str, Any]:
+    hp, job = cfg.dqn, cfg.job
+    referee = EpisodeReferee(edp, hp, env_steps_offset)
+
+    def state() -> dict[str, Any]:  # at checkpoint boundaries: the model and counters
+        return {"counters": {"updates": updater.updates, "env_steps": referee.env_steps},
+                "extra_state": updater.state_arrays(), "extra_attrs": updater.state_attrs()}
+
+    agent.every_supersteps(cfg.checkpoint.every_supersteps, state)
     t0 = last_poll = last_print = time.perf_counter()
-    printed = (0, 0)  # (updates, env steps) at the last progress line
+    printed = (updater.updates, referee.env_steps)  # at the last progress line
     why, losses = "", []
     while not why:
         now = time.perf_counter()
         if now - last_poll >= job.poll_every_s:
             last_poll = now
             referee.poll()
-        if referee.reached_at is not None:
-            why = "target"
-        elif referee.env_steps >= hp.max_env_steps:
-            why = "env-step budget"
-        elif job.max_supersteps and updater.updates >= job.max_supersteps:
-            why = "superstep budget"
-        elif cfg.run.duration_s and now - t0 >= cfg.run.duration_s:
-            why = "time budget"
+            if stop.requested():
+                why = "stop requested"
+        why = why or budget_spent(cfg, referee, updater.updates, now - t0)
         if why:
             break
         try:
             batch = edp.next_batch()
         except DataPlaneClosed:
-            why = "stream closed"
+            # the actors stopped before the buffer was filled: the end of a stop request
+            why = "stop requested" if stop.requested() else "stream closed"
             break
         loss, td = updater.update(batch.data, batch.weights)
         losses.append(loss)
@@ -251,6 +293,7 @@ def learner_loop(edp: ExperienceDataPlane, cfg: ApexAtariConfig,
     return {"updates": updater.updates, "why": why, "wall_s": time.perf_counter() - t0,
             "reached_at": referee.reached_at, "mean": referee.mean,
             "episodes_seen": referee.episodes, "env_steps_seen": referee.env_steps,
+            "env_steps_offset": env_steps_offset,
             "loss_last": losses[-1] if losses else math.nan,
             "loss_finite": bool(losses) and all(math.isfinite(v) for v in losses)}
 
@@ -266,45 +309,74 @@ def build_net(cfg: ApexAtariConfig) -> torch.nn.Module:
 
 def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, Any]:
     torch.set_num_threads(1)
-    if resume:
-        raise ConfigError("apex_atari has no checkpoints yet; run it without --resume",
-                          key="resume")
+    # what reward and discount mean (n, gamma): attributes of the checkpoint's datasets
     cfg = replace(cfg, spec=describe_transitions(cfg.spec, n_step=cfg.dqn.n_step,
                                                  gamma=cfg.dqn.gamma))
+    ccfg = cfg.checkpoint
     out: dict[str, Any] = {}
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:  # collective
         k = check_config(cfg, len(edp.roles.actor_ranks), len(edp.roles.learner_ranks))
+        stop = StopCoordinator(edp)  # SIGTERM / SIGUSR1 anywhere: every rank stops
         rank = edp.world_rank
+        # collective: the replay (each frame once, as saved), the sampler, stored state
+        restored = (restore_data_plane(edp, resume, roots=resume_roots(cfg, run_dir))
+                    if resume else None)
+        if rank == 0:
+            say_restored(restored, resume)
+        root = checkpoint_root(cfg, run_dir)
+        agent = CheckpointAgent(edp, root, every_seconds=ccfg.every_seconds, keep=ccfg.keep,
+                                first_seq=restored.seq + 1 if restored else 1)
         net = build_net(cfg) if not edp.serves else None
         updater = None
         if net is not None and edp.role is Role.LEARNER:
             net = net.to(edp.device)
             updater = DQNUpdater(cfg.dqn, net)
             updater.warm_up()
+            if restored is not None and restored.extra_state:
+                updater.load_state_arrays(restored.extra_state)
+                print(f"resume: model, target network and optimizer from checkpoint "
+                      f"{restored.seq} (after {updater.updates:,} updates)", flush=True)
+            elif restored is not None:
+                print(f"resume: checkpoint {restored.seq} holds no learner state (a "
+                      f"buffer-side periodic one); the model starts fresh", flush=True)
         edp.share_weights(net)  # collective; actors start from the learner's weights
         if rank == 0:
             print(f"apex_atari: {cfg.dqn.env_id}, {len(edp.roles.actor_ranks)} actor ranks x "
                   f"{k} envs, {len(edp.roles.buffer_ranks)} buffer, 1 learner; rows of "
                   f"{sum(f.row_bytes for f in cfg.spec.values()):,} bytes, mode "
                   f"{cfg.scheduler.mode}, target mean-{cfg.dqn.window} return "
-                  f"{cfg.dqn.target_return:g}", flush=True)
+                  f"{cfg.dqn.target_return:g}; checkpoints under {root}", flush=True)
         t0 = time.perf_counter()
         if edp.role is Role.ACTOR:
             assert net is not None
-            out = actor_loop(edp, cfg, net, k, run_dir, t0)
+            out = actor_loop(edp, cfg, net, k, stop, run_dir, t0)
         elif edp.serves:
             edp.serve()
         else:
             assert updater is not None
-            out = learner_loop(edp, cfg, updater)
+            offset = resumed_env_steps(restored, edp.roles.learner_ranks)
+            out = learner_loop(edp, cfg, updater, stop, agent, offset)
         edp.done()
+        agent.finish()
+        stopped = stop.agree()
+        final = None
+        if stopped and ccfg.on_stop:  # collective: the replay, the model, the counters
+            final = save_checkpoint(edp, root, agent=agent, keep=ccfg.keep,
+                counters={"updates": out.get("updates", 0),
+                          "env_steps": out.get("env_steps_seen", 0)},
+                extra_state=updater.state_arrays() if updater else None,
+                extra_attrs=updater.state_attrs() if updater else None)
         summary = edp.summary()
         # JSON, not pickle (collective on the world; every rank gets every rank's stats)
         stats = [(str(role), int(r), dict(s)) for role, r, s in allgather_json(
             edp.roles.world, [edp.role.value, rank, out])]
+        placement = edp.placement
+        stop.close()
         wall = time.perf_counter() - t0
     if rank == 0:
-        flat = flat_summary(cfg, summary, stats, wall)
+        if final is not None:
+            print(f"final checkpoint written: {final.path}", flush=True)
+        flat = flat_summary(cfg, summary, stats, wall, placement, stopped)
         if run_dir is not None:
             merge_episode_files(run_dir / "metrics")
             write_summary(run_dir / "metrics" / "summary.json", flat)
@@ -312,9 +384,56 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
     return summary
 
 
+def resumed_env_steps(restored: RestoreResult | None, learners: tuple[int, ...]) -> int:
+    """Agent steps spent by the run a checkpoint came from (0 for a fresh run)."""
+    if restored is None:
+        return 0
+    return int(restored.counters.get(learners[0], {}).get("env_steps", 0))
+
+
+def say_restored(restored: RestoreResult | None, resume: str) -> None:
+    if restored is None:
+        if resume:
+            print("resume: no checkpoint found; starting fresh", flush=True)
+        return
+    for reason in restored.skipped:
+        print(f"resume: skipped a checkpoint: {reason}", flush=True)
+    print(f"resumed from {restored.path} (checkpoint {restored.seq}): {restored.rows:,} "
+          f"rows{', resharded' if restored.resharded else ''}", flush=True)
+
+
+def replay_footprint(cfg: ApexAtariConfig, placement: Placement,
+                     shards: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    """What the replay holds and what a row takes, stored (frames once when the spec
+    declares stacks) against the full layout (whole stacks), by the same arithmetic
+    as ``conduit-hpc plan`` (:class:`~conduit_hpc.placement.workload.Workload`: stored
+    payload, stamp and priority, priority index). Local."""
+    wl, _ = Workload.from_job(cfg)
+    full = replace(wl, stored_row_bytes=0)
+    tiers = {t: n for t, n in placement.tier_rows().items() if n}
+    capacity = sum(tiers.values())
+    budget = capacity * wl.bytes_per_row
+    return {
+        "replay_capacity_rows": capacity,
+        "replay_rows_held": int(sum(s.get("held", 0) for s in shards.values())),
+        "replay_tier_rows": tiers,
+        "stored_row_bytes": wl.stored_bytes,
+        "stored_over_full": wl.stored_bytes / wl.row_bytes,
+        # memory a row takes in a tier (as the plan counts it), and in the full layout
+        "memory_row_bytes": wl.bytes_per_row,
+        "memory_row_bytes_full": full.bytes_per_row,
+        "replay_memory_bytes": budget,
+        # the same bytes in the full layout hold this many rows: ratio >= 6 is the goal
+        "full_layout_rows_in_budget": budget // full.bytes_per_row,
+        "rows_per_budget_over_full": full.bytes_per_row / wl.bytes_per_row,
+    }
+
+
 def flat_summary(cfg: ApexAtariConfig, summary: dict[str, Any],
-                 stats: list[tuple[str, int, dict[str, Any]]], wall: float) -> dict[str, Any]:
-    """The run's headline numbers (``summary.json``)."""
+                 stats: list[tuple[str, int, dict[str, Any]]], wall: float,
+                 placement: Placement, stopped: bool) -> dict[str, Any]:
+    """The run's headline numbers (``summary.json``). ``env_steps`` and ``frames`` are
+    this run's; ``env_steps_total`` adds those of the run it resumed."""
     learner = next(s for role, _, s in stats if role == "learner")
     lead = next(r for role, r, _ in stats if role == "learner")
     actors = [s for role, _, s in stats if role == "actor"]
@@ -328,8 +447,10 @@ def flat_summary(cfg: ApexAtariConfig, summary: dict[str, Any],
         "job": "apex_atari", "env_id": cfg.dqn.env_id, "mode": cfg.scheduler.mode,
         "seed": cfg.run.seed, "reached": learner.get("reached_at") is not None,
         "env_steps_to_target": learner.get("reached_at"),
-        "target_return": cfg.dqn.target_return, "stopped_by": learner.get("why", ""),
+        "target_return": cfg.dqn.target_return,
+        "stopped_by": "stop requested" if stopped else learner.get("why", ""),
         "wall_s": learner_wall, "env_steps": env_steps, "frames": frames,
+        "env_steps_total": int(learner.get("env_steps_offset", 0)) + env_steps,
         "frames_per_s": frames / learner_wall if learner_wall > 0 else 0.0,
         "frames_per_s_per_actor": [a.get("frames_per_s", 0.0) for a in actors],
         "episodes": sum(a.get("episodes", 0) for a in actors),
@@ -339,8 +460,9 @@ def flat_summary(cfg: ApexAtariConfig, summary: dict[str, Any],
         "loss_last": learner.get("loss_last", math.nan),
         "loss_finite": bool(learner.get("loss_finite", False)),
         "row_bytes": row_bytes,
-        # bytes a slot of the shards takes (frames once: a frame, references, lag)
-        "stored_row_bytes": stored_spec(Spec.from_config(cfg.spec)).row_bytes,
+        # bytes a slot of the shards takes (frames once: a frame, references, lag), the
+        # rows the replay holds, and what the same memory holds in the full layout
+        **replay_footprint(cfg, placement, summary["shards"]),
         # declared in [spec]: the shards store each frame once
         "frame_stacks": {k: {"stream": v.stream, "axis": v.axis, "depth": v.depth,
                              "next_field": v.next_field}
@@ -373,6 +495,13 @@ def report(flat: dict[str, Any]) -> None:
           f"MB/s, {flat['rows_ingested']:,} rows); delivered {flat['delivered_rows_per_s']:,.0f}"
           f" rows/s ({flat['delivered_mb_per_s']:.1f} MB/s), exposed latency mean "
           f"{flat['exposed_mean_s'] * 1e3:.3f} ms", flush=True)
+    tiers = ", ".join(f"{n:,} in {t}" for t, n in flat["replay_tier_rows"].items())
+    print(f"  replay holds {flat['replay_rows_held']:,} of {flat['replay_capacity_rows']:,} "
+          f"rows ({tiers}): {flat['stored_row_bytes']:,} B stored a row against "
+          f"{flat['row_bytes']:,} B in the full layout ({flat['stored_over_full']:.3f}); "
+          f"its {flat['replay_memory_bytes'] / 1e6:,.1f} MB would hold "
+          f"{flat['full_layout_rows_in_budget']:,} full rows "
+          f"({flat['rows_per_budget_over_full']:.1f}x fewer)", flush=True)
     print(jsontext.dumps(flat, sort_keys=True, default=str), flush=True)
 
 

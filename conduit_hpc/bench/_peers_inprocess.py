@@ -29,7 +29,8 @@ from conduit_hpc.bench.common import AtariGame, interleaved_rows
 from conduit_hpc.errors import ConfigError
 
 __all__ = ["ALPHA", "BETA", "ROWS", "SIZES", "SMOKE_SIZES", "STREAMS", "fake_rows",
-           "latency_stats", "parse_kinds", "row_source", "run_cpprb", "run_torchrl"]
+           "latency_stats", "parse_kinds", "row_source", "run_cpprb", "run_torchrl",
+           "sizes_of"]
 
 ROWS: dict[str, dict[str, dict[str, Any]]] = {
     "cartpole": {"obs": {"dtype": "float32", "shape": [4]},
@@ -72,6 +73,30 @@ def parse_kinds(text: str) -> list[str]:
         raise ConfigError(f"--kinds must be a comma-separated list of {', '.join(ROWS)}; "
                           f"got {text!r}" + (f" (unknown: {', '.join(bad)})" if bad else ""))
     return kinds
+
+
+def sizes_of(kind: str, *, smoke: bool, batch_rows: int | None = None) -> dict[str, int]:
+    """Ring capacity, learner batch and actor ingest batch of ``kind`` (:data:`SIZES`, or
+    :data:`SMOKE_SIZES` with ``smoke``), the batch replaced by ``batch_rows`` when given
+    (``--batch-size``). Local.
+
+    Raises:
+        ConfigError: ``batch_rows`` is not an integer from 1 to half the kind's ring (a
+            batch must find that many intact rows while the actors overwrite the ring),
+            naming ``--batch-size``, the value and the bound.
+    """
+    sz = dict((SMOKE_SIZES if smoke else SIZES)[kind])
+    if batch_rows is None:
+        return sz
+    most = sz["capacity"] // 2
+    if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) \
+            or not 1 <= batch_rows <= most:
+        raise ConfigError(f"--batch-size must be an integer from 1 to {most:,} (half the "
+                          f"{kind} ring of {sz['capacity']:,} rows"
+                          f"{' at --smoke' if smoke else ''}), got {batch_rows!r}",
+                          key="--batch-size")
+    sz["batch"] = batch_rows
+    return sz
 
 
 def row_source(kind: str, n: int, seed: int) -> Callable[[], dict[str, np.ndarray]]:

@@ -3,7 +3,7 @@ nothing gets, per delivery mode and fetch, beside cpprb and TorchRL in process.
 
     conduit-hpc bench capacity [--smoke] [--kinds cartpole,atari,atari-frames]
                                [--modes sync,edp,edp-process,sync:owner] [--batches N]
-                               [--actors 2] [--peers cpprb,torchrl]
+                               [--actors 2] [--peers cpprb,torchrl] [--batch-size B]
 
 Each mode runs the workload of ``conduit-hpc bench peers`` (rows, capacity, batch,
 alpha 0.6, beta 0.4; :mod:`conduit_hpc.bench.peers`) on its own ``mpirun`` (1 buffer, 1
@@ -26,6 +26,13 @@ on the same delivered rows. cpprb runs ``atari-frames`` with its ``next_of`` +
 ``stack_compress`` (one stream in order, n-step 1: what that scheme supports) and
 without (whole stacks); ``x cpprb`` is against the faster of the two (the harder bar;
 ``cpprb_variant`` names it). TorchRL skips ``atari-frames`` with a note.
+
+Batch (``--batch-size``): each kind's own by default (``cartpole`` 256, ``atari`` and
+``atari-frames`` 32; ``--smoke`` 64 and 8); ``--batch-size B`` gives every kind and peer
+a batch of ``B`` rows, e.g. ``--kinds atari,atari-frames --batch-size 256`` for the
+issue's second Atari batch through every delivery mode. A value outside 1 .. half a
+kind's ring (2,000 rows for the Atari kinds, 128 at ``--smoke``) is refused before
+anything runs, naming ``--batch-size``.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import sys
 from typing import Any
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._peers_inprocess import parse_kinds
+from conduit_hpc.bench._peers_inprocess import parse_kinds, sizes_of
 from conduit_hpc.bench.common import git_sha, worker_command
 from conduit_hpc.bench.peers import PEERS, mode_spec, parse_modes, parse_peers, run_peer
 from conduit_hpc.errors import ConfigError
@@ -53,6 +60,8 @@ def _ours(mode: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     wargs = ["--worker", "--kinds", args.kinds, "--modes", mode, "--samplers", "prioritized",
              "--batches", str(args.batches), "--duration", str(args.duration)]
     wargs += ["--smoke"] * args.smoke
+    if args.batch_size is not None:
+        wargs += ["--batch-size", str(args.batch_size)]
     out = mpirun(ranks, worker_command("conduit_hpc.bench.peers", *wargs), timeout_s=900)
     if out.returncode != 0:
         return [{"system": "conduit_hpc", "mode": mode,
@@ -73,7 +82,7 @@ def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["system"] != "conduit_hpc" or "idle" not in r:
             continue
         row: dict[str, Any] = {
-            "kind": r["kind"], "mode": r["mode"],
+            "kind": r["kind"], "mode": r["mode"], "batch": r.get("batch"),
             "idle_batches_per_s": r["idle"]["batches_per_s"],
             "idle_median_ms": r["idle"]["latency_median_s"] * 1e3,
             "inserting_batches_per_s": r["inserting"]["batches_per_s"],
@@ -100,11 +109,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--actors", type=int, default=2)
     p.add_argument("--duration", type=float, default=1.0, help="seconds of the first fill")
     p.add_argument("--peers", default=",".join(PEERS))
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="rows per learner batch, every kind and peer (default: each kind's "
+                        "own: cartpole 256, atari and atari-frames 32; --smoke 64 and 8)")
     args = p.parse_args(argv)
     try:
         kinds = parse_kinds(args.kinds)
         modes = parse_modes(args.modes)
         peers = parse_peers(args.peers)
+        for kind in kinds:  # before anything runs
+            sizes_of(kind, smoke=args.smoke, batch_rows=args.batch_size)
     except ConfigError as err:
         p.error(str(err))
     if args.batches < 1 or args.actors < 1 or not args.duration >= 0:
@@ -128,10 +142,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(jsontext.dumps(r), flush=True)
     table = ratios(results)
     peers = sorted({k[5:] for t in table for k in t if k.startswith("over_")})
-    print(f"\n{'kind':>12} {'mode':>18} {'idle b/s':>9} {'med ms':>7} {'ins. b/s':>9} "
+    print(f"\n{'kind':>12} {'mode':>18} {'batch':>5} {'idle b/s':>9} {'med ms':>7} {'ins. b/s':>9} "
           f"{'ins/idle':>8} {'rows/s ins.':>12} " + " ".join(f"{'x ' + q:>10}" for q in peers))
     for t in table:
-        print(f"{t['kind']:>12} {t['mode']:>18} {t['idle_batches_per_s']:>9,.0f} "
+        print(f"{t['kind']:>12} {t['mode']:>18} {t['batch'] or 0:>5} "
+              f"{t['idle_batches_per_s']:>9,.0f} "
               f"{t['idle_median_ms']:>7.3f} {t['inserting_batches_per_s']:>9,.0f} "
               f"{t['inserting_over_idle']:>8.2f} {t['inserting_rows_per_s']:>12,.0f} "
               + " ".join(f"{t.get('over_' + q, float('nan')):>10.2f}" for q in peers))

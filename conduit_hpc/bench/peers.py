@@ -47,13 +47,12 @@ from conduit_hpc.bench._peers_inprocess import (
     ALPHA,
     BETA,
     ROWS,
-    SIZES,
-    SMOKE_SIZES,
     latency_stats,
     parse_kinds,
     row_source,
     run_cpprb,
     run_torchrl,
+    sizes_of,
 )
 from conduit_hpc.bench.common import git_sha, worker_command
 from conduit_hpc.errors import ConfigError
@@ -142,11 +141,10 @@ def ours_worker(args: argparse.Namespace) -> None:
     from conduit_hpc.testing import make_config
 
     comm = MPI.COMM_WORLD
-    sizes = SMOKE_SIZES if args.smoke else SIZES
     results: list[dict] = []
     samplers = ("prioritized",) if args.profile else tuple(args.samplers.split(","))
     for kind in parse_kinds(args.kinds):
-        sz = sizes[kind]
+        sz = sizes_of(kind, smoke=args.smoke, batch_rows=args.batch_size)
         for mode in args.modes.split(","):
             for sampler in samplers:
                 m, delivery, fetch = mode_spec(mode)
@@ -245,13 +243,14 @@ def _ours_phases(edp: Any, side: Any, kind: str, sz: dict[str, int],
 
 
 def peer_worker(args: argparse.Namespace) -> None:
-    sz = (SMOKE_SIZES if args.smoke else SIZES)[args.kind]
+    sz = sizes_of(args.kind, smoke=args.smoke, batch_rows=args.batch_size)
     fn = {"cpprb": run_cpprb, "torchrl": run_torchrl}[args.peer]
     try:
         res = fn(args.kind, sz, args.batches, max(sz["capacity"], 10 * sz["ingest"]))
     except ImportError as err:
         res = {"skipped": f"{args.peer} is not installed ({err}); pip install "
                           f"'conduit_hpc[peers]' (or cpprb torchrl tensordict)"}
+    res["batch"] = sz["batch"]  # the same rows per batch as ours
     print("RESULT " + jsontext.dumps(res), flush=True)
 
 
@@ -262,6 +261,8 @@ def peer_worker(args: argparse.Namespace) -> None:
 def run_peer(peer: str, kind: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "conduit_hpc.bench.peers", "--peer", peer, "--kind", kind,
            "--batches", str(args.batches)] + (["--smoke"] if args.smoke else [])
+    if args.batch_size is not None:
+        cmd += ["--batch-size", str(args.batch_size)]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     except subprocess.TimeoutExpired:
@@ -288,12 +289,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--duration", type=float, default=1.0, help="seconds of the insert phase")
     p.add_argument("--peers", default=",".join(PEERS))
     p.add_argument("--samplers", default="prioritized,uniform", help="our samplers")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="rows per learner batch, every kind and peer (default: each kind's "
+                        "own: cartpole 256, atari 32; --smoke 64 and 8)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--peer", default="", help=argparse.SUPPRESS)
     p.add_argument("--kind", default="cartpole", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     try:
-        parse_kinds(args.kind if args.peer else args.kinds)
+        for kind in parse_kinds(args.kind if args.peer else args.kinds):
+            sizes_of(kind, smoke=args.smoke, batch_rows=args.batch_size)
         peers = parse_peers(args.peers)
         parse_modes(args.modes)
         bad = [x for x in args.samplers.split(",") if x not in ("prioritized", "uniform")]
@@ -323,6 +328,8 @@ def main(argv: list[str] | None = None) -> dict:
              args.samplers, "--batches",
              str(args.batches), "--duration", str(args.duration)]
     wargs += ["--smoke"] * args.smoke + ["--profile"] * args.profile
+    if args.batch_size is not None:
+        wargs += ["--batch-size", str(args.batch_size)]
     out = mpirun(2 + args.actors, worker_command("conduit_hpc.bench.peers", *wargs),
                  timeout_s=900)
     if out.returncode != 0:

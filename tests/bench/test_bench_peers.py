@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conduit_hpc.bench import capacity, peers
-from conduit_hpc.bench._peers_inprocess import ROWS, row_source
+from conduit_hpc.bench._peers_inprocess import ROWS, SIZES, row_source, sizes_of
 from conduit_hpc.testing import REPO
 
 
@@ -51,12 +51,14 @@ def test_an_absent_peer_is_skipped_with_a_note(monkeypatch: pytest.MonkeyPatch,
 def test_capacity_smoke_reports_every_delivery_mode_and_the_ratios() -> None:
     # sync, a data-plane thread, a delivery rank, and owner fetch: each a figure with 0
     # and 2 actors inserting, beside cpprb (or the reason it is missing); CartPole rows
-    # and Atari rows stored frame-once
+    # and Atari rows stored frame-once, every kind at --batch-size 16 (not the smoke
+    # size's 64 and 8: the option reaches our delivery path and the peer)
     modes = ["sync", "edp", "edp-process", "sync:owner"]
     kinds = {"cartpole", "atari-frames"}
     out = subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", "bench", "--json",
                           "capacity", "--smoke", "--kinds", ",".join(sorted(kinds)),
-                          "--peers", "cpprb", "--modes", ",".join(modes)], cwd=REPO,
+                          "--peers", "cpprb", "--modes", ",".join(modes),
+                          "--batch-size", "16"], cwd=REPO,
                          capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
@@ -65,6 +67,7 @@ def test_capacity_smoke_reports_every_delivery_mode_and_the_ratios() -> None:
     assert set(ours) == {(k, m) for k in kinds for m in modes}
     for key, r in ours.items():
         assert "failed" not in r, (key, r)
+        assert r["batch"] == 16
         for phase in ("idle", "inserting"):
             assert r[phase]["batches"] == 30 and r[phase]["batches_per_s"] > 0
         assert r["inserting_rows_per_s"] > 0
@@ -72,9 +75,9 @@ def test_capacity_smoke_reports_every_delivery_mode_and_the_ratios() -> None:
     assert ours["atari-frames", "sync"]["row_bytes"] == 2 * 4 * 84 * 84 + 8 + 4 + 1 + 8
     assert {(t["kind"], t["mode"]) for t in result["ratios"]} == set(ours)
     for t in result["ratios"]:
-        assert t["inserting_over_idle"] > 0
+        assert t["inserting_over_idle"] > 0 and t["batch"] == 16
     cpprb = {r["kind"]: r for r in result["results"] if r["system"] == "cpprb"}
-    assert set(cpprb) == kinds
+    assert set(cpprb) == kinds and all(r["batch"] == 16 for r in cpprb.values())
     if "skipped" not in cpprb["atari-frames"]:  # both variants; the ratio is to the faster
         frames = cpprb["atari-frames"]
         variants = frames["variants"]
@@ -95,6 +98,28 @@ def test_an_unknown_row_kind_is_refused_with_the_allowed_ones(
     err = capsys.readouterr().err
     assert "--kinds" in err and "'atari,atari-franes'" in err
     assert "cartpole, atari, atari-frames" in err
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "129", "x"])
+def test_capacity_refuses_a_bad_batch_size_before_anything_runs(
+        value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # the smoke Atari ring holds 256 rows: a batch of 1 .. 128
+    with pytest.raises(SystemExit):
+        capacity.main(["--smoke", "--kinds", "atari,atari-frames", "--batch-size", value])
+    err = capsys.readouterr().err
+    assert "--batch-size" in err
+    if value != "x":  # argparse's own message for a non-integer
+        assert f"got {value}" in err and "from 1 to 128" in err
+        assert "half the atari ring of 256 rows at --smoke" in err
+
+
+def test_capacity_batch_size_sets_every_kinds_batch_default_each_kinds_own() -> None:
+    assert sizes_of("atari", smoke=False)["batch"] == 32
+    assert sizes_of("cartpole", smoke=False)["batch"] == 256
+    for kind in ("atari", "atari-frames"):
+        sz = sizes_of(kind, smoke=False, batch_rows=256)
+        assert sz == {**SIZES[kind], "batch": 256}
+    assert sizes_of("atari", smoke=False, batch_rows=2000)["batch"] == 2000
 
 
 def test_atari_frames_rows_are_stream_consistent() -> None:

@@ -463,6 +463,29 @@ def test_lp_objective_is_what_the_plan_evaluates_to(seed: int) -> None:
     assert pred.objective_s == pytest.approx(sol.objective_s, rel=1e-3, abs=1e-12)
 
 
+def test_the_plan_shows_the_bytes_a_row_is_stored_in() -> None:
+    """`conduit-hpc plan` on jobs/apex_atari.toml's workload (its rows, stored frames once;
+    the job's summary counts the same 7,248 B a row with stamp and index): the row's
+    bytes, its stored bytes, and a tier's bytes at the stored size."""
+    from conduit_hpc.tools.report.plan import render_plan
+
+    c = ClusterModel.from_toml(REPO / "jobs" / "cluster-local.toml")
+    w = Workload(capacity_rows=50_000, row_bytes=56_472, stored_row_bytes=7_152,
+                 batch_rows=32, min_shard_rows=32, sampling="prioritized")
+    once = plan_static(c, w)
+    text = render_plan(c, w, once)
+    assert "50,000 rows x 56,472 B, 7,152 B stored (frames once) (+96 B/row in memory)" \
+        in text, text
+    assert "362.40 MB" in text  # 50,000 x 7,248 B in its tier
+    assert once.tier_rows()["learner_host"] == 50_000
+    # whole stacks: the learner's 2 GB host tier holds 35,355 rows, the rest spills over
+    full_w = replace(w, stored_row_bytes=0)
+    full = plan_static(c, full_w)
+    assert "stored (frames once)" not in render_plan(c, full_w, full)
+    assert full.tier_rows()["learner_host"] * full_w.bytes_per_row <= 2e9
+    assert full.tier_rows()["learner_host"] < 50_000 / 1.4
+
+
 def test_frames_once_rows_are_planned_with_their_stored_bytes() -> None:
     """Issue 22 item 3: a tier's capacity and the actors' ingest are charged with the
     bytes a row is stored in (frames once), a batch with the bytes it carries (whole

@@ -42,6 +42,10 @@ LONG_OK: dict[str, str] = {
     "jobs.dqn_cartpole":
         "the reference job users copy: one file to read top to bottom (config section, "
         "actor loop, learner loop, evaluation, summary); its pieces live in rl/ already",
+    "jobs.apex_atari":
+        "the Atari counterpart of jobs.dqn_cartpole, read top to bottom the same way "
+        "(config, actor and learner loops, checkpoint and resume, summary); its pieces "
+        "live in rl/, features/checkpointing/ and placement/ already",
 }
 
 
