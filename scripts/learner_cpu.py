@@ -1,0 +1,75 @@
+"""Indicative, not a benchmark of record: the learner's CPU time per prioritized batch
+(sample + update of every row, sync mode, a learner that computes nothing), with the
+actors idle and with them inserting flat out, and the learner's share of a core while
+they insert. CPU time, unlike batches/s, barely moves with what else the machine runs;
+the share shows what two cores leave the learner when 2 actors and the buffer rank want
+them too (the ceiling on ``bench capacity``'s inserting / idle ratio).
+
+    mpirun -n 4 python -m mpi4py scripts/learner_cpu.py [cartpole|atari] [BATCHES]
+
+Ranks: 1 buffer, 1 learner, the rest actors (rows and sizes of ``bench peers``).
+"""
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc.bench._peers_inprocess import ALPHA, BETA, ROWS, SIZES, row_source
+from conduit_hpc.testing import make_config
+
+kind = sys.argv[1] if len(sys.argv) > 1 else "cartpole"
+n = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
+comm = MPI.COMM_WORLD
+sz = SIZES[kind]
+cfg = make_config(spec=ROWS[kind], layout={"learners": 1, "buffers": 1},
+                  storage={"capacity_rows": sz["capacity"], "priority_exponent": ALPHA},
+                  checkpoint={"on_stop": False},
+                  scheduler={"mode": "sync", "fetch": "direct", "batch_rows": sz["batch"],
+                             "sampler": "prioritized", "beta": BETA, "beta_final": BETA,
+                             "min_fill_rows": sz["batch"]},
+                  run={"timeout_s": 120.0})
+
+
+def batches(edp: ExperienceDataPlane, prios: np.ndarray) -> tuple[float, float]:
+    """CPU and wall seconds per batch over ``len(prios)`` batches."""
+    c0, w0 = time.process_time(), time.perf_counter()
+    for p in prios:
+        b = edp.next_batch()
+        edp.update_priorities(b.indices, p)
+    return (time.process_time() - c0) / len(prios), (time.perf_counter() - w0) / len(prios)
+
+
+with ExperienceDataPlane(cfg, comm) as edp:
+    side = comm.Split(0 if edp.serves else 1, 0 if edp.role is Role.LEARNER else 1 + comm.rank)
+    if edp.serves:
+        side.Free()
+        edp.serve()
+    else:
+        if edp.role is Role.LEARNER:
+            side.Barrier()  # the actors filled the ring
+            prios = np.random.default_rng(1).random((n, sz["batch"])) + 0.01
+            batches(edp, prios[:200])  # warm
+            idle = sorted(batches(edp, prios) for _ in range(5))[2]  # median of 5
+            side.Barrier()  # the actors start inserting
+            stop = side.Ibarrier()
+            ins = batches(edp, prios)
+            stop.Wait()
+            print(f"{kind}: learner CPU us/batch idle {idle[0] * 1e6:.0f} (wall "
+                  f"{idle[1] * 1e6:.0f}), inserting {ins[0] * 1e6:.0f} (wall "
+                  f"{ins[1] * 1e6:.0f}); learner's share of a core while inserting "
+                  f"{ins[0] / ins[1]:.2f}", flush=True)
+        else:
+            nxt = row_source(kind, sz["ingest"], seed=1 + comm.rank)
+            rows = 0
+            while rows < sz["capacity"]:
+                edp.ingest(nxt())
+                rows += sz["ingest"]
+            side.Barrier()
+            side.Barrier()
+            stop = side.Ibarrier()
+            while not stop.Test():
+                edp.ingest(nxt())
+        edp.done()
+        side.Free()
