@@ -245,6 +245,10 @@ class ExperienceDataPlane:
     def _require(self, role: Role, what: str) -> None:
         if self._closed:
             raise DataPlaneClosed(f"{what} called after close()")
+        if self._done_sent:  # the buffers were told: nothing more comes from this rank
+            raise DataPlaneClosed(f"{what} called after done() on world rank "
+                                  f"{self.world_rank}: this rank told the buffers it is "
+                                  f"finished")
         if self.roles.role is not role:
             raise ConduitError(f"{what} is for {role.value} ranks; world rank "
                                f"{self.world_rank} is a {self.roles.role.value}")

@@ -7,6 +7,7 @@ import pytest
 from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role, SpecError
+from conduit_hpc.errors import DataPlaneClosed
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD
@@ -129,9 +130,12 @@ def test_bad_batch_leaves_shard_exactly_as_it_was() -> None:
         world = edp.roles.world
         if edp.role is Role.ACTOR:
             ingest_ragged(edp, 10, seed=edp.world_rank)
-            edp.done()
-        else:
-            edp.serve()
+            world.Ibarrier().Wait()
+        else:  # the owner's passes (commits, freeing slots) until every actor wrote
+            written = world.Ibarrier()
+            (shard,) = edp.owned_shards()
+            while not written.Test():
+                shard.poll()
         world.Barrier()
 
         def snapshot():
@@ -171,6 +175,12 @@ def test_bad_batch_leaves_shard_exactly_as_it_was() -> None:
             for k in before[3]:
                 np.testing.assert_array_equal(before[3][k], after[3][k])
             np.testing.assert_array_equal(before[4], after[4])
+        if edp.role is Role.ACTOR:  # after done(), even a good batch is refused
+            edp.done()
+            with pytest.raises(DataPlaneClosed, match=r"ingest\(\) called after done\(\)"):
+                edp.ingest(checked_batch(edp.world_rank, 20_000, 5))
+        else:
+            edp.serve()
 
 
 @pytest.mark.mpi(min_size=3)
