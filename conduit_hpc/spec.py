@@ -7,13 +7,14 @@ returns it normalised (contiguous arrays of the spec's dtypes). Pure numpy; no M
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from conduit_hpc.config import FieldConfig
+from conduit_hpc.config.checks import DTYPES, MAX_COUNT, MAX_ROW_BYTES
 from conduit_hpc.errors import SpecError
 
 __all__ = ["Field", "FrameStack", "Spec", "as_array", "frame_stacks"]
@@ -183,6 +184,49 @@ class Field:
     description: str = ""
     units: str = ""
 
+    def __post_init__(self) -> None:
+        """Check a field built by hand by the rules of ``[spec.NAME]``
+        (:class:`~conduit_hpc.config.FieldConfig`), naming the field, the value and what
+        was expected. ``dtype`` may be given as anything :class:`numpy.dtype` takes
+        (``"float32"``, ``np.float32``) and ``shape`` as a list or numpy integers: they
+        are stored as ``np.dtype`` and a tuple of ``int``."""
+        name = self.name
+        if not isinstance(name, str) or not name.isidentifier():
+            raise SpecError(f"field name must be a string that is a Python identifier, "
+                            f"got {name!r}")
+        try:
+            dt = np.dtype(self.dtype)
+        except (TypeError, ValueError) as err:
+            raise SpecError(f"field {name!r}: dtype must be one of {', '.join(DTYPES)}, "
+                            f"got {self.dtype!r}") from err
+        if dt.name not in DTYPES or not dt.isnative or dt.shape:
+            raise SpecError(f"field {name!r}: dtype must be one of {', '.join(DTYPES)} "
+                            f"(native byte order), got {dt.str if dt.fields is None else dt}"
+                            f" ({dt.name})")
+        object.__setattr__(self, "dtype", dt)
+        shape = self.shape
+        if not isinstance(shape, tuple | list) or len(shape) > 32 or not all(
+                isinstance(d, int | np.integer) and not isinstance(d, bool | np.bool_)
+                and 0 < d <= MAX_COUNT for d in shape):
+            raise SpecError(f"field {name!r}: shape must be a tuple of at most 32 positive "
+                            f"integers <= {MAX_COUNT} (() for a scalar), got {shape!r}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        if self.row_bytes > MAX_ROW_BYTES:
+            raise SpecError(f"field {name!r}: shape {list(self.shape)} of {dt.name} takes "
+                            f"{self.row_bytes} bytes per row; expected at most "
+                            f"{MAX_ROW_BYTES}")
+        if not isinstance(self.allow_nan, bool | np.bool_):
+            raise SpecError(f"field {name!r}: allow_nan must be True or False, got "
+                            f"{self.allow_nan!r}")
+        object.__setattr__(self, "allow_nan", bool(self.allow_nan))
+        if self.cast not in ("safe", "same_kind"):
+            raise SpecError(f"field {name!r}: cast must be 'safe' or 'same_kind', got "
+                            f"{self.cast!r}")
+        for key in ("description", "units"):
+            if not isinstance(getattr(self, key), str):
+                raise SpecError(f"field {name!r}: {key} must be a string, got "
+                                f"{getattr(self, key)!r}")
+
     @property
     def row_bytes(self) -> int:
         """Bytes this field takes in one row."""
@@ -208,13 +252,17 @@ class Spec:
 
     def __init__(self, fields: tuple[Field, ...] | list[Field],
                  stacks: Mapping[str, FrameStack] | None = None) -> None:
+        if isinstance(fields, str | bytes | Mapping) or not isinstance(fields, Iterable):
+            raise SpecError(f"spec fields must be a list or tuple of Field, got "
+                            f"{type(fields).__name__}")
         fields = tuple(fields)
         if not fields:
             raise SpecError("spec must have at least one field, got none")
         seen: set[str] = set()
-        for f in fields:
-            if not f.name.isidentifier():
-                raise SpecError(f"field name must be an identifier, got {f.name!r}")
+        for i, f in enumerate(fields):
+            if not isinstance(f, Field):
+                raise SpecError(f"spec fields[{i}] must be a Field, got "
+                                f"{type(f).__name__} {f!r:.80}")
             if f.name in seen:
                 raise SpecError(f"field {f.name!r} appears twice in the spec")
             seen.add(f.name)
@@ -222,9 +270,19 @@ class Spec:
         self._by_name = {f.name: f for f in fields}
         self._names = tuple(f.name for f in fields)
         self._row_bytes = sum(f.row_bytes for f in fields)
+        if self._row_bytes > MAX_ROW_BYTES:
+            raise SpecError(f"spec rows take {self._row_bytes} bytes over fields "
+                            f"{', '.join(self._names)}; expected at most {MAX_ROW_BYTES}")
+        if stacks is not None and not isinstance(stacks, Mapping):
+            raise SpecError(f"spec stacks must be a mapping of field name to FrameStack, "
+                            f"got {type(stacks).__name__}")
         self._stacks = dict(stacks or {})
         for name, st in self._stacks.items():
+            if not isinstance(st, FrameStack):
+                raise SpecError(f"stack {name!r} must be a FrameStack, got "
+                                f"{type(st).__name__} {st!r:.80}")
             _check_stack(self._by_name, name, st)
+        _check_stack_groups(self._stacks)
 
     @classmethod
     def from_config(cls, fields: Mapping[str, FieldConfig]) -> Spec:
@@ -236,7 +294,17 @@ class Spec:
     @classmethod
     def from_dict(cls, fields: Mapping[str, tuple[str | np.dtype, tuple[int, ...]]]) -> Spec:
         """Shorthand: ``Spec.from_dict({"obs": ("float32", (4,)), "reward": ("float32", ())})``."""
-        return cls([Field(n, np.dtype(dt), tuple(sh)) for n, (dt, sh) in fields.items()])
+        if not isinstance(fields, Mapping):
+            raise SpecError(f"Spec.from_dict takes a mapping of name to (dtype, shape), got "
+                            f"{type(fields).__name__}")
+        out = []
+        for n, entry in fields.items():
+            if not isinstance(entry, tuple | list) or len(entry) != 2:
+                raise SpecError(f"field {n!r}: expected a (dtype, shape) pair, got "
+                                f"{entry!r}")
+            dtype: Any = entry[0]  # Field checks and normalises dtype and shape
+            out.append(Field(n, dtype, entry[1]))
+        return cls(out)
 
     # -- introspection -------------------------------------------------------------
     @property
@@ -410,6 +478,9 @@ def _check_stack(fields: Mapping[str, Field], name: str, st: FrameStack) -> None
     f = fields.get(name)
     if f is None or st.field != name:
         raise SpecError(f"stack {name!r} must name a spec field, got {st.field!r}")
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in (st.axis, st.depth)):
+        raise SpecError(f"field {name!r}: stack axis and depth must be integers, got "
+                        f"{st.axis!r} and {st.depth!r}")
     if not (0 <= st.axis < len(f.shape)) or st.depth != f.shape[st.axis] or st.depth < 1:
         raise SpecError(f"field {name!r}: stack axis {st.axis} / depth {st.depth} must "
                         f"be an axis of its shape {list(f.shape)} of length >= 1")
@@ -421,7 +492,27 @@ def _check_stack(fields: Mapping[str, Field], name: str, st: FrameStack) -> None
         raise SpecError(f"field {name!r}: stack stream {st.stream!r} must be an integer "
                         f"scalar spec field")
     if st.next_field:
+        if st.next_field == name:
+            raise SpecError(f"field {name!r}: next field {st.next_field!r} must be another "
+                            f"spec field, not the stacked field itself")
         nf = fields.get(st.next_field)
         if nf is None or nf.shape != f.shape or nf.dtype != f.dtype:
             raise SpecError(f"field {name!r}: next field {st.next_field!r} must be a spec "
                             f"field of dtype {f.dtype.name} and shape {list(f.shape)}")
+
+
+def _check_stack_groups(stacks: Mapping[str, FrameStack]) -> None:
+    """Refuse next fields that two stacks share or that are stacks themselves (each
+    stored field belongs to one frame group), naming the field."""
+    owner: dict[str, str] = {}
+    for name, st in stacks.items():
+        if not st.next_field:
+            continue
+        if st.next_field in stacks:
+            raise SpecError(f"field {name!r}: next field {st.next_field!r} is declared a "
+                            f"stack itself; expected a field that follows exactly one "
+                            f"stack")
+        if st.next_field in owner:
+            raise SpecError(f"field {name!r}: next field {st.next_field!r} already follows "
+                            f"{owner[st.next_field]!r}; expected one next field per stack")
+        owner[st.next_field] = name
