@@ -1,0 +1,58 @@
+"""``conduit-hpc`` given rank counts and run directories it cannot use: one
+``conduit-hpc: error`` line naming the flag and the value, exit status 2, nothing
+launched and no traceback (before: ``OverflowError`` for a huge ``-n``,
+``FileNotFoundError``/``NotADirectoryError`` for ``--runs``, ``mpirun -n -2`` started,
+``info -n 10**17`` hung until its timeout)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conduit_hpc import Config
+from conduit_hpc.config import LayoutConfig
+from conduit_hpc.errors import ConfigError
+from conduit_hpc.testing import REPO
+from conduit_hpc.tools import cli
+from conduit_hpc.tools.launcher import ranks_problem
+
+JOB = str(REPO / "jobs/synthetic.toml")
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", JOB, "-n", "99999999999999999999"],
+    ["run", JOB, "-n", "-1"],
+    ["run", JOB, "-n", "0"],
+    ["info", "-n", "-2"],
+    ["info", "-n", "99999999999999999"],
+    ["probe", "-n", "0"],
+])
+def test_a_rank_count_out_of_range_is_refused_naming_it(argv: list[str], tmp_path: Path,
+                                                        capsys) -> None:
+    assert cli.main([*argv, *(["--runs", str(tmp_path)] if argv[0] == "run" else [])]) == 2
+    err = capsys.readouterr().err
+    assert "ConfigError: -n must be a number of ranks between" in err, err
+    assert f"got {argv[-1]}" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_rule_is_asked_without_a_world_of_a_billion_ranks() -> None:
+    cfg = Config(layout=LayoutConfig(learners=1, buffers=1, actors=0))
+    assert ranks_problem(cfg, 2**31 - 1) is None  # every rank an actor: fine, and fast
+    exact = Config(layout=LayoutConfig(learners=1, buffers=1, actors=4))
+    err = ranks_problem(exact, 2**31 - 1)
+    assert isinstance(err, ConfigError) and "-n 2147483647 is more than the 6" in str(err)
+
+
+@pytest.mark.parametrize("where", ["file", "missing-parent"])
+def test_a_run_directory_that_cannot_be_made_is_named(where: str, tmp_path: Path,
+                                                      capsys) -> None:
+    runs = tmp_path / "a-file"
+    runs.write_text("not a directory")
+    if where == "missing-parent":
+        runs = Path("/proc/no-such-dir")
+    assert cli.main(["run", JOB, "--runs", str(runs), "--launcher", "mpirun"]) == 2
+    err = capsys.readouterr().err
+    assert f"under --runs {str(runs)!r}) cannot be made or written" in err, err
+    assert "Traceback" not in err
