@@ -45,6 +45,9 @@ def check_priorities(priorities: ArrayLike, name: str = "priorities") -> np.ndar
     arr = as_array(priorities, name)
     if arr.dtype.kind == "c":
         raise SpecError(f"{name} must be real numbers, got dtype {arr.dtype}")
+    if sum(d != 1 for d in arr.shape) > 1:  # [n], [n, 1], [1, n]: one per row
+        raise SpecError(f"{name} must be one priority per row, of shape [n] or [n, 1], "
+                        f"got shape {tuple(arr.shape)}")
     p = arr.astype(np.float64, copy=False).reshape(-1)
     bad = ~np.isfinite(p) | (p < 0) | (p > MAX_PRIORITY)
     if bad.any():

@@ -73,3 +73,12 @@ def test_the_learner_refuses_an_update_whose_mass_would_overflow() -> None:
         sampler.check_update(idx, [1.0, 1e30], {0: 2**31})
     got, p = sampler.check_update(idx, [1.0, 1e29], {0: 2**31})
     assert got.shape == (2, 3) and p[1] == 1e29
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (4, 1, 2)])
+def test_priorities_of_another_shape_than_one_per_row_are_refused(shape: tuple[int, ...]
+                                                                  ) -> None:
+    with pytest.raises(SpecError, match=r"one priority per row, of shape \[n\] or \[n, 1\]"):
+        check_priorities(np.ones(shape))
+    assert check_priorities(np.ones((4, 1))).shape == (4,)
+    assert check_priorities(np.ones((1, 4))).shape == (4,)
