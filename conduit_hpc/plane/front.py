@@ -336,10 +336,14 @@ class ExperienceDataPlane:
         one-sided."""
         if self.weights is None:
             raise DataPlaneClosed("pull_weights() needs share_weights() first")
+        target = model if model is not None else self._model
+        if target is None:
+            raise ConfigError("pull_weights: no model to load into; pass one, or give "
+                              "the actor's model to share_weights", key="model")
         flat = self.weights.pull()
         if flat is None:
             return False
-        load_flat(model if model is not None else self._model, flat)
+        load_flat(target, flat)
         return True
 
     @property
@@ -377,7 +381,9 @@ class ExperienceDataPlane:
         """
         self._require(Role.LEARNER, "update_priorities()")
         assert self.learner is not None
-        self.learner.update_priorities(np.asarray(indices), priorities)
+        # as given: check_update takes array-likes by spec.as_array's rule (a tensor on
+        # the GPU too), where np.asarray raised numpy's or torch's error
+        self.learner.update_priorities(indices, priorities)
 
     def log(self, **values: float) -> None:
         """Add job columns (``loss=...``) to this learner's current superstep metrics."""

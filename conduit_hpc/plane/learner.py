@@ -226,7 +226,7 @@ class LearnerEndpoint:
         """Add job columns (``loss=...``) to the current superstep's metrics row."""
         self._extra.update(values)
 
-    def update_priorities(self, indices: np.ndarray, priorities: Any) -> None:
+    def update_priorities(self, indices: Any, priorities: Any) -> None:
         """Check, then send new priorities to the owners; they apply before serving
         any later sample of this learner. Never blocks on the network.
 

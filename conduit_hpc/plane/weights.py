@@ -114,9 +114,20 @@ def flat_parameters(model: torch.nn.Module) -> np.ndarray:
 
 
 def load_flat(model: torch.nn.Module, flat: np.ndarray) -> None:
-    """Inverse of :func:`flat_parameters`."""
+    """Inverse of :func:`flat_parameters`.
+
+    Raises:
+        ConfigError: ``model`` is not a torch module or has another number of parameters
+            than ``flat`` (checked before any parameter is written).
+    """
     import torch
 
+    n, what = _model_size(model)
+    if n != len(flat):
+        got = (what or "None") if n < 0 else f"a model with {n} parameters"
+        raise ConfigError(f"model: the published weights have {len(flat)} parameters; "
+                          f"expected a model of that size to load them into, got {got}",
+                          key="model")
     with torch.no_grad():
         o = 0
         for p in model.parameters():

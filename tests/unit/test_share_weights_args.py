@@ -30,3 +30,31 @@ def test_models_are_sized_without_a_copy_and_an_empty_one_is_fine() -> None:
     assert agreed_model_size(MPI.COMM_SELF, torch.nn.Sequential(), 0, (0,)) == 0
     assert flat_parameters(torch.nn.Sequential()).shape == (0,)
     assert agreed_model_size(MPI.COMM_SELF, None, -1, ()) == -1  # no learner: nothing
+
+
+@pytest.mark.parametrize("other", [torch.nn.Linear(4, 3), torch.nn.Linear(2, 2), "net", None])
+def test_weights_are_loaded_only_into_a_model_of_their_size(other: object) -> None:
+    from conduit_hpc.plane.weights import load_flat
+
+    flat = flat_parameters(torch.nn.Linear(4, 2))
+    before = [p.detach().clone() for p in other.parameters()] \
+        if isinstance(other, torch.nn.Module) else []
+    with pytest.raises(ConfigError, match="published weights have 10 parameters"):
+        load_flat(other, flat)  # type: ignore[arg-type]
+    if isinstance(other, torch.nn.Module):  # nothing written before the refusal
+        assert all(torch.equal(a, b) for a, b in zip(before, other.parameters(),
+                                                     strict=True))
+    same = torch.nn.Linear(4, 2)
+    load_flat(same, flat)
+    assert (flat_parameters(same) == flat).all()
+
+
+def test_update_indices_may_be_tensors_that_numpy_cannot_take_directly() -> None:
+    from conduit_hpc.errors import SpecError
+    from conduit_hpc.sampling import check_update
+
+    idx = torch.tensor([[0, 1, 1]])
+    got, _ = check_update(idx, torch.ones(1), {0: 4})
+    assert got.tolist() == [[0, 1, 1]]
+    with pytest.raises(SpecError, match="indices must be an integer array"):
+        check_update(idx.float().requires_grad_(True), torch.ones(1), {0: 4})
