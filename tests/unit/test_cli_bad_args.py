@@ -56,3 +56,40 @@ def test_a_run_directory_that_cannot_be_made_is_named(where: str, tmp_path: Path
     err = capsys.readouterr().err
     assert f"under --runs {str(runs)!r}) cannot be made or written" in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--partition", "gpu\necho injected"), ("--account", "acct\recho injected"),
+    ("--module", "cuda\necho injected"), ("--output", "x.out\necho injected"),
+    ("--runs", "runs\necho injected"), ("--partition", "a b"),
+])
+def test_a_value_that_would_start_a_script_line_of_its_own_is_refused(
+        flag: str, value: str, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "job.sbatch"
+    argv = ["slurm", JOB, "--nodes", "1", "--ntasks-per-node", "6", flag, value, "-o", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"ConfigError: {flag} must be" in err and repr(value) in err, err
+    assert not out.exists()
+
+
+def test_a_line_break_in_another_argument_stays_inside_the_comment(tmp_path: Path,
+                                                                    capsys, monkeypatch) -> None:
+    import sys
+
+    argv = ["slurm", JOB, "--nodes", "1", "--ntasks-per-node", "6", "--time", "30"]
+    monkeypatch.setattr(sys, "argv", ["conduit-hpc", *argv, "--sbatch-note\necho injected"])
+    assert cli.main(argv) == 0
+    script = capsys.readouterr().out
+    assert "\necho injected" not in script and "--sbatch-note\\necho injected" in script
+
+
+@pytest.mark.parametrize("where", ["dir", "unmakeable"])
+def test_an_output_that_cannot_be_written_is_named(where: str, tmp_path: Path,
+                                                   capsys) -> None:
+    out = str(tmp_path) if where == "dir" else "/proc/no-such-dir/job.sbatch"
+    argv = ["slurm", JOB, "--nodes", "1", "--ntasks-per-node", "6", "-o", out]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"ConfigError: -o must be a file path that can be written, got {out!r}" in err
+    assert "Traceback" not in err
