@@ -324,6 +324,15 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
     cmd = "conduit-hpc " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["slurm"] else ""
     req = request_from_args(args)
+    from conduit_hpc.config import job_script_for
+    from conduit_hpc.errors import ConfigError
+
+    script = job_script_for(Path(args.config))
+    if Path(args.config).is_file() and not script.is_file():  # else the loader says why
+        # the job would fail only once it left the queue; conduit-hpc run refuses it too
+        raise ConfigError(f"no job script {str(script)!r} (the job script of "
+                          f"{args.config!r} is the .py beside it; the rendered job would "
+                          f"start it)", key="config")
     warnings: list[str] = []
     text = render_sbatch(args.config, req, command=cmd, warnings=warnings)
     for w in warnings:

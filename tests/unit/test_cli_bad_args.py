@@ -93,3 +93,13 @@ def test_an_output_that_cannot_be_written_is_named(where: str, tmp_path: Path,
     err = capsys.readouterr().err
     assert f"ConfigError: -o must be a file path that can be written, got {out!r}" in err
     assert "Traceback" not in err
+
+
+def test_slurm_refuses_a_job_file_without_its_script(tmp_path: Path, capsys) -> None:
+    job = tmp_path / "empty.toml"
+    job.write_text("")  # a valid config (every default), but no empty.py beside it
+    out = tmp_path / "job.sbatch"
+    argv = ["slurm", str(job), "--nodes", "1", "--ntasks-per-node", "6", "-o", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"no job script {str(tmp_path / 'empty.py')!r}" in err and not out.exists()
