@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 
 from conduit_hpc.config import Config, job_script_for, load, to_toml
-from conduit_hpc.config.checks import MAX_COUNT
+from conduit_hpc.config.checks import MAX_COUNT, MAX_SECONDS
 from conduit_hpc.config.jobs import contract_problem
 from conduit_hpc.config.layout_rule import assign_roles, delivery_per_learner, ranks_needed
 from conduit_hpc.errors import ConduitError, ConfigError, WorldTooSmall
@@ -281,6 +281,11 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     bad_n = ranks_problem(cfg, n)
     if bad_n is not None:
         raise bad_n
+    if timeout_s is not None and not (isinstance(timeout_s, int | float)
+                                      and 0 < timeout_s <= MAX_SECONDS):
+        # NaN or inf would never end the wait below; 0 or less would end it at once
+        raise ConfigError(f"--timeout must be a number of seconds > 0 and <= "
+                          f"{MAX_SECONDS:g}, got {timeout_s!r}", key="--timeout")
     entry = Path(entry) if entry is not None else entry_for(path, cfg)
     if check_entry:
         problem = contract_problem(entry)

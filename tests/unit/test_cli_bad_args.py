@@ -103,3 +103,12 @@ def test_slurm_refuses_a_job_file_without_its_script(tmp_path: Path, capsys) -> 
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert f"no job script {str(tmp_path / 'empty.py')!r}" in err and not out.exists()
+
+
+@pytest.mark.parametrize("timeout", ["nan", "inf", "-5", "0"])
+def test_a_run_timeout_that_would_never_or_at_once_end_the_wait_is_refused(
+        timeout: str, tmp_path: Path, capsys) -> None:
+    assert cli.main(["run", JOB, "--timeout", timeout, "--runs", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "ConfigError: --timeout must be a number of seconds > 0" in err, err
+    assert list(tmp_path.iterdir()) == []
