@@ -192,13 +192,19 @@ def check_same_config(comm: MPI.Intracomm, config: Config) -> None:
         raise ConfigMismatch(f"ranks hold different configurations: {parts}")
 
 
-def check_arguments(config: object, comm: object) -> None:
-    """Refuse what is not a :class:`Config` or an intracommunicator, naming it, before
-    anything collective (every rank given the same arguments raises alike). Local.
+def check_arguments(config: object, comm: object, transform: object = None) -> None:
+    """Refuse what is not a :class:`Config`, an intracommunicator or a callable
+    transform, naming it, before anything collective (every rank given the same
+    arguments raises alike). Local.
 
     Raises:
-        ConfigError: naming ``config`` or ``comm``, the type given and what was expected.
+        ConfigError: naming ``config``, ``comm`` or ``transform``, the type given and what
+            was expected.
     """
+    if transform is not None and not callable(transform):
+        raise ConfigError(f"transform must be a callable (a dict of numpy arrays -> such "
+                          f"a dict) or None, got {type(transform).__name__} "
+                          f"{transform!r:.80}", key="transform")
     if not isinstance(config, Config):
         raise ConfigError(f"config must be a conduit_hpc.Config (Config.from_toml or "
                           f"Config.from_dict), got {type(config).__name__} "

@@ -45,3 +45,19 @@ def test_a_data_plane_refuses_what_is_not_a_config_or_a_comm(config: Any, comm: 
                                                               match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         check_arguments(config, MPI.COMM_SELF if comm is None else comm)
+
+
+def test_a_transform_must_be_callable_and_return_arrays_by_name() -> None:
+    import numpy as np
+
+    from conduit_hpc.errors import SpecError
+    from conduit_hpc.plane.delivery import checked_transform
+
+    with pytest.raises(ConfigError, match=r"transform must be a callable .* got str"):
+        check_arguments(Config(), MPI.COMM_SELF, "normalise")
+    with pytest.raises(SpecError, match=r"transform must return a mapping .* got NoneType"):
+        checked_transform(None)
+    with pytest.raises(SpecError, match="transform output 'obs' must hold numbers"):
+        checked_transform({"obs": np.array(["a"])})
+    out = checked_transform({"obs": [[1.0, 2.0]]})
+    assert isinstance(out["obs"], np.ndarray) and out["obs"].shape == (1, 2)
