@@ -112,3 +112,11 @@ def test_a_run_timeout_that_would_never_or_at_once_end_the_wait_is_refused(
     err = capsys.readouterr().err
     assert "ConfigError: --timeout must be a number of seconds > 0" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("top", ["-5", "0"])
+def test_plan_top_below_one_is_refused(top: str, capsys) -> None:
+    argv = ["plan", str(REPO / "jobs/cluster-local.toml"), "--top", top]
+    assert cli.main(argv) == 2
+    assert f"ConfigError: --top must be a number of rows >= 1, got {top}" in \
+        capsys.readouterr().err
