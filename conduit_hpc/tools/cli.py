@@ -186,6 +186,15 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from conduit_hpc.tools.launcher import mpi_env
 
     _check_ranks(args.n, "-n")
+    from conduit_hpc.config import LayoutConfig
+    from conduit_hpc.errors import ConfigError
+
+    # the ranks' own rule for these values, here before anything is launched
+    LayoutConfig(learners=args.learners, emulate_nodes=args.emulate_nodes)
+    out = Path(args.out) if args.out else None
+    if out is not None and (out.is_dir() or not out.parent.is_dir()):
+        raise ConfigError(f"--out must be a file path in an existing directory, got "
+                          f"{args.out!r}", key="--out")
     cmd = ["mpirun", "-n", str(args.n), sys.executable, "-m", "mpi4py", "-m",
            "conduit_hpc.plane.probe", "--learners", str(args.learners), "--emulate-nodes",
            str(args.emulate_nodes)]

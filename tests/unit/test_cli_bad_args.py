@@ -120,3 +120,14 @@ def test_plan_top_below_one_is_refused(top: str, capsys) -> None:
     assert cli.main(argv) == 2
     assert f"ConfigError: --top must be a number of rows >= 1, got {top}" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (["--learners", "-1"], "learners must be >= 0"),
+    (["--emulate-nodes", "-3"], "emulate_nodes must be >= 0"),
+    (["--out", "/proc/no-such-dir/cluster.toml"], "--out must be a file path in an existing"),
+])
+def test_probe_refuses_bad_values_before_launching(args: list[str], match: str,
+                                                    capsys) -> None:
+    assert cli.main(["probe", *args]) == 2
+    assert match in capsys.readouterr().err
