@@ -271,7 +271,7 @@ class ExperienceDataPlane:
         Args:
             batch (Mapping[str, array-like]): one array per spec field, leading batch
                 dimension; dtypes must cast safely to the spec's.
-            priorities (array-like | None): initial priority per row (finite, >= 0);
+            priorities (array-like | None): initial priority per row (finite, >= 0, <= 1e30);
                 ``None`` inserts at the shard's running maximum.
 
         Returns:
