@@ -39,6 +39,9 @@ MAX_ROW_BYTES = 2**32
 MAX_BYTES = 2**62
 #: seconds of any timeout, budget or period (~115 days; threading's limit is far above)
 MAX_SECONDS = 1e7
+#: largest priority (initial or given): keeps priority ** alpha summed over a replay
+#: finite in float64 for every priority_exponent <= 9.8 and capacity <= 2**40
+MAX_PRIORITY = 1e30
 
 DTYPES = (
     "bool",

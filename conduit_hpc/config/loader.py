@@ -25,6 +25,7 @@ import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from os import PathLike
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -123,7 +124,15 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
             table.
     """
     out = _copy_tables(raw)
+    if overrides is None:
+        overrides = ()
+    if isinstance(overrides, str | bytes) or not isinstance(overrides, Sequence):
+        raise ConfigError(f"overrides must be a list of 'section.key=value' strings, got "
+                          f"{type(overrides).__name__} {overrides!r:.80}", key="overrides")
     for ov in overrides:
+        if not isinstance(ov, str):
+            raise ConfigError(f"override {ov!r} must be a string 'section.key=value', got "
+                              f"{type(ov).__name__}", key="overrides")
         key, value = parse_override(ov)
         parts = [p.strip() for p in key.split(".")]
         node = out
@@ -193,6 +202,9 @@ def load(cls: type[T], path: str | Path, overrides: Sequence[str] = (), *,
         ConfigError: the file, an override or a value is bad; the message starts with the
             file's path.
     """
+    if not isinstance(path, str | PathLike):
+        raise ConfigError(f"{what} must be a path (str or pathlib.Path), got "
+                          f"{type(path).__name__} {path!r:.80}", key="path")
     p = Path(path)
     raw = apply_overrides(read_toml(p, what=what), overrides)
     target: type[Any] = cls

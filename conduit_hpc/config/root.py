@@ -29,6 +29,7 @@ from conduit_hpc.config.sections import (
     StorageConfig,
     TransportConfig,
 )
+from conduit_hpc.errors import ConfigError
 
 __all__ = ["STAMP_AND_INDEX_BYTES_PER_ROW", "Config"]
 
@@ -54,6 +55,7 @@ class Config:
     longhaul: LongHaulConfig = field(default_factory=LongHaulConfig)
 
     def __post_init__(self) -> None:
+        _check_section_types(self)
         for name in self.spec:
             require(name.isidentifier(), "spec", name, "field names that are identifiers")
         sch = self.scheduler
@@ -259,3 +261,34 @@ class Config:
     def replace(self: T, **sections: Any) -> T:
         """A copy with whole sections replaced (``cfg.replace(run=...)``)."""
         return dataclasses.replace(self, **sections)  # type: ignore[type-var]
+
+
+_SECTION_TYPES: dict[type, dict[str, Any]] = {}
+
+
+def _section_types(cls: type) -> dict[str, Any]:
+    """The declared type of each section of a config class (a job's subclass too)."""
+    if cls not in _SECTION_TYPES:
+        _SECTION_TYPES[cls] = typing.get_type_hints(cls)
+    return _SECTION_TYPES[cls]
+
+
+def _check_section_types(cfg: Config) -> None:
+    """A ``Config`` built by hand (``Config(layout={...})``) holds section objects: refuse
+    anything else by name (the range checks would fail on it with an AttributeError).
+    ``Config.from_dict`` takes plain tables."""
+    hints = _section_types(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value, tp = getattr(cfg, f.name), hints.get(f.name)
+        if f.name == "spec":
+            ok = isinstance(value, dict) and all(
+                isinstance(k, str) and isinstance(v, FieldConfig) for k, v in value.items())
+            want = "a dict of field name to FieldConfig"
+        elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            ok, want = isinstance(value, tp), f"a {tp.__name__}"
+        else:
+            continue
+        if not ok:
+            raise ConfigError(f"{f.name} must be {want}, got {type(value).__name__} "
+                              f"{value!r:.80} (Config.from_dict takes plain tables)",
+                              key=f.name)

@@ -15,6 +15,7 @@ from typing import Literal
 from conduit_hpc.config.checks import (
     DTYPES,
     MAX_COUNT,
+    MAX_PRIORITY,
     MAX_ROW_BYTES,
     MAX_ROWS,
     MAX_SECONDS,
@@ -252,8 +253,9 @@ class StorageConfig:
         require(1 <= self.shards_per_buffer <= min(self.capacity_rows, 2**20),
                 "shards_per_buffer", self.shards_per_buffer,
                 f">= 1 and <= min(capacity_rows, 2**20) ({min(self.capacity_rows, 2**20)})")
-        require(finite(self.initial_priority) and 0 < self.initial_priority <= 1e30,
-                "initial_priority", self.initial_priority, "a finite number > 0 and <= 1e30")
+        require(finite(self.initial_priority) and 0 < self.initial_priority <= MAX_PRIORITY,
+                "initial_priority", self.initial_priority,
+                f"a finite number > 0 and <= {MAX_PRIORITY:g}")
         require(finite(self.priority_exponent) and 0 <= self.priority_exponent <= 10,
                 "priority_exponent", self.priority_exponent, "a number in [0, 10]")
         require(finite(self.block_timeout_s) and 0 < self.block_timeout_s <= MAX_SECONDS,

@@ -80,7 +80,12 @@ def check_algo_config(algo: DQNConfig, config: Config) -> None:
             ``train_batch_size_per_learner``, ``scheduler.min_fill_rows``, ``layout.*``,
             ``spec``), its value and what was expected.
     """
-    rb = dict(algo.replay_buffer_config)
+    raw = algo.replay_buffer_config
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"replay_buffer_config must be a dict with 'type' = "
+                          f"{BUFFER_TYPE!r}, got {type(raw).__name__} {raw!r:.80}",
+                          key="replay_buffer_config")
+    rb = dict(raw)
     for k in rb:
         if k not in BUFFER_KEYS:
             raise ConfigError(f"{_key(k)} is not a key of {BUFFER_TYPE.rsplit('.', 1)[1]} "
@@ -96,7 +101,11 @@ def check_algo_config(algo: DQNConfig, config: Config) -> None:
              "beta": ("scheduler.beta", config.scheduler.beta)}
     for k, (where, want) in twins.items():
         v = rb.get(k, want)
-        if not (isinstance(v, int | float) and math.isclose(v, want)):
+        try:
+            same = isinstance(v, int | float) and math.isclose(v, want)
+        except OverflowError:  # an int beyond float
+            same = False
+        if not same:
             raise ConfigError(f"{_key(k)} = {v!r} disagrees with {where} = {want!r} "
                               f"(the data plane's value; drop the key or make them equal)",
                               key=_key(k))
@@ -109,13 +118,19 @@ def check_algo_config(algo: DQNConfig, config: Config) -> None:
                           f"{algo.train_batch_size_per_learner!r} must equal "
                           f"scheduler.batch_rows = {config.scheduler.batch_rows}",
                           key="train_batch_size_per_learner")
-    if algo.model_config.get("use_lstm") or algo.model_config.get("use_attention"):
+    model = algo.model_config  # a dict, or RLlib's DefaultModelConfig dataclass
+    flag = (model.get if isinstance(model, Mapping)
+            else lambda name: getattr(model, name, None))
+    if flag("use_lstm") or flag("use_attention"):
         raise ConfigError("model_config use_lstm/use_attention: a stateful module samples "
                           "sequences, which this buffer does not", key="model_config")
     if algo.num_learners != 0:
         raise ConfigError(f"num_learners must be 0 (the update runs in this rank), got "
                           f"{algo.num_learners}", key="num_learners")
     starts = algo.num_steps_sampled_before_learning_starts
+    if isinstance(starts, bool) or not isinstance(starts, int) or starts < 0:
+        raise ConfigError(f"num_steps_sampled_before_learning_starts must be an int >= 0, "
+                          f"got {starts!r}", key="num_steps_sampled_before_learning_starts")
     if config.scheduler.min_fill_rows > starts // n:
         raise ConfigError(f"scheduler.min_fill_rows = {config.scheduler.min_fill_rows} must "
                           f"be <= num_steps_sampled_before_learning_starts // n_step = "

@@ -34,6 +34,7 @@ does not need it, TorchRL's own prioritized buffers do.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -49,7 +50,7 @@ from conduit_hpc.integrations.torchrl_fallback import TorchRLExtensionWarning, e
 from conduit_hpc.plane.control import C_INSERTS
 from conduit_hpc.plane.front import ExperienceDataPlane
 from conduit_hpc.plane.roles import Role
-from conduit_hpc.spec import Spec
+from conduit_hpc.spec import Spec, as_array
 
 __all__ = ["RESERVED_KEYS", "WEIGHT_KEY", "DataPlaneReplayBuffer", "TensorDictColumns",
            "spec_tables"]
@@ -223,6 +224,10 @@ class DataPlaneReplayBuffer:
         if reduction not in ("max", "min", "mean", "median"):
             raise ConfigError(f"reduction must be 'max', 'min', 'mean' or 'median', got "
                               f"{reduction!r}", key="reduction")
+        if isinstance(eps, bool) or not isinstance(eps, int | float) or not (
+                math.isfinite(eps) and eps >= 0):
+            raise ConfigError(f"eps must be a finite number >= 0 (added to |priority|), "
+                              f"got {eps!r}", key="eps")
         self.edp = edp
         self.batch_size = sch.batch_rows
         self.priority_key = priority_key
@@ -325,14 +330,29 @@ class DataPlaneReplayBuffer:
                 return
 
     def _priority_vector(self, priority: Any, n: int) -> np.ndarray:
-        p = torch.as_tensor(priority).detach()
+        """``|priority| + eps`` per row (``reduction`` over extra dimensions; a scalar for
+        every row). Array-likes by :func:`conduit_hpc.spec.as_array`'s rule.
+
+        Raises:
+            SpecError: naming the priority key: not real numbers, or no value in a row.
+        """
+        what = f"priority ({self.priority_key!r})"
+        arr = as_array(priority, what)
+        if arr.dtype.kind == "c":
+            raise SpecError(f"{what} must be real numbers, got dtype {arr.dtype}")
+        p = np.abs(arr.astype(np.float64))
         if p.ndim == 0:
-            p = p.expand(n)
-        p = p.reshape(p.shape[0], -1).abs().double()
-        if p.shape[1] > 1:
-            p = getattr(p, self.reduction)(dim=1)
-            p = p.values if hasattr(p, "values") else p
-        return p.reshape(-1).cpu().numpy() + self.eps
+            p = np.full(n, float(p))
+        elif p.ndim > 1:
+            per_row = int(np.prod(p.shape[1:]))
+            if per_row == 0:
+                raise SpecError(f"{what}: shape {tuple(arr.shape)} holds no value per row; "
+                                f"expected [n] or [n, ...] with values")
+            flat = p.reshape(p.shape[0], per_row)
+            # torch's median: the lower of the two middle values
+            p = (np.quantile(flat, 0.5, axis=1, method="lower") if self.reduction == "median"
+                 else getattr(np, self.reduction)(flat, axis=1))
+        return p + self.eps
 
     def update_priority(self, index: Any, priority: Any) -> None:
         """New priorities ``|priority| + eps`` for sampled rows (``index`` as in a
@@ -345,7 +365,7 @@ class DataPlaneReplayBuffer:
         self._need(Role.LEARNER, "update_priority()", "the loss runs on learner ranks")
         if not self.prioritized:
             return
-        idx = torch.as_tensor(index).detach().cpu().numpy()
+        idx = as_array(index, "index")
         if idx.ndim != 2 or idx.shape[1:] != (3,):
             raise SpecError(f"index must be the [n, 3] 'index' entry of a sampled "
                             f"TensorDict (shard, slot, generation), got shape "

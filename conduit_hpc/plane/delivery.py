@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from conduit_hpc.config import SchedulerConfig
-from conduit_hpc.errors import DataPlaneClosed
+from conduit_hpc.errors import DataPlaneClosed, SpecError
 from conduit_hpc.plane.control import C_ACTORS_DONE, C_INSERTS, C_SAMPLES, ControlBlock
 from conduit_hpc.plane.priority_write import PriorityWrite
 from conduit_hpc.plane.sources import Fill, HostSource, ShardSource
@@ -31,7 +31,7 @@ from conduit_hpc.plane.staging import Batch, BatchSink
 from conduit_hpc.protocol import SampleReply, SampleRequest, Tag
 from conduit_hpc.sampling import Sampler, ShardStats
 from conduit_hpc.scheduler import LimiterState, RateLimiter
-from conduit_hpc.spec import Spec
+from conduit_hpc.spec import Spec, as_array
 from conduit_hpc.storage.layout import H_COMMIT, H_UNSAMPLED
 from conduit_hpc.storage.ring import ShardRing
 from conduit_hpc.transport.channel import Channel
@@ -337,7 +337,7 @@ class Deliverer:
         timings["gather_s"] = t2 - t1
         data = out
         if self.transform is not None:
-            data = self.transform(out)
+            data = checked_transform(self.transform(out))
         t3 = time.perf_counter()
         timings["transform_s"] = t3 - t2
         weights = self.sampler.weights(mass, stats, superstep)
@@ -427,3 +427,13 @@ class Deliverer:
         """Carry checked priority updates to where the rows' index lives (the priority
         write stage, :meth:`PriorityWrite.send`). Returns rows sent."""
         return self.prio.send(indices, priorities, self.device_shards)
+
+
+def checked_transform(data: Any) -> dict[str, np.ndarray]:
+    """What a learner's ``transform`` returned, as a dict of numpy arrays, or a
+    :class:`SpecError` naming the transform (before the batch is staged: torch's or
+    numpy's own error otherwise, raised from deep in the copy to the device)."""
+    if not isinstance(data, Mapping):
+        raise SpecError(f"transform must return a mapping of field name to array, got "
+                        f"{type(data).__name__} {data!r:.80}")
+    return {k: as_array(v, f"transform output {k!r}") for k, v in data.items()}

@@ -49,7 +49,7 @@ from conduit_hpc.plane.learner import LearnerEndpoint
 from conduit_hpc.plane.memory import ShardMemory
 from conduit_hpc.plane.modes import MODES, EdpMode
 from conduit_hpc.plane.planning import decide_placement, write_plan
-from conduit_hpc.plane.roles import Role, RoleComms, check_same_config, split_roles
+from conduit_hpc.plane.roles import Role, RoleComms, check_arguments, check_same_config, split_roles
 from conduit_hpc.plane.staging import Batch, Stager, agreed_device
 from conduit_hpc.plane.summary import merge_summaries, shard_counters
 from conduit_hpc.plane.weights import WeightsBoard, agreed_model_size, load_flat
@@ -94,8 +94,9 @@ class ExperienceDataPlane:
                  placement: Placement | None = None, run_dir: str | Path | None = None,
                  transform: Any = None) -> None:
         comm = MPI.COMM_WORLD if comm is None else comm
-        self.config = config
         # deterministic checks first, so that every rank raises the same error
+        check_arguments(config, comm, transform)
+        self.config = config
         self.spec = Spec.from_config(config.spec)
         sch = config.scheduler
         if MODES[sch.mode] is EdpMode and MPI.Query_thread() < MPI.THREAD_SERIALIZED:
@@ -274,7 +275,7 @@ class ExperienceDataPlane:
         Args:
             batch (Mapping[str, array-like]): one array per spec field, leading batch
                 dimension; dtypes must cast safely to the spec's.
-            priorities (array-like | None): initial priority per row (finite, >= 0);
+            priorities (array-like | None): initial priority per row (finite, >= 0, <= 1e30);
                 ``None`` inserts at the shard's running maximum.
 
         Returns:
@@ -343,7 +344,7 @@ class ExperienceDataPlane:
         flat = self.weights.pull()
         if flat is None:
             return False
-        load_flat(model if model is not None else self._model, flat)
+        load_flat(model if model is not None else self._model, flat)  # checks the model
         return True
 
     @property
@@ -381,7 +382,7 @@ class ExperienceDataPlane:
         """
         self._require(Role.LEARNER, "update_priorities()")
         assert self.learner is not None
-        self.learner.update_priorities(np.asarray(indices), priorities)
+        self.learner.update_priorities(indices, priorities)  # by spec.as_array's rule
 
     def log(self, **values: float) -> None:
         """Add job columns (``loss=...``) to this learner's current superstep metrics."""

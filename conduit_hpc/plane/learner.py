@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from conduit_hpc.config import SchedulerConfig
+from conduit_hpc.errors import SpecError
 from conduit_hpc.plane.control import C_LEARNER_VERSION, ControlBlock
 from conduit_hpc.plane.extensions import LearnerHook
 from conduit_hpc.plane.metrics import (
@@ -223,10 +224,28 @@ class LearnerEndpoint:
             self.post(lambda: board.publish(flat, s))
 
     def log(self, **values: float) -> None:
-        """Add job columns (``loss=...``) to the current superstep's metrics row."""
-        self._extra.update(values)
+        """Add job columns (``loss=...``) to the current superstep's metrics row.
 
-    def update_priorities(self, indices: np.ndarray, priorities: Any) -> None:
+        Raises:
+            SpecError: a name the data plane writes itself (``time_s``...: it would be
+                overwritten), or a value that is not one real number (a float, an int,
+                a one-element array or tensor; NaN is a value). Nothing is logged.
+        """
+        row: dict[str, float] = {}
+        for k, v in values.items():
+            if k in LEARNER_COLUMNS:
+                raise SpecError(f"log: {k!r} is a column the data plane writes itself; "
+                                f"expected a name of the job's own (loss=..., ...)")
+            try:
+                if isinstance(v, str | bytes) or v is None:
+                    raise TypeError(type(v).__name__)
+                row[k] = float(v.item() if isinstance(v, np.ndarray) and v.size == 1 else v)
+            except (TypeError, ValueError, RuntimeError) as err:
+                raise SpecError(f"log: {k} = {v!r:.60} must be one real number (a float, "
+                                f"or a one-element array or tensor)") from err
+        self._extra.update(row)
+
+    def update_priorities(self, indices: Any, priorities: Any) -> None:
         """Check, then send new priorities to the owners; they apply before serving
         any later sample of this learner. Never blocks on the network.
 

@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from conduit_hpc.config import Config, LayoutConfig
 from conduit_hpc.config.layout_rule import assign_roles
-from conduit_hpc.errors import ConfigMismatch
+from conduit_hpc.errors import ConfigError, ConfigMismatch
 from conduit_hpc.transport.objects import allgather_json
 
 __all__ = ["Role", "RoleComms", "agree", "check_same_config", "split_roles"]
@@ -190,3 +190,25 @@ def check_same_config(comm: MPI.Intracomm, config: Config) -> None:
             groups.setdefault(d, []).append(r)
         parts = "; ".join(f"ranks {v} hold config {k[:12]}" for k, v in groups.items())
         raise ConfigMismatch(f"ranks hold different configurations: {parts}")
+
+
+def check_arguments(config: object, comm: object, transform: object = None) -> None:
+    """Refuse what is not a :class:`Config`, an intracommunicator or a callable
+    transform, naming it, before anything collective (every rank given the same
+    arguments raises alike). Local.
+
+    Raises:
+        ConfigError: naming ``config``, ``comm`` or ``transform``, the type given and what
+            was expected.
+    """
+    if transform is not None and not callable(transform):
+        raise ConfigError(f"transform must be a callable (a dict of numpy arrays -> such "
+                          f"a dict) or None, got {type(transform).__name__} "
+                          f"{transform!r:.80}", key="transform")
+    if not isinstance(config, Config):
+        raise ConfigError(f"config must be a conduit_hpc.Config (Config.from_toml or "
+                          f"Config.from_dict), got {type(config).__name__} "
+                          f"{config!r:.80}", key="config")
+    if not isinstance(comm, MPI.Intracomm):
+        raise ConfigError(f"comm must be an mpi4py intracommunicator, got "
+                          f"{type(comm).__name__} {comm!r:.80}", key="comm")

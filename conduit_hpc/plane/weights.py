@@ -85,19 +85,49 @@ class WeightsBoard:
         return None
 
 
+#: the size :func:`agreed_model_size` gathers for a model that is not a torch module
+NOT_A_MODEL = -2
+
+
+def _model_size(model: Any) -> tuple[int, str]:
+    """(parameters of ``model``, "") - or (-1, "") for None, (:data:`NOT_A_MODEL`, what
+    it is) for something without torch parameters. Local; never raises."""
+    if model is None:
+        return -1, ""
+    params = getattr(model, "parameters", None)
+    if not callable(params):
+        return NOT_A_MODEL, f"a {type(model).__name__}"
+    try:
+        return int(sum(int(p.numel()) for p in params())), ""
+    except (TypeError, AttributeError, RuntimeError) as err:
+        return NOT_A_MODEL, f"a {type(model).__name__} whose parameters() failed: {err}"
+
+
 def flat_parameters(model: torch.nn.Module) -> np.ndarray:
-    """Every parameter, flattened into one float32 array (host copy)."""
+    """Every parameter, flattened into one float32 array (host copy; empty for a model
+    without parameters)."""
     import torch
 
     with torch.no_grad():
-        return torch.cat([p.detach().reshape(-1).float().cpu()
-                          for p in model.parameters()]).numpy()
+        parts = [p.detach().reshape(-1).float().cpu() for p in model.parameters()]
+        return torch.cat(parts).numpy() if parts else np.zeros(0, np.float32)
 
 
 def load_flat(model: torch.nn.Module, flat: np.ndarray) -> None:
-    """Inverse of :func:`flat_parameters`."""
+    """Inverse of :func:`flat_parameters`.
+
+    Raises:
+        ConfigError: ``model`` is not a torch module or has another number of parameters
+            than ``flat`` (checked before any parameter is written).
+    """
     import torch
 
+    n, what = _model_size(model)
+    if n != len(flat):
+        got = (what or "None") if n < 0 else f"a model with {n} parameters"
+        raise ConfigError(f"model: the published weights have {len(flat)} parameters; "
+                          f"expected a model of that size to load them into, got {got}",
+                          key="model")
     with torch.no_grad():
         o = 0
         for p in model.parameters():
@@ -111,14 +141,28 @@ def agreed_model_size(world: Any, model: Any, lead: int, users: tuple[int, ...])
     rank in ``users`` (actors, learners). **Collective** on ``world`` (one Allgather).
 
     Raises:
-        ConfigError: some user's model differs in size (on every rank).
+        ConfigError: some user's model differs in size, is not a ``torch.nn.Module``, or
+            the lead learner passed ``None`` while there are ranks to share with (on
+            every rank: each rank's model is sized before the Allgather, so a bad one
+            never leaves the others waiting in it).
     """
-    n = int(flat_parameters(model).size) if model is not None else -1
+    n, what = _model_size(model)
     sizes = np.zeros(world.Get_size(), dtype=np.int64)
     world.Allgather(np.array([n], dtype=np.int64), sizes)
     if lead < 0:
         return -1
+    odd = [r for r in range(len(sizes)) if sizes[r] == NOT_A_MODEL]
+    if odd:
+        mine = f" (this rank's: {what})" if n == NOT_A_MODEL else ""
+        raise ConfigError(f"share_weights: ranks {odd} passed something that is not a "
+                          f"torch.nn.Module{mine}; expected a model (or None on buffer "
+                          f"ranks)", key="model")
     want = int(sizes[lead])
+    if want < 0:
+        raise ConfigError(f"share_weights: the lead learner (world rank {lead}) passed "
+                          f"None; expected its model (a torch.nn.Module) to publish to the "
+                          f"actors - or no share_weights call at all (DataPlaneReplayBuffer: "
+                          f"share_weights=False)", key="model")
     bad = [r for r in users if sizes[r] != want]
     if bad:
         raise ConfigError(f"share_weights: ranks {bad} passed models with "

@@ -109,10 +109,11 @@ class PrioritizedReplay:
             raise ValueError("cannot sample from an empty replay buffer")
         targets = (np.arange(batch_size) + rng.random(batch_size)) / batch_size * total
         slots = self._index.sum.prefix_search(targets)
-        probs = self._index.sum[slots] / total
-        n = len(self)
-        p_min = self._index.min.min / total
-        weights = np.power(n * probs, -beta) / np.power(n * p_min, -beta)
+        # (N P(i))^-beta / (N P_min)^-beta = (p / p_min)^-beta, in logs: no underflow to
+        # 0 ** -beta for a tiny priority
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            weights = np.exp(-beta * (np.log(self._index.sum[slots])
+                                      - np.log(self._index.min.min)))
         return ReplaySample({k: v[slots].copy() for k, v in self._data.items()}, slots,
                             self._index.gens[slots].copy(), weights.astype(np.float32))
 

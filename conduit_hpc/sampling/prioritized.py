@@ -4,10 +4,12 @@ weighted by ``(N P(i))**-beta`` with beta annealed over the supersteps."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
-from conduit_hpc.sampling.base import Draw, Sampler, ShardDrawer
+from conduit_hpc.errors import SpecError
+from conduit_hpc.sampling.base import Draw, Sampler, ShardDrawer, check_update
 from conduit_hpc.sampling.stratified import ShardStats, beta_at, importance_weights
 from conduit_hpc.storage.priority import PriorityIndex
 
@@ -53,6 +55,29 @@ class PrioritizedSampler(Sampler):
     @property
     def alpha(self) -> float:
         return self._alpha
+
+    def check_update(self, indices: Any, priorities: Any,
+                     capacities: Mapping[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`~conduit_hpc.sampling.check_update`, and a priority whose
+        ``priority ** alpha`` over the shards read could overflow the sum-tree's float64
+        totals is refused here, on the learner, before anything is sent (the owner
+        would refuse it otherwise, on its own rank).
+
+        Raises:
+            SpecError: see :func:`~conduit_hpc.sampling.check_update`.
+        """
+        idx, p = check_update(indices, priorities, capacities)
+        if len(p) and self._alpha > 0:
+            top = float(p.max())
+            rows = max(1, sum(capacities.values()))
+            with np.errstate(over="ignore"):
+                mass = np.power(top, self._alpha) * rows
+            if not np.isfinite(mass):
+                limit = (np.finfo(np.float64).max / rows) ** (1 / self._alpha)
+                raise SpecError(f"priorities: {top!r} ** priority_exponent {self._alpha} "
+                                f"over {rows} rows overflows float64; expected priorities "
+                                f"<= {limit:.3g}")
+        return idx, p
 
     def drawer(self, columns: Mapping[str, np.ndarray], capacity: int,
                committed: Callable[[], int]) -> ShardDrawer:

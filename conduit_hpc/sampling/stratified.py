@@ -99,13 +99,12 @@ def importance_weights(p: np.ndarray, stats: list[ShardStats] | tuple[ShardStats
     p = np.asarray(p, dtype=np.float64)
     if beta == 0:
         return np.ones(len(p), dtype=np.float32)
-    total = sum(s.total for s in stats)
-    n = sum(s.count for s in stats)
     pmin = min((s.min for s in stats if s.count), default=float("inf"))
-    prob = p / total
-    w = np.power(n * prob, -beta)
-    wmax = (n * pmin / total) ** (-beta)
-    return (w / wmax).astype(np.float32)
+    # (N p / total) ** -beta / (N pmin / total) ** -beta = (p / pmin) ** -beta, in logs:
+    # nothing underflows to 0 ** -beta (inf, or ZeroDivisionError) for a tiny priority
+    # or overflows for a large ratio
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        return np.exp(-beta * (np.log(p) - np.log(pmin))).astype(np.float32)
 
 
 def beta_at(superstep: int, beta: float, beta_final: float, anneal_supersteps: int) -> float:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from conduit_hpc.config.checks import MAX_PRIORITY
 from conduit_hpc.errors import SpecError
 from conduit_hpc.spec import as_array
 from conduit_hpc.storage import tree_kernels
@@ -37,18 +38,24 @@ def check_priorities(priorities: ArrayLike, name: str = "priorities") -> np.ndar
 
     Raises:
         SpecError: (a ``ValueError``) naming ``name``: not numbers, complex, or the first
-            negative, NaN or infinite value and its position.
+            negative, NaN or infinite value, or one above ``MAX_PRIORITY`` (1e30, the bound
+            of ``storage.initial_priority``; the sum-tree's totals would overflow), and its
+            position.
     """
     arr = as_array(priorities, name)
     if arr.dtype.kind == "c":
         raise SpecError(f"{name} must be real numbers, got dtype {arr.dtype}")
+    if sum(d != 1 for d in arr.shape) > 1:  # [n], [n, 1], [1, n]: one per row
+        raise SpecError(f"{name} must be one priority per row, of shape [n] or [n, 1], "
+                        f"got shape {tuple(arr.shape)}")
     p = arr.astype(np.float64, copy=False).reshape(-1)
     # two reductions decide the common case (a NaN fails ``min >= 0``); the exact
     # search for the first bad value runs only when one is there
-    if p.size and not (p.min() >= 0 and p.max() < np.inf):
-        bad = ~np.isfinite(p) | (p < 0)
+    if p.size and not (p.min() >= 0 and p.max() <= MAX_PRIORITY):
+        bad = ~np.isfinite(p) | (p < 0) | (p > MAX_PRIORITY)
         i = int(np.flatnonzero(bad)[0])
-        raise SpecError(f"{name}[{i}] must be finite and >= 0, got {p[i]!r}")
+        raise SpecError(f"{name}[{i}] must be finite, >= 0 and <= {MAX_PRIORITY:g} (sums "
+                        f"of priorities must stay finite), got {p[i]!r}")
     return p
 
 

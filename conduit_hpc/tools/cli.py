@@ -91,9 +91,43 @@ def _build_run(p: argparse.ArgumentParser) -> None:
 # info
 
 
+def _check_ranks(n: object, flag: str, *, zero_ok: bool = False) -> None:
+    """Refuse a rank count the launch cannot take (negative, zero, over Open MPI's int),
+    naming the flag, before anything starts."""
+    from conduit_hpc.config.checks import MAX_COUNT
+    from conduit_hpc.errors import ConfigError
+
+    low = 0 if zero_ok else 1
+    if isinstance(n, bool) or not isinstance(n, int) or not low <= n <= MAX_COUNT:
+        raise ConfigError(f"{flag} must be a number of ranks between {low} and "
+                          f"{MAX_COUNT}, got {n!r}", key=flag)
+
+
+def _run_bounded(cmd: list[str], env: dict[str, str], timeout_s: float) -> int:
+    """Run an MPI launch in its own session; past ``timeout_s`` the whole session (the
+    launcher and its ranks) is killed and a ConduitError names the command."""
+    import signal
+
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        raise ConduitError(f"{' '.join(cmd[:3])} did not finish within {timeout_s:.0f} s "
+                           f"and was stopped (too many ranks for this machine?)") from None
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        raise
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     under_mpi = "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
     n = args.n
+    _check_ranks(n, "-n", zero_ok=True)
     if args.config and not n and not under_mpi:  # the ranks the job's [layout] uses
         from conduit_hpc import Config
         from conduit_hpc.tools.launcher import no_mpi_in_this_process, ranks_for
@@ -107,7 +141,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                "conduit_hpc.plane.info"]
         if args.config:
             cmd += ["--config", args.config]
-        return subprocess.run(cmd, env=mpi_env(), timeout=120, check=False).returncode
+        return _run_bounded(cmd, mpi_env(), 120.0)
     from conduit_hpc.plane.info import print_info
 
     return print_info(args.config)
@@ -151,12 +185,22 @@ def _build_plan(p: argparse.ArgumentParser) -> None:
 def cmd_probe(args: argparse.Namespace) -> int:
     from conduit_hpc.tools.launcher import mpi_env
 
+    _check_ranks(args.n, "-n")
+    from conduit_hpc.config import LayoutConfig
+    from conduit_hpc.errors import ConfigError
+
+    # the ranks' own rule for these values, here before anything is launched
+    LayoutConfig(learners=args.learners, emulate_nodes=args.emulate_nodes)
+    out = Path(args.out) if args.out else None
+    if out is not None and (out.is_dir() or not out.parent.is_dir()):
+        raise ConfigError(f"--out must be a file path in an existing directory, got "
+                          f"{args.out!r}", key="--out")
     cmd = ["mpirun", "-n", str(args.n), sys.executable, "-m", "mpi4py", "-m",
            "conduit_hpc.plane.probe", "--learners", str(args.learners), "--emulate-nodes",
            str(args.emulate_nodes)]
     if args.out:
         cmd += ["--out", args.out]
-    return subprocess.run(cmd, env=mpi_env(), timeout=300, check=False).returncode
+    return _run_bounded(cmd, mpi_env(), 300.0)
 
 
 def _build_probe(p: argparse.ArgumentParser) -> None:
@@ -289,6 +333,15 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
     cmd = "conduit-hpc " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["slurm"] else ""
     req = request_from_args(args)
+    from conduit_hpc.config import job_script_for
+    from conduit_hpc.errors import ConfigError
+
+    script = job_script_for(Path(args.config))
+    if Path(args.config).is_file() and not script.is_file():  # else the loader says why
+        # the job would fail only once it left the queue; conduit-hpc run refuses it too
+        raise ConfigError(f"no job script {str(script)!r} (the job script of "
+                          f"{args.config!r} is the .py beside it; the rendered job would "
+                          f"start it)", key="config")
     warnings: list[str] = []
     text = render_sbatch(args.config, req, command=cmd, warnings=warnings)
     for w in warnings:

@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 
 from conduit_hpc.config import Config, job_script_for, load, to_toml
+from conduit_hpc.config.checks import MAX_COUNT, MAX_SECONDS
 from conduit_hpc.config.jobs import contract_problem
 from conduit_hpc.config.layout_rule import assign_roles, delivery_per_learner, ranks_needed
 from conduit_hpc.errors import ConduitError, ConfigError, WorldTooSmall
@@ -115,13 +116,18 @@ def ranks_problem(cfg: Config, n: int) -> ConduitError | None:
     ``per_node = false``, checked before any rank starts; it counts the delivery ranks
     of ``scheduler.delivery = "process"``. ``per_node = true`` is not checked (it depends
     on how the launcher fills nodes). Local; no MPI."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_COUNT:
+        return ConfigError(f"-n must be a number of ranks between 1 and {MAX_COUNT}, "
+                           f"got {n!r}", key="-n")
     lay = cfg.layout
     if lay.per_node:
         return None
-    _, err = assign_roles(lay, (0,) * n, cfg.scheduler.delivery)
+    need = ranks_needed(lay, cfg.scheduler.delivery)
+    # the rule's answer is the same for every n above need: a world of need + 1 ranks
+    # stands for them (no tuple of a billion ranks)
+    _, err = assign_roles(lay, (0,) * min(n, need + 1), cfg.scheduler.delivery)
     if err is None:
         return None
-    need = ranks_needed(lay, cfg.scheduler.delivery)
     d = lay.learners * delivery_per_learner(cfg.scheduler.delivery)
     roles = (f"{lay.learners} learner(s), " + (f"{d} delivery rank(s), " if d else "")
              + f"{lay.buffers} buffer(s), "
@@ -261,8 +267,12 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
                            f"an executable; give the site's with conduit-hpc slurm --mpirun "
                            f"or load its module")
     site_mpi()  # a bad CONDUIT_MPI is refused before the run directory is made
-    n = nranks or (int(os.environ["SLURM_NTASKS"]) if which == "srun" and
-                   os.environ.get("SLURM_NTASKS", "").isdigit() else ranks_for(cfg))
+    if nranks is not None:
+        n = nranks
+    elif which == "srun" and os.environ.get("SLURM_NTASKS", "").isdigit():
+        n = int(os.environ["SLURM_NTASKS"])
+    else:
+        n = ranks_for(cfg)
     slots = os.environ.get("SLURM_NTASKS", "")
     if which == "srun" and slots.isdigit() and n > int(slots):
         raise ConduitError(f"-n {n} exceeds the {slots} tasks of this SLURM allocation "
@@ -271,6 +281,11 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     bad_n = ranks_problem(cfg, n)
     if bad_n is not None:
         raise bad_n
+    if timeout_s is not None and not (isinstance(timeout_s, int | float)
+                                      and 0 < timeout_s <= MAX_SECONDS):
+        # NaN or inf would never end the wait below; 0 or less would end it at once
+        raise ConfigError(f"--timeout must be a number of seconds > 0 and <= "
+                          f"{MAX_SECONDS:g}, got {timeout_s!r}", key="--timeout")
     entry = Path(entry) if entry is not None else entry_for(path, cfg)
     if check_entry:
         problem = contract_problem(entry)
@@ -282,15 +297,21 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         run_dir = Path(runs_root) / f"{cfg.run.name}-{stamp}"
     run_dir = Path(run_dir)
     logs = run_dir / "logs"
-    if logs.exists():
-        k = 1
-        while (run_dir / f"logs.{k}").exists():
-            k += 1
-        logs.rename(run_dir / f"logs.{k}")
-    logs.mkdir(parents=True, exist_ok=True)
-    # the resolved config (overrides applied, defaults filled in), written by tomli-w;
-    # every rank loads this file with the job's class
-    (run_dir / "config.toml").write_text(to_toml(cfg.to_dict()))
+    try:
+        if logs.exists():
+            k = 1
+            while (run_dir / f"logs.{k}").exists():
+                k += 1
+            logs.rename(run_dir / f"logs.{k}")
+        logs.mkdir(parents=True, exist_ok=True)
+        # the resolved config (overrides applied, defaults filled in), written by
+        # tomli-w; every rank loads this file with the job's class
+        (run_dir / "config.toml").write_text(to_toml(cfg.to_dict()))
+    except OSError as err:
+        raise ConfigError(f"run directory {str(run_dir)!r} (--run-dir, or under --runs "
+                          f"{str(runs_root)!r}) cannot be made or written: "
+                          f"{err.strerror or err} ({err.filename}); expected a writable "
+                          f"directory", key="--runs") from err
     job_args = ["--config", str((run_dir / "config.toml").resolve()), "--run-dir",
                 str(run_dir.resolve())]
     if resume:

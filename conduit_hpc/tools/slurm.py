@@ -46,6 +46,8 @@ __all__ = ["SlurmRequest", "idle_gpus", "launch_script", "plan_tasks", "render_s
 
 TEMPLATES = {"one-node": "one_node.sbatch", "multi-node": "multi_node_gpu.sbatch"}
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
+#: control characters (line breaks included); a tab is text
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,6 +118,21 @@ class SlurmRequest:
         for opt in self.sbatch:
             require(opt.startswith("--") and "\n" not in opt, "--sbatch", opt,
                     "a long sbatch option such as --qos=high")
+        # every value lands on a line of a shell script (an #SBATCH line, a comment, a
+        # command): a line break or another control character would start a line of
+        # its own - a command the user did not mean to write
+        for flag, values in (("--partition", (self.partition,)),
+                             ("--account", (self.account,)), ("--module", self.modules),
+                             ("--env", (self.env,)), ("--mpirun", (self.mpirun,)),
+                             ("--srun-mpi", (self.srun_mpi,)), ("--setup", self.setup),
+                             ("--output", (self.output,)), ("--runs", (self.runs,)),
+                             ("--set", self.overrides)):
+            for v in values:
+                require(not _CONTROL.search(v), flag, v,
+                        "one line of text without control characters")
+        for flag, v in (("--partition", self.partition), ("--account", self.account)):
+            require(not any(c.isspace() for c in v), flag, v,
+                    "a SLURM name without spaces (several partitions: a,b)")
 
 
 def _roles(layout: LayoutConfig, tasks: int, d: int = 0) -> str:
@@ -281,7 +298,10 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
     values = {
         "name": cfg.run.name,
         "config": shlex.quote(config_arg),
-        "command": command or f"conduit-hpc slurm {config_arg} --nodes {req.nodes}",
+        # a comment line: control characters (a line break in an argument) escaped
+        "command": _CONTROL.sub(lambda m: repr(m.group())[1:-1],
+                                command or f"conduit-hpc slurm {config_arg} --nodes "
+                                           f"{req.nodes}"),
         "layout_comment": "\n".join(comment),
         "nodes": str(req.nodes),
         "ntasks_per_node": str(t),
@@ -398,11 +418,20 @@ def output_folder(req: SlurmRequest) -> Path | None:
 
 
 def write_or_print(text: str, out: str) -> None:
-    """Write the script to ``out`` (executable) or print it."""
+    """Write the script to ``out`` (executable) or print it.
+
+    Raises:
+        ConfigError: ``out`` cannot be written (a directory, a parent that cannot be
+            made, no permission), naming ``-o``.
+    """
     if out:
         p = Path(out)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-        p.chmod(0o755)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+            p.chmod(0o755)
+        except OSError as err:
+            raise ConfigError(f"-o must be a file path that can be written, got {out!r}: "
+                              f"{err.strerror or err} ({err.filename})", key="-o") from err
     else:
         print(text, end="")

@@ -51,6 +51,14 @@ def test_the_jobs_config_passes() -> None:
     (lambda: algo().training(num_steps_sampled_before_learning_starts=100),
      "scheduler.min_fill_rows"),
     (lambda: algo().rl_module(model_config={"use_lstm": True}), "model_config"),
+    # values RLlib's setters take as they are: each named, never a raw TypeError
+    (lambda: algo().training(replay_buffer_config=None), "replay_buffer_config"),
+    (lambda: algo().training(replay_buffer_config=["type"]), "replay_buffer_config"),
+    (lambda: algo(capacity=10**400), "replay_buffer_config.capacity"),
+    (lambda: algo().training(num_steps_sampled_before_learning_starts=None),
+     "num_steps_sampled_before_learning_starts"),
+    (lambda: algo().training(num_steps_sampled_before_learning_starts="1000"),
+     "num_steps_sampled_before_learning_starts"),
 ])
 def test_a_bad_rllib_config_is_refused_naming_the_key(make, key) -> None:
     with pytest.raises(ConfigError) as err:

@@ -197,9 +197,11 @@ def test_compiled_target_allocation_equals_numpy(totals, batch, seed) -> None:
 
 
 def test_an_update_whose_scaled_priority_overflows_is_refused_whole() -> None:
-    ix = PriorityIndex(8, alpha=2.0)
+    # priorities stop at 1e30 (check_priorities); 1e30 ** 12 overflows (config stops
+    # priority_exponent at 10: an index built by hand)
+    ix = PriorityIndex(8, alpha=12.0)
     ix.insert(np.arange(8), np.arange(1, 9), np.ones(8))
     before = ix.sum.nodes.copy()
     with pytest.raises(ValueError, match="overflows"):
-        ix.update(np.array([0, 1]), np.array([1, 2]), np.array([2.0, 1e200]))
+        ix.update(np.array([0, 1]), np.array([1, 2]), np.array([2.0, 1e30]))
     assert np.array_equal(ix.sum.nodes, before) and ix.priority[0] == 1.0

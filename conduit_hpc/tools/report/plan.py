@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from conduit_hpc import jsontext
-from conduit_hpc.errors import PlacementInfeasible
+from conduit_hpc.errors import ConfigError, PlacementInfeasible
 from conduit_hpc.placement.cluster import TIERS, ClusterModel, Roster
 from conduit_hpc.placement.model import Topology, Workload
 from conduit_hpc.placement.placement import Placement, PlanPrediction, _fmt_bytes
@@ -187,6 +187,9 @@ def plan_command(cluster_path: str, workload_path: str | None, *, as_json: bool,
     from conduit_hpc.placement.static import plan_static
 
     out = out or sys.stdout
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        # a negative N sliced the tables from the end and counted more shards than exist
+        raise ConfigError(f"--top must be a number of rows >= 1, got {top!r}", key="--top")
     cluster = ClusterModel.from_toml(cluster_path)
     notes: list[str] = []
     if workload_path:

@@ -7,157 +7,18 @@ returns it normalised (contiguous arrays of the spec's dtypes). Pure numpy; no M
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from conduit_hpc.config import FieldConfig
+from conduit_hpc.config.checks import DTYPES, MAX_COUNT, MAX_ROW_BYTES
 from conduit_hpc.errors import SpecError
+from conduit_hpc.spec.arrays import as_array
 
 __all__ = ["Field", "FrameStack", "Spec", "as_array", "frame_stacks"]
-
-
-def as_array(value: object, what: str) -> np.ndarray:
-    """The one rule by which ingest and priority updates take array-likes.
-
-    What is taken is the values, by position. Anything that carries more than its
-    values is taken only when the conversion loses none of it, and refused otherwise:
-
-    - numpy arrays pass as they are (``np.matrix`` and ``np.memmap`` as plain arrays); a
-      masked array is taken only when nothing is masked (the mask would be dropped,
-      and with it whatever lies under it); any other ``ndarray`` subclass (units,
-      labels...) is refused: pass ``np.asarray(value)`` if only the values matter.
-    - a nested sequence: its elements follow this same rule (a masked array or a
-      tensor inside a list is not flattened silently), then it must be rectangular.
-    - a torch tensor is detached and copied to the host (``requires_grad`` and CUDA
-      tensors are fine: the graph and the device are not data); sparse layouts are
-      made dense, conjugate and negative bits resolved; ``bfloat16``/``float8`` widened
-      to float32 and ``complex32`` to complex64 (exact). Refused: quantized tensors
-      (their values are ``scale * (q - zero_point)``: call ``dequantize()`` or
-      ``int_repr()``), nested (ragged) tensors, and tensors without data (``meta``).
-    - a pandas object is taken by position, so its index must be the default
-      ``0..n-1`` (pandas would align other labels); a DataFrame's columns must share
-      one dtype (no silent upcast); missing values (``NA``) are refused unless the
-      dtype is a numpy float, where NaN is a value.
-    - anything else with ``__array__`` or the buffer protocol (``memoryview``) through
-      :func:`numpy.asarray`.
-
-    Refused too, naming ``what``: ragged nesting, objects that are not numbers (object,
-    string, bytes, structured, datetime/timedelta dtypes), mappings, and anything numpy
-    cannot convert. Whether the dtype may then be cast is the caller's decision (no cast
-    here loses anything).
-
-    Raises:
-        SpecError: naming ``what``, the type or dtype found and what was expected.
-    """
-    given = type(value).__name__
-    if isinstance(value, np.ndarray):
-        arr = _from_ndarray(value, what)
-    else:
-        if isinstance(value, Mapping | str | bytes | set | frozenset):
-            raise SpecError(f"{what} must be an array of numbers, got a "
-                            f"{type(value).__name__}")
-        module = type(value).__module__
-        if module.startswith("torch"):
-            value = _from_torch(value, what)
-        elif module.startswith("pandas"):
-            value = _from_pandas(value, what)
-        elif isinstance(value, list | tuple) and not all(isinstance(e, _SCALARS)
-                                                         for e in value):
-            value = [e if isinstance(e, _SCALARS) else as_array(e, f"{what} element {i}")
-                     for i, e in enumerate(value)]
-        try:
-            arr = np.asarray(value)
-        except (ValueError, TypeError, RuntimeError, OverflowError, MemoryError) as err:
-            raise SpecError(f"{what} must be a rectangular array of numbers, got "
-                            f"{given} that numpy cannot convert: {err}") from err
-    if arr.dtype.kind not in "biufc":
-        raise SpecError(f"{what} must hold numbers, got dtype {arr.dtype} ({given})")
-    return arr
-
-
-# elements of a sequence that numpy takes as they are (no mask, no device, no graph)
-_SCALARS = (bool, int, float, complex, np.bool_, np.number)
-
-
-def _from_ndarray(value: np.ndarray, what: str) -> np.ndarray:
-    """A numpy array or subclass as a plain array, or refused if that loses anything."""
-    if type(value) is np.ndarray:
-        return value
-    if isinstance(value, np.ma.MaskedArray):
-        masked = np.ma.getmaskarray(value)
-        if masked.any():
-            first = tuple(int(i) for i in np.argwhere(masked)[0])
-            raise SpecError(f"{what}: a masked array with {int(masked.sum())} masked "
-                            f"element(s) (first at index {first}); its mask would be "
-                            f"dropped: fill them (value.filled(...)) or leave those rows "
-                            f"out")
-        return np.asarray(np.ma.getdata(value))
-    if isinstance(value, np.matrix | np.memmap):
-        return np.asarray(value)
-    raise SpecError(f"{what}: an ndarray subclass {type(value).__name__} may carry more "
-                    f"than its values (units, labels); expected a numpy array: pass "
-                    f"np.asarray(value) if only the values matter")
-
-
-def _from_torch(value: object, what: str) -> object:
-    """A torch tensor as a host array, or refused if that would lose anything."""
-    import torch
-
-    if not isinstance(value, torch.Tensor):
-        return value
-    t = value.detach()
-    if t.is_quantized:
-        raise SpecError(f"{what}: a quantized tensor ({t.dtype}) holds scale * (q - "
-                        f"zero_point); expected plain numbers: call .dequantize() or "
-                        f".int_repr()")
-    if t.is_nested:
-        raise SpecError(f"{what} must be a rectangular array of numbers, got a nested "
-                        f"(ragged) tensor")
-    if t.device.type == "meta":
-        raise SpecError(f"{what}: a tensor on the meta device has no values")
-    if t.layout != torch.strided:
-        t = t.to_dense()  # sparse: the same values
-    t = t.resolve_conj().resolve_neg()
-    if t.is_floating_point() and t.dtype not in (torch.float16, torch.float32,
-                                                 torch.float64):
-        t = t.float()  # bfloat16, float8: exact in float32
-    elif t.is_complex() and t.dtype not in (torch.complex64, torch.complex128):
-        t = t.to(torch.complex64)
-    try:
-        return t.cpu().numpy()
-    except (TypeError, RuntimeError) as err:
-        raise SpecError(f"{what}: a torch tensor of dtype {t.dtype} cannot become a numpy "
-                        f"array: {err}") from err
-
-
-def _from_pandas(value: object, what: str) -> object:
-    """A pandas object's values by position, or refused if that would lose anything."""
-    index = getattr(value, "index", None)
-    if index is not None and not (type(index).__name__ == "RangeIndex"
-                                  and index.start == 0 and index.step == 1):
-        raise SpecError(f"{what}: a pandas {type(value).__name__} with index "
-                        f"{type(index).__name__} {list(index[:3])}...; rows are taken by "
-                        f"position, so expected the default index 0..n-1: call "
-                        f".reset_index(drop=True) or .to_numpy()")
-    dtypes = list(getattr(value, "dtypes", [])) if hasattr(value, "columns") else []
-    if len({str(d) for d in dtypes}) > 1:
-        raise SpecError(f"{what}: a pandas DataFrame with columns of dtypes "
-                        f"{sorted({str(d) for d in dtypes})}; expected one dtype (they "
-                        f"would be cast to one): convert it explicitly")
-    isna = getattr(value, "isna", None)
-    if callable(isna) and np.asarray(isna()).any():
-        kinds = {getattr(d, "kind", "") if isinstance(d, np.dtype) else ""
-                 for d in (dtypes or [getattr(value, "dtype", None)])}
-        if kinds != {"f"}:
-            raise SpecError(f"{what}: a pandas {type(value).__name__} with missing "
-                            f"values (NA) of dtype {getattr(value, 'dtype', dtypes)}; "
-                            f"they would become NaN or be lost: fill them or leave those "
-                            f"rows out")
-    to_numpy = getattr(value, "to_numpy", None)
-    return to_numpy() if callable(to_numpy) else value
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +43,49 @@ class Field:
     cast: Literal["safe", "same_kind"] = "safe"
     description: str = ""
     units: str = ""
+
+    def __post_init__(self) -> None:
+        """Check a field built by hand by the rules of ``[spec.NAME]``
+        (:class:`~conduit_hpc.config.FieldConfig`), naming the field, the value and what
+        was expected. ``dtype`` may be given as anything :class:`numpy.dtype` takes
+        (``"float32"``, ``np.float32``) and ``shape`` as a list or numpy integers: they
+        are stored as ``np.dtype`` and a tuple of ``int``."""
+        name = self.name
+        if not isinstance(name, str) or not name.isidentifier():
+            raise SpecError(f"field name must be a string that is a Python identifier, "
+                            f"got {name!r}")
+        try:
+            dt = np.dtype(self.dtype)
+        except (TypeError, ValueError) as err:
+            raise SpecError(f"field {name!r}: dtype must be one of {', '.join(DTYPES)}, "
+                            f"got {self.dtype!r}") from err
+        if dt.name not in DTYPES or not dt.isnative or dt.shape:
+            raise SpecError(f"field {name!r}: dtype must be one of {', '.join(DTYPES)} "
+                            f"(native byte order), got {dt.str if dt.fields is None else dt}"
+                            f" ({dt.name})")
+        object.__setattr__(self, "dtype", dt)
+        shape = self.shape
+        if not isinstance(shape, tuple | list) or len(shape) > 32 or not all(
+                isinstance(d, int | np.integer) and not isinstance(d, bool | np.bool_)
+                and 0 < d <= MAX_COUNT for d in shape):
+            raise SpecError(f"field {name!r}: shape must be a tuple of at most 32 positive "
+                            f"integers <= {MAX_COUNT} (() for a scalar), got {shape!r}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        if self.row_bytes > MAX_ROW_BYTES:
+            raise SpecError(f"field {name!r}: shape {list(self.shape)} of {dt.name} takes "
+                            f"{self.row_bytes} bytes per row; expected at most "
+                            f"{MAX_ROW_BYTES}")
+        if not isinstance(self.allow_nan, bool | np.bool_):
+            raise SpecError(f"field {name!r}: allow_nan must be True or False, got "
+                            f"{self.allow_nan!r}")
+        object.__setattr__(self, "allow_nan", bool(self.allow_nan))
+        if self.cast not in ("safe", "same_kind"):
+            raise SpecError(f"field {name!r}: cast must be 'safe' or 'same_kind', got "
+                            f"{self.cast!r}")
+        for key in ("description", "units"):
+            if not isinstance(getattr(self, key), str):
+                raise SpecError(f"field {name!r}: {key} must be a string, got "
+                                f"{getattr(self, key)!r}")
 
     @property
     def row_bytes(self) -> int:
@@ -208,13 +112,17 @@ class Spec:
 
     def __init__(self, fields: tuple[Field, ...] | list[Field],
                  stacks: Mapping[str, FrameStack] | None = None) -> None:
+        if isinstance(fields, str | bytes | Mapping) or not isinstance(fields, Iterable):
+            raise SpecError(f"spec fields must be a list or tuple of Field, got "
+                            f"{type(fields).__name__}")
         fields = tuple(fields)
         if not fields:
             raise SpecError("spec must have at least one field, got none")
         seen: set[str] = set()
-        for f in fields:
-            if not f.name.isidentifier():
-                raise SpecError(f"field name must be an identifier, got {f.name!r}")
+        for i, f in enumerate(fields):
+            if not isinstance(f, Field):
+                raise SpecError(f"spec fields[{i}] must be a Field, got "
+                                f"{type(f).__name__} {f!r:.80}")
             if f.name in seen:
                 raise SpecError(f"field {f.name!r} appears twice in the spec")
             seen.add(f.name)
@@ -222,9 +130,19 @@ class Spec:
         self._by_name = {f.name: f for f in fields}
         self._names = tuple(f.name for f in fields)
         self._row_bytes = sum(f.row_bytes for f in fields)
+        if self._row_bytes > MAX_ROW_BYTES:
+            raise SpecError(f"spec rows take {self._row_bytes} bytes over fields "
+                            f"{', '.join(self._names)}; expected at most {MAX_ROW_BYTES}")
+        if stacks is not None and not isinstance(stacks, Mapping):
+            raise SpecError(f"spec stacks must be a mapping of field name to FrameStack, "
+                            f"got {type(stacks).__name__}")
         self._stacks = dict(stacks or {})
         for name, st in self._stacks.items():
+            if not isinstance(st, FrameStack):
+                raise SpecError(f"stack {name!r} must be a FrameStack, got "
+                                f"{type(st).__name__} {st!r:.80}")
             _check_stack(self._by_name, name, st)
+        _check_stack_groups(self._stacks)
 
     @classmethod
     def from_config(cls, fields: Mapping[str, FieldConfig]) -> Spec:
@@ -236,7 +154,17 @@ class Spec:
     @classmethod
     def from_dict(cls, fields: Mapping[str, tuple[str | np.dtype, tuple[int, ...]]]) -> Spec:
         """Shorthand: ``Spec.from_dict({"obs": ("float32", (4,)), "reward": ("float32", ())})``."""
-        return cls([Field(n, np.dtype(dt), tuple(sh)) for n, (dt, sh) in fields.items()])
+        if not isinstance(fields, Mapping):
+            raise SpecError(f"Spec.from_dict takes a mapping of name to (dtype, shape), got "
+                            f"{type(fields).__name__}")
+        out = []
+        for n, entry in fields.items():
+            if not isinstance(entry, tuple | list) or len(entry) != 2:
+                raise SpecError(f"field {n!r}: expected a (dtype, shape) pair, got "
+                                f"{entry!r}")
+            dtype: Any = entry[0]  # Field checks and normalises dtype and shape
+            out.append(Field(n, dtype, entry[1]))
+        return cls(out)
 
     # -- introspection -------------------------------------------------------------
     @property
@@ -410,6 +338,9 @@ def _check_stack(fields: Mapping[str, Field], name: str, st: FrameStack) -> None
     f = fields.get(name)
     if f is None or st.field != name:
         raise SpecError(f"stack {name!r} must name a spec field, got {st.field!r}")
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in (st.axis, st.depth)):
+        raise SpecError(f"field {name!r}: stack axis and depth must be integers, got "
+                        f"{st.axis!r} and {st.depth!r}")
     if not (0 <= st.axis < len(f.shape)) or st.depth != f.shape[st.axis] or st.depth < 1:
         raise SpecError(f"field {name!r}: stack axis {st.axis} / depth {st.depth} must "
                         f"be an axis of its shape {list(f.shape)} of length >= 1")
@@ -421,7 +352,27 @@ def _check_stack(fields: Mapping[str, Field], name: str, st: FrameStack) -> None
         raise SpecError(f"field {name!r}: stack stream {st.stream!r} must be an integer "
                         f"scalar spec field")
     if st.next_field:
+        if st.next_field == name:
+            raise SpecError(f"field {name!r}: next field {st.next_field!r} must be another "
+                            f"spec field, not the stacked field itself")
         nf = fields.get(st.next_field)
         if nf is None or nf.shape != f.shape or nf.dtype != f.dtype:
             raise SpecError(f"field {name!r}: next field {st.next_field!r} must be a spec "
                             f"field of dtype {f.dtype.name} and shape {list(f.shape)}")
+
+
+def _check_stack_groups(stacks: Mapping[str, FrameStack]) -> None:
+    """Refuse next fields that two stacks share or that are stacks themselves (each
+    stored field belongs to one frame group), naming the field."""
+    owner: dict[str, str] = {}
+    for name, st in stacks.items():
+        if not st.next_field:
+            continue
+        if st.next_field in stacks:
+            raise SpecError(f"field {name!r}: next field {st.next_field!r} is declared a "
+                            f"stack itself; expected a field that follows exactly one "
+                            f"stack")
+        if st.next_field in owner:
+            raise SpecError(f"field {name!r}: next field {st.next_field!r} already follows "
+                            f"{owner[st.next_field]!r}; expected one next field per stack")
+        owner[st.next_field] = name

@@ -1,0 +1,133 @@
+"""``conduit-hpc`` given rank counts and run directories it cannot use: one
+``conduit-hpc: error`` line naming the flag and the value, exit status 2, nothing
+launched and no traceback (before: ``OverflowError`` for a huge ``-n``,
+``FileNotFoundError``/``NotADirectoryError`` for ``--runs``, ``mpirun -n -2`` started,
+``info -n 10**17`` hung until its timeout)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conduit_hpc import Config
+from conduit_hpc.config import LayoutConfig
+from conduit_hpc.errors import ConfigError
+from conduit_hpc.testing import REPO
+from conduit_hpc.tools import cli
+from conduit_hpc.tools.launcher import ranks_problem
+
+JOB = str(REPO / "jobs/synthetic.toml")
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", JOB, "-n", "99999999999999999999"],
+    ["run", JOB, "-n", "-1"],
+    ["run", JOB, "-n", "0"],
+    ["info", "-n", "-2"],
+    ["info", "-n", "99999999999999999"],
+    ["probe", "-n", "0"],
+])
+def test_a_rank_count_out_of_range_is_refused_naming_it(argv: list[str], tmp_path: Path,
+                                                        capsys) -> None:
+    assert cli.main([*argv, *(["--runs", str(tmp_path)] if argv[0] == "run" else [])]) == 2
+    err = capsys.readouterr().err
+    assert "ConfigError: -n must be a number of ranks between" in err, err
+    assert f"got {argv[-1]}" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_rule_is_asked_without_a_world_of_a_billion_ranks() -> None:
+    cfg = Config(layout=LayoutConfig(learners=1, buffers=1, actors=0))
+    assert ranks_problem(cfg, 2**31 - 1) is None  # every rank an actor: fine, and fast
+    exact = Config(layout=LayoutConfig(learners=1, buffers=1, actors=4))
+    err = ranks_problem(exact, 2**31 - 1)
+    assert isinstance(err, ConfigError) and "-n 2147483647 is more than the 6" in str(err)
+
+
+@pytest.mark.parametrize("where", ["file", "missing-parent"])
+def test_a_run_directory_that_cannot_be_made_is_named(where: str, tmp_path: Path,
+                                                      capsys) -> None:
+    runs = tmp_path / "a-file"
+    runs.write_text("not a directory")
+    if where == "missing-parent":
+        runs = Path("/proc/no-such-dir")
+    assert cli.main(["run", JOB, "--runs", str(runs), "--launcher", "mpirun"]) == 2
+    err = capsys.readouterr().err
+    assert f"under --runs {str(runs)!r}) cannot be made or written" in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--partition", "gpu\necho injected"), ("--account", "acct\recho injected"),
+    ("--module", "cuda\necho injected"), ("--output", "x.out\necho injected"),
+    ("--runs", "runs\necho injected"), ("--partition", "a b"),
+])
+def test_a_value_that_would_start_a_script_line_of_its_own_is_refused(
+        flag: str, value: str, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "job.sbatch"
+    argv = ["slurm", JOB, "--nodes", "1", "--ntasks-per-node", "6", flag, value, "-o", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"ConfigError: {flag} must be" in err and repr(value) in err, err
+    assert not out.exists()
+
+
+def test_a_line_break_in_another_argument_stays_inside_the_comment(tmp_path: Path,
+                                                                    capsys, monkeypatch) -> None:
+    import sys
+
+    argv = ["slurm", JOB, "--nodes", "1", "--ntasks-per-node", "6", "--time", "30"]
+    monkeypatch.setattr(sys, "argv", ["conduit-hpc", *argv, "--sbatch-note\necho injected"])
+    assert cli.main(argv) == 0
+    script = capsys.readouterr().out
+    assert "\necho injected" not in script and "--sbatch-note\\necho injected" in script
+
+
+@pytest.mark.parametrize("where", ["dir", "unmakeable"])
+def test_an_output_that_cannot_be_written_is_named(where: str, tmp_path: Path,
+                                                   capsys) -> None:
+    out = str(tmp_path) if where == "dir" else "/proc/no-such-dir/job.sbatch"
+    argv = ["slurm", JOB, "--nodes", "1", "--ntasks-per-node", "6", "-o", out]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"ConfigError: -o must be a file path that can be written, got {out!r}" in err
+    assert "Traceback" not in err
+
+
+def test_slurm_refuses_a_job_file_without_its_script(tmp_path: Path, capsys) -> None:
+    job = tmp_path / "empty.toml"
+    job.write_text("")  # a valid config (every default), but no empty.py beside it
+    out = tmp_path / "job.sbatch"
+    argv = ["slurm", str(job), "--nodes", "1", "--ntasks-per-node", "6", "-o", str(out)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"no job script {str(tmp_path / 'empty.py')!r}" in err and not out.exists()
+
+
+@pytest.mark.parametrize("timeout", ["nan", "inf", "-5", "0"])
+def test_a_run_timeout_that_would_never_or_at_once_end_the_wait_is_refused(
+        timeout: str, tmp_path: Path, capsys) -> None:
+    assert cli.main(["run", JOB, "--timeout", timeout, "--runs", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "ConfigError: --timeout must be a number of seconds > 0" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("top", ["-5", "0"])
+def test_plan_top_below_one_is_refused(top: str, capsys) -> None:
+    argv = ["plan", str(REPO / "jobs/cluster-local.toml"), "--top", top]
+    assert cli.main(argv) == 2
+    assert f"ConfigError: --top must be a number of rows >= 1, got {top}" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    (["--learners", "-1"], "learners must be >= 0"),
+    (["--emulate-nodes", "-3"], "emulate_nodes must be >= 0"),
+    (["--out", "/proc/no-such-dir/cluster.toml"], "--out must be a file path in an existing"),
+])
+def test_probe_refuses_bad_values_before_launching(args: list[str], match: str,
+                                                    capsys) -> None:
+    assert cli.main(["probe", *args]) == 2
+    assert match in capsys.readouterr().err

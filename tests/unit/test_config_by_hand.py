@@ -1,0 +1,63 @@
+"""The Python entry points of a config and a data plane given the wrong kind of thing:
+a ``ConfigError`` naming the argument and what was expected (before: ``Config(layout={...})``
+and ``ExperienceDataPlane({...})`` raised AttributeError; ``from_toml(None)`` or an
+override list of ints TypeError; an override string was read character by character)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from mpi4py import MPI
+
+from conduit_hpc import Config, ConfigError
+from conduit_hpc.plane.roles import check_arguments
+from conduit_hpc.testing import REPO
+
+JOB = REPO / "jobs" / "synthetic.toml"
+
+
+@pytest.mark.parametrize(("make", "match"), [
+    (lambda: Config.from_toml(JOB, "layout.actors=1"),
+     "overrides must be a list of 'section.key=value' strings, got str 'layout.actors=1'"),
+    (lambda: Config.from_toml(JOB, [1]), "override 1 must be a string"),
+    (lambda: Config.from_toml(None), "config file must be a path .* got NoneType None"),
+    (lambda: Config.from_toml(b"jobs/synthetic.toml"), "must be a path .* got bytes"),
+    (lambda: Config(layout={"actors": 1}), "layout must be a LayoutConfig, got dict"),
+    (lambda: Config(spec={"obs": 3}), "spec must be a dict of field name to FieldConfig"),
+    (lambda: Config(run=None), "run must be a RunConfig, got NoneType"),
+])
+def test_the_wrong_kind_of_argument_is_named(make: Any, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        make()
+
+
+def test_no_overrides_may_be_none() -> None:
+    assert Config.from_toml(JOB, None) == Config.from_toml(JOB)
+
+
+@pytest.mark.parametrize(("config", "comm", "match"), [
+    ({"layout": {}}, None, "config must be a conduit_hpc.Config .* got dict"),
+    ("jobs/synthetic.toml", None, "config must be a conduit_hpc.Config .* got str"),
+    (Config(), "world", "comm must be an mpi4py intracommunicator, got str"),
+])
+def test_a_data_plane_refuses_what_is_not_a_config_or_a_comm(config: Any, comm: Any,
+                                                              match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        check_arguments(config, MPI.COMM_SELF if comm is None else comm)
+
+
+def test_a_transform_must_be_callable_and_return_arrays_by_name() -> None:
+    import numpy as np
+
+    from conduit_hpc.errors import SpecError
+    from conduit_hpc.plane.delivery import checked_transform
+
+    with pytest.raises(ConfigError, match=r"transform must be a callable .* got str"):
+        check_arguments(Config(), MPI.COMM_SELF, "normalise")
+    with pytest.raises(SpecError, match=r"transform must return a mapping .* got NoneType"):
+        checked_transform(None)
+    with pytest.raises(SpecError, match="transform output 'obs' must hold numbers"):
+        checked_transform({"obs": np.array(["a"])})
+    out = checked_transform({"obs": [[1.0, 2.0]]})
+    assert isinstance(out["obs"], np.ndarray) and out["obs"].shape == (1, 2)

@@ -1,0 +1,84 @@
+"""Priorities at the ends of float64: a huge finite priority is refused by name before
+it reaches a sum-tree (before: 1e308 made a shard's total ``inf``, and every later draw
+from it meaningless), and a tiny positive one is drawn with a finite weight (before:
+``(N * pmin / total) ** -beta`` underflowed to ``0.0 ** -beta``, a ZeroDivisionError in
+the learner's ``next_batch``, or NaN weights in the single-process replay)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conduit_hpc import SpecError
+from conduit_hpc.config.checks import MAX_PRIORITY
+from conduit_hpc.rl.replay import PrioritizedReplay
+from conduit_hpc.sampling import PrioritizedSampler
+from conduit_hpc.sampling.stratified import ShardStats, importance_weights
+from conduit_hpc.storage.priority import PriorityIndex, check_priorities
+
+FAST = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+magnitudes = st.one_of(st.floats(0, MAX_PRIORITY), st.sampled_from(
+    [5e-324, 1e-320, 1e-300, 1e-200, 1e-30, 1.0, 1e30]))
+
+
+@pytest.mark.parametrize("value", [1e31, 1e308, np.finfo(np.float64).max])
+def test_a_priority_above_the_bound_is_refused_by_name(value: float) -> None:
+    with pytest.raises(SpecError, match=r"priorities\[1\] must be finite, >= 0 and <= 1e\+30"):
+        check_priorities([1.0, value])
+    index = PriorityIndex(4, alpha=1.0)
+    index.insert(np.arange(4), np.ones(4, np.int64), np.ones(4))
+    with pytest.raises(SpecError, match="priorities"):
+        index.update(np.arange(2), np.ones(2, np.int64), np.array([value, value]))
+    assert index.total == 4.0  # nothing applied
+
+
+@FAST
+@given(st.lists(magnitudes, min_size=1, max_size=8), st.sampled_from([0.5, 1.0, 2.0]))
+def test_the_totals_stay_finite_at_the_bound(prios: list[float], alpha: float) -> None:
+    index = PriorityIndex(8, alpha=alpha)
+    n = len(prios)
+    index.insert(np.arange(n), np.ones(n, np.int64), np.asarray(prios))
+    assert np.isfinite(index.total)
+
+
+@FAST
+@given(st.lists(magnitudes.filter(lambda x: x > 0), min_size=1, max_size=8),
+       st.floats(0.01, 1.0))
+def test_weights_of_any_held_priorities_are_finite_and_at_most_one(prios: list[float],
+                                                                   beta: float) -> None:
+    p = np.asarray(prios)
+    w = importance_weights(p, [ShardStats(float(p.sum()), len(p), float(p.min()))], beta)
+    assert w.dtype == np.float32 and np.isfinite(w).all()
+    assert (w >= 0).all() and (w <= 1).all() and w[int(np.argmin(p))] == 1
+    with np.errstate(over="ignore", under="ignore"):  # the formula, in logs
+        want = np.exp(-beta * (np.log(p) - np.log(p.min()))).astype(np.float32)
+    np.testing.assert_allclose(w, want, rtol=1e-5, atol=1e-30)
+
+
+def test_the_single_process_replay_weights_a_tiny_priority() -> None:
+    replay = PrioritizedReplay({"x": ((), "float32")}, 4, alpha=1.0)
+    replay.add({"x": np.zeros(2, np.float32)}, np.array([1e-320, 1e5]))
+    sample = replay.sample(8, beta=0.4, rng=np.random.default_rng(0))
+    assert np.isfinite(sample.weights).all() and (sample.weights <= 1).all()
+
+
+def test_the_learner_refuses_an_update_whose_mass_would_overflow() -> None:
+    sampler = PrioritizedSampler(batch_rows=2, seed=0, alpha=10.0, beta=0.4, beta_final=1.0,
+                                 beta_anneal_supersteps=0)
+    idx = np.array([[0, 0, 1], [0, 1, 1]])
+    with pytest.raises(SpecError, match=r"priorities: 1e\+30 \*\* priority_exponent 10.0 "
+                                        r"over 2147483648 rows overflows"):
+        sampler.check_update(idx, [1.0, 1e30], {0: 2**31})
+    got, p = sampler.check_update(idx, [1.0, 1e29], {0: 2**31})
+    assert got.shape == (2, 3) and p[1] == 1e29
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (4, 1, 2)])
+def test_priorities_of_another_shape_than_one_per_row_are_refused(shape: tuple[int, ...]
+                                                                  ) -> None:
+    with pytest.raises(SpecError, match=r"one priority per row, of shape \[n\] or \[n, 1\]"):
+        check_priorities(np.ones(shape))
+    assert check_priorities(np.ones((4, 1))).shape == (4,)
+    assert check_priorities(np.ones((1, 4))).shape == (4,)

@@ -1,0 +1,68 @@
+"""What ``DataPlaneReplayBuffer.update_priority`` / ``extend`` take as priorities, without
+a data plane (the buffer's reduction alone): array-likes by ``spec.as_array``'s rule, each
+bad one a ``SpecError`` naming the priority key (before: torch's or numpy's own TypeError,
+RuntimeError or NotImplementedError for a string, None, an empty tensor, booleans, a
+quantized or meta tensor), and ``reduction = "mean"`` over extra dimensions works (it
+raised AttributeError: a mean tensor has a ``values`` method, taken for a result's field)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from extras import need_extra
+
+from conduit_hpc.errors import ConfigError, SpecError
+
+need_extra("torchrl", "tensordict", module_level=True)
+
+from conduit_hpc.integrations.torchrl import DataPlaneReplayBuffer  # noqa: E402
+
+
+def buffer(reduction: str) -> DataPlaneReplayBuffer:
+    rb = DataPlaneReplayBuffer.__new__(DataPlaneReplayBuffer)  # its reduction, no plane
+    rb.reduction, rb.eps, rb.priority_key = reduction, 1e-8, "td_error"
+    return rb
+
+
+@pytest.mark.parametrize("reduction", ["max", "min", "mean", "median"])
+def test_each_reduction_matches_torchs(reduction: str) -> None:
+    x = torch.randn(5, 2, 3)
+    want = getattr(x.abs().double().reshape(5, -1), reduction)(dim=1)
+    want = want if isinstance(want, torch.Tensor) else want.values
+    got = buffer(reduction)._priority_vector(x, 5)
+    np.testing.assert_allclose(got, want.numpy() + 1e-8)
+    assert buffer(reduction)._priority_vector(torch.tensor(2.0), 3).tolist() == [2 + 1e-8] * 3
+
+
+@pytest.mark.parametrize(("value", "match"), [
+    ("abc", "must be an array of numbers, got a str"),
+    (None, "must hold numbers"),
+    ([[1.0, 2.0], [1.0]], "rectangular"),
+    (torch.ones(3, dtype=torch.complex64), "must be real numbers"),
+    (torch.ones(3, device="meta"), "meta device"),
+    (torch.ones(3, 0), r"holds no value per row"),
+])
+def test_bad_priorities_are_named(value: Any, match: str) -> None:
+    with pytest.raises(SpecError, match=r"priority \('td_error'\)"):
+        buffer("max")._priority_vector(value, 3)
+    with pytest.raises(SpecError, match=match):
+        buffer("max")._priority_vector(value, 3)
+
+
+def test_booleans_and_empty_priorities_are_values() -> None:
+    assert buffer("max")._priority_vector(torch.ones(2, dtype=torch.bool), 2).tolist() == \
+        [1 + 1e-8] * 2
+    assert buffer("max")._priority_vector(torch.zeros(0), 0).shape == (0,)
+
+
+@pytest.mark.parametrize("eps", [-1.0, float("nan"), float("inf"), "1e-8", True])
+def test_a_bad_eps_is_refused_before_anything_is_built(eps: Any) -> None:
+    # what the constructor reads before its first check
+    plane = SimpleNamespace(config=SimpleNamespace(scheduler=SimpleNamespace(
+        sampler="prioritized", batch_rows=32)))
+    with pytest.raises(ConfigError, match=r"eps must be a finite number >= 0"):
+        DataPlaneReplayBuffer(plane, eps=eps)  # type: ignore[arg-type]
