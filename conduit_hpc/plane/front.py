@@ -244,12 +244,9 @@ class ExperienceDataPlane:
         return next((f for f in self.features if f.name == name), None)
 
     def _require(self, role: Role, what: str) -> None:
-        if self._closed:
-            raise DataPlaneClosed(f"{what} called after close()")
-        if self._done_sent:  # the buffers were told: nothing more comes from this rank
-            raise DataPlaneClosed(f"{what} called after done() on world rank "
-                                  f"{self.world_rank}: this rank told the buffers it is "
-                                  f"finished")
+        if self._closed or self._done_sent:  # done(): the buffers were told it is finished
+            raise DataPlaneClosed(f"{what} called after {'close' if self._closed else 'done'}"
+                                  f"() on world rank {self.world_rank}")
         if self.roles.role is not role:
             raise ConduitError(f"{what} is for {role.value} ranks; world rank "
                                f"{self.world_rank} is a {self.roles.role.value}")
