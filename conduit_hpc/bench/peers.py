@@ -307,8 +307,8 @@ def main(argv: list[str] | None = None) -> dict:
                               f"uniform; got {args.samplers!r}")
     except ConfigError as err:
         p.error(str(err))
-    if args.batches < 1 or args.actors < 1 or not args.duration >= 0:
-        p.error(f"--batches and --actors must be >= 1 and --duration >= 0, got "
+    if args.batches < 1 or args.actors < 1 or not 0 <= args.duration < 1e6:
+        p.error(f"--batches and --actors must be >= 1 and --duration in [0, 1e6) s, got "
                 f"{args.batches}, {args.actors}, {args.duration}")
     if args.peer:
         peer_worker(args)

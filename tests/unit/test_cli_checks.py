@@ -87,7 +87,7 @@ def test_bench_flags_are_refused_before_any_rank_starts() -> None:
         peers.parse_peers("cpprb,reverb")
     for main in (capacity.main, peers.main):
         for argv in (["--peers", "none,x"], ["--modes", "bogus"], ["--batches", "0"],
-                     ["--actors", "-1"], ["--duration", "nan"]):
+                     ["--actors", "-1"], ["--duration", "nan"], ["--duration", "inf"]):
             with pytest.raises(SystemExit) as exc:
                 main(argv)
             assert exc.value.code == 2, argv
