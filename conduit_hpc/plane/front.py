@@ -341,7 +341,7 @@ class ExperienceDataPlane:
         flat = self.weights.pull()
         if flat is None:
             return False
-        load_flat(model if model is not None else self._model, flat)  # checks the model
+        load_flat(model if model is not None else self._model, flat, like=self._model)
         return True
 
     @property

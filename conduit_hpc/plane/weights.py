@@ -7,6 +7,7 @@ pull newer ones with one-sided reads (numpy copies on the same node).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ from conduit_hpc.transport.rma import RmaWindow
 if TYPE_CHECKING:  # torch loads only on ranks that share weights
     import torch
 
-__all__ = ["WeightsBoard", "agreed_model_size", "flat_parameters", "load_flat"]
+__all__ = ["WeightsBoard", "agreed_model_size", "flat_parameters", "load_flat", "model_layout"]
 
 
 class WeightsBoard:
@@ -103,6 +104,18 @@ def _model_size(model: Any) -> tuple[int, str]:
         return NOT_A_MODEL, f"a {type(model).__name__} whose parameters() failed: {err}"
 
 
+def model_layout(model: Any) -> int:
+    """A 56-bit fingerprint of ``model``'s parameter shapes in order (0 for something
+    without torch parameters): two models whose flat parameters load into each other
+    parameter for parameter have the same one. Local; never raises."""
+    try:
+        shapes = [tuple(int(d) for d in p.shape) for p in model.parameters()]
+    except (TypeError, AttributeError, RuntimeError):
+        return 0
+    return int.from_bytes(hashlib.blake2b(repr(shapes).encode(), digest_size=7).digest(),
+                          "little")
+
+
 def flat_parameters(model: torch.nn.Module) -> np.ndarray:
     """Every parameter, flattened into one float32 array (host copy; empty for a model
     without parameters)."""
@@ -113,12 +126,15 @@ def flat_parameters(model: torch.nn.Module) -> np.ndarray:
         return torch.cat(parts).numpy() if parts else np.zeros(0, np.float32)
 
 
-def load_flat(model: torch.nn.Module, flat: np.ndarray) -> None:
-    """Inverse of :func:`flat_parameters`.
+def load_flat(model: torch.nn.Module, flat: np.ndarray, like: Any = None) -> None:
+    """Inverse of :func:`flat_parameters`. ``like``: a model of the architecture the
+    weights come from (the one given to ``share_weights``); ``model`` must have its
+    parameter shapes.
 
     Raises:
-        ConfigError: ``model`` is not a torch module or has another number of parameters
-            than ``flat`` (checked before any parameter is written).
+        ConfigError: ``model`` is not a torch module, has another number of parameters
+            than ``flat``, or other parameter shapes than ``like`` (checked before any
+            parameter is written).
     """
     import torch
 
@@ -127,6 +143,11 @@ def load_flat(model: torch.nn.Module, flat: np.ndarray) -> None:
         got = (what or "None") if n < 0 else f"a model with {n} parameters"
         raise ConfigError(f"model: the published weights have {len(flat)} parameters; "
                           f"expected a model of that size to load them into, got {got}",
+                          key="model")
+    if like is not None and like is not model and model_layout(model) != model_layout(like):
+        raise ConfigError(f"model: a {type(model).__name__} with the published number of "
+                          f"parameters ({n}) but other parameter shapes than the shared "
+                          f"model's; the weights would load into the wrong layers",
                           key="model")
     with torch.no_grad():
         o = 0
@@ -147,8 +168,9 @@ def agreed_model_size(world: Any, model: Any, lead: int, users: tuple[int, ...])
             never leaves the others waiting in it).
     """
     n, what = _model_size(model)
-    sizes = np.zeros(world.Get_size(), dtype=np.int64)
-    world.Allgather(np.array([n], dtype=np.int64), sizes)
+    got = np.zeros((world.Get_size(), 2), dtype=np.int64)
+    world.Allgather(np.array([n, model_layout(model) if n >= 0 else 0], dtype=np.int64), got)
+    sizes, layouts = got[:, 0], got[:, 1]
     if lead < 0:
         return -1
     odd = [r for r in range(len(sizes)) if sizes[r] == NOT_A_MODEL]
@@ -168,4 +190,9 @@ def agreed_model_size(world: Any, model: Any, lead: int, users: tuple[int, ...])
         raise ConfigError(f"share_weights: ranks {bad} passed models with "
                           f"{[int(sizes[r]) for r in bad]} parameters, the lead learner "
                           f"{want}", key="model")
+    other = [r for r in users if layouts[r] != layouts[lead]]
+    if other:  # the same count, other shapes: the flat weights would load into wrong layers
+        raise ConfigError(f"share_weights: ranks {other} passed models with the lead "
+                          f"learner's {want} parameters but other parameter shapes (another "
+                          f"architecture); expected the lead learner's", key="model")
     return want

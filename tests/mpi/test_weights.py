@@ -80,6 +80,12 @@ def test_share_weights_refuses_a_different_model_everywhere() -> None:
                  torch.nn.Linear(2, 2) if edp.role is Role.ACTOR else None)
         with pytest.raises(ConfigError, match="parameters"):
             edp.share_weights(model)
+        # the same number of parameters in other shapes (Linear(5, 2): 10 + 2 = 12,
+        # Linear(3, 3): 9 + 3 = 12): the flat weights would load into the wrong layers
+        other = (torch.nn.Linear(3, 3) if edp.role is Role.LEARNER else
+                 torch.nn.Linear(5, 2) if edp.role is Role.ACTOR else None)
+        with pytest.raises(ConfigError, match="other parameter shapes"):
+            edp.share_weights(other)
         if edp.serves:
             edp.serve()
         edp.done()

@@ -58,3 +58,20 @@ def test_update_indices_may_be_tensors_that_numpy_cannot_take_directly() -> None
     assert got.tolist() == [[0, 1, 1]]
     with pytest.raises(SpecError, match="indices must be an integer array"):
         check_update(idx.float().requires_grad_(True), torch.ones(1), {0: 4})
+
+
+def test_weights_are_not_loaded_into_another_architecture_of_the_same_size() -> None:
+    """Linear(3, 3) and Linear(5, 2) both hold 12 parameters: counting them is not
+    enough (the flat weights would load into the wrong layers)."""
+    from conduit_hpc.plane.weights import load_flat, model_layout
+
+    shared, other = torch.nn.Linear(3, 3), torch.nn.Linear(5, 2)
+    flat = flat_parameters(shared)
+    assert model_layout(shared) == model_layout(torch.nn.Linear(3, 3)) != model_layout(other)
+    before = [p.detach().clone() for p in other.parameters()]
+    with pytest.raises(ConfigError, match="other parameter shapes"):
+        load_flat(other, flat, like=shared)
+    assert all(torch.equal(a, b) for a, b in zip(before, other.parameters(), strict=True))
+    twin = torch.nn.Linear(3, 3)
+    load_flat(twin, flat, like=shared)
+    assert (flat_parameters(twin) == flat).all()
