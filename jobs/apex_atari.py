@@ -63,7 +63,12 @@ from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlan
 from conduit_hpc.config import require
 from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent
-from conduit_hpc.features.checkpointing.resume import RestoreResult, checkpoint_root, resume_roots
+from conduit_hpc.features.checkpointing.resume import (
+    checkpoint_root,
+    restore_lines,
+    resume_roots,
+    resumed_counter,
+)
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.job import job_main
 from conduit_hpc.placement.placement import Placement
@@ -322,7 +327,8 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
         restored = (restore_data_plane(edp, resume, roots=resume_roots(cfg, run_dir))
                     if resume else None)
         if rank == 0:
-            say_restored(restored, resume)
+            for line in restore_lines(restored, resume):
+                print(line, flush=True)
         root = checkpoint_root(cfg, run_dir)
         agent = CheckpointAgent(edp, root, every_seconds=ccfg.every_seconds, keep=ccfg.keep,
                                 first_seq=restored.seq + 1 if restored else 1)
@@ -354,7 +360,7 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
             edp.serve()
         else:
             assert updater is not None
-            offset = resumed_env_steps(restored, edp.roles.learner_ranks)
+            offset = resumed_counter(restored, edp.roles.learner_ranks[0], "env_steps")
             out = learner_loop(edp, cfg, updater, stop, agent, offset)
         edp.done()
         agent.finish()
@@ -382,24 +388,6 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
             write_summary(run_dir / "metrics" / "summary.json", flat)
         report(flat)
     return summary
-
-
-def resumed_env_steps(restored: RestoreResult | None, learners: tuple[int, ...]) -> int:
-    """Agent steps spent by the run a checkpoint came from (0 for a fresh run)."""
-    if restored is None:
-        return 0
-    return int(restored.counters.get(learners[0], {}).get("env_steps", 0))
-
-
-def say_restored(restored: RestoreResult | None, resume: str) -> None:
-    if restored is None:
-        if resume:
-            print("resume: no checkpoint found; starting fresh", flush=True)
-        return
-    for reason in restored.skipped:
-        print(f"resume: skipped a checkpoint: {reason}", flush=True)
-    print(f"resumed from {restored.path} (checkpoint {restored.seq}): {restored.rows:,} "
-          f"rows{', resharded' if restored.resharded else ''}", flush=True)
 
 
 def replay_footprint(cfg: ApexAtariConfig, placement: Placement,

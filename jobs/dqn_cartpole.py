@@ -51,7 +51,12 @@ from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlan
 from conduit_hpc.config import require
 from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent
-from conduit_hpc.features.checkpointing.resume import RestoreResult, checkpoint_root, resume_roots
+from conduit_hpc.features.checkpointing.resume import (
+    checkpoint_root,
+    restore_lines,
+    resume_roots,
+    resumed_counter,
+)
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.job import job_main
 from conduit_hpc.plane.headline import headline_figures
@@ -368,7 +373,8 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
             group.broadcast_module(updater.target)
         edp.share_weights(net)  # collective; actors start from the learner's weights
         if rank == 0:
-            say_restored(restored, resume)
+            for line in restore_lines(restored, resume):
+                print(line, flush=True)
             print(f"dqn_cartpole: {len(edp.roles.learner_ranks)} learner(s) "
                   f"({group.backend if group.size > 1 else 'no'} all-reduce), "
                   f"{len(edp.roles.buffer_ranks)} buffer, {len(edp.roles.actor_ranks)} "
@@ -382,7 +388,7 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
             edp.serve()
         else:
             assert updater is not None
-            offset = resumed_env_steps(restored, edp.roles.learner_ranks)
+            offset = resumed_counter(restored, edp.roles.learner_ranks[0], "env_steps")
             out = learner_loop(edp, cfg, updater, stop, agent, offset, group)
         group.close()
         edp.done()
@@ -417,24 +423,6 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
             print(return_curve(run_dir / "metrics" / "episodes.csv"), flush=True)
         report(flat)
     return summary
-
-
-def resumed_env_steps(restored: RestoreResult | None, learners: tuple[int, ...]) -> int:
-    """Env steps spent by the run a checkpoint came from (0 for a fresh run)."""
-    if restored is None:
-        return 0
-    return int(restored.counters.get(learners[0], {}).get("env_steps", 0))
-
-
-def say_restored(restored: RestoreResult | None, resume: str) -> None:
-    if restored is None:
-        if resume:
-            print("resume: no checkpoint found; starting fresh", flush=True)
-        return
-    for reason in restored.skipped:
-        print(f"resume: skipped a checkpoint: {reason}", flush=True)
-    print(f"resumed from {restored.path} (checkpoint {restored.seq}): {restored.rows:,} "
-          f"rows{', resharded' if restored.resharded else ''}", flush=True)
 
 
 def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],

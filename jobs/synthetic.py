@@ -29,7 +29,7 @@ from conduit_hpc.checkpoint import rng_from_json, rng_to_json
 from conduit_hpc.config import require
 from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent, gather_json
-from conduit_hpc.features.checkpointing.resume import checkpoint_root, resume_roots
+from conduit_hpc.features.checkpointing.resume import checkpoint_root, restore_lines, resume_roots
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.job import job_main
 from conduit_hpc.plane.headline import headline_figures
@@ -167,14 +167,8 @@ def run(cfg: SyntheticConfig, run_dir: Path | None, resume: str) -> dict:
         rng = (rng_from_json(restored.rng_state) if restored and restored.rng_state
                else np.random.default_rng(cfg.run.seed + rank))
         if rank == 0:
-            for reason in restored.skipped if restored else ():
-                print(f"resume: skipped a checkpoint: {reason}", flush=True)
-            if restored:
-                print(f"resumed from {restored.path} (checkpoint {restored.seq}): "
-                      f"{restored.rows:,} rows{', resharded' if restored.resharded else ''}",
-                      flush=True)
-            elif resume:
-                print("resume: no checkpoint found; starting fresh", flush=True)
+            for line in restore_lines(restored, resume):
+                print(line, flush=True)
             print(f"running: checkpoints under {root}", flush=True)
         # learners: checkpoints also cut at every `every_supersteps`-th superstep boundary
         agent.every_supersteps(ccfg.every_supersteps,

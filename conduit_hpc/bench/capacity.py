@@ -46,7 +46,14 @@ from typing import Any
 from conduit_hpc import jsontext
 from conduit_hpc.bench._peers_inprocess import parse_kinds, sizes_of
 from conduit_hpc.bench.common import git_sha, worker_command
-from conduit_hpc.bench.peers import PEERS, mode_spec, parse_modes, parse_peers, run_peer
+from conduit_hpc.bench.peers import (
+    PEERS,
+    check_counts,
+    mode_spec,
+    parse_modes,
+    parse_peers,
+    run_peer,
+)
 from conduit_hpc.errors import ConfigError
 
 __all__ = ["main"]
@@ -121,9 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             sizes_of(kind, smoke=args.smoke, batch_rows=args.batch_size)
     except ConfigError as err:
         p.error(str(err))
-    if args.batches < 1 or args.actors < 1 or not 0 <= args.duration < 1e6:
-        p.error(f"--batches and --actors must be >= 1 and --duration in [0, 1e6) s, got "
-                f"{args.batches}, {args.actors}, {args.duration}")
+    check_counts(p, args)
     if args.smoke:
         args.batches, args.duration = 30, 0.1
     sha = git_sha()

@@ -120,6 +120,14 @@ def parse_modes(text: str) -> list[str]:
     return modes
 
 
+def check_counts(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--batches`` and ``--actors`` >= 1, ``--duration`` in [0, 1e6) s, or the parser's
+    error (exit 2) naming them and the values given."""
+    if args.batches < 1 or args.actors < 1 or not 0 <= args.duration < 1e6:
+        p.error(f"--batches and --actors must be >= 1 and --duration in [0, 1e6) s, got "
+                f"{args.batches}, {args.actors}, {args.duration}")
+
+
 def parse_peers(text: str) -> list[str]:
     """The peers of a comma-separated ``--peers`` value (``cpprb``, ``torchrl``; empty
     or ``none``: no peer); raises ConfigError naming the flag, the value and what is
@@ -307,9 +315,7 @@ def main(argv: list[str] | None = None) -> dict:
                               f"uniform; got {args.samplers!r}")
     except ConfigError as err:
         p.error(str(err))
-    if args.batches < 1 or args.actors < 1 or not 0 <= args.duration < 1e6:
-        p.error(f"--batches and --actors must be >= 1 and --duration in [0, 1e6) s, got "
-                f"{args.batches}, {args.actors}, {args.duration}")
+    check_counts(p, args)
     if args.peer:
         peer_worker(args)
         return {}

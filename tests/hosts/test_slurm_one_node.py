@@ -121,14 +121,21 @@ def submit(env: dict[str, str], script: Path) -> str:
     return out.stdout.strip().split(";")[0]
 
 
+def run_to_completion(env: dict[str, str], script: Path, tmp_path: Path) -> tuple[str, str]:
+    """Submit ``script``, wait (bounded) until SLURM forgets the job, assert it completed
+    with exit code 0; returns its id and its output file's text."""
+    jid = submit(env, script)
+    wait_gone(env, jid, 120)
+    state = job_state(env, jid)
+    output = (tmp_path / f"synthetic-{jid}.out").read_text()
+    assert state.get("JobState") == "COMPLETED" and state.get("ExitCode") == "0:0", output
+    return jid, output
+
+
 def test_one_node_template_runs_the_job_through_srun_pmix(slurm, tmp_path) -> None:
     script = render(tmp_path, "--nodes", "1", "--set", "run.duration_s=1.0")
     assert sh(slurm, "bash", "-n", str(script)).returncode == 0
-    jid = submit(slurm, script)
-    wait_gone(slurm, jid, 120)
-    state = job_state(slurm, jid)
-    output = (tmp_path / f"synthetic-{jid}.out").read_text()
-    assert state.get("JobState") == "COMPLETED" and state.get("ExitCode") == "0:0", output
+    jid, output = run_to_completion(slurm, script, tmp_path)
     assert "attempt 1" in output and "launcher srun" in output
     assert "ingested" in output and "job finished with status 0" in output
     run_dir = tmp_path / "runs" / f"synthetic-{jid}"
@@ -230,11 +237,7 @@ def test_site_mpi_script_runs_with_the_users_mpirun_and_no_wheel_environment(
            if not k.startswith(("OMPI_", "PRTE_", "OPAL_", "PMIX_"))
            and k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != venv_bin)
-    jid = submit(env, script)
-    wait_gone(env, jid, 120)
-    state = job_state(env, jid)
-    output = (tmp_path / f"synthetic-{jid}.out").read_text()
-    assert state.get("JobState") == "COMPLETED" and state.get("ExitCode") == "0:0", output
+    jid, output = run_to_completion(env, script, tmp_path)
     assert "launcher mpirun, MPI site" in output and "ingested" in output
     run_dir = tmp_path / "runs" / f"synthetic-{jid}"
     assert (run_dir / "command.txt").read_text().startswith(f"{mpirun} -n 3 ")

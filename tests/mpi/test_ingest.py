@@ -9,6 +9,7 @@ from mpi4py import MPI
 from conduit_hpc import ExperienceDataPlane, Role, SpecError
 from conduit_hpc.errors import DataPlaneClosed
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
+from conduit_hpc.wait import Deadline
 
 COMM = MPI.COMM_WORLD
 
@@ -134,7 +135,9 @@ def test_bad_batch_leaves_shard_exactly_as_it_was() -> None:
         else:  # the owner's passes (commits, freeing slots) until every actor wrote
             written = world.Ibarrier()
             (shard,) = edp.owned_shards()
+            deadline = Deadline(60.0, "the actors' rows")
             while not written.Test():
+                deadline.check()
                 shard.poll()
         world.Barrier()
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conduit_hpc.testing import REPO
 from conduit_hpc.tools import cli
 
@@ -71,8 +73,6 @@ def test_a_missing_site_mpirun_or_bad_mpi_is_refused_before_the_run_directory(
 def test_bench_flags_are_refused_before_any_rank_starts() -> None:
     """``bench capacity`` and ``bench peers`` name a bad ``--modes``, ``--peers`` or
     count (argparse exit 2), rather than a KeyError after minutes of measuring."""
-    import pytest
-
     from conduit_hpc.bench import capacity, peers
     from conduit_hpc.errors import ConfigError
 

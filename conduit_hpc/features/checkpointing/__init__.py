@@ -21,10 +21,13 @@ from conduit_hpc.features.checkpointing.resume import (
     RestoreResult,
     checkpoint_root,
     restore_data_plane,
+    restore_lines,
     resume_roots,
+    resumed_counter,
 )
 from conduit_hpc.features.checkpointing.save import SaveResult, save_checkpoint
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 
 __all__ = ["CheckpointAgent", "RestoreResult", "SaveResult", "StopCoordinator",
-           "checkpoint_root", "restore_data_plane", "resume_roots", "save_checkpoint"]
+           "checkpoint_root", "restore_data_plane", "restore_lines", "resume_roots",
+           "resumed_counter", "save_checkpoint"]

@@ -34,7 +34,8 @@ from conduit_hpc.transport.objects import bcast_json, gather_json
 if TYPE_CHECKING:
     from conduit_hpc.plane.host import FeatureHost
 
-__all__ = ["RestoreResult", "checkpoint_root", "restore_data_plane", "resume_roots"]
+__all__ = ["RestoreResult", "checkpoint_root", "restore_data_plane", "restore_lines",
+           "resume_roots", "resumed_counter"]
 
 log = logging.getLogger("conduit_hpc.checkpoint")
 
@@ -94,6 +95,24 @@ class RestoreResult:
     config_toml: str
     skipped: list[str]
 
+
+
+def restore_lines(restored: RestoreResult | None, resume: str) -> list[str]:
+    """What a job says of its ``--resume`` (rank 0 prints them): each newer checkpoint
+    skipped on the way and the one restored, or that none was found. Local."""
+    if restored is None:
+        return ["resume: no checkpoint found; starting fresh"] if resume else []
+    return ([f"resume: skipped a checkpoint: {reason}" for reason in restored.skipped]
+            + [f"resumed from {restored.path} (checkpoint {restored.seq}): "
+               f"{restored.rows:,} rows{', resharded' if restored.resharded else ''}"])
+
+
+def resumed_counter(restored: RestoreResult | None, rank: int, key: str) -> int:
+    """Counter ``key`` that world rank ``rank`` stored in the checkpoint restored (0
+    for a fresh run, or one that did not store it). Local."""
+    if restored is None:
+        return 0
+    return int(restored.counters.get(rank, {}).get(key, 0))
 
 
 def _load_shards(edp: FeatureHost, ckpt: ck.Checkpoint
