@@ -190,17 +190,40 @@ class PriorityIndex:
         slots = np.asarray(slots, dtype=np.int64)
         p = np.array(priorities, dtype=np.float64, copy=True)
         given = ~np.isnan(p)
-        p[~given] = self.max_priority  # the maximum seen before this batch
+        scaled = None
         if given.any():
+            p[~given] = self.max_priority  # the maximum seen before this batch
             check_priorities(p[given])
             self.max_priority = max(self.max_priority, float(p[given].max()))
+        else:  # the common case: every row gets the maximum, of one mass (numpy's pow
+            # gives one value for equal inputs, in an array of any length)
+            p[:] = self.max_priority
+            scaled = np.full(len(p), self._scaled(p[:1])[0])
         self.hidden_gens[slots] = 0
-        self._set(slots, np.asarray(gens, dtype=np.int64), p)
+        self._set(slots, np.asarray(gens, dtype=np.int64), p, scaled)
 
-    def _set(self, slots: np.ndarray, gens: np.ndarray, p: np.ndarray) -> None:
+    def _set(self, slots: np.ndarray, gens: np.ndarray, p: np.ndarray,
+             scaled: np.ndarray | None = None, *, keep_raw: bool = False) -> None:
+        """Set the rows of ``slots`` (in range) to generation ``gens`` and priority ``p``
+        (the raw priority kept as it is with ``keep_raw``; ``scaled``: ``p``'s masses,
+        when the caller has them): one compiled pass over both trees where numba is
+        there, else :meth:`_set_numpy`."""
+        if scaled is None:
+            # a zero priority is zero mass for every alpha (_scaled): no pow to compute
+            scaled = self._scaled(p) if p.any() else p
+        if (self.sum.compiled and self.min.compiled
+                and tree_kernels.index_set(self.sum.nodes, self.min.nodes, self.gens,
+                                           self.priority, slots, gens, p, scaled,
+                                           keep_raw=keep_raw)):
+            return
+        self._set_numpy(slots, gens, p, scaled, keep_raw=keep_raw)
+
+    def _set_numpy(self, slots: np.ndarray, gens: np.ndarray, p: np.ndarray,
+                   scaled: np.ndarray, *, keep_raw: bool = False) -> None:
+        """The reference path of :meth:`_set` (and its fallback without numba)."""
         self.gens[slots] = gens
-        self.priority[slots] = p
-        scaled = self._scaled(p)
+        if not keep_raw:
+            self.priority[slots] = p
         self.sum.update(slots, scaled)
         # the min-tree covers rows that can be drawn (mass > 0): it sets the largest
         # importance weight
@@ -220,10 +243,9 @@ class PriorityIndex:
         slots = np.asarray(slots, dtype=np.int64)
         slots = slots[self.gens[slots] > 0]
         if slots.size:
-            keep = self.priority[slots].copy()
             self.hidden_gens[slots] = self.gens[slots]
-            self._set(slots, np.zeros(len(slots), np.int64), np.zeros(len(slots)))
-            self.priority[slots] = keep
+            self._set(slots, np.zeros(len(slots), np.int64), np.zeros(len(slots)),
+                      keep_raw=True)
         return int(slots.size)
 
     def unhide(self, slots: np.ndarray, gens: np.ndarray) -> int:

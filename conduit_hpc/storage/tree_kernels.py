@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["allocate", "available", "draw", "index_update", "search", "update", "warm"]
+__all__ = ["allocate", "available", "draw", "index_set", "index_update", "search", "update",
+           "warm"]
 
 _KERNELS: dict[str, Callable[..., Any]] | None = None
 _FAILED = False
@@ -210,6 +211,26 @@ def _build() -> dict[str, Callable[..., Any]] | None:
         return dropped, maxp
 
     @numba.njit(cache=True, nogil=True)
+    def index_set(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
+                  raw: np.ndarray, slots: np.ndarray, sgens: np.ndarray, prios: np.ndarray,
+                  scaled: np.ndarray, keep_raw: bool) -> None:
+        # PriorityIndex._set, step for step: each slot's generation, raw priority
+        # (unless ``keep_raw``) and both trees' leaves (the min-tree's is inf unless the
+        # row is drawable: generation > 0 and mass > 0), later duplicates winning as in
+        # numpy's scatter; then one pass over the parents fixes both trees
+        p = sum_tree.shape[0] // 2
+        inf = np.inf
+        for i in range(slots.shape[0]):
+            s, g, sc = slots[i], sgens[i], scaled[i]
+            gens[s] = g
+            if not keep_raw:
+                raw[s] = prios[i]
+            sum_tree[s + p] = sc
+            min_tree[s + p] = sc if (g > 0 and sc > 0) else inf
+        if slots.shape[0]:
+            fix(sum_tree, min_tree, parents(p, slots, slots.shape[0]), True, True)
+
+    @numba.njit(cache=True, nogil=True)
     def allocate(totals: np.ndarray, grand: float, rand: np.ndarray, shard: np.ndarray,
                  local: np.ndarray) -> None:
         # sampling.stratified.allocate_targets after its checks, the same float steps
@@ -229,7 +250,7 @@ def _build() -> dict[str, Callable[..., Any]] | None:
             local[i] = 0.0 if t < 0.0 else (hi if t > hi else t)
 
     return {"sum": sum_update, "min": min_update, "search": search, "draw": draw,
-            "index_update": index_update, "allocate": allocate}
+            "index_update": index_update, "index_set": index_set, "allocate": allocate}
 
 
 def available() -> bool:
@@ -260,6 +281,8 @@ def warm() -> None:
     draw(tree, one, 4, np.zeros(1), 2)
     index_update(tree, tree.copy(), one.copy(), one.copy(), np.zeros(4), np.zeros(1, np.int64),
                  one, np.ones(1), np.ones(1), 1.0)
+    index_set(tree, tree.copy(), one.copy(), np.zeros(4), np.zeros(1, np.int64), one,
+              np.ones(1), np.ones(1), keep_raw=False)
     allocate(np.ones(2), 2.0, np.zeros(2))
     _WARM = True
 
@@ -321,6 +344,26 @@ def index_update(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
                                     np.ascontiguousarray(scaled, dtype=np.float64),
                                     float(max_priority))
     return int(d), float(m)
+
+
+def index_set(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
+              raw: np.ndarray, slots: np.ndarray, sgens: np.ndarray, prios: np.ndarray,
+              scaled: np.ndarray, *, keep_raw: bool) -> bool:
+    """:meth:`~conduit_hpc.storage.priority.PriorityIndex._set` in one call over the
+    index's arrays (slots in range): generations, raw priorities (kept with
+    ``keep_raw``) and both trees' leaves and parents. Returns False (nothing changed)
+    where the kernels are not available."""
+    if not available():
+        return False
+    assert _KERNELS is not None
+    n = len(slots)
+    _KERNELS["index_set"](sum_tree, min_tree, gens, raw,
+                          np.ascontiguousarray(slots, dtype=np.int64),
+                          np.ascontiguousarray(np.broadcast_to(sgens, n), dtype=np.int64),
+                          np.ascontiguousarray(np.broadcast_to(prios, n), dtype=np.float64),
+                          np.ascontiguousarray(np.broadcast_to(scaled, n), dtype=np.float64),
+                          bool(keep_raw))
+    return True
 
 
 def allocate(totals: np.ndarray, grand: float, rand: np.ndarray

@@ -181,6 +181,47 @@ def test_compiled_index_update_equals_numpy_bit_for_bit(cap, seed, alpha, rounds
             assert np.array_equal(a, b)
 
 
+@settings(max_examples=60, deadline=None)
+@given(cap=st.integers(1, 3000), seed=st.integers(0, 2**32 - 1), alpha=st.sampled_from(
+    [0.0, 0.6, 1.0, 1.7]), rounds=st.integers(1, 6))
+def test_compiled_owner_passes_equal_numpy_bit_for_bit(cap, seed, alpha, rounds) -> None:
+    """The owner's changes of an index (insert with and without priorities, laps over
+    held rows, hide, unhide, invalidate: PriorityIndex._set in one compiled call) against
+    the numpy path, every array of the index after every step; repeated slots too."""
+    rng = np.random.default_rng(seed)
+    fast, ref = PriorityIndex(cap, alpha=alpha), PriorityIndex(cap, alpha=alpha)
+    for ix in (fast, ref):
+        ix.sum.compiled = ix.min.compiled = ix is fast
+    seq = 0
+    for _ in range(rounds):
+        n = int(rng.integers(1, cap + 1))
+        seqs = np.arange(seq, seq + n)
+        seq += n
+        slots = seqs % cap
+        pr = np.full(n, np.nan) if rng.random() < 0.5 else rng.random(n) * 4
+        pr[rng.random(n) < 0.1] = np.nan  # some rows given no priority: the maximum
+        pr[rng.random(n) < 0.05] = 0.0
+        some = rng.integers(0, cap, int(rng.integers(0, 50)))  # repeats allowed
+        steps = [lambda ix: ix.insert(slots, seqs + 1, pr),  # noqa: B023
+                 lambda ix: ix.hide(some),  # noqa: B023
+                 lambda ix: ix.unhide(some, ix.hidden_gens[some]),  # noqa: B023
+                 lambda ix: ix.invalidate(some[: len(some) // 3])]  # noqa: B023
+        for step in steps:
+            assert step(fast) == step(ref)
+            for a, b in ((fast.sum.nodes, ref.sum.nodes), (fast.min.nodes, ref.min.nodes),
+                         (fast.priority, ref.priority), (fast.gens, ref.gens),
+                         (fast.hidden_gens, ref.hidden_gens), (fast._state, ref._state)):
+                assert np.array_equal(a, b)
+            assert fast.count == ref.count
+    # and a pass with every priority given equals one without (the running maximum)
+    m = fast.max_priority
+    a, b = PriorityIndex(cap, alpha=alpha), PriorityIndex(cap, alpha=alpha)
+    a.max_priority = b.max_priority = m
+    a.insert(np.arange(cap), np.arange(1, cap + 1), np.full(cap, np.nan))
+    b.insert(np.arange(cap), np.arange(1, cap + 1), np.full(cap, m))
+    assert np.array_equal(a.sum.nodes, b.sum.nodes) and np.array_equal(a.min.nodes, b.min.nodes)
+
+
 @settings(max_examples=80, deadline=None)
 @given(totals=st.lists(st.sampled_from([0.0, 1e-9, 0.5, 1.0, 3.25, 1e6]), min_size=1,
                        max_size=20), batch=st.integers(1, 600), seed=st.integers(0, 2**32 - 1))
