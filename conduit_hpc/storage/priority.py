@@ -112,6 +112,10 @@ class PriorityIndex:
                  buffers: IndexBuffers | None = None, attach: bool = False) -> None:
         self.capacity = int(capacity)
         self.alpha = float(alpha)
+        self._count: int | None = None  # see count
+        #: no other object changes the generations (not so for a learner's writer,
+        #: attached to the owner's index: its count is a scan every time)
+        self._own_gens = not attach
         tree_kernels.warm()  # numba's import and kernels now, not in the first update
         if buffers is not None:
             self.sum = SumTree(capacity, buffers.sum_tree, attach=attach)
@@ -177,8 +181,15 @@ class PriorityIndex:
 
     @property
     def count(self) -> int:
-        """Slots that hold a sampleable row."""
-        return int(np.count_nonzero(self.gens))
+        """Slots that hold a sampleable row. Counted once, then kept by :meth:`_set`
+        (the owner's passes ask for it after every change: a scan of every slot each
+        time was ~10% of a pass) where only this object changes the generations."""
+        if self._count is None:
+            count = int(np.count_nonzero(self.gens))
+            if self._own_gens:
+                self._count = count
+            return count
+        return self._count
 
     @property
     def total(self) -> float:
@@ -211,11 +222,15 @@ class PriorityIndex:
         if scaled is None:
             # a zero priority is zero mass for every alpha (_scaled): no pow to compute
             scaled = self._scaled(p) if p.any() else p
-        if (self.sum.compiled and self.min.compiled
-                and tree_kernels.index_set(self.sum.nodes, self.min.nodes, self.gens,
-                                           self.priority, slots, gens, p, scaled,
-                                           keep_raw=keep_raw)):
-            return
+        if self.sum.compiled and self.min.compiled:
+            more = tree_kernels.index_set(self.sum.nodes, self.min.nodes, self.gens,
+                                          self.priority, slots, gens, p, scaled,
+                                          keep_raw=keep_raw)
+            if more is not None:
+                if self._count is not None:
+                    self._count += more
+                return
+        self._count = None  # counted again when asked
         self._set_numpy(slots, gens, p, scaled, keep_raw=keep_raw)
 
     def _set_numpy(self, slots: np.ndarray, gens: np.ndarray, p: np.ndarray,

@@ -80,6 +80,19 @@ def _build() -> dict[str, Callable[..., Any]] | None:
             m = m2
 
     @numba.njit(cache=True, nogil=True)
+    def fix_range(sum_tree: np.ndarray, min_tree: np.ndarray, lo: int, hi: int) -> None:
+        # fix() for the parents of the contiguous nodes lo .. hi - 1 of one level (an
+        # owner's commits and hides are runs of slots): each level's touched nodes are
+        # again one run, so no list of them is built; the same node recomputations
+        lo, hi = lo >> 1, (hi - 1) >> 1
+        while lo >= 1:
+            for node in range(lo, hi + 1):
+                sum_tree[node] = sum_tree[2 * node] + sum_tree[2 * node + 1]
+                a, b = min_tree[2 * node], min_tree[2 * node + 1]
+                min_tree[node] = a if a <= b else b
+            lo, hi = lo >> 1, hi >> 1
+
+    @numba.njit(cache=True, nogil=True)
     def sum_update(tree: np.ndarray, p: int, idx: np.ndarray, vals: np.ndarray) -> None:
         for i in range(idx.shape[0]):  # later duplicates win, as in numpy's scatter
             tree[idx[i] + p] = vals[i]
@@ -213,22 +226,32 @@ def _build() -> dict[str, Callable[..., Any]] | None:
     @numba.njit(cache=True, nogil=True)
     def index_set(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
                   raw: np.ndarray, slots: np.ndarray, sgens: np.ndarray, prios: np.ndarray,
-                  scaled: np.ndarray, keep_raw: bool) -> None:
+                  scaled: np.ndarray, keep_raw: bool) -> int:
         # PriorityIndex._set, step for step: each slot's generation, raw priority
         # (unless ``keep_raw``) and both trees' leaves (the min-tree's is inf unless the
         # row is drawable: generation > 0 and mass > 0), later duplicates winning as in
-        # numpy's scatter; then one pass over the parents fixes both trees
+        # numpy's scatter; then one pass over the parents fixes both trees. Returns how
+        # many more slots hold a generation than before (repeats counted once)
         p = sum_tree.shape[0] // 2
         inf = np.inf
-        for i in range(slots.shape[0]):
+        held = 0
+        n = slots.shape[0]
+        run = n > 0  # slots[0], slots[0] + 1, ...: one run of leaves
+        for i in range(n):
             s, g, sc = slots[i], sgens[i], scaled[i]
+            held += (g != 0) - (gens[s] != 0)
             gens[s] = g
             if not keep_raw:
                 raw[s] = prios[i]
             sum_tree[s + p] = sc
             min_tree[s + p] = sc if (g > 0 and sc > 0) else inf
-        if slots.shape[0]:
-            fix(sum_tree, min_tree, parents(p, slots, slots.shape[0]), True, True)
+            if s != slots[0] + i:
+                run = False
+        if run and p > 1:
+            fix_range(sum_tree, min_tree, slots[0] + p, slots[0] + p + n)
+        elif n:
+            fix(sum_tree, min_tree, parents(p, slots, n), True, True)
+        return held
 
     @numba.njit(cache=True, nogil=True)
     def allocate(totals: np.ndarray, grand: float, rand: np.ndarray, shard: np.ndarray,
@@ -348,22 +371,23 @@ def index_update(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
 
 def index_set(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
               raw: np.ndarray, slots: np.ndarray, sgens: np.ndarray, prios: np.ndarray,
-              scaled: np.ndarray, *, keep_raw: bool) -> bool:
+              scaled: np.ndarray, *, keep_raw: bool) -> int | None:
     """:meth:`~conduit_hpc.storage.priority.PriorityIndex._set` in one call over the
     index's arrays (slots in range): generations, raw priorities (kept with
-    ``keep_raw``) and both trees' leaves and parents. Returns False (nothing changed)
-    where the kernels are not available."""
+    ``keep_raw``) and both trees' leaves and parents. Returns the change in the number
+    of slots that hold a generation; ``None`` (nothing changed) where the kernels are
+    not available."""
     if not available():
-        return False
+        return None
     assert _KERNELS is not None
-    n = len(slots)
-    _KERNELS["index_set"](sum_tree, min_tree, gens, raw,
-                          np.ascontiguousarray(slots, dtype=np.int64),
-                          np.ascontiguousarray(np.broadcast_to(sgens, n), dtype=np.int64),
-                          np.ascontiguousarray(np.broadcast_to(prios, n), dtype=np.float64),
-                          np.ascontiguousarray(np.broadcast_to(scaled, n), dtype=np.float64),
-                          bool(keep_raw))
-    return True
+    if not len(slots) == len(sgens) == len(prios) == len(scaled):
+        raise ValueError(f"index_set: slots, generations, priorities and masses differ "
+                         f"in length: {len(slots)}, {len(sgens)}, {len(prios)}, "
+                         f"{len(scaled)}")
+    c = np.ascontiguousarray
+    return int(_KERNELS["index_set"](sum_tree, min_tree, gens, raw, c(slots, dtype=np.int64),
+                                     c(sgens, dtype=np.int64), c(prios, dtype=np.float64),
+                                     c(scaled, dtype=np.float64), bool(keep_raw)))
 
 
 def allocate(totals: np.ndarray, grand: float, rand: np.ndarray
