@@ -277,19 +277,25 @@ class OwnedShard:
         self._account_guard(now, max(0, min(hide_to, limit) - reserved))
         self.hidden_upto = hide_to
         if new > old or hide_to != hide_from or self._dirty:
+            # the slots, generations and initial priorities are worked out before the
+            # lock is taken (node-local learners wait for it): committed rows' are the
+            # writers' and final
+            lo = max(old, new - cap)
+            gens = np.arange(lo + 1, new + 1, dtype=np.int64)  # seq + 1
+            ins = (gens - 1) % cap
+            ins_prio = v.priority[ins]
+            band = max(hide_from, cap), hide_to  # seqs whose slots' old rows are hidden
+            if hide_to < hide_from:  # idle writers: the band's rows are drawable again
+                band = max(hide_to, cap), hide_from
+            seqs = np.arange(*band, dtype=np.int64)
+            slots, olds = seqs % cap, seqs - cap + 1
             with self.writing():
-                lo = max(old, new - cap)
-                if new > lo:
-                    seqs = np.arange(lo, new, dtype=np.int64)
-                    slots = seqs % cap
-                    self.index.insert(slots, seqs + 1, v.priority[slots])
-                if hide_to > hide_from:
-                    seqs = np.arange(max(hide_from, cap), hide_to, dtype=np.int64)
-                    slots = seqs % cap
-                    self.index.hide(slots[self.index.gens[slots] == seqs - cap + 1])
-                elif hide_to < hide_from:  # idle writers: the band's rows are drawable again
-                    seqs = np.arange(max(hide_to, cap), hide_from, dtype=np.int64)
-                    self.unhidden_rows += self.index.unhide(seqs % cap, seqs - cap + 1)
+                if len(ins):
+                    self.index.insert(ins, gens, ins_prio)
+                if hide_to > hide_from:  # (after the insert: a row just committed stays)
+                    self.index.hide(slots[self.index.gens[slots] == olds])
+                elif hide_to < hide_from:
+                    self.unhidden_rows += self.index.unhide(slots, olds)
         ring.publish_unsampled(self.overwritten_unsampled)
         ring.transport.sync()
         if self.guarded:
