@@ -176,13 +176,17 @@ class Recycler:
         self.budget = int(budget_bytes)
         self.sets: list[dict[str, np.ndarray]] = []
         self._key: tuple[Any, ...] | None = None
+        self._spec: Spec | None = None  # the spec and lead of the last take
+        self._lead: tuple[int, ...] | None = None
         self.reused = 0  # batches gathered into a set used before
 
     def take(self, spec: Spec, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
         """Columns for one batch of ``spec`` rows (``lead``: leading dimensions)."""
-        key = (lead, tuple((f.name, f.dtype.str, f.shape) for f in spec))
-        if key != self._key:  # another batch shape or spec: the old sets go
-            self.sets, self._key = [], key
+        if spec is not self._spec or lead != self._lead:  # (the key once per spec)
+            key = (lead, tuple((f.name, f.dtype.str, f.shape) for f in spec))
+            if key != self._key:  # another batch shape or spec: the old sets go
+                self.sets, self._key = [], key
+            self._spec, self._lead = spec, lead
         for cols in self.sets:  # free: neither the dict nor any array is referred to
             if sys.getrefcount(cols) <= _SET_UNUSED and _refs(cols) <= _UNUSED:
                 self.reused += 1

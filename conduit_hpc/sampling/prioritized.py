@@ -3,17 +3,27 @@ weighted by ``(N P(i))**-beta`` with beta annealed over the supersteps."""
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from conduit_hpc.config.checks import MAX_PRIORITY
 from conduit_hpc.errors import SpecError
 from conduit_hpc.sampling.base import Draw, Sampler, ShardDrawer, check_update
 from conduit_hpc.sampling.stratified import ShardStats, beta_at, importance_weights
 from conduit_hpc.storage.priority import PriorityIndex
 
 __all__ = ["PrioritizedSampler", "TreeDrawer"]
+
+
+@functools.lru_cache(maxsize=64)
+def _safe_alpha(rows: int) -> float:
+    """The exponent from which ``MAX_PRIORITY ** alpha`` over ``rows`` rows may
+    overflow float64 (below it a priority update's masses cannot; the check is skipped)."""
+    return (math.log(np.finfo(np.float64).max) - math.log(rows)) / math.log(MAX_PRIORITY) - 1e-9
 
 
 class TreeDrawer(ShardDrawer):
@@ -67,9 +77,11 @@ class PrioritizedSampler(Sampler):
             SpecError: see :func:`~conduit_hpc.sampling.check_update`.
         """
         idx, p = check_update(indices, priorities, capacities)
-        if len(p) and self._alpha > 0:
+        rows = max(1, sum(capacities.values()))
+        # priorities are <= MAX_PRIORITY (check_priorities): below this exponent no mass
+        # over these rows can overflow, and no priority needs a look
+        if len(p) and self._alpha > 0 and self._alpha >= _safe_alpha(rows):
             top = float(p.max())
-            rows = max(1, sum(capacities.values()))
             with np.errstate(over="ignore"):
                 mass = np.power(top, self._alpha) * rows
             if not np.isfinite(mass):

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["allocate", "available", "draw", "index_set", "index_update", "search", "update",
-           "warm"]
+__all__ = ["allocate", "available", "draw", "index_set", "index_update", "mark", "search",
+           "update", "warm"]
 
 _KERNELS: dict[str, Callable[..., Any]] | None = None
 _FAILED = False
@@ -254,6 +254,16 @@ def _build() -> dict[str, Callable[..., Any]] | None:
         return held
 
     @numba.njit(cache=True, nogil=True)
+    def mark(marks: np.ndarray, slots: np.ndarray, gens: np.ndarray) -> None:
+        # ShardRing.mark_sampled: each drawn slot (-1: none) keeps the largest
+        # generation drawn from it (a slot outside the marks is never stored to)
+        n = marks.shape[0]
+        for i in range(slots.shape[0]):
+            s = slots[i]
+            if 0 <= s < n and gens[i] > marks[s]:
+                marks[s] = gens[i]
+
+    @numba.njit(cache=True, nogil=True)
     def allocate(totals: np.ndarray, grand: float, rand: np.ndarray, shard: np.ndarray,
                  local: np.ndarray) -> None:
         # sampling.stratified.allocate_targets after its checks, the same float steps
@@ -273,7 +283,8 @@ def _build() -> dict[str, Callable[..., Any]] | None:
             local[i] = 0.0 if t < 0.0 else (hi if t > hi else t)
 
     return {"sum": sum_update, "min": min_update, "search": search, "draw": draw,
-            "index_update": index_update, "index_set": index_set, "allocate": allocate}
+            "index_update": index_update, "index_set": index_set, "mark": mark,
+            "allocate": allocate}
 
 
 def available() -> bool:
@@ -307,6 +318,7 @@ def warm() -> None:
     index_set(tree, tree.copy(), one.copy(), np.zeros(4), np.zeros(1, np.int64), one,
               np.ones(1), np.ones(1), keep_raw=False)
     allocate(np.ones(2), 2.0, np.zeros(2))
+    mark(np.zeros(4, np.int64), np.zeros(1, np.int64), one)
     _WARM = True
 
 
@@ -388,6 +400,21 @@ def index_set(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
     return int(_KERNELS["index_set"](sum_tree, min_tree, gens, raw, c(slots, dtype=np.int64),
                                      c(sgens, dtype=np.int64), c(prios, dtype=np.float64),
                                      c(scaled, dtype=np.float64), bool(keep_raw)))
+
+
+def mark(marks: np.ndarray, slots: np.ndarray, gens: np.ndarray) -> bool:
+    """:meth:`~conduit_hpc.storage.ring.ShardRing.mark_sampled`'s stores in one call
+    (-1: no slot; a slot outside ``marks`` is skipped): each slot keeps the largest
+    generation drawn from it. False (nothing stored) where the kernels are not
+    available."""
+    if not available():
+        return False
+    assert _KERNELS is not None
+    if len(slots) != len(gens):
+        raise ValueError(f"mark: {len(slots)} slots but {len(gens)} generations")
+    _KERNELS["mark"](marks, np.ascontiguousarray(slots, dtype=np.int64),
+                     np.ascontiguousarray(gens, dtype=np.int64))
+    return True
 
 
 def allocate(totals: np.ndarray, grand: float, rand: np.ndarray

@@ -222,6 +222,22 @@ def test_compiled_owner_passes_equal_numpy_bit_for_bit(cap, seed, alpha, rounds)
     assert np.array_equal(a.sum.nodes, b.sum.nodes) and np.array_equal(a.min.nodes, b.min.nodes)
 
 
+@settings(max_examples=60, deadline=None)
+@given(cap=st.integers(1, 500), n=st.integers(0, 300), seed=st.integers(0, 2**32 - 1))
+def test_compiled_marks_equal_numpy(cap, n, seed) -> None:
+    """tree_kernels.mark against numpy: -1 (nothing drawn) and slots outside the marks
+    skipped, repeats keep their largest generation."""
+    rng = np.random.default_rng(seed)
+    marks = rng.integers(0, 50, cap)
+    slots = rng.integers(-1, cap + 2, n)
+    gens = rng.integers(0, 100, n)
+    ref = marks.copy()
+    ok = (slots >= 0) & (slots < cap)
+    np.maximum.at(ref, slots[ok], gens[ok])
+    assert tree_kernels.mark(marks, slots, gens)
+    assert np.array_equal(marks, ref)
+
+
 @settings(max_examples=80, deadline=None)
 @given(totals=st.lists(st.sampled_from([0.0, 1e-9, 0.5, 1.0, 3.25, 1e6]), min_size=1,
                        max_size=20), batch=st.integers(1, 600), seed=st.integers(0, 2**32 - 1))
