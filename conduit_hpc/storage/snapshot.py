@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from conduit_hpc.config.checks import MAX_PRIORITY
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage.frames import seal_cut
 from conduit_hpc.storage.priority import PriorityIndex
@@ -114,8 +115,21 @@ class ShardSnapshot:
             if arr.shape != (n,) or arr.dtype != np.float64:
                 raise ValueError(f"shard {self.shard_id}: {name} must be float64 [{n}], got "
                                  f"{arr.dtype} {arr.shape}")
-        if n and not (np.isfinite(self.priority).all() and (self.priority >= 0).all()):
-            raise ValueError(f"shard {self.shard_id}: priorities must be finite and >= 0")
+        # what an index may hold (check_priorities' bound: sums of priority ** alpha stay
+        # finite); an initial priority may also be NaN (none given: the running maximum)
+        for name, arr, nan_ok in (("priority", self.priority, False),
+                                  ("init_priority", self.init_priority, True),
+                                  ("max_priority", np.array([self.max_priority]), False)):
+            ok = (arr >= 0) & (arr <= MAX_PRIORITY)  # False for NaN
+            if nan_ok:
+                ok |= np.isnan(arr)
+            if not ok.all():
+                i = int(np.flatnonzero(~ok)[0])
+                at = "" if name == "max_priority" else f"[{i}]"
+                raise ValueError(f"shard {self.shard_id}: {name}{at} must be finite, >= 0 "
+                                 f"and <= {MAX_PRIORITY:g}"
+                                 f"{' (or NaN: none given)' if nan_ok else ''}, got "
+                                 f"{float(arr[i])!r}")
         if set(self.columns) != set(spec.names):
             raise ValueError(f"shard {self.shard_id}: columns {sorted(self.columns)} do not "
                              f"match the spec fields {sorted(spec.names)}")

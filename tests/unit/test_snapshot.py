@@ -156,6 +156,40 @@ def test_restore_refuses_a_snapshot_that_does_not_fit(shards) -> None:
         snap.check(SPEC)
 
 
+@pytest.mark.parametrize(("name", "value", "named"), [
+    ("priority", 1e31, r"priority\[2\] must be finite, >= 0 and <= 1e\+30, got 1e\+31"),
+    ("priority", np.nan, r"priority\[2\] .* got nan"),
+    ("priority", -1.0, r"priority\[2\] .* got -1.0"),
+    ("init_priority", np.inf, r"init_priority\[2\] .* \(or NaN: none given\), got inf"),
+    ("init_priority", 2e30, r"init_priority\[2\]"),
+    ("max_priority", np.inf, r"max_priority must be .* got inf"),
+    ("max_priority", -0.5, r"max_priority must be .* got -0.5"),
+])
+def test_a_snapshot_with_priorities_no_index_may_hold_is_refused(shards, name, value,
+                                                                  named) -> None:
+    """A checkpoint's priorities (checksums recomputed by whoever changed them) pass
+    the same bounds as a learner's update: a priority above 1e30 made the sum-tree's
+    totals overflow after a restore, unchecked."""
+    a = shards(8)
+    a.write(1, 0, 4, np.array([1.0, 2.0, 3.0, 4.0]))
+    snap = take_snapshot(0, a.owned.ring, a.owned.index)
+    snap.check(SPEC)  # as cut: fine
+    if name == "max_priority":
+        snap.max_priority = value
+    else:
+        getattr(snap, name)[2] = value
+    with pytest.raises(ValueError, match=named):
+        snap.check(SPEC)
+
+
+def test_a_snapshot_with_initial_priorities_not_given_is_taken(shards) -> None:
+    a = shards(8)
+    a.write(1, 0, 4)  # no priorities: NaN initial priorities, the running maximum
+    snap = take_snapshot(0, a.owned.ring, a.owned.index)
+    assert np.isnan(snap.init_priority).all()
+    snap.check(SPEC)
+
+
 @settings(max_examples=60, deadline=None)
 @given(old=st.lists(st.integers(0, 60), min_size=1, max_size=5),
        caps=st.lists(st.integers(1, 70), min_size=1, max_size=6))
