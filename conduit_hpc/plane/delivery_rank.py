@@ -21,10 +21,14 @@ before it counts the request, and a batch prepared after that sees them (as
 :meth:`~conduit_hpc.plane.delivery.Deliverer.mark` does for the thread).
 
 Failures: every wait on either side is bounded by ``run.timeout_s``. A delivery rank that
-fails writes its error into the ring before it raises, and its learner raises
-:class:`~conduit_hpc.errors.RemoteFailure` with that message at its next call; a learner
-that fails inside the data plane's ``with`` block says so likewise; a rank that dies
-without a word leaves the other to its timeout.
+fails writes its error into the ring, and its learner raises
+:class:`~conduit_hpc.errors.RemoteFailure` with that message at its next call. If the
+failure came while preparing batches (e.g. the transform raised), the delivery rank then
+waits for its learner's decision, as the learner's own thread would in thread delivery: a
+learner that takes the error and ends (``done``) ends the job cleanly (``serve``
+returns); one that fails (or does not answer within the timeout) makes the delivery rank
+raise its error. A learner that fails inside the data plane's ``with`` block says so
+likewise; a rank that dies without a word leaves the other to its timeout.
 """
 
 from __future__ import annotations
@@ -260,9 +264,37 @@ class DeliveryServer:
             self._loop()
         except BaseException as err:
             self.ring.set_message(W_FAILED, f"{type(err).__name__}: {err}")
+            if isinstance(err, Exception) and not isinstance(
+                    err, DataPlaneTimeout | RemoteFailure) and self._learner_ends():
+                return  # the learner took the error and ended: so does this rank
             raise
         finally:
             self.finished = True
+
+    def _learner_ends(self) -> bool:
+        """After a failure while preparing batches (e.g. the transform raised), reported
+        to the learner: wait (bounded by ``run.timeout_s``) for its decision. True when
+        it ends cleanly (``done``: it handled the error, as it may in the other modes),
+        False when it fails too or does not answer in time (this rank then raises)."""
+        ring = self.ring
+        deadline = time.monotonic() + self.timeout_s
+        backoff = Backoff(self.poll_s)
+        while time.monotonic() < deadline:
+            self.d.channel.progress()
+            self.d.mpi_progress()
+            if ring.word(W_LEARNER_FAILED):
+                return False
+            if ring.word(W_STOP):
+                if ring.word(W_LEARNER_FAILED):  # read after the stop: a learner that
+                    return False  # failed says so before it stops
+                try:
+                    self.prefetch.finish()  # no owner's reply left unreceived
+                    self._forward()
+                except Exception:  # the first error is the one raised
+                    return False
+                return True
+            backoff.pause()
+        return False
 
     def _forward(self) -> None:
         for idx, p in self.ring.pop_all():

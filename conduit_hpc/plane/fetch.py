@@ -126,6 +126,11 @@ class OwnerFetch(Fetch):
             d.stash[rep.request_id] = (rep, rest)
         return all(i in d.stash for i in pending.ids)
 
+    def drain(self, d: Deliverer, pending: PendingBatch) -> None:
+        """Receive ``pending``'s replies (bounded by the timeout) and drop them: a batch
+        in flight at the end is not assembled (nor transformed)."""
+        d.finish_draw(Tag.SERVICE, pending.parts, pending.ids, "service replies")
+
     def complete(self, d: Deliverer, pending: PendingBatch) -> Batch:
         """Wait for ``pending``'s replies (bounded by the timeout) and assemble it."""
         parts = d.finish_draw(Tag.SERVICE, pending.parts, pending.ids, "service replies")

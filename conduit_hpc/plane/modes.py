@@ -233,6 +233,13 @@ class EdpMode(InlineMode):
         self._stopping = True  # else a batch begun after finish() below would leave the
         # owners' replies unreceived, and their (rendezvous) sends would never complete
         assert self._prefetch is not None
+        if self._thread.failed_and_reported:
+            # the thread died of an error the learner was given (e.g. its transform
+            # raised) and chose to end: as in sync mode, the end is clean - the owners'
+            # replies are received here, on the one thread left
+            self._thread = None
+            self._prefetch.finish()
+            return
         self._thread.call(self._prefetch.finish, timeout_s=self.ep.timeout_s,
                           what="replies of prefetched batches")
         self._thread.stop(self.ep.timeout_s)

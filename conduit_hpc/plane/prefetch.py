@@ -99,4 +99,4 @@ class Prefetcher:
         unmatched); they are not delivered. Blocks (bounded)."""
         if self._owner is not None:
             while self._pending:
-                self._owner.complete(self.d, self._pending.popleft())
+                self._owner.drain(self.d, self._pending.popleft())

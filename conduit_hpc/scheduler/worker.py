@@ -38,6 +38,7 @@ class DataPlaneThread:
         self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
         self._stop = threading.Event()
         self._error: BaseException | None = None
+        self._reported = False  # the error was raised in the owner's thread
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -79,7 +80,15 @@ class DataPlaneThread:
     def raise_if_failed(self) -> None:
         """Re-raise an exception the thread died of (in the caller's thread)."""
         if self._error is not None:
+            self._reported = True
             raise self._error
+
+    @property
+    def failed_and_reported(self) -> bool:
+        """The thread died of an exception that was raised in the owner's thread
+        already (the owner may handle it and end cleanly: the thread is gone, so its
+        rank's MPI calls may be made by the owner again)."""
+        return self._reported and not self._thread.is_alive()
 
     def _wait(self, fut: Future[Any], timeout_s: float, what: str) -> Any:
         deadline = Deadline(timeout_s, what)

@@ -322,3 +322,38 @@ def test_sequence_windows_stay_inside_one_actors_episode() -> None:
             edp.serve()
         edp.done()
         edp.summary()
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode", ["sync", "edp", "edp+owner", "service"])
+def test_a_transform_that_raises_reaches_the_learner_which_may_end_cleanly(mode: str) -> None:
+    """A learner's transform raising is the learner's error, in every inline mode: its
+    ``next_batch`` raises it (from the data-plane thread in ``edp``), it stays raised at
+    the next call, and a learner that takes it and calls ``done`` ends the job cleanly
+    (``edp`` re-raised it from ``done``, so the rank aborted the whole job)."""
+    seen = [0]
+
+    def transform(batch):
+        seen[0] += 1
+        if seen[0] > 3:
+            raise ValueError(f"my transform refused batch {seen[0]}")
+        return batch
+
+    cfg = config(mode, run={"timeout_s": 30.0}, checkpoint={"on_stop": False})
+    got = None
+    with ExperienceDataPlane(cfg, transform=transform) as edp:
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp)
+        elif edp.role is Role.LEARNER:
+            with pytest.raises(ValueError, match="my transform refused batch 4") as info:
+                for _ in range(50):
+                    b = edp.next_batch()
+                    edp.update_priorities(b.indices, np.ones(len(b.indices)))
+            with pytest.raises(ValueError, match="my transform refused"):
+                edp.next_batch()  # the experience path does not come back by itself
+            got = str(info.value)
+        else:
+            edp.serve()
+        edp.done()
+        results = COMM.allgather((edp.role.value, got))
+    assert [g for r, g in results if r == "learner"] == ["my transform refused batch 4"]

@@ -166,7 +166,12 @@ def _failing_transform(after: int):
 
 
 @pytest.mark.mpi(min_size=4)
-def test_a_failed_delivery_rank_ends_its_learner_with_its_error() -> None:
+@pytest.mark.parametrize("learner_ends", ["cleanly", "failing"])
+def test_a_failed_delivery_rank_ends_its_learner_with_its_error(learner_ends: str) -> None:
+    """The learner gets the delivery rank's error at its next call. A learner that
+    takes it and ends (``done``) ends the job cleanly, as it may in sync and thread
+    delivery (the delivery rank's ``serve`` returns); one that fails makes the delivery
+    rank raise its own error: every rank fails together."""
     _only_up_to_4_ranks()
     cfg = config(run={"timeout_s": 30.0})
     with ExperienceDataPlane(cfg, transform=_failing_transform(5)) as edp:
@@ -178,9 +183,12 @@ def test_a_failed_delivery_rank_ends_its_learner_with_its_error() -> None:
                 for _ in range(50):
                     edp.next_batch()
             got = str(info.value)
+            if learner_ends == "failing":  # what leaving the with-block on it does
+                edp.__exit__(RemoteFailure, info.value, None)
         else:
             try:
                 edp.serve()
+                got = "returned"
             except RuntimeError as err:  # the delivery rank: its own error
                 got = f"raised {err}"
         edp.done()
@@ -188,7 +196,8 @@ def test_a_failed_delivery_rank_ends_its_learner_with_its_error() -> None:
     by_role = dict(results[:2])
     assert "delivery rank (world rank 1)" in by_role["learner"]
     assert "transform broke at batch 6" in by_role["learner"]
-    assert by_role["delivery"] == "raised transform broke at batch 6"
+    assert by_role["delivery"] == ("returned" if learner_ends == "cleanly"
+                                   else "raised transform broke at batch 6")
 
 
 @pytest.mark.mpi(min_size=4)
