@@ -244,6 +244,16 @@ class PriorityIndex:
         # importance weight
         self.min.update(slots, np.where((gens > 0) & (scaled > 0), scaled, np.inf))
 
+    def load(self, gens: np.ndarray, priority: np.ndarray, scaled: np.ndarray) -> None:
+        """Replace every slot's row at once (a restore): generations, raw priorities and
+        masses (``priority ** alpha``), one per slot; nothing is hidden after it."""
+        self.gens[:] = gens
+        self.priority[:] = priority
+        self.hidden_gens[:] = 0
+        self._count = None  # counted again when asked
+        self.sum.load(scaled)
+        self.min.load(np.where((gens > 0) & (scaled > 0), scaled, np.inf))
+
     def invalidate(self, slots: np.ndarray) -> None:
         """Remove the rows of ``slots`` (taken out, or their slot handed to a writer):
         nothing of them is kept."""

@@ -286,10 +286,7 @@ def restore_snapshot(ring: ShardRing, index: PriorityIndex, snap: ShardSnapshot)
     prio[slots] = snap.priority
     scaled = np.zeros(cap, dtype=np.float64)
     scaled[slots] = index._scaled(snap.priority)
-    index.gens[:] = gens
-    index.priority[:] = prio
-    index.sum.load(scaled)
-    index.min.load(np.where((gens > 0) & (scaled > 0), scaled, np.inf))
+    index.load(gens, prio, scaled)
     index.max_priority = float(snap.max_priority)
     index.applied_updates = int(snap.applied_updates)
     index.dropped_updates = int(snap.dropped_updates)

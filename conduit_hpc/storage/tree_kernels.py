@@ -397,7 +397,10 @@ def index_set(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
                          f"in length: {len(slots)}, {len(sgens)}, {len(prios)}, "
                          f"{len(scaled)}")
     c = np.ascontiguousarray
-    return int(_KERNELS["index_set"](sum_tree, min_tree, gens, raw, c(slots, dtype=np.int64),
+    slots = c(slots, dtype=np.int64)
+    if len(slots) and (slots.min() < 0 or slots.max() >= len(gens)):  # never past a leaf
+        raise IndexError(f"index_set: slot outside [0, {len(gens)})")
+    return int(_KERNELS["index_set"](sum_tree, min_tree, gens, raw, slots,
                                      c(sgens, dtype=np.int64), c(prios, dtype=np.float64),
                                      c(scaled, dtype=np.float64), bool(keep_raw)))
 

@@ -145,6 +145,26 @@ def test_restore_is_identical_and_continues_identically(shards) -> None:
     assert row_consistent(cols).all() and len(seqs) == 16
 
 
+def test_restore_over_a_used_index_counts_and_hides_afresh(shards) -> None:
+    """The held count the index keeps (not a scan per pass) and the hidden rows start
+    over with a restore: a used index (count read, rows hidden) takes a snapshot of
+    another shard."""
+    a, b = shards(8), shards(8)
+    a.write(1, 0, 3, np.array([1.0, 2.0, 3.0]))
+    snap = take_snapshot(0, a.owned.ring, a.owned.index)
+    b.write(2, 0, 8)
+    ix = b.owned.index
+    assert ix.count == 8
+    ix.hide(np.array([5, 6]))
+    assert ix.count == 6 and ix.hidden_gens[5] > 0
+    restore_snapshot(b.owned.ring, ix, snap)
+    assert ix.count == np.count_nonzero(ix.gens) == 3
+    assert not ix.hidden_gens.any()
+    with pytest.raises(IndexError, match="outside"):
+        ix.invalidate(np.array([-1]))
+    assert ix.count == 3
+
+
 def test_restore_refuses_a_snapshot_that_does_not_fit(shards) -> None:
     a, b = shards(8), shards(9)
     a.write(1, 0, 4)
