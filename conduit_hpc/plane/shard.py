@@ -293,7 +293,7 @@ class OwnedShard:
                 if len(ins):
                     self.index.insert(ins, gens, ins_prio)
                 if hide_to > hide_from:  # (after the insert: a row just committed stays)
-                    self.index.hide(slots[self.index.gens[slots] == olds])
+                    self.index.hide(slots, olds)
                 elif hide_to < hide_from:
                     self.unhidden_rows += self.index.unhide(slots, olds)
         ring.publish_unsampled(self.overwritten_unsampled)

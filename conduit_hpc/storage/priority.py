@@ -262,11 +262,24 @@ class PriorityIndex:
             self.hidden_gens[slots] = 0
             self._set(slots, np.zeros(len(slots), np.int64), np.zeros(len(slots)))
 
-    def hide(self, slots: np.ndarray) -> int:
+    def hide(self, slots: np.ndarray, gens: np.ndarray | None = None) -> int:
         """Make the held rows of ``slots`` undrawable but keep them (generation, raw
-        priority; see the module docstring). Returns rows hidden."""
-        slots = np.asarray(slots, dtype=np.int64)
-        slots = slots[self.gens[slots] > 0]
+        priority; see the module docstring); with ``gens``, only the rows whose slot
+        still holds that generation. One compiled call where numba is there. Returns
+        rows hidden (a repeated slot once)."""
+        slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+        if self.sum.compiled and self.min.compiled:
+            k = tree_kernels.index_hide(self.sum.nodes, self.min.nodes, self.gens,
+                                        self.hidden_gens, slots, gens)
+            if k is not None:
+                if self._count is not None:
+                    self._count -= k
+                return k
+        held = self.gens[slots]
+        keep = held > 0
+        if gens is not None:
+            keep &= held == np.asarray(gens, dtype=np.int64).reshape(-1)
+        slots = np.unique(slots[keep])
         if slots.size:
             self.hidden_gens[slots] = self.gens[slots]
             self._set(slots, np.zeros(len(slots), np.int64), np.zeros(len(slots)),

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["allocate", "available", "draw", "index_set", "index_update", "mark", "search",
-           "update", "warm"]
+__all__ = ["allocate", "available", "draw", "index_hide", "index_set", "index_update", "mark",
+           "search", "update", "warm"]
 
 _KERNELS: dict[str, Callable[..., Any]] | None = None
 _FAILED = False
@@ -254,6 +254,42 @@ def _build() -> dict[str, Callable[..., Any]] | None:
         return held
 
     @numba.njit(cache=True, nogil=True)
+    def index_hide(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
+                   hidden: np.ndarray, slots: np.ndarray, want: np.ndarray,
+                   check: bool) -> int:
+        # PriorityIndex.hide: each slot that holds a row (generation > 0; with ``check``,
+        # the generation ``want``) keeps it as hidden (its generation in ``hidden``, its
+        # raw priority untouched) and is no longer drawable (generation 0, mass 0, the
+        # min-tree's leaf inf); then one pass over the parents. Returns rows hidden (a
+        # repeated slot once)
+        p = sum_tree.shape[0] // 2
+        inf = np.inf
+        n = slots.shape[0]
+        touched = np.empty(n, np.int64)
+        k = 0
+        for i in range(n):
+            s = slots[i]
+            g = gens[s]
+            if g > 0 and (not check or g == want[i]):
+                hidden[s] = g
+                gens[s] = 0
+                sum_tree[s + p] = 0.0
+                min_tree[s + p] = inf
+                touched[k] = s
+                k += 1
+        if k:
+            run = True
+            for i in range(1, k):
+                if touched[i] != touched[0] + i:
+                    run = False
+                    break
+            if run and p > 1:
+                fix_range(sum_tree, min_tree, touched[0] + p, touched[0] + p + k)
+            else:
+                fix(sum_tree, min_tree, parents(p, touched, k), True, True)
+        return k
+
+    @numba.njit(cache=True, nogil=True)
     def mark(marks: np.ndarray, slots: np.ndarray, gens: np.ndarray) -> None:
         # ShardRing.mark_sampled: each drawn slot (-1: none) keeps the largest
         # generation drawn from it (a slot outside the marks is never stored to)
@@ -283,7 +319,8 @@ def _build() -> dict[str, Callable[..., Any]] | None:
             local[i] = 0.0 if t < 0.0 else (hi if t > hi else t)
 
     return {"sum": sum_update, "min": min_update, "search": search, "draw": draw,
-            "index_update": index_update, "index_set": index_set, "mark": mark,
+            "index_update": index_update, "index_set": index_set,
+            "index_hide": index_hide, "mark": mark,
             "allocate": allocate}
 
 
@@ -319,6 +356,7 @@ def warm() -> None:
               np.ones(1), np.ones(1), keep_raw=False)
     allocate(np.ones(2), 2.0, np.zeros(2))
     mark(np.zeros(4, np.int64), np.zeros(1, np.int64), one)
+    index_hide(tree, tree.copy(), one.copy(), one.copy(), np.zeros(1, np.int64), one)
     _WARM = True
 
 
@@ -403,6 +441,30 @@ def index_set(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
     return int(_KERNELS["index_set"](sum_tree, min_tree, gens, raw, slots,
                                      c(sgens, dtype=np.int64), c(prios, dtype=np.float64),
                                      c(scaled, dtype=np.float64), bool(keep_raw)))
+
+
+def index_hide(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
+               hidden: np.ndarray, slots: np.ndarray, want: np.ndarray | None = None
+               ) -> int | None:
+    """:meth:`~conduit_hpc.storage.priority.PriorityIndex.hide` in one call over the
+    index's arrays: the held rows of ``slots`` (where ``want`` is given, only those that
+    still hold generation ``want``) become hidden. Returns the rows hidden (a repeated
+    slot once); ``None`` (nothing changed) where the kernels are not available.
+
+    Raises:
+        IndexError: a slot outside the index (nothing changed).
+    """
+    if not available():
+        return None
+    assert _KERNELS is not None
+    slots = np.ascontiguousarray(slots, dtype=np.int64)
+    if len(slots) and (slots.min() < 0 or slots.max() >= len(gens)):
+        raise IndexError(f"index_hide: slot outside [0, {len(gens)})")
+    check = want is not None
+    w = np.ascontiguousarray(want if check else slots, dtype=np.int64)
+    if len(w) != len(slots):
+        raise ValueError(f"index_hide: {len(slots)} slots but {len(w)} generations")
+    return int(_KERNELS["index_hide"](sum_tree, min_tree, gens, hidden, slots, w, check))
 
 
 def mark(marks: np.ndarray, slots: np.ndarray, gens: np.ndarray) -> bool:
