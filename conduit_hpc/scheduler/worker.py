@@ -88,7 +88,10 @@ class DataPlaneThread:
         """The thread died of an exception that was raised in the owner's thread
         already (the owner may handle it and end cleanly: the thread is gone, so its
         rank's MPI calls may be made by the owner again)."""
-        return self._reported and not self._thread.is_alive()
+        if not self._reported:
+            return False
+        self._thread.join(1.0)  # it ends right after storing the error
+        return not self._thread.is_alive()
 
     def _wait(self, fut: Future[Any], timeout_s: float, what: str) -> Any:
         deadline = Deadline(timeout_s, what)
