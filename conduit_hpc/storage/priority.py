@@ -22,7 +22,7 @@ from numpy.typing import ArrayLike
 from conduit_hpc.config.checks import MAX_PRIORITY
 from conduit_hpc.errors import SpecError
 from conduit_hpc.spec import as_array
-from conduit_hpc.storage import tree_kernels
+from conduit_hpc.storage import index_kernels, tree_kernels
 from conduit_hpc.storage.layout import H_IDX_DROPPED, H_IDX_MAXP, ShardViews
 from conduit_hpc.storage.sumtree import MinTree, SumTree
 
@@ -223,7 +223,7 @@ class PriorityIndex:
             # a zero priority is zero mass for every alpha (_scaled): no pow to compute
             scaled = self._scaled(p) if p.any() else p
         if self.sum.compiled and self.min.compiled:
-            more = tree_kernels.index_set(self.sum.nodes, self.min.nodes, self.gens,
+            more = index_kernels.index_set(self.sum.nodes, self.min.nodes, self.gens,
                                           self.priority, slots, gens, p, scaled,
                                           keep_raw=keep_raw)
             if more is not None:
@@ -269,7 +269,7 @@ class PriorityIndex:
         rows hidden (a repeated slot once)."""
         slots = np.asarray(slots, dtype=np.int64).reshape(-1)
         if self.sum.compiled and self.min.compiled:
-            k = tree_kernels.index_hide(self.sum.nodes, self.min.nodes, self.gens,
+            k = index_kernels.index_hide(self.sum.nodes, self.min.nodes, self.gens,
                                         self.hidden_gens, slots, gens)
             if k is not None:
                 if self._count is not None:
@@ -334,7 +334,7 @@ class PriorityIndex:
                                 f"overflows float64; priorities must stay below "
                                 f"{np.finfo(np.float64).max ** (1 / self.alpha):.3g}")
         if self.sum.compiled and self.min.compiled:
-            done = tree_kernels.index_update(self.sum.nodes, self.min.nodes, self.gens,
+            done = index_kernels.index_update(self.sum.nodes, self.min.nodes, self.gens,
                                              self.hidden_gens, self.priority, slots, gens, p,
                                              self._scaled(p), self.max_priority)
             if done is not None:

@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from conduit_hpc.errors import SpecError
-from conduit_hpc.storage import tree_kernels
+from conduit_hpc.storage import index_kernels
 from conduit_hpc.storage.frames import FrameWriter
 from conduit_hpc.storage.layout import (
     H_COMMIT,
@@ -291,7 +291,7 @@ class ShardRing(IndexReads):
         v = self.views
         if v is None:
             return False
-        if tree_kernels.mark(v.marks, slots, gens):  # compiled, where numba is there
+        if index_kernels.mark(v.marks, slots, gens):  # compiled, where numba is there
             return True
         slots = np.asarray(slots, dtype=np.int64)
         ok = slots >= 0

@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["allocate", "available", "draw", "index_hide", "index_set", "index_update", "mark",
-           "search", "update", "warm"]
+__all__ = ["allocate", "available", "draw", "kernel", "search", "update", "warm"]
 
 _KERNELS: dict[str, Callable[..., Any]] | None = None
 _FAILED = False
@@ -332,6 +331,12 @@ def available() -> bool:
     return _KERNELS is not None
 
 
+def kernel(name: str) -> Callable[..., Any] | None:
+    """The compiled kernel ``name`` (imports numba the first time); ``None`` where the
+    kernels are not available. For :mod:`conduit_hpc.storage.index_kernels`."""
+    return _KERNELS[name] if available() and _KERNELS is not None else None
+
+
 _WARM = False
 
 
@@ -350,13 +355,15 @@ def warm() -> None:
     _KERNELS["search"](tree, np.zeros(1), 2, np.empty(1, dtype=np.int64))
     one = np.ones(1, dtype=np.int64)
     draw(tree, one, 4, np.zeros(1), 2)
-    index_update(tree, tree.copy(), one.copy(), one.copy(), np.zeros(4), np.zeros(1, np.int64),
-                 one, np.ones(1), np.ones(1), 1.0)
-    index_set(tree, tree.copy(), one.copy(), np.zeros(4), np.zeros(1, np.int64), one,
-              np.ones(1), np.ones(1), keep_raw=False)
+    # the index kernels (storage/index_kernels.py), with the argument types its calls use
+    k, zero, f1 = _KERNELS, np.zeros(1, np.int64), np.ones(1)
+    k["index_update"](tree, tree.copy(), one.copy(), one.copy(), np.zeros(4), zero.copy(),
+                      one.copy(), f1.copy(), f1.copy(), 1.0)
+    k["index_set"](tree, tree.copy(), one.copy(), np.zeros(4), zero.copy(), one.copy(),
+                   f1.copy(), f1.copy(), False)
+    k["index_hide"](tree, tree.copy(), one.copy(), one.copy(), zero.copy(), one.copy(), True)
+    k["mark"](np.zeros(4, np.int64), zero.copy(), one.copy())
     allocate(np.ones(2), 2.0, np.zeros(2))
-    mark(np.zeros(4, np.int64), np.zeros(1, np.int64), one)
-    index_hide(tree, tree.copy(), one.copy(), one.copy(), np.zeros(1, np.int64), one)
     _WARM = True
 
 
@@ -397,89 +404,6 @@ def draw(tree: np.ndarray, gens: np.ndarray, capacity: int, targets: np.ndarray,
     _KERNELS["draw"](tree, gens, int(capacity), np.array(targets, dtype=np.float64), level,
                      slots, got, mass)
     return slots, got, mass
-
-
-def index_update(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
-                 hidden: np.ndarray, raw: np.ndarray, slots: np.ndarray, ugens: np.ndarray,
-                 prios: np.ndarray, scaled: np.ndarray, max_priority: float
-                 ) -> tuple[int, float] | None:
-    """:meth:`~conduit_hpc.storage.priority.PriorityIndex.update` after its checks, in
-    one call over the index's arrays (slots in range, priorities finite and >= 0,
-    ``scaled`` their masses): returns (updates dropped, the new running maximum);
-    ``None`` where the kernels are not available (nothing changed)."""
-    if not available():
-        return None
-    assert _KERNELS is not None
-    d, m = _KERNELS["index_update"](sum_tree, min_tree, gens, hidden, raw,
-                                    np.array(slots, dtype=np.int64),
-                                    np.ascontiguousarray(ugens, dtype=np.int64),
-                                    np.ascontiguousarray(prios, dtype=np.float64),
-                                    np.ascontiguousarray(scaled, dtype=np.float64),
-                                    float(max_priority))
-    return int(d), float(m)
-
-
-def index_set(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
-              raw: np.ndarray, slots: np.ndarray, sgens: np.ndarray, prios: np.ndarray,
-              scaled: np.ndarray, *, keep_raw: bool) -> int | None:
-    """:meth:`~conduit_hpc.storage.priority.PriorityIndex._set` in one call over the
-    index's arrays (slots in range): generations, raw priorities (kept with
-    ``keep_raw``) and both trees' leaves and parents. Returns the change in the number
-    of slots that hold a generation; ``None`` (nothing changed) where the kernels are
-    not available."""
-    if not available():
-        return None
-    assert _KERNELS is not None
-    if not len(slots) == len(sgens) == len(prios) == len(scaled):
-        raise ValueError(f"index_set: slots, generations, priorities and masses differ "
-                         f"in length: {len(slots)}, {len(sgens)}, {len(prios)}, "
-                         f"{len(scaled)}")
-    c = np.ascontiguousarray
-    slots = c(slots, dtype=np.int64)
-    if len(slots) and (slots.min() < 0 or slots.max() >= len(gens)):  # never past a leaf
-        raise IndexError(f"index_set: slot outside [0, {len(gens)})")
-    return int(_KERNELS["index_set"](sum_tree, min_tree, gens, raw, slots,
-                                     c(sgens, dtype=np.int64), c(prios, dtype=np.float64),
-                                     c(scaled, dtype=np.float64), bool(keep_raw)))
-
-
-def index_hide(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
-               hidden: np.ndarray, slots: np.ndarray, want: np.ndarray | None = None
-               ) -> int | None:
-    """:meth:`~conduit_hpc.storage.priority.PriorityIndex.hide` in one call over the
-    index's arrays: the held rows of ``slots`` (where ``want`` is given, only those that
-    still hold generation ``want``) become hidden. Returns the rows hidden (a repeated
-    slot once); ``None`` (nothing changed) where the kernels are not available.
-
-    Raises:
-        IndexError: a slot outside the index (nothing changed).
-    """
-    if not available():
-        return None
-    assert _KERNELS is not None
-    slots = np.ascontiguousarray(slots, dtype=np.int64)
-    if len(slots) and (slots.min() < 0 or slots.max() >= len(gens)):
-        raise IndexError(f"index_hide: slot outside [0, {len(gens)})")
-    check = want is not None
-    w = np.ascontiguousarray(want if check else slots, dtype=np.int64)
-    if len(w) != len(slots):
-        raise ValueError(f"index_hide: {len(slots)} slots but {len(w)} generations")
-    return int(_KERNELS["index_hide"](sum_tree, min_tree, gens, hidden, slots, w, check))
-
-
-def mark(marks: np.ndarray, slots: np.ndarray, gens: np.ndarray) -> bool:
-    """:meth:`~conduit_hpc.storage.ring.ShardRing.mark_sampled`'s stores in one call
-    (-1: no slot; a slot outside ``marks`` is skipped): each slot keeps the largest
-    generation drawn from it. False (nothing stored) where the kernels are not
-    available."""
-    if not available():
-        return False
-    assert _KERNELS is not None
-    if len(slots) != len(gens):
-        raise ValueError(f"mark: {len(slots)} slots but {len(gens)} generations")
-    _KERNELS["mark"](marks, np.ascontiguousarray(slots, dtype=np.int64),
-                     np.ascontiguousarray(gens, dtype=np.int64))
-    return True
 
 
 def allocate(totals: np.ndarray, grand: float, rand: np.ndarray

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conduit_hpc.storage import MinTree, PriorityIndex, SumTree, tree_kernels
+from conduit_hpc.storage import MinTree, PriorityIndex, SumTree, index_kernels, tree_kernels
 from conduit_hpc.storage.sumtree import prefix_search
 
 
@@ -232,7 +232,7 @@ def test_compiled_owner_passes_equal_numpy_bit_for_bit(cap, seed, alpha, rounds)
 @settings(max_examples=60, deadline=None)
 @given(cap=st.integers(1, 500), n=st.integers(0, 300), seed=st.integers(0, 2**32 - 1))
 def test_compiled_marks_equal_numpy(cap, n, seed) -> None:
-    """tree_kernels.mark against numpy: -1 (nothing drawn) and slots outside the marks
+    """index_kernels.mark against numpy: -1 (nothing drawn) and slots outside the marks
     skipped, repeats keep their largest generation."""
     rng = np.random.default_rng(seed)
     marks = rng.integers(0, 50, cap)
@@ -241,7 +241,7 @@ def test_compiled_marks_equal_numpy(cap, n, seed) -> None:
     ref = marks.copy()
     ok = (slots >= 0) & (slots < cap)
     np.maximum.at(ref, slots[ok], gens[ok])
-    assert tree_kernels.mark(marks, slots, gens)
+    assert index_kernels.mark(marks, slots, gens)
     assert np.array_equal(marks, ref)
 
 
