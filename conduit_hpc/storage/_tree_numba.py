@@ -74,6 +74,18 @@ def fix_range(sum_tree: np.ndarray, min_tree: np.ndarray, lo: int, hi: int) -> N
 
 
 @numba.njit(cache=True, nogil=True)
+def fix_slots(sum_tree: np.ndarray, min_tree: np.ndarray, slots: np.ndarray, n: int,
+              run: bool) -> None:
+    # both trees' parents of the leaves slots[:n] (``run``: they are slots[0],
+    # slots[0] + 1, ...: fixed as one range per level)
+    p = sum_tree.shape[0] // 2
+    if run and p > 1:
+        fix_range(sum_tree, min_tree, slots[0] + p, slots[0] + p + n)
+    else:
+        fix(sum_tree, min_tree, parents(p, slots, n), True, True)
+
+
+@numba.njit(cache=True, nogil=True)
 def sum_update(tree: np.ndarray, p: int, idx: np.ndarray, vals: np.ndarray) -> None:
     for i in range(idx.shape[0]):  # later duplicates win, as in numpy's scatter
         tree[idx[i] + p] = vals[i]
@@ -235,10 +247,8 @@ def index_set(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
         min_tree[s + p] = sc if (g > 0 and sc > 0) else inf
         if s != slots[0] + i:
             run = False
-    if run and p > 1:
-        fix_range(sum_tree, min_tree, slots[0] + p, slots[0] + p + n)
-    elif n:
-        fix(sum_tree, min_tree, parents(p, slots, n), True, True)
+    if n:
+        fix_slots(sum_tree, min_tree, slots, n, run)
     return held
 
 
@@ -272,10 +282,7 @@ def index_hide(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
             if touched[i] != touched[0] + i:
                 run = False
                 break
-        if run and p > 1:
-            fix_range(sum_tree, min_tree, touched[0] + p, touched[0] + p + k)
-        else:
-            fix(sum_tree, min_tree, parents(p, touched, k), True, True)
+        fix_slots(sum_tree, min_tree, touched, k, run)
     return k
 
 

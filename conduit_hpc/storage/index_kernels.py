@@ -16,6 +16,14 @@ from conduit_hpc.storage.tree_kernels import kernel
 __all__ = ["index_hide", "index_set", "index_update", "mark"]
 
 
+def _check_slots(what: str, slots: np.ndarray, n: int) -> None:
+    """Refuse a slot outside ``[0, n)`` (a compiled store would write past a leaf),
+    naming it."""
+    if len(slots) and (slots.min() < 0 or slots.max() >= n):
+        bad = int(slots[(slots < 0) | (slots >= n)][0])
+        raise IndexError(f"{what}: slot {bad} outside [0, {n})")
+
+
 def index_update(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
                  hidden: np.ndarray, raw: np.ndarray, slots: np.ndarray, ugens: np.ndarray,
                  prios: np.ndarray, scaled: np.ndarray, max_priority: float
@@ -27,12 +35,10 @@ def index_update(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
     k = kernel("index_update")
     if k is None:
         return None
-    d, m = k(sum_tree, min_tree, gens, hidden, raw,
-                                    np.array(slots, dtype=np.int64),
-                                    np.ascontiguousarray(ugens, dtype=np.int64),
-                                    np.ascontiguousarray(prios, dtype=np.float64),
-                                    np.ascontiguousarray(scaled, dtype=np.float64),
-                                    float(max_priority))
+    c = np.ascontiguousarray
+    d, m = k(sum_tree, min_tree, gens, hidden, raw, np.array(slots, dtype=np.int64),
+             c(ugens, dtype=np.int64), c(prios, dtype=np.float64),
+             c(scaled, dtype=np.float64), float(max_priority))
     return int(d), float(m)
 
 
@@ -53,11 +59,9 @@ def index_set(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
                          f"{len(scaled)}")
     c = np.ascontiguousarray
     slots = c(slots, dtype=np.int64)
-    if len(slots) and (slots.min() < 0 or slots.max() >= len(gens)):  # never past a leaf
-        raise IndexError(f"index_set: slot outside [0, {len(gens)})")
-    return int(k(sum_tree, min_tree, gens, raw, slots,
-                                     c(sgens, dtype=np.int64), c(prios, dtype=np.float64),
-                                     c(scaled, dtype=np.float64), bool(keep_raw)))
+    _check_slots("index_set", slots, len(gens))  # never past a leaf
+    return int(k(sum_tree, min_tree, gens, raw, slots, c(sgens, dtype=np.int64),
+                 c(prios, dtype=np.float64), c(scaled, dtype=np.float64), bool(keep_raw)))
 
 
 def index_hide(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
@@ -75,8 +79,7 @@ def index_hide(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
     if k is None:
         return None
     slots = np.ascontiguousarray(slots, dtype=np.int64)
-    if len(slots) and (slots.min() < 0 or slots.max() >= len(gens)):
-        raise IndexError(f"index_hide: slot outside [0, {len(gens)})")
+    _check_slots("index_hide", slots, len(gens))
     check = want is not None
     w = np.ascontiguousarray(want if check else slots, dtype=np.int64)
     if len(w) != len(slots):
