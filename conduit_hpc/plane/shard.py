@@ -7,6 +7,7 @@ every pass and draws rows through it. Local: no collective, no message.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import numpy as np
 
 from conduit_hpc.protocol import SampleReply
 from conduit_hpc.sampling import ShardDrawer
+from conduit_hpc.storage.frames import LAG_COLUMN, LAG_NONE
 from conduit_hpc.storage.priority import PriorityIndex
 from conduit_hpc.storage.ring import H_FREE, ShardRing
 from conduit_hpc.storage.shared_index import lock_index, unlock_index
@@ -50,7 +52,12 @@ class OwnedShard:
     of a full ring stays committed and drawable (writers cannot run more than half a
     ring ahead of the owner's commits; see :meth:`_keep` for batches larger than that).
     When not ``guarded``, only rows already handed to writers are hidden and
-    ``F = commit + capacity`` (the plain one-lap rule). A write from the owner's own
+    ``F = commit + capacity`` (the plain one-lap rule).
+    With frame stacks (``storage/frames.py``) a row breaks when the slot of its oldest
+    frame is handed to a writer, which comes before its own (by its lag): the owner
+    remembers at commit where each row breaks and hides it with the band that reaches
+    that slot (``frame_hidden_rows``), so that learners do not draw rows whose frames
+    are gone (each such draw cost a redraw round, under a read pin). A write from the owner's own
     process (a feature storing rows) that waits for ``F`` runs the owner's pass itself
     (``ring.on_wait``).
 
@@ -104,6 +111,12 @@ class OwnedShard:
     unhidden_rows: int = 0  # guard-band rows made drawable again (writers went idle)
     guard_row_s: float = 0.0  # row-seconds rows spent hidden ahead of the writers
     guard_rows_max: int = 0  # the most rows hidden ahead of the writers at once
+    frame_hidden_rows: int = 0  # rows hidden because their oldest frame's slot was due
+    #: rows with frames older than themselves, by where they break (_track_frames):
+    #: a heap of (least break, order, breaks, slots, generations), one entry per commit
+    _breaks: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]] = field(
+        default_factory=list, repr=False)
+    _breaks_n: int = field(default=0, repr=False)
     _dirty: bool = True
     _free: int = field(default=-1, repr=False)
     _rate_at: tuple[float, int] | None = field(default=None, repr=False)
@@ -289,6 +302,8 @@ class OwnedShard:
                 band = max(hide_to, cap), hide_from
             seqs = np.arange(*band, dtype=np.int64)
             slots, olds = seqs % cap, seqs - cap + 1
+            self._track_frames(gens - 1)
+            broken = self._frame_victims(hide_to)
             with self.writing():
                 if len(ins):
                     self.index.insert(ins, gens, ins_prio)
@@ -296,6 +311,12 @@ class OwnedShard:
                     self.index.hide(slots, olds)
                 elif hide_to < hide_from:
                     self.unhidden_rows += self.index.unhide(slots, olds)
+                    # (a row of the band whose oldest frame is gone stays hidden)
+                    brk = self._frame_breaks(slots, olds - 1)
+                    if brk is not None and (gone := brk < hide_to).any():
+                        self.index.hide(slots[gone], olds[gone])
+                if broken is not None:
+                    self.frame_hidden_rows += self.index.hide(*broken)
         ring.publish_unsampled(self.overwritten_unsampled)
         ring.transport.sync()
         if self.guarded:
@@ -308,6 +329,65 @@ class OwnedShard:
             ring.publish_free(free)
             self._free = free
         return new - old
+
+    def _frame_breaks(self, slots: np.ndarray, seqs: np.ndarray, *,
+                      sealed: bool = False) -> np.ndarray | None:
+        """Frame stacks: for committed rows (their ``slots`` and ``seqs``), the reserve
+        cursor past which a row breaks (its oldest frame's slot handed to a writer:
+        ``seq - lag + capacity``; a row without older frames: its own slot's,
+        ``seq + capacity``; lag :data:`LAG_NONE`, a slot with frames only, too - or,
+        with ``sealed``, at once: a restored row whose frames the cut lacked).
+        ``None`` for the plain layout."""
+        v = self.ring.views
+        col = None if v is None else v.columns.get(LAG_COLUMN)
+        if col is None:
+            return None
+        lag = col[slots]
+        brk = seqs - np.where((lag > 0) & (lag < LAG_NONE), lag, 0) + self.ring.capacity
+        if sealed:
+            brk[lag >= LAG_NONE] = -1
+        return brk
+
+    def _track_frames(self, seqs: np.ndarray, *, sealed: bool = False) -> None:
+        """Remember where the rows just committed (``seqs``) break, those that break
+        before their own slot is reached (frame stacks only)."""
+        if not len(seqs):
+            return
+        slots = seqs % self.ring.capacity
+        brk = self._frame_breaks(slots, seqs, sealed=sealed)
+        if brk is None:
+            return
+        early = brk < seqs + self.ring.capacity
+        if early.any():
+            brk, slots, gens = brk[early], slots[early], seqs[early] + 1
+            heapq.heappush(self._breaks, (int(brk.min()), self._breaks_n, brk, slots, gens))
+            self._breaks_n += 1
+
+    def track_held_frames(self) -> None:
+        """Forget what was tracked and track the rows the index holds now (after a
+        restore wrote the ring and the index)."""
+        self._breaks.clear()
+        held = np.flatnonzero(self.index.gens > 0)
+        self._track_frames(self.index.gens[held] - 1, sealed=True)
+        self._dirty = True  # the next pass hides what broke
+
+    def _frame_victims(self, upto: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The tracked rows (slots, generations) that break below reserve cursor
+        ``upto``: the band hides them (a row since overwritten is left alone by the
+        generation filter); the rest stay tracked."""
+        h, out_s, out_g = self._breaks, [], []
+        while h and h[0][0] < upto:
+            _, n, brk, slots, gens = heapq.heappop(h)
+            now = brk < upto
+            out_s.append(slots[now])
+            out_g.append(gens[now])
+            if not now.all():
+                later = ~now
+                heapq.heappush(h, (int(brk[later].min()), n, brk[later], slots[later],
+                                   gens[later]))
+        if not out_s:
+            return None
+        return np.concatenate(out_s), np.concatenate(out_g)
 
     def _account_guard(self, now: float, rows: int) -> None:
         """Row-seconds that rows spent hidden ahead of the writers (the guard band)."""

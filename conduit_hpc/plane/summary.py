@@ -16,7 +16,8 @@ def shard_counters(shards: Sequence[OwnedShard]) -> dict[str, dict[str, float]]:
     and dropped, rows overwritten before any learner drew them, block-policy releases,
     the measured insert rate and the guard band (rows hidden ahead of writers now and
     at most, their row-seconds hidden, rows given back to sampling when writers went
-    idle). Local."""
+    idle) and, with frame stacks, rows hidden because their oldest frame's slot was
+    due. Local."""
     out: dict[str, dict[str, float]] = {}
     for s in shards:
         s.poll()
@@ -30,7 +31,8 @@ def shard_counters(shards: Sequence[OwnedShard]) -> dict[str, dict[str, float]]:
                                 "guard_rows_max": s.guard_rows_max,
                                 "guard_row_s": s.guard_row_s,
                                 "unhidden_rows": s.unhidden_rows,
-                                "guard_revocations": s.revocations}
+                                "guard_revocations": s.revocations,
+                                "frame_hidden_rows": s.frame_hidden_rows}
     return out
 
 

@@ -67,12 +67,15 @@ class Shard:
         return range(first, first + len(batch["env"]))
 
     def delivered(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """Every committed seq a reader would deliver now, with its rows."""
-        ring = self.owned.ring
+        """Every committed seq a reader would deliver now, with its rows: those the
+        index holds (drawable, or hidden by the owner) that are intact."""
+        ring, ix = self.owned.ring, self.owned.index
         commit = ring.commit_cursor()
         seqs = np.arange(max(0, commit - ring.capacity), commit, dtype=np.int64)
         cols, cursor = self.reader.gather(seqs % ring.capacity)
-        ok = self.reader.intact(seqs + 1, cursor)
+        slots = seqs % ring.capacity
+        indexed = (ix.gens[slots] == seqs + 1) | (ix.hidden_gens[slots] == seqs + 1)
+        ok = self.reader.intact(seqs + 1, cursor) & indexed
         return seqs[ok], {k: v[ok] for k, v in cols.items()}
 
     def close(self) -> None:
@@ -142,6 +145,14 @@ class Actors:
             assert cols["env"][i] == self.replay.stream(rid)
 
 
+def _drawable(shard: Shard) -> list[int]:
+    """The seqs a learner could draw now: held in the index with mass > 0."""
+    idx, ring = shard.owned.index, shard.owned.ring
+    commit, cap = ring.commit_cursor(), ring.capacity
+    return [q for q in range(max(0, commit - cap), commit)
+            if idx.gens[q % cap] == q + 1 and idx.sum.leaves[q % cap] > 0]
+
+
 EVENTS = st.lists(st.tuples(st.integers(0, 3), st.booleans(), st.integers(0, 5),
                             st.integers(0, 6), st.integers(0, 2)), min_size=1, max_size=120)
 
@@ -153,7 +164,8 @@ def test_delivered_stacks_equal_the_reference(events, axis, cap, n_step, zero_fi
     """Streams interleave, episodes end (their first stacks padded by repeating the first
     frame, or with zeros), several writers share the shard, the ring laps: every row
     delivered is exactly what its actor made; frames-only slots are never drawable nor
-    delivered; the rows just written are all deliverable."""
+    delivered; the rows just written are all deliverable, and so is every drawable row
+    (the owner hides rows whose frames are gone)."""
     spec = spec_for(axis)
     shard, actors = Shard(spec, cap, writers=3), Actors(n_step, zero_fill)
     rows_at: dict[int, int] = {}
@@ -174,6 +186,10 @@ def test_delivered_stacks_equal_the_reference(events, axis, cap, n_step, zero_fi
             for q in range(max(0, commit - cap), commit):
                 if q not in rows_at and idx.gens[q % cap] == q + 1:
                     assert idx.sum.leaves[q % cap] == 0
+            # the owner hides a row once its oldest frame's slot is handed to a writer:
+            # every drawable row is deliverable (a learner never draws one to redraw)
+            gone = set(_drawable(shard)) - set(got.tolist())
+            assert not gone, f"drawable rows whose frames are gone: {sorted(gone)}"
     finally:
         shard.close()
 
@@ -208,6 +224,9 @@ def test_interleaved_episodes_lap_and_store_one_frame_a_step(direct: bool, clash
             assert frame_stacks_of(cols).all()
             # rows die when their oldest frame (about 25 slots back here) is overwritten
             assert clash or rows < 64 or len(seqs) >= 24, len(seqs)
+            # ... and the owner hides them then: every drawable row is deliverable
+            gone = set(_drawable(shard)) - set(seqs.tolist())
+            assert not gone, f"drawable rows whose frames are gone: {sorted(gone)}"
         slots = shard.owned.ring.reserve_cursor() - slots0
         writers = shard.writers
         if clash:
@@ -296,8 +315,12 @@ def test_checkpoint_round_trip_of_a_deduplicated_shard(tmp_path: Path) -> None:
         with b.owned.writing():
             restore_snapshot(b.owned.ring, b.owned.index, back)
         b.owned.hidden_upto = back.commit
+        b.owned.track_held_frames()  # as the restore of a running job does
+        b.owned.poll()
         seqs, cols = b.delivered()
         np.testing.assert_array_equal(seqs, live_seqs[keep])
+        # rows whose frames the cut lacks are hidden: every drawable row is delivered
+        assert set(_drawable(b)) == set(seqs.tolist())
         for k in cols:
             np.testing.assert_array_equal(cols[k], live[k][keep])
         assert frame_stacks_of(cols).all() and len(seqs) > cap // 2
@@ -374,8 +397,8 @@ def test_rows_moved_to_another_shard_keep_their_stacks() -> None:
             for ep in eps:
                 a.write(0, {n: c[lo:lo + 3] for n, c in ep.items()})
         _, live = a.delivered()
-        held = np.flatnonzero(a.owned.index.gens > 0)
-        rec = move_rows(a.owned.ring, a.owned.index, b.writers[0], held)
+        # every slot: the rows the owner hid (their frames are gone) are skipped
+        rec = move_rows(a.owned.ring, a.owned.index, b.writers[0], np.arange(64))
         b.owned.poll()
         _, got = b.delivered()
         assert frame_stacks_of(got).all()

@@ -253,6 +253,7 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
         with s.writing():  # the tree lives in shared memory: change it under the seqlock
             restore_snapshot(s.ring, s.index, snaps[s.shard_id])
         s.hidden_upto = snaps[s.shard_id].commit
+        s.track_held_frames()
     world.Barrier()  # no rank ingests before every shard is back
     same_world = int(ckpt.layout.get("world_size", -1)) == edp.roles.world_size
     result = RestoreResult(path=ckpt.path, seq=ckpt.seq, rows=ckpt.rows - dropped,
