@@ -113,9 +113,10 @@ class OwnedShard:
     guard_rows_max: int = 0  # the most rows hidden ahead of the writers at once
     frame_hidden_rows: int = 0  # rows hidden because their oldest frame's slot was due
     #: rows with frames older than themselves, by where they break (_track_frames):
-    #: a heap of (least break, order, breaks, slots, generations), one entry per commit
-    _breaks: list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]] = field(
-        default_factory=list, repr=False)
+    #: a heap of (least break, order, int64 [3, rows]: breaks, slots, generations), one
+    #: entry per pass that committed (one array each: ~100 bytes per entry besides the
+    #: 24 per row)
+    _breaks: list[tuple[int, int, np.ndarray]] = field(default_factory=list, repr=False)
     _breaks_n: int = field(default=0, repr=False)
     _dirty: bool = True
     _free: int = field(default=-1, repr=False)
@@ -359,8 +360,8 @@ class OwnedShard:
             return
         early = brk < seqs + self.ring.capacity
         if early.any():
-            brk, slots, gens = brk[early], slots[early], seqs[early] + 1
-            heapq.heappush(self._breaks, (int(brk.min()), self._breaks_n, brk, slots, gens))
+            rows = np.stack([brk[early], slots[early], seqs[early] + 1])
+            heapq.heappush(self._breaks, (int(rows[0].min()), self._breaks_n, rows))
             self._breaks_n += 1
 
     def track_held_frames(self) -> None:
@@ -375,19 +376,18 @@ class OwnedShard:
         """The tracked rows (slots, generations) that break below reserve cursor
         ``upto``: the band hides them (a row since overwritten is left alone by the
         generation filter); the rest stay tracked."""
-        h, out_s, out_g = self._breaks, [], []
+        h, out = self._breaks, []
         while h and h[0][0] < upto:
-            _, n, brk, slots, gens = heapq.heappop(h)
-            now = brk < upto
-            out_s.append(slots[now])
-            out_g.append(gens[now])
+            _, n, rows = heapq.heappop(h)
+            now = rows[0] < upto
+            out.append(rows[1:, now])
             if not now.all():
-                later = ~now
-                heapq.heappush(h, (int(brk[later].min()), n, brk[later], slots[later],
-                                   gens[later]))
-        if not out_s:
+                later = rows[:, ~now]
+                heapq.heappush(h, (int(later[0].min()), n, later))
+        if not out:
             return None
-        return np.concatenate(out_s), np.concatenate(out_g)
+        both = np.concatenate(out, axis=1)
+        return both[0], both[1]
 
     def _account_guard(self, now: float, rows: int) -> None:
         """Row-seconds that rows spent hidden ahead of the writers (the guard band)."""
