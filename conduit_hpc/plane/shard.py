@@ -57,9 +57,9 @@ class OwnedShard:
     frame is handed to a writer, which comes before its own (by its lag): the owner
     remembers at commit where each row breaks and hides it with the band that reaches
     that slot (``frame_hidden_rows``), so that learners do not draw rows whose frames
-    are gone (each such draw cost a redraw round, under a read pin). A write from the owner's own
-    process (a feature storing rows) that waits for ``F`` runs the owner's pass itself
-    (``ring.on_wait``).
+    are gone (each such draw cost a redraw round, under a read pin).
+    A write from the owner's own process (a feature storing rows) that waits for ``F``
+    runs the owner's pass itself (``ring.on_wait``).
 
     **Ingest policy** ``block``: ``F`` also stops at the first row that is drawable
     (in the index with mass > 0) and that no learner has drawn yet (its mark is older):
@@ -366,9 +366,10 @@ class OwnedShard:
 
     def track_held_frames(self) -> None:
         """Forget what was tracked and track the rows the index holds now (after a
-        restore wrote the ring and the index)."""
+        restore wrote the ring and the index); those with mass only (a slot with frames
+        only is never drawn, and needs no hiding)."""
         self._breaks.clear()
-        held = np.flatnonzero(self.index.gens > 0)
+        held = np.flatnonzero((self.index.gens > 0) & (self.index.sum.leaves > 0))
         self._track_frames(self.index.gens[held] - 1, sealed=True)
         self._dirty = True  # the next pass hides what broke
 

@@ -226,7 +226,6 @@ def take_snapshot(shard_id: int, ring: ShardRing, index: PriorityIndex,
     np.subtract(gens, 1, out=gens)
     np.equal(gens, seqs, out=held)
     held[:max(0, keep_from - lo)] = False
-    # what a shard holds is always one contiguous, newest run; check rather than assume
     if ring.layout.frames is not None:
         # frame stacks: rows the owner hid (the guard band's, and those whose oldest
         # frame's slot was due: plane/shard.py) hold frames that later rows reference,
@@ -235,6 +234,7 @@ def take_snapshot(shard_id: int, ring: ShardRing, index: PriorityIndex,
         k = max(0, keep_from - lo)
         tail = seqs[k:]
         held[k:] |= index.hidden_gens[tail % cap] == tail + 1
+    # what a shard holds is always one contiguous, newest run; check rather than assume
     first = int(np.argmax(held)) if held.any() else n
     if not held[first:].all():
         raise RuntimeError(f"shard {shard_id}: the rows held are not one contiguous run "
