@@ -303,7 +303,7 @@ class OwnedShard:
                 band = max(hide_to, cap), hide_from
             seqs = np.arange(*band, dtype=np.int64)
             slots, olds = seqs % cap, seqs - cap + 1
-            self._track_frames(gens - 1)
+            self._track_frames(ins, gens - 1)
             broken = self._frame_victims(hide_to)
             with self.writing():
                 if len(ins):
@@ -349,12 +349,13 @@ class OwnedShard:
             brk[lag >= LAG_NONE] = -1
         return brk
 
-    def _track_frames(self, seqs: np.ndarray, *, sealed: bool = False) -> None:
-        """Remember where the rows just committed (``seqs``) break, those that break
-        before their own slot is reached (frame stacks only)."""
-        if not len(seqs):
+    def _track_frames(self, slots: np.ndarray, seqs: np.ndarray, *,
+                      sealed: bool = False) -> None:
+        """Remember where the rows just committed (their ``slots`` and ``seqs``) break,
+        those that break before their own slot is reached (frame stacks only; the plain
+        layout returns at once)."""
+        if not len(seqs) or self.ring.layout.frames is None:
             return
-        slots = seqs % self.ring.capacity
         brk = self._frame_breaks(slots, seqs, sealed=sealed)
         if brk is None:
             return
@@ -370,7 +371,7 @@ class OwnedShard:
         only is never drawn, and needs no hiding)."""
         self._breaks.clear()
         held = np.flatnonzero((self.index.gens > 0) & (self.index.sum.leaves > 0))
-        self._track_frames(self.index.gens[held] - 1, sealed=True)
+        self._track_frames(held, self.index.gens[held] - 1, sealed=True)
         self._dirty = True  # the next pass hides what broke
 
     def _frame_victims(self, upto: int) -> tuple[np.ndarray, np.ndarray] | None:
