@@ -364,12 +364,14 @@ class Deliverer:
         cap = ring.capacity
         # first pass: straight into the batch; most batches end here
         slots = indices[a:b, 1]
-        drawn = slots >= 0  # -1: the owner had nothing to draw then
-        if not drawn.all():
-            slots = np.where(drawn, slots, 0)
+        all_drawn = bool(slots.min() >= 0)  # -1: the owner had nothing to draw then
+        if not all_drawn:
+            slots = np.where(slots >= 0, slots, 0)
         rows = slots if w == 1 else (slots[:, None] + np.arange(w)[None, :]).reshape(-1) % cap
         _, reserved = ring.gather(rows, {k: v[a * w:b * w] for k, v in flat.items()})
-        bad = ~drawn | ~ring.intact(indices[a:b, 2], reserved)
+        if all_drawn and ring.all_intact(indices[a:b, 2], reserved):
+            return
+        bad = (indices[a:b, 1] < 0) | ~ring.intact(indices[a:b, 2], reserved)
         if not bad.any():
             return
         todo = a + np.flatnonzero(bad)

@@ -27,10 +27,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.config.checks import MAX_PRIORITY
 from conduit_hpc.errors import CheckpointError, SpecError
 from conduit_hpc.sampling.stratified import ShardStats, allocate_targets
 from conduit_hpc.spec import as_array
-from conduit_hpc.storage.priority import PriorityIndex, check_priorities
+from conduit_hpc.storage import tree_kernels
+from conduit_hpc.storage.priority import PriorityIndex, as_priorities, check_priorities
 
 __all__ = ["Draw", "Sampler", "ShardDrawer", "check_update"]
 
@@ -150,6 +152,29 @@ class Sampler(abc.ABC):
             self.superstep_offset = off
 
 
+#: shard table of :func:`check_update`'s compiled pass, per shards mapping seen
+_CAPS: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
+
+
+def _cap_table(shards: Mapping[int, int]) -> np.ndarray | None:
+    """Capacity by shard id (0: not read) for :func:`check_update`'s compiled pass, or
+    ``None`` where the ids are not small non-negative integers (the reference path
+    checks then)."""
+    key = tuple(shards.items())
+    table = _CAPS.get(key)
+    if table is None:
+        ids = [sid for sid, _ in key]
+        if not all(type(s) is int and 0 <= s < 1 << 16 for s in ids):
+            return None
+        table = np.zeros(max(ids, default=-1) + 1, np.int64)
+        for sid, cap in key:
+            table[sid] = max(int(cap), 0)
+        if len(_CAPS) >= 64:
+            _CAPS.clear()
+        _CAPS[key] = table
+    return table
+
+
 def check_update(indices: Any, priorities: Any, shards: Mapping[int, int]
                  ) -> tuple[np.ndarray, np.ndarray]:
     """Validate an ``update_priorities`` call before anything is sent.
@@ -164,12 +189,18 @@ def check_update(indices: Any, priorities: Any, shards: Mapping[int, int]
         raise SpecError(f"indices must be an integer array of shape [n, 3] (shard, slot, "
                          f"generation) as delivered in Batch.indices, got dtype "
                          f"{idx.dtype.name} shape {idx.shape}")
-    p = check_priorities(priorities)
+    p = as_priorities(priorities)
     if len(p) != len(idx):
+        check_priorities(p)  # a bad value is named first
         raise SpecError(f"priorities has {len(p)} entries but indices has {len(idx)}")
     idx = idx.astype(np.int64)
     if len(idx) == 0:
         return idx, p
+    caps = _cap_table(shards)
+    if caps is not None and tree_kernels.check_rows(idx, p, MAX_PRIORITY, caps) == -1:
+        return idx, p  # every row checked in one compiled pass
+    # the reference path, which names the first fault
+    check_priorities(p)
     first = int(idx[0, 0])
     sids = np.unique(idx[:, 0]) if (idx[:, 0] != first).any() else (first,)
     for sid in sids:

@@ -58,7 +58,8 @@ def allocate_targets(totals: np.ndarray, batch: int, rng: np.random.Generator, *
     totals = np.asarray(totals, dtype=np.float64)
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch!r}")
-    grand = float(totals.sum())
+    # one shard: its total (numpy's sum of one element, without the call)
+    grand = float(totals[0]) if totals.shape == (1,) else float(totals.sum())
     if not grand > 0:
         raise ValueError("cannot sample: every shard is empty")
     rand = rng.random(batch)
@@ -84,7 +85,7 @@ def allocate_targets(totals: np.ndarray, batch: int, rng: np.random.Generator, *
 
 
 def importance_weights(p: np.ndarray, stats: list[ShardStats] | tuple[ShardStats, ...],
-                       beta: float) -> np.ndarray:
+                       beta: float, *, compiled: bool = True) -> np.ndarray:
     """Importance-sampling weights ``(N * P(i)) ** -beta`` normalised by the largest
     possible weight (that of the smallest-priority row held anywhere).
 
@@ -92,6 +93,8 @@ def importance_weights(p: np.ndarray, stats: list[ShardStats] | tuple[ShardStats
         p (np.ndarray): ``priority ** alpha`` of each sampled row.
         stats: per-shard statistics of every shard sampled from.
         beta (float): exponent, 0 gives weights of 1.
+        compiled (bool): one compiled loop where numba is there (the same float steps,
+            element by element), else numpy (the reference).
 
     Returns:
         np.ndarray: float32 weights in ``(0, 1]``.
@@ -100,6 +103,10 @@ def importance_weights(p: np.ndarray, stats: list[ShardStats] | tuple[ShardStats
     if beta == 0:
         return np.ones(len(p), dtype=np.float32)
     pmin = min((s.min for s in stats if s.count), default=float("inf"))
+    if compiled:
+        out = tree_kernels.is_weights(p, pmin, beta)
+        if out is not None:
+            return out
     # (N p / total) ** -beta / (N pmin / total) ** -beta = (p / pmin) ** -beta, in logs:
     # nothing underflows to 0 ** -beta (inf, or ZeroDivisionError) for a tiny priority
     # or overflows for a large ratio

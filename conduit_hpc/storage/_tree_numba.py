@@ -196,8 +196,13 @@ def index_update(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
     # generation) gets the priority and its leaves (``scaled``: priority ** alpha,
     # computed by numpy, whose pow may differ from libm's in the last bit), a hidden
     # one only the raw priority; the others are dropped. Returns (dropped, new
-    # running maximum).
+    # running maximum), or (-1, maximum) with nothing changed where a slot lies
+    # outside the index.
     p = sum_tree.shape[0] // 2
+    cap = gens.shape[0]
+    for i in range(slots.shape[0]):  # a slot outside the index: nothing changes
+        if slots[i] < 0 or slots[i] >= cap:
+            return -1, maxp
     dropped = 0
     touched = 0
     inf = np.inf
@@ -315,3 +320,29 @@ def allocate(totals: np.ndarray, grand: float, rand: np.ndarray, shard: np.ndarr
         hi = np.nextafter(totals[k], 0.0)
         t = u - (cum[k] - totals[k])
         local[i] = 0.0 if t < 0.0 else (hi if t > hi else t)
+
+
+@numba.njit(cache=True, nogil=True)
+def check_rows(idx: np.ndarray, prios: np.ndarray, top: float, caps: np.ndarray) -> int:
+    # sampling.check_update's verdict on every row in one pass: the first row whose
+    # shard is not read (``caps[shard]`` <= 0 or out of the table), whose slot lies
+    # outside [0, capacity), or whose priority is not in [0, top] (NaN fails), else -1
+    n_caps = caps.shape[0]
+    for i in range(idx.shape[0]):
+        sid, s, v = idx[i, 0], idx[i, 1], prios[i]
+        if sid < 0 or sid >= n_caps:
+            return i
+        if s < 0 or s >= caps[sid]:
+            return i
+        if not (v >= 0.0 and v <= top):
+            return i
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def is_weights(mass: np.ndarray, pmin: float, beta: float, out: np.ndarray) -> None:
+    # sampling.stratified.importance_weights' float steps, element by element:
+    # exp(-beta * (log(p) - log(pmin))), then float32
+    lm = np.log(pmin)
+    for i in range(mass.shape[0]):
+        out[i] = np.exp(-beta * (np.log(mass[i]) - lm))

@@ -29,9 +29,10 @@ def index_update(sum_tree: np.ndarray, min_tree: np.ndarray, gens: np.ndarray,
                  prios: np.ndarray, scaled: np.ndarray, max_priority: float
                  ) -> tuple[int, float] | None:
     """:meth:`~conduit_hpc.storage.priority.PriorityIndex.update` after its checks, in
-    one call over the index's arrays (slots in range, priorities finite and >= 0,
-    ``scaled`` their masses): returns (updates dropped, the new running maximum);
-    ``None`` where the kernels are not available (nothing changed)."""
+    one call over the index's arrays (priorities finite and >= 0, ``scaled`` their
+    masses): returns (updates dropped, the new running maximum), or (-1, the maximum
+    given) with nothing changed where a slot lies outside ``gens``; ``None`` where the
+    kernels are not available (nothing changed)."""
     k = kernel("index_update")
     if k is None:
         return None

@@ -29,6 +29,23 @@ from conduit_hpc.storage.sumtree import MinTree, SumTree
 __all__ = ["IndexBuffers", "PriorityIndex", "index_buffers"]
 
 
+def as_priorities(priorities: ArrayLike, name: str = "priorities") -> np.ndarray:
+    """Priorities as a float64 ``[n]`` array, their values not yet checked (the first
+    half of :func:`check_priorities`).
+
+    Raises:
+        SpecError: (a ``ValueError``) naming ``name``: not numbers, complex, or not one
+            value per row.
+    """
+    arr = as_array(priorities, name)
+    if arr.dtype.kind == "c":
+        raise SpecError(f"{name} must be real numbers, got dtype {arr.dtype}")
+    if sum(d != 1 for d in arr.shape) > 1:  # [n], [n, 1], [1, n]: one per row
+        raise SpecError(f"{name} must be one priority per row, of shape [n] or [n, 1], "
+                        f"got shape {tuple(arr.shape)}")
+    return arr.astype(np.float64, copy=False).reshape(-1)
+
+
 def check_priorities(priorities: ArrayLike, name: str = "priorities") -> np.ndarray:
     """Return priorities as float64, refusing negative, NaN or infinite values.
 
@@ -42,13 +59,7 @@ def check_priorities(priorities: ArrayLike, name: str = "priorities") -> np.ndar
             of ``storage.initial_priority``; the sum-tree's totals would overflow), and its
             position.
     """
-    arr = as_array(priorities, name)
-    if arr.dtype.kind == "c":
-        raise SpecError(f"{name} must be real numbers, got dtype {arr.dtype}")
-    if sum(d != 1 for d in arr.shape) > 1:  # [n], [n, 1], [1, n]: one per row
-        raise SpecError(f"{name} must be one priority per row, of shape [n] or [n, 1], "
-                        f"got shape {tuple(arr.shape)}")
-    p = arr.astype(np.float64, copy=False).reshape(-1)
+    p = as_priorities(priorities, name)
     # two reductions decide the common case (a NaN fails ``min >= 0``); the exact
     # search for the first bad value runs only when one is there
     if p.size and not (p.min() >= 0 and p.max() <= MAX_PRIORITY):
@@ -323,8 +334,9 @@ class PriorityIndex:
                              f"{len(slots)}, {len(gens)}, {len(p)}")
         if not slots.size:
             return 0
-        if slots.min() < 0 or slots.max() >= self.capacity:
-            raise ValueError(f"slot outside [0, {self.capacity})")
+        compiled = self.sum.compiled and self.min.compiled and len(self.gens) == self.capacity
+        if not compiled:  # the compiled update checks the slots itself, in its one pass
+            self._check_slots(slots)
         if self.alpha > 1:  # p ** alpha may overflow only then
             top = float(p.max())
             with np.errstate(over="ignore"):  # an overflow is refused below, not warned of
@@ -333,16 +345,25 @@ class PriorityIndex:
                 raise SpecError(f"priority {top!r} ** priority_exponent {self.alpha} "
                                 f"overflows float64; priorities must stay below "
                                 f"{np.finfo(np.float64).max ** (1 / self.alpha):.3g}")
-        if self.sum.compiled and self.min.compiled:
+        if compiled:
             done = index_kernels.index_update(self.sum.nodes, self.min.nodes, self.gens,
                                              self.hidden_gens, self.priority, slots, gens, p,
                                              self._scaled(p), self.max_priority)
             if done is not None:
-                dropped, self.max_priority = done
+                dropped, top = done
+                if dropped < 0:  # a slot outside the index: nothing was changed
+                    self._check_slots(slots)
+                self.max_priority = top
                 self.dropped_updates += dropped
                 self.applied_updates += len(slots) - dropped
                 return dropped
+            self._check_slots(slots)
         return self._update_numpy(slots, gens, p)
+
+    def _check_slots(self, slots: np.ndarray) -> None:
+        """Refuse a slot outside ``[0, capacity)`` (ValueError)."""
+        if slots.min() < 0 or slots.max() >= self.capacity:
+            raise ValueError(f"slot outside [0, {self.capacity})")
 
     def _update_numpy(self, slots: np.ndarray, gens: np.ndarray, p: np.ndarray) -> int:
         """The reference path of :meth:`update` (and its fallback without numba)."""

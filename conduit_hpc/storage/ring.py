@@ -385,6 +385,17 @@ class ShardRing(IndexReads):
         g = np.asarray(gens, dtype=np.int64)
         return (g > 0) & ((g - 1) + self.capacity >= cursor)
 
+    def all_intact(self, gens: np.ndarray, cursor: int | np.ndarray) -> bool:
+        """Whether :meth:`intact` holds for every row of ``gens`` (one reduction where
+        the cursor is one for all rows: the rule is monotone in the generation)."""
+        g = np.asarray(gens, dtype=np.int64)
+        if not g.size:
+            return True
+        if np.ndim(cursor) == 0:
+            low = int(g.min())
+            return low > 0 and (low - 1) + self.capacity >= int(cursor)
+        return bool(self.intact(g, cursor).all())
+
     def read_committed(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
         """Every committed row currently held, oldest first (owner or direct readers).
 

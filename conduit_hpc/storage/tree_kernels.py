@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["allocate", "available", "draw", "kernel", "search", "update", "warm"]
+__all__ = ["allocate", "available", "check_rows", "draw", "is_weights", "kernel", "search",
+           "update", "warm"]
 
 _KERNELS: dict[str, Callable[..., Any]] | None = None
 _FAILED = False
@@ -35,7 +36,8 @@ def _build() -> dict[str, Callable[..., Any]] | None:
         return None
     return {"sum": k.sum_update, "min": k.min_update, "search": k.search, "draw": k.draw,
             "index_update": k.index_update, "index_set": k.index_set,
-            "index_hide": k.index_hide, "mark": k.mark, "allocate": k.allocate}
+            "index_hide": k.index_hide, "mark": k.mark, "allocate": k.allocate,
+            "check_rows": k.check_rows, "is_weights": k.is_weights}
 
 
 def available() -> bool:
@@ -79,6 +81,8 @@ def warm() -> None:
     k["index_hide"](tree, tree.copy(), one.copy(), one.copy(), zero.copy(), one.copy(), True)
     k["mark"](np.zeros(4, np.int64), zero.copy(), one.copy())
     allocate(np.ones(2), 2.0, np.zeros(2))
+    check_rows(np.zeros((1, 3), np.int64), np.ones(1), 1.0, np.ones(1, np.int64))
+    is_weights(np.ones(1), 1.0, 0.5)
     _WARM = True
 
 
@@ -134,3 +138,32 @@ def allocate(totals: np.ndarray, grand: float, rand: np.ndarray
     _KERNELS["allocate"](np.ascontiguousarray(totals, dtype=np.float64), float(grand),
                          np.ascontiguousarray(rand, dtype=np.float64), shard, local)
     return shard, local
+
+
+def check_rows(idx: np.ndarray, prios: np.ndarray, top: float, caps: np.ndarray
+               ) -> int | None:
+    """The first row of an update (``idx``: int64 ``[n, 3]`` shard, slot, generation;
+    ``prios``: float64 ``[n]``) whose shard has no capacity in ``caps`` (int64, indexed
+    by shard id; <= 0: not read), whose slot is outside ``[0, capacity)`` or whose
+    priority is outside ``[0, top]`` (NaN is), else -1: one pass for
+    :func:`~conduit_hpc.sampling.check_update`, which names the fault itself. ``None``
+    where the kernels are not available."""
+    if not available():
+        return None
+    assert _KERNELS is not None
+    c = np.ascontiguousarray
+    return int(_KERNELS["check_rows"](c(idx, dtype=np.int64), c(prios, dtype=np.float64),
+                                      float(top), c(caps, dtype=np.int64)))
+
+
+def is_weights(mass: np.ndarray, pmin: float, beta: float) -> np.ndarray | None:
+    """float32 ``exp(-beta * (log(mass) - log(pmin)))`` per row, one compiled loop (the
+    float steps of :func:`~conduit_hpc.sampling.stratified.importance_weights`, whose
+    numpy path is the reference); ``None`` where the kernels are not available."""
+    if not available():
+        return None
+    assert _KERNELS is not None
+    out = np.empty(len(mass), np.float32)
+    _KERNELS["is_weights"](np.ascontiguousarray(mass, dtype=np.float64), float(pmin),
+                           float(beta), out)
+    return out

@@ -144,3 +144,21 @@ def test_a_tree_read_mid_rewrite_never_indexes_past_the_capacity() -> None:
         assert (gens[~drawn] == 0).all() and (mass[~drawn] == 0).all()
     finally:
         win.close()
+
+
+@given(gens=st.lists(st.integers(-3, 40), max_size=12), cursor=st.integers(0, 60),
+       per_row=st.booleans(), data=st.data())
+def test_all_intact_is_intact_on_every_row(gens, cursor, per_row, data) -> None:
+    """ShardRing.all_intact (the delivery's one-reduction check) agrees with the ring's
+    rule row by row, for one cursor and for one cursor per row (frame stacks)."""
+    lay = ShardLayout(SPEC, 8)
+    win = RmaWindow(MPI.COMM_SELF, lay.nbytes, node_comm=MPI.COMM_SELF)
+    try:
+        ring = ShardRing(win, 0, 0, lay, timeout_s=2.0)
+        g = np.array(gens, dtype=np.int64)
+        cur = (np.array(data.draw(st.lists(st.integers(0, 60), min_size=len(g),
+                                            max_size=len(g))), dtype=np.int64)
+               if per_row else cursor)
+        assert ring.all_intact(g, cur) == bool(ring.intact(g, cur).all())
+    finally:
+        win.close()

@@ -269,3 +269,23 @@ def test_an_update_whose_scaled_priority_overflows_is_refused_whole() -> None:
     with pytest.raises(ValueError, match="overflows"):
         ix.update(np.array([0, 1]), np.array([1, 2]), np.array([2.0, 1e30]))
     assert np.array_equal(ix.sum.nodes, before) and ix.priority[0] == 1.0
+
+
+@settings(max_examples=80, deadline=None)
+@given(mass=st.lists(st.one_of(st.floats(0, 1e30), st.sampled_from([0.0, 1e-300, 5e-324])),
+                     min_size=0, max_size=300),
+       pmin=st.one_of(st.floats(1e-300, 1e30), st.just(float("inf"))),
+       beta=st.floats(0.0, 1.0))
+def test_compiled_importance_weights_equal_numpy(mass, pmin, beta) -> None:
+    """importance_weights' compiled loop against its numpy path (the reference), over
+    masses down to 0 and the smallest subnormal and an empty shard set (pmin inf): the
+    same float32 values (to an ulp of float32: numpy's vector log/exp and libm's may
+    differ in a float64's last bit), the same infinities and NaNs."""
+    from conduit_hpc.sampling.stratified import ShardStats, importance_weights
+
+    stats = [ShardStats(1.0, 1, pmin)] if np.isfinite(pmin) else []
+    p = np.array(mass, dtype=np.float64)
+    a = importance_weights(p, stats, beta)
+    b = importance_weights(p, stats, beta, compiled=False)
+    assert a.dtype == b.dtype == np.float32 and a.shape == b.shape
+    np.testing.assert_array_max_ulp(a, b, maxulp=1)
