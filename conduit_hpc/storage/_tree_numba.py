@@ -1,10 +1,11 @@
-"""The numba kernels of :mod:`conduit_hpc.storage.tree_kernels` and
-:mod:`conduit_hpc.storage.index_kernels`, defined at module level so that numba's cache
-(``cache=True``, files in ``__pycache__``) holds them across processes: defined inside a
-function, each kernel that calls another was a closure, which numba compiles again in
-every process (~3 s of every rank's start, measured). Imported only by
-:func:`conduit_hpc.storage.tree_kernels.available` (it imports numba). Not an API:
-call the wrappers of those two modules, which check and convert the arguments.
+"""The numba kernels of :mod:`conduit_hpc.storage.tree_kernels`,
+:mod:`conduit_hpc.storage.index_kernels` and :mod:`conduit_hpc.storage.frames`, defined
+at module level so that numba's cache (``cache=True``, files in ``__pycache__``) holds
+them across processes: defined inside a function, each kernel that calls another was a
+closure, which numba compiles again in every process (~3 s of every rank's start,
+measured). Imported only by :func:`conduit_hpc.storage.tree_kernels.available` (it
+imports numba). Not an API: call the wrappers of those modules, which check and convert
+the arguments.
 """
 
 from __future__ import annotations
@@ -346,3 +347,32 @@ def is_weights(mass: np.ndarray, pmin: float, beta: float, out: np.ndarray) -> N
     lm = np.log(pmin)
     for i in range(mass.shape[0]):
         out[i] = np.exp(-beta * (np.log(mass[i]) - lm))
+
+
+@numba.njit(cache=True, nogil=True)
+def fingerprint(words: np.ndarray, mult: np.ndarray, out: np.ndarray) -> None:
+    # storage.frames.fingerprints: per row, the sum of its words times ``mult``,
+    # modulo 2**64 (uint64 arithmetic wraps; the order of a modular sum does not
+    # change it, so this equals numpy's uint64 matmul bit for bit)
+    for i in range(words.shape[0]):
+        acc = np.uint64(0)
+        for k in range(words.shape[1]):
+            acc += np.uint64(words[i, k]) * mult[k]
+        out[i] = acc
+
+
+@numba.njit(cache=True, nogil=True)
+def frames_differ(frames: np.ndarray, store: np.ndarray, at: np.ndarray, src: np.ndarray,
+                  out: np.ndarray) -> None:
+    # storage.frames.FrameWriter's byte check: whether frame ``at[j]`` of the batch
+    # differs from the remembered frame ``store[src[j]]`` (src >= 0) or from the
+    # batch's own frame ``-1 - src[j]`` - every word compared (no early exit: the
+    # loop vectorises, and equal frames, the usual case, are read whole anyway)
+    for j in range(at.shape[0]):
+        a = frames[at[j]]
+        s = src[j]
+        b = store[s] if s >= 0 else frames[-1 - s]
+        acc = a[0] ^ b[0]
+        for k in range(1, a.shape[0]):
+            acc |= a[k] ^ b[k]
+        out[j] = acc != 0

@@ -37,6 +37,7 @@ import numpy as np
 
 from conduit_hpc.errors import SpecError
 from conduit_hpc.spec import Field, FrameStack, Spec
+from conduit_hpc.storage import tree_kernels
 
 __all__ = [
     "LAG_COLUMN",
@@ -169,21 +170,62 @@ class WritePlan:
 _MULTIPLIERS: dict[int, np.ndarray] = {}
 
 
-def fingerprints(frames: np.ndarray) -> np.ndarray:
+def fingerprints(frames: np.ndarray, *, compiled: bool = True) -> np.ndarray:
     """A 64-bit fingerprint per frame (``frames``: ``[m, ...]``, C-contiguous): a sum of
     the frame's words times fixed random odd multipliers, modulo 2**64. Only a hint: equal
-    frames have equal fingerprints; equal fingerprints are checked byte for byte."""
+    frames have equal fingerprints; equal fingerprints are checked byte for byte.
+    ``compiled``: one compiled loop where numba is there (the same sum), else numpy's
+    uint64 matmul (the reference)."""
     m = len(frames)
-    raw = frames.reshape(m, -1).view(np.uint8)
-    nb = raw.shape[1]
-    w = next(k for k in (8, 4, 2, 1) if nb % k == 0)
-    words = raw.view(f"<u{w}")
-    mult = _MULTIPLIERS.get(words.shape[1])
+    words = _words(frames)
+    n_words = int(words.shape[1])
+    mult = _MULTIPLIERS.get(n_words)
     if mult is None:
-        mult = np.random.default_rng(0x5EED).integers(0, 1 << 63, words.shape[1],
-                                                      dtype=np.uint64) * 2 + 1
-        mult = _MULTIPLIERS[words.shape[1]] = mult.astype(np.uint64)
+        odd = np.random.default_rng(0x5EED).integers(0, 1 << 63, n_words,
+                                                     dtype=np.uint64) * 2 + 1
+        mult = _MULTIPLIERS[n_words] = np.asarray(odd, np.uint64)
+    k = tree_kernels.kernel("fingerprint") if compiled else None
+    if k is not None and m:
+        out = np.empty(m, np.uint64)
+        k(np.ascontiguousarray(words), mult, out)  # the same modular sum, compiled
+        return out
     return np.asarray(words.astype(np.uint64, copy=False) @ mult, np.uint64)
+
+
+def _words(frames: np.ndarray) -> np.ndarray:
+    """``frames`` (``[m, ...]``, C-contiguous) as ``[m, words]`` of the widest unsigned
+    integer whose size divides a frame's bytes (the byte check compares words)."""
+    size = int(np.prod(frames.shape[1:], dtype=np.int64)) * frames.dtype.itemsize
+    raw = frames.view(np.uint8).reshape(len(frames), size)  # [0, size] too
+    w = next(k for k in (8, 4, 2, 1) if size % k == 0)
+    return raw.view(f"<u{w}")
+
+
+class _FrameStore:
+    """The frames a :class:`FrameWriter` remembers for one group: rows of one array
+    (grown by doubling), so that a batch's byte check reads them in one compiled pass
+    (or one numpy take) instead of stacking a copy of each."""
+
+    def __init__(self) -> None:
+        self.data: np.ndarray | None = None  # [rows, words] of _words' dtype
+        self.free: list[int] = []
+
+    def put(self, words: np.ndarray) -> list[int]:
+        """Remember ``words`` (``[n, frame words]``); returns their rows."""
+        n = len(words)
+        if self.data is None:  # a group's frames keep their shape: set once
+            self.data = np.empty((0, *words.shape[1:]), words.dtype)
+        if len(self.free) < n:
+            old = len(self.data)
+            size = max(64, 2 * old, old + n - len(self.free))
+            grown = np.empty((size, *words.shape[1:]), words.dtype)
+            grown[:old] = self.data
+            self.data = grown
+            self.free.extend(range(size - 1, old - 1, -1))
+        rows = [self.free.pop() for _ in range(n)]
+        if n:
+            self.data[np.asarray(rows, np.int64)] = words
+        return rows
 
 
 class FrameWriter:
@@ -202,9 +244,11 @@ class FrameWriter:
     def __init__(self, codec: FrameCodec, keep_per_stream: int = 0) -> None:
         self.codec = codec
         self.keep = keep_per_stream or max(g.width for g in codec.groups) * 2 + 8
-        # per group: stream -> {fingerprint: (seq, a copy of the frame)}, oldest first
-        self.known: list[dict[int, dict[int, tuple[int, np.ndarray]]]] = [
+        # per group: stream -> {fingerprint: (seq, its row in the group's store)},
+        # oldest first; the store holds a copy of each remembered frame
+        self.known: list[dict[int, dict[int, tuple[int, int]]]] = [
             {} for _ in codec.groups]
+        self.stores = [_FrameStore() for _ in codec.groups]
         self.end = 0  # the end of this writer's last reservation
         self.frames_stored = 0
         self.frames_referenced = 0
@@ -218,12 +262,32 @@ class FrameWriter:
         return np.ascontiguousarray(both).reshape(rows * len(g.fields) * d,
                                                   *g.stack.frame_shape)
 
+    @staticmethod
+    def _differ(words: np.ndarray, store: _FrameStore, at: np.ndarray, src: np.ndarray,
+                *, compiled: bool = True) -> np.ndarray:
+        """Per checked frame: whether batch frame ``at[j]`` (``words``: the batch's
+        frames, :func:`_words`) differs from store row ``src[j]`` (>= 0) or from batch
+        frame ``-1 - src[j]``. One compiled pass where numba is there, else numpy (the
+        reference)."""
+        data = store.data if store.data is not None else words[:0]
+        k = tree_kernels.kernel("frames_differ") if compiled else None
+        if k is not None and data.dtype == words.dtype and data.shape[1:] == words.shape[1:]:
+            out = np.empty(len(at), np.bool_)
+            k(words, data, at, src, out)
+            return out
+        mine = src >= 0
+        want = np.empty((len(at), *words.shape[1:]), words.dtype)
+        want[mine] = data[src[mine]]
+        want[~mine] = words[-1 - src[~mine]]
+        return np.asarray((words[at] != want).any(axis=1))
+
     def plan(self, batch: Mapping[str, np.ndarray], reserved: int, capacity: int) -> WritePlan:
         """Which frames of a validated batch are new. ``reserved``: the reserve cursor
         read now; a known frame older than half a lap before it is stored again (a row
         lives until its oldest frame is overwritten)."""
         if reserved < self.end:  # the ring went back (a restore): forget everything
             self.known = [{} for _ in self.codec.groups]
+            self.stores = [_FrameStore() for _ in self.codec.groups]
         horizon = max(0, reserved - capacity // 2)
         rows = self.codec.spec.rows_of(batch)
         refs, frames_of, new = [], [], []
@@ -236,7 +300,8 @@ class FrameWriter:
             r = np.empty(rows * width, np.int64)
             fresh: list[tuple[int, int, int]] = []
             check_at: list[int] = []  # frames said equal to ...
-            check_to: list[np.ndarray] = []  # ... a remembered frame or a new one
+            # ... a remembered frame (its store row, >= 0) or this batch's frame x (-1 - x)
+            check_to: list[int] = []
             for i in range(rows):
                 stream = streams[i]
                 seen = known.get(stream, {})
@@ -254,12 +319,13 @@ class FrameWriter:
                         fresh.append((stream, fp, x))
                     else:
                         check_at.append(x)
-                        check_to.append(frames[fresh[at][2]])
+                        check_to.append(-1 - fresh[at][2])
                     r[x] = -1 - at
             if check_at:  # the bytes decide: a fingerprint that lied stores its frame
-                want = np.stack(check_to).reshape(len(check_at), -1)
-                got = frames.reshape(len(frames), -1)[np.asarray(check_at, np.int64)]
-                for x in np.asarray(check_at)[~(got == want).all(axis=1)].tolist():
+                at_ = np.asarray(check_at, np.int64)
+                differ = self._differ(_words(frames), self.stores[gi], at_,
+                                      np.asarray(check_to, np.int64))
+                for x in at_[differ].tolist():
                     self.fingerprint_clashes += 1
                     r[x] = -1 - len(fresh)
                     fresh.append((streams[x // width], fps[x], x))
@@ -282,13 +348,16 @@ class FrameWriter:
             r = np.where(r >= 0, r, first - 1 - r)
             fresh = plan.new[gi]
             frames = plan.frames[gi][np.asarray([x for _, _, x in fresh], np.int64)]
-            known = self.known[gi]
+            known, store = self.known[gi], self.stores[gi]
+            rows_of = store.put(_words(frames))
             for j, (stream, fp, _) in enumerate(fresh):
                 seen = known.setdefault(stream, {})
-                seen.pop(fp, None)
-                seen[fp] = (first + j, frames[j].copy())
+                old = seen.pop(fp, None)
+                if old is not None:
+                    store.free.append(old[1])
+                seen[fp] = (first + j, rows_of[j])
                 while len(seen) > self.keep:
-                    del seen[next(iter(seen))]
+                    store.free.append(seen.pop(next(iter(seen)))[1])
             cols[g.frame], cols[g.refs] = frames, r
             if rows:
                 np.minimum(low, r.min(axis=1), out=low)

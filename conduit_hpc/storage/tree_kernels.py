@@ -37,7 +37,8 @@ def _build() -> dict[str, Callable[..., Any]] | None:
     return {"sum": k.sum_update, "min": k.min_update, "search": k.search, "draw": k.draw,
             "index_update": k.index_update, "index_set": k.index_set,
             "index_hide": k.index_hide, "mark": k.mark, "allocate": k.allocate,
-            "check_rows": k.check_rows, "is_weights": k.is_weights}
+            "check_rows": k.check_rows, "is_weights": k.is_weights,
+            "fingerprint": k.fingerprint, "frames_differ": k.frames_differ}
 
 
 def available() -> bool:

@@ -450,3 +450,67 @@ def test_lag_none_never_intact_and_an_empty_gather() -> None:
         assert len(cols["obs"]) == 0 and len(cursor) == 0
     finally:
         ring.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(0, 40), shape=st.sampled_from([(84, 84), (3, 5), (7,), (2, 3, 4), (1,)]),
+       dtype=st.sampled_from([np.uint8, np.float32, np.int16]), seed=st.integers(0, 2**32 - 1))
+def test_compiled_fingerprints_equal_numpy(m, shape, dtype, seed) -> None:
+    """The compiled fingerprint is numpy's uint64 matmul bit for bit, for frames whose
+    bytes are a multiple of 8, 4, 2 or 1 (the word size follows)."""
+    from conduit_hpc.storage.frames import fingerprints
+
+    raw = np.random.default_rng(seed).integers(0, 256, (m, *shape, np.dtype(dtype).itemsize),
+                                               dtype=np.uint8)
+    frames = raw.view(dtype).reshape(m, *shape)
+    assert np.array_equal(fingerprints(frames), fingerprints(frames, compiled=False))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 30), words=st.sampled_from([1, 3, 882]), seed=st.integers(0, 2**32 - 1),
+       dtype=st.sampled_from([np.uint8, np.uint64]))
+def test_compiled_byte_check_equals_numpy(n, words, seed, dtype) -> None:
+    """FrameWriter's byte check, compiled against numpy: frames of a batch against
+    remembered frames and against the batch's own frames, equal and differing (in one
+    word anywhere, the first and the last included)."""
+    from conduit_hpc.storage.frames import FrameWriter, _FrameStore
+
+    rng = np.random.default_rng(seed)
+    batch = rng.integers(0, 4, (n, words)).astype(dtype)
+    store = _FrameStore()
+    rows = store.put(batch[rng.permutation(n)][: max(1, n // 2)])
+    at = rng.integers(0, n, 2 * n)
+    src = np.where(rng.random(2 * n) < 0.5, rng.choice(rows, 2 * n), -1 - rng.integers(0, n, 2 * n))
+    same = rng.random(2 * n) < 0.5  # make about half of the pairs equal
+    assert store.data is not None
+    for j in np.flatnonzero(same):
+        if src[j] >= 0:
+            batch[at[j]] = store.data[src[j]]
+        else:
+            at[j] = -1 - src[j]
+    a = FrameWriter._differ(batch, store, at, src)
+    b = FrameWriter._differ(batch, store, at, src, compiled=False)
+    want = [not np.array_equal(batch[x], store.data[s] if s >= 0 else batch[-1 - s])
+            for x, s in zip(at, src, strict=True)]
+    assert a.tolist() == b.tolist() == want
+
+
+def test_the_frame_store_reuses_rows_only_once_freed() -> None:
+    """A remembered frame's store row is never handed out again while a fingerprint still
+    points at it (its bytes are what every later reference is checked against)."""
+    from conduit_hpc.storage.frames import FrameCodec, FrameWriter
+
+    spec = Spec.from_config(make_config(spec=FRAME_SPEC).spec)
+    w = FrameWriter(FrameCodec(spec), keep_per_stream=3)
+    first = 0
+    for e in range(6):
+        rows = frame_rows(e % 3, 0, 9)
+        plan = w.plan(spec.validate(rows), first, 1000)
+        w.columns(plan, rows, first, None)
+        first += plan.slots
+        for gi, store in enumerate(w.stores):
+            held = [row for seen in w.known[gi].values() for _, row in seen.values()]
+            assert len(held) == len(set(held)), "two remembered frames share a store row"
+            assert not set(held) & set(store.free), "a remembered frame's row is free"
+            assert store.data is not None
+            assert len(held) + len(store.free) == len(store.data), "a store row leaked"
