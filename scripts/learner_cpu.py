@@ -52,7 +52,7 @@ with ExperienceDataPlane(cfg, comm) as edp:
             prios = np.random.default_rng(1).random((n, sz["batch"])) + 0.01
             batches(edp, prios[:200])  # warm
             idle = sorted(batches(edp, prios) for _ in range(5))[2]  # median of 5
-            side.Barrier()  # the actors start inserting
+            side.Ibarrier().Wait()  # the actors start inserting (they wait in an Ibarrier)
             stop = side.Ibarrier()
             ins = batches(edp, prios)
             stop.Wait()
@@ -66,8 +66,10 @@ with ExperienceDataPlane(cfg, comm) as edp:
             while rows < sz["capacity"]:
                 edp.ingest(nxt())
                 rows += sz["ingest"]
-            side.Barrier()
-            side.Barrier()
+            side.Barrier()  # the ring is full
+            start = side.Ibarrier()
+            while not start.Test():  # idle while the learner samples alone (a blocking
+                time.sleep(0.001)  # barrier polls: it took the learner's core)
             stop = side.Ibarrier()
             while not stop.Test():
                 edp.ingest(nxt())
