@@ -352,7 +352,7 @@ class PriorityIndex:
             if done is not None:
                 dropped, top = done
                 if dropped < 0:  # a slot outside the index: nothing was changed
-                    self._check_slots(slots)
+                    raise ValueError(f"slot outside [0, {self.capacity})")
                 self.max_priority = top
                 self.dropped_updates += dropped
                 self.applied_updates += len(slots) - dropped

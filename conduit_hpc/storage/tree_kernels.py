@@ -84,6 +84,10 @@ def warm() -> None:
     allocate(np.ones(2), 2.0, np.zeros(2))
     check_rows(np.zeros((1, 3), np.int64), np.ones(1), 1.0, np.ones(1, np.int64))
     is_weights(np.ones(1), 1.0, 0.5)
+    # frames once (storage/frames.py), with 8-byte words: an Atari frame's 7,056 bytes
+    words = np.zeros((1, 1), np.uint64)
+    k["fingerprint"](words, np.ones(1, np.uint64), np.empty(1, np.uint64))
+    k["frames_differ"](words, words.copy(), zero.copy(), zero.copy(), np.empty(1, np.bool_))
     _WARM = True
 
 
