@@ -192,6 +192,37 @@ class RmaWindowCases:
             # nothing else wrote into this rank's segment (for size 1, left is the rank)
             assert all(v == 0 for o, v in enumerate(g) if o != left)
 
+    def test_atomics_from_another_thread_and_compare_and_swap_misses(self, mode) -> None:
+        # an atomic's operands are reused by the window's own thread; another thread
+        # takes fresh ones: interleaved, neither sees the other's values
+        import threading
+
+        comm = self.COMM
+        rank = comm.Get_rank()
+        with self.window(mode, 32) as win:
+            seen: list[int] = []
+
+            def other() -> None:
+                seen.append(win.fetch_add(rank, 8, 5))
+                seen.append(win.compare_and_swap(rank, 8, 4, 99))  # a miss: unchanged
+                seen.append(win.compare_and_swap(rank, 8, 5, -7))  # a hit
+                win.atomic_write(rank, 16, 2**50)
+                seen.append(win.atomic_read(rank, 8))
+
+            win.atomic_write(rank, 0, 11)
+            for _ in range(3):
+                assert win.compare_and_swap(rank, 0, 12, 1) == 11  # misses keep it
+                t = threading.Thread(target=other)
+                t.start()
+                t.join()
+                assert win.fetch_add(rank, 0, 0) == 11
+                assert seen[-4:] == [0, 5, 5, -7]
+                win.atomic_write(rank, 8, 0)
+            assert seen == [0, 5, 5, -7] * 3
+            assert win.atomic_read(rank, 16) == 2**50
+            assert win.atomic_read(rank, 0) == 11
+            comm.Barrier()
+
     def test_local_view_aliases_node_local_segments_only(self, mode) -> None:
         comm = self.COMM
         rank, size = comm.Get_rank(), comm.Get_size()

@@ -18,6 +18,8 @@ Nothing here knows about experience, shards or roles.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from mpi4py import MPI
 
@@ -93,9 +95,15 @@ class RmaWindow:
                                  dtype=np.uint8)[:alloc]
             self._own = mine
         self._nbytes = alloc
+        # an atomic's one-element operands, reused by the thread that made the window
+        # (other threads take fresh ones: the window is not shared between threads,
+        # but a wrong guess must cost time, never a value)
+        self._owner_thread = threading.get_ident()
+        self._ops = self._operands()
         self.own_segment()[:] = 0  # segments start zeroed ...
         self._sizes = np.zeros(size, dtype=np.int64)  # ... before use
         comm.Allgather(np.array([alloc], dtype=np.int64), self._sizes)
+        self._size_of = [int(n) for n in self._sizes]  # what _check reads (plain ints)
         self._win.Lock_all(MPI.MODE_NOCHECK)
         if self._owns_second:
             assert self._shm is not None
@@ -132,13 +140,26 @@ class RmaWindow:
     def _check(self, rank: int, displacement: int, nbytes: int) -> None:
         if self._closed:
             raise TransportError("window used after close()")
-        if not 0 <= rank < len(self._sizes):
+        sizes = self._size_of
+        if not 0 <= rank < len(sizes):
             raise TransportError(f"target rank {rank} outside the window's communicator "
-                                 f"of size {len(self._sizes)}")
-        if displacement < 0 or displacement + nbytes > self._sizes[rank]:
+                                 f"of size {len(sizes)}")
+        if displacement < 0 or displacement + nbytes > sizes[rank]:
             raise TransportError(f"access of {nbytes} bytes at displacement {displacement} "
                                  f"is outside rank {rank}'s segment of "
                                  f"{int(self._sizes[rank])} bytes")
+
+    @staticmethod
+    def _operands() -> tuple[list, list, list, np.ndarray, np.ndarray, np.ndarray]:
+        """Buffer specs ``[val, INT64]``, ``[cmp, INT64]``, ``[res, INT64]`` and their
+        arrays."""
+        val, cmp, res = np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64)
+        return [val, MPI.INT64_T], [cmp, MPI.INT64_T], [res, MPI.INT64_T], val, cmp, res
+
+    def _atomic_operands(self) -> tuple[list, list, list, np.ndarray, np.ndarray, np.ndarray]:
+        if threading.get_ident() == self._owner_thread:
+            return self._ops
+        return self._operands()
 
     @staticmethod
     def _bytes(buffer: np.ndarray) -> np.ndarray:
@@ -185,27 +206,26 @@ class RmaWindow:
         """Atomically add ``value`` to the int64 at ``displacement`` and return the old
         value. Blocks until the result is back (flushes the target)."""
         self._check(target_rank, displacement, 8)
-        val, res = np.array([value], np.int64), np.zeros(1, np.int64)
-        self._win.Fetch_and_op([val, MPI.INT64_T], [res, MPI.INT64_T], target_rank,
-                               displacement, MPI.SUM)
+        v, _, r, val, _, res = self._atomic_operands()
+        val[0] = value
+        self._win.Fetch_and_op(v, r, target_rank, displacement, MPI.SUM)
         self._win.Flush(target_rank)
         return int(res[0])
 
     def atomic_read(self, target_rank: int, displacement: int) -> int:
         """Atomically read the int64 at ``displacement`` (``MPI_NO_OP``). Blocks."""
         self._check(target_rank, displacement, 8)
-        val, res = np.zeros(1, np.int64), np.zeros(1, np.int64)
-        self._win.Fetch_and_op([val, MPI.INT64_T], [res, MPI.INT64_T], target_rank,
-                               displacement, MPI.NO_OP)
+        v, _, r, _, _, res = self._atomic_operands()
+        self._win.Fetch_and_op(v, r, target_rank, displacement, MPI.NO_OP)
         self._win.Flush(target_rank)
         return int(res[0])
 
     def atomic_write(self, target_rank: int, displacement: int, value: int) -> None:
         """Atomically replace the int64 at ``displacement`` (``MPI_REPLACE``). Blocks."""
         self._check(target_rank, displacement, 8)
-        val, res = np.array([value], np.int64), np.zeros(1, np.int64)
-        self._win.Fetch_and_op([val, MPI.INT64_T], [res, MPI.INT64_T], target_rank,
-                               displacement, MPI.REPLACE)
+        v, _, r, val, _, _ = self._atomic_operands()
+        val[0] = value
+        self._win.Fetch_and_op(v, r, target_rank, displacement, MPI.REPLACE)
         self._win.Flush(target_rank)
 
     def compare_and_swap(self, target_rank: int, displacement: int, compare: int,
@@ -215,16 +235,14 @@ class RmaWindow:
         the target shares this node (no remote progress needed): a word used with it
         must only be used so by ranks of the target's node."""
         self._check(target_rank, displacement, 8)
-        val, cmp = np.array([value], np.int64), np.array([compare], np.int64)
-        res = np.zeros(1, np.int64)
+        v, c, r, val, cmp, res = self._atomic_operands()
+        val[0], cmp[0] = value, compare
         node = self._node_rank.get(target_rank)
         if node is not None and self._shm is not None:
-            self._shm.Compare_and_swap([val, MPI.INT64_T], [cmp, MPI.INT64_T],
-                                       [res, MPI.INT64_T], node, displacement)
+            self._shm.Compare_and_swap(v, c, r, node, displacement)
             self._shm.Flush(node)
         else:
-            self._win.Compare_and_swap([val, MPI.INT64_T], [cmp, MPI.INT64_T],
-                                       [res, MPI.INT64_T], target_rank, displacement)
+            self._win.Compare_and_swap(v, c, r, target_rank, displacement)
             self._win.Flush(target_rank)
         return int(res[0])
 

@@ -137,7 +137,10 @@ def test_compiled_updates_and_search_equal_numpy_bit_for_bit(cap, seed, rounds, 
     s = SumTree(cap)
     s.update(np.arange(cap), np.where(rng.random(cap) < zeros, 0.0, rng.random(cap)))
     if s.total > 0:
-        targets = np.concatenate([rng.random(200) * s.total, [0.0, s.total, -1.0, 2 * s.total]])
+        # leaf boundaries too (a target equal to a left child's mass: ``t >= lv``)
+        edges = np.cumsum(s._tree[len(s._tree) // 2:][:cap])[rng.integers(0, cap, 50)]
+        targets = np.concatenate([rng.random(200) * s.total, edges,
+                                  [0.0, s.total, -1.0, 2 * s.total]])
         for level in (1, 2, 64, 4096):  # the compiled default descends from the root (1)
             assert np.array_equal(prefix_search(s._tree, targets, level=level),
                                   prefix_search(s._tree, targets, compiled=False, level=level))
