@@ -32,6 +32,7 @@ from conduit_hpc.protocol import SampleReply, SampleRequest, Tag
 from conduit_hpc.sampling import Sampler, ShardStats
 from conduit_hpc.scheduler import LimiterState, RateLimiter
 from conduit_hpc.spec import Spec, as_array
+from conduit_hpc.storage import tree_kernels
 from conduit_hpc.storage.layout import H_COMMIT, H_UNSAMPLED
 from conduit_hpc.storage.ring import ShardRing
 from conduit_hpc.transport.channel import Channel
@@ -321,7 +322,8 @@ class Deliverer:
         B, w = self.cfg.batch_rows, self.window
         lead = (B, w) if w > 1 else (B,)
         out = self.stager.alloc(superstep, self.spec, lead)  # where the sink wants it
-        flat = {k: v.reshape(B * w, *v.shape[len(lead):]) for k, v in out.items()}
+        flat = out if w == 1 else {k: v.reshape(B * w, *v.shape[len(lead):])
+                                   for k, v in out.items()}
         indices = np.empty((B, 3), dtype=np.int64)
         mass = np.empty(B, dtype=np.float64)
         t1 = time.perf_counter()
@@ -364,11 +366,13 @@ class Deliverer:
         cap = ring.capacity
         # first pass: straight into the batch; most batches end here
         slots = indices[a:b, 1]
-        all_drawn = bool(slots.min() >= 0)  # -1: the owner had nothing to draw then
+        all_drawn = tree_kernels.span(slots)[0] >= 0  # -1: the owner had nothing to draw
         if not all_drawn:
             slots = np.where(slots >= 0, slots, 0)
         rows = slots if w == 1 else (slots[:, None] + np.arange(w)[None, :]).reshape(-1) % cap
-        _, reserved = ring.gather(rows, {k: v[a * w:b * w] for k, v in flat.items()})
+        whole = a == 0 and b == len(indices)  # one part: the batch's own columns
+        _, reserved = ring.gather(rows, flat if whole else {k: v[a * w:b * w]
+                                                            for k, v in flat.items()})
         if all_drawn and ring.all_intact(indices[a:b, 2], reserved):
             return
         bad = (indices[a:b, 1] < 0) | ~ring.intact(indices[a:b, 2], reserved)

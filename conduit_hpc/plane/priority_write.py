@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from conduit_hpc.protocol import PriorityUpdate, Tag
+from conduit_hpc.storage import tree_kernels
 from conduit_hpc.transport.channel import Channel
 from conduit_hpc.wait import wait_until
 
@@ -106,7 +107,8 @@ class PriorityWrite:
             sel = indices[:, 0] == sid
             if sel.any():
                 dev.update(indices[sel, 1], indices[sel, 2], priorities[sel])
-        if (indices[:, 0] == indices[0, 0]).all():  # one shard: no sort, no split
+        lo, hi = tree_kernels.span(indices[:, 0])
+        if lo == hi:  # one shard: no sort, no split
             parts = [(indices, priorities)]
         else:
             order = np.argsort(indices[:, 0], kind="stable")

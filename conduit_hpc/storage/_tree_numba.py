@@ -344,6 +344,20 @@ def check_rows(idx: np.ndarray, prios: np.ndarray, top: float, caps: np.ndarray)
 
 
 @numba.njit(cache=True, nogil=True)
+def span(a: np.ndarray) -> tuple[int, int]:
+    # (smallest, largest) of a non-empty int64 array, any strides: one pass for what
+    # a.min() and a.max() read in two numpy calls
+    lo = hi = a[0]
+    for i in range(1, a.shape[0]):
+        v = a[i]
+        if v < lo:
+            lo = v
+        if v > hi:
+            hi = v
+    return lo, hi
+
+
+@numba.njit(cache=True, nogil=True)
 def is_weights(mass: np.ndarray, pmin: float, beta: float, out: np.ndarray) -> None:
     # sampling.stratified.importance_weights' float steps, element by element:
     # exp(-beta * (log(p) - log(pmin))), then float32

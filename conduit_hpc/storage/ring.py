@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from conduit_hpc.errors import SpecError
-from conduit_hpc.storage import index_kernels
+from conduit_hpc.storage import index_kernels, tree_kernels
 from conduit_hpc.storage.frames import FrameWriter
 from conduit_hpc.storage.layout import (
     H_COMMIT,
@@ -335,8 +335,10 @@ class ShardRing(IndexReads):
         n = len(slots)
         if out is None:
             out = self.layout.spec.empty(n)
-        if n and (slots.min() < 0 or slots.max() >= self.capacity):
-            raise IndexError(f"slots outside [0, {self.capacity})")
+        if n:
+            lo, hi = tree_kernels.span(slots)
+            if lo < 0 or hi >= self.capacity:
+                raise IndexError(f"slots outside [0, {self.capacity})")
         codec = self.layout.frames
         if codec is not None:
             lag = codec.gather(self._read_column, slots, out, self.capacity)
@@ -391,8 +393,8 @@ class ShardRing(IndexReads):
         g = np.asarray(gens, dtype=np.int64)
         if not g.size:
             return True
-        if np.ndim(cursor) == 0:
-            low = int(g.min())
+        if isinstance(cursor, int) or np.ndim(cursor) == 0:
+            low = tree_kernels.span(g)[0] if g.ndim == 1 else int(g.min())
             return low > 0 and (low - 1) + self.capacity >= int(cursor)
         return bool(self.intact(g, cursor).all())
 

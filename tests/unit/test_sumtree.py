@@ -292,3 +292,18 @@ def test_compiled_importance_weights_equal_numpy(mass, pmin, beta) -> None:
     b = importance_weights(p, stats, beta, compiled=False)
     assert a.dtype == b.dtype == np.float32 and a.shape == b.shape
     np.testing.assert_array_max_ulp(a, b, maxulp=1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(-2**62, 2**62), st.integers(-5, 5),
+                               st.integers(0, 2**40)), min_size=1, max_size=300),
+       dtype=st.sampled_from([np.int64, np.int32, np.uint16]))
+def test_span_equals_min_and_max(rows, dtype) -> None:
+    # one compiled pass where a.min() and a.max() were two reductions: contiguous and
+    # strided (a column of a batch's indices) int64 arrays, other dtypes through numpy
+    idx = np.array(rows, dtype=np.int64)
+    for col in (idx[:, 0], idx[:, 1], idx[:, 2].copy(), idx[::-1, 1]):
+        a = col if dtype is np.int64 else (col % 30000).astype(dtype)
+        lo, hi = tree_kernels.span(a)
+        assert (lo, hi) == (int(a.min()), int(a.max()))
+        assert type(lo) is int and type(hi) is int
