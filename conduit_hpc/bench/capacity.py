@@ -4,17 +4,20 @@ nothing gets, per delivery mode and fetch, beside cpprb and TorchRL in process.
     conduit-hpc bench capacity [--smoke] [--kinds cartpole,atari,atari-frames]
                                [--modes sync,edp,edp-process,sync:owner] [--batches N]
                                [--actors 2] [--peers cpprb,torchrl] [--batch-size B]
+                               [--insert-rate ROWS_PER_S]
 
 Each mode runs the workload of ``conduit-hpc bench peers`` (rows, capacity, batch,
 alpha 0.6, beta 0.4; :mod:`conduit_hpc.bench.peers`) on its own ``mpirun`` (1 buffer, 1
 learner, ``--actors`` actors, plus the learner's delivery rank for ``edp-process``): the
 actors fill the ring, then the learner takes ``--batches`` prioritized batches, each
 followed by a priority update of every row, with the actors idle (0 inserting), then as
-many again while every actor inserts as fast as it can. A mode is ``MODE[-process]
-[:FETCH]``: ``sync`` (inline), ``edp`` (a data-plane thread prefetches), ``edp-process``
-(a delivery rank prefetches), fetch ``direct`` (default) or ``owner``. The peers run in
-their own process on the same rows; one that is missing or broken is skipped with a
-note. One JSON line per result, then the ratios ours / peer and inserting / idle.
+many again while every actor inserts as fast as it can (``--insert-rate R``: all
+actors together at R rows/s, paced; the table's ``rows/s ins.`` is what they reached).
+A mode is ``MODE[-process][:FETCH]``: ``sync`` (inline), ``edp`` (a data-plane thread
+prefetches), ``edp-process`` (a delivery rank prefetches), fetch ``direct`` (default) or
+``owner``. The peers run in their own process on the same rows; one that is missing or
+broken is skipped with a note. One JSON line per result, then the ratios ours / peer and
+inserting / idle.
 
 Row kinds (``--kinds``): ``cartpole``, ``atari`` (random bytes, the full layout: each row
 holds ``obs`` and ``next_obs`` as 2 x uint8[4, 84, 84]) and ``atari-frames``: the same
@@ -66,7 +69,7 @@ def _ours(mode: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     ranks = 2 + args.actors + (1 if delivery == "process" else 0)
     wargs = ["--worker", "--kinds", args.kinds, "--modes", mode, "--samplers", "prioritized",
              "--batches", str(args.batches), "--duration", str(args.duration)]
-    wargs += ["--smoke"] * args.smoke
+    wargs += ["--smoke"] * args.smoke + ["--insert-rate", repr(args.insert_rate)]
     if args.batch_size is not None:
         wargs += ["--batch-size", str(args.batch_size)]
     out = mpirun(ranks, worker_command("conduit_hpc.bench.peers", *wargs), timeout_s=900)
@@ -119,6 +122,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batch-size", type=int, default=None,
                    help="rows per learner batch, every kind and peer (default: each kind's "
                         "own: cartpole 256, atari and atari-frames 32; --smoke 64 and 8)")
+    p.add_argument("--insert-rate", type=float, default=0.0,
+                   help="rows/s all actors insert together in the inserting phase (paced; "
+                        "default 0: every actor as fast as it can)")
     args = p.parse_args(argv)
     try:
         kinds = parse_kinds(args.kinds)
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"{r['system']} {r.get('mode', r.get('kind'))}: "
                   f"{r.get('failed') or r.get('skipped')}")
     print(jsontext.dumps({"bench": "capacity", "git_sha": sha, "load_1min": load,
-                      "ratios": table}), flush=True)
+                          "insert_rate": args.insert_rate, "ratios": table}), flush=True)
     return {"results": results, "ratios": table}
 
 

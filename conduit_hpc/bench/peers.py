@@ -126,6 +126,10 @@ def check_counts(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.batches < 1 or args.actors < 1 or not 0 <= args.duration < 1e6:
         p.error(f"--batches and --actors must be >= 1 and --duration in [0, 1e6) s, got "
                 f"{args.batches}, {args.actors}, {args.duration}")
+    rate = getattr(args, "insert_rate", 0.0)
+    if not 0 <= rate < 1e12:  # NaN fails too
+        p.error(f"--insert-rate must be rows per second in [0, 1e12) (0: every actor "
+                f"inserts as fast as it can), got {rate}")
 
 
 def parse_peers(text: str) -> list[str]:
@@ -240,10 +244,17 @@ def _ours_phases(edp: Any, side: Any, kind: str, sz: dict[str, int],
         time.sleep(0.001)
     stop = side.Ibarrier()
     rows, t0 = 0, time.perf_counter()
+    # --insert-rate: this actor's share of the rows per second, paced (0: flat out)
+    share = getattr(args, "insert_rate", 0.0) / max(side.size - 1, 1)
     while not stop.Test():
         if args.profile:
             time.sleep(0.001)
             continue
+        if share > 0:
+            ahead = rows / share - (time.perf_counter() - t0)
+            if ahead > 0:  # ahead of the pace: wait, still hearing the stop
+                time.sleep(min(ahead, 0.005))
+                continue
         edp.ingest(next_rows())
         rows += sz["ingest"]
     gather_json(side, [rows, time.perf_counter() - t0], root=0)
@@ -300,6 +311,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch-size", type=int, default=None,
                    help="rows per learner batch, every kind and peer (default: each kind's "
                         "own: cartpole 256, atari 32; --smoke 64 and 8)")
+    p.add_argument("--insert-rate", type=float, default=0.0,
+                   help="rows/s all actors insert together while the learner samples "
+                        "(paced; default 0: as fast as each can)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--peer", default="", help=argparse.SUPPRESS)
     p.add_argument("--kind", default="cartpole", help=argparse.SUPPRESS)
@@ -334,6 +348,7 @@ def main(argv: list[str] | None = None) -> dict:
              args.samplers, "--batches",
              str(args.batches), "--duration", str(args.duration)]
     wargs += ["--smoke"] * args.smoke + ["--profile"] * args.profile
+    wargs += ["--insert-rate", repr(args.insert_rate)]
     if args.batch_size is not None:
         wargs += ["--batch-size", str(args.batch_size)]
     out = mpirun(2 + args.actors, worker_command("conduit_hpc.bench.peers", *wargs),

@@ -137,3 +137,31 @@ def test_atari_frames_rows_are_stream_consistent() -> None:
             else:  # a new episode: its first stack repeats one frame
                 assert all(np.array_equal(b[0], b[i]) for i in range(4))
     assert slid >= 600 - 4 - 4 * 3  # a few episode starts at most
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e12", "x"])
+@pytest.mark.parametrize("bench", ["capacity", "peers"])
+def test_a_bad_insert_rate_is_refused_before_anything_runs(
+        bench: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    main = capacity.main if bench == "capacity" else peers.main
+    with pytest.raises(SystemExit):
+        main(["--smoke", "--insert-rate", value])
+    err = capsys.readouterr().err
+    assert "--insert-rate" in err
+    if value != "x":  # argparse's own message for a non-number
+        assert "[0, 1e12)" in err and f"got {float(value)}" in err
+
+
+def test_capacity_paces_the_actors_at_insert_rate() -> None:
+    # all actors together at --insert-rate rows/s while the learner samples: what they
+    # reached is reported; a slow pace stays far below the flat-out ingest rate
+    out = subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", "bench", "--json",
+                          "capacity", "--smoke", "--kinds", "cartpole", "--modes", "sync",
+                          "--peers", "none", "--insert-rate", "20000"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    (r,) = [r for r in result["results"] if r["system"] == "conduit_hpc"]
+    assert "failed" not in r, r
+    assert r["inserting"]["batches"] == 30
+    assert 0 < r["inserting_rows_per_s"] < r["insert_rows_per_s"]
