@@ -227,6 +227,10 @@ class _FrameStore:
             self.data[np.asarray(rows, np.int64)] = words
         return rows
 
+    def drop(self, row: int) -> None:
+        """Row ``row`` no longer holds a remembered frame: hand it out again."""
+        self.free.append(row)
+
 
 class FrameWriter:
     """A writer's knowledge of which frames of each stream a ring holds, so that it
@@ -354,10 +358,10 @@ class FrameWriter:
                 seen = known.setdefault(stream, {})
                 old = seen.pop(fp, None)
                 if old is not None:
-                    store.free.append(old[1])
+                    store.drop(old[1])
                 seen[fp] = (first + j, rows_of[j])
                 while len(seen) > self.keep:
-                    store.free.append(seen.pop(next(iter(seen)))[1])
+                    store.drop(seen.pop(next(iter(seen)))[1])
             cols[g.frame], cols[g.refs] = frames, r
             if rows:
                 np.minimum(low, r.min(axis=1), out=low)
