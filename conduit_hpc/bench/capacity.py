@@ -4,7 +4,7 @@ nothing gets, per delivery mode and fetch, beside cpprb and TorchRL in process.
     conduit-hpc bench capacity [--smoke] [--kinds cartpole,atari,atari-frames]
                                [--modes sync,edp,edp-process,sync:owner] [--batches N]
                                [--actors 2] [--peers cpprb,torchrl] [--batch-size B]
-                               [--insert-rate ROWS_PER_S]
+                               [--insert-rate ROWS_PER_S] [--repeat N]
 
 Each mode runs the workload of ``conduit-hpc bench peers`` (rows, capacity, batch,
 alpha 0.6, beta 0.4; :mod:`conduit_hpc.bench.peers`) on its own ``mpirun`` (1 buffer, 1
@@ -17,7 +17,10 @@ A mode is ``MODE[-process][:FETCH]``: ``sync`` (inline), ``edp`` (a data-plane t
 prefetches), ``edp-process`` (a delivery rank prefetches), fetch ``direct`` (default) or
 ``owner``. The peers run in their own process on the same rows; one that is missing or
 broken is skipped with a note. One JSON line per result, then the ratios ours / peer and
-inserting / idle.
+inserting / idle. ``--repeat N`` runs all of it N times, one run after another (each
+run's ratios are to the peers of the same run, so a slow or fast spell of the machine
+moves both), and adds the median and range of every figure over the runs: on a busy
+2-core machine one run's spread is wider than a 10% goal.
 
 Row kinds (``--kinds``): ``cartpole``, ``atari`` (random bytes, the full layout: each row
 holds ``obs`` and ``next_obs`` as 2 x uint8[4, 84, 84]) and ``atari-frames``: the same
@@ -43,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from typing import Any
 
@@ -125,6 +129,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--insert-rate", type=float, default=0.0,
                    help="rows/s all actors insert together in the inserting phase (paced; "
                         "default 0: every actor as fast as it can)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of every mode and peer, interleaved (each run's ratios are "
+                        "to the peers of the same run); the summary gives their median "
+                        "and range")
     args = p.parse_args(argv)
     try:
         kinds = parse_kinds(args.kinds)
@@ -135,28 +143,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     except ConfigError as err:
         p.error(str(err))
     check_counts(p, args)
+    if not 1 <= args.repeat <= 100:
+        p.error(f"--repeat must be a number of runs from 1 to 100, got {args.repeat}")
     if args.smoke:
         args.batches, args.duration = 30, 0.1
     sha = git_sha()
     load = os.getloadavg()[0]
     results: list[dict[str, Any]] = []
-    for mode in modes:
-        for r in _ours(mode, args):
-            r.update(git_sha=sha, bench="capacity", load_1min=load)
-            results.append(r)
-            print(jsontext.dumps(r), flush=True)
-    for peer in peers:
-        for kind in kinds:
-            r = run_peer(peer, kind, args)
-            r.update(system=peer, kind=kind, git_sha=sha, bench="capacity")
-            results.append(r)
-            print(jsontext.dumps(r), flush=True)
-    table = ratios(results)
+    table: list[dict[str, Any]] = []
+    for rep in range(args.repeat):  # ours, then the peers, run after run
+        run: list[dict[str, Any]] = []
+        for mode in modes:
+            for r in _ours(mode, args):
+                r.update(git_sha=sha, bench="capacity", load_1min=os.getloadavg()[0],
+                         run=rep)
+                run.append(r)
+                print(jsontext.dumps(r), flush=True)
+        for peer in peers:
+            for kind in kinds:
+                r = run_peer(peer, kind, args)
+                r.update(system=peer, kind=kind, git_sha=sha, bench="capacity", run=rep)
+                run.append(r)
+                print(jsontext.dumps(r), flush=True)
+        results += run
+        table += [{**t, "run": rep} for t in ratios(run)]
     peers = sorted({k[5:] for t in table for k in t if k.startswith("over_")})
-    print(f"\n{'kind':>12} {'mode':>18} {'batch':>5} {'idle b/s':>9} {'med ms':>7} {'ins. b/s':>9} "
-          f"{'ins/idle':>8} {'rows/s ins.':>12} " + " ".join(f"{'x ' + q:>10}" for q in peers))
+    print(f"\n{'kind':>12} {'mode':>18} {'run':>3} {'batch':>5} {'idle b/s':>9} {'med ms':>7} "
+          f"{'ins. b/s':>9} {'ins/idle':>8} {'rows/s ins.':>12} "
+          + " ".join(f"{'x ' + q:>10}" for q in peers))
     for t in table:
-        print(f"{t['kind']:>12} {t['mode']:>18} {t['batch'] or 0:>5} "
+        print(f"{t['kind']:>12} {t['mode']:>18} {t['run']:>3} {t['batch'] or 0:>5} "
               f"{t['idle_batches_per_s']:>9,.0f} "
               f"{t['idle_median_ms']:>7.3f} {t['inserting_batches_per_s']:>9,.0f} "
               f"{t['inserting_over_idle']:>8.2f} {t['inserting_rows_per_s']:>12,.0f} "
@@ -170,9 +186,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if "failed" in r or "skipped" in r:
             print(f"{r['system']} {r.get('mode', r.get('kind'))}: "
                   f"{r.get('failed') or r.get('skipped')}")
+    summary = summarise(table)
+    if args.repeat > 1:
+        print(f"\nover {args.repeat} runs: the median, and the range, of each figure")
+        for t in summary:
+            print(f"{t['kind']:>12} {t['mode']:>18} idle b/s {t['idle_batches_per_s']:>7,.0f} "
+                  f"({t['idle_batches_per_s_min']:,.0f}-{t['idle_batches_per_s_max']:,.0f}) "
+                  f"ins/idle {t['inserting_over_idle']:.2f} "
+                  + " ".join(f"x {q} {t['over_' + q]:.2f} ({t['over_' + q + '_min']:.2f}-"
+                             f"{t['over_' + q + '_max']:.2f}, {t['over_' + q + '_below_1']} "
+                             f"of {t['runs']} below 1.0)"
+                             for q in peers if 'over_' + q in t))
     print(jsontext.dumps({"bench": "capacity", "git_sha": sha, "load_1min": load,
-                          "insert_rate": args.insert_rate, "ratios": table}), flush=True)
-    return {"results": results, "ratios": table}
+                          "insert_rate": args.insert_rate, "repeat": args.repeat,
+                          "ratios": table, "summary": summary}), flush=True)
+    return {"results": results, "ratios": table, "summary": summary}
+
+
+def summarise(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per row kind and mode, over the runs of ``table`` (:func:`ratios` of each run):
+    the median, smallest and largest idle rate, inserting / idle and ratio to each peer,
+    and how many runs fell below 1.0x each peer."""
+    out = []
+    for kind, mode in dict.fromkeys((t["kind"], t["mode"]) for t in table):
+        rows = [t for t in table if (t["kind"], t["mode"]) == (kind, mode)]
+        row: dict[str, Any] = {"kind": kind, "mode": mode, "runs": len(rows)}
+        keys = ["idle_batches_per_s", "inserting_over_idle"]
+        keys += sorted({k for t in rows for k in t if k.startswith("over_")})
+        for k in keys:
+            vals = [float(t[k]) for t in rows if k in t]
+            if not vals:
+                continue
+            row[k] = float(statistics.median(vals))
+            row[k + "_min"], row[k + "_max"] = min(vals), max(vals)
+            if k.startswith("over_"):
+                row[k + "_below_1"] = sum(v < 1.0 for v in vals)
+        out.append(row)
+    return out
 
 
 if __name__ == "__main__":

@@ -165,3 +165,38 @@ def test_capacity_paces_the_actors_at_insert_rate() -> None:
     assert "failed" not in r, r
     assert r["inserting"]["batches"] == 30
     assert 0 < r["inserting_rows_per_s"] < r["insert_rows_per_s"]
+
+
+@pytest.mark.parametrize("value", ["0", "101", "x"])
+def test_capacity_refuses_a_bad_repeat_before_anything_runs(
+        value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        capacity.main(["--smoke", "--repeat", value])
+    err = capsys.readouterr().err
+    assert "--repeat" in err
+    if value != "x":
+        assert f"got {value}" in err and "from 1 to 100" in err
+
+
+def test_capacity_repeat_pairs_each_run_with_its_own_peers_and_summarises() -> None:
+    out = subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", "bench", "--json",
+                          "capacity", "--smoke", "--kinds", "cartpole", "--modes", "sync",
+                          "--peers", "cpprb", "--repeat", "2"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    ours = [r for r in result["results"] if r["system"] == "conduit_hpc"]
+    assert sorted(r["run"] for r in ours) == [0, 1] and all("failed" not in r for r in ours)
+    assert sorted(t["run"] for t in result["ratios"]) == [0, 1]
+    (s,) = result["summary"]
+    assert (s["kind"], s["mode"], s["runs"]) == ("cartpole", "sync", 2)
+    idle = sorted(t["idle_batches_per_s"] for t in result["ratios"])
+    assert s["idle_batches_per_s_min"] == idle[0] and s["idle_batches_per_s_max"] == idle[1]
+    assert s["idle_batches_per_s"] == (idle[0] + idle[1]) / 2
+    cpprb = {r["run"]: r for r in result["results"] if r["system"] == "cpprb"}
+    assert set(cpprb) == {0, 1}
+    if "skipped" not in cpprb[0]:  # each run's ratio is to its own run of the peer
+        for t in result["ratios"]:
+            peer = cpprb[t["run"]]["prioritized"]["batches_per_s"]
+            assert t["over_cpprb"] == t["idle_batches_per_s"] / peer
+        assert 0 <= s["over_cpprb_below_1"] <= 2
