@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for t in table:
         for q in peers:
             if f"{q}_variant" in t:
-                run = f" (run {t['run']})" if args.repeat > 1 else ""
-                print(f"{t['kind']} {t['mode']}{run}: x {q} is against {q}'s faster "
+                which = f" (run {t['run']})" if args.repeat > 1 else ""
+                print(f"{t['kind']} {t['mode']}{which}: x {q} is against {q}'s faster "
                       f"variant, {t[q + '_variant']}")
     for r in results:
         if "failed" in r or "skipped" in r:
