@@ -193,8 +193,8 @@ class RmaWindowCases:
             assert all(v == 0 for o, v in enumerate(g) if o != left)
 
     def test_atomics_from_another_thread_and_compare_and_swap_misses(self, mode) -> None:
-        # an atomic's operands are reused by the window's own thread; another thread
-        # takes fresh ones: interleaved, neither sees the other's values
+        # an atomic's operands are reused, one set per thread: interleaved, neither
+        # thread sees the other's values
         import threading
 
         comm = self.COMM

@@ -95,11 +95,10 @@ class RmaWindow:
                                  dtype=np.uint8)[:alloc]
             self._own = mine
         self._nbytes = alloc
-        # an atomic's one-element operands, reused by the thread that made the window
-        # (other threads take fresh ones: the window is not shared between threads,
-        # but a wrong guess must cost time, never a value)
-        self._owner_thread = threading.get_ident()
-        self._ops = self._operands()
+        # an atomic's one-element operands, one set per thread that uses the window
+        # (which thread can change: the learner's, then its data-plane thread's), so
+        # that no two threads ever share one
+        self._tls = threading.local()
         self.own_segment()[:] = 0  # segments start zeroed ...
         self._sizes = np.zeros(size, dtype=np.int64)  # ... before use
         comm.Allgather(np.array([alloc], dtype=np.int64), self._sizes)
@@ -157,9 +156,12 @@ class RmaWindow:
         return [val, MPI.INT64_T], [cmp, MPI.INT64_T], [res, MPI.INT64_T], val, cmp, res
 
     def _atomic_operands(self) -> tuple[list, list, list, np.ndarray, np.ndarray, np.ndarray]:
-        if threading.get_ident() == self._owner_thread:
-            return self._ops
-        return self._operands()
+        try:
+            ops: tuple[list, list, list, np.ndarray, np.ndarray, np.ndarray] = self._tls.ops
+            return ops
+        except AttributeError:  # this thread's first atomic on the window
+            self._tls.ops = self._operands()
+            return self._atomic_operands()
 
     @staticmethod
     def _bytes(buffer: np.ndarray) -> np.ndarray:
