@@ -184,7 +184,7 @@ class Deliverer:
         t0 = time.perf_counter()
         self.sync_s = 0.0
         deadline: Deadline | None = None  # made on the first wait (most batches have none)
-        backoff = Backoff(self.poll_s)
+        backoff: Backoff | None = None  # ... as is this
         lim = self.limiter
         fenced = False
         while True:
@@ -213,9 +213,10 @@ class Deliverer:
                     f"every actor finished with {held} rows held (total priority mass "
                     f"{mass:g}); sampling needs scheduler.min_fill_rows = "
                     f"{lim.min_size_to_sample} rows with mass > 0")
-            if deadline is None:
+            if deadline is None or backoff is None:
                 deadline = Deadline(self.timeout_s, f"the rate limiter to let this learner "
                                                     f"sample {rows} rows")
+                backoff = Backoff(self.poll_s)
             deadline.check(lambda: lim.explain(state))  # noqa: B023 - called at once
             self.channel.progress()  # e.g. messages held for a long link still go out
             backoff.pause()

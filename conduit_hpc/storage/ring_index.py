@@ -42,8 +42,7 @@ class IndexReads:
         that takes (bounded by ``timeout_s``)."""
         t = self.transport
         buf = np.empty(HEADER_WORDS, dtype=np.int64)
-        deadline = Deadline(self.timeout_s, f"the shard stats on rank {self.owner} to "
-                                            f"settle (they stayed mid-update)")
+        deadline: Deadline | None = None  # made on the first retry (most reads have none)
         while True:
             if self.views is not None:
                 t.sync()
@@ -56,6 +55,9 @@ class IndexReads:
                 again = t.atomic_read(self.owner, self.base + 8 * H_STATS_VERSION)
             if buf[H_STATS_VERSION] % 2 == 0 and buf[H_STATS_VERSION] == again:
                 return buf
+            if deadline is None:
+                deadline = Deadline(self.timeout_s, f"the shard stats on rank {self.owner} "
+                                                    f"to settle (they stayed mid-update)")
             deadline.check()
             time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
 
@@ -76,8 +78,7 @@ class IndexReads:
         if v is None:
             return None
         t = self.transport
-        deadline = Deadline(self.timeout_s, f"the tree of the shard on rank {self.owner} "
-                                            f"to settle (it stayed mid-update)")
+        deadline: Deadline | None = None  # made on the first retry (most reads have none)
         while True:
             t.sync()
             before = int(v.header[H_STATS_VERSION])
@@ -108,6 +109,10 @@ class IndexReads:
                 t.sync()
                 if int(v.header[H_STATS_VERSION]) == before:
                     return slots, gens, mass, held, total, mn
+            if deadline is None:
+                deadline = Deadline(self.timeout_s, f"the tree of the shard on rank "
+                                                    f"{self.owner} to settle (it stayed "
+                                                    f"mid-update)")
             deadline.check()
             time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
 

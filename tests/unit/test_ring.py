@@ -162,3 +162,27 @@ def test_all_intact_is_intact_on_every_row(gens, cursor, per_row, data) -> None:
         assert ring.all_intact(g, cur) == bool(ring.intact(g, cur).all())
     finally:
         win.close()
+
+
+def test_a_reader_of_an_owner_stuck_mid_write_times_out_naming_it(shard) -> None:
+    # the seqlock's readers retry while the owner writes (odd stats version) and give up
+    # after timeout_s, naming what never settled; then, the write done, they read again
+    from conduit_hpc import DataPlaneTimeout
+    from conduit_hpc.storage.layout import H_STATS_VERSION
+
+    ring, owned = shard
+    ring.write(SPEC.validate(checked_batch(1, 0, 4)))
+    owned.poll()
+    header = owned.ring.views.header
+    header[H_STATS_VERSION] += 1  # mid-write, for good
+    ring.timeout_s = 0.2
+    with pytest.raises(DataPlaneTimeout, match="shard stats on rank 0 to settle"):
+        ring.read_header()
+    if ring.views is not None:  # the direct search (RMA readers ask the owner)
+        with pytest.raises(DataPlaneTimeout, match="tree of the shard on rank 0 to settle"):
+            ring.search(np.array([0.5]))
+    header[H_STATS_VERSION] += 1  # the write ends
+    assert int(ring.read_header()[H_STATS_VERSION]) % 2 == 0
+    if ring.views is not None:  # (this fixture's index is not the shared tree: -1)
+        slots, *_ = ring.search(np.array([0.5]))
+        assert slots.shape == (1,) and -1 <= int(slots[0]) < 4
