@@ -262,7 +262,9 @@ class Deliverer:
         owner is asked (one message per shard, with ``tag``; ``Tag.SERVICE``: owners
         send the rows). Returns the parts drawn and the requests sent (not awaited)."""
         shard_pos, local = self.sampler.targets(stats, rows)
-        bounds = np.searchsorted(shard_pos, np.arange(len(stats) + 1))
+        # each shard's run of targets (they come in shard order); one shard: all of them
+        bounds = ((0, len(shard_pos)) if len(stats) == 1
+                  else np.searchsorted(shard_pos, np.arange(len(stats) + 1)))
         owner_sends = tag is Tag.SERVICE
         asked: Asked = {}
         parts: list[Part] = []
