@@ -358,6 +358,18 @@ def span(a: np.ndarray) -> tuple[int, int]:
 
 
 @numba.njit(cache=True, nogil=True)
+def rows_intact(gens: np.ndarray, cursor: np.ndarray, capacity: int) -> bool:
+    # ShardRing.intact(gens, cursor).all() with a cursor per row (frame stacks): each
+    # row drawn (generation > 0) and ``seq + capacity >= cursor``, stopping at the
+    # first that is not
+    for i in range(gens.shape[0]):
+        g = gens[i]
+        if g <= 0 or (g - 1) + capacity < cursor[i]:
+            return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
 def is_weights(mass: np.ndarray, pmin: float, beta: float, out: np.ndarray) -> None:
     # sampling.stratified.importance_weights' float steps, element by element:
     # exp(-beta * (log(p) - log(pmin))), then float32

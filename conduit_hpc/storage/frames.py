@@ -122,7 +122,7 @@ class FrameCodec:
             read(name, slots, out[name][:n])
         lag = np.empty(n, np.int64)
         read(LAG_COLUMN, slots, lag)
-        np.clip(lag, 0, LAG_NONE, out=lag)
+        np.minimum(np.maximum(lag, 0, out=lag), LAG_NONE, out=lag)  # (np.clip: ~3x the time)
         for g in self.groups:
             refs = np.empty((n, g.width), np.int64)
             read(g.refs, slots, refs)

@@ -396,6 +396,10 @@ class ShardRing(IndexReads):
         if isinstance(cursor, int) or np.ndim(cursor) == 0:
             low = tree_kernels.span(g)[0] if g.ndim == 1 else int(g.min())
             return low > 0 and (low - 1) + self.capacity >= int(cursor)
+        if isinstance(cursor, np.ndarray):  # a cursor per row: one compiled pass
+            done = tree_kernels.rows_intact(g, cursor, self.capacity)
+            if done is not None:
+                return done
         return bool(self.intact(g, cursor).all())
 
     def read_committed(self) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:

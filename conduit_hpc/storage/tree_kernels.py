@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["allocate", "available", "check_rows", "draw", "is_weights", "kernel", "search",
-           "span", "update", "warm"]
+__all__ = ["allocate", "available", "check_rows", "draw", "is_weights", "kernel",
+           "rows_intact", "search", "span", "update", "warm"]
 
 _KERNELS: dict[str, Callable[..., Any]] | None = None
 _FAILED = False
@@ -38,6 +38,7 @@ def _build() -> dict[str, Callable[..., Any]] | None:
             "index_update": k.index_update, "index_set": k.index_set,
             "index_hide": k.index_hide, "mark": k.mark, "allocate": k.allocate,
             "check_rows": k.check_rows, "is_weights": k.is_weights, "span": k.span,
+            "rows_intact": k.rows_intact,
             "fingerprint": k.fingerprint, "frames_differ": k.frames_differ}
 
 
@@ -86,6 +87,7 @@ def warm() -> None:
     is_weights(np.ones(1), 1.0, 0.5)
     span(np.zeros(1, np.int64))
     span(np.zeros((1, 3), np.int64)[:, 0])  # a column of a batch's indices
+    rows_intact(np.zeros((1, 3), np.int64)[:, 2], np.zeros(1, np.int64), 1)
     # frames once (storage/frames.py), with 8-byte words: an Atari frame's 7,056 bytes
     words = np.zeros((1, 1), np.uint64)
     k["fingerprint"](words, np.ones(1, np.uint64), np.empty(1, np.uint64))
@@ -187,3 +189,16 @@ def span(a: np.ndarray) -> tuple[int, int]:
 
 
 _INT64 = np.dtype(np.int64)
+
+
+def rows_intact(gens: np.ndarray, cursor: np.ndarray, capacity: int) -> bool | None:
+    """Whether every row of ``gens`` (int64 generations, any strides) is intact against
+    its own writers' cursor ``cursor`` (int64, one per row): one compiled pass for
+    :meth:`~conduit_hpc.storage.ShardRing.all_intact` with frame stacks. ``None`` where
+    the kernels are not there or the arrays are not int64 of one length (the caller
+    takes the numpy rule)."""
+    if (gens.dtype is not _INT64 or cursor.dtype is not _INT64 or gens.ndim != 1
+            or cursor.shape != gens.shape or not available()):
+        return None
+    assert _KERNELS is not None
+    return bool(_KERNELS["rows_intact"](gens, cursor, int(capacity)))
