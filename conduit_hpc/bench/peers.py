@@ -228,6 +228,7 @@ def _ours_phases(edp: Any, side: Any, kind: str, sz: dict[str, int],
         during = gather_json(side, [0, 0.0], root=0)
         assert during is not None
         rows = sum(r for r, _ in during)
+        out["inserting_rows"] = rows  # all actors', while the learner sampled
         out["inserting_rows_per_s"] = rows / max(max(e for _, e in during), 1e-9)
         return out
     next_rows = row_source(kind, sz["ingest"], seed=side.rank)

@@ -156,12 +156,11 @@ class RmaWindow:
         return [val, MPI.INT64_T], [cmp, MPI.INT64_T], [res, MPI.INT64_T], val, cmp, res
 
     def _atomic_operands(self) -> tuple[list, list, list, np.ndarray, np.ndarray, np.ndarray]:
-        try:
-            ops: tuple[list, list, list, np.ndarray, np.ndarray, np.ndarray] = self._tls.ops
-            return ops
-        except AttributeError:  # this thread's first atomic on the window
-            self._tls.ops = self._operands()
-            return self._atomic_operands()
+        ops: tuple[list, list, list, np.ndarray, np.ndarray, np.ndarray] | None = getattr(
+            self._tls, "ops", None)
+        if ops is None:  # this thread's first atomic on the window
+            ops = self._tls.ops = self._operands()
+        return ops
 
     @staticmethod
     def _bytes(buffer: np.ndarray) -> np.ndarray:
