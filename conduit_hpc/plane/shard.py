@@ -56,8 +56,12 @@ class OwnedShard:
     With frame stacks (``storage/frames.py``) a row breaks when the slot of its oldest
     frame is handed to a writer, which comes before its own (by its lag): the owner
     remembers at commit where each row breaks and hides it with the band that reaches
-    that slot (``frame_hidden_rows``), so that learners do not draw rows whose frames
-    are gone (each such draw cost a redraw round, under a read pin).
+    that slot (``frame_hidden_rows``: times a row was hidden for its frames), so that
+    learners do not draw rows whose frames are gone (each such draw cost a redraw
+    round, under a read pin). A band given back to idle writers gives back the rows it
+    hid for their frames too, and keeps hidden those whose frames' slots were handed
+    to a writer: after every pass a row is hidden iff its break is below the hidden
+    cursor.
     A write from the owner's own process (a feature storing rows) that waits for ``F``
     runs the owner's pass itself (``ring.on_wait``).
 
@@ -118,6 +122,9 @@ class OwnedShard:
     #: 24 per row)
     _breaks: list[tuple[int, int, np.ndarray]] = field(default_factory=list, repr=False)
     _breaks_n: int = field(default=0, repr=False)
+    #: the tracked rows hidden for their frames, as popped (int64 [3, rows] each), kept
+    #: while a give-back of the band could make them drawable again (_frames_back)
+    _fired: list[np.ndarray] = field(default_factory=list, repr=False)
     _dirty: bool = True
     _free: int = field(default=-1, repr=False)
     _rate_at: tuple[float, int] | None = field(default=None, repr=False)
@@ -305,19 +312,24 @@ class OwnedShard:
             slots, olds = seqs % cap, seqs - cap + 1
             self._track_frames(ins, gens - 1)
             broken = self._frame_victims(hide_to)
+            back = self._frames_back(hide_to, reserved) if hide_to < hide_from else None
+            self._forget_fired(reserved)
+            if hide_to < hide_from:  # a band row whose oldest frame is gone stays hidden
+                brk = self._frame_breaks(slots, olds - 1)
+                if brk is not None:
+                    keep = brk >= hide_to
+                    slots, olds = slots[keep], olds[keep]
             with self.writing():
                 if len(ins):
                     self.index.insert(ins, gens, ins_prio)
+                if broken is not None:  # (before the band: a row it hides is counted)
+                    self.frame_hidden_rows += self.index.hide(*broken)
                 if hide_to > hide_from:  # (after the insert: a row just committed stays)
                     self.index.hide(slots, olds)
                 elif hide_to < hide_from:
                     self.unhidden_rows += self.index.unhide(slots, olds)
-                    # (a row of the band whose oldest frame is gone stays hidden)
-                    brk = self._frame_breaks(slots, olds - 1)
-                    if brk is not None and (gone := brk < hide_to).any():
-                        self.index.hide(slots[gone], olds[gone])
-                if broken is not None:
-                    self.frame_hidden_rows += self.index.hide(*broken)
+                    if back is not None:  # rows whose frames were due only for the band
+                        self.unhidden_rows += self.index.unhide(*back)
         ring.publish_unsampled(self.overwritten_unsampled)
         ring.transport.sync()
         if self.guarded:
@@ -370,6 +382,7 @@ class OwnedShard:
         restore wrote the ring and the index); those with mass only (a slot with frames
         only is never drawn, and needs no hiding)."""
         self._breaks.clear()
+        self._fired.clear()
         held = np.flatnonzero((self.index.gens > 0) & (self.index.sum.leaves > 0))
         self._track_frames(held, self.index.gens[held] - 1, sealed=True)
         self._dirty = True  # the next pass hides what broke
@@ -382,14 +395,44 @@ class OwnedShard:
         while h and h[0][0] < upto:
             _, n, rows = heapq.heappop(h)
             now = rows[0] < upto
-            out.append(rows[1:, now])
+            out.append(rows[:, now])
             if not now.all():
                 later = rows[:, ~now]
                 heapq.heappush(h, (int(later[0].min()), n, later))
         if not out:
             return None
         both = np.concatenate(out, axis=1)
-        return both[0], both[1]
+        self._fired.append(both)
+        return both[1], both[2]
+
+    def _frames_back(self, upto: int, reserved: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The band goes back to ``upto`` (idle writers): the rows hidden for their
+        frames (:meth:`_frame_victims`) whose frames' slots are no longer due (their
+        break at or past ``upto``) as (slots, generations), tracked again; rows whose
+        break lies below ``reserved`` (their frames' slots were handed to a writer) are
+        forgotten: they stay hidden until overwritten."""
+        if not self._fired:
+            return None
+        rows = np.concatenate(self._fired, axis=1)
+        self._fired.clear()
+        back = rows[0] >= upto
+        held = rows[:, ~back]
+        held = held[:, held[0] >= reserved]
+        if held.shape[1]:
+            self._fired.append(held)
+        if not back.any():
+            return None
+        rows = rows[:, back]
+        heapq.heappush(self._breaks, (int(rows[0].min()), self._breaks_n, rows))
+        self._breaks_n += 1
+        return rows[1], rows[2]
+
+    def _forget_fired(self, reserved: int) -> None:
+        """Drop the fired rows (:meth:`_frame_victims`) whose frames' slots were handed
+        to a writer (break below ``reserved``): no give-back can make them drawable."""
+        f = self._fired
+        while f and int(f[0][0].max()) < reserved:
+            f.pop(0)
 
     def _account_guard(self, now: float, rows: int) -> None:
         """Row-seconds that rows spent hidden ahead of the writers (the guard band)."""

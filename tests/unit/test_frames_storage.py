@@ -5,6 +5,7 @@ several writers; a checkpoint round trip through HDF5; the refusals."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -47,13 +48,14 @@ def spec_for(axis: int) -> Spec:
 class Shard:
     """Writers and the owner of one shard of ``spec`` in a COMM_SELF window."""
 
-    def __init__(self, spec: Spec, cap: int, writers: int = 1, *, direct: bool = True) -> None:
+    def __init__(self, spec: Spec, cap: int, writers: int = 1, *, direct: bool = True,
+                 **owned: object) -> None:
         self.layout = lay = ShardLayout(spec, cap)
         self.win = RmaWindow(MPI.COMM_SELF, lay.nbytes, node_comm=MPI.COMM_SELF,
                              shared=direct)
         owner = ShardRing(self.win, 0, 0, lay, timeout_s=2.0)
         owner.views = lay.views(self.win.own_segment(), 0)
-        self.owned = OwnedShard(0, owner, PriorityIndex(cap, alpha=0.6))
+        self.owned = OwnedShard(0, owner, PriorityIndex(cap, alpha=0.6), **owned)
         self.writers = [ShardRing(self.win, 0, 0, lay, timeout_s=2.0) for _ in range(writers)]
         self.reader = ShardRing(self.win, 0, 0, lay, timeout_s=2.0)
         for w in self.writers:
@@ -233,6 +235,67 @@ def test_interleaved_episodes_lap_and_store_one_frame_a_step(direct: bool, clash
             assert sum(w.frames.fingerprint_clashes for w in writers if w.frames) > 0
         else:  # one frame a step; episode starts take n more
             assert slots <= rows + 5 * 3 + 5
+    finally:
+        shard.close()
+
+
+def _hidden_exactly_where_broken(shard: Shard) -> tuple[int, int]:
+    """Every row the index holds is hidden iff the slot of its oldest frame lies below
+    the owner's hidden cursor (its own slot's, for a row without older frames): the
+    guard band hides rows whose slots writers may take next, the frame tracking rows
+    whose frames they may take. Returns (rows hidden for their frames only, rows
+    hidden)."""
+    own, ring = shard.owned, shard.owned.ring
+    ix, cap, upto = own.index, ring.capacity, own.hidden_upto
+    commit = ring.commit_cursor()
+    seqs = np.arange(max(0, commit - cap), commit, dtype=np.int64)
+    slots = seqs % cap
+    lag = ring.views.columns[LAG_COLUMN][slots]
+    row = lag < LAG_NONE
+    seqs, slots, lag = seqs[row], slots[row], lag[row]
+    shown, hidden = ix.gens[slots] == seqs + 1, ix.hidden_gens[slots] == seqs + 1
+    assert not (shown & hidden).any()
+    held = shown | hidden
+    brk = seqs - lag + cap
+    wrong = held & (hidden != (brk < upto))
+    assert not wrong.any(), (f"rows hidden (or shown) against their breaks, hidden cursor "
+                             f"{upto}: seqs {seqs[wrong].tolist()}, breaks "
+                             f"{brk[wrong].tolist()}, hidden {hidden[wrong].tolist()}")
+    return int((hidden & (seqs + cap >= upto)).sum()), int(hidden.sum())
+
+
+def test_a_band_given_back_keeps_rows_hidden_exactly_while_their_frames_are_due() -> None:
+    """A guarded shard of frame stacks whose writers pause (the owner takes its guard
+    band back for sampling) and resume, many times, over many laps: after every pass a
+    row is hidden iff its oldest frame's slot is due - a give-back leaves hidden the
+    rows whose frames writers hold and makes the others drawable again (none stays
+    hidden for a band that is gone) - and ``frame_hidden_rows`` counts at least every
+    row hidden for its frames alone."""
+    shard = Shard(FSPEC, 64, writers=2, guarded=True, guard_s=1.0, idle_s=0.01)
+    own = shard.owned
+    rng = np.random.default_rng(7)
+    eps = [frame_rows(e, 0, 200) for e in range(3)]
+    pos = [0] * 3
+    try:
+        for _ in range(20):
+            for _ in range(int(rng.integers(2, 6))):
+                e = int(rng.integers(0, 3))
+                k = int(rng.integers(1, 5))
+                part = {n: c[pos[e]:pos[e] + k] for n, c in eps[e].items()}
+                pos[e] += k
+                shard.write(e % 2, part)
+                time.sleep(0.003)  # a measured insert rate: the owner keeps a band
+                own.poll()
+                _hidden_exactly_where_broken(shard)
+            time.sleep(0.03)  # writers idle: the band is given back
+            own.poll()
+            own.poll()
+            frames_only, _ = _hidden_exactly_where_broken(shard)
+            assert own.frame_hidden_rows >= frames_only
+            seqs, _ = shard.delivered()
+            drawable = set(_drawable(shard))
+            assert drawable <= set(seqs.tolist()), "a drawable row whose frames are gone"
+        assert own.revocations > 0 and own.unhidden_rows > 0 and own.frame_hidden_rows > 0
     finally:
         shard.close()
 
