@@ -7,7 +7,6 @@ every pass and draws rows through it. Local: no collective, no message.
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections.abc import Iterator
@@ -16,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from conduit_hpc.plane.frame_breaks import FrameBreaks
 from conduit_hpc.protocol import SampleReply
 from conduit_hpc.sampling import ShardDrawer
-from conduit_hpc.storage.frames import LAG_COLUMN, LAG_NONE
 from conduit_hpc.storage.priority import PriorityIndex
 from conduit_hpc.storage.ring import H_FREE, ShardRing
 from conduit_hpc.storage.shared_index import lock_index, unlock_index
@@ -116,15 +115,8 @@ class OwnedShard:
     guard_row_s: float = 0.0  # row-seconds rows spent hidden ahead of the writers
     guard_rows_max: int = 0  # the most rows hidden ahead of the writers at once
     frame_hidden_rows: int = 0  # rows hidden because their oldest frame's slot was due
-    #: rows with frames older than themselves, by where they break (_track_frames):
-    #: a heap of (least break, order, int64 [3, rows]: breaks, slots, generations), one
-    #: entry per pass that committed (one array each: ~100 bytes per entry besides the
-    #: 24 per row)
-    _breaks: list[tuple[int, int, np.ndarray]] = field(default_factory=list, repr=False)
-    _breaks_n: int = field(default=0, repr=False)
-    #: the tracked rows hidden for their frames, as popped (int64 [3, rows] each), kept
-    #: while a give-back of the band could make them drawable again (_frames_back)
-    _fired: list[np.ndarray] = field(default_factory=list, repr=False)
+    #: where rows of frame stacks break (plane/frame_breaks.py)
+    frames: FrameBreaks = field(init=False, repr=False)
     _dirty: bool = True
     _free: int = field(default=-1, repr=False)
     _rate_at: tuple[float, int] | None = field(default=None, repr=False)
@@ -138,6 +130,7 @@ class OwnedShard:
     _guard_n: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
+        self.frames = FrameBreaks(self.ring)
         if self.drawer is None:
             from conduit_hpc.sampling import TreeDrawer
 
@@ -310,12 +303,13 @@ class OwnedShard:
                 band = max(hide_to, cap), hide_from
             seqs = np.arange(*band, dtype=np.int64)
             slots, olds = seqs % cap, seqs - cap + 1
-            self._track_frames(ins, gens - 1)
-            broken = self._frame_victims(hide_to)
-            back = self._frames_back(hide_to, reserved) if hide_to < hide_from else None
-            self._forget_fired(reserved)
+            fb = self.frames
+            fb.track(ins, gens - 1)
+            broken = fb.due(hide_to)
+            back = fb.back(hide_to, reserved) if hide_to < hide_from else None
+            fb.forget(reserved)
             if hide_to < hide_from:  # a band row whose oldest frame is gone stays hidden
-                brk = self._frame_breaks(slots, olds - 1)
+                brk = fb.breaks(slots, olds - 1)
                 if brk is not None:
                     keep = brk >= hide_to
                     slots, olds = slots[keep], olds[keep]
@@ -343,96 +337,11 @@ class OwnedShard:
             self._free = free
         return new - old
 
-    def _frame_breaks(self, slots: np.ndarray, seqs: np.ndarray, *,
-                      sealed: bool = False) -> np.ndarray | None:
-        """Frame stacks: for committed rows (their ``slots`` and ``seqs``), the reserve
-        cursor past which a row breaks (its oldest frame's slot handed to a writer:
-        ``seq - lag + capacity``; a row without older frames: its own slot's,
-        ``seq + capacity``; lag :data:`LAG_NONE`, a slot with frames only, too - or,
-        with ``sealed``, at once: a restored row whose frames the cut lacked).
-        ``None`` for the plain layout."""
-        v = self.ring.views
-        col = None if v is None else v.columns.get(LAG_COLUMN)
-        if col is None:
-            return None
-        lag = col[slots]
-        brk = seqs - np.where((lag > 0) & (lag < LAG_NONE), lag, 0) + self.ring.capacity
-        if sealed:
-            brk[lag >= LAG_NONE] = -1
-        return brk
-
-    def _track_frames(self, slots: np.ndarray, seqs: np.ndarray, *,
-                      sealed: bool = False) -> None:
-        """Remember where the rows just committed (their ``slots`` and ``seqs``) break,
-        those that break before their own slot is reached (frame stacks only; the plain
-        layout returns at once)."""
-        if not len(seqs) or self.ring.layout.frames is None:
-            return
-        brk = self._frame_breaks(slots, seqs, sealed=sealed)
-        if brk is None:
-            return
-        early = brk < seqs + self.ring.capacity
-        if early.any():
-            rows = np.stack([brk[early], slots[early], seqs[early] + 1])
-            heapq.heappush(self._breaks, (int(rows[0].min()), self._breaks_n, rows))
-            self._breaks_n += 1
-
     def track_held_frames(self) -> None:
-        """Forget what was tracked and track the rows the index holds now (after a
-        restore wrote the ring and the index); those with mass only (a slot with frames
-        only is never drawn, and needs no hiding)."""
-        self._breaks.clear()
-        self._fired.clear()
-        held = np.flatnonzero((self.index.gens > 0) & (self.index.sum.leaves > 0))
-        self._track_frames(held, self.index.gens[held] - 1, sealed=True)
+        """Forget which rows break early and track those the index holds now (after a
+        restore wrote the ring and the index; :meth:`FrameBreaks.track_held`)."""
+        self.frames.track_held(self.index)
         self._dirty = True  # the next pass hides what broke
-
-    def _frame_victims(self, upto: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The tracked rows (slots, generations) that break below reserve cursor
-        ``upto``: the band hides them (a row since overwritten is left alone by the
-        generation filter); the rest stay tracked."""
-        h, out = self._breaks, []
-        while h and h[0][0] < upto:
-            _, n, rows = heapq.heappop(h)
-            now = rows[0] < upto
-            out.append(rows[:, now])
-            if not now.all():
-                later = rows[:, ~now]
-                heapq.heappush(h, (int(later[0].min()), n, later))
-        if not out:
-            return None
-        both = np.concatenate(out, axis=1)
-        self._fired.append(both)
-        return both[1], both[2]
-
-    def _frames_back(self, upto: int, reserved: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The band goes back to ``upto`` (idle writers): the rows hidden for their
-        frames (:meth:`_frame_victims`) whose frames' slots are no longer due (their
-        break at or past ``upto``) as (slots, generations), tracked again; rows whose
-        break lies below ``reserved`` (their frames' slots were handed to a writer) are
-        forgotten: they stay hidden until overwritten."""
-        if not self._fired:
-            return None
-        rows = np.concatenate(self._fired, axis=1)
-        self._fired.clear()
-        back = rows[0] >= upto
-        held = rows[:, ~back]
-        held = held[:, held[0] >= reserved]
-        if held.shape[1]:
-            self._fired.append(held)
-        if not back.any():
-            return None
-        rows = rows[:, back]
-        heapq.heappush(self._breaks, (int(rows[0].min()), self._breaks_n, rows))
-        self._breaks_n += 1
-        return rows[1], rows[2]
-
-    def _forget_fired(self, reserved: int) -> None:
-        """Drop the fired rows (:meth:`_frame_victims`) whose frames' slots were handed
-        to a writer (break below ``reserved``): no give-back can make them drawable."""
-        f = self._fired
-        while f and int(f[0][0].max()) < reserved:
-            f.pop(0)
 
     def _account_guard(self, now: float, rows: int) -> None:
         """Row-seconds that rows spent hidden ahead of the writers (the guard band)."""
