@@ -169,6 +169,10 @@ class WritePlan:
 
 _MULTIPLIERS: dict[int, np.ndarray] = {}
 
+#: what :meth:`FrameWriter._refs` finds: per frame a seq or ``-1 - j``, the new frames,
+#: the frames to check byte for byte and what against
+_Refs = tuple[np.ndarray, list[tuple[int, int, int]], np.ndarray, np.ndarray]
+
 
 def fingerprints(frames: np.ndarray, *, compiled: bool = True) -> np.ndarray:
     """A 64-bit fingerprint per frame (``frames``: ``[m, ...]``, C-contiguous): a sum of
@@ -285,10 +289,13 @@ class FrameWriter:
         want[~mine] = words[-1 - src[~mine]]
         return np.asarray((words[at] != want).any(axis=1))
 
-    def plan(self, batch: Mapping[str, np.ndarray], reserved: int, capacity: int) -> WritePlan:
+    def plan(self, batch: Mapping[str, np.ndarray], reserved: int, capacity: int, *,
+             vectorized: bool = True) -> WritePlan:
         """Which frames of a validated batch are new. ``reserved``: the reserve cursor
         read now; a known frame older than half a lap before it is stored again (a row
-        lives until its oldest frame is overwritten)."""
+        lives until its oldest frame is overwritten). ``vectorized``: look each distinct
+        (stream, fingerprint) up once (:meth:`_refs`), else every frame in turn
+        (:meth:`_refs_loop`, the reference): the same plan."""
         if reserved < self.end:  # the ring went back (a restore): forget everything
             self.known = [{} for _ in self.codec.groups]
             self.stores = [_FrameStore() for _ in self.codec.groups]
@@ -297,47 +304,93 @@ class FrameWriter:
         refs, frames_of, new = [], [], []
         for gi, g in enumerate(self.codec.groups):
             frames = self._frames(g, batch, rows)
-            fps = fingerprints(frames).tolist()
-            streams = batch[g.stack.stream].tolist()
-            known, width = self.known[gi], g.width
-            pending: dict[tuple[int, int], int] = {}
-            r = np.empty(rows * width, np.int64)
-            fresh: list[tuple[int, int, int]] = []
-            check_at: list[int] = []  # frames said equal to ...
-            # ... a remembered frame (its store row, >= 0) or this batch's frame x (-1 - x)
-            check_to: list[int] = []
-            for i in range(rows):
-                stream = streams[i]
-                seen = known.get(stream, {})
-                for x in range(i * width, (i + 1) * width):
-                    fp = fps[x]
-                    hit = seen.get(fp)
-                    if hit is not None and hit[0] >= horizon:
-                        r[x] = hit[0]
-                        check_at.append(x)
-                        check_to.append(hit[1])
-                        continue
-                    at = pending.get((stream, fp))
-                    if at is None:
-                        at = pending[(stream, fp)] = len(fresh)
-                        fresh.append((stream, fp, x))
-                    else:
-                        check_at.append(x)
-                        check_to.append(-1 - fresh[at][2])
-                    r[x] = -1 - at
-            if check_at:  # the bytes decide: a fingerprint that lied stores its frame
-                at_ = np.asarray(check_at, np.int64)
-                differ = self._differ(_words(frames), self.stores[gi], at_,
-                                      np.asarray(check_to, np.int64))
-                for x in at_[differ].tolist():
+            fps = fingerprints(frames)
+            streams = np.repeat(np.asarray(batch[g.stack.stream]), g.width)
+            resolve = self._refs if vectorized else self._refs_loop
+            r, fresh, check_at, check_to = resolve(self.known[gi], streams, fps, horizon)
+            if len(check_at):  # the bytes decide: a fingerprint that lied stores its frame
+                differ = self._differ(_words(frames), self.stores[gi], check_at, check_to)
+                for x in check_at[differ].tolist():
                     self.fingerprint_clashes += 1
                     r[x] = -1 - len(fresh)
-                    fresh.append((streams[x // width], fps[x], x))
-            refs.append(r.reshape(rows, width))
+                    fresh.append((int(streams[x]), int(fps[x]), x))
+            refs.append(r.reshape(rows, g.width))
             frames_of.append(frames)
             new.append(fresh)
         slots = max([rows] + [len(f) for f in new])
         return WritePlan(rows, slots, refs, frames_of, new)
+
+    @staticmethod
+    def _refs(known: dict[int, dict[int, tuple[int, int]]], streams: np.ndarray,
+              fps: np.ndarray, horizon: int) -> _Refs:
+        """Per frame (its stream and fingerprint): a seq (a remembered frame at or past
+        ``horizon``) or ``-1 - j`` (the batch's ``j``-th new frame, in order of first
+        appearance); the new frames (stream, fingerprint, frame); and the frames whose
+        bytes must equal a remembered frame (its store row, >= 0) or an earlier frame
+        ``x`` of the batch (``-1 - x``). Each distinct (stream, fingerprint) is looked
+        up once."""
+        n = len(fps)
+        if n == 0:
+            e = np.empty(0, np.int64)
+            return e, [], e, e
+        order = np.lexsort((fps, streams))  # stable: a key's first frame comes first
+        ss, fs = streams[order], fps[order]
+        head = np.empty(n, np.bool_)
+        head[0] = True
+        np.not_equal(ss[1:], ss[:-1], out=head[1:])
+        head[1:] |= fs[1:] != fs[:-1]
+        key = np.empty(n, np.int64)
+        key[order] = np.cumsum(head) - 1  # per frame: its key, by (stream, fingerprint)
+        firsts = order[head]  # per key: its first frame
+        by_first = np.argsort(firsts)
+        rank = np.empty(len(firsts), np.int64)
+        rank[by_first] = np.arange(len(firsts))
+        u = rank[key]  # per frame: its key, numbered in order of first appearance
+        first = firsts[by_first]
+        ref = np.empty(len(first), np.int64)
+        row = np.full(len(first), -1, np.int64)
+        fresh: list[tuple[int, int, int]] = []
+        for j, (stream, fp, x) in enumerate(zip(streams[first].tolist(), fps[first].tolist(),
+                                                first.tolist(), strict=True)):
+            seen = known.get(stream)
+            hit = None if seen is None else seen.get(fp)
+            if hit is not None and hit[0] >= horizon:
+                ref[j], row[j] = hit
+            else:
+                ref[j] = -1 - len(fresh)
+                fresh.append((stream, fp, x))
+        at_row = row[u]
+        check = (at_row >= 0) | (first[u] != np.arange(n))
+        at = np.flatnonzero(check)
+        to = np.where(at_row[at] >= 0, at_row[at], -1 - first[u[at]])
+        return ref[u], fresh, at, to
+
+    @staticmethod
+    def _refs_loop(known: dict[int, dict[int, tuple[int, int]]], streams: np.ndarray,
+                   fps: np.ndarray, horizon: int) -> _Refs:
+        """:meth:`_refs` frame by frame in Python (the reference)."""
+        fp_list, st_list = fps.tolist(), streams.tolist()
+        pending: dict[tuple[int, int], int] = {}
+        r = np.empty(len(fp_list), np.int64)
+        fresh: list[tuple[int, int, int]] = []
+        check_at: list[int] = []
+        check_to: list[int] = []
+        for x, (stream, fp) in enumerate(zip(st_list, fp_list, strict=True)):
+            hit = known.get(stream, {}).get(fp)
+            if hit is not None and hit[0] >= horizon:
+                r[x] = hit[0]
+                check_at.append(x)
+                check_to.append(hit[1])
+                continue
+            at = pending.get((stream, fp))
+            if at is None:
+                at = pending[(stream, fp)] = len(fresh)
+                fresh.append((stream, fp, x))
+            else:
+                check_at.append(x)
+                check_to.append(-1 - fresh[at][2])
+            r[x] = -1 - at
+        return (r, fresh, np.asarray(check_at, np.int64), np.asarray(check_to, np.int64))
 
     def columns(self, plan: WritePlan, batch: Mapping[str, np.ndarray], first: int,
                 priorities: np.ndarray | None) -> tuple[dict[str, np.ndarray], np.ndarray]:

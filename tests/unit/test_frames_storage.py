@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -20,7 +21,14 @@ from conduit_hpc.config import FieldConfig, StackConfig
 from conduit_hpc.plane.buffer import OwnedShard
 from conduit_hpc.spec import Field, FrameStack, Spec
 from conduit_hpc.storage import PriorityIndex, ShardLayout, ShardRing
-from conduit_hpc.storage.frames import LAG_COLUMN, LAG_NONE, stored_spec
+from conduit_hpc.storage.frames import (
+    LAG_COLUMN,
+    LAG_NONE,
+    FrameCodec,
+    FrameWriter,
+    fingerprints,
+    stored_spec,
+)
 from conduit_hpc.storage.frames_reference import FrameReplay, FrameRing
 from conduit_hpc.storage.frames_reshard import reshard_frames
 from conduit_hpc.storage.migrate import move_rows
@@ -577,3 +585,45 @@ def test_the_frame_store_reuses_rows_only_once_freed() -> None:
             assert not set(held) & set(store.free), "a remembered frame's row is free"
             assert store.data is not None
             assert len(held) + len(store.free) == len(store.data), "a store row leaked"
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(1, 9), st.integers(0, 40)), min_size=1,
+                      max_size=12),
+       streams=st.integers(1, 4), alphabet=st.integers(1, 6), clash=st.booleans(),
+       seed=st.integers(0, 2**32 - 1), cap=st.sampled_from([16, 64, 4096]))
+def test_vectorized_plan_equals_the_frame_by_frame_plan(steps, streams, alphabet, clash, seed,
+                                                         cap) -> None:
+    """FrameWriter.plan looks each distinct (stream, fingerprint) up once; the reference
+    looks up every frame in turn. Two writers fed the same batches (frames from a small
+    alphabet: repeats within a batch, across batches and across streams; with every
+    fingerprint equal, the byte check alone tells frames apart; the reserve cursor
+    moving on by ``skip`` puts remembered frames past the horizon) make the same plans
+    and remember the same frames."""
+    with patch("conduit_hpc.storage.frames.fingerprints",
+               (lambda f: np.zeros(len(f), np.uint64)) if clash else fingerprints):
+        _plans_agree(steps, streams, alphabet, seed, cap)
+
+
+def _plans_agree(steps, streams, alphabet, seed, cap) -> None:
+    spec = spec_for(0)
+    fast, ref = FrameWriter(FrameCodec(spec)), FrameWriter(FrameCodec(spec))
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(0, 3, (alphabet, *FRAME)).astype(np.uint8)
+    first = 0
+    for rows, skip in steps:
+        pick = rng.integers(0, alphabet, (2, rows, DEPTH))
+        batch = spec.validate({"obs": pool[pick[0]], "next_obs": pool[pick[1]],
+                               "env": rng.integers(0, streams, rows),
+                               "rid": np.arange(rows)})
+        first += skip
+        a = fast.plan(batch, first, cap)
+        b = ref.plan(batch, first, cap, vectorized=False)
+        assert (a.rows, a.slots, a.new) == (b.rows, b.slots, b.new)
+        for x, y in zip(a.refs, b.refs, strict=True):
+            assert np.array_equal(x, y)
+        fast.columns(a, batch, first, None)
+        ref.columns(b, batch, first, None)
+        assert fast.known == ref.known
+        assert fast.fingerprint_clashes == ref.fingerprint_clashes
+        first += a.slots
