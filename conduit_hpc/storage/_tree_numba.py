@@ -391,20 +391,27 @@ def fingerprint(words: np.ndarray, mult: np.ndarray, out: np.ndarray) -> None:
 
 
 @numba.njit(cache=True, nogil=True)
-def frames_differ(frames: np.ndarray, store: np.ndarray, at: np.ndarray, src: np.ndarray,
-                  out: np.ndarray) -> None:
+def frames_differ(a: np.ndarray, b: np.ndarray, store: np.ndarray, at: np.ndarray,
+                  src: np.ndarray, out: np.ndarray) -> None:
     # storage.frames.FrameWriter's byte check: whether frame ``at[j]`` of the batch
     # differs from the remembered frame ``store[src[j]]`` (src >= 0) or from the
     # batch's own frame ``-1 - src[j]`` - every word compared (no early exit: the
-    # loop vectorises, and equal frames, the usual case, are read whole anyway)
+    # loop vectorises, and equal frames, the usual case, are read whole anyway); the
+    # batch's frames are ``a`` then ``b`` (frame ``x`` is ``b[x - len(a)]`` past ``a``)
+    split = a.shape[0]
     for j in range(at.shape[0]):
-        a = frames[at[j]]
+        x = at[j]
+        fa = a[x] if x < split else b[x - split]
         s = src[j]
-        b = store[s] if s >= 0 else frames[-1 - s]
-        if a.shape[0] == 0:  # frames of no bytes (config refuses them) are all equal
+        if s >= 0:
+            fb = store[s]
+        else:
+            y = -1 - s
+            fb = a[y] if y < split else b[y - split]
+        if fa.shape[0] == 0:  # frames of no bytes (config refuses them) are all equal
             out[j] = False
             continue
-        acc = a[0] ^ b[0]
-        for k in range(1, a.shape[0]):
-            acc |= a[k] ^ b[k]
+        acc = fa[0] ^ fb[0]
+        for k in range(1, fa.shape[0]):
+            acc |= fa[k] ^ fb[k]
         out[j] = acc != 0

@@ -38,6 +38,7 @@ import numpy as np
 from conduit_hpc.errors import SpecError
 from conduit_hpc.spec import Field, FrameStack, Spec
 from conduit_hpc.storage import tree_kernels
+from conduit_hpc.storage.frames_reference import refs_frame_by_frame
 
 __all__ = [
     "LAG_COLUMN",
@@ -154,8 +155,9 @@ class WritePlan:
         slots (int): seqs to reserve (``max(rows, new frames of any group)``).
         refs (list[np.ndarray]): per group, int64 ``[rows, width]``: a seq (>= 0) or
             ``-1 - j`` for the batch's ``j``-th new frame.
-        frames (list[np.ndarray]): per group, every frame of the batch,
-            ``[rows * width, *frame_shape]`` (row, field, oldest first).
+        frames (list[tuple[np.ndarray, ...]]): per group, every frame of the batch,
+            per field ``[rows * depth, *frame_shape]`` (row, oldest first); frame ``x``
+            counts on through the fields (:meth:`FrameWriter._parts`).
         new (list[list[tuple[int, int, int]]]): per group, the new frames (stream,
             fingerprint, index into ``frames``) in slot order.
     """
@@ -163,7 +165,7 @@ class WritePlan:
     rows: int
     slots: int
     refs: list[np.ndarray]
-    frames: list[np.ndarray]
+    frames: list[tuple[np.ndarray, ...]]
     new: list[list[tuple[int, int, int]]]
 
 
@@ -262,27 +264,38 @@ class FrameWriter:
         self.frames_referenced = 0
         self.fingerprint_clashes = 0  # equal fingerprints of unequal frames (stored anew)
 
-    def _frames(self, g: FrameGroup, batch: Mapping[str, np.ndarray], rows: int) -> np.ndarray:
-        """Every frame of the group's fields, ``[rows * width, *frame_shape]``."""
+    @staticmethod
+    def _parts(g: FrameGroup, batch: Mapping[str, np.ndarray], rows: int
+               ) -> tuple[np.ndarray, ...]:
+        """Every frame of the group's fields: per field ``[rows * depth, *frame_shape]``
+        (row, oldest first), a view of the batch's column where it is C-contiguous with
+        the stack on axis 0 (no copy). Frame ``x`` of the batch counts on through the
+        fields: ``x = field * rows * depth + row * depth + k``."""
         d, ax = g.stack.depth, g.stack.axis
-        parts = [batch[n] if ax == 0 else np.moveaxis(batch[n], 1 + ax, 1) for n in g.fields]
-        both = parts[0][:, None] if len(parts) == 1 else np.stack(parts, axis=1)
-        return np.ascontiguousarray(both).reshape(rows * len(g.fields) * d,
-                                                  *g.stack.frame_shape)
+        out = []
+        for n in g.fields:
+            col = batch[n] if ax == 0 else np.moveaxis(batch[n], 1 + ax, 1)
+            out.append(np.ascontiguousarray(col).reshape(rows * d, *g.stack.frame_shape))
+        return tuple(out)
 
     @staticmethod
-    def _differ(words: np.ndarray, store: _FrameStore, at: np.ndarray, src: np.ndarray,
-                *, compiled: bool = True) -> np.ndarray:
-        """Per checked frame: whether batch frame ``at[j]`` (``words``: the batch's
-        frames, :func:`_words`) differs from store row ``src[j]`` (>= 0) or from batch
-        frame ``-1 - src[j]``. One compiled pass where numba is there, else numpy (the
+    def _differ(parts: tuple[np.ndarray, ...], store: _FrameStore, at: np.ndarray,
+                src: np.ndarray, *, compiled: bool = True) -> np.ndarray:
+        """Per checked frame: whether batch frame ``at[j]`` (``parts``: the batch's
+        frames, per field, as :func:`_words`; :meth:`_parts` numbers them) differs from
+        store row ``src[j]`` (>= 0) or from batch frame ``-1 - src[j]``. One compiled
+        pass where numba is there, else numpy over the fields' frames concatenated (the
         reference)."""
-        data = store.data if store.data is not None else words[:0]
+        first = parts[0]
+        data = store.data if store.data is not None else first[:0]
         k = tree_kernels.kernel("frames_differ") if compiled else None
-        if k is not None and data.dtype == words.dtype and data.shape[1:] == words.shape[1:]:
+        if (k is not None and len(parts) <= 2 and data.dtype == first.dtype
+                and all(p.dtype == first.dtype and p.shape[1:] == first.shape[1:]
+                        for p in (data, *parts))):
             out = np.empty(len(at), np.bool_)
-            k(words, data, at, src, out)
+            k(first, parts[1] if len(parts) == 2 else first[:0], data, at, src, out)
             return out
+        words = np.concatenate(parts)
         mine = src >= 0
         want = np.empty((len(at), *words.shape[1:]), words.dtype)
         want[mine] = data[src[mine]]
@@ -295,7 +308,8 @@ class FrameWriter:
         read now; a known frame older than half a lap before it is stored again (a row
         lives until its oldest frame is overwritten). ``vectorized``: look each distinct
         (stream, fingerprint) up once (:meth:`_refs`), else every frame in turn
-        (:meth:`_refs_loop`, the reference): the same plan."""
+        (:func:`~conduit_hpc.storage.frames_reference.refs_frame_by_frame`, the
+        reference): the same plan."""
         if reserved < self.end:  # the ring went back (a restore): forget everything
             self.known = [{} for _ in self.codec.groups]
             self.stores = [_FrameStore() for _ in self.codec.groups]
@@ -303,19 +317,23 @@ class FrameWriter:
         rows = self.codec.spec.rows_of(batch)
         refs, frames_of, new = [], [], []
         for gi, g in enumerate(self.codec.groups):
-            frames = self._frames(g, batch, rows)
-            fps = fingerprints(frames)
-            streams = np.repeat(np.asarray(batch[g.stack.stream]), g.width)
-            resolve = self._refs if vectorized else self._refs_loop
+            parts = self._parts(g, batch, rows)
+            fps = np.concatenate([fingerprints(p) for p in parts])
+            streams = np.tile(np.repeat(np.asarray(batch[g.stack.stream]), g.stack.depth),
+                              len(parts))
+            resolve = self._refs if vectorized else refs_frame_by_frame
             r, fresh, check_at, check_to = resolve(self.known[gi], streams, fps, horizon)
             if len(check_at):  # the bytes decide: a fingerprint that lied stores its frame
-                differ = self._differ(_words(frames), self.stores[gi], check_at, check_to)
+                differ = self._differ(tuple(_words(p) for p in parts), self.stores[gi],
+                                      check_at, check_to)
                 for x in check_at[differ].tolist():
                     self.fingerprint_clashes += 1
                     r[x] = -1 - len(fresh)
                     fresh.append((int(streams[x]), int(fps[x]), x))
-            refs.append(r.reshape(rows, g.width))
-            frames_of.append(frames)
+            # per row: its fields' frames in turn (x counts field by field)
+            refs.append(r.reshape(len(parts), rows, g.stack.depth).transpose(1, 0, 2)
+                        .reshape(rows, g.width))
+            frames_of.append(parts)
             new.append(fresh)
         slots = max([rows] + [len(f) for f in new])
         return WritePlan(rows, slots, refs, frames_of, new)
@@ -365,32 +383,18 @@ class FrameWriter:
         to = np.where(at_row[at] >= 0, at_row[at], -1 - first[u[at]])
         return ref[u], fresh, at, to
 
+
     @staticmethod
-    def _refs_loop(known: dict[int, dict[int, tuple[int, int]]], streams: np.ndarray,
-                   fps: np.ndarray, horizon: int) -> _Refs:
-        """:meth:`_refs` frame by frame in Python (the reference)."""
-        fp_list, st_list = fps.tolist(), streams.tolist()
-        pending: dict[tuple[int, int], int] = {}
-        r = np.empty(len(fp_list), np.int64)
-        fresh: list[tuple[int, int, int]] = []
-        check_at: list[int] = []
-        check_to: list[int] = []
-        for x, (stream, fp) in enumerate(zip(st_list, fp_list, strict=True)):
-            hit = known.get(stream, {}).get(fp)
-            if hit is not None and hit[0] >= horizon:
-                r[x] = hit[0]
-                check_at.append(x)
-                check_to.append(hit[1])
-                continue
-            at = pending.get((stream, fp))
-            if at is None:
-                at = pending[(stream, fp)] = len(fresh)
-                fresh.append((stream, fp, x))
-            else:
-                check_at.append(x)
-                check_to.append(-1 - fresh[at][2])
-            r[x] = -1 - at
-        return (r, fresh, np.asarray(check_at, np.int64), np.asarray(check_to, np.int64))
+    def _take(parts: tuple[np.ndarray, ...], xs: list[int]) -> np.ndarray:
+        """Frames ``xs`` of a batch (:meth:`_parts` numbers them), in that order."""
+        idx, split = np.asarray(xs, np.int64), len(parts[0])
+        if len(parts) == 1:
+            return parts[0][idx]
+        out = np.empty((len(idx), *parts[0].shape[1:]), parts[0].dtype)
+        lo = idx < split
+        out[lo] = parts[0][idx[lo]]
+        out[~lo] = parts[1][idx[~lo] - split]
+        return out
 
     def columns(self, plan: WritePlan, batch: Mapping[str, np.ndarray], first: int,
                 priorities: np.ndarray | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -404,7 +408,7 @@ class FrameWriter:
             r = plan.refs[gi]
             r = np.where(r >= 0, r, first - 1 - r)
             fresh = plan.new[gi]
-            frames = plan.frames[gi][np.asarray([x for _, _, x in fresh], np.int64)]
+            frames = self._take(plan.frames[gi], [x for _, _, x in fresh])
             known, store = self.known[gi], self.stores[gi]
             rows_of = store.put(_words(frames))
             for j, (stream, fp, _) in enumerate(fresh):

@@ -2,7 +2,8 @@
 
 Not used by the data plane: it is the oracle that the shared-memory version
 (:mod:`conduit_hpc.storage.frames`) is tested against (``tests/unit/test_frames_storage.py``;
-see ``docs/frame-stacks.md``). Pure numpy; no MPI; not thread-safe.
+see ``docs/frame-stacks.md``), with :func:`refs_frame_by_frame`, the frame-by-frame lookup
+that ``FrameWriter.plan(vectorized=False)`` runs. Pure numpy; no MPI; not thread-safe.
 
 The model:
 
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["FrameReplay", "FrameRing"]
+__all__ = ["FrameReplay", "FrameRing", "refs_frame_by_frame"]
 
 
 class FrameRing:
@@ -212,3 +213,38 @@ class FrameReplay:
         if not self.deliverable(row):
             raise KeyError(f"row {row} is not deliverable")
         return int(self.row_stream[row % self.capacity])
+
+
+def refs_frame_by_frame(known: dict[int, dict[int, tuple[int, int]]], streams: np.ndarray,
+                        fps: np.ndarray, horizon: int
+                        ) -> tuple[np.ndarray, list[tuple[int, int, int]], np.ndarray,
+                                   np.ndarray]:
+    """The reference of :meth:`conduit_hpc.storage.frames.FrameWriter._refs`, which
+    finds the same: per frame of a batch (its stream and fingerprint), a seq (a
+    remembered frame, ``known[stream][fingerprint] = (seq, store row)``, at or past
+    ``horizon``) or ``-1 - j`` (the batch's ``j``-th new frame, in order of first
+    appearance); the new frames (stream, fingerprint, frame); and the frames whose bytes
+    must equal a remembered frame (its store row, >= 0) or an earlier frame ``x`` of the
+    batch (``-1 - x``). Looks every frame up in turn."""
+    fp_list, st_list = fps.tolist(), streams.tolist()
+    pending: dict[tuple[int, int], int] = {}
+    r = np.empty(len(fp_list), np.int64)
+    fresh: list[tuple[int, int, int]] = []
+    check_at: list[int] = []
+    check_to: list[int] = []
+    for x, (stream, fp) in enumerate(zip(st_list, fp_list, strict=True)):
+        hit = known.get(stream, {}).get(fp)
+        if hit is not None and hit[0] >= horizon:
+            r[x] = hit[0]
+            check_at.append(x)
+            check_to.append(hit[1])
+            continue
+        at = pending.get((stream, fp))
+        if at is None:
+            at = pending[(stream, fp)] = len(fresh)
+            fresh.append((stream, fp, x))
+        else:
+            check_at.append(x)
+            check_to.append(-1 - fresh[at][2])
+        r[x] = -1 - at
+    return r, fresh, np.asarray(check_at, np.int64), np.asarray(check_to, np.int64)

@@ -91,7 +91,8 @@ def warm() -> None:
     # frames once (storage/frames.py), with 8-byte words: an Atari frame's 7,056 bytes
     words = np.zeros((1, 1), np.uint64)
     k["fingerprint"](words, np.ones(1, np.uint64), np.empty(1, np.uint64))
-    k["frames_differ"](words, words.copy(), zero.copy(), zero.copy(), np.empty(1, np.bool_))
+    k["frames_differ"](words, words[:0], words.copy(), zero.copy(), zero.copy(),
+                       np.empty(1, np.bool_))
     _WARM = True
 
 

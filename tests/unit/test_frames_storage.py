@@ -541,9 +541,9 @@ def test_compiled_fingerprints_equal_numpy(m, shape, dtype, seed) -> None:
 @given(n=st.integers(1, 30), words=st.sampled_from([1, 3, 882]), seed=st.integers(0, 2**32 - 1),
        dtype=st.sampled_from([np.uint8, np.uint64]))
 def test_compiled_byte_check_equals_numpy(n, words, seed, dtype) -> None:
-    """FrameWriter's byte check, compiled against numpy: frames of a batch against
-    remembered frames and against the batch's own frames, equal and differing (in one
-    word anywhere, the first and the last included)."""
+    """FrameWriter's byte check, compiled against numpy: frames of a batch (in one part,
+    or two: its fields') against remembered frames and against the batch's own frames,
+    equal and differing (in one word anywhere, the first and the last included)."""
     from conduit_hpc.storage.frames import FrameWriter, _FrameStore
 
     rng = np.random.default_rng(seed)
@@ -559,8 +559,10 @@ def test_compiled_byte_check_equals_numpy(n, words, seed, dtype) -> None:
             batch[at[j]] = store.data[src[j]]
         else:
             at[j] = -1 - src[j]
-    a = FrameWriter._differ(batch, store, at, src)
-    b = FrameWriter._differ(batch, store, at, src, compiled=False)
+    cut = int(rng.integers(0, n + 1))  # the batch's frames as two fields' (or one)
+    parts = (batch[:cut], batch[cut:]) if cut < n else (batch,)
+    a = FrameWriter._differ(parts, store, at, src)
+    b = FrameWriter._differ(parts, store, at, src, compiled=False)
     want = [not np.array_equal(batch[x], store.data[s] if s >= 0 else batch[-1 - s])
             for x, s in zip(at, src, strict=True)]
     assert a.tolist() == b.tolist() == want
