@@ -87,6 +87,9 @@ def warm() -> None:
     is_weights(np.ones(1), 1.0, 0.5)
     span(np.zeros(1, np.int64))
     span(np.zeros((1, 3), np.int64)[:, 0])  # a column of a batch's indices
+    for a in (np.zeros(1, np.int64), np.zeros((1, 3), np.int64)[:, 0]):
+        a.flags.writeable = False  # a caller's read-only array is another specialization
+        span(a)
     rows_intact(np.zeros((1, 3), np.int64)[:, 2], np.zeros(1, np.int64), 1)
     # frames once (storage/frames.py), with 8-byte words: an Atari frame's 7,056 bytes
     words = np.zeros((1, 1), np.uint64)

@@ -302,7 +302,9 @@ def test_span_equals_min_and_max(rows, dtype) -> None:
     # one compiled pass where a.min() and a.max() were two reductions: contiguous and
     # strided (a column of a batch's indices) int64 arrays, other dtypes through numpy
     idx = np.array(rows, dtype=np.int64)
-    for col in (idx[:, 0], idx[:, 1], idx[:, 2].copy(), idx[::-1, 1]):
+    frozen = idx.copy()
+    frozen.flags.writeable = False  # a read-only array: the same answer
+    for col in (idx[:, 0], idx[:, 1], idx[:, 2].copy(), idx[::-1, 1], frozen[:, 1]):
         a = col if dtype is np.int64 else (col % 30000).astype(dtype)
         lo, hi = tree_kernels.span(a)
         assert (lo, hi) == (int(a.min()), int(a.max()))
