@@ -384,7 +384,6 @@ class FrameWriter:
         to = np.where(at_row[at] >= 0, at_row[at], -1 - first[u[at]])
         return ref[u], fresh, at, to
 
-
     @staticmethod
     def _take(parts: tuple[np.ndarray, ...], xs: list[int]) -> np.ndarray:
         """Frames ``xs`` of a batch (:meth:`_parts` numbers them), in that order."""
