@@ -18,7 +18,9 @@ alpha, beta): cpprb's ``PrioritizedReplayBuffer`` / ``ReplayBuffer`` and TorchRL
 ``TensorDictPrioritizedReplayBuffer`` / ``TensorDictReplayBuffer`` on a
 ``LazyTensorStorage``. A peer that is not installed (``pip install conduit_hpc[peers]``)
 or does not work with the installed torch (TorchRL's C++ segment trees are built for one
-torch version) is skipped, with a note saying so and what to do.
+torch version) is skipped, with a note saying so and what to do. A peer runs with glibc's
+malloc set to keep freed memory (:data:`PEER_MALLOC`), so that the fresh arrays its
+samples return are not page-faulted in anew each time: its best state.
 
 One JSON line per result; then the ratios ours / peer. Rows: ``cartpole`` 45 B (obs and
 next_obs float32[4], action int64, reward float32, done uint8), ``atari`` 56,461 B (obs
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -271,11 +274,20 @@ def peer_worker(args: argparse.Namespace) -> None:
         res = {"skipped": f"{args.peer} is not installed ({err}); pip install "
                           f"'conduit_hpc[peers]' (or cpprb torchrl tensordict)"}
     res["batch"] = sz["batch"]  # the same rows per batch as ours
+    res["malloc"] = {k: os.environ.get(k) for k in PEER_MALLOC}  # as it ran (run_peer)
     print("RESULT " + jsontext.dumps(res), flush=True)
 
 
 # ---------------------------------------------------------------------------------
 # driver
+
+
+#: glibc's malloc for a peer: keep freed memory instead of handing it back to the system.
+#: A peer's sample returns fresh arrays (7 MB a field for 256 Atari rows); by default
+#: glibc returned them (munmap or heap trim) and the next sample page-faulted them in
+#: again: ~470-730 faults, 1.5-2 ms of a cpprb batch of 256, in some runs and not others
+#: (bench/README.md, "Stop 32"). Ours reuses its batch buffers and needs no such setting.
+PEER_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 
 def run_peer(peer: str, kind: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -284,7 +296,8 @@ def run_peer(peer: str, kind: str, args: argparse.Namespace) -> dict[str, Any]:
     if args.batch_size is not None:
         cmd += ["--batch-size", str(args.batch_size)]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False,
+                             env={**os.environ, **PEER_MALLOC})
     except subprocess.TimeoutExpired:
         return {"skipped": f"{peer} did not finish within 600 s"}
     for line in out.stdout.splitlines():

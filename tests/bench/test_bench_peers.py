@@ -80,6 +80,8 @@ def test_capacity_smoke_reports_every_delivery_mode_and_the_ratios() -> None:
         assert t["inserting_over_idle"] > 0 and t["batch"] == 16
     cpprb = {r["kind"]: r for r in result["results"] if r["system"] == "cpprb"}
     assert set(cpprb) == kinds and all(r["batch"] == 16 for r in cpprb.values())
+    # each peer ran with malloc keeping freed memory (its samples' arrays not re-faulted)
+    assert all(r["malloc"] == peers.PEER_MALLOC for r in cpprb.values())
     if "skipped" not in cpprb["atari-frames"]:  # both variants; the ratio is to the faster
         frames = cpprb["atari-frames"]
         variants = frames["variants"]
