@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import real, reals, whole
 from conduit_hpc.bench.common import git_sha, repo_path, worker_command
 from conduit_hpc.bench.scale import cluster_of
 
@@ -314,26 +315,27 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     p = argparse.ArgumentParser(prog="conduit-hpc bench adaptive")
     p.add_argument("--smoke", action="store_true")
-    p.add_argument("--supersteps", type=int, default=6000)
-    p.add_argument("--interval", type=int, default=100)
-    p.add_argument("--taus", default="800,8000", help="drift time constants to compare")
-    p.add_argument("--compute-s", type=float, default=0.0005)
+    p.add_argument("--supersteps", type=whole(1, 10**7), default=6000)
+    p.add_argument("--interval", type=whole(1, 10**6), default=100)
+    p.add_argument("--taus", type=reals(0, 1e12, open_lo=True), default="800,8000",
+                   help="drift time constants to compare")
+    p.add_argument("--compute-s", type=real(0, 3600), default=0.0005)
     p.add_argument("--cluster", default=str(repo_path("jobs/cluster-128x8.toml")),
                    help="its first node type is used, one node")
     p.add_argument("--live", action=argparse.BooleanOptionalAction, default=True,
                    help="also compare off and on on the real data plane (4 ranks)")
-    p.add_argument("--live-supersteps", type=int, default=1500)
-    p.add_argument("--live-compute-s", type=float, default=0.002)
-    p.add_argument("--row-kb", type=int, default=16)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--shard-rows", type=int, default=2048)
-    p.add_argument("--actor-rows-s", type=float, default=1000.0)
-    p.add_argument("--hot-every", type=int, default=20)
-    p.add_argument("--live-cooldown", type=int, default=200,
+    p.add_argument("--live-supersteps", type=whole(1, 10**7), default=1500)
+    p.add_argument("--live-compute-s", type=real(0, 3600), default=0.002)
+    p.add_argument("--row-kb", type=whole(1, 1 << 20), default=16)
+    p.add_argument("--batch", type=whole(1, 1 << 20), default=64)
+    p.add_argument("--shard-rows", type=whole(1, 1 << 30), default=2048)
+    p.add_argument("--actor-rows-s", type=real(0, 1e9, open_lo=True), default=1000.0)
+    p.add_argument("--hot-every", type=whole(1, 10**6), default=20)
+    p.add_argument("--live-cooldown", type=whole(0, 10**7), default=200,
                    help="supersteps after a move before the policy looks again")
-    p.add_argument("--live-repeats", type=int, default=2,
+    p.add_argument("--live-repeats", type=whole(1, 100), default=2,
                    help="pairs of runs (off, then on), back to back")
-    p.add_argument("--live-timeout-s", type=float, default=600.0)
+    p.add_argument("--live-timeout-s", type=real(0, 1e6, open_lo=True), default=600.0)
     args = p.parse_args(argv)
     if args.smoke:
         args.supersteps, args.taus = 1200, "300"

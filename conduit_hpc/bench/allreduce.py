@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import whole, wholes
 from conduit_hpc.bench.common import git_sha, repo_path, worker_command
 
 CARTPOLE_PARAMS = 4 * 128 + 128 + 128 * 128 + 128 + 128 * 2 + 2  # QNetwork(4, 2, (128, 128))
@@ -123,10 +124,10 @@ def _board_round(board: Any, flat: np.ndarray, rank: int, rounds: list[int]) -> 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="conduit-hpc bench allreduce")
     p.add_argument("--smoke", action="store_true", help="2 ranks, 20 iterations")
-    p.add_argument("--ranks", default="2,4")
-    p.add_argument("--floats", default=f"{CARTPOLE_PARAMS},1000000")
-    p.add_argument("--iterations", type=int, default=200)
-    p.add_argument("--backend", default="auto", help="auto, gloo or nccl")
+    p.add_argument("--ranks", type=wholes(1, 256), default="2,4")
+    p.add_argument("--floats", type=wholes(1, 10**10), default=f"{CARTPOLE_PARAMS},1000000")
+    p.add_argument("--iterations", type=whole(1, 10**7), default=200)
+    p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     p.add_argument("--cluster", default=str(repo_path("jobs/cluster-local.toml")),
                    help="cluster model whose first node's shm link the model uses")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

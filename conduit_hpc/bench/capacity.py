@@ -51,6 +51,7 @@ import sys
 from typing import Any
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import real, whole
 from conduit_hpc.bench._peers_inprocess import parse_kinds, sizes_of
 from conduit_hpc.bench.common import git_sha, worker_command
 from conduit_hpc.bench.peers import (
@@ -119,17 +120,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--kinds", default="cartpole,atari",
                    help="row kinds: cartpole, atari, atari-frames")
     p.add_argument("--modes", default="sync,edp,edp-process,sync:owner")
-    p.add_argument("--batches", type=int, default=400, help="timed batches per phase")
-    p.add_argument("--actors", type=int, default=2)
-    p.add_argument("--duration", type=float, default=1.0, help="seconds of the first fill")
+    p.add_argument("--batches", type=whole(1, 10**9), default=400, help="timed batches per phase")
+    p.add_argument("--actors", type=whole(1, 64), default=2)
+    p.add_argument("--duration", type=real(0, 1e6), default=1.0, help="seconds of the first fill")
     p.add_argument("--peers", default=",".join(PEERS))
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--batch-size", type=whole(1, 10**9), default=None,
                    help="rows per learner batch, every kind and peer (default: each kind's "
                         "own: cartpole 256, atari and atari-frames 32; --smoke 64 and 8)")
-    p.add_argument("--insert-rate", type=float, default=0.0,
+    p.add_argument("--insert-rate", type=real(0, 1e12), default=0.0,
                    help="rows/s all actors insert together in the inserting phase (paced; "
                         "default 0: every actor as fast as it can)")
-    p.add_argument("--repeat", type=int, default=1,
+    p.add_argument("--repeat", type=whole(1, 100), default=1,
                    help="runs of every mode and peer, interleaved (each run's ratios are "
                         "to the peers of the same run); the summary gives their median "
                         "and range")

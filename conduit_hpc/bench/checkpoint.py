@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import real, whole
 from conduit_hpc.bench.common import git_sha, worker_command
 from conduit_hpc.plane.extensions import BufferExtension
 
@@ -247,11 +248,12 @@ def summarize(parts: list[dict], args: argparse.Namespace, cap: int) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="conduit-hpc bench checkpoint")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
-    p.add_argument("--gb", type=float, default=1.0, help="replay bytes over all buffers")
-    p.add_argument("--row-bytes", type=int, default=1024)
-    p.add_argument("--buffers", type=int, default=1)
-    p.add_argument("--actors", type=int, default=2)
-    p.add_argument("--checkpoints", type=int, default=3)
+    p.add_argument("--gb", type=real(0, 4096, open_lo=True), default=1.0,
+                   help="replay bytes over all buffers")
+    p.add_argument("--row-bytes", type=whole(1, 1 << 30), default=1024)
+    p.add_argument("--buffers", type=whole(1, 64), default=1)
+    p.add_argument("--actors", type=whole(1, 64), default=2)
+    p.add_argument("--checkpoints", type=whole(1, 10**4), default=3)
     p.add_argument("--dir", default="", help="where to write (default: a temp dir)")
     p.add_argument("--out", default="", help="also append the JSON line to this file")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import real, wholes
 from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/dqn_cartpole.toml")
@@ -132,15 +133,15 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="conduit-hpc bench convergence")
     p.add_argument("--smoke", action="store_true",
                    help="one seed, a 3,000-step budget: checks the machinery, not convergence")
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--seeds", type=wholes(0, 2**32 - 1), default="0,1,2")
     p.add_argument("--modes", default=",".join(MODES))
-    p.add_argument("--learners", default="1",
+    p.add_argument("--learners", type=wholes(1, 64), default="1",
                    help="learner counts for the data-plane modes, e.g. 1,2 (layout.learners)")
     p.add_argument("--config", default=str(JOB), help="the DQN job's TOML")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set lr=5e-4 (= dqn.lr) or "
                    "--set scheduler.batch_rows=32")
-    p.add_argument("--time-limit", type=float, default=0.0, help="seconds per run (0: none)")
+    p.add_argument("--time-limit", type=real(0, 1e7), default=0.0, help="seconds per run (0: none)")
     p.add_argument("--out", default="", help="folder for runs and the report "
                    "(default runs/convergence-<time>)")
     args = p.parse_args(argv)

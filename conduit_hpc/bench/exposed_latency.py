@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import names, reals, whole
 from conduit_hpc.bench.common import git_sha, repo_path
 
 MODES = ("sync", "service", "edp", "edp-process")
@@ -118,11 +119,12 @@ def run_once(case: str, mode: str, compute_s: float, supersteps: int, work: Path
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="conduit-hpc bench exposed-latency")
     p.add_argument("--smoke", action="store_true", help="tiny run for the test suite")
-    p.add_argument("--supersteps", type=int, default=300)
-    p.add_argument("--cases", default="float4,atari")
-    p.add_argument("--factors", default="0.5,1,2", help="compute as multiples of the path")
+    p.add_argument("--supersteps", type=whole(1, 10**7), default=300)
+    p.add_argument("--cases", type=names(CASES), default="float4,atari")
+    p.add_argument("--factors", type=reals(0, 1e6), default="0.5,1,2",
+                   help="compute as multiples of the path")
     p.add_argument("--out", default=str(repo_path("bench/out")), help="PNG/JSON folder")
-    p.add_argument("--modes", default=",".join(MODES),
+    p.add_argument("--modes", type=names(MODES), default=",".join(MODES),
                    help=f"modes to run, of {','.join(MODES)} (sync always: it calibrates)")
     p.add_argument("--fetch", choices=("direct", "owner"), default="direct",
                    help="scheduler.fetch of edp and sync (service always asks the owner)")

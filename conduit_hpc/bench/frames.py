@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import whole, wholes
 from conduit_hpc.bench.common import AtariGame, git_sha
 
 ATARI: dict[str, dict[str, Any]] = {
@@ -219,11 +220,11 @@ def main(argv: list[str] | None = None) -> dict:
     from conduit_hpc.spec import Spec
 
     p = argparse.ArgumentParser(prog="conduit-hpc bench frames")
-    p.add_argument("--capacity", type=int, default=20_000)
-    p.add_argument("--streams", type=int, default=8)
-    p.add_argument("--rows", type=int, default=40_000)
-    p.add_argument("--batches", default="32,256")
-    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--capacity", type=whole(1, 1 << 30), default=20_000)
+    p.add_argument("--streams", type=whole(1, 1 << 16), default=8)
+    p.add_argument("--rows", type=whole(1, 1 << 31), default=40_000)
+    p.add_argument("--batches", type=wholes(1, 1 << 20), default="32,256")
+    p.add_argument("--repeats", type=whole(1, 10**6), default=20)
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--frames", choices=("random", "ale"), default="random")
     p.add_argument("--game", default="ALE/Pong-v5")

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import real
 from conduit_hpc.bench.common import git_sha, repo_path
 
 __all__ = ["JOB_SETS", "blind_cluster", "learner_host_share", "main", "roles_per_node"]
@@ -179,7 +180,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help=f"link rates, comma-separated (of {', '.join(RATE_BYTES_S)})")
     p.add_argument("--plans", default="aware,blind,round_robin",
                    help="plans to compare: aware, blind, round_robin (aware first)")
-    p.add_argument("--duration", type=float, default=6.0, help="seconds per run")
+    p.add_argument("--duration", type=real(0, 1e6, open_lo=True), default=6.0,
+                   help="seconds per run")
     p.add_argument("--mode", default="sync", choices=["sync", "edp", "service"])
     p.add_argument("--out", default="", help="folder for the runs (default: a temp dir)")
     p.add_argument("--smoke", action="store_true",

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import names, real, wholes
 from conduit_hpc.bench.common import git_sha, worker_command
 
 ROWS = {
@@ -104,11 +105,12 @@ def worker(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="conduit-hpc bench ingest")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
-    p.add_argument("--duration", type=float, default=1.0, help="timed seconds per case")
-    p.add_argument("--actors", default="1,2,4")
-    p.add_argument("--kinds", default="float4,atari")
-    p.add_argument("--batches", default="1,64,1024")
-    p.add_argument("--transports", default="shm,rma",
+    p.add_argument("--duration", type=real(0, 1e6, open_lo=True), default=1.0,
+                   help="timed seconds per case")
+    p.add_argument("--actors", type=wholes(1, 256), default="1,2,4")
+    p.add_argument("--kinds", type=names(ROWS), default="float4,atari")
+    p.add_argument("--batches", type=wholes(1, 1 << 24), default="1,64,1024")
+    p.add_argument("--transports", type=names(("shm", "rma")), default="shm,rma",
                    help="shm: direct shared-memory stores; rma: MPI_Put through the window")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--transport", default="auto", help=argparse.SUPPRESS)

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import real, reals, whole, wholes
 from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/longhaul_dqn.toml")
@@ -139,18 +140,18 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="conduit-hpc bench longhaul")
     p.add_argument("--smoke", action="store_true", help="tiny run for the test suite")
     p.add_argument("--workload", choices=("auto", "dqn", "regression"), default="auto")
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--budgets", default="0.5,4",
+    p.add_argument("--seeds", type=wholes(0, 2**32 - 1), default="0,1,2")
+    p.add_argument("--budgets", type=reals(0, 1e6, open_lo=True), default="0.5,4",
                    help="link bandwidth as multiples of what forward must ship")
-    p.add_argument("--supersteps", type=int, default=3000)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--learner-step-s", type=float, default=0.05)
-    p.add_argument("--actor-rows-s", type=float, default=1000.0)
-    p.add_argument("--latency-s", type=float, default=0.02)
-    p.add_argument("--min-fill", type=int, default=1000)
-    p.add_argument("--queue-rows", type=int, default=4096,
+    p.add_argument("--supersteps", type=whole(1, 10**8), default=3000)
+    p.add_argument("--batch", type=whole(1, 1 << 20), default=32)
+    p.add_argument("--learner-step-s", type=real(0, 3600), default=0.05)
+    p.add_argument("--actor-rows-s", type=real(0, 1e9, open_lo=True), default=1000.0)
+    p.add_argument("--latency-s", type=real(0, 3600), default=0.02)
+    p.add_argument("--min-fill", type=whole(1, 1 << 30), default=1000)
+    p.add_argument("--queue-rows", type=whole(1, 1 << 30), default=4096,
                    help="forward: rows the edge holds for the link before dropping")
-    p.add_argument("--timeout", type=float, default=1800.0, help="per run (s)")
+    p.add_argument("--timeout", type=real(0, 1e7, open_lo=True), default=1800.0, help="per run (s)")
     p.add_argument("--out", default="", help="runs, plots and table go here (default: "
                    "bench/out/longhaul; with --smoke and no --out, a temporary folder)")
     p.add_argument("--hosts", action="store_true",

@@ -32,6 +32,7 @@ import sys
 import time
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import real, whole
 
 RECEIVER = r"""
 import json, socket, sys, time
@@ -190,11 +191,12 @@ def measure(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="conduit-hpc bench longhaul-tbf")
     p.add_argument("--smoke", action="store_true")
-    p.add_argument("--rate-bytes-s", type=float, default=56000.0)
-    p.add_argument("--latency-s", type=float, default=0.02)
-    p.add_argument("--message-bytes", type=int, default=3608)  # a forward message, 64 rows
-    p.add_argument("--messages", type=int, default=120)
-    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--rate-bytes-s", type=real(0, 1e12, open_lo=True), default=56000.0)
+    p.add_argument("--latency-s", type=real(0, 60), default=0.02)
+    # a forward message, 64 rows
+    p.add_argument("--message-bytes", type=whole(1, 1 << 30), default=3608)
+    p.add_argument("--messages", type=whole(1, 10**7), default=120)
+    p.add_argument("--timeout", type=real(0, 1e6, open_lo=True), default=120.0)
     args = p.parse_args(argv)
     if args.smoke:
         args.messages = 30

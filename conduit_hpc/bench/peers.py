@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import real, whole
 from conduit_hpc.bench._peers_inprocess import (
     ALPHA,
     BETA,
@@ -317,15 +318,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--kinds", default="cartpole,atari",
                    help="row kinds: cartpole, atari, atari-frames")
     p.add_argument("--modes", default="sync", help="our delivery modes (sync, edp, service)")
-    p.add_argument("--batches", type=int, default=300, help="timed batches per figure")
-    p.add_argument("--actors", type=int, default=2)
-    p.add_argument("--duration", type=float, default=1.0, help="seconds of the insert phase")
+    p.add_argument("--batches", type=whole(1, 10**9), default=300, help="timed batches per figure")
+    p.add_argument("--actors", type=whole(1, 64), default=2)
+    p.add_argument("--duration", type=real(0, 1e6), default=1.0, help="seconds of the insert phase")
     p.add_argument("--peers", default=",".join(PEERS))
     p.add_argument("--samplers", default="prioritized,uniform", help="our samplers")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--batch-size", type=whole(1, 10**9), default=None,
                    help="rows per learner batch, every kind and peer (default: each kind's "
                         "own: cartpole 256, atari 32; --smoke 64 and 8)")
-    p.add_argument("--insert-rate", type=float, default=0.0,
+    p.add_argument("--insert-rate", type=real(0, 1e12), default=0.0,
                    help="rows/s all actors insert together while the learner samples "
                         "(paced; default 0: as fast as each can)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

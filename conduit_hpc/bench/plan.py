@@ -19,6 +19,7 @@ import sys
 import time
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import whole, wholes
 from conduit_hpc.bench.common import git_sha, repo_path
 from conduit_hpc.bench.scale import cluster_of
 
@@ -30,9 +31,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     p = argparse.ArgumentParser(prog="conduit-hpc bench plan")
     p.add_argument("--smoke", action="store_true")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=whole(1, 1000), default=3)
     p.add_argument("--cluster", default=str(repo_path("jobs/cluster-128x8.toml")))
-    p.add_argument("--nodes", default="1,16,128")
+    p.add_argument("--nodes", type=wholes(1, 1 << 20), default="1,16,128")
     args = p.parse_args(argv)
     if args.smoke:
         args.nodes, args.repeats = "1,4", 1

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import real, wholes
 from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/rllib_dqn_cartpole.toml")
@@ -91,12 +92,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="conduit-hpc bench rllib",
                                 description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--smoke", action="store_true", help="one seed, a small budget")
-    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--seeds", type=wholes(0, 2**32 - 1), default="0,1,2")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a job override for every run (section.key=value)")
     p.add_argument("--out", default="runs/bench-rllib")
-    p.add_argument("--timeout", type=float, default=3600.0, help="per run (s)")
+    p.add_argument("--timeout", type=real(0, 1e7, open_lo=True), default=3600.0, help="per run (s)")
     a = p.parse_args(argv)
     try:
         import ray  # noqa: F401 - the [rllib] extra

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import real, whole, wholes
 from conduit_hpc.bench._scale_model import (
     MODES,
     allreduce_link,
@@ -233,16 +234,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--smoke", action="store_true", help="two sizes, few repeats")
     p.add_argument("--cluster", default=str(repo_path("jobs/cluster-128x8.toml")),
                    help="cluster whose first node type is replicated")
-    p.add_argument("--sizes", default="8,16,32,64,128,256,512,1024")
-    p.add_argument("--row-bytes", type=int, default=28_224, help="Atari frame stack")
-    p.add_argument("--batch-rows", type=int, default=256)
-    p.add_argument("--rows-per-learner", type=int, default=100_000)
-    p.add_argument("--compute-s", type=float, default=0.004)
-    p.add_argument("--update-rate", type=float, default=200.0)
-    p.add_argument("--actor-rate", type=float, default=250.0, help="rows/s per actor")
-    p.add_argument("--actors-per-learner", type=int, default=4)
+    p.add_argument("--sizes", type=wholes(1, 1 << 20), default="8,16,32,64,128,256,512,1024")
+    p.add_argument("--row-bytes", type=whole(1, 1 << 30), default=28_224, help="Atari frame stack")
+    p.add_argument("--batch-rows", type=whole(1, 1 << 24), default=256)
+    p.add_argument("--rows-per-learner", type=whole(1, 1 << 40), default=100_000)
+    p.add_argument("--compute-s", type=real(0, 3600), default=0.004)
+    p.add_argument("--update-rate", type=real(0, 1e9, open_lo=True), default=200.0)
+    p.add_argument("--actor-rate", type=real(0, 1e9, open_lo=True), default=250.0,
+                   help="rows/s per actor")
+    p.add_argument("--actors-per-learner", type=whole(0, 1 << 16), default=4)
     p.add_argument("--scope", choices=("global", "partitioned"), default="global")
-    p.add_argument("--gradient-bytes", type=float, default=0.0,
+    p.add_argument("--gradient-bytes", type=real(0, 1e15), default=0.0,
                    help="bytes of gradient all-reduced per superstep over the learners "
                    "(0: none; e.g. 6.7e6 for the Nature DQN's 1.7M float32 parameters)")
     p.add_argument("--png", default=str(repo_path("bench/scale.png")))

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import torch_device, whole
 from conduit_hpc.bench.common import git_sha
 
 
@@ -121,11 +122,11 @@ def main(argv: list[str] | None = None) -> dict:
     from conduit_hpc.storage.tiers import TieredReplay
 
     p = argparse.ArgumentParser(prog="conduit-hpc bench tiers")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--rows", type=int, default=50_000)
-    p.add_argument("--row-bytes", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--supersteps", type=int, default=300)
+    p.add_argument("--device", type=torch_device, default="cpu")
+    p.add_argument("--rows", type=whole(1, 1 << 30), default=50_000)
+    p.add_argument("--row-bytes", type=whole(1, 1 << 30), default=1024)
+    p.add_argument("--batch", type=whole(1, 1 << 24), default=256)
+    p.add_argument("--supersteps", type=whole(1, 10**7), default=300)
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
     if args.smoke:

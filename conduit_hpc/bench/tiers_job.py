@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import real
 from conduit_hpc.bench.common import git_sha
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "synthetic.toml"
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--job", default=str(JOB), help="job TOML (the synthetic job)")
     p.add_argument("--mode", default="sync", choices=["sync", "edp", "service"])
-    p.add_argument("--duration", type=float, default=8.0, help="seconds per run")
+    p.add_argument("--duration", type=real(0, 1e6, open_lo=True), default=8.0,
+                   help="seconds per run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to every run, e.g. scheduler.device=cuda")
     p.add_argument("--out", default="", help="folder for the runs (default: a temp dir)")

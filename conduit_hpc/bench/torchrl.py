@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
+from conduit_hpc.bench._args import real, wholes
 from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/torchrl_dqn_cartpole.toml")
@@ -89,12 +90,12 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="conduit-hpc bench torchrl")
     p.add_argument("--smoke", action="store_true",
                    help="one seed, a 2,000-env-step budget (the machinery, not convergence)")
-    p.add_argument("--seeds", default="0")
+    p.add_argument("--seeds", type=wholes(0, 2**32 - 1), default="0")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--config", default=str(JOB), help="the TorchRL DQN job's TOML")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (section.key=value), in every mode")
-    p.add_argument("--time-limit", type=float, default=0.0,
+    p.add_argument("--time-limit", type=real(0, 1e7), default=0.0,
                    help="training seconds per run (run.duration_s; 0: the config's)")
     p.add_argument("--out", default="", help="folder for the runs (default "
                    "runs/bench-torchrl-<time>)")

@@ -1,0 +1,153 @@
+"""Checked types for the benchmarks' command-line options.
+
+Every number a benchmark takes on its command line goes through one of these
+``argparse`` types, so that a value out of range (``0`` rows, ``-1`` seconds, ``nan``,
+``inf``, ``1e30``) is refused while the arguments are parsed: one ``error: argument
+--NAME: must be ..., got 'VALUE'`` line, exit status 2, before anything is launched or
+written (``tests/unit/test_bench_args.py`` holds every benchmark to it). A comma list
+comes back normalised as a string (``" 1, 2"`` -> ``"1,2"``), as the benchmarks read it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Checked", "Names", "names", "real", "reals", "torch_device", "whole", "wholes"]
+
+
+def _range(lo: float, hi: float, open_lo: bool) -> str:
+    return f"{'above' if open_lo else 'from'} {lo:,g} to {hi:,g}"
+
+
+def _whole(text: str, lo: int, hi: int) -> int:
+    try:
+        v = int(text.strip())
+    except ValueError:
+        v = None
+    if v is None or not lo <= v <= hi:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer from {lo:,} to {hi:,}, got {text!r}")
+    return v
+
+
+def _real(text: str, lo: float, hi: float, open_lo: bool) -> float:
+    try:
+        v = float(text.strip())
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and (lo < v if open_lo else lo <= v) and v <= hi):
+        raise argparse.ArgumentTypeError(
+            f"must be a number {_range(lo, hi, open_lo)}, got {text!r}")
+    return v
+
+
+def _items(text: str) -> list[str]:
+    items = [x.strip() for x in text.split(",")]
+    if not items or any(not x for x in items):
+        raise argparse.ArgumentTypeError(
+            f"must be a comma-separated list with no empty item, got {text!r}")
+    return items
+
+
+@dataclass(frozen=True)
+class Checked:
+    """An ``argparse`` type: ``lo`` .. ``hi`` (above ``lo`` when ``open_lo``); ``many``:
+    a comma list of such values; ``integer``: whole numbers."""
+
+    lo: float
+    hi: float
+    open_lo: bool = False
+    many: bool = False
+    integer: bool = True
+
+    @property
+    def __name__(self) -> str:  # argparse names the type in some messages
+        return "integer" if self.integer else "number"
+
+    def one(self, text: str) -> int | float:
+        if self.integer:
+            return _whole(text, int(self.lo), int(self.hi))
+        return _real(text, self.lo, self.hi, self.open_lo)
+
+    def __call__(self, text: str) -> Any:
+        if not self.many:
+            return self.one(text)
+        try:
+            return ",".join(repr(self.one(x)) for x in _items(text))
+        except argparse.ArgumentTypeError:
+            what = (f"integers from {int(self.lo):,} to {int(self.hi):,}" if self.integer
+                    else f"numbers {_range(self.lo, self.hi, self.open_lo)}")
+            raise argparse.ArgumentTypeError(
+                f"must be a comma-separated list of {what}, got {text!r}") from None
+
+
+def whole(lo: int, hi: int) -> Checked:
+    """An integer in ``[lo, hi]``."""
+    return Checked(lo, hi)
+
+
+def real(lo: float, hi: float, *, open_lo: bool = False) -> Checked:
+    """A finite number in ``[lo, hi]`` (``(lo, hi]`` with ``open_lo``)."""
+    return Checked(lo, hi, open_lo, integer=False)
+
+
+def wholes(lo: int, hi: int) -> Checked:
+    """A comma list of integers in ``[lo, hi]``, normalised (``"1,2"``)."""
+    return Checked(lo, hi, many=True)
+
+
+def reals(lo: float, hi: float, *, open_lo: bool = False) -> Checked:
+    """A comma list of finite numbers in ``[lo, hi]`` (``(lo, hi]`` with ``open_lo``),
+    normalised (``"0.5,4.0"``)."""
+    return Checked(lo, hi, open_lo, many=True, integer=False)
+
+
+@dataclass(frozen=True)
+class Names:
+    """An ``argparse`` type: a comma list of names from ``allowed``, each once,
+    normalised (``"a,b"``)."""
+
+    allowed: tuple[str, ...]
+
+    @property
+    def __name__(self) -> str:
+        return "names"
+
+    def __call__(self, text: str) -> str:
+        items = [x.strip() for x in text.split(",")] if text.strip() else []
+        bad = [x for x in items if x not in self.allowed]
+        if bad or not items or len(set(items)) != len(items):
+            what = ("an empty item" if "" in items else f"unknown: {', '.join(bad)}" if bad
+                    else "a name twice" if items else "none")
+            raise argparse.ArgumentTypeError(
+                f"must be a comma-separated list of {', '.join(self.allowed)}; got "
+                f"{text!r} ({what})")
+        return ",".join(items)
+
+
+def names(allowed: Iterable[str]) -> Names:
+    """A comma list of names from ``allowed``."""
+    return Names(tuple(allowed))
+
+
+def torch_device(text: str) -> str:
+    """A torch device this machine has (``cpu``, ``cuda``, ``cuda:1``...)."""
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"must be a torch device such as cpu or cuda:0, got {text!r}") from None
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (
+            dev.index is not None and dev.index >= torch.cuda.device_count())):
+        raise argparse.ArgumentTypeError(
+            f"must be a device this machine has; got {text!r}, and it has "
+            f"{torch.cuda.device_count()} CUDA device(s)")
+    if dev.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"must be cpu or a CUDA device, got {text!r}")
+    return text

@@ -1,0 +1,164 @@
+"""Every benchmark's numeric options are checked while its arguments are parsed
+(``conduit_hpc/bench/_args.py``): a value out of range is one ``error: argument --NAME``
+line naming the value, exit status 2, before anything runs (before: ``bench frames
+--batches -1`` and ``bench tiers --rows -1`` ended in tracebacks, ``bench adaptive
+--interval 0`` in ``range() arg 3 must not be zero``, ``--live-timeout-s nan`` in
+``cannot convert float NaN``, and ``bench capacity --actors 1000000`` would have
+started a million ranks). The parsers are taken from the benchmarks' own ``main``, so
+an option added later with a bare ``int`` or ``float`` fails here."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import subprocess
+
+import pytest
+
+from conduit_hpc.bench._args import Checked, Names, names, real, torch_device, wholes
+from conduit_hpc.tools import cli
+
+BENCHES = sorted(cli.benchmarks())
+
+
+class _Parsed(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+
+def parser_of(name: str, monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
+    """The benchmark's parser, taken at its ``parse_args`` (nothing runs)."""
+    mod = importlib.import_module(f"conduit_hpc.bench.{name.replace('-', '_')}")
+
+    def capture(self: argparse.ArgumentParser, *a: object, **k: object) -> None:
+        raise _Parsed(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(argparse.ArgumentParser, "parse_args", capture)
+        with pytest.raises(_Parsed) as got:
+            mod.main([])
+    return got.value.parser
+
+
+def options(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in p._actions if a.option_strings and a.nargs is None
+            and not isinstance(a, argparse._HelpAction)]
+
+
+def refuses(p: argparse.ArgumentParser, opt: str, value: str,
+            capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as ex:
+        p.parse_args([f"{opt}={value}"])
+    err = capsys.readouterr().err
+    assert ex.value.code == 2, (opt, value, err)
+    assert f"argument {opt}: must be" in err, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_no_benchmark_takes_an_unchecked_number(name: str, monkeypatch) -> None:
+    p = parser_of(name, monkeypatch)
+    bare = [a.option_strings[0] for a in options(p) if a.type in (int, float)]
+    assert bare == [], f"bench {name}: {bare} take a bare int/float (use bench/_args.py)"
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_every_numeric_option_refuses_what_is_out_of_range_and_takes_its_bounds(
+        name: str, monkeypatch, capsys) -> None:
+    p = parser_of(name, monkeypatch)
+    checked = [a for a in options(p) if isinstance(a.type, Checked)]
+    for a in checked:
+        c, opt = a.type, a.option_strings[0]
+        assert isinstance(c, Checked)
+        below = (c.lo if c.open_lo else c.lo - 1) if c.integer else (
+            c.lo if c.open_lo else c.lo - max(1.0, abs(c.lo)))
+        above = c.hi + 1 if c.integer else c.hi * 2 + 1
+        bad = ["nan", "inf", "-inf", "1e400", "x", "", " ", "1e30", "0x10",
+               repr(int(below)) if c.integer else repr(below),
+               repr(int(above)) if c.integer else repr(above)]
+        if c.integer:
+            bad += ["1.5", "2e3"]
+        if c.many:
+            bad += [",", "1,,1", f"{int(c.hi) if c.integer else c.hi},"]
+        for v in bad:
+            err = refuses(p, opt, v, capsys)
+            assert repr(v) in err, (opt, v, err)
+        # the bounds themselves are taken (and a list of them)
+        lo = c.lo if not c.open_lo else (c.lo + 1 if c.integer else math.nextafter(c.lo, c.hi))
+        for v in (lo, c.hi):
+            text = str(int(v)) if c.integer else repr(v)
+            if c.many:
+                text = f"{text}, {text}"
+            ns = p.parse_args([f"{opt}={text}"])
+            got = getattr(ns, a.dest)
+            if c.many:
+                assert [float(x) for x in got.split(",")] == [float(text.split(",")[0])] * 2
+            else:
+                assert got == (int(v) if c.integer else v)
+        # the default parses (a string default goes through the type too)
+        assert p.parse_args([]) is not None
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_every_list_of_names_refuses_unknown_empty_and_repeated_names(
+        name: str, monkeypatch, capsys) -> None:
+    p = parser_of(name, monkeypatch)
+    for a in options(p):
+        if not isinstance(a.type, Names):
+            continue
+        opt, allowed = a.option_strings[0], a.type.allowed
+        for v in ("foo", "", ",", f"{allowed[0]},{allowed[0]}", f"{allowed[0]},",
+                  f"{allowed[0]},foo"):
+            with pytest.raises(SystemExit):
+                p.parse_args([f"{opt}={v}"])
+            err = capsys.readouterr().err
+            assert f"argument {opt}: must be a comma-separated list of" in err, err
+            assert repr(v) in err
+        for one in allowed:
+            assert getattr(p.parse_args([f"{opt}= {one} "]), a.dest) == one
+
+
+def test_checked_types_say_what_they_want() -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=r"of a, b; got 'a,c' \(unknown: c\)"):
+        names(("a", "b"))("a,c")
+    assert names(("a", "b"))("b, a") == "b,a"
+    for bad in ("foo", "cuda:99", "meta", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match=repr(bad)):
+            torch_device(bad)
+    assert torch_device("cpu") == "cpu"
+    with pytest.raises(argparse.ArgumentTypeError, match=r"integers from 1 to 8, got '1,9'"):
+        wholes(1, 8)("1,9")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"number above 0 to 1, got '0'"):
+        real(0, 1, open_lo=True)("0")
+    assert wholes(1, 8)(" 1, 2 ") == "1,2"
+    assert real(0, 1)("1") == 1.0
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["bench", "frames", "--batches", "-1"], "--batches"),
+    (["bench", "tiers", "--rows", "-1"], "--rows"),
+    (["bench", "adaptive", "--interval", "0"], "--interval"),
+    (["bench", "adaptive", "--live-timeout-s", "nan"], "--live-timeout-s"),
+    (["bench", "capacity", "--actors", "1000000"], "--actors"),
+    (["bench", "exposed-latency", "--cases", "foo"], "--cases"),
+    (["bench", "exposed-latency", "--modes", "foo"], "--modes"),
+    (["bench", "ingest", "--transports", "foo"], "--transports"),
+    (["bench", "ingest", "--kinds", "foo"], "--kinds"),
+    (["bench", "tiers", "--device", "foo"], "--device"),
+    (["bench", "allreduce", "--backend", "foo"], "--backend"),
+])
+def test_the_cli_refuses_them_before_anything_runs(argv: list[str], flag: str,
+                                                   capsys, monkeypatch) -> None:
+    def launch(*a: object, **k: object) -> None:
+        raise AssertionError(f"{argv} launched {a[:1]}")
+
+    monkeypatch.setattr(subprocess, "run", launch)  # nothing may start
+    monkeypatch.setattr(subprocess, "Popen", launch)
+    with pytest.raises(SystemExit) as ex:
+        cli.main(argv)
+    assert ex.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: " in err and repr(argv[-1]) in err, err
+    assert "Traceback" not in err
