@@ -190,7 +190,18 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from conduit_hpc.errors import ConfigError
 
     # the ranks' own rule for these values, here before anything is launched
+    fit = max(args.n - 2, 0)  # a buffer rank and an actor rank besides the learners
+    if args.learners is None:
+        args.learners = min(1, fit)
     LayoutConfig(learners=args.learners, emulate_nodes=args.emulate_nodes)
+    if args.learners > fit:
+        raise ConfigError(f"--learners {args.learners} does not fit -n {args.n}: the probe "
+                          f"needs a buffer rank and an actor rank besides the learners "
+                          f"(use --learners {fit} or fewer, or -n {args.learners + 2})",
+                          key="--learners")
+    if args.emulate_nodes > args.n:
+        raise ConfigError(f"--emulate-nodes {args.emulate_nodes} is more nodes than the "
+                          f"-n {args.n} ranks (use at most {args.n})", key="--emulate-nodes")
     out = Path(args.out) if args.out else None
     if out is not None and (out.is_dir() or not out.parent.is_dir()):
         raise ConfigError(f"--out must be a file path in an existing directory, got "
@@ -205,7 +216,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 def _build_probe(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", type=int, default=3, help="ranks to launch with mpirun")
-    p.add_argument("--learners", type=int, default=1, help="learner ranks in the layout")
+    p.add_argument("--learners", type=int, default=None,
+                   help="learner ranks in the layout (default 1; 0 with -n 2)")
     p.add_argument("--emulate-nodes", type=int, default=0,
                    help="treat the ranks as N nodes (RMA between them)")
     p.add_argument("--out", default="", help="also write the cluster TOML here")

@@ -126,6 +126,10 @@ def test_plan_top_below_one_is_refused(top: str, capsys) -> None:
     (["--learners", "-1"], "learners must be >= 0"),
     (["--emulate-nodes", "-3"], "emulate_nodes must be >= 0"),
     (["--out", "/proc/no-such-dir/cluster.toml"], "--out must be a file path in an existing"),
+    # before: the probe took 1 learner instead, without a word
+    (["-n", "3", "--learners", "5"], "--learners 5 does not fit -n 3"),
+    (["-n", "4", "--learners", "3"], "use --learners 2 or fewer, or -n 5"),
+    (["-n", "3", "--emulate-nodes", "10"], "--emulate-nodes 10 is more nodes than the -n 3"),
 ])
 def test_probe_refuses_bad_values_before_launching(args: list[str], match: str,
                                                     capsys) -> None:
