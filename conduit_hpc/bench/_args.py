@@ -6,17 +6,24 @@ Every number a benchmark takes on its command line goes through one of these
 --NAME: must be ..., got 'VALUE'`` line, exit status 2, before anything is launched or
 written (``tests/unit/test_bench_args.py`` holds every benchmark to it). A comma list
 comes back normalised as a string (``" 1, 2"`` -> ``"1,2"``), as the benchmarks read it.
+Paths are checked the same way: a folder to write into (``out_dir``, made if missing),
+an existing one (``existing_dir``), a file to write (``out_file``) and a finished run
+(``run_dir``). Permission checks use ``os.access`` and so cannot refuse a folder root
+may not write for other reasons (``/proc``); those fail when the benchmark writes.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Checked", "Names", "names", "real", "reals", "torch_device", "whole", "wholes"]
+__all__ = ["Checked", "Names", "existing_dir", "names", "out_dir", "out_file", "real", "reals",
+           "run_dir", "torch_device", "whole", "wholes"]
 
 
 def _range(lo: float, hi: float, open_lo: bool) -> str:
@@ -150,4 +157,58 @@ def torch_device(text: str) -> str:
             f"{torch.cuda.device_count()} CUDA device(s)")
     if dev.type not in ("cpu", "cuda"):
         raise argparse.ArgumentTypeError(f"must be cpu or a CUDA device, got {text!r}")
+    return text
+
+
+def _writable_dir(p: Path) -> bool:
+    return p.is_dir() and os.access(p, os.W_OK | os.X_OK)
+
+
+def existing_dir(text: str) -> str:
+    """A directory that exists and can be written (``""``: the benchmark's default)."""
+    if text and not _writable_dir(Path(text)):
+        raise argparse.ArgumentTypeError(
+            f"must be an existing directory this user can write, got {text!r}")
+    return text
+
+
+def out_dir(text: str) -> str:
+    """A directory to write into, made if missing: not a file, and its nearest existing
+    ancestor a directory this user can write (``""``: the benchmark's default)."""
+    if not text:
+        return text
+    p = Path(text)
+    if p.exists():
+        if not _writable_dir(p):
+            raise argparse.ArgumentTypeError(
+                f"must be a directory this user can write (or a path to make one), "
+                f"got {text!r}")
+        return text
+    up = p.absolute().parent
+    while not up.exists():
+        up = up.parent
+    if not _writable_dir(up):
+        raise argparse.ArgumentTypeError(
+            f"must be a directory this user can make: {str(up)!r} above it is not a "
+            f"writable directory, got {text!r}")
+    return text
+
+
+def out_file(text: str) -> str:
+    """A file to write or append to: not a directory, in an existing directory this
+    user can write (``""``: none)."""
+    if text and (Path(text).is_dir() or not _writable_dir(Path(text).absolute().parent)):
+        raise argparse.ArgumentTypeError(
+            f"must be a file path in an existing directory this user can write, got "
+            f"{text!r}")
+    return text
+
+
+def run_dir(text: str) -> str:
+    """The directory of a finished ``conduit-hpc run`` (it holds
+    ``metrics/summary.json``)."""
+    if not (Path(text) / "metrics" / "summary.json").is_file():
+        raise argparse.ArgumentTypeError(
+            f"must be a run directory of conduit-hpc run (with metrics/summary.json), "
+            f"got {text!r}")
     return text

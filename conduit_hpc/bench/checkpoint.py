@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import real, whole
+from conduit_hpc.bench._args import existing_dir, out_file, real, whole
 from conduit_hpc.bench.common import git_sha, worker_command
 from conduit_hpc.plane.extensions import BufferExtension
 
@@ -254,8 +254,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--buffers", type=whole(1, 64), default=1)
     p.add_argument("--actors", type=whole(1, 64), default=2)
     p.add_argument("--checkpoints", type=whole(1, 10**4), default=3)
-    p.add_argument("--dir", default="", help="where to write (default: a temp dir)")
-    p.add_argument("--out", default="", help="also append the JSON line to this file")
+    p.add_argument("--dir", type=existing_dir, default="",
+                   help="where to write (default: a temp dir)")
+    p.add_argument("--out", type=out_file, default="",
+                   help="also append the JSON line to this file")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--root", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import real, wholes
+from conduit_hpc.bench._args import out_dir, real, wholes
 from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/dqn_cartpole.toml")
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="override a config value, e.g. --set lr=5e-4 (= dqn.lr) or "
                    "--set scheduler.batch_rows=32")
     p.add_argument("--time-limit", type=real(0, 1e7), default=0.0, help="seconds per run (0: none)")
-    p.add_argument("--out", default="", help="folder for runs and the report "
+    p.add_argument("--out", type=out_dir, default="", help="folder for runs and the report "
                    "(default runs/convergence-<time>)")
     args = p.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -27,6 +27,7 @@ import numpy as np
 
 from conduit_hpc import jsontext
 from conduit_hpc.bench._args import names, reals, whole
+from conduit_hpc.bench._args import out_dir as a_folder
 from conduit_hpc.bench.common import git_sha, repo_path
 
 MODES = ("sync", "service", "edp", "edp-process")
@@ -123,7 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--cases", type=names(CASES), default="float4,atari")
     p.add_argument("--factors", type=reals(0, 1e6), default="0.5,1,2",
                    help="compute as multiples of the path")
-    p.add_argument("--out", default=str(repo_path("bench/out")), help="PNG/JSON folder")
+    p.add_argument("--out", type=a_folder, default=str(repo_path("bench/out")),
+                   help="PNG/JSON folder")
     p.add_argument("--modes", type=names(MODES), default=",".join(MODES),
                    help=f"modes to run, of {','.join(MODES)} (sync always: it calibrates)")
     p.add_argument("--fetch", choices=("direct", "owner"), default="direct",

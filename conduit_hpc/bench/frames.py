@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import whole, wholes
+from conduit_hpc.bench._args import existing_dir, whole, wholes
 from conduit_hpc.bench.common import AtariGame, git_sha
 
 ATARI: dict[str, dict[str, Any]] = {
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--game", default="ALE/Pong-v5")
     p.add_argument("--checkpoint", action="store_true")
     p.add_argument("--codec", default="gzip")
-    p.add_argument("--dir", default=None)
+    p.add_argument("--dir", type=existing_dir, default=None)
     args = p.parse_args(argv)
     if args.smoke:
         args.capacity, args.rows, args.streams, args.repeats = 1500, 2500, 4, 3

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import real
+from conduit_hpc.bench._args import out_dir, real
 from conduit_hpc.bench.common import git_sha, repo_path
 
 __all__ = ["JOB_SETS", "blind_cluster", "learner_host_share", "main", "roles_per_node"]
@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--duration", type=real(0, 1e6, open_lo=True), default=6.0,
                    help="seconds per run")
     p.add_argument("--mode", default="sync", choices=["sync", "edp", "service"])
-    p.add_argument("--out", default="", help="folder for the runs (default: a temp dir)")
+    p.add_argument("--out", type=out_dir, default="",
+                   help="folder for the runs (default: a temp dir)")
     p.add_argument("--smoke", action="store_true",
                    help="100mbit only, 2 s runs, aware and blind")
     args = p.parse_args(argv)

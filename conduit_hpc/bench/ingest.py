@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import names, real, wholes
+from conduit_hpc.bench._args import names, out_file, real, wholes
 from conduit_hpc.bench.common import git_sha, worker_command
 
 ROWS = {
@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="shm: direct shared-memory stores; rma: MPI_Put through the window")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--transport", default="auto", help=argparse.SUPPRESS)
-    p.add_argument("--out", default="", help="also append the JSON lines to this file")
+    p.add_argument("--out", type=out_file, default="",
+                   help="also append the JSON lines to this file")
     args = p.parse_args(argv)
     if args.worker:
         worker(args)

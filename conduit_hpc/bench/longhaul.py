@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import real, reals, whole, wholes
+from conduit_hpc.bench._args import out_dir, real, reals, whole, wholes
 from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/longhaul_dqn.toml")
@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--queue-rows", type=whole(1, 1 << 30), default=4096,
                    help="forward: rows the edge holds for the link before dropping")
     p.add_argument("--timeout", type=real(0, 1e7, open_lo=True), default=1800.0, help="per run (s)")
-    p.add_argument("--out", default="", help="runs, plots and table go here (default: "
+    p.add_argument("--out", type=out_dir, default="",
+                   help="runs, plots and table go here (default: "
                    "bench/out/longhaul; with --smoke and no --out, a temporary folder)")
     p.add_argument("--hosts", action="store_true",
                    help="across 2 hosts of scripts/hosts/cluster.sh, links shaped by tc tbf "

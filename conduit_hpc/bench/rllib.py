@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import real, wholes
+from conduit_hpc.bench._args import out_dir, real, wholes
 from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/rllib_dqn_cartpole.toml")
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a job override for every run (section.key=value)")
-    p.add_argument("--out", default="runs/bench-rllib")
+    p.add_argument("--out", type=out_dir, default="runs/bench-rllib")
     p.add_argument("--timeout", type=real(0, 1e7, open_lo=True), default=3600.0, help="per run (s)")
     a = p.parse_args(argv)
     try:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import real, whole, wholes
+from conduit_hpc.bench._args import out_file, real, run_dir, whole, wholes
 from conduit_hpc.bench._scale_model import (
     MODES,
     allreduce_link,
@@ -247,10 +247,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--gradient-bytes", type=real(0, 1e15), default=0.0,
                    help="bytes of gradient all-reduced per superstep over the learners "
                    "(0: none; e.g. 6.7e6 for the Nature DQN's 1.7M float32 parameters)")
-    p.add_argument("--png", default=str(repo_path("bench/scale.png")))
-    p.add_argument("--measured", nargs="*", default=[],
+    p.add_argument("--png", type=out_file, default=str(repo_path("bench/scale.png")))
+    p.add_argument("--measured", type=run_dir, nargs="*", default=[],
                    help="run directories of this machine to compare against")
-    p.add_argument("--measured-learners", nargs="*", default=[], metavar="RUN_DIR",
+    p.add_argument("--measured-learners", type=run_dir, nargs="*", default=[], metavar="RUN_DIR",
                    help="DQN runs with 1, 2, ... learners (bench convergence --learners)")
     p.add_argument("--link", default="probe", help="the learners' all-reduce link for "
                    "--measured-learners: probe (gloo, measured here) or LATENCY_US,GBPS")
@@ -258,7 +258,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="job config of the --measured runs")
     p.add_argument("--cost", action="append", default=[], metavar="NAME=SECONDS",
                    help="replace a measured cost (what-if), e.g. gather_s_per_byte=4e-11")
-    p.add_argument("--out", default="", help="also append the JSON lines to this file")
+    p.add_argument("--out", type=out_file, default="",
+                   help="also append the JSON lines to this file")
     args = p.parse_args(argv)
     if args.smoke:
         args.sizes = "8,16"

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import real
+from conduit_hpc.bench._args import out_dir, real
 from conduit_hpc.bench.common import git_sha
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "synthetic.toml"
@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="seconds per run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="passed to every run, e.g. scheduler.device=cuda")
-    p.add_argument("--out", default="", help="folder for the runs (default: a temp dir)")
+    p.add_argument("--out", type=out_dir, default="",
+                   help="folder for the runs (default: a temp dir)")
     p.add_argument("--smoke", action="store_true", help="2 s per run")
     args = p.parse_args(argv)
     if args.smoke:

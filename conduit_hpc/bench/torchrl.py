@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import real, wholes
+from conduit_hpc.bench._args import out_dir, real, wholes
 from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/torchrl_dqn_cartpole.toml")
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="override a config value (section.key=value), in every mode")
     p.add_argument("--time-limit", type=real(0, 1e7), default=0.0,
                    help="training seconds per run (run.duration_s; 0: the config's)")
-    p.add_argument("--out", default="", help="folder for the runs (default "
+    p.add_argument("--out", type=out_dir, default="", help="folder for the runs (default "
                    "runs/bench-torchrl-<time>)")
     args = p.parse_args(argv)
     modes = args.modes.split(",")

@@ -12,11 +12,24 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from conduit_hpc.bench._args import Checked, Names, names, real, torch_device, wholes
+from conduit_hpc.bench._args import (
+    Checked,
+    Names,
+    existing_dir,
+    names,
+    out_dir,
+    out_file,
+    real,
+    run_dir,
+    torch_device,
+    wholes,
+)
 from conduit_hpc.tools import cli
 
 BENCHES = sorted(cli.benchmarks())
@@ -120,6 +133,54 @@ def test_every_list_of_names_refuses_unknown_empty_and_repeated_names(
             assert getattr(p.parse_args([f"{opt}= {one} "]), a.dest) == one
 
 
+PATH_TYPES = (existing_dir, out_dir, out_file, run_dir)
+
+
+def bad_paths(kind: object, tmp: Path) -> list[str]:
+    """Paths each kind of path option must refuse (``tmp`` holds a file and a folder)."""
+    # (not "unwritable" folders: root may write where others may not, and the suite
+    # runs as root in CI)
+    a_file, a_dir = tmp / "a-file", tmp / "a-dir"
+    if kind is existing_dir:
+        return [str(a_file), str(tmp / "missing"), str(a_file / "x")]
+    if kind is out_dir:
+        return [str(a_file), str(a_file / "under-a-file"), str(a_file / "a" / "b")]
+    if kind is out_file:
+        return [str(a_dir), str(tmp / "missing" / "x.json"), str(a_file / "x.json")]
+    return [str(a_dir), str(a_file), str(tmp / "missing")]  # run_dir
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_every_path_option_refuses_what_it_cannot_use(name: str, monkeypatch, capsys,
+                                                      tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-dir").mkdir()
+    p = parser_of(name, monkeypatch)
+    for a in p._actions:
+        if a.type not in PATH_TYPES or not a.option_strings:
+            continue
+        opt = a.option_strings[0]
+        for v in bad_paths(a.type, tmp_path):
+            with pytest.raises(SystemExit):
+                p.parse_args([f"{opt}={v}"])
+            err = capsys.readouterr().err
+            assert f"argument {opt}: must be" in err and repr(v) in err, (opt, v, err)
+        before = sorted(os.listdir(tmp_path))
+        good = {existing_dir: tmp_path / "a-dir", out_dir: tmp_path / "new" / "runs",
+                out_file: tmp_path / "out.json"}.get(a.type)
+        if good is not None:  # what it can use is taken, and nothing is made meanwhile
+            assert getattr(p.parse_args([f"{opt}={good}"]), a.dest) in (str(good), [str(good)])
+            assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_a_run_directory_is_one_with_a_summary(tmp_path: Path) -> None:
+    (tmp_path / "metrics").mkdir()
+    with pytest.raises(argparse.ArgumentTypeError, match=r"metrics/summary\.json"):
+        run_dir(str(tmp_path))
+    (tmp_path / "metrics" / "summary.json").write_text("{}")
+    assert run_dir(str(tmp_path)) == str(tmp_path)
+
+
 def test_checked_types_say_what_they_want() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=r"of a, b; got 'a,c' \(unknown: c\)"):
         names(("a", "b"))("a,c")
@@ -148,6 +209,8 @@ def test_checked_types_say_what_they_want() -> None:
     (["bench", "ingest", "--kinds", "foo"], "--kinds"),
     (["bench", "tiers", "--device", "foo"], "--device"),
     (["bench", "allreduce", "--backend", "foo"], "--backend"),
+    (["bench", "scale", "--measured-learners", "/no/such/run"], "--measured-learners"),
+    (["bench", "frames", "--checkpoint", "--dir", "/no/such/dir"], "--dir"),
 ])
 def test_the_cli_refuses_them_before_anything_runs(argv: list[str], flag: str,
                                                    capsys, monkeypatch) -> None:
