@@ -7,9 +7,10 @@ Every number a benchmark takes on its command line goes through one of these
 written (``tests/unit/test_bench_args.py`` holds every benchmark to it). A comma list
 comes back normalised as a string (``" 1, 2"`` -> ``"1,2"``), as the benchmarks read it.
 Paths are checked the same way: a folder to write into (``out_dir``, made if missing),
-an existing one (``existing_dir``), a file to write (``out_file``) and a finished run
-(``run_dir``). Permission checks use ``os.access`` and so cannot refuse a folder root
-may not write for other reasons (``/proc``); those fail when the benchmark writes.
+an existing one (``existing_dir``), a file to write (``out_file``) and a run's folder
+(``run_dir``; ``finished_run``). Permission checks use ``os.access`` and so cannot
+refuse a folder root may not write for other reasons (``/proc``); those fail when the
+benchmark writes.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Checked", "Names", "existing_dir", "names", "out_dir", "out_file", "real", "reals",
-           "run_dir", "torch_device", "whole", "wholes"]
+__all__ = ["Checked", "Names", "existing_dir", "finished_run", "names", "out_dir", "out_file",
+           "real", "reals", "run_dir", "torch_device", "whole", "wholes"]
 
 
 def _range(lo: float, hi: float, open_lo: bool) -> str:
@@ -205,10 +206,20 @@ def out_file(text: str) -> str:
 
 
 def run_dir(text: str) -> str:
-    """The directory of a finished ``conduit-hpc run`` (it holds
-    ``metrics/summary.json``)."""
+    """The directory of a ``conduit-hpc run`` with its learners' metrics
+    (``metrics/learner-*.csv``)."""
+    if not any((Path(text) / "metrics").glob("learner-*.csv")):
+        raise argparse.ArgumentTypeError(
+            f"must be a run directory of conduit-hpc run (with metrics/learner-*.csv), "
+            f"got {text!r}")
+    return text
+
+
+def finished_run(text: str) -> str:
+    """A :func:`run_dir` that finished: it also holds ``metrics/summary.json``."""
+    run_dir(text)
     if not (Path(text) / "metrics" / "summary.json").is_file():
         raise argparse.ArgumentTypeError(
-            f"must be a run directory of conduit-hpc run (with metrics/summary.json), "
-            f"got {text!r}")
+            f"must be a finished run directory of conduit-hpc run (with "
+            f"metrics/summary.json), got {text!r}")
     return text

@@ -22,6 +22,7 @@ from conduit_hpc.bench._args import (
     Checked,
     Names,
     existing_dir,
+    finished_run,
     names,
     out_dir,
     out_file,
@@ -133,7 +134,7 @@ def test_every_list_of_names_refuses_unknown_empty_and_repeated_names(
             assert getattr(p.parse_args([f"{opt}= {one} "]), a.dest) == one
 
 
-PATH_TYPES = (existing_dir, out_dir, out_file, run_dir)
+PATH_TYPES = (existing_dir, out_dir, out_file, run_dir, finished_run)
 
 
 def bad_paths(kind: object, tmp: Path) -> list[str]:
@@ -147,7 +148,7 @@ def bad_paths(kind: object, tmp: Path) -> list[str]:
         return [str(a_file), str(a_file / "under-a-file"), str(a_file / "a" / "b")]
     if kind is out_file:
         return [str(a_dir), str(tmp / "missing" / "x.json"), str(a_file / "x.json")]
-    return [str(a_dir), str(a_file), str(tmp / "missing")]  # run_dir
+    return [str(a_dir), str(a_file), str(tmp / "missing")]  # run_dir, finished_run
 
 
 @pytest.mark.parametrize("name", BENCHES)
@@ -173,12 +174,18 @@ def test_every_path_option_refuses_what_it_cannot_use(name: str, monkeypatch, ca
             assert sorted(os.listdir(tmp_path)) == before
 
 
-def test_a_run_directory_is_one_with_a_summary(tmp_path: Path) -> None:
+def test_a_run_directory_has_learner_metrics_and_a_finished_one_a_summary(
+        tmp_path: Path) -> None:
     (tmp_path / "metrics").mkdir()
-    with pytest.raises(argparse.ArgumentTypeError, match=r"metrics/summary\.json"):
-        run_dir(str(tmp_path))
-    (tmp_path / "metrics" / "summary.json").write_text("{}")
+    for check in (run_dir, finished_run):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"metrics/learner-\*\.csv"):
+            check(str(tmp_path))
+    (tmp_path / "metrics" / "learner-0.csv").write_text("superstep\n")
     assert run_dir(str(tmp_path)) == str(tmp_path)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"metrics/summary\.json"):
+        finished_run(str(tmp_path))
+    (tmp_path / "metrics" / "summary.json").write_text("{}")
+    assert finished_run(str(tmp_path)) == str(tmp_path)
 
 
 def test_checked_types_say_what_they_want() -> None:
