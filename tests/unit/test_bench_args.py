@@ -1,10 +1,11 @@
-"""Every benchmark's numeric options are checked while its arguments are parsed
-(``conduit_hpc/bench/_args.py``): a value out of range is one ``error: argument --NAME``
+"""Every benchmark's numeric, name-list and path options are checked while its arguments
+are parsed (``conduit_hpc/bench/_args.py``): a bad value is one ``error: argument --NAME``
 line naming the value, exit status 2, before anything runs (before: ``bench frames
 --batches -1`` and ``bench tiers --rows -1`` ended in tracebacks, ``bench adaptive
 --interval 0`` in ``range() arg 3 must not be zero``, ``--live-timeout-s nan`` in
-``cannot convert float NaN``, and ``bench capacity --actors 1000000`` would have
-started a million ranks). The parsers are taken from the benchmarks' own ``main``, so
+``cannot convert float NaN``, ``bench scale --measured-learners /nonexist`` in
+``FileNotFoundError``, and ``bench capacity --actors 1000000`` would have started a
+million ranks). The parsers are taken from the benchmarks' own ``main``, so
 an option added later with a bare ``int`` or ``float`` fails here."""
 
 from __future__ import annotations
