@@ -5,12 +5,18 @@ they insert. CPU time, unlike batches/s, barely moves with what else the machine
 the share shows what two cores leave the learner when 2 actors and the buffer rank want
 them too (the ceiling on ``bench capacity``'s inserting / idle ratio).
 
-    mpirun -n 4 python -m mpi4py scripts/learner_cpu.py [cartpole|atari] [BATCHES]
+    mpirun -n 4 python -m mpi4py scripts/learner_cpu.py [cartpole|atari] [BATCHES] [MODE]
 
-Ranks: 1 buffer, 1 learner, the rest actors (rows and sizes of ``bench peers``).
+Ranks: 1 buffer, 1 learner, the rest actors (rows and sizes of ``bench peers``). MODE is
+``sync`` (default), ``edp`` (a data-plane thread) or ``edp-process`` (a delivery rank:
+one more rank, ``-n 5``). With ``edp`` the learner's process also prints, per thread,
+its share of a core and its voluntary context switches a batch over the idle phase
+(``/proc/self/task``; ``bench/README.md``, "Round 10").
 """
+import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
@@ -21,15 +27,36 @@ from conduit_hpc.testing import make_config
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "cartpole"
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
+mode = sys.argv[3] if len(sys.argv) > 3 else "sync"
+if mode not in ("sync", "edp", "edp-process"):
+    sys.exit(f"MODE must be sync, edp or edp-process, got {mode!r}")
 comm = MPI.COMM_WORLD
 sz = SIZES[kind]
 cfg = make_config(spec=ROWS[kind], layout={"learners": 1, "buffers": 1},
                   storage={"capacity_rows": sz["capacity"], "priority_exponent": ALPHA},
                   checkpoint={"on_stop": False},
-                  scheduler={"mode": "sync", "fetch": "direct", "batch_rows": sz["batch"],
+                  scheduler={"mode": mode.split("-")[0], "fetch": "direct",
+                             "delivery": "process" if mode == "edp-process" else "thread",
+                             "batch_rows": sz["batch"],
                              "sampler": "prioritized", "beta": BETA, "beta_final": BETA,
                              "min_fill_rows": sz["batch"]},
                   run={"timeout_s": 120.0})
+
+
+def threads() -> dict[str, tuple[float, int]]:
+    """CPU seconds and voluntary context switches of each thread of this process."""
+    out = {}
+    for t in os.listdir("/proc/self/task"):
+        try:
+            task = Path("/proc/self/task", t)
+            stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            status = (task / "status").read_text()
+        except OSError:  # the thread ended
+            continue
+        cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+        vol = int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
+        out[t] = (cpu, vol)
+    return out
 
 
 def batches(edp: ExperienceDataPlane, prios: np.ndarray) -> tuple[float, float]:
@@ -51,7 +78,16 @@ with ExperienceDataPlane(cfg, comm) as edp:
             side.Barrier()  # the actors filled the ring
             prios = np.random.default_rng(1).random((n, sz["batch"])) + 0.01
             batches(edp, prios[:200])  # warm
+            t0, w0 = threads(), time.perf_counter()
             idle = sorted(batches(edp, prios) for _ in range(5))[2]  # median of 5
+            t1, wall = threads(), time.perf_counter() - w0
+            if mode != "sync":
+                for t in sorted(set(t0) & set(t1)):
+                    cpu, vol = t1[t][0] - t0[t][0], t1[t][1] - t0[t][1]
+                    if cpu or vol:
+                        print(f"{kind} {mode}: thread {t}: {cpu / wall:.2f} of a core, "
+                              f"{vol / (5 * n):.1f} voluntary context switches a batch",
+                              flush=True)
             side.Ibarrier().Wait()  # the actors start inserting (they wait in an Ibarrier)
             stop = side.Ibarrier()
             ins = batches(edp, prios)
