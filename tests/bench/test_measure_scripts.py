@@ -1,0 +1,57 @@
+"""The measuring scripts `bench/README.md` tells readers to run ("Round 10"), run as
+written at small sizes: they print the figures the page quotes, in every mode they take
+(the benchmark tier; every subprocess has a timeout). Figures are not checked against
+any speed: only that they are there and make sense."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conduit_hpc.testing import REPO
+
+
+def run(cmd: list[str], timeout: float) -> str:
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                         check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+@pytest.mark.parametrize(("mode", "ranks"), [("sync", 4), ("edp", 4), ("edp-process", 5)])
+def test_learner_cpu_prints_its_figures_in_every_mode(mode: str, ranks: int) -> None:
+    out = run(["mpirun", "-n", str(ranks), sys.executable, "-m", "mpi4py",
+               "scripts/learner_cpu.py", "cartpole", "40", mode], timeout=240)
+    got = re.search(r"cartpole: learner CPU us/batch idle (\d+) \(wall (\d+)\), inserting "
+                    r"(\d+) \(wall (\d+)\); learner's share of a core while inserting "
+                    r"([\d.]+)", out)
+    assert got, out
+    assert all(int(x) > 0 for x in got.groups()[:4])
+    threads = re.findall(rf"cartpole {mode}: thread \d+: ([\d.]+) of a core, ([\d.]+) "
+                         r"voluntary context switches a batch", out)
+    if mode == "sync":
+        assert threads == [], out
+    else:  # the learner's own thread at least (edp: and the data-plane thread)
+        assert len(threads) >= (2 if mode == "edp" else 1), out
+        assert all(float(c) >= 0 and float(v) >= 0 for c, v in threads)
+
+
+def test_learner_cpu_refuses_an_unknown_mode() -> None:
+    out = subprocess.run([sys.executable, "scripts/learner_cpu.py", "cartpole", "10",
+                          "bogus"], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode != 0 and "MODE must be sync, edp or edp-process, got 'bogus'" \
+        in out.stderr
+
+
+def test_thread_handoff_prints_its_figures() -> None:
+    out = run([sys.executable, "scripts/thread_handoff.py", "200"], timeout=120)
+    for label in ("wake round trip, threads", "wake round trip, processes"):
+        assert re.search(rf"{label}\s+cpu\s+[\d.]+\s+wall\s+[\d.]+ us", out), out
+    for label in ("consumer under the GIL", "consumer releases it"):
+        assert re.search(rf"{label}\s+one thread: cpu\s+[\d.]+ wall\s+[\d.]+ us \| two "
+                         r"threads: cpu\s+[\d.]+ wall\s+[\d.]+ us", out), out
