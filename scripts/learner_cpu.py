@@ -9,7 +9,7 @@ them too (the ceiling on ``bench capacity``'s inserting / idle ratio).
 
 Ranks: 1 buffer, 1 learner, the rest actors (rows and sizes of ``bench peers``). MODE is
 ``sync`` (default), ``edp`` (a data-plane thread) or ``edp-process`` (a delivery rank:
-one more rank, ``-n 5``). With ``edp`` the learner's process also prints, per thread,
+one more rank, ``-n 5``). In both prefetching modes the learner's process prints, per thread,
 its share of a core and its voluntary context switches a batch over the idle phase
 (``/proc/self/task``; ``bench/README.md``, "Round 10").
 """
