@@ -1,5 +1,5 @@
 """Indicative, not a benchmark of record: the learner's CPU time per prioritized batch
-(sample + update of every row, sync mode, a learner that computes nothing), with the
+(sample + update of every row, in MODE, a learner that computes nothing), with the
 actors idle and with them inserting flat out, and the learner's share of a core while
 they insert. CPU time, unlike batches/s, barely moves with what else the machine runs;
 the share shows what two cores leave the learner when 2 actors and the buffer rank want
