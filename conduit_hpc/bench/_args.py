@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Checked", "Names", "existing_dir", "finished_run", "names", "out_dir", "out_file",
-           "real", "reals", "run_dir", "torch_device", "whole", "wholes"]
+__all__ = ["Checked", "Names", "existing_dir", "finished_run", "link", "names", "out_dir",
+           "out_file", "real", "reals", "run_dir", "torch_device", "whole", "wholes"]
 
 
 def _range(lo: float, hi: float, open_lo: bool) -> str:
@@ -159,6 +159,23 @@ def torch_device(text: str) -> str:
     if dev.type not in ("cpu", "cuda"):
         raise argparse.ArgumentTypeError(f"must be cpu or a CUDA device, got {text!r}")
     return text
+
+
+def link(text: str) -> str:
+    """``probe``, or a link as ``LATENCY_US,GBPS``: a latency from 0 to 1e7 us and a
+    bandwidth above 0 to 1e6 GB/s (normalised)."""
+    if text.strip() == "probe":
+        return "probe"
+    parts = text.split(",")
+    try:
+        if len(parts) != 2:
+            raise argparse.ArgumentTypeError("two numbers")
+        lat, gbps = _real(parts[0], 0, 1e7, False), _real(parts[1], 0, 1e6, True)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"must be probe or LATENCY_US,GBPS (latency 0 to 1e7 us, bandwidth above 0 to "
+            f"1e6 GB/s), got {text!r}") from None
+    return f"{lat!r},{gbps!r}"
 
 
 def _writable_dir(p: Path) -> bool:

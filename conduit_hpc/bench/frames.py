@@ -51,6 +51,7 @@ import numpy as np
 from conduit_hpc import jsontext
 from conduit_hpc.bench._args import existing_dir, whole, wholes
 from conduit_hpc.bench.common import AtariGame, git_sha
+from conduit_hpc.config import CHECKPOINT_CODECS
 
 ATARI: dict[str, dict[str, Any]] = {
     "obs": {"dtype": "uint8", "shape": [4, 84, 84], "stack": {"axis": 0, "stream": "env"}},
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--frames", choices=("random", "ale"), default="random")
     p.add_argument("--game", default="ALE/Pong-v5")
     p.add_argument("--checkpoint", action="store_true")
-    p.add_argument("--codec", default="gzip")
+    p.add_argument("--codec", default="gzip", choices=CHECKPOINT_CODECS)
     p.add_argument("--dir", type=existing_dir, default=None)
     args = p.parse_args(argv)
     if args.smoke:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import finished_run, out_file, real, run_dir, whole, wholes
+from conduit_hpc.bench._args import finished_run, link, out_file, real, run_dir, whole, wholes
 from conduit_hpc.bench._scale_model import (
     MODES,
     allreduce_link,
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--measured-learners", type=finished_run, nargs="*", default=[],
                    metavar="RUN_DIR",
                    help="DQN runs with 1, 2, ... learners (bench convergence --learners)")
-    p.add_argument("--link", default="probe", help="the learners' all-reduce link for "
+    p.add_argument("--link", type=link, default="probe", help="the learners' all-reduce link for "
                    "--measured-learners: probe (gloo, measured here) or LATENCY_US,GBPS")
     p.add_argument("--job", default=str(repo_path("jobs/synthetic.toml")),
                    help="job config of the --measured runs")

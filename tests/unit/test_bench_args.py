@@ -24,6 +24,7 @@ from conduit_hpc.bench._args import (
     Names,
     existing_dir,
     finished_run,
+    link,
     names,
     out_dir,
     out_file,
@@ -189,6 +190,16 @@ def test_a_run_directory_has_learner_metrics_and_a_finished_one_a_summary(
     assert finished_run(str(tmp_path)) == str(tmp_path)
 
 
+def test_a_link_is_probe_or_a_latency_and_a_bandwidth() -> None:
+    assert link(" probe ") == "probe"
+    assert link("25, 1.5") == "25.0,1.5"
+    assert link("0,1e6") == "0.0,1000000.0"
+    for bad in ("", "probe,1", "25", "25,1.5,3", "-1,1", "25,0", "25,nan", "inf,1",
+                "25,1e7", "a,b"):
+        with pytest.raises(argparse.ArgumentTypeError, match=repr(bad)):
+            link(bad)
+
+
 def test_checked_types_say_what_they_want() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=r"of a, b; got 'a,c' \(unknown: c\)"):
         names(("a", "b"))("a,c")
@@ -219,6 +230,8 @@ def test_checked_types_say_what_they_want() -> None:
     (["bench", "allreduce", "--backend", "foo"], "--backend"),
     (["bench", "scale", "--measured-learners", "/no/such/run"], "--measured-learners"),
     (["bench", "frames", "--checkpoint", "--dir", "/no/such/dir"], "--dir"),
+    (["bench", "frames", "--checkpoint", "--codec", "zip"], "--codec"),
+    (["bench", "scale", "--link", "5,-1"], "--link"),
 ])
 def test_the_cli_refuses_them_before_anything_runs(argv: list[str], flag: str,
                                                    capsys, monkeypatch) -> None:
