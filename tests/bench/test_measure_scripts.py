@@ -15,17 +15,18 @@ import pytest
 from conduit_hpc.testing import REPO
 
 
-def run(cmd: list[str], timeout: float) -> str:
+def run(cmd: list[str], timeout: float, *, ok: bool = True
+        ) -> subprocess.CompletedProcess[str]:
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                          check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
+    assert (out.returncode == 0) == ok, out.stdout + out.stderr
+    return out
 
 
 @pytest.mark.parametrize(("mode", "ranks"), [("sync", 4), ("edp", 4), ("edp-process", 5)])
 def test_learner_cpu_prints_its_figures_in_every_mode(mode: str, ranks: int) -> None:
     out = run(["mpirun", "-n", str(ranks), sys.executable, "-m", "mpi4py",
-               "scripts/learner_cpu.py", "cartpole", "40", mode], timeout=240)
+               "scripts/learner_cpu.py", "cartpole", "40", mode], timeout=240).stdout
     got = re.search(r"cartpole: learner CPU us/batch idle (\d+) \(wall (\d+)\), inserting "
                     r"(\d+) \(wall (\d+)\); learner's share of a core while inserting "
                     r"([\d.]+)", out)
@@ -41,15 +42,13 @@ def test_learner_cpu_prints_its_figures_in_every_mode(mode: str, ranks: int) -> 
 
 
 def test_learner_cpu_refuses_an_unknown_mode() -> None:
-    out = subprocess.run([sys.executable, "scripts/learner_cpu.py", "cartpole", "10",
-                          "bogus"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                         check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert out.returncode != 0 and "MODE must be sync, edp or edp-process, got 'bogus'" \
-        in out.stderr
+    out = run([sys.executable, "scripts/learner_cpu.py", "cartpole", "10", "bogus"],
+              timeout=120, ok=False)
+    assert "MODE must be sync, edp or edp-process, got 'bogus'" in out.stderr
 
 
 def test_thread_handoff_prints_its_figures() -> None:
-    out = run([sys.executable, "scripts/thread_handoff.py", "200"], timeout=120)
+    out = run([sys.executable, "scripts/thread_handoff.py", "200"], timeout=120).stdout
     for label in ("wake round trip, threads", "wake round trip, processes"):
         assert re.search(rf"{label}\s+cpu\s+[\d.]+\s+wall\s+[\d.]+ us", out), out
     for label in ("consumer under the GIL", "consumer releases it"):

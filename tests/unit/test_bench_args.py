@@ -216,25 +216,27 @@ def test_checked_types_say_what_they_want() -> None:
     assert real(0, 1)("1") == 1.0
 
 
-@pytest.mark.parametrize(("argv", "flag"), [
-    (["bench", "frames", "--batches", "-1"], "--batches"),
-    (["bench", "tiers", "--rows", "-1"], "--rows"),
-    (["bench", "adaptive", "--interval", "0"], "--interval"),
-    (["bench", "adaptive", "--live-timeout-s", "nan"], "--live-timeout-s"),
-    (["bench", "capacity", "--actors", "1000000"], "--actors"),
-    (["bench", "exposed-latency", "--cases", "foo"], "--cases"),
-    (["bench", "exposed-latency", "--modes", "foo"], "--modes"),
-    (["bench", "ingest", "--transports", "foo"], "--transports"),
-    (["bench", "ingest", "--kinds", "foo"], "--kinds"),
-    (["bench", "tiers", "--device", "foo"], "--device"),
-    (["bench", "allreduce", "--backend", "foo"], "--backend"),
-    (["bench", "scale", "--measured-learners", "/no/such/run"], "--measured-learners"),
-    (["bench", "frames", "--checkpoint", "--dir", "/no/such/dir"], "--dir"),
-    (["bench", "frames", "--checkpoint", "--codec", "zip"], "--codec"),
-    (["bench", "scale", "--link", "5,-1"], "--link"),
+@pytest.mark.parametrize("argv", [
+    ["bench", "frames", "--batches", "-1"],
+    ["bench", "tiers", "--rows", "-1"],
+    ["bench", "adaptive", "--interval", "0"],
+    ["bench", "adaptive", "--live-timeout-s", "nan"],
+    ["bench", "capacity", "--actors", "1000000"],
+    ["bench", "exposed-latency", "--cases", "foo"],
+    ["bench", "exposed-latency", "--modes", "foo"],
+    ["bench", "ingest", "--transports", "foo"],
+    ["bench", "ingest", "--kinds", "foo"],
+    ["bench", "tiers", "--device", "foo"],
+    ["bench", "allreduce", "--backend", "foo"],
+    ["bench", "scale", "--measured-learners", "/no/such/run"],
+    ["bench", "frames", "--checkpoint", "--dir", "/no/such/dir"],
+    ["bench", "frames", "--checkpoint", "--codec", "zip"],
+    ["bench", "scale", "--link", "5,-1"],
 ])
-def test_the_cli_refuses_them_before_anything_runs(argv: list[str], flag: str,
-                                                   capsys, monkeypatch) -> None:
+def test_the_cli_refuses_them_before_anything_runs(argv: list[str], capsys,
+                                                   monkeypatch) -> None:
+    flag = argv[-2]  # each case ends in the flag and its bad value
+
     def launch(*a: object, **k: object) -> None:
         raise AssertionError(f"{argv} launched {a[:1]}")
 
