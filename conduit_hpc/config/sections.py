@@ -81,6 +81,7 @@ class LayoutConfig:
         per_node (bool): counts are per node rather than for the world.
         emulate_nodes (int): when > 0, treat the world as this many nodes of consecutive
             ranks (for tests of multi-node paths on one machine); 0 uses the real nodes.
+            At most the world's ranks (checked when the data plane starts, on every rank).
         learners_ingest (bool): learner ranks also ingest, each into a home shard of its
             own, as an algorithm process that both collects and learns does (RLlib's);
             then a layout needs no actor rank (``actors = 0``: the remaining ranks, maybe

@@ -128,7 +128,7 @@ class RoleComms:
 def _node_split(world: MPI.Intracomm, emulate_nodes: int) -> tuple[MPI.Intracomm, tuple[int, ...]]:
     rank, size = world.Get_rank(), world.Get_size()
     if emulate_nodes > 0:
-        nodes = min(emulate_nodes, size)
+        nodes = emulate_nodes
         color = rank * nodes // size
         node: MPI.Intracomm = world.Split(color, rank)  # type: ignore[assignment]
     else:
@@ -147,8 +147,15 @@ def split_roles(comm: MPI.Intracomm, layout: LayoutConfig,
 
     Raises:
         WorldTooSmall: fewer ranks (per node) than the layout needs - on every rank.
-        ConfigError: more ranks than a layout with fixed counts uses - on every rank.
+        ConfigError: more ranks than a layout with fixed counts uses, or more emulated
+            nodes than ranks - on every rank.
     """
+    size = comm.Get_size()
+    if layout.emulate_nodes > size:  # the same verdict on every rank (one config)
+        raise ConfigError(f"layout.emulate_nodes = {layout.emulate_nodes}, but the world has "
+                          f"{size} ranks: expected 0 (the real nodes) or 1 to {size} (each "
+                          f"emulated node holds one or more consecutive ranks)",
+                          key="layout.emulate_nodes")
     world = comm.Dup()
     node, node_of = _node_split(world, layout.emulate_nodes)
     got, err = assign_roles(layout, node_of, delivery)

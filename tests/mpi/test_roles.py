@@ -78,6 +78,20 @@ def test_world_too_small_raises_on_every_rank() -> None:
     assert everyone(True)  # every rank got here: nobody hung
 
 
+@pytest.mark.mpi(min_size=2)
+def test_more_emulated_nodes_than_ranks_refused_on_every_rank() -> None:
+    size = COMM.Get_size()
+    with pytest.raises(ConfigError) as info:
+        split_roles(COMM, LayoutConfig(learners=0, buffers=1, emulate_nodes=size + 1))
+    assert info.value.key == "layout.emulate_nodes"
+    assert f"emulate_nodes = {size + 1}" in str(info.value)
+    assert f"1 to {size}" in str(info.value)
+    roles = split_roles(COMM, LayoutConfig(learners=0, buffers=1, emulate_nodes=size))
+    assert roles.node_of == tuple(range(size))  # one rank a node: the most there can be
+    roles.close()
+    assert everyone(True)  # every rank got here: nobody hung
+
+
 @pytest.mark.mpi(min_size=3)
 def test_fixed_counts_smaller_than_world_refused() -> None:
     size = COMM.Get_size()
