@@ -1,4 +1,4 @@
-"""The measuring scripts `bench/README.md` tells readers to run ("Round 10"), run as
+"""The measuring scripts `bench/README.md` tells readers to run ("Round 10", "Round 11"), run as
 written at small sizes: they print the figures the page quotes, in every mode they take
 (the benchmark tier; every subprocess has a timeout). Figures are not checked against
 any speed: only that they are there and make sense."""
@@ -54,3 +54,22 @@ def test_thread_handoff_prints_its_figures() -> None:
     for label in ("consumer under the GIL", "consumer releases it"):
         assert re.search(rf"{label}\s+one thread: cpu\s+[\d.]+ wall\s+[\d.]+ us \| two "
                          r"threads: cpu\s+[\d.]+ wall\s+[\d.]+ us", out), out
+
+
+@pytest.mark.parametrize("where", ["shared", "heap"])
+def test_kernel_floor_prints_ours_and_cpprb(where: str) -> None:
+    out = run([sys.executable, "scripts/kernel_floor.py", "cartpole", "20", "2", where],
+              timeout=240).stdout
+    ours = re.search(rf"cartpole ours \(kernels only, {where} columns\): (\d+) us a batch "
+                     r"\(median of 2 rounds of 20; (\d+)-(\d+)\)", out)
+    assert ours and int(ours[1]) > 0 and int(ours[2]) <= int(ours[1]) <= int(ours[3]), out
+    pytest.importorskip("cpprb")
+    assert re.search(r"cartpole cpprb: \d+ us a batch \(median of 2 rounds of 20", out), out
+
+
+@pytest.mark.parametrize("argv", [["pong"], ["cartpole", "0"], ["cartpole", "x"],
+                                  ["cartpole", "10", "1", "disk"],
+                                  ["cartpole", "10", "1", "heap", "extra"]])
+def test_kernel_floor_refuses_bad_arguments(argv: list[str]) -> None:
+    out = run([sys.executable, "scripts/kernel_floor.py", *argv], timeout=120, ok=False)
+    assert "usage: kernel_floor.py" in out.stderr and repr(" ".join(argv)) in out.stderr
