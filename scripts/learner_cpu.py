@@ -26,8 +26,13 @@ from conduit_hpc.bench._peers_inprocess import ALPHA, BETA, ROWS, SIZES, row_sou
 from conduit_hpc.testing import make_config
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "cartpole"
-n = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
+batches = sys.argv[2] if len(sys.argv) > 2 else "1000"
 mode = sys.argv[3] if len(sys.argv) > 3 else "sync"
+if kind not in ("cartpole", "atari"):
+    sys.exit(f"KIND must be cartpole or atari, got {kind!r}")
+if not batches.isdigit() or int(batches) < 1:
+    sys.exit(f"BATCHES must be a whole number >= 1, got {batches!r}")
+n = int(batches)
 if mode not in ("sync", "edp", "edp-process"):
     sys.exit(f"MODE must be sync, edp or edp-process, got {mode!r}")
 comm = MPI.COMM_WORLD

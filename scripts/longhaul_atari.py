@@ -21,8 +21,15 @@ from mpi4py import MPI
 from conduit_hpc import ExperienceDataPlane, Role
 from conduit_hpc.testing import make_config
 
-comp = sys.argv[1]
-dur = float(sys.argv[2]) if len(sys.argv) > 2 else 20.0
+comp = sys.argv[1] if len(sys.argv) > 1 else ""
+if comp not in ("none", "zlib"):
+    sys.exit(f"usage: longhaul_atari.py none|zlib [SECONDS]; got {comp!r}")
+try:
+    dur = float(sys.argv[2]) if len(sys.argv) > 2 else 20.0
+except ValueError:
+    dur = float("nan")
+if not 0 < dur < 1e6:
+    sys.exit(f"SECONDS must be a number of seconds above 0, got {sys.argv[2]!r}")
 RATE = float(os.environ.get("RATE", "2e6"))
 
 

@@ -28,7 +28,10 @@ import threading
 import time
 from collections.abc import Callable
 
-ITEMS = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
+_items = sys.argv[1] if len(sys.argv) > 1 else "4000"
+if not _items.isdigit() or int(_items) < 1:
+    sys.exit(f"ITEMS must be a whole number >= 1, got {_items!r}")
+ITEMS = int(_items)
 
 
 def work(n: int = 2500) -> int:

@@ -41,10 +41,24 @@ def test_learner_cpu_prints_its_figures_in_every_mode(mode: str, ranks: int) -> 
         assert all(float(c) >= 0 and float(v) >= 0 for c, v in threads)
 
 
-def test_learner_cpu_refuses_an_unknown_mode() -> None:
-    out = run([sys.executable, "scripts/learner_cpu.py", "cartpole", "10", "bogus"],
-              timeout=120, ok=False)
-    assert "MODE must be sync, edp or edp-process, got 'bogus'" in out.stderr
+@pytest.mark.parametrize(("script", "argv", "says"), [
+    ("learner_cpu.py", ["cartpole", "10", "bogus"],
+     "MODE must be sync, edp or edp-process, got 'bogus'"),
+    ("learner_cpu.py", ["pong"], "KIND must be cartpole or atari, got 'pong'"),
+    ("learner_cpu.py", ["cartpole", "ten"], "BATCHES must be a whole number >= 1, got 'ten'"),
+    ("learner_cpu.py", ["cartpole", "0"], "BATCHES must be a whole number >= 1, got '0'"),
+    ("thread_handoff.py", ["-5"], "ITEMS must be a whole number >= 1, got '-5'"),
+    ("longhaul_atari.py", [], "usage: longhaul_atari.py none|zlib [SECONDS]; got ''"),
+    ("longhaul_atari.py", ["lz4"], "usage: longhaul_atari.py none|zlib [SECONDS]; got 'lz4'"),
+    ("longhaul_atari.py", ["zlib", "nan"],
+     "SECONDS must be a number of seconds above 0, got 'nan'"),
+    ("longhaul_atari.py", ["zlib", "soon"],
+     "SECONDS must be a number of seconds above 0, got 'soon'"),
+])
+def test_measuring_scripts_refuse_bad_arguments(script: str, argv: list[str], says: str
+                                                ) -> None:
+    out = run([sys.executable, f"scripts/{script}", *argv], timeout=120, ok=False)
+    assert says in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_thread_handoff_prints_its_figures() -> None:
