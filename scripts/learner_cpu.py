@@ -30,7 +30,7 @@ batches = sys.argv[2] if len(sys.argv) > 2 else "1000"
 mode = sys.argv[3] if len(sys.argv) > 3 else "sync"
 if kind not in ("cartpole", "atari"):
     sys.exit(f"KIND must be cartpole or atari, got {kind!r}")
-if not batches.isdigit() or int(batches) < 1:
+if not batches.isdecimal() or int(batches) < 1:
     sys.exit(f"BATCHES must be a whole number >= 1, got {batches!r}")
 n = int(batches)
 if mode not in ("sync", "edp", "edp-process"):

@@ -29,7 +29,8 @@ try:
 except ValueError:
     dur = float("nan")
 if not 0 < dur < 1e6:
-    sys.exit(f"SECONDS must be a number of seconds above 0, got {sys.argv[2]!r}")
+    sys.exit(f"SECONDS must be a number of seconds above 0 and below 1e6, got "
+             f"{sys.argv[2]!r}")
 RATE = float(os.environ.get("RATE", "2e6"))
 
 

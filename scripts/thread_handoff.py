@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 
 _items = sys.argv[1] if len(sys.argv) > 1 else "4000"
-if not _items.isdigit() or int(_items) < 1:
+if not _items.isdecimal() or int(_items) < 1:
     sys.exit(f"ITEMS must be a whole number >= 1, got {_items!r}")
 ITEMS = int(_items)
 

@@ -51,9 +51,10 @@ def test_learner_cpu_prints_its_figures_in_every_mode(mode: str, ranks: int) -> 
     ("longhaul_atari.py", [], "usage: longhaul_atari.py none|zlib [SECONDS]; got ''"),
     ("longhaul_atari.py", ["lz4"], "usage: longhaul_atari.py none|zlib [SECONDS]; got 'lz4'"),
     ("longhaul_atari.py", ["zlib", "nan"],
-     "SECONDS must be a number of seconds above 0, got 'nan'"),
+     "SECONDS must be a number of seconds above 0 and below 1e6, got 'nan'"),
     ("longhaul_atari.py", ["zlib", "soon"],
-     "SECONDS must be a number of seconds above 0, got 'soon'"),
+     "SECONDS must be a number of seconds above 0 and below 1e6, got 'soon'"),
+    ("learner_cpu.py", ["cartpole", "\u00b2"], "BATCHES must be a whole number >= 1, got '\u00b2'"),
 ])
 def test_measuring_scripts_refuse_bad_arguments(script: str, argv: list[str], says: str
                                                 ) -> None:
