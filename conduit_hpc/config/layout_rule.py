@@ -21,7 +21,7 @@ from conduit_hpc.config.sections import LayoutConfig
 from conduit_hpc.errors import ConduitError, ConfigError, WorldTooSmall
 
 __all__ = ["ROLE_NAMES", "Assignment", "assign_roles", "delivery_per_learner",
-           "ranks_needed", "role_of_rank"]
+           "emulated_nodes_problem", "ranks_needed", "role_of_rank"]
 
 #: the role names, in the order they are handed out
 ROLE_NAMES = ("learner", "delivery", "buffer", "actor")
@@ -43,6 +43,17 @@ def ranks_needed(layout: LayoutConfig, delivery: str = "thread") -> int:
     """Ranks the layout needs (per node when ``per_node``), counting one actor for
     ``actors = 0`` and the delivery ranks of ``delivery = "process"``."""
     return layout.fixed_ranks + layout.learners * delivery_per_learner(delivery)
+
+
+def emulated_nodes_problem(layout: LayoutConfig, size: int) -> ConfigError | None:
+    """Why ``layout.emulate_nodes`` cannot split a world of ``size`` ranks (more
+    emulated nodes than ranks: a node would hold none), or ``None``."""
+    if layout.emulate_nodes <= size:
+        return None
+    return ConfigError(f"layout.emulate_nodes = {layout.emulate_nodes}, but the world has "
+                       f"{size} ranks: expected 0 (the real nodes) or 1 to {size} (each "
+                       f"emulated node holds one or more consecutive ranks)",
+                       key="layout.emulate_nodes")
 
 
 def _describe(layout: LayoutConfig, delivery: str) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from mpi4py import MPI
 
 from conduit_hpc.config import Config, LayoutConfig
+from conduit_hpc.errors import ConduitError
 from conduit_hpc.plane.roles import split_roles
 from conduit_hpc.transport.objects import gather_json
 
@@ -52,9 +53,19 @@ def print_info(config: str = "") -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Every rank: :func:`print_info`, or, when the config or its layout is refused (on
+    every rank alike: the same file, the same world), one ``conduit-hpc: error`` line
+    from world rank 0 and exit status 2 everywhere, as ``conduit-hpc`` itself reports
+    it (not a traceback per rank)."""
     p = argparse.ArgumentParser(prog="conduit_hpc.plane.info")
     p.add_argument("--config", default="")
-    return print_info(p.parse_args(argv).config)
+    try:
+        return print_info(p.parse_args(argv).config)
+    except ConduitError as err:
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            print(f"conduit-hpc: error: {type(err).__name__}: {err}", file=sys.stderr,
+                  flush=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from mpi4py import MPI
 
 from conduit_hpc.config import Config, LayoutConfig
-from conduit_hpc.config.layout_rule import assign_roles
+from conduit_hpc.config.layout_rule import assign_roles, emulated_nodes_problem
 from conduit_hpc.errors import ConfigError, ConfigMismatch
 from conduit_hpc.transport.objects import allgather_json
 
@@ -150,12 +150,9 @@ def split_roles(comm: MPI.Intracomm, layout: LayoutConfig,
         ConfigError: more ranks than a layout with fixed counts uses, or more emulated
             nodes than ranks - on every rank.
     """
-    size = comm.Get_size()
-    if layout.emulate_nodes > size:  # the same verdict on every rank (one config)
-        raise ConfigError(f"layout.emulate_nodes = {layout.emulate_nodes}, but the world has "
-                          f"{size} ranks: expected 0 (the real nodes) or 1 to {size} (each "
-                          f"emulated node holds one or more consecutive ranks)",
-                          key="layout.emulate_nodes")
+    bad = emulated_nodes_problem(layout, comm.Get_size())
+    if bad is not None:  # the same verdict on every rank (one config, one world)
+        raise bad
     world = comm.Dup()
     node, node_of = _node_split(world, layout.emulate_nodes)
     got, err = assign_roles(layout, node_of, delivery)

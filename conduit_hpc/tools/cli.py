@@ -135,8 +135,15 @@ def cmd_info(args: argparse.Namespace) -> int:
         no_mpi_in_this_process()
         n = ranks_for(Config.from_toml(args.config))
     if n and not under_mpi:
-        from conduit_hpc.tools.launcher import mpi_env
+        from conduit_hpc.tools.launcher import mpi_env, no_mpi_in_this_process, ranks_problem
 
+        if args.config:  # refused here, before any rank starts, as `run` refuses it
+            from conduit_hpc import Config
+
+            no_mpi_in_this_process()
+            bad = ranks_problem(Config.from_toml(args.config), n)
+            if bad is not None:
+                raise bad
         cmd = ["mpirun", "-n", str(n), sys.executable, "-m", "mpi4py", "-m",
                "conduit_hpc.plane.info"]
         if args.config:

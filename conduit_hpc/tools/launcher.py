@@ -28,7 +28,12 @@ from pathlib import Path
 from conduit_hpc.config import Config, job_script_for, load, to_toml
 from conduit_hpc.config.checks import MAX_COUNT, MAX_SECONDS
 from conduit_hpc.config.jobs import contract_problem
-from conduit_hpc.config.layout_rule import assign_roles, delivery_per_learner, ranks_needed
+from conduit_hpc.config.layout_rule import (
+    assign_roles,
+    delivery_per_learner,
+    emulated_nodes_problem,
+    ranks_needed,
+)
 from conduit_hpc.errors import ConduitError, ConfigError, WorldTooSmall
 from conduit_hpc.job import ERROR_PREFIX
 from conduit_hpc.tools.diagnose import first_error, never_started, rank_death
@@ -120,6 +125,9 @@ def ranks_problem(cfg: Config, n: int) -> ConduitError | None:
         return ConfigError(f"-n must be a number of ranks between 1 and {MAX_COUNT}, "
                            f"got {n!r}", key="-n")
     lay = cfg.layout
+    emulated = emulated_nodes_problem(lay, n)
+    if emulated is not None:
+        return emulated
     if lay.per_node:
         return None
     need = ranks_needed(lay, cfg.scheduler.delivery)

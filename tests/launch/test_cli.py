@@ -242,6 +242,24 @@ def test_slurm_renders_and_refuses_impossible_layouts(tmp_path) -> None:
     assert "more roles than tasks" in bad.stderr
 
 
+@pytest.mark.parametrize(("n", "emulate", "says"), [
+    ("3", 9, "ConfigError: layout.emulate_nodes = 9, but the world has 3 ranks"),
+    ("3", 2, "WorldTooSmall: -n 3 is too few: [layout] needs 6 ranks"),
+])
+def test_info_refuses_a_layout_that_does_not_fit_before_launching(tmp_path, n, emulate,
+                                                                  says) -> None:
+    # one line and status 2, as `run` says it (before: a traceback from every rank)
+    toml = (REPO / "jobs" / "synthetic.toml").read_text().replace(
+        "[layout]", f"[layout]\nemulate_nodes = {emulate}", 1)
+    assert f"emulate_nodes = {emulate}" in toml
+    (tmp_path / "job.toml").write_text(toml)
+    (tmp_path / "job.py").write_text((REPO / "jobs" / "synthetic.py").read_text())
+    out = cli("info", "-n", n, "--config", str(tmp_path / "job.toml"))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.startswith(f"conduit-hpc: error: {says}"), out.stderr
+    assert "Traceback" not in out.stderr and "MPI_ABORT" not in out.stderr
+
+
 def test_info_with_a_job_runs_the_ranks_of_its_layout() -> None:
     # no -n: the job's [layout] (1 learner, 1 buffer, 4 actors), job section included
     out = cli("info", "--config", "jobs/synthetic.toml")

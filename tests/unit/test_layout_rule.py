@@ -13,6 +13,7 @@ from conduit_hpc.config import CheckpointConfig, LayoutConfig, SchedulerConfig
 from conduit_hpc.config.layout_rule import (
     assign_roles,
     delivery_per_learner,
+    emulated_nodes_problem,
     ranks_needed,
     role_of_rank,
 )
@@ -120,3 +121,20 @@ def test_the_sbatch_plan_counts_the_delivery_ranks() -> None:
     assert plan_tasks(lay, SlurmRequest(nodes=1))[0] == 4
     with pytest.raises(ConfigError, match="1 delivery rank"):
         plan_tasks(lay, SlurmRequest(nodes=1, ntasks_per_node=4), "process")
+
+
+@settings(max_examples=200, deadline=None)
+@given(nodes=st.integers(0, 40), n=st.integers(1, 32), per_node=st.booleans())
+def test_more_emulated_nodes_than_ranks_refused_before_launch(nodes, n, per_node) -> None:
+    # the check split_roles makes on every rank, and the launcher before mpirun
+    lay = LayoutConfig(learners=0, buffers=1, actors=0, emulate_nodes=nodes,
+                       per_node=per_node)
+    bad = emulated_nodes_problem(lay, n)
+    assert (bad is not None) == (nodes > n)
+    got = ranks_problem(Config(layout=lay), n)
+    if nodes > n:
+        assert isinstance(bad, ConfigError) and bad.key == "layout.emulate_nodes"
+        assert f"emulate_nodes = {nodes}" in str(bad) and f"1 to {n}" in str(bad)
+        assert isinstance(got, ConfigError) and got.key == "layout.emulate_nodes"
+    else:
+        assert getattr(got, "key", None) != "layout.emulate_nodes"
