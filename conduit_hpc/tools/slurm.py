@@ -38,7 +38,11 @@ from importlib import resources
 from pathlib import Path
 
 from conduit_hpc.config import Config, LayoutConfig, load, require
-from conduit_hpc.config.layout_rule import delivery_per_learner, ranks_needed
+from conduit_hpc.config.layout_rule import (
+    delivery_per_learner,
+    emulated_nodes_problem,
+    ranks_needed,
+)
 from conduit_hpc.errors import ConduitError, ConfigError
 from conduit_hpc.tools.slurm_env import MPI_KINDS, checkout_of, parse_env, setup_block
 
@@ -209,6 +213,9 @@ def plan_tasks(layout: LayoutConfig, req: SlurmRequest,
                    f"whole job; ranks fill node 0 first, {t} per node)"]
         learners_per_node = min(lo, t)
         gpus_default = learners_per_node
+    emulated = emulated_nodes_problem(layout, n * t)  # every task is a world rank
+    if emulated is not None:
+        raise emulated
     if req.gpus_per_node is not None:
         gpus = req.gpus_per_node
     else:  # one node: CPU unless asked; several nodes: a GPU per learner

@@ -91,6 +91,10 @@ def test_no_requeue_and_no_signal(tmp_path) -> None:
          ["= 8 tasks", "uses exactly 6"]),
         (LayoutConfig(learners=2, buffers=1, per_node=True),
          SlurmRequest(nodes=2, gpus_per_node=1), ["--gpus-per-node must be >= 2", "got 1"]),
+        (LayoutConfig(learners=1, buffers=1, emulate_nodes=7), SlurmRequest(nodes=2),
+         ["layout.emulate_nodes = 7", "the world has 4 ranks", "1 to 4"]),
+        (LayoutConfig(learners=1, buffers=1, per_node=True, emulate_nodes=9),
+         SlurmRequest(nodes=2), ["layout.emulate_nodes = 9", "the world has 6 ranks"]),
     ],
 )
 def test_refuses_impossible_layouts(layout, req, fragments) -> None:
