@@ -248,7 +248,7 @@ def data_plane_for(edp: ExperienceDataPlane, algo: DQNConfig, *,
     """
     if edp.role is not Role.LEARNER:
         raise ConfigError(f"the RLlib algorithm runs on the learner rank; world rank "
-                          f"{edp.world_rank} is a {edp.role.value}", key="layout")
+                          f"{edp.world_rank} has the role {edp.role.value!r}", key="layout")
     check_algo_config(algo, edp.config)
     active = _Active(edp, float(algo.gamma), int(algo.n_step), PathTimes())
     _ACTIVE.append(active)

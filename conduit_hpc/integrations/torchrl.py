@@ -406,7 +406,7 @@ class DataPlaneReplayBuffer:
     def _need(self, role: Role, what: str, why: str) -> None:
         if self.edp.role is not role:
             raise ConduitError(f"{what} is for {role.value} ranks ({why}); world rank "
-                               f"{self.edp.world_rank} is a {self.edp.role.value}")
+                               f"{self.edp.world_rank} has the role {self.edp.role.value!r}")
 
     def __repr__(self) -> str:
         kind = "prioritized" if self.prioritized else "uniform"

@@ -249,7 +249,7 @@ class ExperienceDataPlane:
                                   f"() on world rank {self.world_rank}")
         if self.roles.role is not role:
             raise ConduitError(f"{what} is for {role.value} ranks; world rank "
-                               f"{self.world_rank} is a {self.roles.role.value}")
+                               f"{self.world_rank} has the role {self.roles.role.value!r}")
 
     @property
     def should_stop(self) -> bool:
