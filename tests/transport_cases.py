@@ -276,6 +276,11 @@ class RmaWindowCases:
                         rf"target rank {size} outside the window's communicator of size "
                         rf"{size}"),
                 refusal(lambda: win.put(target, 0, np.zeros((4, 4))[:, 0]), "C-contiguous"),
+                # not an integer: a TransportError naming them, not Python's TypeError
+                refusal(lambda: win.atomic_read(float(target), 0),
+                        rf"rank, displacement and size must be integers, got {float(target)!r}"),
+                refusal(lambda: win.fetch_add(target, None, 1),
+                        r"must be integers, got \d+, None, 8"),
             ]
             # nothing of the refused accesses landed anywhere
             win.flush()

@@ -140,13 +140,17 @@ class RmaWindow:
         if self._closed:
             raise TransportError("window used after close()")
         sizes = self._size_of
-        if not 0 <= rank < len(sizes):
-            raise TransportError(f"target rank {rank} outside the window's communicator "
-                                 f"of size {len(sizes)}")
-        if displacement < 0 or displacement + nbytes > sizes[rank]:
-            raise TransportError(f"access of {nbytes} bytes at displacement {displacement} "
-                                 f"is outside rank {rank}'s segment of "
-                                 f"{int(self._sizes[rank])} bytes")
+        try:  # (a try costs nothing here unless it raises: this runs on every access)
+            if not 0 <= rank < len(sizes):
+                raise TransportError(f"target rank {rank} outside the window's "
+                                     f"communicator of size {len(sizes)}")
+            if displacement < 0 or displacement + nbytes > sizes[rank]:
+                raise TransportError(f"access of {nbytes} bytes at displacement "
+                                     f"{displacement} is outside rank {rank}'s segment of "
+                                     f"{int(self._sizes[rank])} bytes")
+        except TypeError:  # a rank, displacement or size that is not an integer
+            raise TransportError(f"target rank, displacement and size must be integers, "
+                                 f"got {rank!r}, {displacement!r}, {nbytes!r}") from None
 
     @staticmethod
     def _operands() -> tuple[list, list, list, np.ndarray, np.ndarray, np.ndarray]:
