@@ -128,20 +128,17 @@ def cmd_info(args: argparse.Namespace) -> int:
     under_mpi = "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
     n = args.n
     _check_ranks(n, "-n", zero_ok=True)
-    if args.config and not n and not under_mpi:  # the ranks the job's [layout] uses
-        from conduit_hpc import Config
-        from conduit_hpc.tools.launcher import no_mpi_in_this_process, ranks_for
-
-        no_mpi_in_this_process()
-        n = ranks_for(Config.from_toml(args.config))
-    if n and not under_mpi:
+    if not under_mpi and (n or args.config):  # launch -n ranks, or the [layout]'s
         from conduit_hpc.tools.launcher import mpi_env, no_mpi_in_this_process, ranks_problem
 
-        if args.config:  # refused here, before any rank starts, as `run` refuses it
+        if args.config:
             from conduit_hpc import Config
+            from conduit_hpc.tools.launcher import ranks_for
 
             no_mpi_in_this_process()
-            bad = ranks_problem(Config.from_toml(args.config), n)
+            cfg = Config.from_toml(args.config)
+            n = n or ranks_for(cfg)  # none given: the ranks the job's [layout] uses
+            bad = ranks_problem(cfg, n)  # refused before any rank starts, as `run` does
             if bad is not None:
                 raise bad
         cmd = ["mpirun", "-n", str(n), sys.executable, "-m", "mpi4py", "-m",
