@@ -14,8 +14,9 @@ the device: random targets from a device generator, ``searchsorted``, ``index_se
 device tensors, and leave for a move (:meth:`take`) as host arrays; both choose free
 slots on the host (one small copy), which is where a move is decided anyway.
 
-Several updates of one slot in one call: the last one wins on the CPU; on CUDA,
-``index_copy_`` with repeated indices picks one of them (as a GPU scatter does).
+Several updates of one slot in one call: the last one wins, on every device (each is
+written with the last one's value: ``index_copy_`` with repeated indices keeps any one of
+them on a GPU).
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ class DeviceStore:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.spec, self.capacity, self.alpha, self.tier = spec, int(capacity), float(alpha), tier
-        self.device = torch.device(device)
-        d = self.device
+        d = torch.device(device)
+        if d.type == "cuda" and d.index is None:  # the device tensors land on: "cuda"
+            d = torch.device("cuda", torch.cuda.current_device())  # != "cuda:0"
+        self.device = d
         self.columns = {f.name: torch.zeros((self.capacity, *f.shape),
                                             dtype=_torch_dtype(f.dtype), device=d)
                         for f in spec}
@@ -58,6 +61,7 @@ class DeviceStore:
         self.prio = torch.zeros(self.capacity, dtype=torch.float64, device=d)
         self.mass = torch.zeros(self.capacity, dtype=torch.float64, device=d)
         self._cum: torch.Tensor | None = None
+        self._massive = torch.zeros(self.capacity, dtype=torch.int64, device=d)  # search
         # kept up to date slot by slot (O(rows changed)): held flags and count, and each
         # slot's mass where it can be drawn (inf elsewhere) for the minimum
         self._flag = torch.zeros(self.capacity, dtype=torch.int8, device=d)
@@ -94,9 +98,20 @@ class DeviceStore:
                                                      torch.full_like(m, float("inf"))))
 
     def cumulative(self) -> torch.Tensor:
-        """Cumulative masses over the slots (device, float64)."""
+        """Cumulative masses over the slots (device, float64), never decreasing.
+
+        On a GPU ``cumsum`` is a parallel scan: neighbouring sums are added in different
+        orders, so they need not be sorted, and a slot of mass 0 can end one ulp above
+        the slot before it (a draw could land on it). The sums are made monotone here,
+        and :meth:`search` moves a draw that lands on a slot of mass 0 to the nearest
+        slot with mass (first seen on an H200: a drawn row of probability 0)."""
         if self._cum is None:
-            self._cum = torch.cumsum(self.mass, 0)
+            self._cum = torch.cummax(torch.cumsum(self.mass, 0), 0).values
+            idx = torch.arange(self.capacity, device=self.device)
+            has = self.mass > 0
+            nxt = torch.where(has, idx, self.capacity).flip(0).cummin(0).values.flip(0)
+            prv = torch.where(has, idx, -1).cummax(0).values.clamp_(min=0)
+            self._massive = torch.where(nxt < self.capacity, nxt, prv)
         return self._cum
 
     # -- the interface (TierStore) -------------------------------------------------
@@ -143,14 +158,17 @@ class DeviceStore:
         n = int(s.numel())
         if n == 0:
             return
+        keep = _winners(s, self.capacity)  # a slot given twice: the last wins, anywhere
         for f in self.spec:
             t = _tensor(rows[f.name])
             self.columns[f.name].index_copy_(0, s, t.to(self.device).reshape(
-                n, *f.shape).to(self.columns[f.name].dtype))
-        m = torch.as_tensor(np.asarray(masses, np.float64), device=self.device).reshape(-1)
+                n, *f.shape).index_select(0, keep).to(self.columns[f.name].dtype))
+        m = torch.as_tensor(np.asarray(masses, np.float64),
+                            device=self.device).reshape(-1).index_select(0, keep)
         p = torch.pow(m, 1.0 / self.alpha) if self.alpha > 0 else torch.ones_like(m)
         self.ids.index_copy_(0, s, torch.as_tensor(np.asarray(ids, np.int64),
-                                                   device=self.device).reshape(-1))
+                                                   device=self.device).reshape(-1)
+                             .index_select(0, keep))
         self.prio.index_copy_(0, s, p)
         self.mass.index_copy_(0, s, m)
         self._changed(s)
@@ -185,7 +203,8 @@ class DeviceStore:
     def search(self, targets: Any) -> torch.Tensor:
         t = torch.as_tensor(targets, dtype=torch.float64, device=self.device)
         cum = self.cumulative()
-        return torch.searchsorted(cum, t, right=True).clamp_(max=self.capacity - 1)
+        found = torch.searchsorted(cum, t, right=True).clamp_(max=self.capacity - 1)
+        return self._massive.index_select(0, found)  # a slot of mass 0: its neighbour
 
     def sample(self, k: int) -> torch.Tensor:
         """``k`` slots, stratified over the total mass, drawn on the device."""
@@ -225,7 +244,12 @@ class DeviceStore:
         i = torch.as_tensor(ids, dtype=torch.int64, device=self.device).reshape(-1)
         p = torch.as_tensor(priorities, dtype=torch.float64, device=self.device).reshape(-1)
         live = (self.ids.index_select(0, s) == i) & (i >= 0)
-        new = torch.where(live, p, self.prio.index_select(0, s))
+        # the last live update of each slot (a row drawn twice in a batch gets two), as
+        # the host index applies them in order; index_copy_ alone would keep any one on
+        # a GPU (seen on an H200: the first of two)
+        win = _winners(s, self.capacity, live)
+        new = torch.where(win >= 0, p.index_select(0, win.clamp(min=0)),
+                          self.prio.index_select(0, s))
         self.prio.index_copy_(0, s, new)
         self.mass.index_copy_(0, s, self._scaled(new))
         self._changed(s, held_same=True)
@@ -258,6 +282,20 @@ def device_dtype(dt: np.dtype) -> np.dtype:
     :func:`host_view` / a ``Tensor.view`` gives the unsigned values back)."""
     dt = np.dtype(dt)
     return np.dtype(f"i{dt.itemsize}") if dt.kind == "u" and dt.itemsize > 1 else dt
+
+
+def _winners(s: torch.Tensor, capacity: int, where: torch.Tensor | None = None
+             ) -> torch.Tensor:
+    """For each position of ``s`` (slots in ``[0, capacity)``), the position of the last
+    occurrence of its slot (of those where ``where`` holds; -1: none), on ``s``'s device
+    with no host synchronisation: ``index_copy_`` with repeated indices keeps any one of
+    them on a GPU, so every occurrence is given the last one's value (the last wins, as
+    in order). ``scatter_reduce`` with ``amax`` gives the same in any order."""
+    pos = torch.arange(len(s), device=s.device)
+    if where is not None:
+        pos = torch.where(where, pos, -1)
+    last = torch.full((capacity,), -1, dtype=torch.int64, device=s.device)
+    return last.scatter_reduce_(0, s, pos, reduce="amax").index_select(0, s)
 
 
 def host_view(x: torch.Tensor, dt: np.dtype) -> np.ndarray:
