@@ -104,7 +104,8 @@ class DeviceStore:
         orders, so they need not be sorted, and a slot of mass 0 can end one ulp above
         the slot before it (a draw could land on it). The sums are made monotone here,
         and :meth:`search` moves a draw that lands on a slot of mass 0 to the nearest
-        slot with mass (first seen on an H200: a drawn row of probability 0)."""
+        slot with mass (found reading the code after the first GPU run; not seen
+        there)."""
         if self._cum is None:
             self._cum = torch.cummax(torch.cumsum(self.mass, 0), 0).values
             idx = torch.arange(self.capacity, device=self.device)

@@ -227,8 +227,8 @@ def _parallel_scan(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
 def test_device_draws_never_land_on_a_slot_of_mass_zero(monkeypatch, zeros_at) -> None:
     # masses 0.1, 0.2, 0.3 then 0: in a scan's order the sum over four slots comes out
     # 0.6000000000000001 against 0.6 over three, so slot 3 (mass 0) holds an interval
-    # one ulp wide, which a draw at 0.6 hits (first seen on an H200: a row of
-    # probability 0 drawn in test_replay_over_two_tiers_matches_the_reference_model)
+    # one ulp wide, which a draw at 0.6 hits (found reading DeviceStore after the first
+    # GPU run, not seen there: the scan's order is emulated here)
     monkeypatch.setattr(torch, "cumsum", _parallel_scan)
     g = DeviceStore(SPEC, 8, alpha=1.0, device=DEVICE, seed=1)
     p = [0.1, 0.2, 0.3, 0.0] + ([0.0] * 4 if zeros_at == "end" else [0.5, 0.0, 0.7, 0.0])
