@@ -112,6 +112,8 @@ class ActorEndpoint:
         self.metrics = CsvSink(metrics_path, ACTOR_COLUMNS, keep=False)
         self._t0 = self._last_log = time.perf_counter()
         self._rows_at_log = 0
+        for ring in rings.values():  # a ring's lap wait stops when a rank left on an error
+            ring.on_wait = _also(ring.on_wait, lambda: control.raise_if_failed(rank))
 
     def ingest(self, batch: Mapping[str, object],
                priorities: ArrayLike | None = None) -> IngestReceipt:
@@ -234,3 +236,10 @@ class ActorEndpoint:
         self.log(time.perf_counter())
         self.metrics.close()
 
+
+def _also(first: Callable[[], object] | None, then: Callable[[], object]
+          ) -> Callable[[], object]:
+    """``first`` (if any), then ``then``: a ring's ``on_wait`` hook with one more step."""
+    if first is None:
+        return then
+    return lambda: (first(), then())

@@ -11,7 +11,9 @@ traffic to a rank only progresses while it is inside MPI; the loop keeps enterin
 
 The loop ends when every non-buffer rank has said it is done. It cannot block forever
 on a dead peer: a rank that fails raises, and jobs run under ``python -m mpi4py``, which
-aborts the whole job on an uncaught exception.
+aborts the whole job on an uncaught exception; a rank whose exception is caught outside
+its ``with`` block marks itself failed in the control block, and an idle loop raises
+:class:`~conduit_hpc.errors.RemoteFailure` (``ControlBlock.raise_if_failed``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def make_server(edp: Any, on_done: Callable[[int], None] | None) -> BufferServer
     return BufferServer(owned, edp.channel, peers, on_done=on_done,
                         poll_interval_s=cfg.transport.poll_interval_s,
                         seed=cfg.run.seed + me, window=sampler.window, acks=acks,
-                        sync=edp.window.sync, learners=roles.sampler_ranks)
+                        sync=edp.window.sync, learners=roles.sampler_ranks,
+                        failed=lambda: edp.control.raise_if_failed(me))
 
 
 class BufferServer:
@@ -70,6 +73,8 @@ class BufferServer:
         sync (Callable[[], None] | None): memory barrier for ``acks``.
         learners (tuple[int, ...]): channel ranks of the learners; once each has said it
             is done, no shard holds writers back (``block`` ingest policy).
+        failed (Callable[[], None] | None): raises when a peer left on an exception
+            (called when a pass found nothing to do).
 
     Fairness: each pass commits at most ``OwnedShard.max_commit_rows`` rows per shard,
     then answers every message that has arrived (deferred service requests first), so a
@@ -82,7 +87,8 @@ class BufferServer:
                  poll_interval_s: float = 0.0002, seed: int = 0, window: int = 1,
                  acks: np.ndarray | None = None,
                  sync: Callable[[], None] | None = None,
-                 learners: tuple[int, ...] = ()) -> None:
+                 learners: tuple[int, ...] = (),
+                 failed: Callable[[], None] | None = None) -> None:
         self.shards = shards
         self.by_id = {s.shard_id: s for s in shards}
         self.channel = channel
@@ -90,7 +96,7 @@ class BufferServer:
         self.poll_interval_s = poll_interval_s
         self.on_done = on_done
         self.window = window
-        self.acks, self.sync = acks, sync
+        self.acks, self.sync, self.failed = acks, sync, failed
         self.learners_left = set(learners)
         self.rng = np.random.default_rng(seed)
         self._handlers: dict[int, Callable[[Message], None]] = {
@@ -268,6 +274,8 @@ class BufferServer:
             elif time.monotonic() < hot_until:
                 time.sleep(0)
             else:
+                if self.failed is not None:  # idle: a peer that left on an error
+                    self.failed()  # will never say it is done (raises RemoteFailure)
                 backoff.pause()
         for s in self.shards:
             s.poll()

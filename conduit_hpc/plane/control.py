@@ -2,16 +2,23 @@
 
 64 bytes in the first buffer rank's memory: rows inserted by actors, rows sampled by
 learners, actors and learners done, the lead learner's superstep, rows actors reserved
-(admitted or waiting). Plane-internal; features read it through the endpoints.
+(admitted or waiting), and a rank that left on an exception (:meth:`ControlBlock.left_on_error`: the
+others stop with :class:`~conduit_hpc.errors.RemoteFailure` rather than wait for it).
+Plane-internal; features read it through the endpoints.
 """
 
 from __future__ import annotations
 
+import contextlib
+
+from conduit_hpc.errors import ConduitError, RemoteFailure
 from conduit_hpc.transport.rma import RmaWindow
 
 __all__ = [
     "CONTROL_BYTES",
     "C_ACTORS_DONE",
+    "C_FAILED",
+    "C_FAILED_FIRST",
     "C_INSERTS",
     "C_LEARNERS_DONE",
     "C_LEARNER_VERSION",
@@ -21,9 +28,10 @@ __all__ = [
 ]
 
 # control block slots (int64): rows written by actors, rows sampled by learners, ranks
-# done, the lead learner's superstep, and rows actors have reserved (admitted or waiting)
+# done, the lead learner's superstep, rows actors have reserved (admitted or waiting),
+# ranks that left the data plane on an exception, and 1 + the world rank of the first
 (C_INSERTS, C_SAMPLES, C_ACTORS_DONE, C_LEARNERS_DONE, C_LEARNER_VERSION,
- C_RESERVED) = range(6)
+ C_RESERVED, C_FAILED, C_FAILED_FIRST) = range(8)
 CONTROL_BYTES = 64
 
 class ControlBlock:
@@ -46,3 +54,42 @@ class ControlBlock:
 
     def write(self, slot: int, value: int) -> None:
         self.window.atomic_write(self.owner, 8 * slot, value)
+
+
+    def left_on_error(self, rank: int, exc: BaseException | None, done: bool) -> None:
+        """World rank ``rank`` leaves the data plane on ``exc`` (an exception out of its
+        ``with`` block): mark it, so that every other rank stops with
+        :class:`~conduit_hpc.errors.RemoteFailure` (:meth:`raise_if_failed`) instead of
+        waiting for a rank that will never come - also when the exception is caught
+        outside the block and the process ends normally. ``sys.exit(0)`` after
+        ``done()`` is a clean leave, not a failure. Best effort: the window may be what
+        failed."""
+        if isinstance(exc, SystemExit) and exc.code in (0, None) and done:
+            return
+        with contextlib.suppress(ConduitError, OSError):  # the transport itself failed
+            if not self.read(C_FAILED_FIRST):  # the first to leave is the one to name (the
+                self.write(C_FAILED_FIRST, rank + 1)  # others may leave because of it),
+            self.add(C_FAILED, 1)  # written before the count: a reader of it sees a name
+
+    def failed(self) -> bool:
+        """Whether a rank left the data plane on an exception. One atomic read."""
+        return self.read(C_FAILED) > 0
+
+    def raise_if_failed(self, rank: int) -> None:
+        """Raise :class:`~conduit_hpc.errors.RemoteFailure` on world rank ``rank`` if a
+        rank left the data plane on an exception (:meth:`left_on_error`)."""
+        if self.read(C_FAILED):
+            first = self.read(C_FAILED_FIRST)  # written before the count
+            who = f"world rank {first - 1}" if first else "another rank"
+            raise RemoteFailure(f"{who} left the data plane on an exception (its own "
+                                f"error says why); world rank {rank} stops too")
+
+    def count_done(self, learners: tuple[int, ...], writers: tuple[int, ...],
+                   rank: int) -> None:
+        """World rank ``rank`` said it is done: count it among the learners and among the
+        writers (actors, and learners that ingest) if it is one. The control block's
+        owner calls this, once per rank."""
+        if rank in learners:
+            self.add(C_LEARNERS_DONE, 1)
+        if rank in writers:
+            self.add(C_ACTORS_DONE, 1)

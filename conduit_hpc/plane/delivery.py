@@ -218,6 +218,7 @@ class Deliverer:
                                                     f"sample {rows} rows")
                 backoff = Backoff(self.poll_s)
             deadline.check(lambda: lim.explain(state))  # noqa: B023 - called at once
+            self.control.raise_if_failed(self.channel.rank)  # a writer left on an error
             self.channel.progress()  # e.g. messages held for a long link still go out
             backoff.pause()
         self.control.add(C_SAMPLES, rows)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed
 from conduit_hpc.placement.placement import Placement
 from conduit_hpc.plane.actor import ActorEndpoint, IngestReceipt, IngestStats
 from conduit_hpc.plane.buffer import BufferServer, OwnedShard, make_server
-from conduit_hpc.plane.control import C_ACTORS_DONE, C_LEARNERS_DONE
+from conduit_hpc.plane.control import C_LEARNERS_DONE
 from conduit_hpc.plane.delivery_rank import (
     DeliveryServer,
     ProcessMode,
@@ -57,7 +58,7 @@ from conduit_hpc.protocol import Tag
 from conduit_hpc.scheduler import RateLimiter
 from conduit_hpc.spec import Spec
 from conduit_hpc.transport.channel import Channel
-from conduit_hpc.transport.objects import allgather_json
+from conduit_hpc.transport.objects import allgather_json, bounded_barrier
 from conduit_hpc.transport.rma import RmaWindow
 
 __all__ = ["ExperienceDataPlane"]
@@ -174,14 +175,10 @@ class ExperienceDataPlane:
         return self.run_dir / "metrics" / name if self.run_dir else None
 
     def _init_buffer(self) -> None:
-        on_done = self._count_done if self.roles.world_rank == self.memory.control_owner else None
-        self.server = make_server(self, on_done)
-
-    def _count_done(self, rank: int) -> None:
-        if rank in self.roles.learner_ranks:
-            self.control.add(C_LEARNERS_DONE, 1)
-        if rank in self.roles.writer_ranks:  # actors, and learners that ingest
-            self.control.add(C_ACTORS_DONE, 1)
+        r = self.roles
+        self.server = make_server(self, partial(self.control.count_done, r.learner_ranks,
+                                                r.writer_ranks)
+                                  if r.world_rank == self.memory.control_owner else None)
 
     def _init_learner(self, transform: Any) -> None:
         cfg, roles, me = self.config, self.roles, self.roles.world_rank
@@ -216,11 +213,12 @@ class ExperienceDataPlane:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        # on an exception, do not enter collectives that other ranks may never reach;
-        # the job aborts (python -m mpi4py) and the OS reclaims everything
+        # on an exception, enter no collective that other ranks may never reach; tell
+        # them (they raise RemoteFailure, also if this one is caught outside the block)
         if exc_type is None:
-            self.close()
-        elif self.learner is not None and isinstance(self.learner.mode, ProcessMode):
+            return self.close()
+        self.control.left_on_error(self.world_rank, exc, self._done_sent)
+        if self.learner is not None and isinstance(self.learner.mode, ProcessMode):
             self.learner.mode.fail(f"{exc_type.__name__}: {exc}")  # its rank stops too
 
     # -- introspection -------------------------------------------------------------
@@ -253,10 +251,10 @@ class ExperienceDataPlane:
 
     @property
     def should_stop(self) -> bool:
-        """True once every learner has finished (actors should stop producing). Local;
-        one atomic read."""
+        """True once every learner has finished, or a rank left on an error (actors
+        should stop producing). Local; two atomic reads."""
         n = len(self.roles.learner_ranks)
-        return n > 0 and self.control.read(C_LEARNERS_DONE) >= n
+        return (n > 0 and self.control.read(C_LEARNERS_DONE) >= n) or self.control.failed()
 
     # -- ingest (actors) -----------------------------------------------------------
     def ingest(self, batch: Mapping[str, object],
@@ -457,7 +455,9 @@ class ExperienceDataPlane:
         else:
             self.done()
         self.channel.drain(timeout)
-        self.roles.world.Barrier()
+        me = self.world_rank
+        bounded_barrier(self.roles.world, timeout, "close()",
+                        lambda: self.control.raise_if_failed(me))
         self._closed = True
         for f in self.features:
             f.close()

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from mpi4py import MPI
 
 from conduit_hpc.config import Config, LayoutConfig
 from conduit_hpc.config.layout_rule import assign_roles, emulated_nodes_problem
 from conduit_hpc.errors import ConfigError, ConfigMismatch
-from conduit_hpc.transport.objects import allgather_json
+from conduit_hpc.transport.objects import allgather_json, bounded_barrier
 
 __all__ = ["Role", "RoleComms", "agree", "check_same_config", "split_roles"]
 
@@ -66,8 +67,8 @@ class RoleComms:
     delivery_of: dict[int, int] = field(default_factory=dict)
     writer_ranks: tuple[int, ...] = ()
 
-    @property
-    def world_rank(self) -> int:
+    @cached_property
+    def world_rank(self) -> int:  # kept: errors name it after close() freed the comm
         return self.world.Get_rank()
 
     @property
@@ -185,8 +186,11 @@ def agree(comm: MPI.Intracomm, ok: bool) -> bool:
 def check_same_config(comm: MPI.Intracomm, config: Config) -> None:
     """Raise :class:`ConfigMismatch` on every rank unless all ranks hold equal configs.
 
-    **Collective** on ``comm`` (one all-gather of a 64-character digest).
+    **Collective** on ``comm`` (one all-gather of a 64-character digest), after a
+    barrier bounded by ``run.timeout_s``: a rank that never comes (it left before the
+    constructor) makes the others raise :class:`~conduit_hpc.errors.CollectiveFailed`.
     """
+    bounded_barrier(comm, config.run.timeout_s, "the data plane's constructor")
     digests = allgather_json(comm, config.digest())
     if len(set(digests)) > 1:
         groups: dict[str, list[int]] = {}

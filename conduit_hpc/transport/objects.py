@@ -8,12 +8,16 @@ Every function is **collective** on ``comm`` and blocks until its part is done.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-__all__ = ["allgather_json", "bcast_json", "gather_json"]
+from conduit_hpc.errors import CollectiveFailed
+from conduit_hpc.wait import wait_until
+
+__all__ = ["allgather_json", "bcast_json", "bounded_barrier", "gather_json"]
 
 
 def _plain(v: Any) -> Any:
@@ -68,3 +72,15 @@ def allgather_json(comm: MPI.Intracomm, obj: Any) -> list[Any]:
     comm.Allgatherv(data, [buf, sizes, MPI.BYTE])
     offs = np.concatenate([[0], np.cumsum(sizes)])
     return [_from_bytes(buf[offs[i]:offs[i + 1]]) for i in range(len(sizes))]
+
+
+def bounded_barrier(comm: MPI.Intracomm, timeout_s: float, what: str,
+                    between: Callable[[], object] | None = None) -> None:
+    """A barrier that gives up: :class:`~conduit_hpc.errors.CollectiveFailed` when not
+    every rank of ``comm`` reached ``what`` within ``timeout_s`` (a rank failed, left
+    without an error, or hangs), where a plain ``Barrier`` would wait forever.
+    ``between`` runs after every poll (it may raise). **Collective**."""
+    req = comm.Ibarrier()
+    wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} to "
+               f"reach {what}", error=CollectiveFailed, between=between,
+               detail="a rank failed, left without an error, or did not arrive")

@@ -1,0 +1,140 @@
+"""Every rank fails together, also when one leaves without an uncaught exception.
+
+``python -m mpi4py`` aborts the job on an uncaught exception; these are the ways a rank
+can leave that it does not see, and which left every other rank waiting forever before
+(a hostile test, stop 35):
+
+* an exception out of the ``with`` block, caught outside it (the process goes on and ends
+  normally);
+* ``sys.exit(0)`` inside the block, before ``done()``;
+* a rank that never builds the data plane (the constructor's first collective).
+
+Each other rank must raise a library error naming the rank that left, within
+``run.timeout_s``: :class:`RemoteFailure` (the leaving rank marks itself in the control
+block) or :class:`CollectiveFailed` (a bounded barrier). And every call after ``close()``
+raises :class:`DataPlaneClosed` naming this rank (it was ``mpi4py.MPI.Exception``: the
+message asked the freed communicator for the rank).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc.errors import CollectiveFailed, DataPlaneClosed, RemoteFailure
+from conduit_hpc.testing import make_config
+
+COMM = MPI.COMM_WORLD
+SPEC = {"obs": {"dtype": "float32", "shape": [4]}, "reward": {"dtype": "float32"}}
+TIMEOUT_S = 8.0
+
+
+def config():
+    return make_config(spec=SPEC, run={"timeout_s": TIMEOUT_S},
+                       layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
+                       storage={"capacity_rows": 64},
+                       scheduler={"batch_rows": 8, "min_fill_rows": 16},
+                       checkpoint={"on_stop": False})
+
+
+def rows(n: int = 8) -> dict[str, np.ndarray]:
+    return {"obs": np.zeros((n, 4), np.float32), "reward": np.ones(n, np.float32)}
+
+
+def verdict(ok: bool) -> bool:
+    """Every rank's verdict (plain MPI: the plane's communicators are not used)."""
+    return bool(COMM.allreduce(int(ok), op=MPI.MIN))
+
+
+def run(leaver: str, how: str) -> tuple[str, float]:
+    """One job where the rank with role ``leaver`` leaves ``how``; what each rank saw."""
+    t0 = time.monotonic()
+    seen = "nothing"
+    try:
+        with ExperienceDataPlane(config()) as edp:
+            role = "learner" if edp.role is Role.LEARNER else edp.role.value
+            if role == leaver:
+                if edp.role is Role.LEARNER:
+                    edp.next_batch()
+                if how == "exit":
+                    raise SystemExit(0)
+                raise RuntimeError("the job's own bug")
+            if edp.role is Role.ACTOR:
+                while not edp.should_stop:
+                    edp.ingest(rows())
+            elif edp.serves:
+                edp.serve()
+            else:
+                while True:  # a learner with no end of its own (the actor left)
+                    edp.next_batch()
+                    if edp.should_stop:
+                        break
+            edp.done()
+    except SystemExit:
+        seen = "left"
+    except RuntimeError as err:
+        seen = "left" if "own bug" in str(err) else f"{type(err).__name__}: {err}"
+    except RemoteFailure as err:
+        seen = f"RemoteFailure: {err}"
+    except Exception as err:  # anything else is a finding
+        seen = f"{type(err).__name__}: {err}"
+    return seen, time.monotonic() - t0
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("leaver, how", [("learner", "raise"), ("actor", "raise"),
+                                         ("actor", "exit"), ("buffer", "raise")])
+def test_a_rank_leaving_on_a_caught_exception_stops_every_other_rank(leaver, how):
+    seen, took = run(leaver, how)
+    # who left (world rank), from the leaver itself
+    left = COMM.allgather(COMM.rank if seen == "left" else None)
+    leavers = [r for r in left if r is not None]
+    ok = len(leavers) >= 1 and took < 3 * TIMEOUT_S
+    if seen != "left":
+        ok = ok and seen.startswith("RemoteFailure") and (
+            f"world rank {leavers[0]} left" in seen if leavers else False)
+    assert verdict(ok), (COMM.rank, seen, took, leavers)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_rank_that_never_builds_the_plane_fails_the_constructor_in_bounded_time():
+    sub = COMM.Dup()  # every rank makes it; the last never uses it (the others' barrier
+    t0 = time.monotonic()  # on it stays pending, on a communicator nobody uses again)
+    seen = "nothing"
+    if COMM.rank != COMM.size - 1:  # the last rank never comes
+        try:
+            ExperienceDataPlane(config(), sub)
+        except CollectiveFailed as err:
+            seen = str(err)
+    took = time.monotonic() - t0
+    COMM.Barrier()  # all here again (the plain world, not the plane's)
+    ok = (COMM.rank == COMM.size - 1 or (
+        "the data plane's constructor" in seen and took < 3 * TIMEOUT_S))
+    assert verdict(ok), (COMM.rank, seen, took)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_every_call_after_close_raises_data_plane_closed_naming_the_rank():
+    with ExperienceDataPlane(config()) as edp:
+        if edp.role is Role.ACTOR:
+            while not edp.should_stop:
+                edp.ingest(rows())
+        elif edp.serves:
+            edp.serve()
+        else:
+            edp.next_batch()
+        edp.done()
+    calls = {"learner": [edp.next_batch, lambda: edp.update_priorities(
+                 np.zeros((1, 3), np.int64), [1.0])],
+             "actor": [lambda: edp.ingest(rows())], "buffer": [edp.serve]}
+    got = []
+    for call in calls[edp.role.value]:
+        with pytest.raises(DataPlaneClosed, match=f"after close\\(\\) on world rank "
+                                                  f"{COMM.rank}"):
+            call()
+        got.append(True)
+    assert verdict(len(got) == len(calls[edp.role.value]))
