@@ -25,8 +25,9 @@ A checkpoint is a directory ``ckpt-NNNNNN`` under a checkpoint root::
 
 Files are written into ``.tmp-ckpt-NNNNNN-*`` and fsync'ed, the directory is renamed into
 place, and ``DONE`` is written (and fsync'ed) last. A directory without ``DONE``, a file
-shorter than recorded (truncated), a dataset whose checksum differs, a schema version from
-the future or a checkpoint of a different spec is refused with a
+shorter than recorded (truncated), a dataset whose checksum differs or whose HDF5 metadata
+is damaged (any h5py error reading it), a schema version from the future or a checkpoint of
+a different spec is refused with a
 :class:`~conduit_hpc.errors.CheckpointError` naming the file and the reason. Only numeric
 arrays, strings and JSON are read back: no pickle is ever loaded, nothing is executed.
 """

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,29 @@ def _read_verified(ds: h5py.Dataset, expected: str | None, where: str,
 def _str(ds: h5py.Dataset) -> str:
     v = ds[()]
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+#: what h5py raises for damaged HDF5 metadata or storage (a bad object header checksum
+#: surfaces as a KeyError from ``name in group``, a bad B-tree as OSError, ...)
+H5_ERRORS = (KeyError, OSError, RuntimeError, ValueError)
+
+
+@contextmanager
+def _damaged(where: str, what: str) -> Iterator[None]:
+    """Turn an h5py/HDF5 error raised under it into the :class:`CheckpointError` of a
+    damaged checkpoint, naming the file (``where``) and what was read (``what``), so a
+    resume falls back past it and ``inspect`` refuses it, as for a checksum failure.
+
+    Raises:
+        CheckpointError: for any of :data:`H5_ERRORS` (a CheckpointError passes as is).
+    """
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except H5_ERRORS as err:
+        raise CheckpointError(f"{where}: {what} cannot be read; the file is damaged "
+                              f"({type(err).__name__}: {err})") from err
 
 
 
@@ -136,28 +161,30 @@ class Checkpoint:
         p = self.path / name
         try:
             return h5py.File(p, "r")
-        except OSError as err:
+        except H5_ERRORS as err:
             raise CheckpointError(f"checkpoint file {p} cannot be opened: {err}") from err
 
     def _dataset(self, f: h5py.File, name: str, path: str,
                  out: np.ndarray | None = None) -> np.ndarray:
         where = str(self.path / name)
-        if path not in f:
-            raise CheckpointError(f"{where}: dataset {path} is missing")
-        obj = f[path]
-        if not isinstance(obj, h5py.Dataset):
-            raise CheckpointError(f"{where}: {path} is not a dataset")
-        expected = self.files[name]["datasets"].get(path)
-        if expected is None:
-            raise CheckpointError(f"{where}: dataset {path} has no checksum in the manifest")
-        try:
-            return _read_verified(obj, expected, where, out=out)
-        except OSError as err:  # truncated or damaged storage under a readable header
-            codec = obj.compression
-            what = (f" (a compressed block is damaged: the {codec} filter refused it)"
-                    if codec else "")
-            raise CheckpointError(f"{where}: dataset {path} cannot be read{what}: "
-                                  f"{err}") from err
+        with _damaged(where, f"dataset {path}"):  # damaged metadata: KeyError, OSError..
+            if path not in f:
+                raise CheckpointError(f"{where}: dataset {path} is missing")
+            obj = f[path]
+            if not isinstance(obj, h5py.Dataset):
+                raise CheckpointError(f"{where}: {path} is not a dataset")
+            expected = self.files[name]["datasets"].get(path)
+            if expected is None:
+                raise CheckpointError(f"{where}: dataset {path} has no checksum in the "
+                                      f"manifest")
+            try:
+                return _read_verified(obj, expected, where, out=out)
+            except OSError as err:  # truncated or damaged storage under a readable header
+                codec = obj.compression
+                what = (f" (a compressed block is damaged: the {codec} filter refused it)"
+                        if codec else "")
+                raise CheckpointError(f"{where}: dataset {path} cannot be read{what}: "
+                                      f"{err}") from err
 
     def read_shard(self, shard_id: int, into: SnapshotStaging | None = None) -> ShardSnapshot:
         """Every row and counter of one shard, checksums verified.
@@ -240,7 +267,7 @@ class Checkpoint:
                     got[k] = v
             return got
 
-        with self._file(MANIFEST) as f:
+        with self._file(MANIFEST) as f, _damaged(str(self.path / MANIFEST), "attributes"):
             for group in ("experience", "index", "shards"):
                 g = f.get(group)
                 if isinstance(g, h5py.Group):
@@ -249,7 +276,8 @@ class Checkpoint:
                         if isinstance(obj, h5py.Dataset):
                             out[f"/{group}/{name}"] = plain(obj.attrs)
         if LEARNER_FILE in self.files:
-            with self._file(LEARNER_FILE) as f:
+            with self._file(LEARNER_FILE) as f, \
+                    _damaged(str(self.path / LEARNER_FILE), "attributes"):
                 for path in self.files[LEARNER_FILE]["datasets"]:
                     obj = f.get(path)
                     if isinstance(obj, h5py.Dataset):
@@ -265,7 +293,7 @@ class Checkpoint:
         for s in self.shards:
             by_file.setdefault(s.file, []).append(s.shard_id)
         for name, ids in by_file.items():
-            with self._file(name) as f:
+            with self._file(name) as f, _damaged(str(self.path / name), "column headers"):
                 for sid in ids:
                     g = f.get(f"/shards/{sid}/columns")
                     if not isinstance(g, h5py.Group):

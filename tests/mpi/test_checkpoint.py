@@ -293,10 +293,18 @@ def one_cycle(root: Path, rows_per_actor: int, compression: dict | None = None) 
 def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
     root = shared_dir
     gzip = {"payload": "gzip", "check": "lzf"}
-    for k in range(1, 6):  # the first and the last with compressed columns
+    for k in range(1, 7):  # 1 and 5 with compressed columns
         one_cycle(root, k, gzip if k in (1, 5) else None)
     COMM.Barrier()
     if COMM.rank == 0:
+        f6 = root / "ckpt-000006" / "buffer-0000.h5"
+        with h5py.File(f6, "r") as f:  # a dataset's object header (metadata) damaged
+            addr = h5py.h5o.get_info(f["/shards/0/seq"].id).addr
+        with open(f6, "r+b") as fh:
+            fh.seek(addr + 8)
+            b = fh.read(16)
+            fh.seek(addr + 8)
+            fh.write(bytes(x ^ 0xFF for x in b))
         f5 = root / "ckpt-000005" / "buffer-0000.h5"
         with h5py.File(f5, "r") as f:  # bytes flipped inside a compressed block
             chunk = f["/shards/0/columns/payload"].id.get_chunk_info(0)
@@ -323,7 +331,9 @@ def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
         res = restore_data_plane(edp, "latest", roots=[root])
         assert res is not None and res.path.name == "ckpt-000001"
         assert res.rows == actors
-        assert len(res.skipped) == 4
+        assert len(res.skipped) == 5
+        assert ("ckpt-000006/buffer-0000.h5: dataset /shards/0/seq cannot be read; the "
+                "file is damaged (KeyError" in res.skipped.pop(0)), res.skipped
         assert ("ckpt-000005/buffer-0000.h5: dataset /shards/0/columns/payload cannot be "
                 "read (a compressed block is damaged" in res.skipped[0]), res.skipped[0]
         assert "buffer-0000.h5" in res.skipped[1] and "fails its checksum" in res.skipped[1]
@@ -337,6 +347,8 @@ def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
             restore_data_plane(edp, root / "ckpt-000005")
         with pytest.raises(CheckpointError, match="no DONE marker"):
             restore_data_plane(edp, root / "ckpt-000002")
+        with pytest.raises(CheckpointError, match="/shards/0/seq cannot be read; the file"):
+            restore_data_plane(edp, root / "ckpt-000006")
         edp.done()
         if edp.serves:
             edp.serve()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -176,6 +177,39 @@ def test_refuses_a_dataset_whose_checksum_differs(tmp_path: Path) -> None:
         c.read_shard(1)
     with pytest.raises(CheckpointError, match="fails its checksum"):
         c.verify()
+
+
+def flip_header_of(path: Path, dataset: str) -> None:
+    """Damage a dataset's HDF5 object header (metadata, not data): h5py then raises a
+    KeyError ("incorrect metadata checksum") when the dataset is looked up."""
+    with h5py.File(path, "r") as f:
+        addr = h5py.h5o.get_info(f[dataset].id).addr
+    with open(path, "r+b") as fh:
+        fh.seek(addr + 8)  # past the "OHDR" signature and version
+        b = fh.read(16)
+        fh.seek(addr + 8)
+        fh.write(bytes(x ^ 0xFF for x in b))
+
+
+def test_refuses_a_dataset_whose_metadata_is_damaged(tmp_path: Path) -> None:
+    path = write(tmp_path, 1, extra=EXTRA)
+    flip_header_of(path / "buffer-0000.h5", "/shards/0/priority")
+    flip_header_of(path / ck.LEARNER_FILE, "/arrays/model/fc1.bias")
+    c = ck.open_checkpoint(path)  # the cheap checks pass: sizes are right
+    c.read_shard(1)  # another shard of the same file is fine
+    what = r"buffer-0000.h5: dataset /shards/0/priority cannot be read; the file is damaged"
+    for read in (lambda: c.read_shard(0), lambda: c.priorities(0), c.verify):
+        with pytest.raises(CheckpointError, match=what + r" \(KeyError: .*checksum"):
+            read()
+    with pytest.raises(CheckpointError, match=r"learner.h5: dataset /arrays/model/fc1.bias "
+                                              r"cannot be read; the file is damaged"):
+        c.extra_state()
+    report = ck.inspect_checkpoint(path)  # refused, not a traceback
+    assert not report["ok"] and re.search(what, report["error"]), report["error"]
+    write(tmp_path, 2)  # a root: the newest is good, the damaged one is still listed
+    listing = ck.inspect_checkpoint(tmp_path, verify=True)
+    assert listing["ok"] and [c["path"] for c in listing["checkpoints"]] == [
+        str(path), str(tmp_path / "ckpt-000002")]
 
 
 def test_refuses_a_damaged_manifest(tmp_path: Path) -> None:
