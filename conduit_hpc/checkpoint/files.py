@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
-from conduit_hpc.config import CHECKPOINT_CODECS
+from conduit_hpc.config import CHECKPOINT_CODECS, Config
 from conduit_hpc.errors import CheckpointError
 from conduit_hpc.spec import Field, Spec
 
@@ -210,6 +210,39 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def checkpoint_root(config: Config, run_dir: Path | None) -> Path:
+    """``checkpoint.directory``, relative to the run directory (or the working directory
+    when there is none); absolute paths as given. Local; pure."""
+    d = Path(config.checkpoint.directory)
+    if d.is_absolute():
+        return d
+    return (Path.cwd() if run_dir is None else Path(run_dir)) / d
+
+
+def root_problem(root: Path, *, fresh: bool) -> str:
+    """Why a run cannot use ``root`` as its checkpoint root ("" if it can): a path that
+    is (or lies under) something other than a directory, or - for a ``fresh`` run (no
+    resume) - a root that already holds checkpoints or checkpoints being written, which
+    this run's retention would delete (an earlier run's, or a concurrent one's). Local;
+    reads the directory only.
+    """
+    here = Path(root)
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if here.exists() and not here.is_dir():
+        what = "is a file" if here == Path(root) else f"lies under the file {here}"
+        return f"checkpoint root {root} {what}, not a directory"
+    if not fresh or not Path(root).is_dir():
+        return ""
+    held = list_checkpoints(root) + sorted(Path(root).glob(TMP_PREFIX + "ckpt-*"))
+    if not held:
+        return ""
+    names = ", ".join(p.name for p in held[:3]) + (", ..." if len(held) > 3 else "")
+    return (f"checkpoint root {root} already holds {len(held)} checkpoint(s) of another "
+            f"run ({names}), which this fresh run's retention would delete; pass --resume "
+            f"to continue from them, or choose another --run-dir or checkpoint.directory")
 
 
 def list_checkpoints(root: Path) -> list[Path]:

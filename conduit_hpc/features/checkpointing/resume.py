@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from conduit_hpc import checkpoint as ck
+from conduit_hpc.checkpoint.files import checkpoint_root
 from conduit_hpc.config import Config
 from conduit_hpc.errors import CheckpointError
 from conduit_hpc.storage.frames import FrameCodec, stored_spec
@@ -38,16 +39,6 @@ __all__ = ["RestoreResult", "checkpoint_root", "restore_data_plane", "restore_li
            "resume_roots", "resumed_counter"]
 
 log = logging.getLogger("conduit_hpc.checkpoint")
-
-
-def checkpoint_root(config: Config, run_dir: Path | None) -> Path:
-    """``checkpoint.directory``, relative to the run directory (or the working directory
-    when there is none); absolute paths as given."""
-    d = Path(config.checkpoint.directory)
-    if d.is_absolute():
-        return d
-    return (Path.cwd() if run_dir is None else Path(run_dir)) / d
-
 
 
 def resume_roots(config: Config, run_dir: Path | None) -> list[Path]:
