@@ -22,6 +22,9 @@ A checkpoint is a directory ``ckpt-NNNNNN`` under a checkpoint root::
                          descriptions; /index/priority says ``alpha_applied = False``
                          and ``alpha``)
         DONE             JSON, written last: file sizes and the manifest's SHA-256
+        DAMAGED          only when a resume fell back past it as damaged: JSON, the reason;
+                         the checkpoint is kept as evidence, never restored, and retention
+                         neither counts nor deletes it
 
 Files are written into ``.tmp-ckpt-NNNNNN-*`` and fsync'ed, the directory is renamed into
 place, and ``DONE`` is written (and fsync'ed) last. A directory without ``DONE``, a file
@@ -34,6 +37,7 @@ arrays, strings and JSON are read back: no pickle is ever loaded, nothing is exe
 
 from conduit_hpc.checkpoint.files import (
     CHUNK_BYTES,
+    DAMAGED,
     DONE,
     FORMAT,
     LEARNER_FILE,
@@ -42,10 +46,12 @@ from conduit_hpc.checkpoint.files import (
     TMP_PREFIX,
     checkpoint_name,
     checksum,
+    damage_of,
     dataset_attrs,
     done_record,
     is_complete,
     list_checkpoints,
+    mark_damaged,
     newest_first,
     next_seq,
     prune,
@@ -66,6 +72,7 @@ from conduit_hpc.checkpoint.write import (
 
 __all__ = [
     "CHUNK_BYTES",
+    "DAMAGED",
     "DONE",
     "FORMAT",
     "LEARNER_FILE",
@@ -76,6 +83,7 @@ __all__ = [
     "ShardRecord",
     "checkpoint_name",
     "checksum",
+    "damage_of",
     "dataset_attrs",
     "done_record",
     "finalize",
@@ -83,6 +91,7 @@ __all__ = [
     "inspect_checkpoint",
     "is_complete",
     "list_checkpoints",
+    "mark_damaged",
     "newest_first",
     "next_seq",
     "open_checkpoint",

@@ -13,6 +13,7 @@ import math
 import os
 import re
 import shutil
+import time
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -31,6 +32,11 @@ SCHEMA_VERSION = 2
 FORMAT = "conduit_hpc experience checkpoint"
 MANIFEST = "manifest.h5"
 DONE = "DONE"
+#: a complete checkpoint found damaged (by a resume that fell back past it): JSON with
+#: ``reason`` and ``marked_unix``; it is kept as evidence, never restored, never counted
+#: by retention
+DAMAGED = "DAMAGED"
+MARKER_MAX_BYTES = 1 << 16  # DONE and DAMAGED markers are a few hundred bytes
 LEARNER_FILE = "learner.h5"
 TMP_PREFIX = ".tmp-"
 NAME_RE = re.compile(r"^ckpt-(\d{6,})$")
@@ -259,6 +265,43 @@ def is_complete(path: Path) -> bool:
     return (path / DONE).is_file()
 
 
+def damage_of(path: Path) -> str | None:
+    """Why ``path`` is marked damaged (its ``DAMAGED`` marker's reason), or None when it
+    is not marked. Local; reads at most :data:`MARKER_MAX_BYTES` of the marker (an
+    unreadable or oversized marker still marks it damaged)."""
+    f = path / DAMAGED
+    if not f.exists():
+        return None
+    try:
+        with open(f, "rb") as fh:
+            raw = fh.read(MARKER_MAX_BYTES + 1)
+        rec = json.loads(raw.decode("utf-8")) if len(raw) <= MARKER_MAX_BYTES else None
+        reason = rec.get("reason") if isinstance(rec, dict) else None
+    except (OSError, ValueError):
+        reason = None
+    return str(reason) if reason else f"its {DAMAGED} marker gives no readable reason"
+
+
+def mark_damaged(path: Path, reason: str) -> bool:
+    """Mark a complete checkpoint damaged (``DAMAGED``, written atomically), unless it is
+    marked already, so that listings show it, a resume skips it, and retention neither
+    counts nor deletes it (it is kept as evidence). Local; blocks for a small write.
+
+    Returns:
+        bool: whether a marker was written (False: already marked, or not writable).
+    """
+    if damage_of(path) is not None:
+        return False
+    tmp = path / f"{TMP_PREFIX}{DAMAGED}-{os.getpid()}"
+    try:
+        tmp.write_text(_json({"reason": reason, "marked_unix": time.time()}))
+        os.replace(tmp, path / DAMAGED)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return False
+    return True
+
+
 def done_record(path: Path) -> dict[str, Any]:
     """The parsed and checked ``DONE`` marker: ``format`` (str), ``schema_version`` (int
     >= 1), ``seq`` (int >= 0), ``created_unix`` (finite number), ``manifest_sha256`` (64
@@ -351,13 +394,15 @@ def next_seq(root: Path, at_least: int = 1) -> int:
 def prune(root: Path, keep: int, *, in_flight: Iterable[Path] = ()) -> list[Path]:
     """Keep the ``keep`` newest complete checkpoints under ``root``; remove older ones,
     incomplete ones older than the newest complete one, and temporary directories not in
-    flight. Local; blocks for the deletes.
+    flight. A checkpoint marked damaged (:func:`mark_damaged`) is neither counted nor
+    removed: a good checkpoint is never pruned in favour of a damaged one, and the
+    damaged one stays as evidence. Local; blocks for the deletes.
 
     Returns:
         list[Path]: what was removed.
     """
     busy = {Path(p).resolve() for p in in_flight}
-    all_ = list_checkpoints(root)
+    all_ = [p for p in list_checkpoints(root) if damage_of(p) is None]
     complete = [p for p in all_ if is_complete(p)]
     removed = []
     doomed = complete[:-keep] if keep > 0 else []

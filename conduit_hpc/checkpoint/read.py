@@ -24,6 +24,7 @@ import numpy as np
 from conduit_hpc.checkpoint import files as _files
 from conduit_hpc.checkpoint.files import (
     CHUNK_BYTES,
+    DAMAGED,
     DONE,
     FILE_RE,
     FORMAT,
@@ -32,10 +33,11 @@ from conduit_hpc.checkpoint.files import (
     _crc,
     _rows_per_slab,
     _sha256,
+    damage_of,
     done_record,
     spec_from_json,
 )
-from conduit_hpc.errors import CheckpointError
+from conduit_hpc.errors import CheckpointError, CheckpointMismatch
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage.snapshot import ShardSnapshot, SnapshotStaging
 
@@ -330,7 +332,8 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
     """Open a complete checkpoint and run the cheap checks. Local; blocks for a few small
     reads (``DONE``, the manifest, file sizes).
 
-    Checks: ``DONE`` present and valid, manifest SHA-256 as recorded, format and schema
+    Checks: no ``DAMAGED`` marker (left by a resume that fell back past it), ``DONE``
+    present and valid, manifest SHA-256 as recorded, format and schema
     version, every file present and of its recorded size (truncation), the spec (when
     ``spec`` is given). Dataset checksums are checked when the data is read
     (:meth:`Checkpoint.read_shard`) or by :meth:`Checkpoint.verify`.
@@ -347,11 +350,14 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
         p = p.parent
     if not p.is_dir():
         raise CheckpointError(f"checkpoint {p} does not exist or is not a directory")
+    why = damage_of(p)
+    if why is not None:
+        raise CheckpointError(f"checkpoint {p} is marked damaged ({p / DAMAGED}): {why}")
     done = done_record(p)
     if int(done.get("schema_version", 0)) > _files.SCHEMA_VERSION:
-        raise CheckpointError(f"checkpoint {p}: schema version {done['schema_version']} is "
-                              f"newer than this conduit_hpc reads ({_files.SCHEMA_VERSION}); "
-                              f"upgrade conduit_hpc")
+        raise CheckpointMismatch(f"checkpoint {p}: schema version {done['schema_version']} "
+                                 f"is newer than this conduit_hpc reads "
+                                 f"({_files.SCHEMA_VERSION}); upgrade conduit_hpc")
     for name, size in done["files"].items():
         f = p / name
         if not FILE_RE.match(name):
@@ -383,8 +389,8 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
             raise CheckpointError(f"{mpath}: shard {s.shard_id} is in {s.file!r}, which "
                                   f"the manifest does not list")
     if spec is not None and spec.signature() != ckpt.spec.signature():
-        raise CheckpointError(f"checkpoint {p} holds experience of a different spec: "
-                              f"{_spec_diff(ckpt.spec, spec)}")
+        raise CheckpointMismatch(f"checkpoint {p} holds experience of a different spec: "
+                                 f"{_spec_diff(ckpt.spec, spec)}")
     return ckpt
 
 
@@ -408,12 +414,13 @@ def _spec_diff(stored: Spec, current: Spec) -> str:
 def _read_manifest(p: Path, f: h5py.File) -> Checkpoint:
     a = f.attrs
     if a.get("format") != FORMAT:
-        raise CheckpointError(f"{p / MANIFEST}: not a conduit_hpc checkpoint (format "
-                              f"{a.get('format')!r})")
+        raise CheckpointMismatch(f"{p / MANIFEST}: not a conduit_hpc checkpoint (format "
+                                 f"{a.get('format')!r})")
     version = int(a["schema_version"])
     if version > _files.SCHEMA_VERSION:
-        raise CheckpointError(f"{p / MANIFEST}: schema version {version} is newer than this "
-                              f"conduit_hpc reads ({_files.SCHEMA_VERSION}); upgrade conduit_hpc")
+        raise CheckpointMismatch(f"{p / MANIFEST}: schema version {version} is newer than "
+                                 f"this conduit_hpc reads ({_files.SCHEMA_VERSION}); upgrade "
+                                 f"conduit_hpc")
     meta = f["meta"]
     spec = spec_from_json(json.loads(_str(meta["spec"])))
     shards = [ShardRecord(shard_id=int(s["shard_id"]), capacity=int(s["capacity"]),

@@ -340,6 +340,17 @@ def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
         assert "buffer-0000.h5 is truncated" in res.skipped[2]
         assert "ckpt-000002: no DONE marker" in res.skipped[3]
         assert len(held(edp)) == actors
+        # the complete ones refused are marked damaged (kept as evidence), not the one
+        # without DONE; retention neither counts nor deletes them
+        marked = {p.name: ck.damage_of(p) for p in ck.list_checkpoints(root)}
+        assert [n for n, why in marked.items() if why] == [
+            "ckpt-000003", "ckpt-000004", "ckpt-000005", "ckpt-000006"], marked
+        assert "fails its checksum" in str(marked["ckpt-000004"])
+        COMM.Barrier()
+        if edp.world_rank == edp.roles.buffer_ranks[0]:
+            assert not ck.prune(root, 1)  # the one good checkpoint is the one kept
+        COMM.Barrier()
+        assert len(ck.list_checkpoints(root)) == 6  # before: ckpt-000006 (damaged) alone
         # a given checkpoint is refused without fallback, on every rank alike
         with pytest.raises(CheckpointError, match="fails its checksum"):
             restore_data_plane(edp, root / "ckpt-000004")

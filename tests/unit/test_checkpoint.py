@@ -277,6 +277,38 @@ def test_prune_keeps_the_newest_and_clears_leftovers(tmp_path: Path) -> None:
     assert ck.next_seq(tmp_path) == 8
 
 
+def test_a_checkpoint_marked_damaged_is_kept_shown_and_never_counted(tmp_path: Path) -> None:
+    """Before: after a resume fell back past a damaged ckpt-000003 to ckpt-000002 and
+    wrote ckpt-000004, keep = 2 deleted the good 000002 and kept the damaged 000003,
+    which inspect listed as complete."""
+    for seq in (2, 3, 4):
+        write(tmp_path, seq, [snapshot(i, 4, 2, 2, i) for i in range(3)])
+    bad = tmp_path / "ckpt-000003"
+    flip_byte_in(bad / "buffer-0000.h5", "/shards/0/columns/payload")
+    assert ck.damage_of(bad) is None
+    assert ck.mark_damaged(bad, "buffer-0000.h5: dataset x fails its checksum")
+    assert not ck.mark_damaged(bad, "another reason")  # the first reason stays
+    assert ck.damage_of(bad) == "buffer-0000.h5: dataset x fails its checksum"
+    assert ck.prune(tmp_path, 2) == []  # 2 and 4 are the two kept; 3 is not counted
+    write(tmp_path, 5, [snapshot(i, 4, 2, 2, i) for i in range(3)])
+    assert ck.prune(tmp_path, 2) == [tmp_path / "ckpt-000002"]
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == [
+        "ckpt-000003", "ckpt-000004", "ckpt-000005"]  # the damaged one kept as evidence
+    with pytest.raises(CheckpointError, match=r"ckpt-000003 is marked damaged \(.*DAMAGED"
+                                              r"\): buffer-0000.h5: dataset x fails"):
+        ck.open_checkpoint(bad)
+    listing = ck.inspect_checkpoint(tmp_path)
+    assert [c["damaged"] for c in listing["checkpoints"]] == [
+        "buffer-0000.h5: dataset x fails its checksum", None, None]
+    text = ck.format_report(listing)
+    assert f"DAMAGED     {bad}  (buffer-0000.h5: dataset x fails" in text, text
+    assert f"complete    {tmp_path / 'ckpt-000005'}" in text
+    (tmp_path / "ckpt-000004" / ck.DAMAGED).write_bytes(b"x" * (1 << 20))  # oversized
+    assert "no readable reason" in str(ck.damage_of(tmp_path / "ckpt-000004"))
+    # the newest not marked damaged is the one described
+    assert ck.inspect_checkpoint(tmp_path)["path"] == str(tmp_path / "ckpt-000005")
+
+
 def test_newest_first_orders_by_completion_time(tmp_path: Path) -> None:
     a = write(tmp_path / "run-a", 9, [snapshot(i, 4, 1, 1, i) for i in range(3)])
     b = write(tmp_path / "run-b", 1, [snapshot(i, 4, 1, 1, i) for i in range(3)])
