@@ -36,7 +36,9 @@ DONE = "DONE"
 #: ``reason`` and ``marked_unix``; it is kept as evidence, never restored, never counted
 #: by retention
 DAMAGED = "DAMAGED"
-MARKER_MAX_BYTES = 1 << 16  # DONE and DAMAGED markers are a few hundred bytes
+#: the most bytes a DONE or DAMAGED marker may have (they are a few hundred; DONE grows
+#: by ~40 bytes per file): a larger one is damaged and is refused before it is read
+MARKER_MAX_BYTES = 1 << 20
 LEARNER_FILE = "learner.h5"
 TMP_PREFIX = ".tmp-"
 NAME_RE = re.compile(r"^ckpt-(\d{6,})$")
@@ -309,17 +311,25 @@ def done_record(path: Path) -> dict[str, Any]:
     checked before anything uses it.
 
     Raises:
-        CheckpointError: missing, unreadable, not JSON, or a field missing or of the wrong
-            type or range (naming the field and the value).
+        CheckpointError: missing, unreadable, larger than :data:`MARKER_MAX_BYTES`
+            (checked before it is read: naming the file, its size and the limit), not
+            JSON, or a field missing or of the wrong type or range (naming the field and
+            the value).
     """
     f = path / DONE
     if not f.is_file():
         raise CheckpointError(f"checkpoint {path}: no {DONE} marker; it was not completely "
                               f"written (the job stopped while writing it)")
     try:
-        raw = f.read_bytes()
-        if len(raw) > 1 << 20:
-            raise ValueError(f"{len(raw)} bytes (a DONE marker is a few hundred)")
+        size = f.stat().st_size  # before reading: a marker grown to gigabytes is not read
+        if size <= MARKER_MAX_BYTES:
+            with open(f, "rb") as fh:
+                raw = fh.read(MARKER_MAX_BYTES + 1)
+            size = len(raw)
+        if size > MARKER_MAX_BYTES:
+            raise CheckpointError(f"checkpoint {path}: {DONE} marker {f} is damaged: "
+                                  f"{size} bytes, more than the {MARKER_MAX_BYTES} a marker "
+                                  f"may have (a {DONE} marker is a few hundred)")
         rec = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError included
         raise CheckpointError(f"checkpoint {path}: {DONE} marker is damaged: {err}") from err

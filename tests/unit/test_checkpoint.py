@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import resource
 import shutil
 from pathlib import Path
 
@@ -254,6 +255,25 @@ def test_refuses_what_is_not_a_checkpoint(tmp_path: Path) -> None:
     (d / ck.DONE).write_text("{not json")
     with pytest.raises(CheckpointError, match="DONE marker is damaged"):
         ck.open_checkpoint(d)
+
+
+def test_an_oversized_done_marker_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """Before: the marker was read whole, then its size checked (10 GB ran out the time,
+    1 GB took 1.1 GB of memory). The file is sparse: no disk is used."""
+    path = write(tmp_path, 1)
+    size = 512 << 20
+    with open(path / ck.DONE, "r+b") as fh:
+        fh.truncate(size)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    for read in (lambda: ck.open_checkpoint(path), lambda: ck.done_record(path)):
+        with pytest.raises(CheckpointError, match=rf"DONE marker {path / ck.DONE} is "
+                                                  rf"damaged: {size} bytes, more than the "
+                                                  rf"{1 << 20} a marker may have"):
+            read()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 64 << 10
+    assert ck.newest_first([tmp_path]) == [path]  # listed by its time, not read
+    report = ck.inspect_checkpoint(path)
+    assert not report["ok"] and f"{size} bytes" in report["error"]
 
 
 def test_extra_state_refuses_objects_and_bad_names(tmp_path: Path) -> None:
