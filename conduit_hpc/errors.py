@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "CheckpointError",
+    "CheckpointMismatch",
     "ConduitError",
     "ConfigError",
     "ConfigMismatch",
@@ -93,3 +94,9 @@ class PlacementInfeasible(ConduitError):
 
 class CheckpointError(ConduitError):
     """A checkpoint is incomplete, damaged, foreign or from an unknown schema."""
+
+
+class CheckpointMismatch(CheckpointError):
+    """A checkpoint that is not damaged but that this job cannot use: another spec, a
+    schema version from the future, not a conduit_hpc checkpoint. A resume falling back
+    past it does not mark it damaged."""

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from conduit_hpc.config import Config
-from conduit_hpc.errors import ConduitError
+from conduit_hpc.errors import ConduitError, ConfigError
 
 __all__ = ["ERROR_PREFIX", "ignore_stop_requests", "install_stop_handler", "job_arguments",
-           "job_main", "stop_requested", "stop_signal"]
+           "job_main", "resume_argument", "stop_requested", "stop_signal"]
 
 ERROR_PREFIX = "conduit-hpc: error"
 C = TypeVar("C", bound=Config)
@@ -50,9 +50,25 @@ def job_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (TOML literal)")
     p.add_argument("--run-dir", default="", help="directory for this run's outputs")
-    p.add_argument("--resume", nargs="?", const="latest", default="",
+    p.add_argument("--resume", nargs="?", const="latest", default=None,
                    help="resume from the latest (or the given) checkpoint")
     return p.parse_args(argv)
+
+
+def resume_argument(value: str | None) -> str:
+    """``--resume``'s value as ``run`` gets it: ``""`` without the flag, ``"latest"``
+    for the flag alone, else the path given.
+
+    Raises:
+        ConfigError: an empty or blank value (``--resume ""``), which would start fresh
+            silently.
+    """
+    if value is None:
+        return ""
+    if not value.strip():
+        raise ConfigError(f"--resume must be given alone (the latest checkpoint) or with a "
+                          f"checkpoint path, got the empty value {value!r}", key="--resume")
+    return value
 
 
 def job_main(config_cls: type[C], run: Callable[[C, Path | None, str], Any],
@@ -73,8 +89,9 @@ def job_main(config_cls: type[C], run: Callable[[C, Path | None, str], Any],
     if args.run_dir:
         _log_to_files(Path(args.run_dir) / "logs", rank)
     try:
+        resume = resume_argument(args.resume)
         cfg = config_cls.from_toml(args.config, args.set)
-        run(cfg, Path(args.run_dir) if args.run_dir else None, args.resume)
+        run(cfg, Path(args.run_dir) if args.run_dir else None, resume)
     except ConduitError as err:
         print(f"{ERROR_PREFIX} on world rank {rank}: {type(err).__name__}: {err}",
               file=sys.stderr, flush=True)

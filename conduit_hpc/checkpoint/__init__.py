@@ -22,17 +22,22 @@ A checkpoint is a directory ``ckpt-NNNNNN`` under a checkpoint root::
                          descriptions; /index/priority says ``alpha_applied = False``
                          and ``alpha``)
         DONE             JSON, written last: file sizes and the manifest's SHA-256
+        DAMAGED          only when a resume fell back past it as damaged: JSON, the reason;
+                         the checkpoint is kept as evidence, never restored, and retention
+                         neither counts nor deletes it
 
 Files are written into ``.tmp-ckpt-NNNNNN-*`` and fsync'ed, the directory is renamed into
 place, and ``DONE`` is written (and fsync'ed) last. A directory without ``DONE``, a file
-shorter than recorded (truncated), a dataset whose checksum differs, a schema version from
-the future or a checkpoint of a different spec is refused with a
+shorter than recorded (truncated), a dataset whose checksum differs or whose HDF5 metadata
+is damaged (any h5py error reading it), a schema version from the future or a checkpoint of
+a different spec is refused with a
 :class:`~conduit_hpc.errors.CheckpointError` naming the file and the reason. Only numeric
 arrays, strings and JSON are read back: no pickle is ever loaded, nothing is executed.
 """
 
 from conduit_hpc.checkpoint.files import (
     CHUNK_BYTES,
+    DAMAGED,
     DONE,
     FORMAT,
     LEARNER_FILE,
@@ -41,10 +46,12 @@ from conduit_hpc.checkpoint.files import (
     TMP_PREFIX,
     checkpoint_name,
     checksum,
+    damage_of,
     dataset_attrs,
     done_record,
     is_complete,
     list_checkpoints,
+    mark_damaged,
     newest_first,
     next_seq,
     prune,
@@ -65,6 +72,7 @@ from conduit_hpc.checkpoint.write import (
 
 __all__ = [
     "CHUNK_BYTES",
+    "DAMAGED",
     "DONE",
     "FORMAT",
     "LEARNER_FILE",
@@ -75,6 +83,7 @@ __all__ = [
     "ShardRecord",
     "checkpoint_name",
     "checksum",
+    "damage_of",
     "dataset_attrs",
     "done_record",
     "finalize",
@@ -82,6 +91,7 @@ __all__ = [
     "inspect_checkpoint",
     "is_complete",
     "list_checkpoints",
+    "mark_damaged",
     "newest_first",
     "next_seq",
     "open_checkpoint",

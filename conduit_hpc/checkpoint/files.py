@@ -13,6 +13,7 @@ import math
 import os
 import re
 import shutil
+import time
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
-from conduit_hpc.config import CHECKPOINT_CODECS
+from conduit_hpc.config import CHECKPOINT_CODECS, Config
 from conduit_hpc.errors import CheckpointError
 from conduit_hpc.spec import Field, Spec
 
@@ -31,6 +32,13 @@ SCHEMA_VERSION = 2
 FORMAT = "conduit_hpc experience checkpoint"
 MANIFEST = "manifest.h5"
 DONE = "DONE"
+#: a complete checkpoint found damaged (by a resume that fell back past it): JSON with
+#: ``reason`` and ``marked_unix``; it is kept as evidence, never restored, never counted
+#: by retention
+DAMAGED = "DAMAGED"
+#: the most bytes a DONE or DAMAGED marker may have (they are a few hundred; DONE grows
+#: by ~40 bytes per file): a larger one is damaged and is refused before it is read
+MARKER_MAX_BYTES = 1 << 20
 LEARNER_FILE = "learner.h5"
 TMP_PREFIX = ".tmp-"
 NAME_RE = re.compile(r"^ckpt-(\d{6,})$")
@@ -212,6 +220,39 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def checkpoint_root(config: Config, run_dir: Path | None) -> Path:
+    """``checkpoint.directory``, relative to the run directory (or the working directory
+    when there is none); absolute paths as given. Local; pure."""
+    d = Path(config.checkpoint.directory)
+    if d.is_absolute():
+        return d
+    return (Path.cwd() if run_dir is None else Path(run_dir)) / d
+
+
+def root_problem(root: Path, *, fresh: bool) -> str:
+    """Why a run cannot use ``root`` as its checkpoint root ("" if it can): a path that
+    is (or lies under) something other than a directory, or - for a ``fresh`` run (no
+    resume) - a root that already holds checkpoints or checkpoints being written, which
+    this run's retention would delete (an earlier run's, or a concurrent one's). Local;
+    reads the directory only.
+    """
+    here = Path(root)
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if here.exists() and not here.is_dir():
+        what = "is a file" if here == Path(root) else f"lies under the file {here}"
+        return f"checkpoint root {root} {what}, not a directory"
+    if not fresh or not Path(root).is_dir():
+        return ""
+    held = list_checkpoints(root) + sorted(Path(root).glob(TMP_PREFIX + "ckpt-*"))
+    if not held:
+        return ""
+    names = ", ".join(p.name for p in held[:3]) + (", ..." if len(held) > 3 else "")
+    return (f"checkpoint root {root} already holds {len(held)} checkpoint(s) of another "
+            f"run ({names}), which this fresh run's retention would delete; pass --resume "
+            f"to continue from them, or choose another --run-dir or checkpoint.directory")
+
+
 def list_checkpoints(root: Path) -> list[Path]:
     """Checkpoint directories (complete or not, ``.tmp-*`` excluded) under ``root``,
     oldest first by number."""
@@ -226,6 +267,43 @@ def is_complete(path: Path) -> bool:
     return (path / DONE).is_file()
 
 
+def damage_of(path: Path) -> str | None:
+    """Why ``path`` is marked damaged (its ``DAMAGED`` marker's reason), or None when it
+    is not marked. Local; reads at most :data:`MARKER_MAX_BYTES` of the marker (an
+    unreadable or oversized marker still marks it damaged)."""
+    f = path / DAMAGED
+    if not f.exists():
+        return None
+    try:
+        with open(f, "rb") as fh:
+            raw = fh.read(MARKER_MAX_BYTES + 1)
+        rec = json.loads(raw.decode("utf-8")) if len(raw) <= MARKER_MAX_BYTES else None
+        reason = rec.get("reason") if isinstance(rec, dict) else None
+    except (OSError, ValueError):
+        reason = None
+    return str(reason) if reason else f"its {DAMAGED} marker gives no readable reason"
+
+
+def mark_damaged(path: Path, reason: str) -> bool:
+    """Mark a complete checkpoint damaged (``DAMAGED``, written atomically), unless it is
+    marked already, so that listings show it, a resume skips it, and retention neither
+    counts nor deletes it (it is kept as evidence). Local; blocks for a small write.
+
+    Returns:
+        bool: whether a marker was written (False: already marked, or not writable).
+    """
+    if damage_of(path) is not None:
+        return False
+    tmp = path / f"{TMP_PREFIX}{DAMAGED}-{os.getpid()}"
+    try:
+        tmp.write_text(_json({"reason": reason, "marked_unix": time.time()}))
+        os.replace(tmp, path / DAMAGED)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return False
+    return True
+
+
 def done_record(path: Path) -> dict[str, Any]:
     """The parsed and checked ``DONE`` marker: ``format`` (str), ``schema_version`` (int
     >= 1), ``seq`` (int >= 0), ``created_unix`` (finite number), ``manifest_sha256`` (64
@@ -233,17 +311,25 @@ def done_record(path: Path) -> dict[str, Any]:
     checked before anything uses it.
 
     Raises:
-        CheckpointError: missing, unreadable, not JSON, or a field missing or of the wrong
-            type or range (naming the field and the value).
+        CheckpointError: missing, unreadable, larger than :data:`MARKER_MAX_BYTES`
+            (checked before it is read: naming the file, its size and the limit), not
+            JSON, or a field missing or of the wrong type or range (naming the field and
+            the value).
     """
     f = path / DONE
     if not f.is_file():
         raise CheckpointError(f"checkpoint {path}: no {DONE} marker; it was not completely "
                               f"written (the job stopped while writing it)")
     try:
-        raw = f.read_bytes()
-        if len(raw) > 1 << 20:
-            raise ValueError(f"{len(raw)} bytes (a DONE marker is a few hundred)")
+        size = f.stat().st_size  # before reading: a marker grown to gigabytes is not read
+        if size <= MARKER_MAX_BYTES:
+            with open(f, "rb") as fh:
+                raw = fh.read(MARKER_MAX_BYTES + 1)
+            size = len(raw)
+        if size > MARKER_MAX_BYTES:
+            raise CheckpointError(f"checkpoint {path}: {DONE} marker {f} is damaged: "
+                                  f"{size} bytes, more than the {MARKER_MAX_BYTES} a marker "
+                                  f"may have (a {DONE} marker is a few hundred)")
         rec = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError) as err:  # UnicodeDecodeError and JSONDecodeError included
         raise CheckpointError(f"checkpoint {path}: {DONE} marker is damaged: {err}") from err
@@ -318,13 +404,15 @@ def next_seq(root: Path, at_least: int = 1) -> int:
 def prune(root: Path, keep: int, *, in_flight: Iterable[Path] = ()) -> list[Path]:
     """Keep the ``keep`` newest complete checkpoints under ``root``; remove older ones,
     incomplete ones older than the newest complete one, and temporary directories not in
-    flight. Local; blocks for the deletes.
+    flight. A checkpoint marked damaged (:func:`mark_damaged`) is neither counted nor
+    removed: a good checkpoint is never pruned in favour of a damaged one, and the
+    damaged one stays as evidence. Local; blocks for the deletes.
 
     Returns:
         list[Path]: what was removed.
     """
     busy = {Path(p).resolve() for p in in_flight}
-    all_ = list_checkpoints(root)
+    all_ = [p for p in list_checkpoints(root) if damage_of(p) is None]
     complete = [p for p in all_ if is_complete(p)]
     removed = []
     doomed = complete[:-keep] if keep > 0 else []

@@ -15,6 +15,7 @@ from conduit_hpc.checkpoint.files import (
     DONE,
     LEARNER_FILE,
     MANIFEST,
+    damage_of,
     is_complete,
     list_checkpoints,
     spec_to_json,
@@ -36,15 +37,19 @@ def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, A
         ``counters``, ``rng_ranks``, ``extra_arrays``, ``attributes`` (dataset path in
         the manifest -> its attributes: description, units, alpha, ...), ``columns``
         (stored column -> codec, stored and raw bytes over every shard); for a root,
-        ``checkpoints`` lists every checkpoint and whether it is complete.
+        ``checkpoints`` lists every checkpoint, whether it is complete and why it is
+        marked damaged (``damaged``: None when it is not), and the newest complete one
+        not marked damaged is described.
     """
     p = Path(path)
     out: dict[str, Any] = {"path": str(p), "ok": False, "error": None, "verified": False}
     if p.is_dir() and not (p / MANIFEST).exists() and not (p / DONE).exists() and \
             list_checkpoints(p):
-        out["checkpoints"] = [{"path": str(c), "complete": is_complete(c)}
-                              for c in list_checkpoints(p)]
+        out["checkpoints"] = [{"path": str(c), "complete": is_complete(c),
+                               "damaged": damage_of(c)} for c in list_checkpoints(p)]
         complete = [c for c in reversed(list_checkpoints(p)) if is_complete(c)]
+        # the newest not marked damaged (the newest complete if every one is)
+        complete.sort(key=lambda c: damage_of(c) is not None)
         if not complete:
             out["error"] = f"no complete checkpoint under {p}"
             return out
@@ -87,7 +92,10 @@ def format_report(report: Mapping[str, Any]) -> str:
     """:func:`inspect_checkpoint`'s dict as text for a terminal."""
     lines = []
     for c in report.get("checkpoints", ()):
-        lines.append(f"  {'complete  ' if c['complete'] else 'INCOMPLETE'}  {c['path']}")
+        state = ("DAMAGED   " if c.get("damaged") else
+                 "complete  " if c["complete"] else "INCOMPLETE")
+        lines.append(f"  {state}  {c['path']}"
+                     + (f"  ({c['damaged']})" if c.get("damaged") else ""))
     if lines:
         lines.insert(0, "checkpoints under the root (oldest first):")
         lines.append("")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ import numpy as np
 from conduit_hpc.checkpoint import files as _files
 from conduit_hpc.checkpoint.files import (
     CHUNK_BYTES,
+    DAMAGED,
     DONE,
     FILE_RE,
     FORMAT,
@@ -30,10 +33,11 @@ from conduit_hpc.checkpoint.files import (
     _crc,
     _rows_per_slab,
     _sha256,
+    damage_of,
     done_record,
     spec_from_json,
 )
-from conduit_hpc.errors import CheckpointError
+from conduit_hpc.errors import CheckpointError, CheckpointMismatch
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage.snapshot import ShardSnapshot, SnapshotStaging
 
@@ -69,6 +73,29 @@ def _read_verified(ds: h5py.Dataset, expected: str | None, where: str,
 def _str(ds: h5py.Dataset) -> str:
     v = ds[()]
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+#: what h5py raises for damaged HDF5 metadata or storage (a bad object header checksum
+#: surfaces as a KeyError from ``name in group``, a bad B-tree as OSError, ...)
+H5_ERRORS = (KeyError, OSError, RuntimeError, ValueError)
+
+
+@contextmanager
+def _damaged(where: str, what: str) -> Iterator[None]:
+    """Turn an h5py/HDF5 error raised under it into the :class:`CheckpointError` of a
+    damaged checkpoint, naming the file (``where``) and what was read (``what``), so a
+    resume falls back past it and ``inspect`` refuses it, as for a checksum failure.
+
+    Raises:
+        CheckpointError: for any of :data:`H5_ERRORS` (a CheckpointError passes as is).
+    """
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except H5_ERRORS as err:
+        raise CheckpointError(f"{where}: {what} cannot be read; the file is damaged "
+                              f"({type(err).__name__}: {err})") from err
 
 
 
@@ -136,28 +163,30 @@ class Checkpoint:
         p = self.path / name
         try:
             return h5py.File(p, "r")
-        except OSError as err:
+        except H5_ERRORS as err:
             raise CheckpointError(f"checkpoint file {p} cannot be opened: {err}") from err
 
     def _dataset(self, f: h5py.File, name: str, path: str,
                  out: np.ndarray | None = None) -> np.ndarray:
         where = str(self.path / name)
-        if path not in f:
-            raise CheckpointError(f"{where}: dataset {path} is missing")
-        obj = f[path]
-        if not isinstance(obj, h5py.Dataset):
-            raise CheckpointError(f"{where}: {path} is not a dataset")
-        expected = self.files[name]["datasets"].get(path)
-        if expected is None:
-            raise CheckpointError(f"{where}: dataset {path} has no checksum in the manifest")
-        try:
-            return _read_verified(obj, expected, where, out=out)
-        except OSError as err:  # truncated or damaged storage under a readable header
-            codec = obj.compression
-            what = (f" (a compressed block is damaged: the {codec} filter refused it)"
-                    if codec else "")
-            raise CheckpointError(f"{where}: dataset {path} cannot be read{what}: "
-                                  f"{err}") from err
+        with _damaged(where, f"dataset {path}"):  # damaged metadata: KeyError, OSError..
+            if path not in f:
+                raise CheckpointError(f"{where}: dataset {path} is missing")
+            obj = f[path]
+            if not isinstance(obj, h5py.Dataset):
+                raise CheckpointError(f"{where}: {path} is not a dataset")
+            expected = self.files[name]["datasets"].get(path)
+            if expected is None:
+                raise CheckpointError(f"{where}: dataset {path} has no checksum in the "
+                                      f"manifest")
+            try:
+                return _read_verified(obj, expected, where, out=out)
+            except OSError as err:  # truncated or damaged storage under a readable header
+                codec = obj.compression
+                what = (f" (a compressed block is damaged: the {codec} filter refused it)"
+                        if codec else "")
+                raise CheckpointError(f"{where}: dataset {path} cannot be read{what}: "
+                                      f"{err}") from err
 
     def read_shard(self, shard_id: int, into: SnapshotStaging | None = None) -> ShardSnapshot:
         """Every row and counter of one shard, checksums verified.
@@ -240,7 +269,7 @@ class Checkpoint:
                     got[k] = v
             return got
 
-        with self._file(MANIFEST) as f:
+        with self._file(MANIFEST) as f, _damaged(str(self.path / MANIFEST), "attributes"):
             for group in ("experience", "index", "shards"):
                 g = f.get(group)
                 if isinstance(g, h5py.Group):
@@ -249,7 +278,8 @@ class Checkpoint:
                         if isinstance(obj, h5py.Dataset):
                             out[f"/{group}/{name}"] = plain(obj.attrs)
         if LEARNER_FILE in self.files:
-            with self._file(LEARNER_FILE) as f:
+            with self._file(LEARNER_FILE) as f, \
+                    _damaged(str(self.path / LEARNER_FILE), "attributes"):
                 for path in self.files[LEARNER_FILE]["datasets"]:
                     obj = f.get(path)
                     if isinstance(obj, h5py.Dataset):
@@ -265,7 +295,7 @@ class Checkpoint:
         for s in self.shards:
             by_file.setdefault(s.file, []).append(s.shard_id)
         for name, ids in by_file.items():
-            with self._file(name) as f:
+            with self._file(name) as f, _damaged(str(self.path / name), "column headers"):
                 for sid in ids:
                     g = f.get(f"/shards/{sid}/columns")
                     if not isinstance(g, h5py.Group):
@@ -302,7 +332,8 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
     """Open a complete checkpoint and run the cheap checks. Local; blocks for a few small
     reads (``DONE``, the manifest, file sizes).
 
-    Checks: ``DONE`` present and valid, manifest SHA-256 as recorded, format and schema
+    Checks: no ``DAMAGED`` marker (left by a resume that fell back past it), ``DONE``
+    present and valid, manifest SHA-256 as recorded, format and schema
     version, every file present and of its recorded size (truncation), the spec (when
     ``spec`` is given). Dataset checksums are checked when the data is read
     (:meth:`Checkpoint.read_shard`) or by :meth:`Checkpoint.verify`.
@@ -319,11 +350,14 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
         p = p.parent
     if not p.is_dir():
         raise CheckpointError(f"checkpoint {p} does not exist or is not a directory")
+    why = damage_of(p)
+    if why is not None:
+        raise CheckpointError(f"checkpoint {p} is marked damaged ({p / DAMAGED}): {why}")
     done = done_record(p)
     if int(done.get("schema_version", 0)) > _files.SCHEMA_VERSION:
-        raise CheckpointError(f"checkpoint {p}: schema version {done['schema_version']} is "
-                              f"newer than this conduit_hpc reads ({_files.SCHEMA_VERSION}); "
-                              f"upgrade conduit_hpc")
+        raise CheckpointMismatch(f"checkpoint {p}: schema version {done['schema_version']} "
+                                 f"is newer than this conduit_hpc reads "
+                                 f"({_files.SCHEMA_VERSION}); upgrade conduit_hpc")
     for name, size in done["files"].items():
         f = p / name
         if not FILE_RE.match(name):
@@ -355,8 +389,8 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
             raise CheckpointError(f"{mpath}: shard {s.shard_id} is in {s.file!r}, which "
                                   f"the manifest does not list")
     if spec is not None and spec.signature() != ckpt.spec.signature():
-        raise CheckpointError(f"checkpoint {p} holds experience of a different spec: "
-                              f"{_spec_diff(ckpt.spec, spec)}")
+        raise CheckpointMismatch(f"checkpoint {p} holds experience of a different spec: "
+                                 f"{_spec_diff(ckpt.spec, spec)}")
     return ckpt
 
 
@@ -380,12 +414,13 @@ def _spec_diff(stored: Spec, current: Spec) -> str:
 def _read_manifest(p: Path, f: h5py.File) -> Checkpoint:
     a = f.attrs
     if a.get("format") != FORMAT:
-        raise CheckpointError(f"{p / MANIFEST}: not a conduit_hpc checkpoint (format "
-                              f"{a.get('format')!r})")
+        raise CheckpointMismatch(f"{p / MANIFEST}: not a conduit_hpc checkpoint (format "
+                                 f"{a.get('format')!r})")
     version = int(a["schema_version"])
     if version > _files.SCHEMA_VERSION:
-        raise CheckpointError(f"{p / MANIFEST}: schema version {version} is newer than this "
-                              f"conduit_hpc reads ({_files.SCHEMA_VERSION}); upgrade conduit_hpc")
+        raise CheckpointMismatch(f"{p / MANIFEST}: schema version {version} is newer than "
+                                 f"this conduit_hpc reads ({_files.SCHEMA_VERSION}); upgrade "
+                                 f"conduit_hpc")
     meta = f["meta"]
     spec = spec_from_json(json.loads(_str(meta["spec"])))
     shards = [ShardRecord(shard_id=int(s["shard_id"]), capacity=int(s["capacity"]),

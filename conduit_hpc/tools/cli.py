@@ -55,13 +55,15 @@ class Command:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from conduit_hpc.job import resume_argument
     from conduit_hpc.tools.launcher import launch
 
+    resume = resume_argument(args.resume)  # --resume "" is refused, not a fresh start
     sets = list(args.set)
     if args.mode:
         sets.append(f"scheduler.mode={args.mode}")
     rc, run_dir = launch(args.config, nranks=args.n, overrides=sets, runs_root=args.runs,
-                         resume=args.resume, timeout_s=args.timeout, launcher=args.launcher,
+                         resume=resume, timeout_s=args.timeout, launcher=args.launcher,
                          run_dir=args.run_dir or None, entry=args.entry or None)
     print(f"run directory: {run_dir}", file=sys.stderr)
     return rc
@@ -72,7 +74,7 @@ def _build_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", type=int, default=None, help="ranks (default: from [layout])")
     p.add_argument("--mode", choices=("edp", "sync", "service"), default=None,
                    help="delivery mode (sets scheduler.mode)")
-    p.add_argument("--resume", nargs="?", const="latest", default="",
+    p.add_argument("--resume", nargs="?", const="latest", default=None,
                    help="resume from the latest complete checkpoint, or the one given")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set storage.capacity_rows=1000")

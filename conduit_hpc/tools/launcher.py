@@ -225,6 +225,24 @@ def choose_launcher(requested: str = "auto") -> tuple[str, str]:
     return ("srun", plugin) if plugin in _srun_mpi_plugins() else ("mpirun", "")
 
 
+def _check_checkpoint_root(cfg: Config, run_dir: Path, resume: str) -> None:
+    """Before launch: the checkpoint root must be a directory (or not yet exist), and a
+    fresh run (no ``resume``) must not start in one that holds checkpoints - its
+    retention (``checkpoint.keep``) would delete another run's. Local; reads only.
+
+    Raises:
+        ConfigError: naming ``checkpoint.directory``, the path and the problem.
+    """
+    from conduit_hpc.checkpoint.files import checkpoint_root, root_problem
+
+    if root_problem(run_dir, fresh=False):
+        return  # the run directory itself cannot be made: said when it is made
+    problem = root_problem(checkpoint_root(cfg, run_dir), fresh=not resume)
+    if problem:
+        raise ConfigError(f"checkpoint.directory = {cfg.checkpoint.directory!r}: "
+                          f"{problem}", key="checkpoint.directory")
+
+
 def launch(config_path: str | Path, *, nranks: int | None = None,
            overrides: Sequence[str] = (), runs_root: str | Path = "runs",
            resume: str = "", timeout_s: float | None = None, quiet: bool = False,
@@ -246,6 +264,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         run_dir (str | Path | None): use this directory (created if needed; kept across a
             requeued SLURM job so that ``--resume`` finds its checkpoints) instead of a
             new ``runs_root/<name>-<timestamp>``; earlier logs move to ``logs.<k>``.
+            One that holds checkpoints is refused without ``resume``.
         entry (str | Path | None): the job script (default: the ``.py`` beside the TOML).
         check_entry (bool): check before launch that the job script exists, calls
             ``job_main`` under ``__main__`` and defines ``run`` (tests of launcher
@@ -256,9 +275,10 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
 
     Raises:
         ConfigError: the config does not load, ``n`` is more than a layout with fixed
-            counts uses, or the job script does not keep the contract of
-            ``docs/writing-a-job.md`` (all checked before any rank starts or any
-            directory is made).
+            counts uses, the job script does not keep the contract of
+            ``docs/writing-a-job.md``, the checkpoint root is a file, or a fresh run
+            (no ``resume``) would start in a checkpoint root holding checkpoints (all
+            checked before any rank starts or any directory is made).
         WorldTooSmall: ``n`` is fewer ranks than the layout needs.
         ConduitError: a bad launcher, or more ranks than the SLURM allocation has tasks.
     """
@@ -304,6 +324,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         run_dir = Path(runs_root) / f"{cfg.run.name}-{stamp}"
     run_dir = Path(run_dir)
+    _check_checkpoint_root(cfg, run_dir, resume)
     logs = run_dir / "logs"
     try:
         if logs.exists():

@@ -261,3 +261,35 @@ def test_inspect_good_and_damaged_checkpoints(tmp_path: Path) -> None:
     (path / ck.DONE).unlink()
     gone = cli("inspect", str(path))
     assert gone.returncode == 1 and "no DONE marker" in gone.stderr
+
+
+def test_resume_past_a_damaged_checkpoint_keeps_the_good_one(tmp_path: Path) -> None:
+    """The CLI end to end: a resume falls back past a damaged newest checkpoint, marks it
+    damaged, and the new run's retention (keep = 2) keeps the good one it resumed from
+    (before: it deleted the good one and kept the damaged one, listed as complete)."""
+    newest = make_checkpoint(tmp_path)
+    run = tmp_path / "run"
+    with open(newest / "buffer-0000.h5", "r+b") as fh:  # damage in the data region
+        import h5py
+
+        with h5py.File(newest / "buffer-0000.h5", "r") as h:
+            off = h["/shards/0/columns/obs"].id.get_offset()
+        fh.seek(off)
+        b = fh.read(64)
+        fh.seek(off)
+        fh.write(bytes(x ^ 0xFF for x in b))
+    good = [p for p in ck.list_checkpoints(run / "checkpoints") if p != newest][-1]
+    out = cli("run", "jobs/synthetic.toml", "--run-dir", str(run), "--resume", "--set",
+              "run.duration_s=1", "--set", "layout.actors=1", "--set",
+              "checkpoint.every_seconds=0.4", *SMALL, timeout=180)  # one or two new
+    assert out.returncode == 0, out.stderr
+    assert f"resumed from {good} " in out.stdout, out.stdout
+    assert f"(marked damaged: {newest / ck.DAMAGED})" in out.stdout, out.stdout
+    left = ck.list_checkpoints(run / "checkpoints")
+    new = [p for p in left if (ck.seq_of(p) or 0) > (ck.seq_of(newest) or 0)]
+    assert new and newest in left, left  # the damaged one is kept as evidence
+    # keep = 2 counts the good ones only: the one resumed from stays until two newer
+    assert [p for p in left if p != newest] == [good, *new][-2:], left
+    assert ck.damage_of(newest) and "fails its checksum" in str(ck.damage_of(newest))
+    listing = cli("inspect", str(run))
+    assert f"DAMAGED     {newest}" in listing.stdout, listing.stdout

@@ -293,10 +293,18 @@ def one_cycle(root: Path, rows_per_actor: int, compression: dict | None = None) 
 def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
     root = shared_dir
     gzip = {"payload": "gzip", "check": "lzf"}
-    for k in range(1, 6):  # the first and the last with compressed columns
+    for k in range(1, 7):  # 1 and 5 with compressed columns
         one_cycle(root, k, gzip if k in (1, 5) else None)
     COMM.Barrier()
     if COMM.rank == 0:
+        f6 = root / "ckpt-000006" / "buffer-0000.h5"
+        with h5py.File(f6, "r") as f:  # a dataset's object header (metadata) damaged
+            addr = h5py.h5o.get_info(f["/shards/0/seq"].id).addr
+        with open(f6, "r+b") as fh:
+            fh.seek(addr + 8)
+            b = fh.read(16)
+            fh.seek(addr + 8)
+            fh.write(bytes(x ^ 0xFF for x in b))
         f5 = root / "ckpt-000005" / "buffer-0000.h5"
         with h5py.File(f5, "r") as f:  # bytes flipped inside a compressed block
             chunk = f["/shards/0/columns/payload"].id.get_chunk_info(0)
@@ -323,13 +331,26 @@ def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
         res = restore_data_plane(edp, "latest", roots=[root])
         assert res is not None and res.path.name == "ckpt-000001"
         assert res.rows == actors
-        assert len(res.skipped) == 4
+        assert len(res.skipped) == 5
+        assert ("ckpt-000006/buffer-0000.h5: dataset /shards/0/seq cannot be read; the "
+                "file is damaged (KeyError" in res.skipped.pop(0)), res.skipped
         assert ("ckpt-000005/buffer-0000.h5: dataset /shards/0/columns/payload cannot be "
                 "read (a compressed block is damaged" in res.skipped[0]), res.skipped[0]
         assert "buffer-0000.h5" in res.skipped[1] and "fails its checksum" in res.skipped[1]
         assert "buffer-0000.h5 is truncated" in res.skipped[2]
         assert "ckpt-000002: no DONE marker" in res.skipped[3]
         assert len(held(edp)) == actors
+        # the complete ones refused are marked damaged (kept as evidence), not the one
+        # without DONE; retention neither counts nor deletes them
+        marked = {p.name: ck.damage_of(p) for p in ck.list_checkpoints(root)}
+        assert [n for n, why in marked.items() if why] == [
+            "ckpt-000003", "ckpt-000004", "ckpt-000005", "ckpt-000006"], marked
+        assert "fails its checksum" in str(marked["ckpt-000004"])
+        COMM.Barrier()
+        if edp.world_rank == edp.roles.buffer_ranks[0]:
+            assert not ck.prune(root, 1)  # the one good checkpoint is the one kept
+        COMM.Barrier()
+        assert len(ck.list_checkpoints(root)) == 6  # before: ckpt-000006 (damaged) alone
         # a given checkpoint is refused without fallback, on every rank alike
         with pytest.raises(CheckpointError, match="fails its checksum"):
             restore_data_plane(edp, root / "ckpt-000004")
@@ -337,6 +358,8 @@ def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
             restore_data_plane(edp, root / "ckpt-000005")
         with pytest.raises(CheckpointError, match="no DONE marker"):
             restore_data_plane(edp, root / "ckpt-000002")
+        with pytest.raises(CheckpointError, match="/shards/0/seq cannot be read; the file"):
+            restore_data_plane(edp, root / "ckpt-000006")
         edp.done()
         if edp.serves:
             edp.serve()

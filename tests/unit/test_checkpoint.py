@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import resource
 import shutil
 from pathlib import Path
 
@@ -178,6 +180,39 @@ def test_refuses_a_dataset_whose_checksum_differs(tmp_path: Path) -> None:
         c.verify()
 
 
+def flip_header_of(path: Path, dataset: str) -> None:
+    """Damage a dataset's HDF5 object header (metadata, not data): h5py then raises a
+    KeyError ("incorrect metadata checksum") when the dataset is looked up."""
+    with h5py.File(path, "r") as f:
+        addr = h5py.h5o.get_info(f[dataset].id).addr
+    with open(path, "r+b") as fh:
+        fh.seek(addr + 8)  # past the "OHDR" signature and version
+        b = fh.read(16)
+        fh.seek(addr + 8)
+        fh.write(bytes(x ^ 0xFF for x in b))
+
+
+def test_refuses_a_dataset_whose_metadata_is_damaged(tmp_path: Path) -> None:
+    path = write(tmp_path, 1, extra=EXTRA)
+    flip_header_of(path / "buffer-0000.h5", "/shards/0/priority")
+    flip_header_of(path / ck.LEARNER_FILE, "/arrays/model/fc1.bias")
+    c = ck.open_checkpoint(path)  # the cheap checks pass: sizes are right
+    c.read_shard(1)  # another shard of the same file is fine
+    what = r"buffer-0000.h5: dataset /shards/0/priority cannot be read; the file is damaged"
+    for read in (lambda: c.read_shard(0), lambda: c.priorities(0), c.verify):
+        with pytest.raises(CheckpointError, match=what + r" \(KeyError: .*checksum"):
+            read()
+    with pytest.raises(CheckpointError, match=r"learner.h5: dataset /arrays/model/fc1.bias "
+                                              r"cannot be read; the file is damaged"):
+        c.extra_state()
+    report = ck.inspect_checkpoint(path)  # refused, not a traceback
+    assert not report["ok"] and re.search(what, report["error"]), report["error"]
+    write(tmp_path, 2)  # a root: the newest is good, the damaged one is still listed
+    listing = ck.inspect_checkpoint(tmp_path, verify=True)
+    assert listing["ok"] and [c["path"] for c in listing["checkpoints"]] == [
+        str(path), str(tmp_path / "ckpt-000002")]
+
+
 def test_refuses_a_damaged_manifest(tmp_path: Path) -> None:
     path = write(tmp_path, 1)
     m = path / ck.MANIFEST
@@ -222,6 +257,25 @@ def test_refuses_what_is_not_a_checkpoint(tmp_path: Path) -> None:
         ck.open_checkpoint(d)
 
 
+def test_an_oversized_done_marker_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """Before: the marker was read whole, then its size checked (10 GB ran out the time,
+    1 GB took 1.1 GB of memory). The file is sparse: no disk is used."""
+    path = write(tmp_path, 1)
+    size = 512 << 20
+    with open(path / ck.DONE, "r+b") as fh:
+        fh.truncate(size)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    for read in (lambda: ck.open_checkpoint(path), lambda: ck.done_record(path)):
+        with pytest.raises(CheckpointError, match=rf"DONE marker {path / ck.DONE} is "
+                                                  rf"damaged: {size} bytes, more than the "
+                                                  rf"{1 << 20} a marker may have"):
+            read()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 64 << 10
+    assert ck.newest_first([tmp_path]) == [path]  # listed by its time, not read
+    report = ck.inspect_checkpoint(path)
+    assert not report["ok"] and f"{size} bytes" in report["error"]
+
+
 def test_extra_state_refuses_objects_and_bad_names(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="only numeric and bool arrays"):
         ck.write_arrays_file(tmp_path / "x.h5", {"a": np.array(["s"], dtype=object)})
@@ -241,6 +295,38 @@ def test_prune_keeps_the_newest_and_clears_leftovers(tmp_path: Path) -> None:
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == [".tmp-ckpt-000007-99", "ckpt-000004", "ckpt-000005"], removed
     assert ck.next_seq(tmp_path) == 8
+
+
+def test_a_checkpoint_marked_damaged_is_kept_shown_and_never_counted(tmp_path: Path) -> None:
+    """Before: after a resume fell back past a damaged ckpt-000003 to ckpt-000002 and
+    wrote ckpt-000004, keep = 2 deleted the good 000002 and kept the damaged 000003,
+    which inspect listed as complete."""
+    for seq in (2, 3, 4):
+        write(tmp_path, seq, [snapshot(i, 4, 2, 2, i) for i in range(3)])
+    bad = tmp_path / "ckpt-000003"
+    flip_byte_in(bad / "buffer-0000.h5", "/shards/0/columns/payload")
+    assert ck.damage_of(bad) is None
+    assert ck.mark_damaged(bad, "buffer-0000.h5: dataset x fails its checksum")
+    assert not ck.mark_damaged(bad, "another reason")  # the first reason stays
+    assert ck.damage_of(bad) == "buffer-0000.h5: dataset x fails its checksum"
+    assert ck.prune(tmp_path, 2) == []  # 2 and 4 are the two kept; 3 is not counted
+    write(tmp_path, 5, [snapshot(i, 4, 2, 2, i) for i in range(3)])
+    assert ck.prune(tmp_path, 2) == [tmp_path / "ckpt-000002"]
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == [
+        "ckpt-000003", "ckpt-000004", "ckpt-000005"]  # the damaged one kept as evidence
+    with pytest.raises(CheckpointError, match=r"ckpt-000003 is marked damaged \(.*DAMAGED"
+                                              r"\): buffer-0000.h5: dataset x fails"):
+        ck.open_checkpoint(bad)
+    listing = ck.inspect_checkpoint(tmp_path)
+    assert [c["damaged"] for c in listing["checkpoints"]] == [
+        "buffer-0000.h5: dataset x fails its checksum", None, None]
+    text = ck.format_report(listing)
+    assert f"DAMAGED     {bad}  (buffer-0000.h5: dataset x fails" in text, text
+    assert f"complete    {tmp_path / 'ckpt-000005'}" in text
+    (tmp_path / "ckpt-000004" / ck.DAMAGED).write_bytes(b"x" * (1 << 20))  # oversized
+    assert "no readable reason" in str(ck.damage_of(tmp_path / "ckpt-000004"))
+    # the newest not marked damaged is the one described
+    assert ck.inspect_checkpoint(tmp_path)["path"] == str(tmp_path / "ckpt-000005")
 
 
 def test_newest_first_orders_by_completion_time(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ launched and no traceback (before: ``OverflowError`` for a huge ``-n``,
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,3 +137,82 @@ def test_probe_refuses_bad_values_before_launching(args: list[str], match: str,
                                                     capsys) -> None:
     assert cli.main(["probe", *args]) == 2
     assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["run-dir", "shared-absolute", "being-written"])
+def test_a_fresh_run_into_a_root_holding_checkpoints_is_refused(where: str, tmp_path: Path,
+                                                                capsys) -> None:
+    """Before: the fresh run's retention (keep = 2) deleted the earlier run's
+    checkpoints once it had written two of its own."""
+    run_dir = tmp_path / "run"
+    root = run_dir / "checkpoints"
+    sets: list[str] = []
+    if where == "shared-absolute":
+        root = tmp_path / "shared"
+        sets = ["--set", f'checkpoint.directory="{root}"']
+    names = [".tmp-ckpt-000004-77"] if where == "being-written" else [
+        "ckpt-000002", "ckpt-000003"]
+    for name in names:
+        (root / name).mkdir(parents=True)
+        (root / name / "DONE").write_text("{}")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    argv = ["run", JOB, "--run-dir", str(run_dir), "--launcher", "mpirun", *sets]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    given = root if where == "shared-absolute" else "checkpoints"
+    assert (f"ConfigError: checkpoint.directory = '{given}': checkpoint root {root} "
+            f"already holds {len(names)} checkpoint(s) of another run "
+            f"({', '.join(names)})") in err, err
+    assert "pass --resume" in err and "another --run-dir or checkpoint.directory" in err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("under", [False, True])
+def test_a_checkpoint_directory_that_is_a_file_is_refused(under: bool, tmp_path: Path,
+                                                          capsys) -> None:
+    """Before: accepted, and every rank failed later with FileExistsError."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    directory = precious / "sub" if under else precious
+    argv = ["run", JOB, "--runs", str(tmp_path / "runs"), "--launcher", "mpirun",
+            "--set", f'checkpoint.directory="{directory}"']
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    what = f"lies under the file {precious}" if under else "is a file"
+    assert (f"ConfigError: checkpoint.directory = '{directory}': checkpoint root "
+            f"{directory} {what}, not a directory") in err, err
+    assert precious.read_text() == "keep me\n"
+    assert not (tmp_path / "runs").exists()  # nothing made, nothing launched
+
+
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_resume_is_refused_not_a_fresh_start(value: str, tmp_path: Path,
+                                                      capsys) -> None:
+    """Before: ``--resume ""`` started a fresh run silently (the checkpoints it was
+    meant to resume from then fell to its retention)."""
+    argv = ["run", JOB, "--runs", str(tmp_path), "--launcher", "mpirun", "--resume", value]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert ("ConfigError: --resume must be given alone (the latest checkpoint) or with a "
+            f"checkpoint path, got the empty value {value!r}") in err, err
+    assert list(tmp_path.iterdir()) == []  # nothing made, nothing launched
+
+
+def test_a_job_script_refuses_an_empty_resume(tmp_path: Path) -> None:
+    """The same on the ranks, for a job script started without ``conduit-hpc run``:
+    one error line, exit status 3, ``run`` never called."""
+    script = ("import sys\nfrom conduit_hpc import Config\nfrom conduit_hpc.job import "
+              "job_main\n\ndef run(cfg, run_dir, resume):\n    print('RAN', repr(resume))\n\n"
+              "if __name__ == '__main__':\n    job_main(Config, run)\n")
+    (tmp_path / "job.py").write_text(script)
+    out = subprocess.run([sys.executable, str(tmp_path / "job.py"), "--config", JOB,
+                          "--resume", ""], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 3 and "RAN" not in out.stdout, (out.stdout, out.stderr)
+    assert ("conduit-hpc: error on world rank 0: ConfigError: --resume must be given alone"
+            in out.stderr), out.stderr
+    ok = subprocess.run([sys.executable, str(tmp_path / "job.py"), "--config", JOB,
+                         "--resume"], capture_output=True, text=True, timeout=120,
+                        check=False)
+    assert ok.returncode == 0 and "RAN 'latest'" in ok.stdout, ok.stderr

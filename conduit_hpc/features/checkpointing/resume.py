@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from conduit_hpc import checkpoint as ck
+from conduit_hpc.checkpoint.files import checkpoint_root
 from conduit_hpc.config import Config
-from conduit_hpc.errors import CheckpointError
+from conduit_hpc.errors import CheckpointError, CheckpointMismatch
 from conduit_hpc.storage.frames import FrameCodec, stored_spec
 from conduit_hpc.storage.frames_reshard import reshard_frames
 from conduit_hpc.storage.snapshot import (
@@ -38,16 +39,6 @@ __all__ = ["RestoreResult", "checkpoint_root", "restore_data_plane", "restore_li
            "resume_roots", "resumed_counter"]
 
 log = logging.getLogger("conduit_hpc.checkpoint")
-
-
-def checkpoint_root(config: Config, run_dir: Path | None) -> Path:
-    """``checkpoint.directory``, relative to the run directory (or the working directory
-    when there is none); absolute paths as given."""
-    d = Path(config.checkpoint.directory)
-    if d.is_absolute():
-        return d
-    return (Path.cwd() if run_dir is None else Path(run_dir)) / d
-
 
 
 def resume_roots(config: Config, run_dir: Path | None) -> list[Path]:
@@ -171,7 +162,8 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
         edp (FeatureHost): this rank's data plane.
         source (str | Path): ``"latest"``: the newest complete checkpoint under
             ``roots``, falling back past refused ones (each logged as a warning and
-            listed in :attr:`RestoreResult.skipped`); or a checkpoint directory (refused
+            listed in :attr:`RestoreResult.skipped`; a complete one refused as damaged
+            is marked so, see :func:`_skip`); or a checkpoint directory (refused
             without fallback), or a root holding several (newest first, with fallback).
         roots (Sequence[Path]): where ``"latest"`` looks (see :func:`resume_roots`).
 
@@ -214,7 +206,8 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
                     if strict:
                         decision["error"] = str(err)
                         break
-                    _skip(skipped, str(err), candidates)
+                    damaged = not isinstance(err, CheckpointMismatch) and ck.is_complete(c)
+                    _skip(skipped, str(err), candidates, c if damaged else None)
         decision = bcast_json(world, decision, leader)
         if "error" in decision:
             raise CheckpointError(decision["error"])
@@ -247,8 +240,8 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             break
         if strict:
             raise CheckpointError(verdict["error"])
-        if me == leader:
-            _skip(skipped, verdict["error"], candidates)
+        if me == leader:  # every error reading a checkpoint that opened is damage
+            _skip(skipped, verdict["error"], candidates, Path(decision["path"]))
     for s in edp.owned_shards():
         with s.writing():  # the tree lives in shared memory: change it under the seqlock
             restore_snapshot(s.ring, s.index, snaps[s.shard_id])
@@ -276,7 +269,14 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
 
 
 
-def _skip(skipped: list[str], reason: str, remaining: Sequence[Path]) -> None:
+def _skip(skipped: list[str], reason: str, remaining: Sequence[Path],
+          damaged: Path | None = None) -> None:
+    """Note a refused candidate; mark a complete one refused as damaged (not one of
+    another spec or schema, nor one without ``DONE``) so that retention neither counts
+    nor deletes it and listings show it (:func:`~conduit_hpc.checkpoint.mark_damaged`).
+    Leader only; blocks for the marker's write."""
+    if damaged is not None and ck.mark_damaged(damaged, reason):
+        reason += f" (marked damaged: {damaged / ck.DAMAGED})"
     skipped.append(reason)
     nxt = f"falling back to {remaining[0]}" if remaining else "no older checkpoint left"
     log.warning("resume: refused %s; %s", reason, nxt)
