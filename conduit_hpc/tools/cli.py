@@ -210,6 +210,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if out is not None and (out.is_dir() or not out.parent.is_dir()):
         raise ConfigError(f"--out must be a file path in an existing directory, got "
                           f"{args.out!r}", key="--out")
+    from conduit_hpc.tools.outfile import PROBE_HEADER, check_out_file
+
+    check_out_file(args.out, "--out", marker=PROBE_HEADER, force=args.force)
     cmd = ["mpirun", "-n", str(args.n), sys.executable, "-m", "mpi4py", "-m",
            "conduit_hpc.plane.probe", "--learners", str(args.learners), "--emulate-nodes",
            str(args.emulate_nodes)]
@@ -224,7 +227,10 @@ def _build_probe(p: argparse.ArgumentParser) -> None:
                    help="learner ranks in the layout (default 1; 0 with -n 2)")
     p.add_argument("--emulate-nodes", type=int, default=0,
                    help="treat the ranks as N nodes (RMA between them)")
-    p.add_argument("--out", default="", help="also write the cluster TOML here")
+    p.add_argument("--out", default="", help="also write the cluster TOML here (a new "
+                   "file, or one an earlier probe wrote; see --force)")
+    p.add_argument("--force", action="store_true", help="let --out write over an existing "
+                   "file that an earlier probe did not write")
 
 
 # ---------------------------------------------------------------------------------
@@ -358,6 +364,10 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         raise ConfigError(f"no job script {str(script)!r} (the job script of "
                           f"{args.config!r} is the .py beside it; the rendered job would "
                           f"start it)", key="config")
+    from conduit_hpc.tools.outfile import SBATCH_HEADER, check_out_file
+
+    check_out_file(args.out, "-o", marker=SBATCH_HEADER, force=args.force,
+                   keep=(args.config, script))
     warnings: list[str] = []
     text = render_sbatch(args.config, req, command=cmd, warnings=warnings)
     for w in warnings:

@@ -413,7 +413,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the current directory, where the script runs)")
     add("--set", action="append", default=[], metavar="KEY=VALUE",
         help="override a config value (passed to conduit-hpc run)")
-    add("-o", "--out", default="", help="write the script here (default: stdout)")
+    add("-o", "--out", default="", help="write the script here (default: stdout): a new "
+        "file or a script rendered before; never the job's TOML or script")
+    add("--force", action="store_true", help="let -o write over an existing file that is "
+        "not a rendered sbatch script (the job's own files stay refused)")
 
 
 def output_folder(req: SlurmRequest) -> Path | None:
