@@ -49,8 +49,11 @@ __all__ = [
 ]
 
 #: bounds checked before anything is allocated (a cluster file cannot make the planner
-#: grow without bound): nodes in all, ranks or GPUs of one kind per node, ranks in all
-MAX_NODES = 100_000
+#: grow without bound): nodes in all, ranks or GPUs of one kind per node, ranks in all.
+#: The planner's cost model holds arrays over pairs of nodes (global sampling reads
+#: every node from every learner node): at 2048 nodes a plan takes about 0.5 GB and
+#: seconds, at 4096 1.5 GB, at 50,000 it asked for 37 GiB - on every rank that plans
+MAX_NODES = 2048
 MAX_PER_NODE = 4096
 MAX_RANKS = 1 << 20
 
@@ -144,7 +147,8 @@ class NodeConfig:
     def __post_init__(self) -> None:
         require(bool(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", self.name)), "name", self.name,
                 "a name of letters, digits, '_', '-', '.' starting with a letter")
-        require(1 <= self.count <= MAX_NODES, "count", self.count, f"between 1 and {MAX_NODES}")
+        require(1 <= self.count <= MAX_NODES, "count", self.count,
+                f"between 1 and {MAX_NODES} (the nodes a plan can be computed for here)")
         require(0 <= self.gpus <= MAX_PER_NODE, "gpus", self.gpus, f"between 0 and {MAX_PER_NODE}")
         require(-1 <= self.learners <= MAX_PER_NODE, "learners", self.learners,
                 f"between 0 and {MAX_PER_NODE} (or -1: one per GPU)")
@@ -197,7 +201,8 @@ class ClusterFile:
         ranks = sum(n.count * (max(n.learners, n.gpus) + n.buffers + n.actors)
                     for n in self.nodes)
         nodes = sum(n.count for n in self.nodes)
-        require(nodes <= MAX_NODES, "nodes", f"{nodes} nodes", f"at most {MAX_NODES} nodes")
+        require(nodes <= MAX_NODES, "nodes", f"{nodes} nodes", f"at most {MAX_NODES} nodes "
+                f"(the planner's memory grows with the square of the nodes)")
         require(ranks <= MAX_RANKS, "nodes", f"{ranks} ranks",
                 f"at most {MAX_RANKS} ranks in all (what a plan can be computed for here)")
         names: list[str] = []
