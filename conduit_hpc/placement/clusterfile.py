@@ -56,6 +56,12 @@ __all__ = [
 MAX_NODES = 2048
 MAX_PER_NODE = 4096
 MAX_RANKS = 1 << 20
+#: bytes of one location's tier (1 PB; a node holds far less), so that a cluster's sums
+#: stay exact in int64 and finite in the planner's LP
+MAX_TIER_BYTES = 10**15
+#: link bandwidth (GB/s: 1 kB/s .. 1 PB/s) and one-way latency (s): beyond these a link
+#: is a typo, and the LP's costs lose their precision
+MIN_GBPS, MAX_GBPS, MAX_LATENCY_S = 1e-6, 1e6, 60.0
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -74,7 +80,7 @@ def parse_bytes(value: float | int | str, key: str) -> int:
     if isinstance(value, int | float):
         if not math.isfinite(value) or value < 0:
             raise ConfigError(f"{key} must be >= 0 bytes, got {value!r}", key=key)
-        return int(value)
+        return _at_most(int(value), key, value)
     m = _BYTES_RE.match(value)
     text = value.strip()
     if text.startswith("-"):
@@ -83,7 +89,18 @@ def parse_bytes(value: float | int | str, key: str) -> int:
         raise ConfigError(f"{key} must be a number of bytes or a string like '16 GB' "
                           f"(units: {', '.join(u for u in _UNITS if u)}), got {value!r}",
                           key=key)
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    number = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(number):
+        raise ConfigError(f"{key} must be at most {MAX_TIER_BYTES} bytes (1 PB), got "
+                          f"{value!r}", key=key)
+    return _at_most(int(number), key, value)
+
+
+def _at_most(n: int, key: str, value: object) -> int:
+    if n > MAX_TIER_BYTES:
+        raise ConfigError(f"{key} must be at most {MAX_TIER_BYTES} bytes (1 PB), got "
+                          f"{value!r}", key=key)
+    return n
 
 
 # ---------------------------------------------------------------------------------
@@ -104,10 +121,13 @@ class LinkSpec:
     latency_s: float = 0.0
 
     def __post_init__(self) -> None:
-        require(math.isfinite(self.bandwidth_gbps) and self.bandwidth_gbps > 0,
-                "bandwidth_gbps", self.bandwidth_gbps, "a finite number > 0 (GB/s)")
-        require(math.isfinite(self.latency_s) and self.latency_s >= 0, "latency_s",
-                self.latency_s, "a finite number >= 0 (seconds)")
+        require(math.isfinite(self.bandwidth_gbps) and
+                MIN_GBPS <= self.bandwidth_gbps <= MAX_GBPS, "bandwidth_gbps",
+                self.bandwidth_gbps, f"a finite number > 0 (GB/s), between {MIN_GBPS:g} "
+                f"and {MAX_GBPS:g}")
+        require(math.isfinite(self.latency_s) and 0 <= self.latency_s <= MAX_LATENCY_S,
+                "latency_s", self.latency_s, f"a finite number >= 0 (seconds), at most "
+                f"{MAX_LATENCY_S:g}")
 
     @property
     def bytes_per_s(self) -> float:
