@@ -54,6 +54,16 @@ def test_info_prints_mpi_roles_and_nodes() -> None:
     assert "shares memory among world ranks [0, 1, 2]" in out.stdout
 
 
+@pytest.mark.parametrize("args", [(), ("-n", "0")])
+def test_info_without_a_rank_count_launches_the_two_its_layout_needs(args) -> None:
+    """Before: ``info`` and ``info -n 0`` ran in this one process and failed with
+    WorldTooSmall (its layout needs a buffer and an actor)."""
+    out = cli("info", *args)
+    assert out.returncode == 0, out.stderr
+    assert "world size    : 2" in out.stdout and "WorldTooSmall" not in out.stderr
+    assert out.stdout.count("buffer") == 1 and out.stdout.count("actor") == 1
+
+
 @pytest.mark.parametrize(
     ("args", "fragments"),
     [
