@@ -217,7 +217,9 @@ def load(cls: type[T], path: str | Path, overrides: Sequence[str] = (), *,
             job_cls, note = declared_config(p, script)
             if job_cls is not None and issubclass(job_cls, cls):
                 target = job_cls
-                note = ""
+                note = "" if job_cls is not cls else (
+                    f"the job script {str(script or p.with_suffix('.py'))!r} declares "
+                    f"JOB_CONFIG = {job_cls.__name__}, which has no such section")
             elif job_cls is not None:
                 note = (f"the job script declares JOB_CONFIG = {job_cls.__name__}, which "
                         f"is not a subclass of {cls.__name__}")

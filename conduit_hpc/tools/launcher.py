@@ -266,8 +266,11 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     # the one loading path: job sections are checked here too, before any rank starts
     no_mpi_in_this_process()
     beside = path.with_suffix(".py")
-    cfg = load(config_cls, path, overrides,
-               script=None if beside.is_file() or entry is None else entry)
+    # the job config class is the one the script the ranks run declares (job_main
+    # loads RUN_DIR/config.toml with it): the entry when given; with check_entry off
+    # (tests of launcher failures, whose entries may not import) the script beside
+    use_entry = entry is not None and (check_entry or not beside.is_file())
+    cfg = load(config_cls, path, overrides, script=entry if use_entry else None)
     which, plugin = choose_launcher(launcher)
     mpirun = os.environ.get("CONDUIT_MPIRUN", "") or "mpirun"
     if which == "mpirun" and shutil.which(mpirun, path=mpi_env().get("PATH")) is None:
