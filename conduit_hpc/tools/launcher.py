@@ -271,6 +271,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     # (tests of launcher failures, whose entries may not import) the script beside
     use_entry = entry is not None and (check_entry or not beside.is_file())
     cfg = load(config_cls, path, overrides, script=entry if use_entry else None)
+    cfg.check_runnable()
     which, plugin = choose_launcher(launcher)
     mpirun = os.environ.get("CONDUIT_MPIRUN", "") or "mpirun"
     if which == "mpirun" and shutil.which(mpirun, path=mpi_env().get("PATH")) is None:

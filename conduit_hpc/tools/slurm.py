@@ -269,6 +269,7 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
     """
     path = Path(config_path)
     cfg = load(config_cls, path, req.overrides)
+    cfg.check_runnable()  # the ranks would fail only once the job left the queue
     t, gpus, comment = plan_tasks(cfg.layout, req, cfg.scheduler.delivery)
     template = req.template
     if template == "auto":
