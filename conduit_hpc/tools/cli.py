@@ -437,6 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConduitError as err:
         print(f"conduit-hpc: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside a run's wait (which forwards it)
+        print("conduit-hpc: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
