@@ -137,7 +137,15 @@ def contract_problem(script: str | Path) -> str:
         return f"no job script {str(script)!r}"
     end = ('end it with `if __name__ == "__main__": job_main(MyConfig, run)` (see '
            'docs/writing-a-job.md)')
-    if not main_calls_job_main(script.read_text(errors="replace")):
+    source = script.read_text(errors="replace")
+    try:
+        compile(source, str(script), "exec", dont_inherit=True)
+    except SyntaxError as err:  # before "never calls job_main", which it may well do
+        return (f"the job script {str(script)!r} is not valid Python: {err.msg} (line "
+                f"{err.lineno})")
+    except ValueError as err:  # a NUL byte
+        return f"the job script {str(script)!r} is not valid Python: {err}"
+    if not main_calls_job_main(source):
         return f"the job script {str(script)!r} never calls job_main; {end}"
     module = _import_script(script, "to check it")
     if module is None:

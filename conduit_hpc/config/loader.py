@@ -93,7 +93,8 @@ def read_toml(path: str | Path, *, what: str = "config file") -> dict[str, Any]:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """Split ``a.b=value`` and read value as a TOML literal (a bare word stays a string).
+    """Split ``a.b=value`` and read value as a TOML literal (a bare word stays a string,
+    and so does a TOML date or time such as ``1979-05-27``: no config field takes one).
 
     Raises:
         ConfigError: no ``=``, or an empty or malformed dotted key.
@@ -110,6 +111,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     try:
         parsed = tomllib.loads(f"v = {value.strip()}")["v"]
     except (tomllib.TOMLDecodeError, KeyError):
+        parsed = value.strip()
+    if isinstance(parsed, _dt.date | _dt.time):  # no field takes one: 1979-05-27 is text
         parsed = value.strip()
     return key, parsed
 
@@ -217,7 +220,9 @@ def load(cls: type[T], path: str | Path, overrides: Sequence[str] = (), *,
             job_cls, note = declared_config(p, script)
             if job_cls is not None and issubclass(job_cls, cls):
                 target = job_cls
-                note = ""
+                note = "" if job_cls is not cls else (
+                    f"the job script {str(script or p.with_suffix('.py'))!r} declares "
+                    f"JOB_CONFIG = {job_cls.__name__}, which has no such section")
             elif job_cls is not None:
                 note = (f"the job script declares JOB_CONFIG = {job_cls.__name__}, which "
                         f"is not a subclass of {cls.__name__}")

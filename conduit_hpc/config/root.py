@@ -215,6 +215,10 @@ class Config:
         require(st.capacity_rows * per_row <= MAX_BYTES, "storage.capacity_rows",
                 st.capacity_rows, f"<= {MAX_BYTES // per_row} with rows of {per_row} bytes "
                 f"(one shard's bytes must fit in a 64-bit integer)")
+        require(sch.window <= st.capacity_rows, "scheduler.sequence_length",
+                sch.sequence_length, f"a window (burn_in {sch.burn_in} + sequence_length) "
+                f"of at most storage.capacity_rows ({st.capacity_rows}) rows: no sequence "
+                f"would ever fit in the replay")
         require(sch.min_fill_rows <= st.capacity_rows, "scheduler.min_fill_rows",
                 sch.min_fill_rows, f"<= storage.capacity_rows ({st.capacity_rows}): the "
                 f"replay never holds more rows, learners would wait forever")
@@ -228,6 +232,17 @@ class Config:
         require(self.longhaul.queue_rows * per_row <= MAX_BYTES, "longhaul.queue_rows",
                 self.longhaul.queue_rows, f"<= {MAX_BYTES // per_row} with rows of "
                 f"{per_row} bytes (the queue's bytes must fit in a 64-bit integer)")
+
+    def check_runnable(self) -> None:
+        """What a job's ranks need beyond a valid config, checked before they start: at
+        least one ``[spec.NAME]`` field (a config without one is valid for the layout
+        and placement tools). Local; pure.
+
+        Raises:
+            ConfigError: ``spec`` is empty.
+        """
+        require(bool(self.spec), "spec", dict(self.spec), "at least one field (a "
+                "[spec.NAME] table with a dtype) for a job to run")
 
     # -- loading -------------------------------------------------------------------
     @classmethod

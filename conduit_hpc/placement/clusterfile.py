@@ -49,10 +49,19 @@ __all__ = [
 ]
 
 #: bounds checked before anything is allocated (a cluster file cannot make the planner
-#: grow without bound): nodes in all, ranks or GPUs of one kind per node, ranks in all
-MAX_NODES = 100_000
+#: grow without bound): nodes in all, ranks or GPUs of one kind per node, ranks in all.
+#: The planner's cost model holds arrays over pairs of nodes (global sampling reads
+#: every node from every learner node): at 2048 nodes a plan takes about 0.5 GB and
+#: seconds, at 4096 1.5 GB, at 50,000 it asked for 37 GiB - on every rank that plans
+MAX_NODES = 2048
 MAX_PER_NODE = 4096
 MAX_RANKS = 1 << 20
+#: bytes of one location's tier (1 PB; a node holds far less), so that a cluster's sums
+#: stay exact in int64 and finite in the planner's LP
+MAX_TIER_BYTES = 10**15
+#: link bandwidth (GB/s: 1 kB/s .. 1 PB/s) and one-way latency (s): beyond these a link
+#: is a typo, and the LP's costs lose their precision
+MIN_GBPS, MAX_GBPS, MAX_LATENCY_S = 1e-6, 1e6, 60.0
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -71,7 +80,7 @@ def parse_bytes(value: float | int | str, key: str) -> int:
     if isinstance(value, int | float):
         if not math.isfinite(value) or value < 0:
             raise ConfigError(f"{key} must be >= 0 bytes, got {value!r}", key=key)
-        return int(value)
+        return _at_most(int(value), key, value)
     m = _BYTES_RE.match(value)
     text = value.strip()
     if text.startswith("-"):
@@ -80,7 +89,18 @@ def parse_bytes(value: float | int | str, key: str) -> int:
         raise ConfigError(f"{key} must be a number of bytes or a string like '16 GB' "
                           f"(units: {', '.join(u for u in _UNITS if u)}), got {value!r}",
                           key=key)
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    number = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(number):
+        raise ConfigError(f"{key} must be at most {MAX_TIER_BYTES} bytes (1 PB), got "
+                          f"{value!r}", key=key)
+    return _at_most(int(number), key, value)
+
+
+def _at_most(n: int, key: str, value: object) -> int:
+    if n > MAX_TIER_BYTES:
+        raise ConfigError(f"{key} must be at most {MAX_TIER_BYTES} bytes (1 PB), got "
+                          f"{value!r}", key=key)
+    return n
 
 
 # ---------------------------------------------------------------------------------
@@ -101,10 +121,13 @@ class LinkSpec:
     latency_s: float = 0.0
 
     def __post_init__(self) -> None:
-        require(math.isfinite(self.bandwidth_gbps) and self.bandwidth_gbps > 0,
-                "bandwidth_gbps", self.bandwidth_gbps, "a finite number > 0 (GB/s)")
-        require(math.isfinite(self.latency_s) and self.latency_s >= 0, "latency_s",
-                self.latency_s, "a finite number >= 0 (seconds)")
+        require(math.isfinite(self.bandwidth_gbps) and
+                MIN_GBPS <= self.bandwidth_gbps <= MAX_GBPS, "bandwidth_gbps",
+                self.bandwidth_gbps, f"a finite number > 0 (GB/s), between {MIN_GBPS:g} "
+                f"and {MAX_GBPS:g}")
+        require(math.isfinite(self.latency_s) and 0 <= self.latency_s <= MAX_LATENCY_S,
+                "latency_s", self.latency_s, f"a finite number >= 0 (seconds), at most "
+                f"{MAX_LATENCY_S:g}")
 
     @property
     def bytes_per_s(self) -> float:
@@ -144,7 +167,8 @@ class NodeConfig:
     def __post_init__(self) -> None:
         require(bool(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", self.name)), "name", self.name,
                 "a name of letters, digits, '_', '-', '.' starting with a letter")
-        require(1 <= self.count <= MAX_NODES, "count", self.count, f"between 1 and {MAX_NODES}")
+        require(1 <= self.count <= MAX_NODES, "count", self.count,
+                f"between 1 and {MAX_NODES} (the nodes a plan can be computed for here)")
         require(0 <= self.gpus <= MAX_PER_NODE, "gpus", self.gpus, f"between 0 and {MAX_PER_NODE}")
         require(-1 <= self.learners <= MAX_PER_NODE, "learners", self.learners,
                 f"between 0 and {MAX_PER_NODE} (or -1: one per GPU)")
@@ -197,7 +221,8 @@ class ClusterFile:
         ranks = sum(n.count * (max(n.learners, n.gpus) + n.buffers + n.actors)
                     for n in self.nodes)
         nodes = sum(n.count for n in self.nodes)
-        require(nodes <= MAX_NODES, "nodes", f"{nodes} nodes", f"at most {MAX_NODES} nodes")
+        require(nodes <= MAX_NODES, "nodes", f"{nodes} nodes", f"at most {MAX_NODES} nodes "
+                f"(the planner's memory grows with the square of the nodes)")
         require(ranks <= MAX_RANKS, "nodes", f"{ranks} ranks",
                 f"at most {MAX_RANKS} ranks in all (what a plan can be computed for here)")
         names: list[str] = []

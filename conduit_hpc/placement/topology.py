@@ -152,7 +152,7 @@ class Topology:
         out[own, 0] = -1
         # GPU-to-GPU without NVLink stages through host memory
         out[:, 1] = np.where(peer & ~nvl, lt.shm[sn], np.where(remote, lt.nic_out[sn], -1))
-        out[:, 2] = np.where(remote, lt.path_matrix[sn, rn], -1)
+        out[:, 2] = np.where(remote, lt.path_between(sn, rn), -1)
         out[:, 3] = np.where(remote, lt.nic_in[rn], -1)
         out[:, 4] = np.where(own, -1, np.where(peer & nvl, take_ids(lt.nvl_in, rg),
                                                take_ids(lt.h2d, rg)))
@@ -172,6 +172,6 @@ class Topology:
         far = a != b
         out = np.full((len(a), 3), -1, np.int64)
         out[:, 0] = np.where(far, lt.nic_out[a], -1)
-        out[:, 1] = np.where(far, lt.path_matrix[a, b], -1)
+        out[:, 1] = np.where(far, lt.path_between(a, b), -1)
         out[:, 2] = np.where(far, lt.nic_in[b], -1)
         return out

@@ -21,6 +21,7 @@ from conduit_hpc.config import (
     require,
     validate,
 )
+from conduit_hpc.config.checks import MAX_BYTES, MAX_COUNT, MAX_ROW_BYTES, MAX_ROWS, MAX_SECONDS
 from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.cluster import TIERS
 
@@ -38,6 +39,11 @@ STAMP_BYTES_PER_ROW = 16
 INDEX_BYTES_PER_ROW = 80
 #: per shard: ring header and the alignment padding of its blocks (<= 60 fields)
 SHARD_OVERHEAD_BYTES = 4096
+#: learner updates per second a plan is computed for (a superstep of 1 us .. ~11.6 days;
+#: beyond, the cost model's per-superstep loads overflow or vanish in float64)
+MIN_RATE_HZ, MAX_RATE_HZ = 1e-6, 1e6
+#: rows each actor ingests per second (with 4 GiB rows, bytes/s stay finite sums)
+MAX_ACTOR_ROWS_PER_S = 1e9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,20 +91,33 @@ class Workload:
     min_shard_rows: int = 0
 
     def __post_init__(self) -> None:
-        require(self.capacity_rows > 0, "capacity_rows", self.capacity_rows, "> 0")
-        require(self.row_bytes > 0, "row_bytes", self.row_bytes, "> 0")
+        require(0 < self.capacity_rows <= MAX_ROWS, "capacity_rows", self.capacity_rows,
+                f"between 1 and {MAX_ROWS}")
+        require(0 < self.row_bytes <= MAX_ROW_BYTES, "row_bytes", self.row_bytes,
+                f"between 1 and {MAX_ROW_BYTES} (4 GiB)")
         require(0 <= self.stored_row_bytes <= self.row_bytes, "stored_row_bytes",
                 self.stored_row_bytes, f">= 0 (0: row_bytes) and <= row_bytes "
                 f"({self.row_bytes})")
-        require(self.batch_rows > 0, "batch_rows", self.batch_rows, "> 0")
-        require(np.isfinite(self.update_rate_hz) and self.update_rate_hz > 0,
-                "update_rate_hz", self.update_rate_hz, "a finite number > 0")
-        require(np.isfinite(self.actor_rows_per_s) and self.actor_rows_per_s >= 0,
-                "actor_rows_per_s", self.actor_rows_per_s, "a finite number >= 0")
-        require(self.min_shard_rows >= 0, "min_shard_rows", self.min_shard_rows,
-                ">= 0 (0: no floor)")
-        require(np.isfinite(self.compute_s) and self.compute_s >= 0, "compute_s",
-                self.compute_s, "a finite number >= 0 (0: the superstep period)")
+        total = self.capacity_rows * (self.stored_bytes + STAMP_BYTES_PER_ROW
+                                      + INDEX_BYTES_PER_ROW)
+        require(total <= MAX_BYTES, "capacity_rows", self.capacity_rows,
+                f"at most {MAX_BYTES} bytes of replay in all with row_bytes = "
+                f"{self.row_bytes} (int64 sums), got {total} bytes")
+        require(0 < self.batch_rows <= MAX_COUNT, "batch_rows", self.batch_rows,
+                f"between 1 and {MAX_COUNT}")
+        require(np.isfinite(self.update_rate_hz) and
+                MIN_RATE_HZ <= self.update_rate_hz <= MAX_RATE_HZ, "update_rate_hz",
+                self.update_rate_hz, f"between {MIN_RATE_HZ:g} and {MAX_RATE_HZ:g} updates "
+                f"per second")
+        require(np.isfinite(self.actor_rows_per_s) and
+                0 <= self.actor_rows_per_s <= MAX_ACTOR_ROWS_PER_S, "actor_rows_per_s",
+                self.actor_rows_per_s, f"between 0 and {MAX_ACTOR_ROWS_PER_S:g} rows per "
+                f"second")
+        require(0 <= self.min_shard_rows <= MAX_ROWS, "min_shard_rows",
+                self.min_shard_rows, f">= 0 (0: no floor) and <= {MAX_ROWS}")
+        require(np.isfinite(self.compute_s) and 0 <= self.compute_s <= MAX_SECONDS,
+                "compute_s", self.compute_s, f"between 0 and {MAX_SECONDS:g} seconds (0: "
+                f"the superstep period)")
         require(len(self.tiers) > 0 and set(self.tiers) <= set(TIERS)
                 and len(set(self.tiers)) == len(self.tiers), "tiers", list(self.tiers),
                 f"a non-empty list of distinct tiers from {list(TIERS)}")
@@ -106,9 +125,9 @@ class Workload:
             require(self.sampling == "prioritized", "heat", [list(b) for b in self.heat],
                     "empty unless sampling = 'prioritized' (uniform sampling draws rows "
                     "evenly)")
-            ok = all(len(b) == 2 and b[0] > 0 and b[1] >= 0 for b in self.heat)
+            ok = all(len(b) == 2 and 0 < b[0] <= 1 and 0 <= b[1] <= 1 for b in self.heat)
             require(ok, "heat", [list(b) for b in self.heat],
-                    "a list of [row share > 0, mass share >= 0] pairs")
+                    "a list of [row share in (0, 1], mass share in [0, 1]] pairs")
             rows = sum(b[0] for b in self.heat)
             mass = sum(b[1] for b in self.heat)
             require(abs(rows - 1) < 1e-6 and abs(mass - 1) < 1e-6, "heat",
@@ -167,10 +186,10 @@ class Workload:
         p = Path(path)
         raw = read_toml(p, what="workload file")
         if "workload" in raw:
-            try:
-                return cls.from_dict(raw["workload"]), []
+            try:  # through a table of its own: keys named workload.KEY, [workload]
+                return validate(_WorkloadFile, {"workload": raw["workload"]}).workload, []
             except ConfigError as err:
-                raise ConfigError(f"{p.name}: [workload] {err}", key=err.key) from err
+                raise ConfigError(f"{p.name}: {err}", key=err.key) from err
         return cls.from_job(Config.from_toml(p))
 
     @classmethod
@@ -204,6 +223,13 @@ class Workload:
                    actor_rows_per_s=rate,
                    sampling=sampling_of(cfg.scheduler, cfg.storage),
                    scope=cfg.placement.scope), notes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _WorkloadFile:
+    """The ``[workload]`` table of a TOML file (the file's other tables are not read)."""
+
+    workload: Workload
 
 
 def sampling_of(scheduler: SchedulerConfig, storage: StorageConfig

@@ -14,7 +14,6 @@ import ast
 import contextlib
 import importlib
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from conduit_hpc import __version__, jsontext
 from conduit_hpc.errors import ConduitError
+from conduit_hpc.tools.cli_support import check_ranks, run_bounded
 
 __all__ = ["COMMANDS", "Command", "benchmarks", "build_parser", "main"]
 
@@ -93,43 +93,18 @@ def _build_run(p: argparse.ArgumentParser) -> None:
 # info
 
 
-def _check_ranks(n: object, flag: str, *, zero_ok: bool = False) -> None:
-    """Refuse a rank count the launch cannot take (negative, zero, over Open MPI's int),
-    naming the flag, before anything starts."""
-    from conduit_hpc.config.checks import MAX_COUNT
-    from conduit_hpc.errors import ConfigError
-
-    low = 0 if zero_ok else 1
-    if isinstance(n, bool) or not isinstance(n, int) or not low <= n <= MAX_COUNT:
-        raise ConfigError(f"{flag} must be a number of ranks between {low} and "
-                          f"{MAX_COUNT}, got {n!r}", key=flag)
-
-
-def _run_bounded(cmd: list[str], env: dict[str, str], timeout_s: float) -> int:
-    """Run an MPI launch in its own session; past ``timeout_s`` the whole session (the
-    launcher and its ranks) is killed and a ConduitError names the command."""
-    import signal
-
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    try:
-        return proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        raise ConduitError(f"{' '.join(cmd[:3])} did not finish within {timeout_s:.0f} s "
-                           f"and was stopped (too many ranks for this machine?)") from None
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        raise
-
-
 def cmd_info(args: argparse.Namespace) -> int:
     under_mpi = "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
     n = args.n
-    _check_ranks(n, "-n", zero_ok=True)
+    check_ranks(n, "-n", zero_ok=True)
+    if not under_mpi and not args.config:  # info's own layout: a buffer and an actor
+        from conduit_hpc.errors import ConfigError
+
+        if n == 1:
+            raise ConfigError("-n must be 0 (the default: 2 ranks) or at least 2 without "
+                              "--config (info's layout has a buffer rank and an actor "
+                              "rank), got 1", key="-n")
+        n = n or 2
     if not under_mpi and (n or args.config):  # launch -n ranks, or the [layout]'s
         from conduit_hpc.tools.launcher import mpi_env, no_mpi_in_this_process, ranks_problem
 
@@ -147,7 +122,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                "conduit_hpc.plane.info"]
         if args.config:
             cmd += ["--config", args.config]
-        return _run_bounded(cmd, mpi_env(), 120.0)
+        return run_bounded(cmd, mpi_env(), 120.0)
     from conduit_hpc.plane.info import print_info
 
     return print_info(args.config)
@@ -155,7 +130,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def _build_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", type=int, default=0, help="launch this many ranks with mpirun "
-                   "(default with --config: the ranks of the job's [layout])")
+                   "(default: 2, or with --config the ranks of the job's [layout])")
     p.add_argument("--config", default="", help="job TOML whose [layout] to show")
 
 
@@ -191,9 +166,13 @@ def _build_plan(p: argparse.ArgumentParser) -> None:
 def cmd_probe(args: argparse.Namespace) -> int:
     from conduit_hpc.tools.launcher import mpi_env
 
-    _check_ranks(args.n, "-n")
+    check_ranks(args.n, "-n")
     from conduit_hpc.config import LayoutConfig
     from conduit_hpc.errors import ConfigError
+
+    if args.n < 2:  # the world the probe's layout needs, whatever --learners says
+        raise ConfigError(f"-n must be at least 2 for the probe (a buffer rank and an "
+                          f"actor rank, besides any learners), got {args.n}", key="-n")
 
     # the ranks' own rule for these values, here before anything is launched
     fit = max(args.n - 2, 0)  # a buffer rank and an actor rank besides the learners
@@ -212,12 +191,15 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if out is not None and (out.is_dir() or not out.parent.is_dir()):
         raise ConfigError(f"--out must be a file path in an existing directory, got "
                           f"{args.out!r}", key="--out")
+    from conduit_hpc.tools.outfile import PROBE_HEADER, check_out_file
+
+    check_out_file(args.out, "--out", marker=PROBE_HEADER, force=args.force)
     cmd = ["mpirun", "-n", str(args.n), sys.executable, "-m", "mpi4py", "-m",
            "conduit_hpc.plane.probe", "--learners", str(args.learners), "--emulate-nodes",
            str(args.emulate_nodes)]
     if args.out:
         cmd += ["--out", args.out]
-    return _run_bounded(cmd, mpi_env(), 300.0)
+    return run_bounded(cmd, mpi_env(), 300.0)
 
 
 def _build_probe(p: argparse.ArgumentParser) -> None:
@@ -226,7 +208,10 @@ def _build_probe(p: argparse.ArgumentParser) -> None:
                    help="learner ranks in the layout (default 1; 0 with -n 2)")
     p.add_argument("--emulate-nodes", type=int, default=0,
                    help="treat the ranks as N nodes (RMA between them)")
-    p.add_argument("--out", default="", help="also write the cluster TOML here")
+    p.add_argument("--out", default="", help="also write the cluster TOML here (a new "
+                   "file, or one an earlier probe wrote; see --force)")
+    p.add_argument("--force", action="store_true", help="let --out write over an existing "
+                   "file that an earlier probe did not write")
 
 
 # ---------------------------------------------------------------------------------
@@ -360,6 +345,10 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         raise ConfigError(f"no job script {str(script)!r} (the job script of "
                           f"{args.config!r} is the .py beside it; the rendered job would "
                           f"start it)", key="config")
+    from conduit_hpc.tools.outfile import SBATCH_HEADER, check_out_file
+
+    check_out_file(args.out, "-o", marker=SBATCH_HEADER, force=args.force,
+                   keep=(args.config, script))
     warnings: list[str] = []
     text = render_sbatch(args.config, req, command=cmd, warnings=warnings)
     for w in warnings:
@@ -450,6 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConduitError as err:
         print(f"conduit-hpc: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside a run's wait (which forwards it)
+        print("conduit-hpc: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

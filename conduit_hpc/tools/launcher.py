@@ -7,8 +7,9 @@ SLURM allocation (:func:`choose_launcher`), with the environment that the MPI wh
 needs, per-rank logs, under a timeout. A site's own MPI (``conduit-hpc slurm --mpi site``
 exports these): ``CONDUIT_MPI=site`` leaves the environment as it is (none of the wheel's
 settings), ``CONDUIT_MPIRUN`` names the ``mpirun`` to run and ``CONDUIT_SRUN_MPI`` the
-``srun --mpi=`` plugin. ``SIGTERM``/``SIGUSR1`` sent to the launcher are
-forwarded to the ranks as ``SIGUSR1`` (a stop request); a second ``SIGTERM`` stops them.
+``srun --mpi=`` plugin. ``SIGTERM``/``SIGINT``/``SIGUSR1`` sent to the launcher
+are forwarded to the ranks as ``SIGUSR1`` (a stop request); a second ``SIGTERM`` or
+``SIGINT`` (Ctrl-C) stops them.
 """
 
 from __future__ import annotations
@@ -254,10 +255,10 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
 
     Per-rank output goes to ``RUN_DIR/logs/rank.N/{stdout,stderr}`` (written by the
     ranks themselves; rank 0's stdout is also copied to ours while the job runs).
-    ``SIGTERM`` or ``SIGUSR1`` received while waiting is forwarded to the ranks as
-    ``SIGUSR1`` (see :func:`stop_requested`), and the budget is extended by
-    ``run.timeout_s`` + 60 s so that they can write a final checkpoint; a second
-    ``SIGTERM`` stops them.
+    ``SIGTERM``, ``SIGINT`` (Ctrl-C) or ``SIGUSR1`` received while waiting is forwarded
+    to the ranks as ``SIGUSR1`` (see :func:`stop_requested`), and the budget is extended
+    by ``run.timeout_s`` + 60 s so that they can write a final checkpoint; a second
+    ``SIGTERM`` or ``SIGINT`` stops them.
 
     Args:
         launcher (str): ``auto``, ``mpirun`` or ``srun`` (see :func:`choose_launcher`).
@@ -286,8 +287,12 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     # the one loading path: job sections are checked here too, before any rank starts
     no_mpi_in_this_process()
     beside = path.with_suffix(".py")
-    cfg = load(config_cls, path, overrides,
-               script=None if beside.is_file() or entry is None else entry)
+    # the job config class is the one the script the ranks run declares (job_main
+    # loads RUN_DIR/config.toml with it): the entry when given; with check_entry off
+    # (tests of launcher failures, whose entries may not import) the script beside
+    use_entry = entry is not None and (check_entry or not beside.is_file())
+    cfg = load(config_cls, path, overrides, script=entry if use_entry else None)
+    cfg.check_runnable()
     which, plugin = choose_launcher(launcher)
     mpirun = os.environ.get("CONDUIT_MPIRUN", "") or "mpirun"
     if which == "mpirun" and shutil.which(mpirun, path=mpi_env().get("PATH")) is None:

@@ -45,11 +45,11 @@ from conduit_hpc.config.layout_rule import (
 )
 from conduit_hpc.errors import ConduitError, ConfigError
 from conduit_hpc.tools.slurm_env import MPI_KINDS, checkout_of, parse_env, setup_block
+from conduit_hpc.tools.slurm_time import check_signal
 
 __all__ = ["SlurmRequest", "idle_gpus", "launch_script", "plan_tasks", "render_sbatch"]
 
 TEMPLATES = {"one-node": "one_node.sbatch", "multi-node": "multi_node_gpu.sbatch"}
-_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
 #: control characters (line breaks included); a tab is text
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -110,13 +110,11 @@ class SlurmRequest:
                 "--ntasks-per-node", self.ntasks_per_node, ">= 1")
         require(self.gpus_per_node is None or self.gpus_per_node >= 0, "--gpus-per-node",
                 self.gpus_per_node, ">= 0")
-        require(bool(_TIME.match(self.time)), "--time", self.time,
-                "a SLURM time such as 30, 02:00:00 or 1-12")
+        check_signal(self.signal_s, self.time)  # checks --time too
         require(self.launcher in ("srun", "mpirun"), "--launcher", self.launcher,
                 "srun or mpirun")
         require(self.template in ("auto", *TEMPLATES), "--template", self.template,
                 "auto, one-node or multi-node")
-        require(self.signal_s >= 0, "--signal-secs", self.signal_s, ">= 0")
         require(self.mpi in MPI_KINDS, "--mpi", self.mpi, "wheel or site")
         parse_env(self.env)
         for opt in self.sbatch:
@@ -134,6 +132,8 @@ class SlurmRequest:
             for v in values:
                 require(not _CONTROL.search(v), flag, v,
                         "one line of text without control characters")
+        for v in self.modules:
+            require(bool(v.strip()), "--module", v, "a module name (not empty)")
         for flag, v in (("--partition", self.partition), ("--account", self.account)):
             require(not any(c.isspace() for c in v), flag, v,
                     "a SLURM name without spaces (several partitions: a,b)")
@@ -269,6 +269,7 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
     """
     path = Path(config_path)
     cfg = load(config_cls, path, req.overrides)
+    cfg.check_runnable()  # the ranks would fail only once the job left the queue
     t, gpus, comment = plan_tasks(cfg.layout, req, cfg.scheduler.delivery)
     template = req.template
     if template == "auto":
@@ -380,7 +381,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add("--gpus-per-node", type=int, default=None,
         help="GPUs per node (default: one per learner on a node in the multi-node "
              "template, 0 for one node)")
-    add("--time", "-t", default="01:00:00", help="wall-time limit (default 01:00:00)")
+    add("--time", "-t", default="01:00:00", help="wall-time limit: M, M:S, H:M:S, D-H, "
+        "D-H:M or D-H:M:S (default 01:00:00; longer than --signal-secs)")
     add("--launcher", choices=("srun", "mpirun"), default="srun",
         help="srun --mpi=pmix (default) or mpirun inside the allocation")
     add("--template", choices=("auto", *TEMPLATES), default="auto",
@@ -405,7 +407,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="an extra #SBATCH option, e.g. --sbatch=--qos=high (repeatable)")
     add("--signal-secs", type=int, default=120,
         help="preemption warning: SIGTERM this many seconds before the end; the job "
-             "checkpoints and is requeued (0: no warning)")
+             "checkpoints and is requeued (0: no warning; below --time and at most 65535)")
     add("--no-requeue", action="store_true", help="no --requeue, no requeue on warning")
     add("--output", default="", help="#SBATCH --output (default RUNS/slurm-%%x-%%j.out; "
         "its folder is created now, since SLURM opens it before the script runs)")
@@ -413,7 +415,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the current directory, where the script runs)")
     add("--set", action="append", default=[], metavar="KEY=VALUE",
         help="override a config value (passed to conduit-hpc run)")
-    add("-o", "--out", default="", help="write the script here (default: stdout)")
+    add("-o", "--out", default="", help="write the script here (default: stdout): a new "
+        "file or a script rendered before; never the job's TOML or script")
+    add("--force", action="store_true", help="let -o write over an existing file that is "
+        "not a rendered sbatch script (the job's own files stay refused)")
 
 
 def output_folder(req: SlurmRequest) -> Path | None:

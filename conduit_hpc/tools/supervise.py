@@ -21,13 +21,22 @@ from conduit_hpc.job import ERROR_PREFIX
 __all__ = ["Follower", "Forwarder", "parent_death_signal", "rank_reported_error", "stop_group"]
 
 
+#: signals of which a second one stops the ranks at once (SIGUSR1 only ever asks)
+_HARD = (signal.SIGTERM, signal.SIGINT)
+
+
+def _name(sig: int) -> str:
+    return signal.Signals(sig).name
+
+
 class Forwarder:
-    """While the launcher waits: the first SIGTERM/SIGUSR1 (SLURM's preemption warning,
-    ``kill``) becomes SIGUSR1 to the ranks - a stop request, after which they write a
-    final checkpoint (``mpirun`` itself would kill them within a fraction of a second
-    of a SIGTERM) - and the wait is extended by ``grace_s``; a second SIGTERM stops
-    them. A request that comes while the ranks start is held until ``ready()`` (every
-    rank has installed its handler), since SIGUSR1 would kill a rank before that."""
+    """While the launcher waits: the first SIGTERM/SIGINT/SIGUSR1 (SLURM's preemption
+    warning, ``kill``, Ctrl-C) becomes SIGUSR1 to the ranks - a stop request, after which
+    they write a final checkpoint (``mpirun`` itself would kill them within a fraction
+    of a second of a SIGTERM) - and the wait is extended by ``grace_s``; a second
+    SIGTERM or SIGINT stops them. A request that comes while the ranks start is held
+    until ``ready()`` (every rank has installed its handler), since SIGUSR1 would kill
+    a rank before that."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
@@ -42,7 +51,7 @@ class Forwarder:
     def __enter__(self) -> Forwarder:
         if threading.current_thread() is not threading.main_thread():
             return self  # signal handlers can only be set in the main thread
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             self._old[sig] = signal.signal(sig, lambda s, f: self.pending.append(s))
         return self
 
@@ -52,8 +61,9 @@ class Forwarder:
 
     def act(self) -> None:
         if self.pending and self.proc is not None and not self.forwarded and not self.ready():
-            if self.pending.count(signal.SIGTERM) >= 2:
-                print(f"{ERROR_PREFIX}: second SIGTERM; stopping the ranks", file=sys.stderr)
+            if sum(map(self.pending.count, _HARD)) >= 2:
+                print(f"{ERROR_PREFIX}: second {_name(self.pending[-1])}; stopping the ranks",
+                      file=sys.stderr)
                 stop_group(self.proc)
             elif not self.held:
                 print("conduit-hpc: stop request while the ranks start; passing it on once "
@@ -63,11 +73,12 @@ class Forwarder:
             return
         while self.pending and self.proc is not None:
             sig = self.pending.pop(0)
-            if sig == signal.SIGTERM and self.forwarded:
-                print(f"{ERROR_PREFIX}: second SIGTERM; stopping the ranks", file=sys.stderr)
+            if sig in _HARD and self.forwarded:
+                print(f"{ERROR_PREFIX}: second {_name(sig)}; stopping the ranks",
+                      file=sys.stderr)
                 stop_group(self.proc)
                 return
-            name = signal.Signals(sig).name
+            name = _name(sig)
             print(f"conduit-hpc: {name} received; asking the ranks to stop (SIGUSR1): "
                   f"asking every rank to stop and checkpoint", file=sys.stderr, flush=True)
             self.forwarded = True

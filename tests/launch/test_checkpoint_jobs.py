@@ -15,6 +15,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.testing import REPO
 from conduit_hpc.tools.launcher import mpi_env
@@ -122,16 +124,20 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def test_sigterm_writes_a_final_checkpoint_and_exits_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_writes_a_final_checkpoint_and_exits_0(tmp_path: Path, sig) -> None:
+    # SIGINT is Ctrl-C (before: a KeyboardInterrupt traceback, rc 130, no checkpoint)
     job = Proc([sys.executable, "-m", "conduit_hpc.tools.cli", "run", "jobs/synthetic.toml",
                 "--runs", str(tmp_path), "--set", "run.duration_s=300", "--set",
                 "checkpoint.every_seconds=0.0", *SMALL])
     job.wait_line("running: checkpoints under")
     time.sleep(1.0)  # actors ingest meanwhile
-    job.p.send_signal(signal.SIGTERM)
+    job.p.send_signal(sig)
     rc, out, err = job.finish()
     assert rc == 0, err
+    assert f"{sig.name} received; asking the ranks to stop" in err
     assert "asking every rank to stop and checkpoint" in err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     final = next(ln for ln in out.splitlines() if ln.startswith("final checkpoint written:"))
     path = Path(final.split(": ", 1)[1].split(" (")[0])
     assert path.parent.parent.parent == tmp_path and (path / ck.DONE).exists()

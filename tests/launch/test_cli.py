@@ -54,6 +54,16 @@ def test_info_prints_mpi_roles_and_nodes() -> None:
     assert "shares memory among world ranks [0, 1, 2]" in out.stdout
 
 
+@pytest.mark.parametrize("args", [(), ("-n", "0")])
+def test_info_without_a_rank_count_launches_the_two_its_layout_needs(args) -> None:
+    """Before: ``info`` and ``info -n 0`` ran in this one process and failed with
+    WorldTooSmall (its layout needs a buffer and an actor)."""
+    out = cli("info", *args)
+    assert out.returncode == 0, out.stderr
+    assert "world size    : 2" in out.stdout and "WorldTooSmall" not in out.stderr
+    assert out.stdout.count("buffer") == 1 and out.stdout.count("actor") == 1
+
+
 @pytest.mark.parametrize(
     ("args", "fragments"),
     [
@@ -160,6 +170,15 @@ _PLAIN_JOB = """[run]\nname = "plain"\n\n[layout]\nlearners = 1\nbuffers = 1\nac
          ["never calls job_main", "job_main(MyConfig, run)", "docs/writing-a-job.md"]),
         ("script without run", ["{job}/plain.toml", "--entry", "{job}/no_run.py"],
          ["defines no run(cfg, run_dir, resume)"]),
+        # before: "never calls job_main" (it does; the file does not parse)
+        ("script that does not parse", ["{job}/plain.toml", "--entry", "{job}/syn.py"],
+         ["the job script", "syn.py' is not valid Python: '(' was never closed (line 3)"]),
+        # before: checked against the script beside the TOML (which declares the
+        # [synthetic] section), launched, and every rank failed on the unknown key
+        ("entry declaring another config", ["jobs/synthetic.toml", "--entry",
+                                            "{job}/plain_entry.py"],
+         ["unknown key 'synthetic'", "plain_entry.py' declares JOB_CONFIG = Config, which "
+                                     "has no such section"]),
     ],
 )
 def test_mistakes_are_refused_before_launch_without_a_run_directory(
@@ -172,6 +191,14 @@ def test_mistakes_are_refused_before_launch_without_a_run_directory(
                                    "from conduit_hpc.job import job_main\n\n"
                                    "if __name__ == '__main__':\n"
                                    "    job_main(Config, print)\n")
+    (job / "syn.py").write_text("from conduit_hpc.job import job_main\n"
+                                "def run(c, r, s): pass\nx = (\n"
+                                "if __name__ == '__main__':\n    job_main(None, run)\n")
+    (job / "plain_entry.py").write_text("from conduit_hpc import Config\n"
+                                        "from conduit_hpc.job import job_main\n"
+                                        "JOB_CONFIG = Config\ndef run(c, r, s): pass\n"
+                                        "if __name__ == '__main__':\n"
+                                        "    job_main(Config, run)\n")
     runs = tmp_path / "runs"
     out = cli("run", *[a.format(job=job) for a in args], "--runs", str(runs), timeout=60)
     assert out.returncode == 2, (case, out.stderr)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -73,7 +75,7 @@ def test_nodes_expand_and_bytes_parse(tmp_path: Path) -> None:
         (NODE.replace("gpus = 2", "gpus = 2\nlearners = 3"),
          ["nodes[0].learners must be <= gpus (2)"]),
         (NODE.replace("count = 2", "count = 0"),
-         ["nodes[0].count must be between 1 and 100000, got 0"]),
+         ["nodes[0].count must be between 1 and 2048 (the nodes a plan", "got 0"]),
         (NODE.replace('nic = { bandwidth_gbps = 10.0, latency_s = 2e-6 }', ""),
          ["nodes[0].nic", "several nodes"]),
         (NODE.replace("gpu_host = { bandwidth_gbps = 20.0, latency_s = 1e-5 }", ""),
@@ -159,7 +161,7 @@ def test_from_measurements_and_bandwidth_overrides() -> None:
 
 @pytest.mark.parametrize("line,fragment", [
     ("learners = 100000000", "learners must be between 0 and 4096"),
-    ("count = 1000000000", "count must be between 1 and 100000"),
+    ("count = 1000000000", "count must be between 1 and 2048"),
     ("actors = 4096\ncount = 1000", "at most 1048576 ranks"),
 ])
 def test_cluster_sizes_are_bounded_before_anything_is_allocated(tmp_path, line: str,
@@ -220,3 +222,60 @@ def test_cluster_files_fuzzed_load_or_name_the_key(tmp_path) -> None:
             assert str(f) in str(err) or "nodes" in str(err), str(err)
 
     check()
+
+
+def _big_cluster(tmp_path, counts: list[int]):
+    entries = "".join(f'''
+[[nodes]]
+name = "n{i}-"
+count = {c}
+gpus = 8
+learners = 8
+buffers = 1
+actors = 10
+learner_gpu_bytes = "8 GB"
+learner_host_bytes = "64 GB"
+buffer_host_bytes = "64 GB"
+gpu_host = {{ bandwidth_gbps = 55.0 }}
+shm = {{ bandwidth_gbps = 150.0 }}
+nic = {{ bandwidth_gbps = 400.0 }}
+''' for i, c in enumerate(counts))
+    f = tmp_path / "big.toml"
+    f.write_text('name = "big"\n' + entries)
+    return f
+
+
+@pytest.mark.parametrize(("counts", "fragment"), [
+    ([50000], "nodes[0].count must be between 1 and 2048 (the nodes a plan can be computed "
+              "for here), got 50000"),
+    ([1500, 1500], "nodes must be at most 2048 nodes (the planner's memory grows with the "
+                   "square of the nodes), got '3000 nodes'"),
+])
+def test_a_cluster_the_planner_cannot_hold_is_refused_at_load(tmp_path, counts: list[int],
+                                                              fragment: str) -> None:
+    """Before: count = 50000 (under the old limit of 100,000) ran the planner out of
+    memory (18.6 GiB for a nodes x nodes matrix) on every rank that planned."""
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        ClusterModel.from_toml(_big_cluster(tmp_path, counts))
+
+
+def test_a_plan_at_the_node_limit_fits_in_bounded_memory(tmp_path) -> None:
+    """The largest cluster a file may describe plans within 1.5 GB of address space (the
+    old dense node-to-node link matrix alone was 32 MB at this size, 18.6 GiB at 50,000)."""
+    import resource
+    import subprocess
+    import sys
+
+    from conduit_hpc.placement.clusterfile import MAX_NODES
+
+    f = _big_cluster(tmp_path, [MAX_NODES])
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
+
+    out = subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", "plan", str(f)],
+                         capture_output=True, text=True, timeout=240, check=False,
+                         preexec_fn=limit, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                                "OPENBLAS_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"{MAX_NODES} nodes" in out.stdout

@@ -389,7 +389,8 @@ def test_shard_weights_pick_follows_the_weights() -> None:
         ({"sampling": "prioritized", "heat": ((0.5, 0.9), (0.5, 0.5))}, "sum to 1"),
         ({"tiers": ("learner_gpu", "disk")}, "tiers must be"),
         ({"update_rate_hz": 0.0}, "update_rate_hz must be"),
-        ({"batch_rows": 0}, "batch_rows must be > 0"),
+        ({"batch_rows": 0}, "batch_rows must be between 1 and 2147483647, got 0"),
+        ({"min_shard_rows": 2**41}, r"min_shard_rows must be >= 0 \(0: no floor\) and <= "),
         ({"stored_row_bytes": 11}, r"stored_row_bytes must be >= 0 \(0: row_bytes\) and "
                                    r"<= row_bytes \(10\), got 11"),
         ({"stored_row_bytes": -1}, "stored_row_bytes must be >= 0"),
@@ -407,7 +408,7 @@ def test_workload_from_files(tmp_path: Path) -> None:
     assert any("update_rate_hz" in n for n in notes)
     p = tmp_path / "w.toml"
     p.write_text("[workload]\ncapacity_rows = 10\nrow_bytes = 8\nbogus = 1\n")
-    with pytest.raises(ConfigError, match="unknown key 'bogus'"):
+    with pytest.raises(ConfigError, match=r"unknown key 'workload.bogus' in \[workload\]"):
         Workload.from_toml(p)
 
 

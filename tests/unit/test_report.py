@@ -253,3 +253,42 @@ def test_stats_cover_every_learner_of_a_data_parallel_run(tmp_path) -> None:
     assert two["supersteps"] == one["supersteps"] == 300
     assert two["exposed_mean_ms"] == pytest.approx(one["exposed_mean_ms"] + 5.0, rel=1e-6)
     assert "learner ranks" in write_report([run]).read_text()
+
+
+@pytest.mark.parametrize("twice", ["same", "trailing-slash"])
+def test_report_of_one_run_given_twice_names_it(tmp_path, twice: str, capsys) -> None:
+    """Before: a ValueError traceback (the run compared with itself, arrays and all)."""
+    from conduit_hpc.tools import cli
+
+    run = make_run(tmp_path, "edp")
+    again = str(run) if twice == "same" else f"{run}/"
+    out = tmp_path / "rep"
+    assert cli.main(["report", str(run), again, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"conduit-hpc: error: ConduitError: RUN_DIR {again!r} is given "
+                          f"twice") and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_report_of_two_runs_with_the_same_data_draws_both(tmp_path) -> None:
+    a = make_run(tmp_path, "edp")
+    b = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(a, b)
+    md = write_report([a, b], tmp_path / "rep")
+    assert md.is_file() and (tmp_path / "rep" / "latency.png").is_file()
+
+
+def test_report_out_that_is_a_file_is_refused_in_one_line(tmp_path, capsys) -> None:
+    """Before: a FileExistsError traceback."""
+    from conduit_hpc.tools import cli
+
+    run = make_run(tmp_path, "edp")
+    afile = tmp_path / "afile"
+    afile.write_text("keep me\n")
+    assert cli.main(["report", str(run), "--out", str(afile)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"conduit-hpc: error: ConduitError: --out must be a folder (created if "
+                   f"missing), got {str(afile)!r}: an existing file that is not a folder\n")
+    assert afile.read_text() == "keep me\n" and not (run / "report").exists()

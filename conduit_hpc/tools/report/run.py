@@ -108,6 +108,16 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     """
     if not run_dirs:
         raise ConduitError("report needs at least one run directory, got none")
+    given: dict[Path, str] = {}
+    for d in map(str, run_dirs):  # one run given twice would be compared with itself
+        where = Path(d).resolve()
+        if where in given:
+            also = f" (also as {given[where]!r})" if given[where] != d else ""
+            raise ConduitError(f"RUN_DIR {d!r} is given twice{also}; give each run once")
+        given[where] = d
+    if out_dir is not None and Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ConduitError(f"--out must be a folder (created if missing), got {str(out_dir)!r}"
+                           f": an existing file that is not a folder")
     runs = [load_run(d) for d in run_dirs]
     for r in runs:
         if not (r.learners or r.actors or r.episodes is not None or r.summary
@@ -122,7 +132,11 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
         out = first / "report" if len(runs) == 1 else first.parent / f"report-{stamp}"
     else:
         out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConduitError(f"--out must be a folder that can be created, got {str(out)!r}: "
+                           f"{err.strerror or err}") from err
     # several runs of one name differ by mode; several of one mode differ by directory
     labels = [r.label for r in runs]
     for r in runs:

@@ -80,7 +80,7 @@ def plot_returns(runs: Sequence[RunData], out: Path) -> tuple[Path | None, str]:
     path = out / "returns.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    skipped = [r.label for r in runs if r not in have]
+    skipped = [r.label for r in runs if not any(r is h for h in have)]  # not ==: arrays
     return path, (f"runs without episodes: {', '.join(skipped)}" if skipped else "")
 
 
@@ -237,7 +237,7 @@ def plot_latency(runs: Sequence[RunData], out: Path) -> tuple[Path | None, str]:
     path = out / "latency.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
-    skipped = [r.label for r in runs if r not in have]
+    skipped = [r.label for r in runs if not any(r is h for h in have)]  # not ==: arrays
     return path, (f"runs without latency columns: {', '.join(skipped)}" if skipped else "")
 
 
