@@ -286,12 +286,36 @@ class Spec:
                 bad = int(np.flatnonzero(np.isnan(arr).reshape(arr.shape[0], -1).any(1))[0])
                 raise SpecError(f"field {f.name!r} holds NaN (first at row {bad}) but the "
                                 f"spec forbids NaN in it")
+            if arr.dtype != f.dtype and arr.size:
+                _check_in_range(f.name, arr, f.dtype)
             out[f.name] = np.ascontiguousarray(arr, dtype=f.dtype)
         return out
 
     def rows_of(self, batch: Mapping[str, np.ndarray]) -> int:
         """Rows in an already validated batch."""
         return int(next(iter(batch.values())).shape[0])
+
+
+def _check_in_range(name: str, arr: np.ndarray, dtype: np.dtype) -> None:
+    """Refuse values that a cast within their kind (``cast = "same_kind"``) would not
+    round but wrap (an integer outside the field's integer type) or overflow (a finite
+    float beyond the field's float type, which would become inf), naming the field, the
+    first such value and the range (SpecError). A safe cast cannot do either."""
+    if dtype.kind in "iu" and arr.dtype.kind in "iub":
+        info = np.iinfo(dtype)
+        lo, hi = arr.min(), arr.max()
+        if lo < info.min or hi > info.max:
+            worst = lo if lo < info.min else hi
+            raise SpecError(f"field {name!r}: value {worst} is outside {dtype.name}'s range "
+                            f"[{info.min}, {info.max}]; the cast would wrap it")
+    elif dtype.kind == "f" and arr.dtype.kind == "f":
+        top = np.finfo(dtype).max
+        with np.errstate(invalid="ignore"):
+            big = np.isfinite(arr) & (np.abs(arr) > top)
+        if big.any():
+            raise SpecError(f"field {name!r}: value {float(arr[big].flat[0])!r} is beyond "
+                            f"{dtype.name}'s largest finite value {top:g}; the cast would "
+                            f"make it inf")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -72,3 +74,32 @@ def test_equality_by_signature() -> None:
     a = Spec.from_dict({"x": ("float32", (2,))})
     assert a == Spec.from_dict({"x": (np.float32, (2,))})
     assert a != Spec.from_dict({"x": ("float64", (2,))})
+
+
+SAME_KIND = Spec([Field("action", np.dtype("int8"), (), cast="same_kind"),
+                  Field("u", np.dtype("uint8"), (), cast="same_kind"),
+                  Field("reward", np.dtype("float16"), (), cast="same_kind")])
+
+
+def _kind_batch(**over) -> dict[str, np.ndarray]:
+    b = {"action": np.array([1, -128, 127]), "u": np.array([0, 255, 3], np.uint64),
+         "reward": np.array([1.5, np.inf, np.nan])}
+    return {**b, **{k: np.resize(np.asarray(v), 3) for k, v in over.items()}}
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("action", 300, "value 300 is outside int8's range [-128, 127]"),
+    ("action", -200, "value -200 is outside int8's range"),
+    ("u", np.uint64(256), "value 256 is outside uint8's range [0, 255]"),
+    ("reward", 1e6, "value 1000000.0 is beyond float16's largest finite value"),
+    ("reward", -7e4, "value -70000.0 is beyond float16's"),
+])
+def test_a_same_kind_cast_rounds_but_never_wraps_or_overflows(field, value, says) -> None:
+    # same_kind lets float64 round to float16, int64 narrow to int8 - but a value the
+    # field's type cannot hold was wrapped (300 -> 44) or made inf (1e6 -> inf) and
+    # stored (a hostile test, stop 35)
+    with pytest.raises(SpecError, match=f"field '{field}': {re.escape(says)}"):
+        SAME_KIND.validate(_kind_batch(**{field: value}))
+    got = SAME_KIND.validate(_kind_batch())  # in range: taken, rounded where it must be
+    assert got["action"].tolist() == [1, -128, 127] and got["u"].dtype == np.uint8
+    assert np.isinf(got["reward"][1]) and np.isnan(got["reward"][2])  # inf, NaN stay
