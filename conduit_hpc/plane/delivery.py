@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -217,7 +218,7 @@ class Deliverer:
                 deadline = Deadline(self.timeout_s, f"the rate limiter to let this learner "
                                                     f"sample {rows} rows")
                 backoff = Backoff(self.poll_s)
-            deadline.check(lambda: lim.explain(state))  # noqa: B023 - called at once
+            deadline.check(partial(_why_waiting, lim, state, mass, held))
             self.control.raise_if_failed(self.channel.rank)  # a writer left on an error
             self.channel.progress()  # e.g. messages held for a long link still go out
             backoff.pause()
@@ -447,3 +448,9 @@ def checked_transform(data: Any) -> dict[str, np.ndarray]:
         raise SpecError(f"transform must return a mapping of field name to array, got "
                         f"{type(data).__name__} {data!r:.80}")
     return {k: as_array(v, f"transform output {k!r}") for k, v in data.items()}
+
+
+def _why_waiting(lim: RateLimiter, state: LimiterState, mass: float, held: int) -> str:
+    """What a learner waiting on the rate limiter waits for, in words (its timeout)."""
+    zero = " (every row held has priority 0: none can be drawn)" if held and not mass else ""
+    return f"{lim.explain(state)}; total priority mass {mass:g}{zero}"

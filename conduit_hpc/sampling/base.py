@@ -193,6 +193,10 @@ def check_update(indices: Any, priorities: Any, shards: Mapping[int, int]
     if len(p) != len(idx):
         check_priorities(p)  # a bad value is named first
         raise SpecError(f"priorities has {len(p)} entries but indices has {len(idx)}")
+    if idx.dtype.kind == "u" and idx.size and idx.max() > np.iinfo(np.int64).max:
+        row, col = np.unravel_index(int(np.argmax(idx)), idx.shape)  # would wrap negative
+        raise SpecError(f"indices row {int(row)} has {('shard', 'slot', 'generation')[col]} "
+                        f"{int(idx[row, col])}, beyond any in Batch.indices (int64)")
     idx = idx.astype(np.int64)
     if len(idx) == 0:
         return idx, p

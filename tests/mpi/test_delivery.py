@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from conduit_hpc import DataPlaneClosed, ExperienceDataPlane, Role
+from conduit_hpc import DataPlaneClosed, DataPlaneTimeout, ExperienceDataPlane, Role
 from conduit_hpc.testing import ZeroedRows, checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD
@@ -357,3 +357,26 @@ def test_a_transform_that_raises_reaches_the_learner_which_may_end_cleanly(mode:
         edp.done()
         results = COMM.allgather((edp.role.value, got))
     assert [g for r, g in results if r == "learner"] == ["my transform refused batch 4"]
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_wait_on_rows_that_all_have_priority_zero_says_so_when_it_times_out() -> None:
+    # rows held, the fill reached, but every priority 0: nothing can be drawn, and the
+    # timeout blamed only the rate limiter (held=64 >= min_size_to_sample=64; a hostile
+    # test, stop 35); now it names the mass
+    cfg = config("sync", run={"timeout_s": 3.0}, scheduler={"sampler": "prioritized"})
+    said = ""
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            edp.ingest(checked_batch(edp.world_rank, 0, 64), priorities=np.zeros(64))
+            while not edp.should_stop:
+                time.sleep(0.01)
+        elif edp.role is Role.LEARNER:
+            with pytest.raises(DataPlaneTimeout) as info:
+                edp.next_batch()
+            said = str(info.value)
+        else:
+            edp.serve()
+        edp.done()
+        said = edp.roles.world.allreduce(said, op=MPI.MAX)
+    assert "total priority mass 0 (every row held has priority 0: none can be drawn)" in said

@@ -85,3 +85,13 @@ def test_an_update_naming_a_slot_outside_the_index_changes_nothing() -> None:
             ix.update(np.array(slots), np.array([1, 1]), np.array([5.0, 5.0]), checked=True)
     assert np.array_equal(ix.sum.nodes, before[0]) and np.array_equal(ix.priority, before[1])
     assert ix.max_priority == before[2] and ix.applied_updates == 0
+
+
+@pytest.mark.parametrize("col, what", [(0, "shard"), (1, "slot"), (2, "generation")])
+def test_an_unsigned_index_beyond_int64_is_named_as_given(col, what) -> None:
+    # 2**63 as uint64 wrapped to -2**63 before the check, which then named a slot the
+    # caller never gave (a hostile test, stop 35)
+    idx = np.array([[0, 3, 1], [0, 4, 1]], np.uint64)
+    idx[1, col] = 2**63
+    with pytest.raises(SpecError, match=f"indices row 1 has {what} 9223372036854775808, "):
+        base.check_update(idx, [1.0, 1.0], SHARDS)
