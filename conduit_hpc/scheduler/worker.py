@@ -78,10 +78,21 @@ class DataPlaneThread:
                 fut.set_exception(err)
 
     def raise_if_failed(self) -> None:
-        """Re-raise an exception the thread died of (in the caller's thread)."""
-        if self._error is not None:
+        """Re-raise an exception the thread died of (in the caller's thread). The thread
+        does not come back: every later call raises it again, of the same type, saying
+        it is the earlier error (a timeout's "waited N s" is not a new wait)."""
+        err = self._error
+        if err is None:
+            return
+        if not self._reported:
             self._reported = True
-            raise self._error
+            raise err
+        try:
+            again = type(err)(f"{err} [raised again: the data-plane thread stopped on this "
+                              f"error at an earlier call and does not come back]")
+        except Exception:  # a type that takes other arguments: the error as it was
+            raise err from None
+        raise again from err
 
     @property
     def failed_and_reported(self) -> bool:

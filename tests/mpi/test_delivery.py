@@ -349,9 +349,11 @@ def test_a_transform_that_raises_reaches_the_learner_which_may_end_cleanly(mode:
                 for _ in range(50):
                     b = edp.next_batch()
                     edp.update_priorities(b.indices, np.ones(len(b.indices)))
-            with pytest.raises(ValueError, match="my transform refused"):
+            with pytest.raises(ValueError, match="my transform refused") as again:
                 edp.next_batch()  # the experience path does not come back by itself
             got = str(info.value)
+            if mode.startswith("edp"):  # the thread's error again, saying it is not new
+                assert "[raised again: the data-plane thread stopped" in str(again.value)
         else:
             edp.serve()
         edp.done()
