@@ -63,6 +63,7 @@ __all__ = ["Column", "LpSolution", "allocation_to_placement", "plan_static", "so
 Method = Literal["auto", "symmetric", "flat"]
 #: flat LP when partitions x locations x heat bins is at most this (and method="auto")
 FLAT_LIMIT = 256
+LP_TOLERANCE = 1e-6  #: a budget's share kept free for the LP solver's tolerance
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,6 +441,7 @@ def plan_static(cluster: ClusterModel, workload: Workload, *, roster: Roster | N
         pairs = np.unique(np.concatenate([c.part * topo.n_locations + c.loc for c in cols]))
         per_loc = np.bincount(pairs % topo.n_locations, minlength=topo.n_locations)
         margin = (per_loc * (workload.bytes_per_row + SHARD_OVERHEAD_BYTES)).astype(np.float64)
+    margin = margin + LP_TOLERANCE * topo.o_cap  # HiGHS went 4 kB over 64 GB (> a row)
     cap = np.where(avail, np.maximum(topo.o_cap - margin, 0.0), 0.0)
     _check_total(topo, workload, cap)
     if (avail & (cap <= 0)).any():  # locations too small for their margin: drop them
