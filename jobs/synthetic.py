@@ -65,7 +65,8 @@ class SyntheticSection:
         require(self.actor_rate_rows_s >= 0, "actor_rate_rows_s", self.actor_rate_rows_s,
                 ">= 0")
         require(self.supersteps >= 0, "supersteps", self.supersteps, ">= 0")
-        require(self.compute_s >= 0, "compute_s", self.compute_s, ">= 0")
+        require(0 <= self.compute_s <= 3600, "compute_s", self.compute_s,
+                ">= 0 and <= 3600 (seconds per superstep)")
         require(self.matmul_size > 0, "matmul_size", self.matmul_size, "> 0")
         require(self.matmul_reps >= 0, "matmul_reps", self.matmul_reps, ">= 0")
 

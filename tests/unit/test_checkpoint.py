@@ -523,3 +523,17 @@ def test_compression_config_is_checked_when_it_loads() -> None:
         with pytest.raises(ConfigError, match=fragment) as err:
             Config.from_dict({"spec": FRAMED_SPEC, "checkpoint": {"compression": comp}})
         assert err.value.key == key
+
+
+def test_a_resume_into_a_smaller_replay_says_how_many_rows_it_left_out() -> None:
+    # it said only "resharded" while 2,893 of 3,893 rows stayed behind (a hostile test,
+    # stop 35)
+    from conduit_hpc.features.checkpointing.resume import RestoreResult, restore_lines
+
+    base = dict(path=Path("ckpt-000002"), seq=2, rows=1000, resharded=True, dropped=2893,
+                counters={}, rng_state=None, extra_state={}, config_toml="", skipped=[])
+    line = restore_lines(RestoreResult(**base), "latest")[-1]
+    assert line.endswith("1,000 rows, resharded; 2,893 oldest rows left out: the "
+                         "replay's capacity now holds fewer")
+    assert "left out" not in restore_lines(RestoreResult(**{**base, "dropped": 0}),
+                                           "latest")[-1]

@@ -65,3 +65,15 @@ def test_a_toml_date_in_an_override_stays_its_text(text: str) -> None:
 
 def test_a_date_like_run_name_is_the_name_given() -> None:
     assert Config.from_toml(JOB, ["run.name=1979-05-27"]).run.name == "1979-05-27"
+
+
+@pytest.mark.parametrize("value", ["1e400", "nan", "-1.0", "3601.0"])
+def test_the_example_jobs_compute_time_is_refused_unless_finite(value: str, tmp_path: Path,
+                                                                 capsys) -> None:
+    # compute_s = 1e400 (inf) was taken and rank 0 failed with OverflowError (a hostile
+    # test, stop 35): refused before launch, naming the field
+    runs = tmp_path / "runs"
+    assert cli.main(["run", JOB, "--set", f"synthetic.compute_s={value}", "--runs",
+                     str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert "compute_s" in err and ">= 0 and <= 3600" in err and not runs.exists()

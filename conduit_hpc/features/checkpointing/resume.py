@@ -95,7 +95,9 @@ def restore_lines(restored: RestoreResult | None, resume: str) -> list[str]:
         return ["resume: no checkpoint found; starting fresh"] if resume else []
     return ([f"resume: skipped a checkpoint: {reason}" for reason in restored.skipped]
             + [f"resumed from {restored.path} (checkpoint {restored.seq}): "
-               f"{restored.rows:,} rows{', resharded' if restored.resharded else ''}"])
+               f"{restored.rows:,} rows{', resharded' if restored.resharded else ''}"
+               + (f"; {restored.dropped:,} oldest rows left out: the replay's capacity "
+                  f"now holds fewer" if restored.dropped else "")])
 
 
 def resumed_counter(restored: RestoreResult | None, rank: int, key: str) -> int:
