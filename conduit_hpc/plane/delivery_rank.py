@@ -426,6 +426,8 @@ class ProcessMode(DeliveryMode):
         return dict(self._counters)
 
     def fail(self, why: str) -> None:
-        """The learner failed: tell the delivery rank (it raises at once)."""
+        """The learner failed: tell the delivery rank (it raises at once). The first
+        failure is the one told (a later one is its consequence)."""
         self._failed = True
-        self.ring.set_message(W_LEARNER_FAILED, why)
+        if not self.ring.word(W_LEARNER_FAILED):
+            self.ring.set_message(W_LEARNER_FAILED, why)

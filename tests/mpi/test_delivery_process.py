@@ -165,6 +165,10 @@ def _failing_transform(after: int):
     return transform
 
 
+class _Leave(Exception):
+    """Leaves a with-block of the data plane as a failing job would."""
+
+
 @pytest.mark.mpi(min_size=4)
 @pytest.mark.parametrize("learner_ends", ["cleanly", "failing"])
 def test_a_failed_delivery_rank_ends_its_learner_with_its_error(learner_ends: str) -> None:
@@ -174,54 +178,80 @@ def test_a_failed_delivery_rank_ends_its_learner_with_its_error(learner_ends: st
     rank raise its own error: every rank fails together."""
     _only_up_to_4_ranks()
     cfg = config(run={"timeout_s": 30.0})
-    with ExperienceDataPlane(cfg, transform=_failing_transform(5)) as edp:
-        got = None
-        if edp.role is Role.ACTOR:
-            actor_ingest(edp)
-        elif edp.role is Role.LEARNER:
-            with pytest.raises(RemoteFailure) as info:
-                for _ in range(50):
-                    edp.next_batch()
-            got = str(info.value)
-            if learner_ends == "failing":  # what leaving the with-block on it does
-                edp.__exit__(RemoteFailure, info.value, None)
-        else:
-            try:
-                edp.serve()
-                got = "returned"
-            except RuntimeError as err:  # the delivery rank: its own error
-                got = f"raised {err}"
-        edp.done()
-        results = edp.roles.world.allgather((edp.roles.role.value, got))
+    got, role = None, ""
+    try:
+        with ExperienceDataPlane(cfg, transform=_failing_transform(5)) as edp:
+            role = edp.roles.role.value
+            if edp.role is Role.ACTOR:
+                try:  # a failing learner marks itself: actors stop, or their waits raise
+                    actor_ingest(edp)
+                except RemoteFailure as err:
+                    got = str(err)
+            elif edp.role is Role.LEARNER:
+                with pytest.raises(RemoteFailure) as info:
+                    for _ in range(50):
+                        edp.next_batch()
+                got = str(info.value)
+                if learner_ends == "failing":  # what leaving the with-block on it does
+                    edp.__exit__(RemoteFailure, info.value, None)
+            else:
+                try:
+                    edp.serve()
+                    got = "returned"
+                except RuntimeError as err:  # the delivery rank: its own error
+                    got = f"raised {err}"
+                except RemoteFailure as err:  # the buffer, once the learner failed
+                    got = f"stopped: {err}"
+            edp.done()
+            if learner_ends == "failing":  # every rank leaves as a failing job's would:
+                raise _Leave  # no close() (a collective the failed rank never joins)
+    except _Leave:
+        pass
+    results = COMM.allgather((role, got))
     by_role = dict(results[:2])
     assert "delivery rank (world rank 1)" in by_role["learner"]
     assert "transform broke at batch 6" in by_role["learner"]
     assert by_role["delivery"] == ("returned" if learner_ends == "cleanly"
                                    else "raised transform broke at batch 6")
+    learner = next(r for r, (who, _) in enumerate(results) if who == "learner")
+    for who, what in results:  # actors and buffers stopped by the learner's failure say so
+        assert who not in ("actor", "buffer") or what in (None, "returned") or (
+            learner_ends == "failing" and f"world rank {learner} left" in what), what
 
 
 @pytest.mark.mpi(min_size=4)
 def test_a_failed_learner_ends_its_delivery_rank() -> None:
     _only_up_to_4_ranks()
     cfg = config(run={"timeout_s": 30.0})
-    with ExperienceDataPlane(cfg) as edp:
-        got = None
-        if edp.role is Role.ACTOR:
-            actor_ingest(edp)
-        elif edp.role is Role.LEARNER:
-            for _ in range(3):
-                edp.next_batch()
-            # what leaving the data plane's with-block on an exception does
-            edp.__exit__(RuntimeError, RuntimeError("loss is NaN"), None)
-        elif edp.roles.role is Role.DELIVERY:
-            with pytest.raises(RemoteFailure) as info:
-                edp.serve()
-            got = str(info.value)
-        else:
-            edp.serve()
-        edp.done()
-        results = edp.roles.world.allgather(got)
+    got = None
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            if edp.role is Role.ACTOR:
+                try:  # the learner marks itself failed: actors stop, or their waits raise
+                    actor_ingest(edp)
+                except RemoteFailure as err:
+                    got = str(err)
+            elif edp.role is Role.LEARNER:
+                for _ in range(3):
+                    edp.next_batch()
+                # what leaving the data plane's with-block on an exception does
+                edp.__exit__(RuntimeError, RuntimeError("loss is NaN"), None)
+            elif edp.roles.role is Role.DELIVERY:
+                with pytest.raises(RemoteFailure) as info:
+                    edp.serve()
+                got = str(info.value)
+            else:
+                try:  # the buffer raises once idle (unless every DONE came first)
+                    edp.serve()
+                except RemoteFailure as err:
+                    got = str(err)
+            edp.done()
+            raise _Leave  # as a failing job's ranks would: no close()
+    except _Leave:
+        pass
+    results = COMM.allgather(got)
     assert "the learner (world rank 0) failed: RuntimeError: loss is NaN" in results[1]
+    assert all(r is None or "world rank 0 left the data plane" in r for r in results[2:])
 
 
 @pytest.mark.mpi(min_size=4)
