@@ -5,6 +5,7 @@ any speed: only that they are there and make sense."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -55,6 +56,8 @@ def test_learner_cpu_prints_its_figures_in_every_mode(mode: str, ranks: int) -> 
     ("longhaul_atari.py", ["zlib", "soon"],
      "SECONDS must be a number of seconds above 0 and below 1e6, got 'soon'"),
     ("learner_cpu.py", ["cartpole", "\u00b2"], "BATCHES must be a whole number >= 1, got '\u00b2'"),
+    ("device_learner_step.py", ["0"], "STEPS must be a whole number >= 1, got '0'"),
+    ("device_learner_step.py", ["many"], "STEPS must be a whole number >= 1, got 'many'"),
 ])
 def test_measuring_scripts_refuse_bad_arguments(script: str, argv: list[str], says: str
                                                 ) -> None:
@@ -88,3 +91,14 @@ def test_kernel_floor_prints_ours_and_cpprb(where: str) -> None:
 def test_kernel_floor_refuses_bad_arguments(argv: list[str]) -> None:
     out = run([sys.executable, "scripts/kernel_floor.py", *argv], timeout=120, ok=False)
     assert "usage: kernel_floor.py" in out.stderr and repr(" ".join(argv)) in out.stderr
+
+
+def test_device_learner_step_prints_each_phase_per_device() -> None:
+    # the device check's learner step (bench/README.md, "Results: the first GPU run"):
+    # here only the CPU line (no GPU in CI)
+    out = run([sys.executable, "scripts/device_learner_step.py", "5"], timeout=240).stdout
+    cpu = json.loads(out.splitlines()[0])
+    assert cpu["device"] == "cpu" and cpu["steps"] == 5 and cpu["batch"] == 64, out
+    for k in ("update_ms", "to_device_ms", "forward_backward_ms", "clip_ms",
+              "adam_step_ms", "weights_to_host_ms"):
+        assert cpu[k] > 0, (k, out)
