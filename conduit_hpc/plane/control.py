@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
-from conduit_hpc.errors import ConduitError, RemoteFailure
+from conduit_hpc.errors import ConduitError, DataPlaneTimeout, RemoteFailure, TransportError
 from conduit_hpc.transport.rma import RmaWindow
 
 __all__ = [
@@ -62,10 +62,14 @@ class ControlBlock:
         :class:`~conduit_hpc.errors.RemoteFailure` (:meth:`raise_if_failed`) instead of
         waiting for a rank that will never come - also when the exception is caught
         outside the block and the process ends normally. ``sys.exit(0)`` after
-        ``done()`` is a clean leave, not a failure. Best effort: the window may be what
-        failed."""
+        ``done()`` is a clean leave, not a failure; a timeout or a transport failure is
+        not marked (the peers may not answer: the write would block, and their own
+        deadlines end them). Best effort: the window may be what failed."""
         if isinstance(exc, SystemExit) and exc.code in (0, None) and done:
             return
+        if isinstance(exc, DataPlaneTimeout | TransportError | RemoteFailure):
+            return  # a wait ran out or a peer is gone: this write could wait on a peer
+            # that no longer answers (a dropped link: it did), and theirs time out too
         with contextlib.suppress(ConduitError, OSError):  # the transport itself failed
             if not self.read(C_FAILED_FIRST):  # the first to leave is the one to name (the
                 self.write(C_FAILED_FIRST, rank + 1)  # others may leave because of it),
