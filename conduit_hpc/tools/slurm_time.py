@@ -32,15 +32,10 @@ def time_limit_s(time: str, flag: str = "--time") -> int:
         raise ConfigError(f"{flag} must be {_EXPECTED}, got {time!r}", key=flag)
     days, first, *rest = m.groups()
     fields = [int(first), *(int(v) for v in rest if v is not None)]
-    if days is not None:  # D-H, D-H:M, D-H:M:S
-        fields += [0] * (3 - len(fields))
-        h, mi, s = fields
+    if days is not None or len(fields) == 3:  # D-H, D-H:M, D-H:M:S, H:M:S
+        h, mi, s = [*fields, 0, 0][:3]
         require(mi < 60 and s < 60, flag, time, _EXPECTED)
-        return ((int(days) * 24 + h) * 60 + mi) * 60 + s
-    if len(fields) == 3:  # H:M:S
-        h, mi, s = fields
-        require(mi < 60 and s < 60, flag, time, _EXPECTED)
-        return (h * 60 + mi) * 60 + s
+        return ((int(days or 0) * 24 + h) * 60 + mi) * 60 + s
     mi, s = [*fields, 0][:2]  # M or M:S
     require(len(fields) == 1 or s < 60, flag, time, _EXPECTED)
     return mi * 60 + s

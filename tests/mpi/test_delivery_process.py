@@ -169,6 +169,16 @@ class _Leave(Exception):
     """Leaves a with-block of the data plane as a failing job would."""
 
 
+def _ingest_until_stopped(edp) -> str | None:
+    """An actor's ingest until the run stops; a failing learner marks itself, so the
+    actor stops, or one of its waits raises: that error's text (None: it stopped)."""
+    try:
+        actor_ingest(edp)
+    except RemoteFailure as err:
+        return str(err)
+    return None
+
+
 @pytest.mark.mpi(min_size=4)
 @pytest.mark.parametrize("learner_ends", ["cleanly", "failing"])
 def test_a_failed_delivery_rank_ends_its_learner_with_its_error(learner_ends: str) -> None:
@@ -183,10 +193,7 @@ def test_a_failed_delivery_rank_ends_its_learner_with_its_error(learner_ends: st
         with ExperienceDataPlane(cfg, transform=_failing_transform(5)) as edp:
             role = edp.roles.role.value
             if edp.role is Role.ACTOR:
-                try:  # a failing learner marks itself: actors stop, or their waits raise
-                    actor_ingest(edp)
-                except RemoteFailure as err:
-                    got = str(err)
+                got = _ingest_until_stopped(edp)
             elif edp.role is Role.LEARNER:
                 with pytest.raises(RemoteFailure) as info:
                     for _ in range(50):
@@ -227,10 +234,7 @@ def test_a_failed_learner_ends_its_delivery_rank() -> None:
     try:
         with ExperienceDataPlane(cfg) as edp:
             if edp.role is Role.ACTOR:
-                try:  # the learner marks itself failed: actors stop, or their waits raise
-                    actor_ingest(edp)
-                except RemoteFailure as err:
-                    got = str(err)
+                got = _ingest_until_stopped(edp)
             elif edp.role is Role.LEARNER:
                 for _ in range(3):
                     edp.next_batch()

@@ -19,6 +19,7 @@ message asked the freed communicator for the rank).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -50,6 +51,28 @@ def verdict(ok: bool) -> bool:
     return bool(COMM.allreduce(int(ok), op=MPI.MIN))
 
 
+def play(edp: ExperienceDataPlane, learner: Callable[[ExperienceDataPlane], object]
+         ) -> None:
+    """Each rank's part up to ``done()``: actors ingest until the run stops, buffers
+    serve, the learner runs ``learner(edp)``."""
+    if edp.role is Role.ACTOR:
+        while not edp.should_stop:
+            edp.ingest(rows())
+    elif edp.serves:
+        edp.serve()
+    else:
+        learner(edp)
+    edp.done()
+
+
+def learner_until_stop(edp: ExperienceDataPlane) -> None:
+    """A learner with no end of its own: until the run stops (an actor left)."""
+    while True:
+        edp.next_batch()
+        if edp.should_stop:
+            break
+
+
 def run(leaver: str, how: str) -> tuple[str, float]:
     """One job where the rank with role ``leaver`` leaves ``how``; what each rank saw."""
     t0 = time.monotonic()
@@ -63,17 +86,7 @@ def run(leaver: str, how: str) -> tuple[str, float]:
                 if how == "exit":
                     raise SystemExit(0)
                 raise RuntimeError("the job's own bug")
-            if edp.role is Role.ACTOR:
-                while not edp.should_stop:
-                    edp.ingest(rows())
-            elif edp.serves:
-                edp.serve()
-            else:
-                while True:  # a learner with no end of its own (the actor left)
-                    edp.next_batch()
-                    if edp.should_stop:
-                        break
-            edp.done()
+            play(edp, learner_until_stop)
     except SystemExit:
         seen = "left"
     except RuntimeError as err:
@@ -120,14 +133,7 @@ def test_a_rank_that_never_builds_the_plane_fails_the_constructor_in_bounded_tim
 @pytest.mark.mpi(min_size=3)
 def test_every_call_after_close_raises_data_plane_closed_naming_the_rank():
     with ExperienceDataPlane(config()) as edp:
-        if edp.role is Role.ACTOR:
-            while not edp.should_stop:
-                edp.ingest(rows())
-        elif edp.serves:
-            edp.serve()
-        else:
-            edp.next_batch()
-        edp.done()
+        play(edp, ExperienceDataPlane.next_batch)
     calls = {"learner": [edp.next_batch, lambda: edp.update_priorities(
                  np.zeros((1, 3), np.int64), [1.0])],
              "actor": [lambda: edp.ingest(rows())], "buffer": [edp.serve]}
