@@ -151,7 +151,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     samplers = report.get("sampler") or {}
     lines.append("samplers     " + (", ".join(
         f"rank {r}: {s.get('sampler', '?')} from superstep {s.get('superstep_offset', '?')}"
-        for r, s in samplers.items()) if samplers else "none stored (schema 1)"))
+        for r, s in samplers.items()) if samplers else "none stored" + (
+            " (schema 1 stores none)" if report["schema_version"] == 1 else "")))
     extra = report.get("extra_arrays") or []
     lines.append(f"extra state  {', '.join(extra) if extra else 'none'}")
     attrs = {k: a for k, a in (report.get("attributes") or {}).items() if a}

@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 from conduit_hpc import jsontext
 from conduit_hpc.config import LayoutConfig
+from conduit_hpc.config.outfile import PROBE_HEADER, check_out_file
 from conduit_hpc.placement.cluster import ClusterModel, Roster
 from conduit_hpc.plane.roles import RoleComms, split_roles
 from conduit_hpc.transport.objects import allgather_json, bcast_json
@@ -88,8 +89,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--buffers", type=int, default=1, help="buffer ranks in the layout")
     p.add_argument("--emulate-nodes", type=int, default=0, help="treat ranks as N nodes")
     p.add_argument("--bytes", type=int, default=8 << 20, help="transfer size")
+    p.add_argument("--force", action="store_true", help="let --out write over an existing "
+                   "file that an earlier probe did not write")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
+    if args.out:  # checked once, before the collective probe; every rank leaves on it
+        problem = ""
+        if comm.Get_rank() == 0:
+            try:
+                check_out_file(args.out, "--out", marker=PROBE_HEADER, force=args.force)
+            except Exception as err:
+                problem = str(err)
+        problem = bcast_json(comm, problem, 0)
+        if problem:
+            if comm.Get_rank() == 0:
+                print(f"conduit-hpc probe: error: {problem}", file=sys.stderr)
+            return 2
     learners = min(args.learners, max(comm.Get_size() - 2, 0))
     layout = LayoutConfig(learners=learners, buffers=1 if comm.Get_size() < 3 else
                           args.buffers, emulate_nodes=args.emulate_nodes)
@@ -103,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(cluster.to_toml(), end="")
         if args.out:
             with open(args.out, "w") as f:
-                f.write("# measured by `conduit-hpc probe`\n" + cluster.to_toml())
+                f.write(PROBE_HEADER + "\n" + cluster.to_toml())
     return 0
 
 

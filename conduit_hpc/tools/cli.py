@@ -191,14 +191,14 @@ def cmd_probe(args: argparse.Namespace) -> int:
     if out is not None and (out.is_dir() or not out.parent.is_dir()):
         raise ConfigError(f"--out must be a file path in an existing directory, got "
                           f"{args.out!r}", key="--out")
-    from conduit_hpc.tools.outfile import PROBE_HEADER, check_out_file
+    from conduit_hpc.config.outfile import PROBE_HEADER, check_out_file
 
     check_out_file(args.out, "--out", marker=PROBE_HEADER, force=args.force)
     cmd = ["mpirun", "-n", str(args.n), sys.executable, "-m", "mpi4py", "-m",
            "conduit_hpc.plane.probe", "--learners", str(args.learners), "--emulate-nodes",
            str(args.emulate_nodes)]
     if args.out:
-        cmd += ["--out", args.out]
+        cmd += ["--out", args.out, "--force"]  # checked above, with the user's --force
     return run_bounded(cmd, mpi_env(), 300.0)
 
 
@@ -345,7 +345,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         raise ConfigError(f"no job script {str(script)!r} (the job script of "
                           f"{args.config!r} is the .py beside it; the rendered job would "
                           f"start it)", key="config")
-    from conduit_hpc.tools.outfile import SBATCH_HEADER, check_out_file
+    from conduit_hpc.config.outfile import SBATCH_HEADER, check_out_file
 
     check_out_file(args.out, "-o", marker=SBATCH_HEADER, force=args.force,
                    keep=(args.config, script))

@@ -30,6 +30,7 @@ from conduit_hpc.config import Config, job_script_for, load, to_toml
 from conduit_hpc.config.checks import MAX_COUNT, MAX_SECONDS
 from conduit_hpc.config.jobs import contract_problem
 from conduit_hpc.config.layout_rule import (
+    Assignment,
     assign_roles,
     delivery_per_learner,
     emulated_nodes_problem,
@@ -134,9 +135,9 @@ def ranks_problem(cfg: Config, n: int) -> ConduitError | None:
     need = ranks_needed(lay, cfg.scheduler.delivery)
     # the rule's answer is the same for every n above need: a world of need + 1 ranks
     # stands for them (no tuple of a billion ranks)
-    _, err = assign_roles(lay, (0,) * min(n, need + 1), cfg.scheduler.delivery)
+    got, err = assign_roles(lay, (0,) * min(n, need + 1), cfg.scheduler.delivery)
     if err is None:
-        return None
+        return _longhaul_problem(cfg, n, got)
     d = lay.learners * delivery_per_learner(cfg.scheduler.delivery)
     roles = (f"{lay.learners} learner(s), " + (f"{d} delivery rank(s), " if d else "")
              + f"{lay.buffers} buffer(s), "
@@ -150,6 +151,41 @@ def ranks_problem(cfg: Config, n: int) -> ConduitError | None:
         return ConfigError(f"-n {n} is more than the {need} ranks [layout] uses ({roles}); "
                            f"use -n {need}, or --set layout.actors=0 to make every "
                            f"remaining rank an actor", key="layout.actors")
+    return None
+
+
+def _longhaul_problem(cfg: Config, n: int, got: Assignment | None) -> ConduitError | None:
+    """``longhaul.edge_ranks`` against the roles of ``n`` ranks (the check every rank
+    makes at start, :meth:`LinkSides.build`), before any rank starts."""
+    if cfg.longhaul.mode == "off" or got is None or n > 1 << 16:
+        return None  # above 2**16 ranks: left to the ranks' own check
+    from conduit_hpc.features.longhaul.topology import LinkSides
+
+    if n > len(got.roles):  # the roles of the whole world (layout.actors = 0)
+        got, _ = assign_roles(cfg.layout, (0,) * n, cfg.scheduler.delivery)
+        if got is None:
+            return None
+    try:
+        LinkSides.build(cfg, world_size=n, actor_ranks=got.ranks("actor"),
+                        buffer_ranks=got.ranks("buffer"), learner_ranks=got.ranks("learner"))
+    except ConfigError as err:
+        return err
+    return None
+
+
+def _cluster_problem(cfg: Config) -> ConfigError | None:
+    """A ``placement.cluster`` file the ranks could not load (they load it relative to
+    the launcher's working directory, as here), before any rank starts."""
+    pc = cfg.placement
+    if pc.planner != "static" or not pc.cluster:
+        return None
+    from conduit_hpc.placement.cluster import ClusterModel
+
+    try:
+        ClusterModel.from_toml(pc.cluster)
+    except ConfigError as err:
+        return ConfigError(f"placement.cluster = {pc.cluster!r}: {err}",
+                           key="placement.cluster")
     return None
 
 
@@ -311,7 +347,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         raise ConduitError(f"-n {n} exceeds the {slots} tasks of this SLURM allocation "
                            f"(SLURM_NTASKS); ask sbatch for more tasks or use "
                            f"--launcher mpirun (which may oversubscribe)")
-    bad_n = ranks_problem(cfg, n)
+    bad_n = ranks_problem(cfg, n) or _cluster_problem(cfg)
     if bad_n is not None:
         raise bad_n
     if timeout_s is not None and not (isinstance(timeout_s, int | float)

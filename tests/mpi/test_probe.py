@@ -35,3 +35,36 @@ def test_probe_builds_a_model_and_a_plan(emulate: int) -> None:
             roles.buffer_ranks)
     finally:
         roles.close()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_probe_module_writes_its_header_and_refuses_a_file_it_did_not_write(
+        tmp_path_factory) -> None:
+    """``python -m conduit_hpc.plane.probe --out``: the file it writes carries the header
+    the --out check knows (so a later probe may write over it), and an existing file
+    it did not write is refused on every rank before the collective probe."""
+    import os
+    from pathlib import Path
+
+    from conduit_hpc.config.outfile import PROBE_HEADER, written_by
+    from conduit_hpc.placement.cluster import ClusterModel
+    from conduit_hpc.plane.probe import main
+
+    comm = MPI.COMM_WORLD
+    where = comm.bcast(str(tmp_path_factory.mktemp("probe")) if comm.rank == 0 else None)
+    out = Path(where) / "cluster.toml"
+    assert main(["--out", str(out), "--bytes", str(1 << 16)]) == 0
+    comm.Barrier()
+    assert written_by(out, PROBE_HEADER)
+    assert ClusterModel.from_toml(out).name == "local"
+    assert main(["--out", str(out), "--bytes", str(1 << 16)]) == 0  # its own: written over
+    comm.Barrier()
+    mine = Path(where) / "mine.toml"
+    if comm.rank == 0:
+        mine.write_text("precious\n")
+    comm.Barrier()
+    assert main(["--out", str(mine), "--bytes", str(1 << 16)]) == 2  # every rank
+    assert mine.read_text() == "precious\n"
+    comm.Barrier()
+    if comm.rank == 0:
+        os.remove(mine)

@@ -216,3 +216,59 @@ def test_a_job_script_refuses_an_empty_resume(tmp_path: Path) -> None:
                          "--resume"], capture_output=True, text=True, timeout=120,
                         check=False)
     assert ok.returncode == 0 and "RAN 'latest'" in ok.stdout, ok.stderr
+
+
+LONGHAUL = str(REPO / "jobs/longhaul_dqn.toml")
+
+
+@pytest.mark.parametrize(("n", "sets", "match"), [
+    (None, ["longhaul.edge_ranks=[9,2,3]"], "below the world size 5"),
+    (None, ["longhaul.edge_ranks=[0,1,2]"], "must not hold the learner"),
+    (7, ["layout.actors=0", "longhaul.edge_ranks=[2,3,4,5]"], r"\[6\] are missing"),
+])
+def test_a_long_link_that_does_not_fit_the_roles_is_refused_before_any_rank_starts(
+        n: int | None, sets: list[str], match: str, tmp_path: Path, capsys) -> None:
+    """What every rank's LinkSides.build would raise after mpirun started, said first."""
+    import re
+
+    argv = ["run", LONGHAUL, "--runs", str(tmp_path / "runs"), "--launcher", "mpirun",
+            *(["-n", str(n)] if n else []), *(x for s in sets for x in ("--set", s))]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "ConfigError: longhaul.edge_ranks" in err and re.search(match, err), err
+    assert not (tmp_path / "runs").exists()  # nothing made, nothing launched
+
+
+def test_the_long_link_check_mirrors_the_ranks_own() -> None:
+    from conduit_hpc.config import load
+    from conduit_hpc.config.layout_rule import assign_roles
+    from conduit_hpc.features.longhaul.topology import LinkSides
+
+    for n in (5, 6, 8):
+        for edge in ((), (2,), (2, 3, 4), (1, 2, 3, 4), (2, 3, 4, 5), (0, 3), (2, 3, 4, 7)):
+            cfg = load(Config, LONGHAUL, [f"longhaul.edge_ranks={list(edge)}",
+                                          "layout.actors=0"])
+            got, _ = assign_roles(cfg.layout, (0,) * n)
+            assert got is not None
+            try:  # what the ranks raise
+                LinkSides.build(cfg, world_size=n, actor_ranks=got.ranks("actor"),
+                                buffer_ranks=got.ranks("buffer"),
+                                learner_ranks=got.ranks("learner"))
+                want = None
+            except ConfigError as err:
+                want = str(err)
+            problem = ranks_problem(cfg, n)
+            assert (None if problem is None else str(problem)) == want, (n, edge)
+
+
+def test_a_cluster_file_the_ranks_could_not_load_is_refused_before_any_rank_starts(
+        tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "cluster.toml"
+    bad.write_text("[[nodes]]\nname = 3\n")
+    for path in (tmp_path / "absent.toml", bad):
+        argv = ["run", JOB, "--runs", str(tmp_path / "runs"), "--launcher", "mpirun",
+                "--set", "placement.planner=static", "--set", f"placement.cluster={path}"]
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"ConfigError: placement.cluster = {str(path)!r}: " in err, err
+        assert not (tmp_path / "runs").exists()

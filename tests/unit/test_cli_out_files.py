@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from conduit_hpc.config.outfile import SBATCH_HEADER, written_by
 from conduit_hpc.testing import REPO
 from conduit_hpc.tools import cli
-from conduit_hpc.tools.outfile import PROBE_HEADER, SBATCH_HEADER, written_by
 
 
 @pytest.fixture
@@ -65,4 +65,20 @@ def test_probe_refuses_an_existing_file_it_did_not_write(job: Path, capsys) -> N
 
 def test_the_probe_writes_the_header_the_check_knows() -> None:
     text = (REPO / "conduit_hpc/plane/probe.py").read_text()
-    assert f'"{PROBE_HEADER}\\n"' in text
+    assert 'f.write(PROBE_HEADER + "\\n"' in text
+
+
+def test_the_probe_module_run_by_hand_refuses_a_file_it_did_not_write(job: Path) -> None:
+    """``python -m conduit_hpc.plane.probe --out`` (the way its docstring shows) checks
+    --out as ``conduit-hpc probe`` does, before the collective probe (every rank)."""
+    import os
+    import subprocess
+    import sys
+
+    before = job.read_bytes()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    got = subprocess.run([sys.executable, "-m", "conduit_hpc.plane.probe", "--out",
+                          str(job)], capture_output=True, text=True, timeout=120, env=env)
+    assert got.returncode == 2, got.stderr
+    assert "is an existing file that is not a cluster model" in got.stderr, got.stderr
+    assert job.read_bytes() == before
