@@ -263,7 +263,10 @@ class Spec:
         rows: int | None = None
         first = ""
         for f in self._fields:
-            arr = as_array(batch[f.name], f"field {f.name!r}")
+            raw = batch[f.name]
+            arr = as_array(raw, f"field {f.name!r}")
+            if arr.shape == (0,) and not hasattr(raw, "dtype"):  # [] or (): zero rows,
+                arr = np.empty((0, *f.shape), f.dtype)  # not numpy's default float64
             if arr.dtype != f.dtype and not np.can_cast(arr.dtype, f.dtype, casting=f.cast):
                 hint = ("; convert it explicitly, or set cast = \"same_kind\" in "
                         f"[spec.{f.name}]" if f.cast == "safe"

@@ -33,6 +33,20 @@ def test_safe_casts_are_accepted() -> None:
     assert SPEC.validate(b)["action"].dtype == np.int64
 
 
+@pytest.mark.parametrize("empty", [[], ()])
+def test_an_empty_sequence_is_zero_rows_of_the_fields_dtype(empty) -> None:
+    """``[]`` has no dtype of its own (numpy's default, float64, is not the user's): it
+    is zero rows, like a zero-row array of the field's dtype, not a dtype problem."""
+    out = SPEC.validate({"obs": empty, "action": empty, "reward": np.ones(0, np.float32)})
+    assert SPEC.rows_of(out) == 0
+    assert {k: (v.dtype, v.shape) for k, v in out.items()} == {
+        "obs": (np.float32, (0, 4)), "action": (np.int64, (0,)), "reward": (np.float32, (0,))}
+    with pytest.raises(SpecError, match="field 'action' has 3 rows but field 'obs' has 0"):
+        SPEC.validate({**good(), "obs": empty})
+    with pytest.raises(SpecError, match="field 'obs': dtype float64 does not cast"):
+        SPEC.validate({**good(0), "obs": np.zeros(0)})  # an array's dtype is its own
+
+
 @pytest.mark.parametrize(
     ("mutate", "field", "fragment"),
     [
