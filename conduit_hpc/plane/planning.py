@@ -215,7 +215,7 @@ def decide_placement(config: Config, spec: Spec, roles: RoleComms,
                               "was given (by the caller or by a feature that places shards "
                               "itself, e.g. longhaul); use planner = 'round_robin'",
                               key="placement.planner")
-        return given, PlanRecord("given")
+        return _windows_fit(config, given), PlanRecord("given")
     plan: Placement | None = None
     record = PlanRecord(pc.planner)
     error = key = ""
@@ -257,7 +257,27 @@ def decide_placement(config: Config, spec: Spec, roles: RoleComms,
             n["hosts"].append(s.get("host"))
     found = [{"node": n["node"], "host": ",".join(n["hosts"]), "ranks": n["ranks"]}
              for _, n in sorted(nodes.items())]
-    return plan, replace(record, nodes=found)
+    return _windows_fit(config, plan), replace(record, nodes=found)
+
+
+def _windows_fit(config: Config, plan: Placement) -> Placement:
+    """A sequence sampler's window must fit in every shard: a window never spans two
+    shards, so the rows of a smaller shard would never be sampled (and with every shard
+    smaller, the learner waited out its timeout on a priority mass of 0). Deterministic:
+    every rank raises alike."""
+    sch = config.scheduler
+    small = [s for s in plan.shards if s.capacity_rows < sch.window]
+    if sch.sampler == "sequence" and small:
+        s = min(small, key=lambda x: x.capacity_rows)
+        raise ConfigError(
+            f"scheduler.sequence_length = {sch.sequence_length} (a window of {sch.window} "
+            f"rows with burn_in {sch.burn_in}) does not fit in shard {s.shard_id} of "
+            f"{s.capacity_rows} rows ({len(small)} of {len(plan.shards)} shards are "
+            f"smaller): a window never spans two shards, so their rows would never be "
+            f"sampled; use a window of at most {s.capacity_rows} rows, or more "
+            f"storage.capacity_rows per shard (fewer layout.buffers or "
+            f"storage.shards_per_buffer)", key="scheduler.sequence_length")
+    return plan
 
 
 def _finite(x: float) -> float | None:

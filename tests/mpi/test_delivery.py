@@ -9,6 +9,7 @@ import pytest
 from mpi4py import MPI
 
 from conduit_hpc import DataPlaneClosed, DataPlaneTimeout, ExperienceDataPlane, Role
+from conduit_hpc.errors import ConfigError
 from conduit_hpc.testing import ZeroedRows, checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD
@@ -322,6 +323,22 @@ def test_sequence_windows_stay_inside_one_actors_episode() -> None:
             edp.serve()
         edp.done()
         edp.summary()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_sequence_window_longer_than_a_shard_is_refused_on_every_rank() -> None:
+    """A window never spans two shards: with every shard smaller than it, the learner
+    waited out its timeout, told that every row had priority 0. Now every rank refuses
+    the plan, naming the field, the window and the shard."""
+    spec = {"actor": {"dtype": "int32"}, "done": {"dtype": "bool"}}
+    cfg = make_config(spec=spec, layout={"learners": 1, "buffers": 1},
+                      storage={"capacity_rows": 100, "shards_per_buffer": 2},
+                      scheduler={"mode": "sync", "sampler": "sequence", "sequence_length": 51,
+                                 "batch_rows": 4, "min_fill_rows": 8,
+                                 "episode_field": "done", "stream_field": "actor"})
+    with pytest.raises(ConfigError, match=r"scheduler.sequence_length = 51 \(a window of 51 "
+                       r"rows with burn_in 0\) does not fit in shard 0 of 50 rows"):
+        ExperienceDataPlane(cfg)
 
 
 @pytest.mark.mpi(min_size=3)
