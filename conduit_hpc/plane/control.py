@@ -40,10 +40,11 @@ class ControlBlock:
     Args:
         window (RmaWindow): the window holding the block.
         owner (int): rank whose segment holds it, at displacement 0.
+        local (bool): the owner is on this rank's node (no link between them).
     """
 
-    def __init__(self, window: RmaWindow, owner: int) -> None:
-        self.window, self.owner = window, owner
+    def __init__(self, window: RmaWindow, owner: int, *, local: bool = False) -> None:
+        self.window, self.owner, self.local = window, owner, local
 
     def add(self, slot: int, n: int) -> int:
         """Atomically add ``n``; returns the old value. Blocks for the round trip."""
@@ -62,14 +63,18 @@ class ControlBlock:
         :class:`~conduit_hpc.errors.RemoteFailure` (:meth:`raise_if_failed`) instead of
         waiting for a rank that will never come - also when the exception is caught
         outside the block and the process ends normally. ``sys.exit(0)`` after
-        ``done()`` is a clean leave, not a failure; a timeout or a transport failure is
-        not marked (the peers may not answer: the write would block, and their own
-        deadlines end them). Best effort: the window may be what failed."""
+        ``done()`` is a clean leave, not a failure. Not marked: another rank's failure
+        (:class:`RemoteFailure`: that rank is marked), a transport failure, and a
+        timeout where the block's owner is on another node (the write crosses the link
+        the wait may have run out on: after a dropped link it never returned; the peers'
+        own deadlines end them). A timeout with the owner on this node is marked: the
+        peers may never wait on anything (actors lapping a ring ingest on forever).
+        Best effort: the window may be what failed."""
         if isinstance(exc, SystemExit) and exc.code in (0, None) and done:
             return
-        if isinstance(exc, DataPlaneTimeout | TransportError | RemoteFailure):
-            return  # a wait ran out or a peer is gone: this write could wait on a peer
-            # that no longer answers (a dropped link: it did), and theirs time out too
+        if isinstance(exc, TransportError | RemoteFailure) or (
+                isinstance(exc, DataPlaneTimeout) and not self.local):
+            return
         with contextlib.suppress(ConduitError, OSError):  # the transport itself failed
             if not self.read(C_FAILED_FIRST):  # the first to leave is the one to name (the
                 self.write(C_FAILED_FIRST, rank + 1)  # others may leave because of it),

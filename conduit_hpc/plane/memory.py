@@ -71,7 +71,8 @@ class ShardMemory:
         self.control_owner = roles.buffer_ranks[0]
         self._control_window = RmaWindow(roles.world, 64 if me == self.control_owner else 0,
                                          node_comm=roles.node, shared=shared)
-        self.control = ControlBlock(self._control_window, self.control_owner)
+        self.control = ControlBlock(self._control_window, self.control_owner,
+                                    local=roles.same_node(me, self.control_owner))
         self.rings: dict[int, ShardRing] = {
             s.shard_id: ShardRing(self.window, s.owner_rank, bases[s.shard_id], lay,
                                   timeout_s=config.run.timeout_s,

@@ -26,7 +26,7 @@ import pytest
 from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
-from conduit_hpc.errors import CollectiveFailed, DataPlaneClosed, RemoteFailure
+from conduit_hpc.errors import CollectiveFailed, DataPlaneClosed, DataPlaneTimeout, RemoteFailure
 from conduit_hpc.testing import make_config
 
 COMM = MPI.COMM_WORLD
@@ -144,3 +144,35 @@ def test_every_call_after_close_raises_data_plane_closed_naming_the_rank():
             call()
         got.append(True)
     assert verdict(len(got) == len(calls[edp.role.value]))
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_learner_leaving_on_its_own_timeout_stops_actors_that_never_wait():
+    """The learner's rate-limiter wait runs out (no actor ingests) and the job catches the
+    DataPlaneTimeout outside the with-block. The actors never wait on anything, so no
+    deadline of theirs would end them: they looped forever before. The control block's
+    owner is on this node, so the timeout is marked and they stop naming the learner."""
+    t0 = time.monotonic()
+    seen = "nothing"
+    learner = -1
+    try:
+        with ExperienceDataPlane(config()) as edp:
+            learner = edp.roles.learner_ranks[0]
+            if edp.role is Role.LEARNER:
+                edp.next_batch()  # no row will come: waits out run.timeout_s
+            elif edp.role is Role.ACTOR:
+                while not edp.should_stop:  # raises RemoteFailure once the learner left
+                    time.sleep(0.01)
+            else:
+                edp.serve()
+            edp.done()
+    except DataPlaneTimeout as err:
+        seen = "timed out" if "rate limiter" in str(err) else f"DataPlaneTimeout: {err}"
+    except RemoteFailure as err:
+        seen = f"RemoteFailure: {err}"
+    except Exception as err:  # anything else is a finding
+        seen = f"{type(err).__name__}: {err}"
+    took = time.monotonic() - t0
+    ok = took < 3 * TIMEOUT_S and (seen == "timed out" if COMM.rank == learner else
+                                   f"world rank {learner} left" in seen)
+    assert verdict(ok), (COMM.rank, seen, took)
