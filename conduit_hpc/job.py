@@ -91,7 +91,9 @@ def job_main(config_cls: type[C], run: Callable[[C, Path | None, str], Any],
     try:
         resume = resume_argument(args.resume)
         cfg = config_cls.from_toml(args.config, args.set)
-        run(cfg, Path(args.run_dir) if args.run_dir else None, resume)
+        run_dir = Path(args.run_dir) if args.run_dir else None
+        _check_fresh_root(cfg, run_dir, resume)
+        run(cfg, run_dir, resume)
     except ConduitError as err:
         print(f"{ERROR_PREFIX} on world rank {rank}: {type(err).__name__}: {err}",
               file=sys.stderr, flush=True)
@@ -101,6 +103,23 @@ def job_main(config_cls: type[C], run: Callable[[C, Path | None, str], Any],
         # finalize) has nothing left to stop, and Python's finalization would give
         # SIGUSR1 its default action back - killing a rank that finished its work
         ignore_stop_requests()
+
+
+def _check_fresh_root(cfg: Config, run_dir: Path | None, resume: str) -> None:
+    """A fresh run (no ``--resume``) that writes checkpoints must not start in a
+    checkpoint root holding another run's: its retention (``checkpoint.keep``) would
+    delete them. ``conduit-hpc run`` checks this before launch; a job script started by
+    hand with ``mpirun`` is checked here, on every rank alike (nothing is written before
+    every rank has built the data plane). Local; reads the directory only."""
+    ck = cfg.checkpoint
+    if resume or not (ck.on_stop or ck.every_supersteps or ck.every_seconds):
+        return
+    from conduit_hpc.checkpoint.files import checkpoint_root, root_problem
+
+    problem = root_problem(checkpoint_root(cfg, run_dir), fresh=True)
+    if problem:
+        raise ConfigError(f"checkpoint.directory = {ck.directory!r}: {problem}",
+                          key="checkpoint.directory")
 
 
 def _log_to_files(logs: Path, rank: int) -> None:

@@ -218,6 +218,36 @@ def test_a_job_script_refuses_an_empty_resume(tmp_path: Path) -> None:
     assert ok.returncode == 0 and "RAN 'latest'" in ok.stdout, ok.stderr
 
 
+@pytest.mark.parametrize("how", ["fresh", "resume", "no-checkpoints"])
+def test_a_job_script_refuses_a_fresh_run_into_a_root_holding_checkpoints(
+        how: str, tmp_path: Path) -> None:
+    """``conduit-hpc run`` refuses this before launch; a job script started by hand
+    (``mpirun python -m mpi4py job.py --run-dir D``) ran, and its retention deleted the
+    earlier run's checkpoints. Now every rank refuses it (exit 3), unless it resumes or
+    writes no checkpoints."""
+    script = ("from conduit_hpc import Config\nfrom conduit_hpc.job import job_main\n\n"
+              "def run(cfg, run_dir, resume):\n    print('RAN', repr(resume))\n\n"
+              "if __name__ == '__main__':\n    job_main(Config, run)\n")
+    (tmp_path / "job.py").write_text(script)
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "ckpt-000002").mkdir(parents=True)
+    (run_dir / "checkpoints" / "ckpt-000002" / "DONE").write_text("{}")
+    extra = {"fresh": [], "resume": ["--resume"],
+             "no-checkpoints": ["--set", "checkpoint.on_stop=false", "--set",
+                                "checkpoint.every_seconds=0"]}[how]
+    out = subprocess.run([sys.executable, str(tmp_path / "job.py"), "--config", JOB,
+                          "--run-dir", str(run_dir), *extra], capture_output=True,
+                         text=True, timeout=120, check=False)
+    logs = "".join(p.read_text() for p in sorted(run_dir.glob("logs/rank.0/*")))
+    if how == "fresh":
+        assert out.returncode == 3 and "RAN" not in logs, logs
+        assert ("ConfigError: checkpoint.directory = 'checkpoints': checkpoint root "
+                f"{run_dir / 'checkpoints'} already holds 1 checkpoint(s)") in logs, logs
+    else:
+        assert out.returncode == 0 and "RAN" in logs, logs
+    assert (run_dir / "checkpoints" / "ckpt-000002" / "DONE").exists()
+
+
 LONGHAUL = str(REPO / "jobs/longhaul_dqn.toml")
 
 
