@@ -21,6 +21,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
+import os
+import select
+import stat
 import sys
 import types
 import typing
@@ -70,7 +73,7 @@ def read_toml(path: str | Path, *, what: str = "config file") -> dict[str, Any]:
     """
     p = Path(path)
     try:
-        data = p.read_bytes()
+        data = _read_bytes(p, what)
     except FileNotFoundError as err:
         raise ConfigError(f"{what} {str(p)!r} does not exist", key="") from err
     except IsADirectoryError as err:
@@ -90,6 +93,48 @@ def read_toml(path: str | Path, *, what: str = "config file") -> dict[str, Any]:
     except tomllib.TOMLDecodeError as err:
         # the message of tomllib ends with "(at line L, column C)"
         raise ConfigError(f"{what} {str(p)!r} is not valid TOML: {err}", key="") from err
+
+
+#: no config, cluster or workload file comes near this; a larger one is refused
+MAX_TOML_BYTES = 64 << 20
+#: how long a FIFO's writer may stay quiet before reading it is given up
+FIFO_QUIET_S = 60.0
+
+
+def _read_bytes(p: Path, what: str) -> bytes:
+    """The bytes of ``p``, at most :data:`MAX_TOML_BYTES`, read so that no path can
+    hold the caller forever: a device (``/dev/zero``: endless) or socket is refused, a
+    file that grows past the limit while read (``/proc``) too, and a FIFO or pipe
+    (``<(...)``) is read as its writer writes, ending when it closes (a FIFO no writer
+    opens, or whose writer goes quiet for :data:`FIFO_QUIET_S`, is refused)."""
+    st = os.stat(p)  # FileNotFoundError, PermissionError: the caller names them
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(str(p))
+    fifo = stat.S_ISFIFO(st.st_mode)
+    if not (fifo or stat.S_ISREG(st.st_mode)):
+        raise ConfigError(f"{what} {str(p)!r} is not a regular file (a device or a "
+                          f"socket); give a TOML file", key="")
+    too_big = ConfigError(f"{what} {str(p)!r} is larger than {MAX_TOML_BYTES} bytes; no "
+                          f"TOML file conduit_hpc reads is this large", key="")
+    if st.st_size > MAX_TOML_BYTES:
+        raise too_big
+    fd = os.open(p, os.O_RDONLY | (os.O_NONBLOCK if fifo else 0))
+    try:
+        chunks: list[bytes] = []
+        n = 0
+        while True:
+            if fifo and not select.select([fd], [], [], FIFO_QUIET_S)[0]:
+                raise ConfigError(f"{what} {str(p)!r} is a FIFO whose writer sent nothing "
+                                  f"for {FIFO_QUIET_S:g} s", key="")
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            n += len(chunk)
+            if n > MAX_TOML_BYTES:
+                raise too_big
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
 
 
 def parse_override(text: str) -> tuple[str, Any]:

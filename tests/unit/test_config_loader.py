@@ -187,3 +187,34 @@ def test_cluster_file_errors_keep_their_information(tmp_path: Path) -> None:
     """)
     with pytest.raises(ConfigError, match=r"nodes\[0\]\.gpus must be an integer, got 'two'"):
         ClusterModel.from_toml(write(tmp_path, text, "cluster.toml"))
+
+
+def test_no_path_holds_the_loader_forever(tmp_path, monkeypatch) -> None:
+    """``conduit-hpc run /dev/zero`` (and ``plan``, any TOML a path names) read forever,
+    growing; a FIFO nobody writes to blocked forever. Devices are refused, a file past
+    the limit too, a FIFO is read as its writer writes (``<(...)``), and a quiet one is
+    given up."""
+    import os
+    import threading
+
+    from conduit_hpc.config import loader
+
+    with pytest.raises(ConfigError, match=r"'/dev/zero' is not a regular file \(a device"):
+        read_toml("/dev/zero")
+    monkeypatch.setattr(loader, "MAX_TOML_BYTES", 1000)
+    big = tmp_path / "big.toml"
+    big.write_text("# padding\n" * 200)
+    with pytest.raises(ConfigError, match="is larger than 1000 bytes"):
+        read_toml(big)
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(loader, "FIFO_QUIET_S", 0.3)
+    with pytest.raises(ConfigError, match=r"is a FIFO whose writer sent nothing for 0.3 s"):
+        read_toml(fifo)  # no writer ever opens it
+    monkeypatch.setattr(loader, "FIFO_QUIET_S", 60.0)  # a loaded machine's thread start
+    writer = threading.Thread(target=lambda: fifo.write_text('name = "x"\n'))
+    writer.start()
+    try:
+        assert read_toml(fifo) == {"name": "x"}
+    finally:
+        writer.join(10)
