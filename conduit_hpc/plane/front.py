@@ -302,22 +302,22 @@ class ExperienceDataPlane:
         and learners a model of the same architecture.
 
         Raises:
-            ConfigError: actors' and the lead learner's models differ in size (on every
-                rank).
+            ConfigError: actors' and the lead learner's models differ in size (every rank).
+            CollectiveFailed: a rank did not call it within ``run.timeout_s``.
         """
         if self.learner is not None and self.learner.started:
             raise DataPlaneClosed("share_weights() must come before the first next_batch() "
                                   "(it is collective, and the data-plane thread owns MPI "
                                   "from then on)")
-        roles = self.roles
+        roles, t = self.roles, self.config.run.timeout_s
+        failed = partial(self.control.raise_if_failed, self.world_rank)  # a rank left
         lead = roles.learner_ranks[0] if roles.learner_ranks else -1
         want = agreed_model_size(roles.world, model, lead, (*roles.actor_ranks,
-                                                            *roles.learner_ranks))
+                                                            *roles.learner_ranks), t, failed)
         if lead < 0:
             return
-        me = roles.world_rank
-        self._weights_window = RmaWindow(roles.world, 64 + 4 * want if me == lead else 0,
-                                         node_comm=roles.node,
+        mine = 64 + 4 * want if self.world_rank == lead else 0  # the board's bytes here
+        self._weights_window = RmaWindow(roles.world, mine, node_comm=roles.node,
                                          shared=self.config.transport.shared_memory == "auto")
         self.weights = WeightsBoard(self._weights_window, lead, want)
         self._model = model
@@ -326,7 +326,7 @@ class ExperienceDataPlane:
             self.learner.publish_now()
         if self.actor is not None:
             self.actor.weights, self.actor.pull = self.weights, self.pull_weights
-        roles.world.Barrier()  # the first weights are out before any actor pulls
+        bounded_barrier(roles.world, t, "share_weights()", failed)  # the first weights out
         if roles.role is Role.ACTOR:
             self.pull_weights()  # every actor starts from the learner's weights
 

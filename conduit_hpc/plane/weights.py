@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from conduit_hpc.errors import ConfigError
+from conduit_hpc.transport.objects import bounded_allgather
 from conduit_hpc.transport.rma import RmaWindow
 
 if TYPE_CHECKING:  # torch loads only on ranks that share weights
@@ -157,9 +159,13 @@ def load_flat(model: torch.nn.Module, flat: np.ndarray, like: Any = None) -> Non
             o += n
 
 
-def agreed_model_size(world: Any, model: Any, lead: int, users: tuple[int, ...]) -> int:
+def agreed_model_size(world: Any, model: Any, lead: int, users: tuple[int, ...],
+                      timeout_s: float = 60.0,
+                      between: Callable[[], object] | None = None) -> int:
     """The lead learner's parameter count (-1 without a lead), checked against every
-    rank in ``users`` (actors, learners). **Collective** on ``world`` (one Allgather).
+    rank in ``users`` (actors, learners). **Collective** on ``world`` (one Allgather,
+    bounded by ``timeout_s``: a rank that never calls it raises
+    :class:`~conduit_hpc.errors.CollectiveFailed` here; ``between`` runs while waiting).
 
     Raises:
         ConfigError: some user's model differs in size, is not a ``torch.nn.Module``, or
@@ -169,7 +175,9 @@ def agreed_model_size(world: Any, model: Any, lead: int, users: tuple[int, ...])
     """
     n, what = _model_size(model)
     got = np.zeros((world.Get_size(), 2), dtype=np.int64)
-    world.Allgather(np.array([n, model_layout(model) if n >= 0 else 0], dtype=np.int64), got)
+    bounded_allgather(world, np.array([n, model_layout(model) if n >= 0 else 0],
+                                      dtype=np.int64), got, timeout_s, "share_weights()",
+                      between)
     sizes, layouts = got[:, 0], got[:, 1]
     if lead < 0:
         return -1

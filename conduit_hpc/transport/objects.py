@@ -17,7 +17,7 @@ from mpi4py import MPI
 from conduit_hpc.errors import CollectiveFailed
 from conduit_hpc.wait import wait_until
 
-__all__ = ["allgather_json", "bcast_json", "bounded_barrier", "gather_json"]
+__all__ = ["allgather_json", "bcast_json", "bounded_allgather", "bounded_barrier", "gather_json"]
 
 
 def _plain(v: Any) -> Any:
@@ -81,6 +81,17 @@ def bounded_barrier(comm: MPI.Intracomm, timeout_s: float, what: str,
     without an error, or hangs), where a plain ``Barrier`` would wait forever.
     ``between`` runs after every poll (it may raise). **Collective**."""
     req = comm.Ibarrier()
+    wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} to "
+               f"reach {what}", error=CollectiveFailed, between=between,
+               detail="a rank failed, left without an error, or did not arrive")
+
+
+def bounded_allgather(comm: MPI.Intracomm, send: np.ndarray, recv: np.ndarray,
+                      timeout_s: float, what: str,
+                      between: Callable[[], object] | None = None) -> None:
+    """``Allgather`` that gives up as :func:`bounded_barrier` does
+    (:class:`~conduit_hpc.errors.CollectiveFailed` naming ``what``). **Collective**."""
+    req = comm.Iallgather(send, recv)
     wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} to "
                f"reach {what}", error=CollectiveFailed, between=between,
                detail="a rank failed, left without an error, or did not arrive")

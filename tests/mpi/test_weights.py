@@ -103,3 +103,46 @@ def test_policy_lag_needs_shared_weights() -> None:
         if edp.serves:
             edp.serve()
         edp.done()
+
+
+class _Leave(Exception):
+    """A rank leaving its with-block (caught outside it)."""
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("how", ["never", "left"])
+def test_a_rank_that_never_calls_share_weights_ends_the_others_in_bounded_time(how: str):
+    """``share_weights`` is collective; one rank never calls it. Before, the others waited
+    forever in its Allgather. Now they raise: ``CollectiveFailed`` after
+    ``run.timeout_s`` when the rank is silent ("never"), ``RemoteFailure`` naming it at
+    once when it left the data plane on an exception ("left")."""
+    import time
+
+    from conduit_hpc.errors import CollectiveFailed, RemoteFailure
+
+    comm = MPI.COMM_WORLD
+    timeout = 4.0
+    cfg = make_config(layout={"learners": 1, "buffers": 1},
+                      storage={"capacity_rows": 256}, run={"timeout_s": timeout},
+                      checkpoint={"on_stop": False})
+    skip = comm.size - 1  # an actor
+    seen, t0 = "nothing", time.monotonic()
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            if edp.world_rank == skip:
+                if how == "never":
+                    time.sleep(timeout + 3)  # the others have given up by now
+                raise _Leave
+            edp.share_weights(None if edp.serves else net())
+            seen = "shared"
+    except _Leave:
+        seen = "left"
+    except (CollectiveFailed, RemoteFailure) as err:
+        seen = f"{type(err).__name__}: {err}"
+    took = time.monotonic() - t0
+    ok = seen == "left" if comm.rank == skip else (
+        (how == "never" and seen.startswith("CollectiveFailed")
+         and "share_weights()" in seen) or
+        (how == "left" and seen.startswith("RemoteFailure")
+         and f"world rank {skip} left" in seen and took < timeout))
+    assert comm.allreduce(int(ok), op=MPI.MIN), (comm.rank, seen, took)
