@@ -176,3 +176,34 @@ def test_a_learner_leaving_on_its_own_timeout_stops_actors_that_never_wait():
     ok = took < 3 * TIMEOUT_S and (seen == "timed out" if COMM.rank == learner else
                                    f"world rank {learner} left" in seen)
     assert verdict(ok), (COMM.rank, seen, took)
+
+
+class _Leave(Exception):
+    """A rank leaving its with-block (caught outside it)."""
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_rank_that_leaves_before_the_stop_agreement_ends_the_others_naming_it():
+    """``StopCoordinator.agree`` is collective (every rank calls it after its loop); a
+    rank that left on an exception before it left the others in its allreduce forever."""
+    from conduit_hpc.features.checkpointing.stopping import StopCoordinator
+
+    t0 = time.monotonic()
+    seen, leaver = "nothing", COMM.size - 1  # an actor
+    try:
+        with ExperienceDataPlane(config()) as edp:
+            stop = StopCoordinator(edp)
+            try:
+                if edp.world_rank == leaver:
+                    raise _Leave
+                seen = f"agreed {stop.agree()}"
+            finally:
+                stop.close()
+    except _Leave:
+        seen = "left"
+    except RemoteFailure as err:
+        seen = f"RemoteFailure: {err}"
+    took = time.monotonic() - t0
+    ok = took < 3 * TIMEOUT_S and (seen == "left" if COMM.rank == leaver
+                                   else f"world rank {leaver} left" in seen)
+    assert verdict(ok), (COMM.rank, seen, took)

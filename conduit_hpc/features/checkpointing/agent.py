@@ -65,7 +65,7 @@ from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.protocol import Tag
 from conduit_hpc.storage.snapshot import SnapshotStaging
 from conduit_hpc.transport.channel import Message
-from conduit_hpc.transport.objects import bcast_json, gather_json
+from conduit_hpc.transport.objects import bcast_json, bounded_barrier, gather_json
 from conduit_hpc.wait import Deadline
 
 if TYPE_CHECKING:
@@ -511,4 +511,5 @@ class CheckpointAgent(BufferExtension):
                 break
             deadline.check()
             time.sleep(0.001)
-        bcomm.Barrier()
+        bounded_barrier(bcomm, timeout, "the end of checkpointing",
+                        lambda: self.edp.control.raise_if_failed(self.edp.world_rank))

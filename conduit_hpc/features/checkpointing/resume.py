@@ -30,7 +30,7 @@ from conduit_hpc.storage.snapshot import (
     plan_reshard,
     restore_snapshot,
 )
-from conduit_hpc.transport.objects import bcast_json, gather_json
+from conduit_hpc.transport.objects import bcast_json, bounded_barrier, gather_json
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.host import FeatureHost
@@ -249,7 +249,10 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             restore_snapshot(s.ring, s.index, snaps[s.shard_id])
         s.hidden_upto = snaps[s.shard_id].commit
         s.track_held_frames()
-    world.Barrier()  # no rank ingests before every shard is back
+    # no rank ingests before every shard is back; a rank whose restore failed leaves
+    # (marked): the others raise RemoteFailure, or CollectiveFailed after the timeout
+    bounded_barrier(world, edp.config.run.timeout_s, "the restore of every shard",
+                    lambda: edp.control.raise_if_failed(me))
     same_world = int(ckpt.layout.get("world_size", -1)) == edp.roles.world_size
     result = RestoreResult(path=ckpt.path, seq=ckpt.seq, rows=ckpt.rows - dropped,
                            resharded=resharded, dropped=dropped, counters=ckpt.counters,

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mpi4py import MPI
 
 from conduit_hpc.job import stop_signal
 from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.protocol import Tag
 from conduit_hpc.transport.channel import Message
+from conduit_hpc.transport.objects import bounded_allgather
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.host import FeatureHost
@@ -107,8 +107,15 @@ class StopCoordinator(BufferExtension):
 
     def agree(self) -> bool:
         """True on every rank iff a stop was requested on any. **Collective** on the
-        world; call it after the main loop (buffers: after ``serve`` returned)."""
-        return bool(self.edp.roles.world.allreduce(self.requested(), op=MPI.LOR))
+        world; call it after the main loop (buffers: after ``serve`` returned). Bounded
+        by ``run.timeout_s`` (:class:`~conduit_hpc.errors.CollectiveFailed`; at once
+        :class:`~conduit_hpc.errors.RemoteFailure` when a rank left on an exception)."""
+        edp, world = self.edp, self.edp.roles.world
+        got = np.zeros(world.Get_size(), dtype=np.int64)
+        bounded_allgather(world, np.array([int(self.requested())], np.int64), got,
+                          edp.config.run.timeout_s, "StopCoordinator.agree()",
+                          lambda: edp.control.raise_if_failed(edp.world_rank))
+        return bool(got.any())
 
     def close(self) -> None:
         """Restore the previous signal handlers. Local."""
