@@ -139,8 +139,7 @@ class ExperienceDataPlane:
              if (c := f.channel(roles.world, config.transport.poll_interval_s)) is not None),
             None) or Channel(roles.world, poll_interval_s=config.transport.poll_interval_s)
         self.limiter = RateLimiter(sch.samples_per_insert, sch.min_fill_rows, sch.error_buffer)
-        self._done_sent = False
-        self._closed = False
+        self._done_sent = self._closed = False
         self._weights_window: RmaWindow | None = None
         self.weights: WeightsBoard | None = None
         self._model: Any = None
@@ -401,8 +400,8 @@ class ExperienceDataPlane:
         return [] if self.server is None else list(self.server.shards)
 
     def summary(self) -> dict[str, Any]:
-        """Counters of the whole job, the same dict on every rank. **Collective**
-        (call after :meth:`serve` returned on buffers and :meth:`done` elsewhere).
+        """Counters of the whole job, the same dict on every rank. **Collective**, bounded
+        by ``run.timeout_s`` (after :meth:`serve` on buffers, :meth:`done` elsewhere).
 
         Returns:
             dict: ``actors`` (world rank -> ingest counters), ``shards`` (shard id ->
@@ -418,8 +417,9 @@ class ExperienceDataPlane:
         if self.learner is not None:
             mine["learner"] = self._learner_summary
         mine["features"] = {f.name: f.summary() for f in self.features}
-        return merge_summaries(allgather_json(self.roles.world, mine), self.features,
-                               feature_factories())
+        every = allgather_json(self.roles.world, mine, self.config.run.timeout_s, "summary()",
+                               partial(self.control.raise_if_failed, self.world_rank))
+        return merge_summaries(every, self.features, feature_factories())
 
     # -- lifetime ------------------------------------------------------------------
     def done(self) -> None:

@@ -63,11 +63,19 @@ def gather_json(comm: MPI.Intracomm, obj: Any, root: int) -> list[Any] | None:
     return [_from_bytes(buf[offs[i]:offs[i + 1]]) for i in range(len(sizes))]
 
 
-def allgather_json(comm: MPI.Intracomm, obj: Any) -> list[Any]:
-    """One JSON-able object per rank, on every rank (rank order). **Collective**."""
+def allgather_json(comm: MPI.Intracomm, obj: Any, timeout_s: float | None = None,
+                   what: str = "", between: Callable[[], object] | None = None
+                   ) -> list[Any]:
+    """One JSON-able object per rank, on every rank (rank order). **Collective**; with
+    ``timeout_s``, bounded as :func:`bounded_allgather` (every rank has arrived once
+    the sizes are gathered)."""
     data = _to_bytes(obj)
     sizes = np.zeros(comm.Get_size(), dtype=np.int64)
-    comm.Allgather(np.array([len(data)], dtype=np.int64), sizes)
+    size = np.array([len(data)], dtype=np.int64)
+    if timeout_s is None:
+        comm.Allgather(size, sizes)
+    else:
+        bounded_allgather(comm, size, sizes, timeout_s, what, between)
     buf = np.empty(int(sizes.sum()), np.uint8)
     comm.Allgatherv(data, [buf, sizes, MPI.BYTE])
     offs = np.concatenate([[0], np.cumsum(sizes)])

@@ -183,9 +183,11 @@ class _Leave(Exception):
 
 
 @pytest.mark.mpi(min_size=3)
-def test_a_rank_that_leaves_before_the_stop_agreement_ends_the_others_naming_it():
-    """``StopCoordinator.agree`` is collective (every rank calls it after its loop); a
-    rank that left on an exception before it left the others in its allreduce forever."""
+@pytest.mark.parametrize("call", ["agree", "summary"])
+def test_a_rank_that_leaves_before_a_closing_collective_ends_the_others_naming_it(call):
+    """``StopCoordinator.agree`` and ``summary`` are collective (every rank calls them
+    after its loop); a rank that left on an exception before them left the others in
+    their allreduce / allgather forever."""
     from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 
     t0 = time.monotonic()
@@ -196,7 +198,7 @@ def test_a_rank_that_leaves_before_the_stop_agreement_ends_the_others_naming_it(
             try:
                 if edp.world_rank == leaver:
                     raise _Leave
-                seen = f"agreed {stop.agree()}"
+                seen = f"agreed {stop.agree()}" if call == "agree" else str(edp.summary())
             finally:
                 stop.close()
     except _Leave:
