@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,13 +184,15 @@ class _Leave(Exception):
 
 
 @pytest.mark.mpi(min_size=3)
-@pytest.mark.parametrize("call", ["agree", "summary"])
-def test_a_rank_that_leaves_before_a_closing_collective_ends_the_others_naming_it(call):
+@pytest.mark.parametrize("call", ["agree", "summary", "save"])
+def test_a_rank_that_leaves_before_a_closing_collective_ends_the_others_naming_it(
+        call, tmp_path_factory):
     """``StopCoordinator.agree`` and ``summary`` are collective (every rank calls them
     after its loop); a rank that left on an exception before them left the others in
     their allreduce / allgather forever."""
     from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 
+    root = COMM.bcast(str(tmp_path_factory.mktemp("ckpt")) if COMM.rank == 0 else None)
     t0 = time.monotonic()
     seen, leaver = "nothing", COMM.size - 1  # an actor
     try:
@@ -198,7 +201,12 @@ def test_a_rank_that_leaves_before_a_closing_collective_ends_the_others_naming_i
             try:
                 if edp.world_rank == leaver:
                     raise _Leave
-                seen = f"agreed {stop.agree()}" if call == "agree" else str(edp.summary())
+                if call == "save":
+                    from conduit_hpc.features.checkpointing import save_checkpoint
+
+                    seen = str(save_checkpoint(edp, Path(root)))
+                else:
+                    seen = f"agreed {stop.agree()}" if call == "agree" else str(edp.summary())
             finally:
                 stop.close()
     except _Leave:

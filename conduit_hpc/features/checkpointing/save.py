@@ -28,7 +28,7 @@ from conduit_hpc.features.checkpointing.parts import (
     finish_checkpoint,
     shard_part,
 )
-from conduit_hpc.transport.objects import bcast_json, gather_json
+from conduit_hpc.transport.objects import bcast_json, bounded_barrier, gather_json
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.host import FeatureHost
@@ -88,6 +88,10 @@ def save_checkpoint(edp: FeatureHost, root: Path, *,
     world = edp.roles.world
     me = edp.world_rank
     leader = edp.roles.buffer_ranks[0]
+    # every rank is here before the collectives below (a rank that left, or never came,
+    # ends the others: RemoteFailure at once, CollectiveFailed after run.timeout_s)
+    bounded_barrier(world, edp.config.run.timeout_s, "save_checkpoint()",
+                    lambda: edp.control.raise_if_failed(me))
     root = Path(root)
     plan: dict[str, Any] = {}
     if me == leader:
