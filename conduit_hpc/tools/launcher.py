@@ -39,6 +39,7 @@ from conduit_hpc.config.layout_rule import (
 from conduit_hpc.errors import ConduitError, ConfigError, WorldTooSmall
 from conduit_hpc.job import ERROR_PREFIX
 from conduit_hpc.tools.diagnose import first_error, never_started, rank_death
+from conduit_hpc.tools.rundir import check_checkpoint_root, lock_run_dir, unwritable
 from conduit_hpc.tools.supervise import (
     Follower,
     Forwarder,
@@ -262,24 +263,6 @@ def choose_launcher(requested: str = "auto") -> tuple[str, str]:
     return ("srun", plugin) if plugin in _srun_mpi_plugins() else ("mpirun", "")
 
 
-def _check_checkpoint_root(cfg: Config, run_dir: Path, resume: str) -> None:
-    """Before launch: the checkpoint root must be a directory (or not yet exist), and a
-    fresh run (no ``resume``) must not start in one that holds checkpoints - its
-    retention (``checkpoint.keep``) would delete another run's. Local; reads only.
-
-    Raises:
-        ConfigError: naming ``checkpoint.directory``, the path and the problem.
-    """
-    from conduit_hpc.checkpoint.files import checkpoint_root, root_problem
-
-    if root_problem(run_dir, fresh=False):
-        return  # the run directory itself cannot be made: said when it is made
-    problem = root_problem(checkpoint_root(cfg, run_dir), fresh=not resume)
-    if problem:
-        raise ConfigError(f"checkpoint.directory = {cfg.checkpoint.directory!r}: "
-                          f"{problem}", key="checkpoint.directory")
-
-
 def launch(config_path: str | Path, *, nranks: int | None = None,
            overrides: Sequence[str] = (), runs_root: str | Path = "runs",
            resume: str = "", timeout_s: float | None = None, quiet: bool = False,
@@ -365,8 +348,9 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
         run_dir = Path(runs_root) / f"{cfg.run.name}-{stamp}"
     run_dir = Path(run_dir)
-    _check_checkpoint_root(cfg, run_dir, resume)
+    check_checkpoint_root(cfg, run_dir, resume)
     logs = run_dir / "logs"
+    lock = lock_run_dir(run_dir, runs_root)
     try:
         if logs.exists():
             k = 1
@@ -378,74 +362,75 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         # tomli-w; every rank loads this file with the job's class
         (run_dir / "config.toml").write_text(to_toml(cfg.to_dict()))
     except OSError as err:
-        raise ConfigError(f"run directory {str(run_dir)!r} (--run-dir, or under --runs "
-                          f"{str(runs_root)!r}) cannot be made or written: "
-                          f"{err.strerror or err} ({err.filename}); expected a writable "
-                          f"directory", key="--runs") from err
-    job_args = ["--config", str((run_dir / "config.toml").resolve()), "--run-dir",
-                str(run_dir.resolve())]
-    if resume:
-        job_args += ["--resume", resume]
-    py = [sys.executable, "-m", "mpi4py", str(entry), *job_args]
-    # ranks write their own logs (logs/rank.N/); what comes before that (a failed
-    # start) is in logs/launcher.log
-    if which == "srun":
-        cmd = ["srun", f"--mpi={plugin}", "-n", str(n), "--kill-on-bad-exit=1", *py]
-    else:
-        cmd = [mpirun, "-n", str(n), *py]
-    budget = timeout_s or (cfg.run.duration_s + cfg.run.timeout_s + 60.0)
-    (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
-    with open(logs / "launcher.log", "w") as launcher_log, Forwarder() as fwd:
-        proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True,
-                                stdout=launcher_log, stderr=subprocess.STDOUT,
-                                preexec_fn=parent_death_signal())
-        fwd.proc = proc
-        fwd.ready = lambda: all((logs / f"rank.{r}").is_dir() for r in range(n))
-        follower = Follower(run_dir, quiet)
-        deadline = time.monotonic() + budget
-        fwd.grace_s = cfg.run.timeout_s + 60.0
-        rc: int | None = None
-        reported_at: float | None = None
-        next_look = 0.0
-        while rc is None:
-            try:
-                rc = proc.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                follower.pump()
-                fwd.act()
-                deadline = fwd.extend(deadline)
-                now = time.monotonic()
-                if reported_at is None and now >= next_look:
-                    next_look = now + 1.0
-                    if rank_reported_error(logs):
-                        reported_at = now
-                if reported_at is not None and now - reported_at > ABORT_GRACE_S:
-                    # the ranks have failed already: no final checkpoint to wait for
-                    # (mpirun, unable to reach a silent host, may not end on TERM)
-                    stop_group(proc, term_wait_s=3.0)
+        lock.close()
+        raise unwritable(run_dir, runs_root, err) from err
+    try:
+        job_args = ["--config", str((run_dir / "config.toml").resolve()), "--run-dir",
+                    str(run_dir.resolve())]
+        if resume:
+            job_args += ["--resume", resume]
+        py = [sys.executable, "-m", "mpi4py", str(entry), *job_args]
+        # ranks write their own logs (logs/rank.N/); what comes before that (a failed
+        # start) is in logs/launcher.log
+        if which == "srun":
+            cmd = ["srun", f"--mpi={plugin}", "-n", str(n), "--kill-on-bad-exit=1", *py]
+        else:
+            cmd = [mpirun, "-n", str(n), *py]
+        budget = timeout_s or (cfg.run.duration_s + cfg.run.timeout_s + 60.0)
+        (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
+        with open(logs / "launcher.log", "w") as launcher_log, Forwarder() as fwd:
+            proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True,
+                                    stdout=launcher_log, stderr=subprocess.STDOUT,
+                                    preexec_fn=parent_death_signal())
+            fwd.proc = proc
+            fwd.ready = lambda: all((logs / f"rank.{r}").is_dir() for r in range(n))
+            follower = Follower(run_dir, quiet)
+            deadline = time.monotonic() + budget
+            fwd.grace_s = cfg.run.timeout_s + 60.0
+            rc: int | None = None
+            reported_at: float | None = None
+            next_look = 0.0
+            while rc is None:
+                try:
+                    rc = proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
                     follower.pump()
-                    # one message: the rank's error, and why the launcher ended the job
-                    first = first_error(run_dir) or f"{ERROR_PREFIX}: a rank reported an error"
-                    print(f"{first}; the job did not end within {ABORT_GRACE_S:.0f} s of it "
-                          f"and was stopped (a rank that cannot be told to abort: a node or "
-                          f"link that stopped answering?)", file=sys.stderr)
-                    return 1, run_dir
-                if time.monotonic() > deadline:
-                    stop_group(proc)
-                    follower.pump()
-                    print(f"{ERROR_PREFIX}: job ran past its {budget:.0f} s budget and was "
-                          f"stopped; logs in {logs}", file=sys.stderr)
-                    return 124, run_dir
-        follower.pump()
-        follower.finish()
-    missing = [r for r in range(n) if not (logs / f"rank.{r}").is_dir()]
-    if rc == 0 and missing:
-        print(never_started(which, missing, n, entry, logs), file=sys.stderr)
-        return 1, run_dir
-    if rc != 0:
-        # a rank's own report first (under srun, the ranks that srun kills after one
-        # failed are reported as killed too); else the rank the launcher saw die
-        print(first_error(run_dir) or rank_death(run_dir, cfg)
-              or f"{ERROR_PREFIX}: job exited with status {rc}; logs in {logs}",
-              file=sys.stderr)
-    return rc, run_dir
+                    fwd.act()
+                    deadline = fwd.extend(deadline)
+                    now = time.monotonic()
+                    if reported_at is None and now >= next_look:
+                        next_look = now + 1.0
+                        if rank_reported_error(logs):
+                            reported_at = now
+                    if reported_at is not None and now - reported_at > ABORT_GRACE_S:
+                        # the ranks have failed already: no final checkpoint to wait for
+                        # (mpirun, unable to reach a silent host, may not end on TERM)
+                        stop_group(proc, term_wait_s=3.0)
+                        follower.pump()
+                        # one message: the rank's error, and why the launcher ended the job
+                        first = first_error(run_dir) or f"{ERROR_PREFIX}: a rank reported an error"
+                        print(f"{first}; the job did not end within {ABORT_GRACE_S:.0f} s of it "
+                              f"and was stopped (a rank that cannot be told to abort: a node or "
+                              f"link that stopped answering?)", file=sys.stderr)
+                        return 1, run_dir
+                    if time.monotonic() > deadline:
+                        stop_group(proc)
+                        follower.pump()
+                        print(f"{ERROR_PREFIX}: job ran past its {budget:.0f} s budget and was "
+                              f"stopped; logs in {logs}", file=sys.stderr)
+                        return 124, run_dir
+            follower.pump()
+            follower.finish()
+        missing = [r for r in range(n) if not (logs / f"rank.{r}").is_dir()]
+        if rc == 0 and missing:
+            print(never_started(which, missing, n, entry, logs), file=sys.stderr)
+            return 1, run_dir
+        if rc != 0:
+            # a rank's own report first (under srun, the ranks that srun kills after one
+            # failed are reported as killed too); else the rank the launcher saw die
+            print(first_error(run_dir) or rank_death(run_dir, cfg)
+                  or f"{ERROR_PREFIX}: job exited with status {rc}; logs in {logs}",
+                  file=sys.stderr)
+        return rc, run_dir
+    finally:
+        lock.close()  # the run directory is free again

@@ -302,3 +302,27 @@ def test_a_cluster_file_the_ranks_could_not_load_is_refused_before_any_rank_star
         err = capsys.readouterr().err
         assert f"ConfigError: placement.cluster = {str(path)!r}: " in err, err
         assert not (tmp_path / "runs").exists()
+
+
+def test_a_second_run_into_a_run_directory_in_use_is_refused(tmp_path: Path, capsys) -> None:
+    """Two ``conduit-hpc run --run-dir D`` at once wrote the same logs and checkpoints
+    (each one's retention deleting the other's). The launcher holds ``D/.lock`` while its
+    job runs; a second is refused before anything is written, naming the holder."""
+    import os
+
+    from conduit_hpc.tools.rundir import lock_run_dir
+
+    run_dir = tmp_path / "run"
+    held = lock_run_dir(run_dir, tmp_path)  # what the first launcher holds
+    try:
+        for extra in ([], ["--resume"]):
+            argv = ["run", JOB, "--run-dir", str(run_dir), "--launcher", "mpirun", *extra]
+            assert cli.main(argv) == 2
+            err = capsys.readouterr().err
+            assert (f"run directory {str(run_dir)!r} is in use by another conduit-hpc run "
+                    f"(pid {os.getpid()} on ") in err, err
+            assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]
+    finally:
+        held.close()
+    again = lock_run_dir(run_dir, tmp_path)  # free once its holder closed it (or died)
+    again.close()
