@@ -96,7 +96,7 @@ class ExperienceDataPlane:
                  transform: Any = None) -> None:
         comm = MPI.COMM_WORLD if comm is None else comm
         # deterministic checks first, so that every rank raises the same error
-        check_arguments(config, comm, transform)
+        check_arguments(config, comm, transform, placement, run_dir)
         self.config = config
         self.spec = Spec.from_config(config.spec)
         sch = config.scheduler

@@ -11,8 +11,10 @@ can hang on a layout that does not fit.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 
 from mpi4py import MPI
 
@@ -200,15 +202,31 @@ def check_same_config(comm: MPI.Intracomm, config: Config) -> None:
         raise ConfigMismatch(f"ranks hold different configurations: {parts}")
 
 
-def check_arguments(config: object, comm: object, transform: object = None) -> None:
-    """Refuse what is not a :class:`Config`, an intracommunicator or a callable
-    transform, naming it, before anything collective (every rank given the same
-    arguments raises alike). Local.
+def check_arguments(config: object, comm: object, transform: object = None,
+                    placement: object = None, run_dir: object = None) -> None:
+    """Refuse what is not a :class:`Config`, an intracommunicator, a callable transform,
+    a :class:`~conduit_hpc.placement.placement.Placement` or a run directory this rank
+    can make, naming it, before anything collective (every rank given the same
+    arguments raises alike; each makes ``run_dir`` for its own metrics). Local.
 
     Raises:
-        ConfigError: naming ``config``, ``comm`` or ``transform``, the type given and what
-            was expected.
+        ConfigError: naming the argument, the value given and what was expected.
     """
+    from conduit_hpc.placement.placement import Placement
+
+    if placement is not None and not isinstance(placement, Placement):
+        raise ConfigError(f"placement must be a conduit_hpc Placement or None, got "
+                          f"{type(placement).__name__} {placement!r:.80}", key="placement")
+    if run_dir is not None:
+        if not isinstance(run_dir, str | os.PathLike) or not str(run_dir):
+            raise ConfigError(f"run_dir must be a path (str or os.PathLike) or None, got "
+                              f"{type(run_dir).__name__} {run_dir!r:.80}", key="run_dir")
+        try:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"run_dir {str(run_dir)!r} cannot be made: "
+                              f"{err.strerror or err}; expected a writable directory",
+                              key="run_dir") from err
     if transform is not None and not callable(transform):
         raise ConfigError(f"transform must be a callable (a dict of numpy arrays -> such "
                           f"a dict) or None, got {type(transform).__name__} "

@@ -47,6 +47,25 @@ def test_a_data_plane_refuses_what_is_not_a_config_or_a_comm(config: Any, comm: 
         check_arguments(config, MPI.COMM_SELF if comm is None else comm)
 
 
+def test_a_placement_and_a_run_dir_are_checked_before_anything_collective(tmp_path) -> None:
+    """Before: ``placement="x"`` raised AttributeError deep in the planner, ``run_dir=5``
+    TypeError, and a run directory that cannot be made FileNotFoundError on rank 0
+    alone (the others went on into the next collective)."""
+    with pytest.raises(ConfigError, match=r"placement must be a conduit_hpc Placement or "
+                                          r"None, got str 'x'"):
+        check_arguments(Config(), MPI.COMM_SELF, None, "x")
+    for bad in (5, "", b"runs"):
+        with pytest.raises(ConfigError, match=r"run_dir must be a path \(str or "
+                                              r"os.PathLike\) or None, got"):
+            check_arguments(Config(), MPI.COMM_SELF, None, None, bad)
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    with pytest.raises(ConfigError, match=f"run_dir '{afile}/run' cannot be made"):
+        check_arguments(Config(), MPI.COMM_SELF, None, None, afile / "run")
+    check_arguments(Config(), MPI.COMM_SELF, None, None, tmp_path / "new" / "run")
+    assert (tmp_path / "new" / "run").is_dir()
+
+
 def test_a_transform_must_be_callable_and_return_arrays_by_name() -> None:
     import numpy as np
 
