@@ -543,7 +543,8 @@ def test_compiled_byte_check_equals_numpy(n, words, seed, dtype) -> None:
     """FrameWriter's byte check, compiled against numpy: frames of a batch (in one part,
     or two: its fields') against remembered frames and against the batch's own frames,
     equal and differing (in one word anywhere, the first and the last included)."""
-    from conduit_hpc.storage.frames import FrameWriter, _FrameStore
+    from conduit_hpc.storage.frames import FrameWriter
+    from conduit_hpc.storage.frames_store import FrameStore as _FrameStore
 
     rng = np.random.default_rng(seed)
     batch = rng.integers(0, 4, (n, words)).astype(dtype)
@@ -628,3 +629,30 @@ def _plans_agree(steps, streams, alphabet, seed, cap) -> None:
         assert fast.known == ref.known
         assert fast.fingerprint_clashes == ref.fingerprint_clashes
         first += a.slots
+
+
+def test_a_writer_forgets_frames_past_the_horizon_whatever_the_streams() -> None:
+    """Bounded memory: a writer remembers only frames a row may still reference (at or
+    past half a lap before the reserve cursor), however many streams it has seen. A
+    stream id per episode (a new stream every few rows) once kept every stream's
+    frames forever: the remembered frames, and the store's rows, grew with the streams."""
+    spec = Spec.from_config(make_config(spec=FRAME_SPEC).spec)
+    cap = 64
+    w = FrameWriter(FrameCodec(spec))
+    first = 0
+    for ep in range(400):
+        rows = frame_rows(ep, ep, 6)  # a new stream each episode
+        plan = w.plan(spec.validate(rows), first, cap)
+        w.columns(plan, rows, first, None)
+        first += plan.slots
+        held = [seq for seen in w.known[0].values() for seq, _ in seen.values()]
+        assert len(held) <= cap, f"{len(held)} frames remembered in a {cap}-slot shard"
+        assert len(w.known[0]) <= cap  # no stream kept without a frame
+        assert min(held) >= first - plan.slots - cap  # nothing a row can no longer use
+    store = w.stores[0]
+    assert store.data is not None and len(store.data) <= 4 * cap
+    # what it still remembers is what it uses: the plan after a sweep is the plan of a
+    # writer that never swept (the same stream again shares its recent frames)
+    again = frame_rows(399, 399, 6)
+    plan = w.plan(spec.validate(again), first, cap)
+    assert plan.slots == 6 and all(len(n) == 0 for n in plan.new)
