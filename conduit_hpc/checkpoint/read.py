@@ -35,6 +35,7 @@ from conduit_hpc.checkpoint.files import (
     _sha256,
     damage_of,
     done_record,
+    manifest_problem,
     spec_from_json,
 )
 from conduit_hpc.errors import CheckpointError, CheckpointMismatch
@@ -423,13 +424,18 @@ def _read_manifest(p: Path, f: h5py.File) -> Checkpoint:
                                  f"conduit_hpc")
     meta = f["meta"]
     spec = spec_from_json(json.loads(_str(meta["spec"])))
+    raw, files, placement, layout = (json.loads(_str(meta[k])) for k in (
+        "shards", "files", "placement", "layout"))
+    why = manifest_problem(raw, placement, files, layout)
+    if why:
+        raise CheckpointError(f"checkpoint file {p / MANIFEST} is not a valid manifest: {why}")
     shards = [ShardRecord(shard_id=int(s["shard_id"]), capacity=int(s["capacity"]),
                           commit=int(s["commit"]), rows=int(s["rows"]),
                           max_priority=float(s["max_priority"]),
                           applied_updates=int(s["applied_updates"]),
                           dropped_updates=int(s["dropped_updates"]),
                           reserve=int(s["reserve"]), file=str(s["file"]))
-              for s in json.loads(_str(meta["shards"]))]
+              for s in raw]
     counters: dict[int, dict[str, Any]] = {}
     for r, g in f["counters"].items():
         counters[int(r)] = {k: (v.item() if isinstance(v, np.generic) else
@@ -441,7 +447,6 @@ def _read_manifest(p: Path, f: h5py.File) -> Checkpoint:
     return Checkpoint(path=p, seq=int(a["seq"]), created_unix=float(a["created_unix"]),
                       schema_version=version, spec=spec,
                       config_toml=_str(meta["config_toml"]),
-                      layout=json.loads(_str(meta["layout"])),
-                      placement=json.loads(_str(meta["placement"])), shards=shards,
-                      files=json.loads(_str(meta["files"])), counters=counters, rng=rng,
+                      layout=layout, placement=placement, shards=shards,
+                      files=files, counters=counters, rng=rng,
                       sampler=sampler)
