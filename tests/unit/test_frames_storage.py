@@ -340,7 +340,7 @@ def test_bench_frames_reports_a_sixth_or_less(capsys, tmp_path: Path) -> None:
     assert once["checkpoint"][0]["ratio_to_full"] <= 1 / 6
 
 
-def _write_checkpoint(root: Path, snap, spec: Spec) -> Path:
+def _write_checkpoint(root: Path, snap, spec: Spec, config_toml: str = "") -> Path:
     tmp = root / ".tmp-ckpt"
     tmp.mkdir(parents=True)
     rec = ck.write_shard_file(tmp / "buffer-0000.h5", [snap], attrs={"world_rank": 1})
@@ -351,7 +351,7 @@ def _write_checkpoint(root: Path, snap, spec: Spec) -> Path:
                  "actor_shards": {}, "learner_shards": {}}
     layout = {"world_size": 2, "learner_ranks": [], "buffer_ranks": [1], "actor_ranks": [0],
               "node_of": [0, 0]}
-    man = ck.write_manifest(tmp, seq=1, spec=spec, config_toml="", layout=layout,
+    man = ck.write_manifest(tmp, seq=1, spec=spec, config_toml=config_toml, layout=layout,
                             placement=placement, parts=parts)
     final = root / ck.checkpoint_name(1)
     ck.finalize(tmp, final, man)
@@ -656,3 +656,37 @@ def test_a_writer_forgets_frames_past_the_horizon_whatever_the_streams() -> None
     again = frame_rows(399, 399, 6)
     plan = w.plan(spec.validate(again), first, cap)
     assert plan.slots == 6 and all(len(n) == 0 for n in plan.new)
+
+
+def test_a_checkpoint_of_other_stack_depths_is_refused_though_its_columns_match(
+        tmp_path: Path) -> None:
+    """The stored columns say the frame shape and the references per row, not how they
+    split into stacks: a checkpoint of ``obs`` and ``next_obs`` stacks of 4 frames has the
+    columns of an ``obs`` stack of 8 with no next stack, whose rows would be rebuilt as
+    ``obs`` and ``next_obs`` end to end. The checkpoint's config says its stacks: another
+    depth is a CheckpointMismatch naming the field and both depths."""
+    from conduit_hpc.config import to_toml
+    from conduit_hpc.features.checkpointing.resume import stacks_problem
+
+    a = Shard(FSPEC, 40)
+    a.write(0, frame_rows(0, 1, 20))
+    snap = take_snapshot(0, a.owned.ring, a.owned.index)
+    a.close()
+    cfg = make_config(spec=FRAME_SPEC)
+    path = _write_checkpoint(tmp_path, snap, stored_spec(FSPEC),
+                             config_toml=to_toml(cfg.to_dict()))
+    deeper = dict(FRAME_SPEC, obs=dict(FRAME_SPEC["obs"], shape=[8, 6, 5]))
+    del deeper["next_obs"]
+    spec8 = Spec.from_config(make_config(spec=deeper).spec)
+    ckpt = ck.open_checkpoint(path, spec=stored_spec(spec8))  # the columns match
+    why = stacks_problem(ckpt, spec8)
+    assert "spec.obs" in why and "4 frames" in why and "8" in why, why
+    assert stacks_problem(ckpt, FSPEC) == ""
+    # a stack on another axis (the same frames) and a renamed next stack are the same
+    moved = dict(FRAME_SPEC, obs=dict(FRAME_SPEC["obs"], shape=[6, 4, 5],
+                                      stack={"axis": 1, "stream": "env"}),
+                 next_obs={"dtype": "uint8", "shape": [6, 4, 5], "next_of": "obs"})
+    assert stacks_problem(ckpt, Spec.from_config(make_config(spec=moved).spec)) == ""
+    # a checkpoint whose config does not say (written by hand) is not refused for it
+    bare = _write_checkpoint(tmp_path / "bare", snap, stored_spec(FSPEC))
+    assert stacks_problem(ck.open_checkpoint(bare), spec8) == ""

@@ -20,8 +20,9 @@ import numpy as np
 
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.checkpoint.files import checkpoint_root
-from conduit_hpc.config import Config
+from conduit_hpc.config import Config, tomllib
 from conduit_hpc.errors import CheckpointError, CheckpointMismatch
+from conduit_hpc.spec import FrameStack, Spec, frame_stacks
 from conduit_hpc.storage.frames import FrameCodec, stored_spec
 from conduit_hpc.storage.frames_reshard import reshard_frames
 from conduit_hpc.storage.snapshot import (
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from conduit_hpc.plane.host import FeatureHost
 
 __all__ = ["RestoreResult", "checkpoint_root", "restore_data_plane", "restore_lines",
-           "resume_roots", "resumed_counter"]
+           "resume_roots", "resumed_counter", "stacks_problem"]
 
 log = logging.getLogger("conduit_hpc.checkpoint")
 
@@ -106,6 +107,33 @@ def resumed_counter(restored: RestoreResult | None, rank: int, key: str) -> int:
     if restored is None:
         return 0
     return int(restored.counters.get(rank, {}).get(key, 0))
+
+
+def stacks_problem(ckpt: ck.Checkpoint, spec: Spec) -> str:
+    """Why a checkpoint whose stored columns match ``spec``'s cannot be restored into it
+    ("" if it can): a stacked field of another depth. The columns hold the frame shape
+    and the references per row, so stacks of 4 with a next stack and of 8 without one
+    store alike, and the references would rebuild other stacks. The checkpoint's config
+    says its stacks; one that does not (written by hand) is taken as it is. Local."""
+    if not spec.stacks:
+        return ""
+    try:
+        table = tomllib.loads(ckpt.config_toml).get("spec")
+        theirs = frame_stacks(Config.from_dict({"spec": table}).spec) if table else {}
+    except (tomllib.TOMLDecodeError, ValueError):  # (ConfigError is a ValueError)
+        return ""
+    for name, st in spec.stacks.items():
+        old = theirs.get(name)
+        if old is not None and old.depth != st.depth:
+            return (f"checkpoint {ckpt.path} stores spec.{name} as a stack of "
+                    f"{_stack_words(old)}, this job declares {_stack_words(st)}: its "
+                    f"frame references would rebuild other stacks")
+    return ""
+
+
+def _stack_words(st: FrameStack) -> str:
+    return f"{st.depth} frames" + (f" with its next stack {st.next_field}" if st.next_field
+                                   else ", no next stack")
 
 
 def _load_shards(edp: FeatureHost, ckpt: ck.Checkpoint
@@ -201,7 +229,10 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             while candidates:
                 c = candidates.pop(0)
                 try:
-                    ck.open_checkpoint(c, spec=stored_spec(edp.spec))
+                    why = stacks_problem(ck.open_checkpoint(c, spec=stored_spec(edp.spec)),
+                                         edp.spec)
+                    if why:
+                        raise CheckpointMismatch(why)
                     decision["path"] = str(c)
                     break
                 except CheckpointError as err:
