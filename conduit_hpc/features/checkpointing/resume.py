@@ -202,7 +202,8 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
 
     Raises:
         CheckpointError: on every rank: a given checkpoint is refused (file and reason),
-            or every candidate was.
+            or every candidate was; or reading failed on some rank for a reason that is
+            not the checkpoint's (naming the rank and the error; no fallback).
     """
     world = edp.roles.world
     me = edp.world_rank
@@ -254,7 +255,8 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
                 log.info("resume: no checkpoint found under %s; starting fresh",
                          ", ".join(map(str, roots)) or "(no directory)")
             return None
-        error = None
+        error = fatal = None
+        failure: Exception | None = None
         try:
             ckpt = ck.open_checkpoint(decision["path"], spec=stored_spec(edp.spec))
             snaps, resharded, dropped = _load_shards(edp, ckpt)
@@ -262,13 +264,19 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             extra = ckpt.extra_state() if me in learners else {}
         except CheckpointError as err:
             error = str(err)
-        errors = gather_json(world, error, leader)
+        except Exception as err:  # not the checkpoint's fault: every rank stops with it
+            failure, fatal = err, f"world rank {me}: {type(err).__name__}: {err}"
+        errors = gather_json(world, [error, fatal], leader)
         verdict: dict[str, Any] = {}
         if me == leader:
             assert errors is not None
-            bad = [e for e in errors if e]
-            verdict = {"error": bad[0] if bad else None}
+            bad = [e for e, _ in errors if e]
+            worst = [f for _, f in errors if f]
+            verdict = {"error": bad[0] if bad else None, "fatal": worst[0] if worst else None}
         verdict = bcast_json(world, verdict, leader)
+        if verdict["fatal"] is not None:
+            raise CheckpointError(f"restoring {decision['path']} failed on "
+                                  f"{verdict['fatal']}") from failure
         if verdict["error"] is None:
             break
         if strict:
