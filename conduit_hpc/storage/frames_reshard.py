@@ -97,7 +97,7 @@ def reshard_frames(codec: FrameCodec, old_shards: int,
     order = np.lexsort((src, age))  # by age, ties by old shard
     src, pos = src[order], pos[order]
     ids = np.array([cuts[o].snap.columns[stream][i] for o, i in zip(src, pos, strict=True)],
-                   np.int64)
+                   codec.spec[stream].dtype)  # its own integer type: uint64 ids fit
     caps = np.asarray(new_capacities, np.int64)
     where: dict[int, int] = {}
     load = np.zeros(len(caps), np.int64)

@@ -690,3 +690,41 @@ def test_a_checkpoint_of_other_stack_depths_is_refused_though_its_columns_match(
     # a checkpoint whose config does not say (written by hand) is not refused for it
     bare = _write_checkpoint(tmp_path / "bare", snap, stored_spec(FSPEC))
     assert stacks_problem(ck.open_checkpoint(bare), spec8) == ""
+
+
+def test_streams_of_uint64_ids_past_int64_reshard() -> None:
+    """A stream field may be any integer type: uint64 ids at and past 2**63 (hashes, say)
+    are written and resharded alike, every row exact (the reshard once turned the ids
+    into int64: OverflowError, and the checkpoint could not be restored into another
+    layout)."""
+    spec = Spec.from_config(make_config(spec=dict(FRAME_SPEC, env={"dtype": "uint64"})).spec)
+    a = Shard(spec, 80)
+    sent = {}
+    for e in range(3):
+        rows = frame_rows(e, 1, 20)
+        rows["env"] = rows["env"].astype(np.uint64) + np.uint64(2**63 + 5) * np.uint64(e % 2)
+        a.write(0, rows)
+        for i in range(20):
+            sent[(int(rows["env"][i]), int(rows["step"][i]))] = rows["obs"][i], rows["next_obs"][i]
+    snap = take_snapshot(0, a.owned.ring, a.owned.index)
+    a.close()
+    codec = ShardLayout(spec, 8).frames
+    assert codec is not None
+    new, dropped = reshard_frames(codec, 1, [snap].__getitem__, [50, 50], [0, 1], 1.0)
+    assert dropped == 0
+    got = 0
+    for k, cap in enumerate((50, 50)):
+        b = Shard(spec, cap)
+        try:
+            with b.owned.writing():
+                restore_snapshot(b.owned.ring, b.owned.index, new[k])
+            b.owned.hidden_upto = new[k].commit
+            _, cols = b.delivered()
+            for i in range(len(cols["env"])):
+                obs, nxt = sent[(int(cols["env"][i]), int(cols["step"][i]))]
+                assert np.array_equal(cols["obs"][i], obs)
+                assert np.array_equal(cols["next_obs"][i], nxt)
+            got += len(cols["env"])
+        finally:
+            b.close()
+    assert got >= 0.9 * len(sent)
