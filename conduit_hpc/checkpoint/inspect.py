@@ -39,7 +39,10 @@ def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, A
         (stored column -> codec, stored and raw bytes over every shard); for a root,
         ``checkpoints`` lists every checkpoint, whether it is complete and why it is
         marked damaged (``damaged``: None when it is not), and the newest complete one
-        not marked damaged is described.
+        not marked damaged is described; when it is refused, ``fallback`` names the
+        checkpoint a resume would take instead (the newest older one that opens, and
+        verifies with ``verify``; None: none is left) and ``fallback_verified`` says
+        whether it was verified.
     """
     p = Path(path)
     out: dict[str, Any] = {"path": str(p), "ok": False, "error": None, "verified": False}
@@ -55,6 +58,26 @@ def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, A
             return out
         p = complete[0]
         out["path"] = str(p)
+    _describe(out, p, verify)
+    if "checkpoints" in out and not out["ok"]:  # what a resume takes instead
+        older = [c for c in complete[1:] if damage_of(c) is None]
+        out["fallback"] = next((str(c) for c in older if _usable(c, verify)), None)
+        out["fallback_verified"] = verify
+    return out
+
+
+def _usable(p: Path, verify: bool) -> bool:
+    try:
+        ckpt = open_checkpoint(p)
+        if verify:
+            ckpt.verify()
+        return True
+    except CheckpointError:
+        return False
+
+
+def _describe(out: dict[str, Any], p: Path, verify: bool) -> None:
+    """Fill ``out`` with what checkpoint ``p`` holds, or why it is refused."""
     try:
         ckpt = open_checkpoint(p)
         out.update(seq=ckpt.seq, created_unix=ckpt.created_unix,
@@ -85,7 +108,6 @@ def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, A
         out["ok"] = True
     except CheckpointError as err:
         out["error"] = str(err)
-    return out
 
 
 def format_report(report: Mapping[str, Any]) -> str:
@@ -107,7 +129,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     if "seq" not in report:
         if report.get("error"):
             lines.append(f"error        {report['error']}")
-        return "\n".join(lines)
+        return "\n".join(lines + _fallback_lines(report))
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report["created_unix"]))
     lines.append(f"number       {report['seq']}, written {when}, schema version "
                  f"{report['schema_version']}")
@@ -170,4 +192,15 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines += ["  " + ln for ln in report["config_toml"].rstrip().splitlines()]
     if report.get("error"):
         lines.append(f"error        {report['error']}")
-    return "\n".join(lines)
+    return "\n".join(lines + _fallback_lines(report))
+
+
+def _fallback_lines(report: Mapping[str, Any]) -> list[str]:
+    """What a resume takes instead of a refused newest checkpoint (roots only)."""
+    if "fallback" not in report:
+        return []
+    if report["fallback"] is None:
+        return ["resume       no older checkpoint is usable: --resume refuses them all"]
+    return [f"resume       --resume falls back to {report['fallback']}" + (
+        "" if report.get("fallback_verified") else
+        " (it opens; --verify reads every checksum, as a resume does)")]

@@ -358,6 +358,33 @@ def test_inspect_reports_good_and_damaged(tmp_path: Path) -> None:
     assert not gone["ok"] and "no DONE marker" in gone["error"]
 
 
+def test_inspect_of_a_root_whose_newest_is_refused_names_the_one_resume_takes(
+        tmp_path: Path) -> None:
+    """A root whose newest checkpoint is damaged (not yet marked so by a resume):
+    ``inspect`` describes the newest and why it is refused, and says which checkpoint
+    ``--resume`` falls back to (before, only that the newest was refused), or that none
+    is left."""
+    write(tmp_path, 1)
+    write(tmp_path, 2)
+    newest = write(tmp_path, 3)
+    flip_byte_in(newest / "buffer-0000.h5", "/shards/0/columns/wseq")
+    report = ck.inspect_checkpoint(tmp_path, verify=True)
+    assert not report["ok"] and "fails its checksum" in report["error"]
+    assert report["path"] == str(newest)
+    assert report["fallback"] == str(tmp_path / "ckpt-000002")
+    text = ck.format_report(report)
+    assert f"--resume falls back to {tmp_path / 'ckpt-000002'}" in text, text
+    for seq in (1, 2):
+        flip_byte_in(tmp_path / ck.checkpoint_name(seq) / "buffer-0000.h5",
+                     "/shards/0/columns/wseq")
+    report = ck.inspect_checkpoint(tmp_path, verify=True)
+    assert not report["ok"] and report["fallback"] is None
+    assert "no older checkpoint is usable: --resume refuses them all" in ck.format_report(
+        report)
+    cheap = ck.inspect_checkpoint(tmp_path)  # without --verify the damage is not seen
+    assert cheap["ok"] and "fallback" not in cheap
+
+
 def test_checkpoint_config_section(tmp_path: Path) -> None:
     from conduit_hpc import Config, ConfigError
 
