@@ -413,13 +413,18 @@ def seal_cut(codec: FrameCodec | None, columns: Mapping[str, np.ndarray],
     """Make a cut (stored columns of the slots from seq ``first_seq`` on, oldest first)
     self-contained: a row that references a frame outside the cut (before it, or past
     its end: a batch whose last slots were not committed yet) can never be delivered
-    from it, so its lag becomes :data:`LAG_NONE` (in place). No-op for the plain layout."""
+    from it, so its lag becomes :data:`LAG_NONE` (in place); so does a row whose lag
+    does not say where its frames start (negative, or a reference before ``seq - lag``:
+    a damaged or rewritten cut, whose references would resolve to other slots). No-op
+    for the plain layout."""
     if codec is None or not len(columns[LAG_COLUMN]):
         return
     lag = columns[LAG_COLUMN]
     n = len(lag)
     seqs = np.arange(first_seq, first_seq + n, dtype=np.int64)
-    bad = seqs - np.minimum(lag, LAG_NONE) < first_seq
+    low = seqs - np.minimum(lag, LAG_NONE)  # where the row's frames start, by its lag
+    bad = (lag < 0) | (low < first_seq)
     for g in codec.groups:
-        bad |= (columns[g.refs] >= first_seq + n).any(axis=1)
+        refs = columns[g.refs]
+        bad |= (refs >= first_seq + n).any(axis=1) | (refs.min(axis=1) < low)
     lag[bad] = LAG_NONE
