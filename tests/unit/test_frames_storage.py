@@ -783,3 +783,19 @@ def test_rows_whose_references_leave_the_cut_are_never_delivered(forgery: str) -
         assert frame_stacks_of(cols).all() and len(cols["env"]) > 0
     finally:
         c.close()
+
+
+def test_shards_too_small_for_one_rows_frames_are_refused_before_any_ingest() -> None:
+    """One row of a fresh stream may bring a new frame for every reference it holds (8 for
+    obs and next_obs stacks of 4): a shard of fewer slots could never take it, and the
+    first such row failed at ingest ("split it": a batch of one row). Refused when the
+    config loads (the whole replay) and when a shard's layout is made (each shard, before
+    any window), naming storage.capacity_rows and the slots a row needs."""
+    with pytest.raises(ConfigError, match=r"storage\.capacity_rows .* 8 .* got 6") as err:
+        make_config(spec=FRAME_SPEC, storage={"capacity_rows": 6})
+    assert err.value.key == "storage.capacity_rows"
+    make_config(spec=FRAME_SPEC, storage={"capacity_rows": 8})
+    with pytest.raises(ConfigError, match=r"shard of 7 slots") as err:
+        ShardLayout(FSPEC, 7)
+    assert err.value.key == "storage.capacity_rows"
+    assert ShardLayout(FSPEC, 8).frames is not None
