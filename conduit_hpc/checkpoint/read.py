@@ -40,6 +40,7 @@ from conduit_hpc.checkpoint.files import (
 )
 from conduit_hpc.errors import CheckpointError, CheckpointMismatch
 from conduit_hpc.spec import Spec
+from conduit_hpc.storage.frames import LAG_COLUMN
 from conduit_hpc.storage.snapshot import ShardSnapshot, SnapshotStaging
 
 __all__ = ["Checkpoint", "ShardRecord", "open_checkpoint"]
@@ -396,6 +397,13 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
 
 
 def _spec_diff(stored: Spec, current: Spec) -> str:
+    once = [[n[:-len("__refs")] for n in s.names if n.endswith("__refs")] if LAG_COLUMN in
+            s.names else [] for s in (stored, current)]
+    if bool(once[0]) != bool(once[1]):  # stored columns: say the layouts, not a column
+        ours = (f"stores frame stacks, each frame once ({', '.join(once[0])}), and this job "
+                f"declares none" if once[0] else "stores rows whole (no frame stacks), and "
+                f"this job declares frame stacks ({', '.join(once[1])})")
+        return f"the checkpoint {ours}: the layouts differ"
     a, b = dict((s[0], s) for s in stored.signature()), dict((s[0], s) for s in
                                                                current.signature())
     for name in list(a) + [n for n in b if n not in a]:

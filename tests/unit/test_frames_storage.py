@@ -799,3 +799,26 @@ def test_shards_too_small_for_one_rows_frames_are_refused_before_any_ingest() ->
         ShardLayout(FSPEC, 7)
     assert err.value.key == "storage.capacity_rows"
     assert ShardLayout(FSPEC, 8).frames is not None
+
+
+def test_a_layout_mismatch_says_which_side_stores_frames_once(tmp_path: Path) -> None:
+    """A frame-once checkpoint into a job without stacks, and a plain one into a job with
+    them: refused naming the layouts, not a stored column as a missing field (before:
+    "field 'obs' is in the checkpoint but not in this job's spec" of a job whose spec
+    has obs, declared a stack)."""
+    plain_fields = {k: {kk: vv for kk, vv in v.items() if kk not in ("stack", "next_of")}
+                    for k, v in FRAME_SPEC.items()}
+    plain = Spec.from_config(make_config(spec=plain_fields).spec)
+    paths = {}
+    for name, spec in (("once", FSPEC), ("plain", plain)):
+        a = Shard(spec, 40)
+        a.write(0, frame_rows(0, 1, 20))
+        snap = take_snapshot(0, a.owned.ring, a.owned.index)
+        a.close()
+        paths[name] = _write_checkpoint(tmp_path / name, snap, stored_spec(spec))
+    with pytest.raises(CheckpointError, match=r"stores frame stacks, each frame once "
+                                              r"\(obs\), and this job declares none"):
+        ck.open_checkpoint(paths["once"], spec=stored_spec(plain))
+    with pytest.raises(CheckpointError, match=r"stores rows whole \(no frame stacks\), "
+                                              r"and this job declares frame stacks \(obs\)"):
+        ck.open_checkpoint(paths["plain"], spec=stored_spec(FSPEC))
