@@ -355,6 +355,10 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
     why = damage_of(p)
     if why is not None:
         raise CheckpointError(f"checkpoint {p} is marked damaged ({p / DAMAGED}): {why}")
+    if not (p / DONE).exists() and not (p / MANIFEST).exists():
+        raise CheckpointError(f"{p} is not a checkpoint: it holds neither {MANIFEST} nor "
+                              f"{DONE} (expected a checkpoint directory ckpt-NNNNNN, or a "
+                              f"directory holding them)")
     done = done_record(p)
     if int(done.get("schema_version", 0)) > _files.SCHEMA_VERSION:
         raise CheckpointMismatch(f"checkpoint {p}: schema version {done['schema_version']} "

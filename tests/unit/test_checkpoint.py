@@ -257,6 +257,28 @@ def test_refuses_what_is_not_a_checkpoint(tmp_path: Path) -> None:
         ck.open_checkpoint(d)
 
 
+def test_a_directory_that_is_no_checkpoint_is_not_called_an_unfinished_one(
+        tmp_path: Path) -> None:
+    """A directory with neither a manifest nor a DONE marker (a run's other folders, a
+    typo) is said to be no checkpoint, not one "not completely written (the job stopped
+    while writing it)"; a checkpoint whose DONE is gone still is."""
+    other = tmp_path / "logs"
+    other.mkdir()
+    (other / "x.txt").write_text("x")
+    for read in (ck.open_checkpoint, ck.inspect_checkpoint):
+        try:
+            got = read(other)
+            message = got["error"]
+        except CheckpointError as err:
+            message = str(err)
+        assert "is not a checkpoint" in message and "ckpt-NNNNNN" in message, message
+        assert "not completely written" not in message
+    path = write(tmp_path / "root", 1)
+    (path / ck.DONE).unlink()
+    with pytest.raises(CheckpointError, match="no DONE marker"):
+        ck.open_checkpoint(path)
+
+
 def test_an_oversized_done_marker_is_refused_before_it_is_read(tmp_path: Path) -> None:
     """Before: the marker was read whole, then its size checked (10 GB ran out the time,
     1 GB took 1.1 GB of memory). The file is sparse: no disk is used."""
