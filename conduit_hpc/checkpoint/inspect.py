@@ -22,6 +22,7 @@ from conduit_hpc.checkpoint.files import (
 )
 from conduit_hpc.checkpoint.read import open_checkpoint
 from conduit_hpc.errors import CheckpointError
+from conduit_hpc.storage.frames import LAG_COLUMN, LAG_NONE
 
 
 def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, Any]:
@@ -36,8 +37,10 @@ def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, A
         capacity, commit, owner, priority min/mean/max/sum), ``rows``, ``config_toml``,
         ``counters``, ``rng_ranks``, ``extra_arrays``, ``attributes`` (dataset path in
         the manifest -> its attributes: description, units, alpha, ...), ``columns``
-        (stored column -> codec, stored and raw bytes over every shard); for a root,
-        ``checkpoints`` lists every checkpoint, whether it is complete and why it is
+        (stored column -> codec, stored and raw bytes over every shard); for a frame-once
+        checkpoint, ``deliverable`` (in all and per shard): the slots that are transitions
+        a restore can deliver (not frames only, nor rows whose frames the cut lacks); for
+        a root, ``checkpoints`` lists every checkpoint, whether it is complete and why it is
         marked damaged (``damaged``: None when it is not), and the newest complete one
         not marked damaged is described; when it is refused, ``fallback`` names the
         checkpoint a resume would take instead (the newest older one that opens, and
@@ -101,7 +104,12 @@ def _describe(out: dict[str, Any], p: Path, verify: bool) -> None:
                            "priority_mean": float(prio.mean()) if len(prio) else None,
                            "priority_max": float(prio.max()) if len(prio) else None,
                            "priority_sum": float(prio.sum())})
+            if LAG_COLUMN in ckpt.spec.names:  # frames once: slots that are transitions
+                lag = ckpt.shard_dataset(s.shard_id, f"columns/{LAG_COLUMN}")
+                shards[-1]["deliverable"] = int((lag < LAG_NONE).sum())
         out["shards"] = shards
+        if LAG_COLUMN in ckpt.spec.names:
+            out["deliverable"] = sum(s["deliverable"] for s in shards)
         if verify:
             ckpt.verify()
             out["verified"] = True
@@ -137,7 +145,9 @@ def format_report(report: Mapping[str, Any]) -> str:
                      for f in report["spec"])
     lines.append(f"spec         {spec}")
     shards = report.get("shards", [])
-    lines.append(f"rows         {report['rows']:,} in {len(shards)} shards")
+    lines.append(f"rows         {report['rows']:,} in {len(shards)} shards" + (
+        f" ({report['deliverable']:,} deliverable transitions; the other slots hold frames "
+        f"only, or rows whose frames the cut lacks)" if "deliverable" in report else ""))
     if shards:
         lines.append("")
         lines.append(f"{'shard':>6} {'owner':>6} {'rows':>10} {'capacity':>10} {'commit':>12} "

@@ -235,9 +235,13 @@ class Checkpoint:
 
     def priorities(self, shard_id: int) -> np.ndarray:
         """One shard's current priorities (raw, before alpha), checksum verified."""
+        return self.shard_dataset(shard_id, "priority")
+
+    def shard_dataset(self, shard_id: int, name: str) -> np.ndarray:
+        """One dataset of a shard (``priority``, ``columns/<column>``, ...), verified."""
         rec = self.shards[shard_id]
         with self._file(rec.file) as f:
-            return self._dataset(f, rec.file, f"/shards/{shard_id}/priority")
+            return self._dataset(f, rec.file, f"/shards/{shard_id}/{name}")
 
     def extra_state(self) -> dict[str, np.ndarray]:
         """The named arrays of ``learner.h5`` (model, optimizer, ...), verified; ``{}``

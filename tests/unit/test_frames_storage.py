@@ -822,3 +822,24 @@ def test_a_layout_mismatch_says_which_side_stores_frames_once(tmp_path: Path) ->
     with pytest.raises(CheckpointError, match=r"stores rows whole \(no frame stacks\), "
                                               r"and this job declares frame stacks \(obs\)"):
         ck.open_checkpoint(paths["plain"], spec=stored_spec(FSPEC))
+
+
+def test_inspect_of_a_frame_once_checkpoint_counts_the_transitions_it_can_deliver(
+        tmp_path: Path) -> None:
+    """A frame-once shard's slots hold rows, frames only (episode starts) and rows whose
+    frames the cut lacks: ``inspect`` says how many of its slots are transitions that a
+    restore can deliver (before: only the slots, read as rows)."""
+    a = Shard(FSPEC, 80)
+    for lo in range(0, 60, 5):
+        for e in range(3):
+            a.write(0, {n: c[lo:lo + 5] for n, c in frame_rows(e, 1, 60).items()})
+    snap = take_snapshot(0, a.owned.ring, a.owned.index)
+    a.close()
+    want = int((snap.columns[LAG_COLUMN] < LAG_NONE).sum())
+    assert 0 < want < snap.rows
+    path = _write_checkpoint(tmp_path, snap, stored_spec(FSPEC))
+    report = ck.inspect_checkpoint(path)
+    assert report["ok"] and report["shards"][0]["deliverable"] == want
+    assert report["rows"] == snap.rows and report["deliverable"] == want
+    text = ck.format_report(report)
+    assert f"{snap.rows:,} in 1 shards ({want:,} deliverable transitions" in text, text
