@@ -152,6 +152,14 @@ def check_config(cfg: ApexAtariConfig, n_actors: int, n_learners: int) -> int:
         raise ConfigError("the Atari job's frame stacks are obs (stack = {axis = 0, "
                           "stream = ...}) and next_obs (next_of = 'obs'), or none; got "
                           f"{sorted(stacks)}", key="spec.obs.stack")
+    if stacks:  # the actors write each row's env slot into the stream field, in its type
+        stream = stacks["obs"].stream
+        top = int(np.iinfo(np.dtype(cfg.spec[stream].dtype)).max)
+        if hp.num_envs - 1 > top:
+            raise ConfigError(f"spec.{stream}.dtype must hold every env slot 0 .. "
+                              f"{hp.num_envs - 1} (dqn.num_envs; the stream of the frame "
+                              f"stacks), got {cfg.spec[stream].dtype} (at most {top})",
+                              key=f"spec.{stream}.dtype")
     return hp.num_envs // n_actors
 
 
@@ -205,7 +213,9 @@ def actor_loop(edp: ExperienceDataPlane, cfg: ApexAtariConfig, net: torch.nn.Mod
                       actor_id=edp.world_rank, t0=t0,
                       make_env=lambda n, seed: make_atari_vector_env(hp.env_id, n, seed, atari),
                       obs_dtype="uint8", reward_clip=atari.reward_clip,
-                      stream_field=stacks["obs"].stream if "obs" in stacks else "")
+                      stream_field=stacks["obs"].stream if "obs" in stacks else "",
+                      stream_dtype=(cfg.spec[stacks["obs"].stream].dtype if "obs" in stacks
+                                    else "int64"))
     actor.weights_loaded(edp.policy_version)
     lead = edp.roles.learner_ranks[0]
     pending: list[float] = []

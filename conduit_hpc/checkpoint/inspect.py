@@ -22,6 +22,7 @@ from conduit_hpc.checkpoint.files import (
 )
 from conduit_hpc.checkpoint.read import open_checkpoint
 from conduit_hpc.errors import CheckpointError
+from conduit_hpc.storage.frames import LAG_COLUMN, LAG_NONE
 
 
 def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, Any]:
@@ -36,10 +37,15 @@ def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, A
         capacity, commit, owner, priority min/mean/max/sum), ``rows``, ``config_toml``,
         ``counters``, ``rng_ranks``, ``extra_arrays``, ``attributes`` (dataset path in
         the manifest -> its attributes: description, units, alpha, ...), ``columns``
-        (stored column -> codec, stored and raw bytes over every shard); for a root,
-        ``checkpoints`` lists every checkpoint, whether it is complete and why it is
+        (stored column -> codec, stored and raw bytes over every shard); for a frame-once
+        checkpoint, ``deliverable`` (in all and per shard): the slots that are transitions
+        a restore can deliver (not frames only, nor rows whose frames the cut lacks); for
+        a root, ``checkpoints`` lists every checkpoint, whether it is complete and why it is
         marked damaged (``damaged``: None when it is not), and the newest complete one
-        not marked damaged is described.
+        not marked damaged is described; when it is refused, ``fallback`` names the
+        checkpoint a resume would take instead (the newest older one that opens, and
+        verifies with ``verify``; None: none is left) and ``fallback_verified`` says
+        whether it was verified.
     """
     p = Path(path)
     out: dict[str, Any] = {"path": str(p), "ok": False, "error": None, "verified": False}
@@ -55,6 +61,26 @@ def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, A
             return out
         p = complete[0]
         out["path"] = str(p)
+    _describe(out, p, verify)
+    if "checkpoints" in out and not out["ok"]:  # what a resume takes instead
+        older = [c for c in complete[1:] if damage_of(c) is None]
+        out["fallback"] = next((str(c) for c in older if _usable(c, verify)), None)
+        out["fallback_verified"] = verify
+    return out
+
+
+def _usable(p: Path, verify: bool) -> bool:
+    try:
+        ckpt = open_checkpoint(p)
+        if verify:
+            ckpt.verify()
+        return True
+    except CheckpointError:
+        return False
+
+
+def _describe(out: dict[str, Any], p: Path, verify: bool) -> None:
+    """Fill ``out`` with what checkpoint ``p`` holds, or why it is refused."""
     try:
         ckpt = open_checkpoint(p)
         out.update(seq=ckpt.seq, created_unix=ckpt.created_unix,
@@ -78,14 +104,18 @@ def inspect_checkpoint(path: str | Path, *, verify: bool = False) -> dict[str, A
                            "priority_mean": float(prio.mean()) if len(prio) else None,
                            "priority_max": float(prio.max()) if len(prio) else None,
                            "priority_sum": float(prio.sum())})
+            if LAG_COLUMN in ckpt.spec.names:  # frames once: slots that are transitions
+                lag = ckpt.shard_dataset(s.shard_id, f"columns/{LAG_COLUMN}")
+                shards[-1]["deliverable"] = int((lag < LAG_NONE).sum())
         out["shards"] = shards
+        if LAG_COLUMN in ckpt.spec.names:
+            out["deliverable"] = sum(s["deliverable"] for s in shards)
         if verify:
             ckpt.verify()
             out["verified"] = True
         out["ok"] = True
     except CheckpointError as err:
         out["error"] = str(err)
-    return out
 
 
 def format_report(report: Mapping[str, Any]) -> str:
@@ -107,7 +137,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     if "seq" not in report:
         if report.get("error"):
             lines.append(f"error        {report['error']}")
-        return "\n".join(lines)
+        return "\n".join(lines + _fallback_lines(report))
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(report["created_unix"]))
     lines.append(f"number       {report['seq']}, written {when}, schema version "
                  f"{report['schema_version']}")
@@ -115,7 +145,9 @@ def format_report(report: Mapping[str, Any]) -> str:
                      for f in report["spec"])
     lines.append(f"spec         {spec}")
     shards = report.get("shards", [])
-    lines.append(f"rows         {report['rows']:,} in {len(shards)} shards")
+    lines.append(f"rows         {report['rows']:,} in {len(shards)} shards" + (
+        f" ({report['deliverable']:,} deliverable transitions; the other slots hold frames "
+        f"only, or rows whose frames the cut lacks)" if "deliverable" in report else ""))
     if shards:
         lines.append("")
         lines.append(f"{'shard':>6} {'owner':>6} {'rows':>10} {'capacity':>10} {'commit':>12} "
@@ -170,4 +202,15 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines += ["  " + ln for ln in report["config_toml"].rstrip().splitlines()]
     if report.get("error"):
         lines.append(f"error        {report['error']}")
-    return "\n".join(lines)
+    return "\n".join(lines + _fallback_lines(report))
+
+
+def _fallback_lines(report: Mapping[str, Any]) -> list[str]:
+    """What a resume takes instead of a refused newest checkpoint (roots only)."""
+    if "fallback" not in report:
+        return []
+    if report["fallback"] is None:
+        return ["resume       no older checkpoint is usable: --resume refuses them all"]
+    return [f"resume       --resume falls back to {report['fallback']}" + (
+        "" if report.get("fallback_verified") else
+        " (it opens; --verify reads every checksum, as a resume does)")]

@@ -35,10 +35,12 @@ from conduit_hpc.checkpoint.files import (
     _sha256,
     damage_of,
     done_record,
+    manifest_problem,
     spec_from_json,
 )
 from conduit_hpc.errors import CheckpointError, CheckpointMismatch
 from conduit_hpc.spec import Spec
+from conduit_hpc.storage.frames import LAG_COLUMN
 from conduit_hpc.storage.snapshot import ShardSnapshot, SnapshotStaging
 
 __all__ = ["Checkpoint", "ShardRecord", "open_checkpoint"]
@@ -233,9 +235,13 @@ class Checkpoint:
 
     def priorities(self, shard_id: int) -> np.ndarray:
         """One shard's current priorities (raw, before alpha), checksum verified."""
+        return self.shard_dataset(shard_id, "priority")
+
+    def shard_dataset(self, shard_id: int, name: str) -> np.ndarray:
+        """One dataset of a shard (``priority``, ``columns/<column>``, ...), verified."""
         rec = self.shards[shard_id]
         with self._file(rec.file) as f:
-            return self._dataset(f, rec.file, f"/shards/{shard_id}/priority")
+            return self._dataset(f, rec.file, f"/shards/{shard_id}/{name}")
 
     def extra_state(self) -> dict[str, np.ndarray]:
         """The named arrays of ``learner.h5`` (model, optimizer, ...), verified; ``{}``
@@ -353,6 +359,10 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
     why = damage_of(p)
     if why is not None:
         raise CheckpointError(f"checkpoint {p} is marked damaged ({p / DAMAGED}): {why}")
+    if not (p / DONE).exists() and not (p / MANIFEST).exists():
+        raise CheckpointError(f"{p} is not a checkpoint: it holds neither {MANIFEST} nor "
+                              f"{DONE} (expected a checkpoint directory ckpt-NNNNNN, or a "
+                              f"directory holding them)")
     done = done_record(p)
     if int(done.get("schema_version", 0)) > _files.SCHEMA_VERSION:
         raise CheckpointMismatch(f"checkpoint {p}: schema version {done['schema_version']} "
@@ -395,6 +405,13 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
 
 
 def _spec_diff(stored: Spec, current: Spec) -> str:
+    once = [[n[:-len("__refs")] for n in s.names if n.endswith("__refs")] if LAG_COLUMN in
+            s.names else [] for s in (stored, current)]
+    if bool(once[0]) != bool(once[1]):  # stored columns: say the layouts, not a column
+        ours = (f"stores frame stacks, each frame once ({', '.join(once[0])}), and this job "
+                f"declares none" if once[0] else "stores rows whole (no frame stacks), and "
+                f"this job declares frame stacks ({', '.join(once[1])})")
+        return f"the checkpoint {ours}: the layouts differ"
     a, b = dict((s[0], s) for s in stored.signature()), dict((s[0], s) for s in
                                                                current.signature())
     for name in list(a) + [n for n in b if n not in a]:
@@ -423,13 +440,18 @@ def _read_manifest(p: Path, f: h5py.File) -> Checkpoint:
                                  f"conduit_hpc")
     meta = f["meta"]
     spec = spec_from_json(json.loads(_str(meta["spec"])))
+    raw, files, placement, layout = (json.loads(_str(meta[k])) for k in (
+        "shards", "files", "placement", "layout"))
+    why = manifest_problem(raw, placement, files, layout)
+    if why:
+        raise CheckpointError(f"checkpoint file {p / MANIFEST} is not a valid manifest: {why}")
     shards = [ShardRecord(shard_id=int(s["shard_id"]), capacity=int(s["capacity"]),
                           commit=int(s["commit"]), rows=int(s["rows"]),
                           max_priority=float(s["max_priority"]),
                           applied_updates=int(s["applied_updates"]),
                           dropped_updates=int(s["dropped_updates"]),
                           reserve=int(s["reserve"]), file=str(s["file"]))
-              for s in json.loads(_str(meta["shards"]))]
+              for s in raw]
     counters: dict[int, dict[str, Any]] = {}
     for r, g in f["counters"].items():
         counters[int(r)] = {k: (v.item() if isinstance(v, np.generic) else
@@ -441,7 +463,6 @@ def _read_manifest(p: Path, f: h5py.File) -> Checkpoint:
     return Checkpoint(path=p, seq=int(a["seq"]), created_unix=float(a["created_unix"]),
                       schema_version=version, spec=spec,
                       config_toml=_str(meta["config_toml"]),
-                      layout=json.loads(_str(meta["layout"])),
-                      placement=json.loads(_str(meta["placement"])), shards=shards,
-                      files=json.loads(_str(meta["files"])), counters=counters, rng=rng,
+                      layout=layout, placement=placement, shards=shards,
+                      files=files, counters=counters, rng=rng,
                       sampler=sampler)

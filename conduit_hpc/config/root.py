@@ -129,6 +129,12 @@ class Config:
                         f"a stacked field that no other field follows (spec.{followed.get(of)}"
                         f" has next_of = {of!r} too)")
                 followed[of] = name
+        for name, fc in self.spec.items():
+            if fc.stack.enabled:  # one row may bring a new frame per reference
+                need = fc.shape[fc.stack.axis] * (2 if name in followed else 1)
+                require(self.storage.capacity_rows >= need, "storage.capacity_rows",
+                        self.storage.capacity_rows, f">= {need} with frame stacks (a row "
+                        f"references {need} frames of spec.{name}, each new one a slot)")
         if any(fc.stack.enabled for fc in self.spec.values()):
             # a shard stores each frame once; a window of rows is not gathered that way
             require(self.scheduler.sampler != "sequence", "scheduler.sampler",

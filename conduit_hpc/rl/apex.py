@@ -76,9 +76,11 @@ class ApexActor:
         obs_dtype (str): dtype of the observation columns (``uint8`` for pixels).
         reward_clip (float): rewards enter the n-step returns clipped to
             ``[-reward_clip, reward_clip]`` (0: unclipped); episode returns stay raw.
-        stream_field (str): when set, rows also carry this int64 column: the env slot
-            each row came from over all actors (``actor_index * k + env``), the stream of
-            a frame-stack declaration (``[spec.obs] stack``).
+        stream_field (str): when set, rows also carry this column: the env slot each row
+            came from over all actors (``actor_index * k + env``), the stream of a
+            frame-stack declaration (``[spec.obs] stack``).
+        stream_dtype (str): the integer type of that column (the spec field's; it must
+            hold ``hp.num_envs - 1``).
 
     Raises:
         ValueError: the actor's slots do not fit in ``hp.num_envs``.
@@ -89,7 +91,7 @@ class ApexActor:
                  actor_id: int = 0, t0: float | None = None,
                  make_env: Callable[[int, int], tuple[Any, np.ndarray]] | None = None,
                  obs_dtype: str = "float32", reward_clip: float = 0.0,
-                 stream_field: str = "") -> None:
+                 stream_field: str = "", stream_dtype: str = "int64") -> None:
         k, a = envs_per_actor, actor_index
         if k < 1 or a < 0 or (a + 1) * k > hp.num_envs:
             raise ValueError(f"actor {a} with {k} envs needs slots {a * k}..{(a + 1) * k - 1}"
@@ -100,6 +102,7 @@ class ApexActor:
         self.env, self.obs = made
         self.reward_clip = float(reward_clip)
         self.stream_field, self.first_slot = stream_field, a * k
+        self.stream_dtype = np.dtype(stream_dtype)
         self.rng = np.random.default_rng(seed)
         self.epsilons = hp.epsilons()[a * k:(a + 1) * k]
         self.scored = hp.scored_slots()[a * k:(a + 1) * k]
@@ -144,7 +147,8 @@ class ApexActor:
         prio = (initial_priorities(self.net, batch, target=self.target)
                 if len(batch["action"]) else np.zeros(0))
         if self.stream_field:
-            batch[self.stream_field] = rows["env"] + self.first_slot
+            batch[self.stream_field] = (rows["env"] + self.first_slot).astype(
+                self.stream_dtype)
         return ActorStep(batch, prio, returns, scored)
 
     def close(self) -> None:

@@ -30,7 +30,6 @@ intact iff its own slot *and its oldest frame's* were not handed to a writer.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -40,6 +39,7 @@ from conduit_hpc.errors import SpecError
 from conduit_hpc.spec import Field, FrameStack, Spec
 from conduit_hpc.storage import tree_kernels
 from conduit_hpc.storage.frames_reference import refs_frame_by_frame
+from conduit_hpc.storage.frames_store import FrameStore, fingerprints, frame_words
 
 __all__ = [
     "LAG_COLUMN",
@@ -170,73 +170,9 @@ class WritePlan:
     new: list[list[tuple[int, int, int]]]
 
 
-_MULTIPLIERS: dict[int, np.ndarray] = {}
-
 #: what :meth:`FrameWriter._refs` finds: per frame a seq or ``-1 - j``, the new frames,
 #: the frames to check byte for byte and what against
 _Refs = tuple[np.ndarray, list[tuple[int, int, int]], np.ndarray, np.ndarray]
-
-
-def fingerprints(frames: np.ndarray, *, compiled: bool = True) -> np.ndarray:
-    """A 64-bit fingerprint per frame (``frames``: ``[m, ...]``, C-contiguous): a sum of
-    the frame's words times fixed random odd multipliers, modulo 2**64. Only a hint: equal
-    frames have equal fingerprints; equal fingerprints are checked byte for byte.
-    ``compiled``: one compiled loop where numba is there (the same sum), else numpy's
-    uint64 matmul (the reference)."""
-    m = len(frames)
-    words = _words(frames)
-    n_words = int(words.shape[1])
-    mult = _MULTIPLIERS.get(n_words)
-    if mult is None:
-        odd = np.random.default_rng(0x5EED).integers(0, 1 << 63, n_words,
-                                                     dtype=np.uint64) * 2 + 1
-        mult = _MULTIPLIERS[n_words] = np.asarray(odd, np.uint64)
-    k = tree_kernels.kernel("fingerprint") if compiled else None
-    if k is not None and m:
-        out = np.empty(m, np.uint64)
-        k(np.ascontiguousarray(words), mult, out)  # the same modular sum, compiled
-        return out
-    return np.asarray(words.astype(np.uint64, copy=False) @ mult, np.uint64)
-
-
-def _words(frames: np.ndarray) -> np.ndarray:
-    """``frames`` (``[m, ...]``, C-contiguous) as ``[m, words]`` of the widest unsigned
-    integer whose size divides a frame's bytes (the byte check compares words)."""
-    size = math.prod(frames.shape[1:]) * frames.dtype.itemsize  # (np.prod: ~5 us)
-    raw = frames.view(np.uint8).reshape(len(frames), size)  # [0, size] too
-    w = next(k for k in (8, 4, 2, 1) if size % k == 0)
-    return raw.view(f"<u{w}")
-
-
-class _FrameStore:
-    """The frames a :class:`FrameWriter` remembers for one group: rows of one array
-    (grown by doubling), so that a batch's byte check reads them in one compiled pass
-    (or one numpy take) instead of stacking a copy of each."""
-
-    def __init__(self) -> None:
-        self.data: np.ndarray | None = None  # [rows, words] of _words' dtype
-        self.free: list[int] = []
-
-    def put(self, words: np.ndarray) -> list[int]:
-        """Remember ``words`` (``[n, frame words]``); returns their rows."""
-        n = len(words)
-        if self.data is None:  # a group's frames keep their shape: set once
-            self.data = np.empty((0, *words.shape[1:]), words.dtype)
-        if len(self.free) < n:
-            old = len(self.data)
-            size = max(64, 2 * old, old + n - len(self.free))
-            grown = np.empty((size, *words.shape[1:]), words.dtype)
-            grown[:old] = self.data
-            self.data = grown
-            self.free.extend(range(size - 1, old - 1, -1))
-        rows = [self.free.pop() for _ in range(n)]
-        if n:
-            self.data[np.asarray(rows, np.int64)] = words
-        return rows
-
-    def drop(self, row: int) -> None:
-        """Row ``row`` no longer holds a remembered frame: hand it out again."""
-        self.free.append(row)
 
 
 class FrameWriter:
@@ -259,8 +195,9 @@ class FrameWriter:
         # oldest first; the store holds a copy of each remembered frame
         self.known: list[dict[int, dict[int, tuple[int, int]]]] = [
             {} for _ in codec.groups]
-        self.stores = [_FrameStore() for _ in codec.groups]
+        self.stores = [FrameStore() for _ in codec.groups]
         self.end = 0  # the end of this writer's last reservation
+        self.swept = 0  # the reserve cursor of the last forgetting of old frames
         self.frames_stored = 0
         self.frames_referenced = 0
         self.fingerprint_clashes = 0  # equal fingerprints of unequal frames (stored anew)
@@ -280,10 +217,10 @@ class FrameWriter:
         return tuple(out)
 
     @staticmethod
-    def _differ(parts: tuple[np.ndarray, ...], store: _FrameStore, at: np.ndarray,
+    def _differ(parts: tuple[np.ndarray, ...], store: FrameStore, at: np.ndarray,
                 src: np.ndarray, *, compiled: bool = True) -> np.ndarray:
         """Per checked frame: whether batch frame ``at[j]`` (``parts``: the batch's
-        frames, per field, as :func:`_words`; :meth:`_parts` numbers them) differs from
+        frames, per field, as :func:`frame_words`; :meth:`_parts` numbers them) differs from
         store row ``src[j]`` (>= 0) or from batch frame ``-1 - src[j]``. One compiled
         pass where numba is there, else numpy over the fields' frames concatenated (the
         reference)."""
@@ -313,8 +250,12 @@ class FrameWriter:
         reference; faster below ~64 frames, so ``None`` picks by size): the same plan."""
         if reserved < self.end:  # the ring went back (a restore): forget everything
             self.known = [{} for _ in self.codec.groups]
-            self.stores = [_FrameStore() for _ in self.codec.groups]
+            self.stores = [FrameStore() for _ in self.codec.groups]
+            self.swept = 0
         horizon = max(0, reserved - capacity // 2)
+        if reserved - self.swept >= max(1, capacity // 4):
+            self._forget(horizon)  # memory bounded by the ring's slots, not the streams
+            self.swept = reserved
         rows = self.codec.spec.rows_of(batch)
         refs, frames_of, new = [], [], []
         for gi, g in enumerate(self.codec.groups):
@@ -325,7 +266,7 @@ class FrameWriter:
             resolve = self._refs if fast else refs_frame_by_frame
             r, fresh, check_at, check_to = resolve(self.known[gi], streams, fps, horizon)
             if len(check_at):  # the bytes decide: a fingerprint that lied stores its frame
-                differ = self._differ(tuple(_words(p) for p in parts), self.stores[gi],
+                differ = self._differ(tuple(frame_words(p) for p in parts), self.stores[gi],
                                       check_at, check_to)
                 for x in check_at[differ].tolist():
                     self.fingerprint_clashes += 1
@@ -338,6 +279,21 @@ class FrameWriter:
             new.append(fresh)
         slots = max([rows] + [len(f) for f in new])
         return WritePlan(rows, slots, refs, frames_of, new)
+
+    def _forget(self, horizon: int) -> None:
+        """Drop the remembered frames older than ``horizon`` (no lookup takes them; each
+        stream's are oldest first) and the streams left with none."""
+        for known, store in zip(self.known, self.stores, strict=True):
+            for stream in list(known):
+                seen = known[stream]
+                while seen:
+                    fp, (seq, row) = next(iter(seen.items()))
+                    if seq >= horizon:
+                        break
+                    del seen[fp]
+                    store.drop(row)
+                if not seen:
+                    del known[stream]
 
     @staticmethod
     def _refs(known: dict[int, dict[int, tuple[int, int]]], streams: np.ndarray,
@@ -409,7 +365,7 @@ class FrameWriter:
             fresh = plan.new[gi]
             frames = self._take(plan.frames[gi], [x for _, _, x in fresh])
             known, store = self.known[gi], self.stores[gi]
-            rows_of = store.put(_words(frames))
+            rows_of = store.put(frame_words(frames))
             for j, (stream, fp, _) in enumerate(fresh):
                 seen = known.setdefault(stream, {})
                 old = seen.pop(fp, None)
@@ -457,13 +413,18 @@ def seal_cut(codec: FrameCodec | None, columns: Mapping[str, np.ndarray],
     """Make a cut (stored columns of the slots from seq ``first_seq`` on, oldest first)
     self-contained: a row that references a frame outside the cut (before it, or past
     its end: a batch whose last slots were not committed yet) can never be delivered
-    from it, so its lag becomes :data:`LAG_NONE` (in place). No-op for the plain layout."""
+    from it, so its lag becomes :data:`LAG_NONE` (in place); so does a row whose lag
+    does not say where its frames start (negative, or a reference before ``seq - lag``:
+    a damaged or rewritten cut, whose references would resolve to other slots). No-op
+    for the plain layout."""
     if codec is None or not len(columns[LAG_COLUMN]):
         return
     lag = columns[LAG_COLUMN]
     n = len(lag)
     seqs = np.arange(first_seq, first_seq + n, dtype=np.int64)
-    bad = seqs - np.minimum(lag, LAG_NONE) < first_seq
+    low = seqs - np.minimum(lag, LAG_NONE)  # where the row's frames start, by its lag
+    bad = (lag < 0) | (low < first_seq)
     for g in codec.groups:
-        bad |= (columns[g.refs] >= first_seq + n).any(axis=1)
+        refs = columns[g.refs]
+        bad |= (refs >= first_seq + n).any(axis=1) | (refs.min(axis=1) < low)
     lag[bad] = LAG_NONE

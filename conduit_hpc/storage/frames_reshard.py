@@ -39,14 +39,13 @@ class CutRows:
         self.codec, self.snap = codec, snap
         self.first = int(snap.seqs[0]) if snap.rows else 0
         frames = {g.frame for g in codec.groups}
-        lag = snap.columns[LAG_COLUMN] if snap.rows else np.zeros(0, np.int64)
-        seqs = self.first + np.arange(len(lag), dtype=np.int64)
-        ok = (lag >= 0) & (lag < LAG_NONE) & (seqs - lag >= self.first)
-        for g in codec.groups:
-            if snap.rows:
-                ok &= (snap.columns[g.refs] < self.first + len(lag)).all(axis=1)
+        cols = dict(snap.columns)
+        if snap.rows:  # (sealed again: a row referencing frames the cut lacks is none)
+            cols[LAG_COLUMN] = cols[LAG_COLUMN].copy()
+            seal_cut(codec, cols, self.first)
+        lag = cols[LAG_COLUMN] if snap.rows else np.zeros(0, np.int64)
         #: per position in the cut: whether a deliverable row is there
-        self.ok = ok
+        self.ok = lag < LAG_NONE
 
         def read(name: str, slots: np.ndarray, dst: np.ndarray) -> None:
             col = snap.columns[name]
@@ -97,7 +96,7 @@ def reshard_frames(codec: FrameCodec, old_shards: int,
     order = np.lexsort((src, age))  # by age, ties by old shard
     src, pos = src[order], pos[order]
     ids = np.array([cuts[o].snap.columns[stream][i] for o, i in zip(src, pos, strict=True)],
-                   np.int64)
+                   codec.spec[stream].dtype)  # its own integer type: uint64 ids fit
     caps = np.asarray(new_capacities, np.int64)
     where: dict[int, int] = {}
     load = np.zeros(len(caps), np.int64)

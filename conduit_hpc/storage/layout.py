@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from conduit_hpc.errors import ConfigError
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage.frames import FrameCodec
 from conduit_hpc.storage.sumtree import tree_nodes
@@ -127,6 +128,12 @@ class ShardLayout:
         self.spec = spec
         self.frames = FrameCodec(spec) if spec.stacks else None
         self.stored = spec if self.frames is None else self.frames.stored
+        need = max((g.width for g in self.frames.groups), default=0) if self.frames else 0
+        if capacity < need:  # a row may bring a new frame per reference: never written
+            raise ConfigError(f"storage.capacity_rows must give each shard at least {need} "
+                              f"slots with frame stacks (a row references {need} frames, "
+                              f"each new one a slot), got a shard of {capacity} slots",
+                              key="storage.capacity_rows")
         self.capacity = int(capacity)
         self.stamps_offset = HEADER_BYTES
         self.priority_offset = _align(self.stamps_offset + 8 * capacity)

@@ -39,7 +39,7 @@ import numpy as np
 
 from conduit_hpc.config.checks import MAX_PRIORITY
 from conduit_hpc.spec import Spec
-from conduit_hpc.storage.frames import seal_cut
+from conduit_hpc.storage.frames import LAG_COLUMN, seal_cut
 from conduit_hpc.storage.priority import PriorityIndex
 from conduit_hpc.storage.ring import H_COMMIT, H_FREE, H_RESERVE, ShardRing, ring_segments
 
@@ -270,13 +270,17 @@ def restore_snapshot(ring: ShardRing, index: PriorityIndex, snap: ShardSnapshot)
     snap.check(ring.layout.stored)
     n = snap.rows
     slots = snap.seqs % cap
+    columns = dict(snap.columns)
+    if ring.layout.frames is not None:  # rows referencing frames it lacks: never delivered
+        columns[LAG_COLUMN] = columns[LAG_COLUMN].copy()
+        seal_cut(ring.layout.frames, columns, snap.commit - n)
     v.stamps[:] = 0
     v.priority[:] = np.nan
     for seg in ring_segments(snap.commit - n, n, cap):
         dst = slice(seg.slot, seg.slot + seg.count)
         src = slice(seg.src, seg.src + seg.count)
         for name, col in v.columns.items():
-            col[dst] = snap.columns[name][src]
+            col[dst] = columns[name][src]
         v.priority[dst] = snap.init_priority[src]
         v.stamps[dst] = snap.seqs[src] + 1
     ring.transport.sync()

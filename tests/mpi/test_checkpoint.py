@@ -289,6 +289,38 @@ def one_cycle(root: Path, rows_per_actor: int, compression: dict | None = None) 
         save_checkpoint(edp, root)
 
 
+@pytest.mark.mpi(min_size=2)
+def test_a_restore_failing_on_one_rank_for_another_reason_fails_on_every_rank(
+        shared_dir, monkeypatch) -> None:
+    """Reading a checkpoint fails on one rank with an error that is not the checkpoint's
+    (out of memory, a bug): every rank raises a CheckpointError naming that rank and the
+    error, no rank waits for the others for ever, and the checkpoint is neither skipped
+    nor marked damaged (before: that rank raised alone and the others hung in the
+    agreement)."""
+    from conduit_hpc.features.checkpointing import resume
+
+    one_cycle(shared_dir, 2)
+    path = ck.list_checkpoints(shared_dir)[-1]
+    last = COMM.size - 1
+    real = resume._load_shards
+
+    def load(edp, ckpt):
+        if edp.world_rank == last:
+            raise MemoryError("cannot allocate 1.00 TiB")
+        return real(edp, ckpt)
+
+    monkeypatch.setattr(resume, "_load_shards", load)
+    with ExperienceDataPlane(cfg_for(1, 1, capacity=1000)) as edp:
+        for source in (path, "latest"):
+            with pytest.raises(CheckpointError, match=rf"world rank {last}: MemoryError: "
+                                                      r"cannot allocate 1.00 TiB"):
+                restore_data_plane(edp, source, roots=[shared_dir])
+        assert ck.damage_of(path) is None
+        edp.done()
+        if edp.serves:
+            edp.serve()
+
+
 @pytest.mark.mpi(min_size=3)
 def test_resume_latest_falls_back_past_refused_checkpoints(shared_dir) -> None:
     root = shared_dir

@@ -193,3 +193,36 @@ def test_checkpoint_restores_the_same_rows_and_reshards(shared_dir) -> None:
             else:
                 edp2.serve()
             delivered_rows(edp2)  # still exact after more writes
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_checkpoint_of_other_stack_depths_is_refused_on_every_rank(shared_dir) -> None:
+    """A checkpoint of obs and next_obs stacks of 4 frames into a job whose obs is a
+    stack of 8 with no next stack (the same stored columns): refused on every rank,
+    naming the field and both depths, never restored into stacks it does not hold; the
+    newest-first search skips it without marking it damaged."""
+    from conduit_hpc import CheckpointError
+    from conduit_hpc import checkpoint as ck
+    from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
+
+    def cfg(spec):
+        return make_config(spec=spec, layout={"learners": 0, "buffers": 1},
+                           storage={"capacity_rows": 96})
+
+    with ExperienceDataPlane(cfg(FRAME_SPEC)) as edp:
+        if edp.role is Role.ACTOR:
+            produce(edp, 5, seed=edp.world_rank)
+            edp.done()
+        else:
+            edp.serve()
+        result = save_checkpoint(edp, shared_dir)
+    deeper = {n: f for n, f in FRAME_SPEC.items() if n != "next_obs"}
+    deeper["obs"] = dict(FRAME_SPEC["obs"], shape=[8, 6, 5])
+    with ExperienceDataPlane(cfg(deeper)) as edp2:
+        with pytest.raises(CheckpointError, match=r"spec\.obs as a stack of 4 frames with "
+                                                  r"its next stack next_obs, this job "
+                                                  r"declares 8 frames"):
+            restore_data_plane(edp2, result.path)
+        with pytest.raises(CheckpointError, match="no usable checkpoint"):
+            restore_data_plane(edp2, "latest", roots=[result.path.parent])
+        assert ck.damage_of(result.path) is None

@@ -257,6 +257,28 @@ def test_refuses_what_is_not_a_checkpoint(tmp_path: Path) -> None:
         ck.open_checkpoint(d)
 
 
+def test_a_directory_that_is_no_checkpoint_is_not_called_an_unfinished_one(
+        tmp_path: Path) -> None:
+    """A directory with neither a manifest nor a DONE marker (a run's other folders, a
+    typo) is said to be no checkpoint, not one "not completely written (the job stopped
+    while writing it)"; a checkpoint whose DONE is gone still is."""
+    other = tmp_path / "logs"
+    other.mkdir()
+    (other / "x.txt").write_text("x")
+    for read in (ck.open_checkpoint, ck.inspect_checkpoint):
+        try:
+            got = read(other)
+            message = got["error"]
+        except CheckpointError as err:
+            message = str(err)
+        assert "is not a checkpoint" in message and "ckpt-NNNNNN" in message, message
+        assert "not completely written" not in message
+    path = write(tmp_path / "root", 1)
+    (path / ck.DONE).unlink()
+    with pytest.raises(CheckpointError, match="no DONE marker"):
+        ck.open_checkpoint(path)
+
+
 def test_an_oversized_done_marker_is_refused_before_it_is_read(tmp_path: Path) -> None:
     """Before: the marker was read whole, then its size checked (10 GB ran out the time,
     1 GB took 1.1 GB of memory). The file is sparse: no disk is used."""
@@ -356,6 +378,33 @@ def test_inspect_reports_good_and_damaged(tmp_path: Path) -> None:
     (path / ck.DONE).unlink()
     gone = ck.inspect_checkpoint(path)
     assert not gone["ok"] and "no DONE marker" in gone["error"]
+
+
+def test_inspect_of_a_root_whose_newest_is_refused_names_the_one_resume_takes(
+        tmp_path: Path) -> None:
+    """A root whose newest checkpoint is damaged (not yet marked so by a resume):
+    ``inspect`` describes the newest and why it is refused, and says which checkpoint
+    ``--resume`` falls back to (before, only that the newest was refused), or that none
+    is left."""
+    write(tmp_path, 1)
+    write(tmp_path, 2)
+    newest = write(tmp_path, 3)
+    flip_byte_in(newest / "buffer-0000.h5", "/shards/0/columns/wseq")
+    report = ck.inspect_checkpoint(tmp_path, verify=True)
+    assert not report["ok"] and "fails its checksum" in report["error"]
+    assert report["path"] == str(newest)
+    assert report["fallback"] == str(tmp_path / "ckpt-000002")
+    text = ck.format_report(report)
+    assert f"--resume falls back to {tmp_path / 'ckpt-000002'}" in text, text
+    for seq in (1, 2):
+        flip_byte_in(tmp_path / ck.checkpoint_name(seq) / "buffer-0000.h5",
+                     "/shards/0/columns/wseq")
+    report = ck.inspect_checkpoint(tmp_path, verify=True)
+    assert not report["ok"] and report["fallback"] is None
+    assert "no older checkpoint is usable: --resume refuses them all" in ck.format_report(
+        report)
+    cheap = ck.inspect_checkpoint(tmp_path)  # without --verify the damage is not seen
+    assert cheap["ok"] and "fallback" not in cheap
 
 
 def test_checkpoint_config_section(tmp_path: Path) -> None:

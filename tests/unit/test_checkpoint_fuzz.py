@@ -124,3 +124,76 @@ def test_damaged_done_fields_are_named(pristine: Path, tmp_path: Path, field: st
     assert fragment in str(err.value)
     report = ck.inspect_checkpoint(newest, verify=True)
     assert not report["ok"] and fragment in report["error"]
+
+
+def _rewrite_meta(ckpt: Path, name: str, change: Any) -> None:
+    """Rewrite the manifest's ``/meta/<name>`` JSON through ``change`` and re-seal the
+    checkpoint (``DONE``'s sizes and SHA-256): a manifest written so, not damaged."""
+    import h5py
+
+    m = ckpt / ck.MANIFEST
+    with h5py.File(m, "a") as f:
+        raw = f["meta"][name][()]
+        new = change(json.loads(raw.decode() if isinstance(raw, bytes) else raw))
+        del f["meta"][name]
+        f["meta"][name] = json.dumps(new)
+    rec = json.loads((ckpt / ck.DONE).read_text())
+    rec["files"] = {n: (ckpt / n).stat().st_size for n in rec["files"]}
+    rec["manifest_sha256"] = ck.files._sha256(m)
+    (ckpt / ck.DONE).write_text(json.dumps(rec))
+
+
+def _set_in(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
+    if not path:
+        return value
+    key, *rest = path
+    if ((isinstance(doc, list) and isinstance(key, int) and key < len(doc))
+            or (isinstance(doc, dict) and key in doc)):
+        doc[key] = _set_in(doc[key], tuple(rest), value)
+    return doc
+
+
+META_KEYS = [("shards", ()), ("shards", (0,)), ("shards", (1, "shard_id")),
+             ("shards", (0, "capacity")), ("shards", (0, "rows")), ("shards", (1, "commit")),
+             ("shards", (0, "file")), ("shards", (2, "reserve")),
+             ("placement", ()), ("placement", ("shards",)), ("placement", ("shards", 1)),
+             ("placement", ("shards", 0, "owner_rank")), ("files", ()),
+             ("layout", ()), ("spec", ()), ("spec", (0,)), ("spec", (1, "shape"))]
+
+
+@settings(deadline=None, max_examples=150, suppress_health_check=[
+    HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(st.sampled_from(META_KEYS), JSON_VALUES)
+def test_a_manifest_record_of_any_value_is_refused_or_harmless(pristine: Path,
+                                                              tmp_path: Path, key: Any,
+                                                              value: Any) -> None:
+    """The manifest's JSON records (shards, placement, files, layout, spec) with any value
+    at any place, the checkpoint re-sealed: opening, reading every shard and ``inspect``
+    each work or refuse with a CheckpointError; never another exception (an IndexError
+    from a shard id that is no position, a TypeError from a placement that is no table)."""
+    root = _copy(pristine, tmp_path / "r")
+    newest = root / ck.checkpoint_name(2)
+    name, path = key
+    _rewrite_meta(newest, name, lambda doc: _set_in(doc, path, value))
+    _all_refuse_or_work(newest)
+    listing = ck.inspect_checkpoint(root)  # a root: the listing and the newest described
+    assert listing["ok"] or isinstance(listing["error"], str)
+
+
+@pytest.mark.parametrize(("name", "change", "fragment"), [
+    ("shards", lambda s: [{**r, "shard_id": 3} if i == 0 else r for i, r in enumerate(s)],
+     "shard record 0 has shard_id 3"),
+    ("placement", lambda p: {**p, "shards": p["shards"][:1]},
+     "placement lists 1 shards, the manifest 3"),
+    ("placement", lambda p: "x", "placement must be a table"),
+])
+def test_a_manifest_at_odds_with_itself_is_refused_naming_the_record(
+        pristine: Path, tmp_path: Path, name: str, change: Any, fragment: str) -> None:
+    root = _copy(pristine, tmp_path / "r")
+    newest = root / ck.checkpoint_name(2)
+    _rewrite_meta(newest, name, change)
+    with pytest.raises(CheckpointError, match="not a valid manifest") as err:
+        ck.open_checkpoint(newest, spec=SPEC)
+    assert fragment in str(err.value)
+    report = ck.inspect_checkpoint(newest)
+    assert not report["ok"] and fragment in report["error"]

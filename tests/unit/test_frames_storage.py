@@ -340,7 +340,7 @@ def test_bench_frames_reports_a_sixth_or_less(capsys, tmp_path: Path) -> None:
     assert once["checkpoint"][0]["ratio_to_full"] <= 1 / 6
 
 
-def _write_checkpoint(root: Path, snap, spec: Spec) -> Path:
+def _write_checkpoint(root: Path, snap, spec: Spec, config_toml: str = "") -> Path:
     tmp = root / ".tmp-ckpt"
     tmp.mkdir(parents=True)
     rec = ck.write_shard_file(tmp / "buffer-0000.h5", [snap], attrs={"world_rank": 1})
@@ -351,7 +351,7 @@ def _write_checkpoint(root: Path, snap, spec: Spec) -> Path:
                  "actor_shards": {}, "learner_shards": {}}
     layout = {"world_size": 2, "learner_ranks": [], "buffer_ranks": [1], "actor_ranks": [0],
               "node_of": [0, 0]}
-    man = ck.write_manifest(tmp, seq=1, spec=spec, config_toml="", layout=layout,
+    man = ck.write_manifest(tmp, seq=1, spec=spec, config_toml=config_toml, layout=layout,
                             placement=placement, parts=parts)
     final = root / ck.checkpoint_name(1)
     ck.finalize(tmp, final, man)
@@ -543,7 +543,8 @@ def test_compiled_byte_check_equals_numpy(n, words, seed, dtype) -> None:
     """FrameWriter's byte check, compiled against numpy: frames of a batch (in one part,
     or two: its fields') against remembered frames and against the batch's own frames,
     equal and differing (in one word anywhere, the first and the last included)."""
-    from conduit_hpc.storage.frames import FrameWriter, _FrameStore
+    from conduit_hpc.storage.frames import FrameWriter
+    from conduit_hpc.storage.frames_store import FrameStore as _FrameStore
 
     rng = np.random.default_rng(seed)
     batch = rng.integers(0, 4, (n, words)).astype(dtype)
@@ -628,3 +629,217 @@ def _plans_agree(steps, streams, alphabet, seed, cap) -> None:
         assert fast.known == ref.known
         assert fast.fingerprint_clashes == ref.fingerprint_clashes
         first += a.slots
+
+
+def test_a_writer_forgets_frames_past_the_horizon_whatever_the_streams() -> None:
+    """Bounded memory: a writer remembers only frames a row may still reference (at or
+    past half a lap before the reserve cursor), however many streams it has seen. A
+    stream id per episode (a new stream every few rows) once kept every stream's
+    frames forever: the remembered frames, and the store's rows, grew with the streams."""
+    spec = Spec.from_config(make_config(spec=FRAME_SPEC).spec)
+    cap = 64
+    w = FrameWriter(FrameCodec(spec))
+    first = 0
+    for ep in range(400):
+        rows = frame_rows(ep, ep, 6)  # a new stream each episode
+        plan = w.plan(spec.validate(rows), first, cap)
+        w.columns(plan, rows, first, None)
+        first += plan.slots
+        held = [seq for seen in w.known[0].values() for seq, _ in seen.values()]
+        assert len(held) <= cap, f"{len(held)} frames remembered in a {cap}-slot shard"
+        assert len(w.known[0]) <= cap  # no stream kept without a frame
+        assert min(held) >= first - plan.slots - cap  # nothing a row can no longer use
+    store = w.stores[0]
+    assert store.data is not None and len(store.data) <= 4 * cap
+    # what it still remembers is what it uses: the plan after a sweep is the plan of a
+    # writer that never swept (the same stream again shares its recent frames)
+    again = frame_rows(399, 399, 6)
+    plan = w.plan(spec.validate(again), first, cap)
+    assert plan.slots == 6 and all(len(n) == 0 for n in plan.new)
+
+
+def test_a_checkpoint_of_other_stack_depths_is_refused_though_its_columns_match(
+        tmp_path: Path) -> None:
+    """The stored columns say the frame shape and the references per row, not how they
+    split into stacks: a checkpoint of ``obs`` and ``next_obs`` stacks of 4 frames has the
+    columns of an ``obs`` stack of 8 with no next stack, whose rows would be rebuilt as
+    ``obs`` and ``next_obs`` end to end. The checkpoint's config says its stacks: another
+    depth is a CheckpointMismatch naming the field and both depths."""
+    from conduit_hpc.config import to_toml
+    from conduit_hpc.features.checkpointing.resume import stacks_problem
+
+    a = Shard(FSPEC, 40)
+    a.write(0, frame_rows(0, 1, 20))
+    snap = take_snapshot(0, a.owned.ring, a.owned.index)
+    a.close()
+    cfg = make_config(spec=FRAME_SPEC)
+    path = _write_checkpoint(tmp_path, snap, stored_spec(FSPEC),
+                             config_toml=to_toml(cfg.to_dict()))
+    deeper = dict(FRAME_SPEC, obs=dict(FRAME_SPEC["obs"], shape=[8, 6, 5]))
+    del deeper["next_obs"]
+    spec8 = Spec.from_config(make_config(spec=deeper).spec)
+    ckpt = ck.open_checkpoint(path, spec=stored_spec(spec8))  # the columns match
+    why = stacks_problem(ckpt, spec8)
+    assert "spec.obs" in why and "4 frames" in why and "8" in why, why
+    assert stacks_problem(ckpt, FSPEC) == ""
+    # a stack on another axis (the same frames) and a renamed next stack are the same
+    moved = dict(FRAME_SPEC, obs=dict(FRAME_SPEC["obs"], shape=[6, 4, 5],
+                                      stack={"axis": 1, "stream": "env"}),
+                 next_obs={"dtype": "uint8", "shape": [6, 4, 5], "next_of": "obs"})
+    assert stacks_problem(ckpt, Spec.from_config(make_config(spec=moved).spec)) == ""
+    # a checkpoint whose config does not say (written by hand) is not refused for it
+    bare = _write_checkpoint(tmp_path / "bare", snap, stored_spec(FSPEC))
+    assert stacks_problem(ck.open_checkpoint(bare), spec8) == ""
+
+
+def test_streams_of_uint64_ids_past_int64_reshard() -> None:
+    """A stream field may be any integer type: uint64 ids at and past 2**63 (hashes, say)
+    are written and resharded alike, every row exact (the reshard once turned the ids
+    into int64: OverflowError, and the checkpoint could not be restored into another
+    layout)."""
+    spec = Spec.from_config(make_config(spec=dict(FRAME_SPEC, env={"dtype": "uint64"})).spec)
+    a = Shard(spec, 80)
+    sent = {}
+    for e in range(3):
+        rows = frame_rows(e, 1, 20)
+        rows["env"] = rows["env"].astype(np.uint64) + np.uint64(2**63 + 5) * np.uint64(e % 2)
+        a.write(0, rows)
+        for i in range(20):
+            sent[(int(rows["env"][i]), int(rows["step"][i]))] = rows["obs"][i], rows["next_obs"][i]
+    snap = take_snapshot(0, a.owned.ring, a.owned.index)
+    a.close()
+    codec = ShardLayout(spec, 8).frames
+    assert codec is not None
+    new, dropped = reshard_frames(codec, 1, [snap].__getitem__, [50, 50], [0, 1], 1.0)
+    assert dropped == 0
+    got = 0
+    for k, cap in enumerate((50, 50)):
+        b = Shard(spec, cap)
+        try:
+            with b.owned.writing():
+                restore_snapshot(b.owned.ring, b.owned.index, new[k])
+            b.owned.hidden_upto = new[k].commit
+            _, cols = b.delivered()
+            for i in range(len(cols["env"])):
+                obs, nxt = sent[(int(cols["env"][i]), int(cols["step"][i]))]
+                assert np.array_equal(cols["obs"][i], obs)
+                assert np.array_equal(cols["next_obs"][i], nxt)
+            got += len(cols["env"])
+        finally:
+            b.close()
+    assert got >= 0.9 * len(sent)
+
+
+@pytest.mark.parametrize("forgery", ["past the cut", "before the cut", "before its lag",
+                                     "negative lag"])
+def test_rows_whose_references_leave_the_cut_are_never_delivered(forgery: str) -> None:
+    """A cut whose rows' references (or lags) were rewritten, with their checksums (the
+    checksums cannot tell): restored into the same shard or resharded, a row that
+    references a frame outside the cut, or before where its lag says its frames start,
+    is never delivered (its references would resolve to other slots: other frames, or
+    garbage); the other rows are delivered exactly. Before, every such row was delivered
+    with frames of other slots."""
+    a = Shard(FSPEC, 80)
+    for lo in range(0, 60, 5):
+        for e in range(3):
+            a.write(0, {n: c[lo:lo + 5] for n, c in frame_rows(e, 1, 60).items()})
+    snap = take_snapshot(0, a.owned.ring, a.owned.index)
+    a.close()
+    refs, lag = snap.columns["obs__refs"], snap.columns[LAG_COLUMN]
+    rows = np.flatnonzero(lag < LAG_NONE)
+    hit = rows[::3]
+    first = int(snap.seqs[0])
+    if forgery == "past the cut":
+        refs[hit, 0] = 10**15
+    elif forgery == "before the cut":
+        refs[hit, 0] = first - 5
+        lag[hit] = 0
+    elif forgery == "before its lag":
+        refs[hit, 0] = snap.seqs[hit] - lag[hit] - 1
+    else:
+        lag[hit] = -7
+    b = Shard(FSPEC, 80)
+    try:
+        with b.owned.writing():
+            restore_snapshot(b.owned.ring, b.owned.index, snap)
+        b.owned.hidden_upto = snap.commit
+        b.owned.track_held_frames()
+        b.owned.poll()
+        seqs, cols = b.delivered()
+        assert frame_stacks_of(cols).all()
+        assert not set(seqs.tolist()) & set(snap.seqs[hit].tolist())
+        assert len(seqs) >= len(rows) - len(hit) - 5
+    finally:
+        b.close()
+    codec = ShardLayout(FSPEC, 8).frames
+    assert codec is not None
+    new, _ = reshard_frames(codec, 1, [snap].__getitem__, [100], [0], 1.0)
+    c = Shard(FSPEC, 100)
+    try:
+        with c.owned.writing():
+            restore_snapshot(c.owned.ring, c.owned.index, new[0])
+        c.owned.hidden_upto = new[0].commit
+        _, cols = c.delivered()
+        assert frame_stacks_of(cols).all() and len(cols["env"]) > 0
+    finally:
+        c.close()
+
+
+def test_shards_too_small_for_one_rows_frames_are_refused_before_any_ingest() -> None:
+    """One row of a fresh stream may bring a new frame for every reference it holds (8 for
+    obs and next_obs stacks of 4): a shard of fewer slots could never take it, and the
+    first such row failed at ingest ("split it": a batch of one row). Refused when the
+    config loads (the whole replay) and when a shard's layout is made (each shard, before
+    any window), naming storage.capacity_rows and the slots a row needs."""
+    with pytest.raises(ConfigError, match=r"storage\.capacity_rows .* 8 .* got 6") as err:
+        make_config(spec=FRAME_SPEC, storage={"capacity_rows": 6})
+    assert err.value.key == "storage.capacity_rows"
+    make_config(spec=FRAME_SPEC, storage={"capacity_rows": 8})
+    with pytest.raises(ConfigError, match=r"shard of 7 slots") as err:
+        ShardLayout(FSPEC, 7)
+    assert err.value.key == "storage.capacity_rows"
+    assert ShardLayout(FSPEC, 8).frames is not None
+
+
+def test_a_layout_mismatch_says_which_side_stores_frames_once(tmp_path: Path) -> None:
+    """A frame-once checkpoint into a job without stacks, and a plain one into a job with
+    them: refused naming the layouts, not a stored column as a missing field (before:
+    "field 'obs' is in the checkpoint but not in this job's spec" of a job whose spec
+    has obs, declared a stack)."""
+    plain_fields = {k: {kk: vv for kk, vv in v.items() if kk not in ("stack", "next_of")}
+                    for k, v in FRAME_SPEC.items()}
+    plain = Spec.from_config(make_config(spec=plain_fields).spec)
+    paths = {}
+    for name, spec in (("once", FSPEC), ("plain", plain)):
+        a = Shard(spec, 40)
+        a.write(0, frame_rows(0, 1, 20))
+        snap = take_snapshot(0, a.owned.ring, a.owned.index)
+        a.close()
+        paths[name] = _write_checkpoint(tmp_path / name, snap, stored_spec(spec))
+    with pytest.raises(CheckpointError, match=r"stores frame stacks, each frame once "
+                                              r"\(obs\), and this job declares none"):
+        ck.open_checkpoint(paths["once"], spec=stored_spec(plain))
+    with pytest.raises(CheckpointError, match=r"stores rows whole \(no frame stacks\), "
+                                              r"and this job declares frame stacks \(obs\)"):
+        ck.open_checkpoint(paths["plain"], spec=stored_spec(FSPEC))
+
+
+def test_inspect_of_a_frame_once_checkpoint_counts_the_transitions_it_can_deliver(
+        tmp_path: Path) -> None:
+    """A frame-once shard's slots hold rows, frames only (episode starts) and rows whose
+    frames the cut lacks: ``inspect`` says how many of its slots are transitions that a
+    restore can deliver (before: only the slots, read as rows)."""
+    a = Shard(FSPEC, 80)
+    for lo in range(0, 60, 5):
+        for e in range(3):
+            a.write(0, {n: c[lo:lo + 5] for n, c in frame_rows(e, 1, 60).items()})
+    snap = take_snapshot(0, a.owned.ring, a.owned.index)
+    a.close()
+    want = int((snap.columns[LAG_COLUMN] < LAG_NONE).sum())
+    assert 0 < want < snap.rows
+    path = _write_checkpoint(tmp_path, snap, stored_spec(FSPEC))
+    report = ck.inspect_checkpoint(path)
+    assert report["ok"] and report["shards"][0]["deliverable"] == want
+    assert report["rows"] == snap.rows and report["deliverable"] == want
+    text = ck.format_report(report)
+    assert f"{snap.rows:,} in 1 shards ({want:,} deliverable transitions" in text, text

@@ -122,3 +122,49 @@ def test_a_real_preprocessed_ale_env() -> None:
         assert int(env.single_action_space.n) == 6
     finally:
         env.close()
+
+
+@pytest.mark.parametrize(("dtype", "num_envs", "ok"), [
+    ("int32", 6, True), ("uint8", 256, True), ("int8", 129, False), ("uint8", 257, False)])
+def test_the_atari_jobs_stream_field_of_any_integer_type_that_holds_every_env_slot(
+        dtype: str, num_envs: int, ok: bool) -> None:
+    """jobs/apex_atari.py with ``[spec.env]`` (the frame stacks' stream) of another integer
+    type: the actors' rows carry the env slot in that type, so ingest takes them; a type
+    too small for ``dqn.num_envs`` slots is refused when the config is checked, naming
+    the field (before: accepted, and every actor's first ingest raised a SpecError)."""
+    import sys
+    from pathlib import Path
+
+    from conduit_hpc.config import tomllib
+    from conduit_hpc.spec import Spec
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root))
+    try:
+        import jobs.apex_atari as job
+    finally:
+        sys.path.remove(str(root))
+    raw = tomllib.loads((root / "jobs" / "apex_atari.toml").read_text())
+    raw["spec"]["env"]["dtype"] = dtype
+    raw["dqn"]["num_envs"] = num_envs
+    cfg = job.ApexAtariConfig.from_dict(raw)
+    actors = 1 if num_envs % 3 else 3
+    if not ok:
+        with pytest.raises(ConfigError, match=rf"spec\.env\.dtype .* {num_envs - 1}.* "
+                                              rf"got {dtype}") as err:
+            job.check_config(cfg, actors, 1)
+        assert err.value.key == "spec.env.dtype"
+        return
+    assert job.check_config(cfg, actors, 1) == num_envs // actors
+    hp = DQNSection(num_envs=2, n_step=1, gamma=0.5, window=1)
+    actor = ApexActor(hp, NatureQNetwork((4, 36, 36), 3, hidden=(8,)), actor_index=0,
+                      envs_per_actor=2, seed=0,
+                      make_env=lambda n, seed: (_FakeVectorEnv(),
+                                                np.zeros((n, 4, 36, 36), np.uint8)),
+                      obs_dtype="uint8", stream_field="env", stream_dtype=dtype)
+    rows = [actor.step().rows for _ in range(3)][-1]
+    actor.close()
+    spec = Spec.from_config(cfg.spec)
+    batch = spec.empty(len(rows["env"]))
+    batch["env"] = rows["env"]
+    assert spec.validate(batch)["env"].dtype == np.dtype(dtype)

@@ -20,8 +20,9 @@ import numpy as np
 
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.checkpoint.files import checkpoint_root
-from conduit_hpc.config import Config
+from conduit_hpc.config import Config, tomllib
 from conduit_hpc.errors import CheckpointError, CheckpointMismatch
+from conduit_hpc.spec import FrameStack, Spec, frame_stacks
 from conduit_hpc.storage.frames import FrameCodec, stored_spec
 from conduit_hpc.storage.frames_reshard import reshard_frames
 from conduit_hpc.storage.snapshot import (
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from conduit_hpc.plane.host import FeatureHost
 
 __all__ = ["RestoreResult", "checkpoint_root", "restore_data_plane", "restore_lines",
-           "resume_roots", "resumed_counter"]
+           "resume_roots", "resumed_counter", "stacks_problem"]
 
 log = logging.getLogger("conduit_hpc.checkpoint")
 
@@ -108,6 +109,33 @@ def resumed_counter(restored: RestoreResult | None, rank: int, key: str) -> int:
     return int(restored.counters.get(rank, {}).get(key, 0))
 
 
+def stacks_problem(ckpt: ck.Checkpoint, spec: Spec) -> str:
+    """Why a checkpoint whose stored columns match ``spec``'s cannot be restored into it
+    ("" if it can): a stacked field of another depth. The columns hold the frame shape
+    and the references per row, so stacks of 4 with a next stack and of 8 without one
+    store alike, and the references would rebuild other stacks. The checkpoint's config
+    says its stacks; one that does not (written by hand) is taken as it is. Local."""
+    if not spec.stacks:
+        return ""
+    try:
+        table = tomllib.loads(ckpt.config_toml).get("spec")
+        theirs = frame_stacks(Config.from_dict({"spec": table}).spec) if table else {}
+    except (tomllib.TOMLDecodeError, ValueError):  # (ConfigError is a ValueError)
+        return ""
+    for name, st in spec.stacks.items():
+        old = theirs.get(name)
+        if old is not None and old.depth != st.depth:
+            return (f"checkpoint {ckpt.path} stores spec.{name} as a stack of "
+                    f"{_stack_words(old)}, this job declares {_stack_words(st)}: its "
+                    f"frame references would rebuild other stacks")
+    return ""
+
+
+def _stack_words(st: FrameStack) -> str:
+    return f"{st.depth} frames" + (f" with its next stack {st.next_field}" if st.next_field
+                                   else ", no next stack")
+
+
 def _load_shards(edp: FeatureHost, ckpt: ck.Checkpoint
                  ) -> tuple[dict[int, ShardSnapshot], bool, int]:
     """This rank's new shards, read (and verified) from the checkpoint."""
@@ -174,7 +202,8 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
 
     Raises:
         CheckpointError: on every rank: a given checkpoint is refused (file and reason),
-            or every candidate was.
+            or every candidate was; or reading failed on some rank for a reason that is
+            not the checkpoint's (naming the rank and the error; no fallback).
     """
     world = edp.roles.world
     me = edp.world_rank
@@ -201,7 +230,10 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             while candidates:
                 c = candidates.pop(0)
                 try:
-                    ck.open_checkpoint(c, spec=stored_spec(edp.spec))
+                    why = stacks_problem(ck.open_checkpoint(c, spec=stored_spec(edp.spec)),
+                                         edp.spec)
+                    if why:
+                        raise CheckpointMismatch(why)
                     decision["path"] = str(c)
                     break
                 except CheckpointError as err:
@@ -223,7 +255,8 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
                 log.info("resume: no checkpoint found under %s; starting fresh",
                          ", ".join(map(str, roots)) or "(no directory)")
             return None
-        error = None
+        error = fatal = None
+        failure: Exception | None = None
         try:
             ckpt = ck.open_checkpoint(decision["path"], spec=stored_spec(edp.spec))
             snaps, resharded, dropped = _load_shards(edp, ckpt)
@@ -231,13 +264,19 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             extra = ckpt.extra_state() if me in learners else {}
         except CheckpointError as err:
             error = str(err)
-        errors = gather_json(world, error, leader)
+        except Exception as err:  # not the checkpoint's fault: every rank stops with it
+            failure, fatal = err, f"world rank {me}: {type(err).__name__}: {err}"
+        errors = gather_json(world, [error, fatal], leader)
         verdict: dict[str, Any] = {}
         if me == leader:
             assert errors is not None
-            bad = [e for e in errors if e]
-            verdict = {"error": bad[0] if bad else None}
+            bad = [e for e, _ in errors if e]
+            worst = [f for _, f in errors if f]
+            verdict = {"error": bad[0] if bad else None, "fatal": worst[0] if worst else None}
         verdict = bcast_json(world, verdict, leader)
+        if verdict["fatal"] is not None:
+            raise CheckpointError(f"restoring {decision['path']} failed on "
+                                  f"{verdict['fatal']}") from failure
         if verdict["error"] is None:
             break
         if strict:
