@@ -115,18 +115,32 @@ class TensorDictColumns:
         skip (iterable of keys): the buffer's own entries (``index``, ...), never stored.
 
     Raises:
-        ConfigError: a spec field that names no TensorDict key.
+        ConfigError: a spec field that names no TensorDict key, or whose key is in
+            ``exclude_keys`` or ``skip`` (it could never be filled).
     """
 
     def __init__(self, spec: Spec, exclude_keys: Iterable[Any] = (),
                  skip: Iterable[Any] = ()) -> None:
         self.spec = spec
         self.exclude_keys = {normalise_key(k) for k in exclude_keys}
-        self._skip = {*self.exclude_keys, *(normalise_key(k) for k in skip)}
+        own = {normalise_key(k) for k in skip}
+        self._skip = {*self.exclude_keys, *own}
         try:
             self.keys: dict[str, NestedKey] = {n: key_of(n) for n in spec.names}
         except SpecError as err:
             raise ConfigError(str(err), key="spec") from err
+        for name, key in self.keys.items():
+            if key in self.exclude_keys:
+                raise ConfigError(f"exclude_keys holds {key!r}, which is the spec field "
+                                  f"{name!r}: an excluded entry is never stored, so the "
+                                  f"field could never be filled; drop it from exclude_keys "
+                                  f"or [spec.{name}] from the config", key=f"spec.{name}")
+            if key in own:
+                raise ConfigError(f"spec field {name!r} is the TensorDict key {key!r}, which "
+                                  f"the buffer keeps for itself (its own keys: "
+                                  f"{', '.join(map(repr, sorted(map(str, own))))}), never "
+                                  f"stored; rename the field and its entry, or pass another "
+                                  f"priority_key", key=f"spec.{name}")
 
     def columns(self, td: TensorDictBase) -> dict[str, np.ndarray]:
         """``td``'s rows as spec columns (leading batch dimensions flattened).

@@ -186,3 +186,24 @@ def test_spec_tables_give_the_spec_a_collector_batch_needs() -> None:
     spec = Spec.from_dict({n: (f["dtype"], tuple(f["shape"])) for n, f in parsed.items()})
     cols = TensorDictColumns(spec, exclude_keys=[("collector", "traj_ids")]).columns(td)
     assert cols["next__done"].dtype == np.bool_
+
+
+
+@pytest.mark.parametrize(("exclude", "skip", "match"), [
+    (["observation"], (), r"exclude_keys holds 'observation', which is the spec field "
+                          r"'observation'"),
+    ([("next", "done")], (), r"exclude_keys holds \('next', 'done'\)"),
+    ((), ["index", "observation"], r"spec field 'observation' is the TensorDict key "
+                                   r"'observation', which the buffer keeps for itself"),
+])
+def test_a_spec_field_that_could_never_be_filled_is_refused_up_front(exclude, skip,
+                                                                     match) -> None:
+    """A spec field whose key is excluded, or is one of the buffer's own keys (``index``,
+    ``priority_weight``, the priority key), is never stored: every extend() failed with
+    'TensorDict has no key ...' although it had one. Refused when the buffer is built,
+    naming the field."""
+    from conduit_hpc.errors import ConfigError
+    from conduit_hpc.integrations.torchrl import TensorDictColumns
+
+    with pytest.raises(ConfigError, match=match):
+        TensorDictColumns(_spec(), exclude_keys=exclude, skip=skip)
