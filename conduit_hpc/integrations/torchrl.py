@@ -67,11 +67,15 @@ if _problem is not None:
 
 
 def _numpy_dtype(t: torch.dtype, key: NestedKey) -> np.dtype:
+    why = (f"TensorDict key {key!r}: dtype {t} has no numpy equivalent the data plane "
+           f"stores (one of {', '.join(DTYPES)})")
     try:
-        return np.dtype(torch.empty(0, dtype=t).numpy().dtype)
+        dt = np.dtype(torch.empty(0, dtype=t).numpy().dtype)
     except TypeError as err:
-        raise SpecError(f"TensorDict key {key!r}: dtype {t} has no numpy equivalent the "
-                        f"data plane stores (one of {', '.join(DTYPES)})") from err
+        raise SpecError(why) from err
+    if dt.name not in DTYPES:  # complex64: numpy has it, a spec field cannot
+        raise SpecError(why)
+    return dt
 
 
 def _leaves(td: TensorDictBase, skip: set[NestedKey]) -> dict[NestedKey, Any]:
@@ -170,7 +174,8 @@ class TensorDictColumns:
             if tuple(v.shape[1:]) != f.shape:
                 raise SpecError(f"TensorDict key {key!r} (spec field {name!r}): per-row "
                                 f"shape {tuple(v.shape[1:])}, the spec has {f.shape}")
-            cols[name] = v.detach().cpu().numpy()
+            # by spec.as_array's rule: a sparse tensor's values, a meta one refused
+            cols[name] = as_array(v, f"TensorDict key {key!r} (spec field {name!r})")
         missing = [n for n in self.keys if n not in cols]
         if missing:
             raise SpecError(f"TensorDict has no key {self.keys[missing[0]]!r} (spec field "

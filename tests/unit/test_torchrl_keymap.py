@@ -207,3 +207,26 @@ def test_a_spec_field_that_could_never_be_filled_is_refused_up_front(exclude, sk
 
     with pytest.raises(ConfigError, match=match):
         TensorDictColumns(_spec(), exclude_keys=exclude, skip=skip)
+
+
+def test_meta_sparse_and_complex_entries_get_the_spec_rule_not_a_torch_error() -> None:
+    """An entry on the meta device was a NotImplementedError ('Cannot copy out of meta
+    tensor') and a sparse one a TypeError from ``.numpy()``; ``spec_tables`` wrote
+    ``dtype = "complex64"``, which no spec loads. Now: SpecError naming the key, the
+    sparse entry's values, and complex refused like any dtype a field cannot have."""
+    from conduit_hpc.integrations.torchrl import TensorDictColumns, spec_tables
+
+    td = _good()
+    td.set("observation", torch.zeros(3, 4, device="meta"))
+    with pytest.raises(SpecError, match=r"key 'observation' \(spec field 'observation'\): "
+                                        r"a tensor on the meta device"):
+        TensorDictColumns(_spec()).columns(td)
+    td = _good()
+    dense = td.get("observation").clone()
+    td.set("observation", dense.to_sparse())
+    np.testing.assert_array_equal(TensorDictColumns(_spec()).columns(td)["observation"],
+                                  dense.numpy())
+    td = _good()
+    td.set("z", torch.zeros(3, dtype=torch.complex64))
+    with pytest.raises(SpecError, match=r"key 'z': dtype torch.complex64 has no numpy"):
+        spec_tables(td)
