@@ -71,6 +71,22 @@ class RllibSection:
                 self.rollout_fragment_length, ">= 1")
         require(math.isfinite(self.target_return), "rllib.target_return", self.target_return,
                 "a finite number")
+        # RLlib takes each of these as given and fails (or trains nonsense) on the ranks
+        require(0 < self.gamma <= 1, "rllib.gamma", self.gamma, "in (0, 1]")
+        require(self.n_step >= 1, "rllib.n_step", self.n_step, ">= 1")
+        require(math.isfinite(self.lr) and self.lr > 0, "rllib.lr", self.lr,
+                "a finite number > 0")
+        require(all(h >= 1 for h in self.hidden), "rllib.hidden", self.hidden,
+                "widths >= 1")
+        require(self.learning_starts >= 0, "rllib.learning_starts", self.learning_starts,
+                ">= 0")
+        require(self.target_update_steps >= 0, "rllib.target_update_steps",
+                self.target_update_steps, ">= 0")
+        require(self.epsilon_steps >= 1, "rllib.epsilon_steps", self.epsilon_steps, ">= 1")
+        require(0 <= self.epsilon_final <= 1, "rllib.epsilon_final", self.epsilon_final,
+                "in [0, 1]")
+        require(self.smoothing_episodes >= 1, "rllib.smoothing_episodes",
+                self.smoothing_episodes, ">= 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -95,6 +95,27 @@ def test_the_job_refuses_a_bad_buffer_key_on_the_login_node() -> None:
     assert set(sys.modules[cls.__module__].BUFFER_EXTRA_KEYS) <= set(rllib.BUFFER_KEYS)
 
 
+
+@pytest.mark.parametrize(("override", "key"), [
+    ("rllib.gamma=nan", "rllib.gamma"),        # ran, then sample(gamma=nan) refused
+    ("rllib.gamma=0", "rllib.gamma"),
+    ("rllib.n_step=0", "rllib.n_step"),        # refused on the ranks only
+    ("rllib.lr=-1", "rllib.lr"),               # trained uphill until the time budget
+    ("rllib.lr=inf", "rllib.lr"),
+    ("rllib.hidden=[0]", "rllib.hidden"),      # IndexError in RLlib on the learner rank
+    ("rllib.learning_starts=-1", "rllib.learning_starts"),
+    ("rllib.target_update_steps=-1", "rllib.target_update_steps"),
+    ("rllib.epsilon_steps=0", "rllib.epsilon_steps"),
+    ("rllib.epsilon_final=2", "rllib.epsilon_final"),  # epsilon beyond 1: ran
+    ("rllib.epsilon_final=nan", "rllib.epsilon_final"),
+    ("rllib.smoothing_episodes=0", "rllib.smoothing_episodes"),
+])
+def test_the_job_refuses_bad_hyperparameters_on_the_login_node(override, key) -> None:
+    """Every [rllib] number RLlib takes as given is checked when the config loads (before
+    mpirun), naming the key and the value."""
+    with pytest.raises(ConfigError, match=rf"{key} must be .*, got "):
+        job_config(override)
+
 def chunks(steps: int, cut_at: tuple[int, ...], terminated: bool):
     """One RLlib episode of ``steps`` steps (observation t = [t]*4, reward t+1, action
     t % 2) handed over in chunks, cut as RLlib's env runner cuts them."""
