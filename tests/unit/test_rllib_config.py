@@ -109,11 +109,12 @@ def test_the_job_refuses_a_bad_buffer_key_on_the_login_node() -> None:
     ("rllib.epsilon_final=2", "rllib.epsilon_final"),  # epsilon beyond 1: ran
     ("rllib.epsilon_final=nan", "rllib.epsilon_final"),
     ("rllib.smoothing_episodes=0", "rllib.smoothing_episodes"),
+    ("rllib.max_env_steps=0", "rllib.max_env_steps"),  # was named rllib.rllib.max_env_steps
 ])
 def test_the_job_refuses_bad_hyperparameters_on_the_login_node(override, key) -> None:
     """Every [rllib] number RLlib takes as given is checked when the config loads (before
     mpirun), naming the key and the value."""
-    with pytest.raises(ConfigError, match=rf"{key} must be .*, got "):
+    with pytest.raises(ConfigError, match=rf": {key} must be .*, got "):
         job_config(override)
 
 def chunks(steps: int, cut_at: tuple[int, ...], terminated: bool):
