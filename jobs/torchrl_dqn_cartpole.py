@@ -130,8 +130,11 @@ class TorchRLSection:
         require(0 < self.tau <= 1, "tau", self.tau, "in (0, 1]")
         require(self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "> 0")
         require(self.frames_per_batch >= 1, "frames_per_batch", self.frames_per_batch, ">= 1")
-        require(0 <= self.eps_end <= self.eps_init <= 1, "eps_end", self.eps_end,
-                "0 <= eps_end <= eps_init <= 1")
+        require(0 <= self.eps_init <= 1, "eps_init", self.eps_init, "in [0, 1]")
+        require(0 <= self.eps_end <= self.eps_init, "eps_end", self.eps_end,
+                f"in [0, eps_init = {self.eps_init}]")
+        require(not math.isnan(self.target_return), "target_return", self.target_return,
+                "a number (NaN is never reached)")
         require(self.annealing_frames >= 1, "annealing_frames", self.annealing_frames, ">= 1")
         require(self.window >= 1, "window", self.window, ">= 1")
         require(self.max_env_steps >= 1, "max_env_steps", self.max_env_steps, ">= 1")
