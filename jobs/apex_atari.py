@@ -81,6 +81,7 @@ from conduit_hpc.rl import (
     DQNSection,
     DQNUpdater,
     NatureQNetwork,
+    check_actor_batch,
     describe_transitions,
     make_atari_vector_env,
     merge_episode_files,
@@ -152,6 +153,7 @@ def check_config(cfg: ApexAtariConfig, n_actors: int, n_learners: int) -> int:
         raise ConfigError("the Atari job's frame stacks are obs (stack = {axis = 0, "
                           "stream = ...}) and next_obs (next_of = 'obs'), or none; got "
                           f"{sorted(stacks)}", key="spec.obs.stack")
+    check_actor_batch(hp, hp.num_envs // n_actors, cfg.scheduler)
     return hp.num_envs // n_actors
 
 

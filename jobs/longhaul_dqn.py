@@ -161,6 +161,9 @@ def check_dqn(cfg: LongHaulJobConfig, n_actors: int) -> int:
     if n_actors < 1 or hp.num_envs % n_actors:
         raise ConfigError(f"dqn.num_envs must be a positive multiple of the number of "
                           f"actor ranks ({n_actors}), got {hp.num_envs}", key="dqn.num_envs")
+    from conduit_hpc.rl import check_actor_batch
+
+    check_actor_batch(hp, int(hp.num_envs) // n_actors, cfg.scheduler)
     return int(hp.num_envs) // n_actors
 
 

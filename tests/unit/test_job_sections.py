@@ -36,3 +36,24 @@ def test_a_bad_job_section_value_is_refused_naming_it(job: str, override: str,
 @pytest.mark.parametrize("job", ["torchrl_dqn_cartpole"])
 def test_the_jobs_as_written_load(job: str) -> None:
     load(job)
+
+
+@pytest.mark.parametrize(("job", "actors"), [("dqn_cartpole", 4), ("apex_atari", 2)])
+def test_an_n_step_whose_ingests_the_rate_limiter_refuses_is_refused_at_start(
+        job: str, actors: int) -> None:
+    """An Ape-X actor ingests up to envs_per_actor * n_step rows at once (every env
+    ending an episode in one step); over scheduler.max_insert_batch the rate limiter
+    refused that ingest mid-run ('batch of 95 rows exceeds scheduler.max_insert_batch =
+    64' on an actor with dqn.n_step = 1000000). The job's start-up check refuses it, naming
+    dqn.n_step; a larger max_insert_batch (with its error_buffer) makes it fit."""
+    import sys
+
+    cfg = load(job, "dqn.n_step=1000")
+    check = sys.modules[type(cfg).__module__].check_config
+    with pytest.raises(ConfigError, match=r"dqn\.n_step = 1000 with .* env\(s\) per actor "
+                                          r"makes ingests of up to \d+ rows"):
+        check(cfg, actors, 1)
+    k = cfg.dqn.num_envs // actors
+    ok = load(job, "dqn.n_step=1000", f"scheduler.max_insert_batch={1000 * k}",
+              f"scheduler.error_buffer={cfg.scheduler.samples_per_insert * 1000 * k + 64}")
+    assert check(ok, actors, 1) == k
