@@ -57,3 +57,10 @@ def test_an_n_step_whose_ingests_the_rate_limiter_refuses_is_refused_at_start(
     ok = load(job, "dqn.n_step=1000", f"scheduler.max_insert_batch={1000 * k}",
               f"scheduler.error_buffer={cfg.scheduler.samples_per_insert * 1000 * k + 64}")
     assert check(ok, actors, 1) == k
+
+
+@pytest.mark.parametrize("batches", [0, -1])
+def test_the_example_job_refuses_a_batch_count_below_one(batches: int) -> None:
+    """example.batches = -1 ran, took no batch and printed 'learner 0: -1 batches'."""
+    with pytest.raises(ConfigError, match=rf"example\.batches must be >= 1, got {batches}"):
+        load("example_gym", f"example.batches={batches}")
