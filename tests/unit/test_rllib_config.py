@@ -150,3 +150,42 @@ def test_episode_chunks_become_the_n_step_transitions_rllib_would_sample(n, term
     assert np.allclose(got["reward"], want)
     assert got["terminated"].tolist() == [terminated and t == steps - 1 for t in range(steps)]
     assert (got["n_step"] == n).all() and not asm.open  # the finished episode is forgotten
+
+
+def test_the_buffer_refuses_bad_priorities_episodes_and_state_naming_them() -> None:
+    """Before: a scalar TD error was TypeError ('has no len()'), a tensor that requires
+    grad torch's RuntimeError, complex TD errors lost their imaginary part, a non-episode
+    in add() an AttributeError, and set_state took 'abc' (ValueError from int()), -5 and
+    None (AttributeError). Now each is a ValueError naming what was expected, and a
+    refused update keeps the batch's indices for a good one."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from conduit_hpc.errors import SpecError
+    from conduit_hpc.testing import make_config
+
+    sent: list[np.ndarray] = []
+    edp = SimpleNamespace(
+        config=make_config(spec={"obs": {"dtype": "float32"}}, scheduler={"batch_rows": 4},
+                           layout={"learners": 1, "buffers": 1}),
+        update_priorities=lambda idx, p: sent.append(p))
+    rllib._ACTIVE.append(rllib._Active(edp, 0.99, 1, rllib.PathTimes()))
+    try:
+        rb = rllib.DataPlaneEpisodeReplayBuffer()
+    finally:
+        rllib._ACTIVE.pop()
+    rb._last = np.zeros((4, 3), np.int64)  # as after sample()
+    for bad in (1.0, None, "abcd", np.ones(3), np.ones((4, 2)), np.ones(4) * 1j):
+        with pytest.raises(SpecError, match=r"update_priorities: priorities"):
+            rb.update_priorities(bad)
+    rb.update_priorities(-2 * torch.ones(4, requires_grad=True))
+    np.testing.assert_array_equal(sent[0], [2.0] * 4)
+    for bad in ([1, 2], None):
+        with pytest.raises(SpecError, match="add\\(\\) takes RLlib SingleAgentEpisode"):
+            rb.add(bad)
+    for bad in ({"added": "abc"}, {"sampled": -5}, {"added": True}, None):
+        with pytest.raises(ValueError, match="set_state"):
+            rb.set_state(bad)
+    rb.set_state({"added": 7, "sampled": np.int64(3)})
+    assert rb.get_state() == {"added": 7, "sampled": 3}
