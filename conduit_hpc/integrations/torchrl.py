@@ -120,7 +120,8 @@ class TensorDictColumns:
 
     Raises:
         ConfigError: a spec field that names no TensorDict key, or whose key is in
-            ``exclude_keys`` or ``skip`` (it could never be filled).
+            ``exclude_keys`` or ``skip`` (it could never be filled), or two fields
+            where one's key holds the other's (``next`` and ``next__obs``).
     """
 
     def __init__(self, spec: Spec, exclude_keys: Iterable[Any] = (),
@@ -133,6 +134,16 @@ class TensorDictColumns:
             self.keys: dict[str, NestedKey] = {n: key_of(n) for n in spec.names}
         except SpecError as err:
             raise ConfigError(str(err), key="spec") from err
+        paths = {n: (k,) if isinstance(k, str) else k for n, k in self.keys.items()}
+        leaf = {path: n for n, path in paths.items()}
+        for name, path in paths.items():
+            inner = next((leaf[path[:i]] for i in range(1, len(path)) if path[:i] in leaf),
+                         None)
+            if inner is not None:
+                raise ConfigError(f"spec fields {inner!r} and {name!r} are the TensorDict "
+                                  f"entries {self.keys[inner]!r} and {self.keys[name]!r}: "
+                                  f"an entry is a tensor or holds nested entries, never "
+                                  f"both; rename one of them", key=f"spec.{name}")
         for name, key in self.keys.items():
             if key in self.exclude_keys:
                 raise ConfigError(f"exclude_keys holds {key!r}, which is the spec field "

@@ -230,3 +230,19 @@ def test_meta_sparse_and_complex_entries_get_the_spec_rule_not_a_torch_error() -
     td.set("z", torch.zeros(3, dtype=torch.complex64))
     with pytest.raises(SpecError, match=r"key 'z': dtype torch.complex64 has no numpy"):
         spec_tables(td)
+
+
+@pytest.mark.parametrize("names", [("next", "next__obs"), ("a__b__c", "a__b", "x"),
+                                   ("a__b", "a__b__c__d")])
+def test_a_field_whose_key_holds_another_fields_key_is_refused(names) -> None:
+    """``next`` and ``next__obs``: a TensorDict entry is a tensor or holds nested entries,
+    never both, so no TensorDict had both keys (every extend() said one was missing) and
+    building a sampled TensorDict raised tensordict's KeyError. Refused up front."""
+    _tensordict_or_skip()
+    from conduit_hpc.errors import ConfigError
+    from conduit_hpc.integrations.torchrl import TensorDictColumns
+    from conduit_hpc.spec import Field, Spec
+
+    spec = Spec([Field(n, np.dtype("float32"), ()) for n in names])
+    with pytest.raises(ConfigError, match=r"an entry is a tensor or holds nested entries"):
+        TensorDictColumns(spec)
