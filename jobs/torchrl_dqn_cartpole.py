@@ -335,6 +335,12 @@ def run_plane(cfg: TorchRLDQNConfig, run_dir: Path | None) -> dict[str, Any]:
     hp = cfg.torchrl
     out: dict[str, Any] = {}
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
+        n_learners = len(edp.roles.learner_ranks)
+        if n_learners != 1:  # every rank alike (the roles are agreed), before a collective
+            raise ConfigError(f"this job has one learner rank (TorchRL's loss trains alone, "
+                              f"and the actors report episodes to it), got {n_learners} "
+                              f"from [layout]; set layout.learners = 1",
+                              key="layout.learners")
         rank, role = edp.world_rank, edp.role
         env = make_env(cfg.run.seed * 1000 + rank) if not edp.serves else None
         actor = make_actor(env, hp, cfg.run.seed) if env is not None else None
