@@ -84,7 +84,13 @@ def _leaves(td: TensorDictBase, skip: set[NestedKey]) -> dict[NestedKey, Any]:
         key = normalise_key(k)
         if key in skip:
             continue
-        v = td.get(key)
+        try:
+            v = td.get(key)
+        except RuntimeError as err:  # a lazy stack whose rows differ in shape
+            raise SpecError(f"TensorDict key {key!r}: its rows cannot be stacked into one "
+                            f"array (a lazy stack of TensorDicts whose entries differ in "
+                            f"shape?); the data plane stores rows of one shape: {err}"
+                            ) from err
         if not isinstance(v, torch.Tensor):
             raise SpecError(f"TensorDict key {key!r} holds a {type(v).__name__}, not a "
                             f"tensor; the data plane stores tensors only (leave it out "

@@ -246,3 +246,15 @@ def test_a_field_whose_key_holds_another_fields_key_is_refused(names) -> None:
     spec = Spec([Field(n, np.dtype("float32"), ()) for n in names])
     with pytest.raises(ConfigError, match=r"an entry is a tensor or holds nested entries"):
         TensorDictColumns(spec)
+
+
+def test_a_lazy_stack_of_rows_of_different_shapes_is_a_spec_error_naming_the_key() -> None:
+    """Was tensordict's RuntimeError ('Failed to stack tensors within a tensordict')."""
+    TensorDict = _tensordict_or_skip()
+    from tensordict import LazyStackedTensorDict
+
+    from conduit_hpc.integrations.torchrl import TensorDictColumns
+
+    rows = [TensorDict({"observation": torch.zeros(n)}, []) for n in (4, 3)]
+    with pytest.raises(SpecError, match=r"key 'observation': its rows cannot be stacked"):
+        TensorDictColumns(_spec()).columns(LazyStackedTensorDict.lazy_stack(rows, 0))
