@@ -26,6 +26,9 @@ def load(job: str, *sets: str) -> object:
     # a NaN target is never reached: the run went on to its budgets
     ("torchrl_dqn_cartpole", "torchrl.target_return=nan",
      r"torchrl\.target_return must be a number .*, got nan"),
+    # the learner slept 1e9 s per superstep: the job hung, every rank waiting for it
+    ("longhaul_dqn", "job.learner_step_s=1e9",
+     r"job\.learner_step_s must be .*3600.*, got 1000000000\.0"),
 ])
 def test_a_bad_job_section_value_is_refused_naming_it(job: str, override: str,
                                                       match: str) -> None:
