@@ -186,6 +186,12 @@ def run(cfg: RllibDQNConfig, run_dir: Path | None, resume: str) -> None:
     dqn = algo_config(cfg)
     check_algo_config(dqn, cfg)  # every rank, before any collective and before Ray
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
+        idle = len(edp.roles.actor_ranks)  # layout.actors = 0 is "the rest of -n"
+        if idle:  # every rank alike (the roles are agreed), before Ray or a collective
+            raise ConfigError(f"this job runs on learner and buffer ranks only (RLlib's "
+                              f"process collects), but -n leaves {idle} actor rank(s) with "
+                              f"nothing to do; use -n {edp.roles.world.size - idle}",
+                              key="layout.actors")
         if edp.serves:
             edp.serve()
         elif edp.role is Role.LEARNER:
