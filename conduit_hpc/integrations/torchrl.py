@@ -309,6 +309,9 @@ class DataPlaneReplayBuffer:
             ConduitError: not an actor rank.
         """
         self._need(Role.ACTOR, "extend()", "collectors run on actor ranks")
+        if not isinstance(data, TensorDictBase):
+            raise SpecError(f"extend() takes a TensorDict (a collector's batch), got "
+                            f"{type(data).__name__}")
         rows = data.reshape(-1) if data.batch_dims != 1 else data
         cols = self.check(rows)
         n = len(rows)
