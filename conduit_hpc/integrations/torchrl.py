@@ -421,6 +421,9 @@ class DataPlaneReplayBuffer:
         """
         if not self.prioritized:
             return
+        if not isinstance(data, TensorDictBase | Mapping):
+            raise SpecError(f"update_tensordict_priority takes the sampled TensorDict, got "
+                            f"{type(data).__name__}")
         for k in ("index", self.priority_key):
             if k not in data:
                 raise SpecError(f"update_tensordict_priority: the TensorDict has no {k!r} "
