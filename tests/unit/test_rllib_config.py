@@ -189,3 +189,24 @@ def test_the_buffer_refuses_bad_priorities_episodes_and_state_naming_them() -> N
             rb.set_state(bad)
     rb.set_state({"added": 7, "sampled": np.int64(3)})
     assert rb.get_state() == {"added": 7, "sampled": 3}
+
+
+@pytest.mark.parametrize("kwargs", [{"num_items": 0}, {"batch_size_B": 0},
+                                    {"batch_length_T": 0}, {"n_step": 0}])
+def test_sample_refuses_a_zero_size_instead_of_taking_the_default(kwargs) -> None:
+    """sample(num_items=0) (or batch_size_B, batch_length_T, n_step = 0) was read as
+    "the default" by an ``or`` and served a full batch."""
+    from types import SimpleNamespace
+
+    from conduit_hpc.testing import make_config
+
+    edp = SimpleNamespace(config=make_config(spec={"obs": {"dtype": "float32"}},
+                                             scheduler={"batch_rows": 4},
+                                             layout={"learners": 1, "buffers": 1}))
+    rllib._ACTIVE.append(rllib._Active(edp, 0.99, 1, rllib.PathTimes()))
+    try:
+        rb = rllib.DataPlaneEpisodeReplayBuffer()
+    finally:
+        rllib._ACTIVE.pop()
+    with pytest.raises(ConfigError, match=r"sample\((num_items|batch_length_T|n_step)=0\)"):
+        rb.sample(**kwargs, gamma=0.99)
