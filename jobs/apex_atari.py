@@ -81,6 +81,7 @@ from conduit_hpc.rl import (
     DQNSection,
     DQNUpdater,
     NatureQNetwork,
+    check_actor_batch,
     describe_transitions,
     make_atari_vector_env,
     merge_episode_files,
@@ -160,6 +161,7 @@ def check_config(cfg: ApexAtariConfig, n_actors: int, n_learners: int) -> int:
                               f"{hp.num_envs - 1} (dqn.num_envs; the stream of the frame "
                               f"stacks), got {cfg.spec[stream].dtype} (at most {top})",
                               key=f"spec.{stream}.dtype")
+    check_actor_batch(hp, hp.num_envs // n_actors, cfg.scheduler)
     return hp.num_envs // n_actors
 
 

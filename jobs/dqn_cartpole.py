@@ -68,6 +68,7 @@ from conduit_hpc.rl import (
     DQNSection,
     DQNUpdater,
     QNetwork,
+    check_actor_batch,
     describe_transitions,
     make_vector_env,
     merge_episode_files,
@@ -128,6 +129,7 @@ def check_config(cfg: DQNCartPoleConfig, n_actors: int, n_learners: int = 1) -> 
     if n_actors < 1 or hp.num_envs % n_actors:
         raise ConfigError(f"dqn.num_envs must be a positive multiple of the number of "
                           f"actor ranks ({n_actors}), got {hp.num_envs}", key="dqn.num_envs")
+    check_actor_batch(hp, hp.num_envs // n_actors, cfg.scheduler)
     return hp.num_envs // n_actors
 
 

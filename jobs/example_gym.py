@@ -9,12 +9,16 @@ import gymnasium as gym
 import numpy as np
 
 from conduit_hpc import Config, ExperienceDataPlane, Role
+from conduit_hpc.config import require
 from conduit_hpc.job import job_main
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExampleSection:
     batches: int = 200  # [example] batches: learner supersteps before the job ends
+
+    def __post_init__(self) -> None:  # ranges, checked when the config loads
+        require(self.batches >= 1, "batches", self.batches, ">= 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

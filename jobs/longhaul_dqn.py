@@ -82,8 +82,10 @@ class JobSection:
         require(self.workload in ("dqn", "regression"), "workload", self.workload,
                 "'dqn' or 'regression'")
         require(self.supersteps >= 1, "supersteps", self.supersteps, ">= 1")
-        require(math.isfinite(self.learner_step_s) and self.learner_step_s >= 0,
-                "learner_step_s", self.learner_step_s, ">= 0")
+        # bounded as synthetic.compute_s: the learner sleeps it out, no data-plane wait
+        # bounds it, and the other ranks wait for the learner
+        require(0 <= self.learner_step_s <= 3600, "learner_step_s", self.learner_step_s,
+                ">= 0 and <= 3600 (seconds per superstep)")
         require(math.isfinite(self.actor_rows_s) and self.actor_rows_s >= 0, "actor_rows_s",
                 self.actor_rows_s, ">= 0 (0: as fast as possible)")
         require(1 <= self.rows_per_ingest <= 2**20, "rows_per_ingest", self.rows_per_ingest,
@@ -161,6 +163,9 @@ def check_dqn(cfg: LongHaulJobConfig, n_actors: int) -> int:
     if n_actors < 1 or hp.num_envs % n_actors:
         raise ConfigError(f"dqn.num_envs must be a positive multiple of the number of "
                           f"actor ranks ({n_actors}), got {hp.num_envs}", key="dqn.num_envs")
+    from conduit_hpc.rl import check_actor_batch
+
+    check_actor_batch(hp, int(hp.num_envs) // n_actors, cfg.scheduler)
     return int(hp.num_envs) // n_actors
 
 

@@ -66,11 +66,27 @@ class RllibSection:
                                   f"of the replay buffer (got {v!r}); expected one of "
                                   f"{', '.join(BUFFER_EXTRA_KEYS)}",
                                   key=f"replay_buffer_config.{k}")
-        require(self.max_env_steps >= 1, "rllib.max_env_steps", self.max_env_steps, ">= 1")
-        require(self.rollout_fragment_length >= 1, "rllib.rollout_fragment_length",
+        require(self.max_env_steps >= 1, "max_env_steps", self.max_env_steps, ">= 1")
+        require(self.rollout_fragment_length >= 1, "rollout_fragment_length",
                 self.rollout_fragment_length, ">= 1")
-        require(math.isfinite(self.target_return), "rllib.target_return", self.target_return,
+        require(math.isfinite(self.target_return), "target_return", self.target_return,
                 "a finite number")
+        # RLlib takes each of these as given and fails (or trains nonsense) on the ranks
+        require(0 < self.gamma <= 1, "gamma", self.gamma, "in (0, 1]")
+        require(self.n_step >= 1, "n_step", self.n_step, ">= 1")
+        require(math.isfinite(self.lr) and self.lr > 0, "lr", self.lr,
+                "a finite number > 0")
+        require(all(h >= 1 for h in self.hidden), "hidden", self.hidden,
+                "widths >= 1")
+        require(self.learning_starts >= 0, "learning_starts", self.learning_starts,
+                ">= 0")
+        require(self.target_update_steps >= 0, "target_update_steps",
+                self.target_update_steps, ">= 0")
+        require(self.epsilon_steps >= 1, "epsilon_steps", self.epsilon_steps, ">= 1")
+        require(0 <= self.epsilon_final <= 1, "epsilon_final", self.epsilon_final,
+                "in [0, 1]")
+        require(self.smoothing_episodes >= 1, "smoothing_episodes",
+                self.smoothing_episodes, ">= 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -170,6 +186,12 @@ def run(cfg: RllibDQNConfig, run_dir: Path | None, resume: str) -> None:
     dqn = algo_config(cfg)
     check_algo_config(dqn, cfg)  # every rank, before any collective and before Ray
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
+        idle = len(edp.roles.actor_ranks)  # layout.actors = 0 is "the rest of -n"
+        if idle:  # every rank alike (the roles are agreed), before Ray or a collective
+            raise ConfigError(f"this job runs on learner and buffer ranks only (RLlib's "
+                              f"process collects), but -n leaves {idle} actor rank(s) with "
+                              f"nothing to do; use -n {edp.roles.world.size - idle}",
+                              key="layout.actors")
         if edp.serves:
             edp.serve()
         elif edp.role is Role.LEARNER:

@@ -130,8 +130,11 @@ class TorchRLSection:
         require(0 < self.tau <= 1, "tau", self.tau, "in (0, 1]")
         require(self.max_grad_norm > 0, "max_grad_norm", self.max_grad_norm, "> 0")
         require(self.frames_per_batch >= 1, "frames_per_batch", self.frames_per_batch, ">= 1")
-        require(0 <= self.eps_end <= self.eps_init <= 1, "eps_end", self.eps_end,
-                "0 <= eps_end <= eps_init <= 1")
+        require(0 <= self.eps_init <= 1, "eps_init", self.eps_init, "in [0, 1]")
+        require(0 <= self.eps_end <= self.eps_init, "eps_end", self.eps_end,
+                f"in [0, eps_init = {self.eps_init}]")
+        require(not math.isnan(self.target_return), "target_return", self.target_return,
+                "a number (NaN is never reached)")
         require(self.annealing_frames >= 1, "annealing_frames", self.annealing_frames, ">= 1")
         require(self.window >= 1, "window", self.window, ">= 1")
         require(self.max_env_steps >= 1, "max_env_steps", self.max_env_steps, ">= 1")
@@ -332,6 +335,12 @@ def run_plane(cfg: TorchRLDQNConfig, run_dir: Path | None) -> dict[str, Any]:
     hp = cfg.torchrl
     out: dict[str, Any] = {}
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
+        n_learners = len(edp.roles.learner_ranks)
+        if n_learners != 1:  # every rank alike (the roles are agreed), before a collective
+            raise ConfigError(f"this job has one learner rank (TorchRL's loss trains alone, "
+                              f"and the actors report episodes to it), got {n_learners} "
+                              f"from [layout]; set layout.learners = 1",
+                              key="layout.learners")
         rank, role = edp.world_rank, edp.role
         env = make_env(cfg.run.seed * 1000 + rank) if not edp.serves else None
         actor = make_actor(env, hp, cfg.run.seed) if env is not None else None

@@ -50,6 +50,8 @@ from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import (
 )
 
 from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role
+from conduit_hpc.errors import SpecError
+from conduit_hpc.spec import as_array
 
 __all__ = ["BASELINE_TYPE", "BUFFER_KEYS", "BUFFER_TYPE", "SPEC_FIELDS",
            "DataPlaneEpisodeReplayBuffer", "NStepAssembler", "PathTimes",
@@ -301,6 +303,10 @@ class DataPlaneEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ign
         ``ingest``). Blocks only as ``ingest`` does."""
         t0 = time.perf_counter()
         eps = episodes if isinstance(episodes, list | tuple) else [episodes]
+        for ep in eps:
+            if not isinstance(ep, SingleAgentEpisode):
+                raise SpecError(f"add() takes RLlib SingleAgentEpisode chunks (a "
+                                f"single-agent DQN's), got a {type(ep).__name__}")
         if eps:
             self._spaces = (eps[-1].observation_space, eps[-1].action_space)
         batch = self.assembler.add(eps)
@@ -326,9 +332,13 @@ class DataPlaneEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ign
         if self._last_sample_at is not None:
             self.times.iteration_s.append(t0 - self._last_sample_at)
         self._last_sample_at = t0
-        rows = num_items or batch_size_B or self.batch_size_B
-        want = {"num_items": (rows, self.batch_size_B), "n_step": (n_step or 1, self.n_step),
-                "gamma": (gamma, self.gamma), "batch_length_T": (batch_length_T or 1, 1),
+        # None is "the default"; a 0 is a size asked for (and refused), not the default
+        rows = next((v for v in (num_items, batch_size_B) if v is not None),
+                    self.batch_size_B)
+        want = {"num_items": (rows, self.batch_size_B),
+                "n_step": (1 if n_step is None else n_step, self.n_step),
+                "gamma": (gamma, self.gamma),
+                "batch_length_T": (1 if batch_length_T is None else batch_length_T, 1),
                 "include_infos": (include_infos, False),
                 "include_extra_model_outputs": (include_extra_model_outputs, False)}
         for k, (got, ok) in want.items():
@@ -360,10 +370,13 @@ class DataPlaneEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ign
         t0 = time.perf_counter()
         if self._last is None:
             return
-        p = np.maximum(np.abs(np.asarray(priorities, np.float64)), 1e-12)
-        if len(p) != len(self._last):
-            raise ValueError(f"update_priorities: {len(p)} priorities for a batch of "
-                             f"{len(self._last)} rows")
+        what = "update_priorities: priorities (RLlib's TD errors)"
+        arr = as_array(priorities, what)  # by the data plane's rule: a SpecError if bad
+        if arr.dtype.kind == "c" or arr.shape != (len(self._last),):
+            raise SpecError(f"{what} must be {len(self._last)} real numbers, one per row "
+                            f"of the last sample, got dtype {arr.dtype} shape "
+                            f"{tuple(arr.shape)}")
+        p = np.maximum(np.abs(arr.astype(np.float64)), 1e-12)
         self.edp.update_priorities(self._last, p)
         self._last = None
         self.times.update_s.append(time.perf_counter() - t0)
@@ -382,8 +395,19 @@ class DataPlaneEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ign
         return {"added": self._added, "sampled": self.sampled_timesteps}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        self._added = int(state.get("added", 0))
-        self.sampled_timesteps = int(state.get("sampled", 0))
+        """The counters of :meth:`get_state`.
+
+        Raises:
+            ValueError: not a mapping, or a counter that is not an int >= 0 (nothing set).
+        """
+        if not isinstance(state, Mapping):
+            raise ValueError(f"set_state takes the dict of get_state(), got "
+                             f"{type(state).__name__}")
+        got = {k: state.get(k, 0) for k in ("added", "sampled")}
+        for k, v in got.items():
+            if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 0:
+                raise ValueError(f"set_state: {k!r} must be an int >= 0, got {v!r}")
+        self._added, self.sampled_timesteps = int(got["added"]), int(got["sampled"])
 
 
 class TimedPrioritizedEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ignore[misc]

@@ -67,11 +67,15 @@ if _problem is not None:
 
 
 def _numpy_dtype(t: torch.dtype, key: NestedKey) -> np.dtype:
+    why = (f"TensorDict key {key!r}: dtype {t} has no numpy equivalent the data plane "
+           f"stores (one of {', '.join(DTYPES)})")
     try:
-        return np.dtype(torch.empty(0, dtype=t).numpy().dtype)
+        dt = np.dtype(torch.empty(0, dtype=t).numpy().dtype)
     except TypeError as err:
-        raise SpecError(f"TensorDict key {key!r}: dtype {t} has no numpy equivalent the "
-                        f"data plane stores (one of {', '.join(DTYPES)})") from err
+        raise SpecError(why) from err
+    if dt.name not in DTYPES:  # complex64: numpy has it, a spec field cannot
+        raise SpecError(why)
+    return dt
 
 
 def _leaves(td: TensorDictBase, skip: set[NestedKey]) -> dict[NestedKey, Any]:
@@ -80,7 +84,13 @@ def _leaves(td: TensorDictBase, skip: set[NestedKey]) -> dict[NestedKey, Any]:
         key = normalise_key(k)
         if key in skip:
             continue
-        v = td.get(key)
+        try:
+            v = td.get(key)
+        except RuntimeError as err:  # a lazy stack whose rows differ in shape
+            raise SpecError(f"TensorDict key {key!r}: its rows cannot be stacked into one "
+                            f"array (a lazy stack of TensorDicts whose entries differ in "
+                            f"shape?); the data plane stores rows of one shape: {err}"
+                            ) from err
         if not isinstance(v, torch.Tensor):
             raise SpecError(f"TensorDict key {key!r} holds a {type(v).__name__}, not a "
                             f"tensor; the data plane stores tensors only (leave it out "
@@ -115,18 +125,43 @@ class TensorDictColumns:
         skip (iterable of keys): the buffer's own entries (``index``, ...), never stored.
 
     Raises:
-        ConfigError: a spec field that names no TensorDict key.
+        ConfigError: a spec field that names no TensorDict key, or whose key is in
+            ``exclude_keys`` or ``skip`` (it could never be filled), or two fields
+            where one's key holds the other's (``next`` and ``next__obs``).
     """
 
     def __init__(self, spec: Spec, exclude_keys: Iterable[Any] = (),
                  skip: Iterable[Any] = ()) -> None:
         self.spec = spec
         self.exclude_keys = {normalise_key(k) for k in exclude_keys}
-        self._skip = {*self.exclude_keys, *(normalise_key(k) for k in skip)}
+        own = {normalise_key(k) for k in skip}
+        self._skip = {*self.exclude_keys, *own}
         try:
             self.keys: dict[str, NestedKey] = {n: key_of(n) for n in spec.names}
         except SpecError as err:
             raise ConfigError(str(err), key="spec") from err
+        paths = {n: (k,) if isinstance(k, str) else k for n, k in self.keys.items()}
+        leaf = {path: n for n, path in paths.items()}
+        for name, path in paths.items():
+            inner = next((leaf[path[:i]] for i in range(1, len(path)) if path[:i] in leaf),
+                         None)
+            if inner is not None:
+                raise ConfigError(f"spec fields {inner!r} and {name!r} are the TensorDict "
+                                  f"entries {self.keys[inner]!r} and {self.keys[name]!r}: "
+                                  f"an entry is a tensor or holds nested entries, never "
+                                  f"both; rename one of them", key=f"spec.{name}")
+        for name, key in self.keys.items():
+            if key in self.exclude_keys:
+                raise ConfigError(f"exclude_keys holds {key!r}, which is the spec field "
+                                  f"{name!r}: an excluded entry is never stored, so the "
+                                  f"field could never be filled; drop it from exclude_keys "
+                                  f"or [spec.{name}] from the config", key=f"spec.{name}")
+            if key in own:
+                raise ConfigError(f"spec field {name!r} is the TensorDict key {key!r}, which "
+                                  f"the buffer keeps for itself (its own keys: "
+                                  f"{', '.join(map(repr, sorted(map(str, own))))}), never "
+                                  f"stored; rename the field and its entry, or pass another "
+                                  f"priority_key", key=f"spec.{name}")
 
     def columns(self, td: TensorDictBase) -> dict[str, np.ndarray]:
         """``td``'s rows as spec columns (leading batch dimensions flattened).
@@ -156,7 +191,8 @@ class TensorDictColumns:
             if tuple(v.shape[1:]) != f.shape:
                 raise SpecError(f"TensorDict key {key!r} (spec field {name!r}): per-row "
                                 f"shape {tuple(v.shape[1:])}, the spec has {f.shape}")
-            cols[name] = v.detach().cpu().numpy()
+            # by spec.as_array's rule: a sparse tensor's values, a meta one refused
+            cols[name] = as_array(v, f"TensorDict key {key!r} (spec field {name!r})")
         missing = [n for n in self.keys if n not in cols]
         if missing:
             raise SpecError(f"TensorDict has no key {self.keys[missing[0]]!r} (spec field "
@@ -273,6 +309,9 @@ class DataPlaneReplayBuffer:
             ConduitError: not an actor rank.
         """
         self._need(Role.ACTOR, "extend()", "collectors run on actor ranks")
+        if not isinstance(data, TensorDictBase):
+            raise SpecError(f"extend() takes a TensorDict (a collector's batch), got "
+                            f"{type(data).__name__}")
         rows = data.reshape(-1) if data.batch_dims != 1 else data
         cols = self.check(rows)
         n = len(rows)
@@ -382,6 +421,9 @@ class DataPlaneReplayBuffer:
         """
         if not self.prioritized:
             return
+        if not isinstance(data, TensorDictBase | Mapping):
+            raise SpecError(f"update_tensordict_priority takes the sampled TensorDict, got "
+                            f"{type(data).__name__}")
         for k in ("index", self.priority_key):
             if k not in data:
                 raise SpecError(f"update_tensordict_priority: the TensorDict has no {k!r} "

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from conduit_hpc.config import require
+from conduit_hpc.config import SchedulerConfig, require
 from conduit_hpc.errors import ConfigError
 from conduit_hpc.rl.exploration import epsilon_ladder
 
-__all__ = ["DQNSection", "check_env_id"]
+__all__ = ["DQNSection", "check_actor_batch", "check_env_id"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,3 +116,23 @@ def check_env_id(env_id: str) -> None:
     except gym_error.Error as err:
         raise ConfigError(f"dqn.env_id must be a registered Gymnasium environment id, got "
                           f"{env_id!r}: {err}", key="dqn.env_id") from err
+
+
+def check_actor_batch(hp: DQNSection, envs_per_actor: int, scheduler: SchedulerConfig) -> None:
+    """Refuse an ``n_step`` whose ingests the rate limiter would refuse mid-run: an Ape-X
+    actor ingests one step's transitions at once, up to ``envs_per_actor * n_step`` rows
+    (every env ending an episode in the same step flushes its n-step window), and with
+    ``scheduler.samples_per_insert > 0`` ingest refuses a batch over
+    ``scheduler.max_insert_batch``. Local, deterministic.
+
+    Raises:
+        ConfigError: naming ``dqn.n_step``, the rows and the limit.
+    """
+    most = envs_per_actor * hp.n_step
+    if scheduler.samples_per_insert > 0 and most > scheduler.max_insert_batch:
+        raise ConfigError(f"dqn.n_step = {hp.n_step} with {envs_per_actor} env(s) per actor "
+                          f"makes ingests of up to {most} rows (every env ending an "
+                          f"episode at once), over scheduler.max_insert_batch = "
+                          f"{scheduler.max_insert_batch}, which the rate limiter refuses: "
+                          f"lower dqn.n_step or dqn.num_envs, or raise "
+                          f"scheduler.max_insert_batch (and error_buffer)", key="dqn.n_step")

@@ -151,3 +151,26 @@ def test_update_tensordict_priority_changes_what_is_sampled(sampler: str) -> Non
         assert late > 0.8, got[0]
     else:
         assert late < 0.5, got[0]
+
+
+@pytest.mark.mpi(min_size=4)
+def test_the_torchrl_job_refuses_a_second_learner_on_every_rank() -> None:
+    """jobs/torchrl_dqn_cartpole.py with layout.learners = 2 ran: the second learner
+    trained a model of its own and, getting no episode reports, never saw the target
+    return, so the job went on to run.duration_s after the lead had stopped. Now every
+    rank raises the same ConfigError before the first collective of the job."""
+    import sys
+
+    from conduit_hpc import ConfigError
+    from conduit_hpc.config import declared_config
+    from conduit_hpc.testing import REPO
+
+    path = REPO / "jobs" / "torchrl_dqn_cartpole.toml"
+    cls, _ = declared_config(path)
+    assert cls is not None
+    cfg = cls.from_toml(path, ["layout.learners=2", "layout.actors=0", "run.duration_s=5",
+                               "torchrl.max_updates=5", "torchrl.progress_every_s=0",
+                               "scheduler.min_fill_rows=64", "run.timeout_s=30",
+                               "checkpoint.on_stop=false"])
+    with pytest.raises(ConfigError, match=r"one learner rank .* got 2 from \[layout\]"):
+        sys.modules[cls.__module__].run_plane(cfg, None)

@@ -95,6 +95,28 @@ def test_the_job_refuses_a_bad_buffer_key_on_the_login_node() -> None:
     assert set(sys.modules[cls.__module__].BUFFER_EXTRA_KEYS) <= set(rllib.BUFFER_KEYS)
 
 
+
+@pytest.mark.parametrize(("override", "key"), [
+    ("rllib.gamma=nan", "rllib.gamma"),        # ran, then sample(gamma=nan) refused
+    ("rllib.gamma=0", "rllib.gamma"),
+    ("rllib.n_step=0", "rllib.n_step"),        # refused on the ranks only
+    ("rllib.lr=-1", "rllib.lr"),               # trained uphill until the time budget
+    ("rllib.lr=inf", "rllib.lr"),
+    ("rllib.hidden=[0]", "rllib.hidden"),      # IndexError in RLlib on the learner rank
+    ("rllib.learning_starts=-1", "rllib.learning_starts"),
+    ("rllib.target_update_steps=-1", "rllib.target_update_steps"),
+    ("rllib.epsilon_steps=0", "rllib.epsilon_steps"),
+    ("rllib.epsilon_final=2", "rllib.epsilon_final"),  # epsilon beyond 1: ran
+    ("rllib.epsilon_final=nan", "rllib.epsilon_final"),
+    ("rllib.smoothing_episodes=0", "rllib.smoothing_episodes"),
+    ("rllib.max_env_steps=0", "rllib.max_env_steps"),  # was named rllib.rllib.max_env_steps
+])
+def test_the_job_refuses_bad_hyperparameters_on_the_login_node(override, key) -> None:
+    """Every [rllib] number RLlib takes as given is checked when the config loads (before
+    mpirun), naming the key and the value."""
+    with pytest.raises(ConfigError, match=rf": {key} must be .*, got "):
+        job_config(override)
+
 def chunks(steps: int, cut_at: tuple[int, ...], terminated: bool):
     """One RLlib episode of ``steps`` steps (observation t = [t]*4, reward t+1, action
     t % 2) handed over in chunks, cut as RLlib's env runner cuts them."""
@@ -128,3 +150,63 @@ def test_episode_chunks_become_the_n_step_transitions_rllib_would_sample(n, term
     assert np.allclose(got["reward"], want)
     assert got["terminated"].tolist() == [terminated and t == steps - 1 for t in range(steps)]
     assert (got["n_step"] == n).all() and not asm.open  # the finished episode is forgotten
+
+
+def test_the_buffer_refuses_bad_priorities_episodes_and_state_naming_them() -> None:
+    """Before: a scalar TD error was TypeError ('has no len()'), a tensor that requires
+    grad torch's RuntimeError, complex TD errors lost their imaginary part, a non-episode
+    in add() an AttributeError, and set_state took 'abc' (ValueError from int()), -5 and
+    None (AttributeError). Now each is a ValueError naming what was expected, and a
+    refused update keeps the batch's indices for a good one."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from conduit_hpc.errors import SpecError
+    from conduit_hpc.testing import make_config
+
+    sent: list[np.ndarray] = []
+    edp = SimpleNamespace(
+        config=make_config(spec={"obs": {"dtype": "float32"}}, scheduler={"batch_rows": 4},
+                           layout={"learners": 1, "buffers": 1}),
+        update_priorities=lambda idx, p: sent.append(p))
+    rllib._ACTIVE.append(rllib._Active(edp, 0.99, 1, rllib.PathTimes()))
+    try:
+        rb = rllib.DataPlaneEpisodeReplayBuffer()
+    finally:
+        rllib._ACTIVE.pop()
+    rb._last = np.zeros((4, 3), np.int64)  # as after sample()
+    for bad in (1.0, None, "abcd", np.ones(3), np.ones((4, 2)), np.ones(4) * 1j):
+        with pytest.raises(SpecError, match=r"update_priorities: priorities"):
+            rb.update_priorities(bad)
+    rb.update_priorities(-2 * torch.ones(4, requires_grad=True))
+    np.testing.assert_array_equal(sent[0], [2.0] * 4)
+    for bad in ([1, 2], None):
+        with pytest.raises(SpecError, match="add\\(\\) takes RLlib SingleAgentEpisode"):
+            rb.add(bad)
+    for bad in ({"added": "abc"}, {"sampled": -5}, {"added": True}, None):
+        with pytest.raises(ValueError, match="set_state"):
+            rb.set_state(bad)
+    rb.set_state({"added": 7, "sampled": np.int64(3)})
+    assert rb.get_state() == {"added": 7, "sampled": 3}
+
+
+@pytest.mark.parametrize("kwargs", [{"num_items": 0}, {"batch_size_B": 0},
+                                    {"batch_length_T": 0}, {"n_step": 0}])
+def test_sample_refuses_a_zero_size_instead_of_taking_the_default(kwargs) -> None:
+    """sample(num_items=0) (or batch_size_B, batch_length_T, n_step = 0) was read as
+    "the default" by an ``or`` and served a full batch."""
+    from types import SimpleNamespace
+
+    from conduit_hpc.testing import make_config
+
+    edp = SimpleNamespace(config=make_config(spec={"obs": {"dtype": "float32"}},
+                                             scheduler={"batch_rows": 4},
+                                             layout={"learners": 1, "buffers": 1}))
+    rllib._ACTIVE.append(rllib._Active(edp, 0.99, 1, rllib.PathTimes()))
+    try:
+        rb = rllib.DataPlaneEpisodeReplayBuffer()
+    finally:
+        rllib._ACTIVE.pop()
+    with pytest.raises(ConfigError, match=r"sample\((num_items|batch_length_T|n_step)=0\)"):
+        rb.sample(**kwargs, gamma=0.99)

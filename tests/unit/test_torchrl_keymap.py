@@ -186,3 +186,75 @@ def test_spec_tables_give_the_spec_a_collector_batch_needs() -> None:
     spec = Spec.from_dict({n: (f["dtype"], tuple(f["shape"])) for n, f in parsed.items()})
     cols = TensorDictColumns(spec, exclude_keys=[("collector", "traj_ids")]).columns(td)
     assert cols["next__done"].dtype == np.bool_
+
+
+
+@pytest.mark.parametrize(("exclude", "skip", "match"), [
+    (["observation"], (), r"exclude_keys holds 'observation', which is the spec field "
+                          r"'observation'"),
+    ([("next", "done")], (), r"exclude_keys holds \('next', 'done'\)"),
+    ((), ["index", "observation"], r"spec field 'observation' is the TensorDict key "
+                                   r"'observation', which the buffer keeps for itself"),
+])
+def test_a_spec_field_that_could_never_be_filled_is_refused_up_front(exclude, skip,
+                                                                     match) -> None:
+    """A spec field whose key is excluded, or is one of the buffer's own keys (``index``,
+    ``priority_weight``, the priority key), is never stored: every extend() failed with
+    'TensorDict has no key ...' although it had one. Refused when the buffer is built,
+    naming the field."""
+    from conduit_hpc.errors import ConfigError
+    from conduit_hpc.integrations.torchrl import TensorDictColumns
+
+    with pytest.raises(ConfigError, match=match):
+        TensorDictColumns(_spec(), exclude_keys=exclude, skip=skip)
+
+
+def test_meta_sparse_and_complex_entries_get_the_spec_rule_not_a_torch_error() -> None:
+    """An entry on the meta device was a NotImplementedError ('Cannot copy out of meta
+    tensor') and a sparse one a TypeError from ``.numpy()``; ``spec_tables`` wrote
+    ``dtype = "complex64"``, which no spec loads. Now: SpecError naming the key, the
+    sparse entry's values, and complex refused like any dtype a field cannot have."""
+    from conduit_hpc.integrations.torchrl import TensorDictColumns, spec_tables
+
+    td = _good()
+    td.set("observation", torch.zeros(3, 4, device="meta"))
+    with pytest.raises(SpecError, match=r"key 'observation' \(spec field 'observation'\): "
+                                        r"a tensor on the meta device"):
+        TensorDictColumns(_spec()).columns(td)
+    td = _good()
+    dense = td.get("observation").clone()
+    td.set("observation", dense.to_sparse())
+    np.testing.assert_array_equal(TensorDictColumns(_spec()).columns(td)["observation"],
+                                  dense.numpy())
+    td = _good()
+    td.set("z", torch.zeros(3, dtype=torch.complex64))
+    with pytest.raises(SpecError, match=r"key 'z': dtype torch.complex64 has no numpy"):
+        spec_tables(td)
+
+
+@pytest.mark.parametrize("names", [("next", "next__obs"), ("a__b__c", "a__b", "x"),
+                                   ("a__b", "a__b__c__d")])
+def test_a_field_whose_key_holds_another_fields_key_is_refused(names) -> None:
+    """``next`` and ``next__obs``: a TensorDict entry is a tensor or holds nested entries,
+    never both, so no TensorDict had both keys (every extend() said one was missing) and
+    building a sampled TensorDict raised tensordict's KeyError. Refused up front."""
+    _tensordict_or_skip()
+    from conduit_hpc.errors import ConfigError
+    from conduit_hpc.integrations.torchrl import TensorDictColumns
+    from conduit_hpc.spec import Field, Spec
+
+    spec = Spec([Field(n, np.dtype("float32"), ()) for n in names])
+    with pytest.raises(ConfigError, match=r"an entry is a tensor or holds nested entries"):
+        TensorDictColumns(spec)
+
+
+def test_a_lazy_stack_of_rows_of_different_shapes_is_a_spec_error_naming_the_key() -> None:
+    """Was tensordict's RuntimeError ('Failed to stack tensors within a tensordict')."""
+    TensorDict = _tensordict_or_skip()
+    from tensordict import LazyStackedTensorDict
+
+    from conduit_hpc.integrations.torchrl import TensorDictColumns
+
+    rows = [TensorDict({"observation": torch.zeros(n)}, []) for n in (4, 3)]
+    with pytest.raises(SpecError, match=r"key 'observation': its rows cannot be stacked"):
+        TensorDictColumns(_spec()).columns(LazyStackedTensorDict.lazy_stack(rows, 0))

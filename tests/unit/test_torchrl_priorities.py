@@ -66,3 +66,28 @@ def test_a_bad_eps_is_refused_before_anything_is_built(eps: Any) -> None:
         sampler="prioritized", batch_rows=32)))
     with pytest.raises(ConfigError, match=r"eps must be a finite number >= 0"):
         DataPlaneReplayBuffer(plane, eps=eps)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("data", [{"observation": torch.zeros(2, 4)}, torch.zeros(2, 4), None])
+def test_extend_of_what_is_no_tensordict_is_a_spec_error(data: Any) -> None:
+    """Was AttributeError ("'dict' object has no attribute 'batch_dims'")."""
+    from conduit_hpc.plane.roles import Role
+
+    rb = buffer("max")
+    rb.edp = SimpleNamespace(role=Role.ACTOR, world_rank=2)  # type: ignore[assignment]
+    with pytest.raises(SpecError, match=r"extend\(\) takes a TensorDict .*, got "):
+        rb.extend(data)
+
+
+@pytest.mark.parametrize("data", [None, torch.zeros(3), 5, "index"])
+def test_update_tensordict_priority_of_what_is_no_tensordict_is_a_spec_error(
+        data: Any) -> None:
+    """Was TypeError ('argument of type NoneType is not iterable') or torch's
+    RuntimeError ('Tensor.__contains__ only supports Tensor or scalar')."""
+    from conduit_hpc.plane.roles import Role
+
+    rb = buffer("max")
+    rb.prioritized = True
+    rb.edp = SimpleNamespace(role=Role.LEARNER, world_rank=0)  # type: ignore[assignment]
+    with pytest.raises(SpecError, match=r"takes the sampled TensorDict, got "):
+        rb.update_tensordict_priority(data)
