@@ -147,6 +147,8 @@ def test_the_atari_jobs_stream_field_of_any_integer_type_that_holds_every_env_sl
     raw = tomllib.loads((root / "jobs" / "apex_atari.toml").read_text())
     raw["spec"]["env"]["dtype"] = dtype
     raw["dqn"]["num_envs"] = num_envs
+    # a step of 256 envs may ingest 256 x n_step rows at once (rl.check_actor_batch)
+    raw["scheduler"].update(max_insert_batch=4096, error_buffer=65536)
     cfg = job.ApexAtariConfig.from_dict(raw)
     actors = 1 if num_envs % 3 else 3
     if not ok:
