@@ -332,13 +332,14 @@ class DataPlaneEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ign
         if self._last_sample_at is not None:
             self.times.iteration_s.append(t0 - self._last_sample_at)
         self._last_sample_at = t0
-        # None is "the default"; a 0 is a size asked for (and refused), not the default
+        # None is "the default"; a 0 is a size asked for (and refused), not the default -
+        # except batch_length_T, where RLlib's own DQN passes 0 for "no time axis"
         rows = next((v for v in (num_items, batch_size_B) if v is not None),
                     self.batch_size_B)
         want = {"num_items": (rows, self.batch_size_B),
                 "n_step": (1 if n_step is None else n_step, self.n_step),
                 "gamma": (gamma, self.gamma),
-                "batch_length_T": (1 if batch_length_T is None else batch_length_T, 1),
+                "batch_length_T": (batch_length_T or 1, 1),
                 "include_infos": (include_infos, False),
                 "include_extra_model_outputs": (include_extra_model_outputs, False)}
         for k, (got, ok) in want.items():

@@ -192,10 +192,11 @@ def test_the_buffer_refuses_bad_priorities_episodes_and_state_naming_them() -> N
 
 
 @pytest.mark.parametrize("kwargs", [{"num_items": 0}, {"batch_size_B": 0},
-                                    {"batch_length_T": 0}, {"n_step": 0}])
+                                    {"n_step": 0}])
 def test_sample_refuses_a_zero_size_instead_of_taking_the_default(kwargs) -> None:
-    """sample(num_items=0) (or batch_size_B, batch_length_T, n_step = 0) was read as
-    "the default" by an ``or`` and served a full batch."""
+    """sample(num_items=0) (or batch_size_B, n_step = 0) was read as "the default" by
+    an ``or`` and served a full batch. (batch_length_T = 0 is RLlib's own "no time
+    axis": its DQN passes it, ``tests/launch/test_rllib.py``.)"""
     from types import SimpleNamespace
 
     from conduit_hpc.testing import make_config
@@ -208,5 +209,5 @@ def test_sample_refuses_a_zero_size_instead_of_taking_the_default(kwargs) -> Non
         rb = rllib.DataPlaneEpisodeReplayBuffer()
     finally:
         rllib._ACTIVE.pop()
-    with pytest.raises(ConfigError, match=r"sample\((num_items|batch_length_T|n_step)=0\)"):
+    with pytest.raises(ConfigError, match=r"sample\((num_items|n_step)=0\)"):
         rb.sample(**kwargs, gamma=0.99)
