@@ -27,6 +27,7 @@ from conduit_hpc.errors import (
     RemoteFailure,
     SpecError,
     TransportError,
+    UsedAfterClose,
     WorldTooSmall,
 )
 from conduit_hpc.spec import Field, Spec
@@ -60,6 +61,7 @@ __all__ = [
     "StorageConfig",
     "TransportConfig",
     "TransportError",
+    "UsedAfterClose",
     "WorldTooSmall",
     "__version__",
 ]

@@ -20,6 +20,7 @@ __all__ = [
     "RemoteFailure",
     "SpecError",
     "TransportError",
+    "UsedAfterClose",
     "WorldTooSmall",
 ]
 
@@ -61,7 +62,14 @@ class DataPlaneTimeout(ConduitError, TimeoutError):
 
 
 class DataPlaneClosed(ConduitError):
-    """The data plane was used after ``close()``."""
+    """The data plane has ended: every actor finished while a learner waited for rows,
+    or a call came after ``close()``/``done()`` (:class:`UsedAfterClose`)."""
+
+
+class UsedAfterClose(DataPlaneClosed):
+    """A data-plane call after ``close()`` or ``done()`` on this rank (a
+    :class:`DataPlaneClosed`, so code catching that still does; code that ends a loop
+    on "the actors finished" can tell this mistake apart)."""
 
 
 class RateLimitDeadlock(ConduitError):

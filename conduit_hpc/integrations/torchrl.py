@@ -44,7 +44,13 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from conduit_hpc.config.checks import DTYPES
-from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed, SpecError
+from conduit_hpc.errors import (
+    ConduitError,
+    ConfigError,
+    DataPlaneClosed,
+    SpecError,
+    UsedAfterClose,
+)
 from conduit_hpc.integrations.keymap import NestedKey, field_name, key_of, normalise_key
 from conduit_hpc.integrations.torchrl_fallback import TorchRLExtensionWarning, extension_problem
 from conduit_hpc.plane.control import C_INSERTS
@@ -361,10 +367,14 @@ class DataPlaneReplayBuffer:
         return td
 
     def __iter__(self) -> Iterator[TensorDictBase]:
-        """Batches until the actors are done (see :meth:`sample`)."""
+        """Batches until the actors are done (see :meth:`sample`). Iterating after
+        ``done()``/``close()`` raises :class:`~conduit_hpc.errors.UsedAfterClose` (it
+        ended silently, as if the actors had finished)."""
         while True:
             try:
                 yield self.sample()
+            except UsedAfterClose:
+                raise
             except DataPlaneClosed:
                 return
 

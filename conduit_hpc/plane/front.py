@@ -32,7 +32,7 @@ from mpi4py import MPI
 from numpy.typing import ArrayLike
 
 from conduit_hpc.config import Config
-from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed
+from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed, UsedAfterClose
 from conduit_hpc.placement.placement import Placement
 from conduit_hpc.plane.actor import ActorEndpoint, IngestReceipt, IngestStats
 from conduit_hpc.plane.buffer import BufferServer, OwnedShard, make_server
@@ -242,7 +242,7 @@ class ExperienceDataPlane:
 
     def _require(self, role: Role, what: str) -> None:
         if self._closed or self._done_sent:  # done(): the buffers were told it is finished
-            raise DataPlaneClosed(f"{what} called after {'close' if self._closed else 'done'}"
+            raise UsedAfterClose(f"{what} called after {'close' if self._closed else 'done'}"
                                   f"() on world rank {self.world_rank}")
         if self.roles.role is not role:
             raise ConduitError(f"{what} is for {role.value} ranks; world rank "

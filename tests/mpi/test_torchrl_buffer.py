@@ -101,6 +101,11 @@ def test_sampled_tensordicts_hold_exactly_rows_that_actors_extended(mode: str) -
         else:
             edp.serve()
         edp.done()
+        if edp.role is Role.LEARNER:  # iterating after done(): the mistake is named (it
+            from conduit_hpc import UsedAfterClose  # ended silently, as if the actors
+
+            with pytest.raises(UsedAfterClose, match="after done"):  # had finished)
+                next(iter(rb))
         counts = edp.roles.world.allgather((edp.world_rank, extended))
         params = edp.roles.world.allgather(
             None if model is None else [p.detach().numpy().copy() for p in model.parameters()])
