@@ -49,6 +49,7 @@ __all__ = [
     "config_from_dict",
     "load",
     "parse_override",
+    "read_bounded",
     "read_toml",
     "to_plain",
     "to_toml",
@@ -73,7 +74,7 @@ def read_toml(path: str | Path, *, what: str = "config file") -> dict[str, Any]:
     """
     p = Path(path)
     try:
-        data = _read_bytes(p, what)
+        data = read_bounded(p, what)
     except FileNotFoundError as err:
         raise ConfigError(f"{what} {str(p)!r} does not exist", key="") from err
     except IsADirectoryError as err:
@@ -101,10 +102,12 @@ MAX_TOML_BYTES = 64 << 20
 FIFO_QUIET_S = 60.0
 
 
-def _read_bytes(p: Path, what: str) -> bytes:
-    """The bytes of ``p``, at most :data:`MAX_TOML_BYTES`, read so that no path can
-    hold the caller forever: a device (``/dev/zero``: endless) or socket is refused, a
-    file that grows past the limit while read (``/proc``) too, and a FIFO or pipe
+def read_bounded(p: Path, what: str, limit: int | None = None) -> bytes:
+    """The bytes of ``p``, at most ``limit`` (default :data:`MAX_TOML_BYTES`), read so
+    that no path can
+    hold the caller forever: a device (``/dev/zero``: endless) or socket is refused (a
+    :class:`ConfigError` naming ``what``), a file that grows past the limit while read
+    (``/proc``) too, and a FIFO or pipe
     (``<(...)``) is read as its writer writes, ending when it closes (a FIFO no writer
     opens, or whose writer goes quiet for :data:`FIFO_QUIET_S`, is refused)."""
     st = os.stat(p)  # FileNotFoundError, PermissionError: the caller names them
@@ -113,10 +116,11 @@ def _read_bytes(p: Path, what: str) -> bytes:
     fifo = stat.S_ISFIFO(st.st_mode)
     if not (fifo or stat.S_ISREG(st.st_mode)):
         raise ConfigError(f"{what} {str(p)!r} is not a regular file (a device or a "
-                          f"socket); give a TOML file", key="")
-    too_big = ConfigError(f"{what} {str(p)!r} is larger than {MAX_TOML_BYTES} bytes; no "
-                          f"TOML file conduit_hpc reads is this large", key="")
-    if st.st_size > MAX_TOML_BYTES:
+                          f"socket), not a file to read", key="")
+    limit = MAX_TOML_BYTES if limit is None else limit
+    too_big = ConfigError(f"{what} {str(p)!r} is larger than {limit} bytes; no such file "
+                          f"conduit_hpc reads is this large", key="")
+    if st.st_size > limit:
         raise too_big
     fd = os.open(p, os.O_RDONLY | (os.O_NONBLOCK if fifo else 0))
     try:
@@ -130,7 +134,7 @@ def _read_bytes(p: Path, what: str) -> bytes:
             if not chunk:
                 return b"".join(chunks)
             n += len(chunk)
-            if n > MAX_TOML_BYTES:
+            if n > limit:
                 raise too_big
             chunks.append(chunk)
     finally:

@@ -20,11 +20,15 @@ Plain Python; no MPI. Missing files leave their keys out.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from conduit_hpc.config.loader import read_bounded
+from conduit_hpc.errors import ConduitError
 
 __all__ = ["actor_totals", "headline_figures", "steps_to_target", "waited_fraction"]
 
@@ -47,11 +51,10 @@ def actor_totals(metrics: Path) -> list[dict[str, float]]:
             continue
         last: dict[str, str] = {}
         try:
-            with open(path, newline="") as fh:
-                for row in csv.DictReader(fh):
-                    if not math.isnan(_float(row.get("time_s"))):
-                        last = row
-        except (OSError, UnicodeDecodeError, csv.Error):
+            for row in csv.DictReader(_lines(path)):
+                if not math.isnan(_float(row.get("time_s"))):
+                    last = row
+        except (OSError, UnicodeDecodeError, csv.Error, ConduitError):
             continue
         if last:
             out.append({k: _float(last.get(k)) for k in ("rows", "time_s",
@@ -86,17 +89,23 @@ def _episodes(path: Path) -> tuple[list[float], list[float], list[bool] | None]:
     steps: list[float] = []
     rets: list[float] = []
     scored: list[bool] = []
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        has_scored = "scored" in (reader.fieldnames or ())
-        for row in reader:
-            s, r = _float(row.get("env_steps")), _float(row.get("episode_return"))
-            if math.isnan(s) or math.isnan(r):
-                continue
-            steps.append(s)
-            rets.append(r)
-            scored.append(row.get("scored", "1") in ("1", "1.0", "True", "true"))
+    reader = csv.DictReader(_lines(path))
+    has_scored = "scored" in (reader.fieldnames or ())
+    for row in reader:
+        s, r = _float(row.get("env_steps")), _float(row.get("episode_return"))
+        if math.isnan(s) or math.isnan(r):
+            continue
+        steps.append(s)
+        rets.append(r)
+        scored.append(row.get("scored", "1") in ("1", "1.0", "True", "true"))
     return steps, rets, scored if has_scored else None
+
+
+def _lines(path: Path) -> io.StringIO:
+    """A run's CSV file as text, read bounded (a device, FIFO or endless file linked in a
+    run directory is refused, never read forever)."""
+    return io.StringIO(read_bounded(path, "metrics file", 1 << 30).decode("utf-8"),
+                       newline="")
 
 
 def headline_figures(metrics: str | Path, *, target_return: float | None = None,
@@ -121,7 +130,7 @@ def headline_figures(metrics: str | Path, *, target_return: float | None = None,
     if target_return is not None and ep.is_file():
         try:
             steps, rets, scored = _episodes(ep)
-        except (OSError, UnicodeDecodeError, csv.Error):
+        except (OSError, UnicodeDecodeError, csv.Error, ConduitError):
             return out
         out["env_steps_to_target"] = steps_to_target(steps, rets, scored, window=window,
                                                      target_return=target_return)

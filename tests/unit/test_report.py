@@ -138,6 +138,30 @@ def test_missing_files_and_columns_skip_plots_with_reasons(tmp_path) -> None:
     assert not (md.parent / "returns.png").exists()
 
 
+def test_a_metrics_file_that_is_a_device_or_a_fifo_is_skipped_not_read_forever(tmp_path):
+    """A run directory's metrics file linked to /dev/zero (or a FIFO nobody writes) held
+    ``conduit-hpc report`` forever (reading endlessly, growing). It is named unreadable
+    and the rest of the report is written."""
+    import os
+
+    run = make_run(tmp_path, "edp")
+    actors = sorted((run / "metrics").glob("actor-*.csv"))
+    actors[0].unlink()
+    actors[0].symlink_to("/dev/zero")
+    (run / "metrics" / "episodes.csv").unlink()
+    os.mkfifo(run / "metrics" / "episodes.csv")
+    from conduit_hpc.config import loader
+
+    old, loader.FIFO_QUIET_S = loader.FIFO_QUIET_S, 0.2
+    try:
+        text = write_report([run]).read_text()
+    finally:
+        loader.FIFO_QUIET_S = old
+    assert f"{actors[0].name}: unreadable (metrics file" in text, text
+    assert "is not a regular file (a device or a socket)" in text
+    assert "episodes.csv: unreadable" in text and "is a FIFO whose writer sent nothing" in text
+
+
 def test_report_of_a_directory_without_a_run_is_refused(tmp_path) -> None:
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "notes.txt").write_text("not a run")

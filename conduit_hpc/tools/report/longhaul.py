@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import sys
@@ -35,6 +36,7 @@ import numpy as np
 
 from conduit_hpc.config import read_toml
 from conduit_hpc.features.longhaul.metrics import settled_mean, windowed_mean_priority
+from conduit_hpc.tools.report.run_data import read_text
 
 __all__ = ["LongHaulRun", "is_longhaul_run", "load_longhaul_run", "ratios",
            "write_longhaul_report"]
@@ -91,8 +93,7 @@ class LongHaulRun:
 def _read_csv(path: Path) -> dict[str, np.ndarray]:
     if not path.exists():
         return {}
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = list(csv.DictReader(io.StringIO(read_text(path), newline="")))
     if not rows:
         return {}
     out: dict[str, np.ndarray] = {}
@@ -129,7 +130,7 @@ def load_longhaul_run(run_dir: str | Path) -> LongHaulRun:
         raise FileNotFoundError(f"{learner} does not exist: not a finished run directory")
     cfg = _config(path)
     summary_path = metrics / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = json.loads(read_text(summary_path)) if summary_path.exists() else {}
     lh = cfg.get("longhaul", {})
     return LongHaulRun(path=path, mode=str(summary.get("mode", lh.get("mode", "off"))),
                        bandwidth_bytes_s=float(lh.get("bandwidth_gbps", 0.0)) * 1e9,

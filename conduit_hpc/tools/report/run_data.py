@@ -7,6 +7,7 @@ matplotlib. File formats: :mod:`conduit_hpc.tools.report.run`.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import re
@@ -16,13 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from conduit_hpc.config.loader import read_bounded
 from conduit_hpc.errors import ConduitError
 from conduit_hpc.plane.headline import headline_figures
 from conduit_hpc.plane.metrics import PATH_WORK, exposed_split, exposed_story
 
 __all__ = ["PATH_PARTS", "TARGET_RETURN", "RunData", "Table", "episode_x", "has_columns",
            "ingest_grid", "learner_table", "load_run", "missing_columns", "pooled",
-           "read_csv", "rolling_mean", "run_stats", "scored_episodes"]
+           "read_csv", "read_text", "rolling_mean", "run_stats", "scored_episodes"]
 
 Table = dict[str, np.ndarray]
 PATH_PARTS = ("sample_s", "gather_s", "transform_s", "copy_s")
@@ -33,18 +35,31 @@ TARGET_RETURN = 475.0
 # reading
 
 
+#: a run's metrics file larger than this is refused (a day at one row a second is ~10 MB)
+MAX_METRICS_BYTES = 1 << 30
+
+
+def read_text(path: Path) -> str:
+    """A metrics or summary file as text, read bounded (a device, FIFO or endless file
+    linked in a run directory is refused: :func:`conduit_hpc.config.loader.read_bounded`).
+
+    Raises:
+        ConduitError: not a regular file, or too large; UnicodeDecodeError; OSError.
+    """
+    return read_bounded(path, "metrics file", MAX_METRICS_BYTES).decode("utf-8")
+
+
 def read_csv(path: Path) -> Table:
     """Columns of a CSV file with a header; numeric columns as float64, others as str.
 
     Ragged or non-numeric cells in a numeric column become NaN.
     """
-    with open(path, newline="") as fh:
-        reader = csv.reader(fh)
-        try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            return {}
-        rows = [r for r in reader if r]
+    reader = csv.reader(io.StringIO(read_text(path), newline=""))
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        return {}
+    rows = [r for r in reader if r]
     out: Table = {}
     for i, name in enumerate(header):
         cells = [r[i].strip() if i < len(r) else "" for r in rows]
@@ -139,7 +154,7 @@ def load_run(path: str | Path) -> RunData:
                 continue
             try:
                 table = read_csv(f)
-            except (OSError, UnicodeDecodeError, csv.Error) as err:
+            except (OSError, UnicodeDecodeError, csv.Error, ConduitError) as err:
                 run.problems.append(f"{f.name}: unreadable ({err})")
                 continue
             if kind == "actor":
@@ -151,16 +166,16 @@ def load_run(path: str | Path) -> RunData:
     if (metrics / "episodes.csv").exists():
         try:
             run.episodes = read_csv(metrics / "episodes.csv")
-        except (OSError, UnicodeDecodeError, csv.Error) as err:
+        except (OSError, UnicodeDecodeError, csv.Error, ConduitError) as err:
             run.problems.append(f"episodes.csv: unreadable ({err})")
     if (metrics / "summary.json").exists():
         try:
-            loaded = json.loads((metrics / "summary.json").read_text())
+            loaded = json.loads(read_text(metrics / "summary.json"))
             if isinstance(loaded, dict):
                 run.summary = loaded
             else:
                 run.problems.append("summary.json: not a JSON object")
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, ConduitError) as err:
             run.problems.append(f"summary.json: unreadable ({err})")
     run.mode = _mode_of(run, config)
     dqn = config.get("dqn", {}) if isinstance(config.get("dqn"), dict) else {}
