@@ -73,6 +73,9 @@ class Config:
                     self.storage.shards_per_buffer, f"1 {why} (one shard per buffer rank)")
             require(self.layout.learners >= 1, "layout.learners", self.layout.learners,
                     f">= 1 {why} (the lead learner reports the telemetry)")
+            require(self.longhaul.mode == "off", "longhaul.mode", self.longhaul.mode,
+                    f"'off' {why} (long-haul places its edge and cloud shards itself and "
+                    f"paces what crosses its link; re-placing them is not implemented)")
             ck = self.checkpoint
             require(ck.every_seconds == 0 and ck.every_supersteps == 0 and not ck.on_stop,
                     "checkpoint", {"every_seconds": ck.every_seconds,

@@ -41,6 +41,15 @@ def test_adaptive_in_a_running_job_loads_with_what_it_supports() -> None:
         ({"checkpoint": {"on_stop": True}}, "checkpoint must be off"),
         ({"checkpoint": {"on_stop": False, "every_seconds": 5.0}},
          "'every_seconds': 5.0"),
+        # long-haul places the shards itself (an edge one and a cloud one) and paces what
+        # crosses its link: a re-placement was accepted and then failed at run time
+        # (edge_replay: "needs exactly one shard per buffer rank"; forward: the job did
+        # its work, then every rank waited run.timeout_s at the end for the coordinator)
+        ({"layout": {"buffers": 2}, "longhaul": {"mode": "forward"}},
+         "longhaul.mode must be 'off' with placement.adaptive = true"),
+        ({"layout": {"buffers": 2}, "longhaul": {"mode": "edge_replay"},
+          "scheduler": {"fetch": "owner"}},
+         "longhaul.mode must be 'off' with placement.adaptive = true"),
     ],
 )
 def test_adaptive_refuses_what_a_running_job_cannot_re_place(raw: dict,
