@@ -190,6 +190,9 @@ class Config:
         require(not self.placement.adaptive, "placement.adaptive", self.placement.adaptive,
                 f"false {why} (live re-placement moves shards between buffer ranks; the "
                 f"two are not combined)")
+        require(self.longhaul.mode != "edge_replay", "longhaul.mode", self.longhaul.mode,
+                f"'off' or 'forward' {why} (edge_replay's replay stays at the edge and only "
+                f"sampled batches cross the link; a device mirror would read it in place)")
         require(self.transport.shared_memory == "auto", "transport.shared_memory",
                 self.transport.shared_memory,
                 f"'auto' {why} (a mirror is synced from the node's shared memory; with "
