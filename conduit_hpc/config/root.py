@@ -73,6 +73,9 @@ class Config:
                     self.storage.shards_per_buffer, f"1 {why} (one shard per buffer rank)")
             require(self.layout.learners >= 1, "layout.learners", self.layout.learners,
                     f">= 1 {why} (the lead learner reports the telemetry)")
+            require(self.longhaul.mode == "off", "longhaul.mode", self.longhaul.mode,
+                    f"'off' {why} (long-haul places its edge and cloud shards itself and "
+                    f"paces what crosses its link; re-placing them is not implemented)")
             ck = self.checkpoint
             require(ck.every_seconds == 0 and ck.every_supersteps == 0 and not ck.on_stop,
                     "checkpoint", {"every_seconds": ck.every_seconds,
@@ -187,6 +190,9 @@ class Config:
         require(not self.placement.adaptive, "placement.adaptive", self.placement.adaptive,
                 f"false {why} (live re-placement moves shards between buffer ranks; the "
                 f"two are not combined)")
+        require(self.longhaul.mode != "edge_replay", "longhaul.mode", self.longhaul.mode,
+                f"'off' or 'forward' {why} (edge_replay's replay stays at the edge and only "
+                f"sampled batches cross the link; a device mirror would read it in place)")
         require(self.transport.shared_memory == "auto", "transport.shared_memory",
                 self.transport.shared_memory,
                 f"'auto' {why} (a mirror is synced from the node's shared memory; with "

@@ -375,7 +375,7 @@ def _check_total(topo: Topology, workload: Workload, cap: np.ndarray) -> None:
         return
     parts = []
     for tier in workload.tiers:
-        sel = np.asarray([t == tier for t in topo.o_tier])
+        sel = np.asarray([t == tier for t in topo.o_tier], dtype=bool)
         n = int(sel.sum())
         raw = float(topo.o_cap[sel].sum())
         each = float(topo.o_cap[sel].max()) if n else 0.0

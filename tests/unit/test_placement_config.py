@@ -41,6 +41,15 @@ def test_adaptive_in_a_running_job_loads_with_what_it_supports() -> None:
         ({"checkpoint": {"on_stop": True}}, "checkpoint must be off"),
         ({"checkpoint": {"on_stop": False, "every_seconds": 5.0}},
          "'every_seconds': 5.0"),
+        # long-haul places the shards itself (an edge one and a cloud one) and paces what
+        # crosses its link: a re-placement was accepted and then failed at run time
+        # (edge_replay: "needs exactly one shard per buffer rank"; forward: the job did
+        # its work, then every rank waited run.timeout_s at the end for the coordinator)
+        ({"layout": {"buffers": 2}, "longhaul": {"mode": "forward"}},
+         "longhaul.mode must be 'off' with placement.adaptive = true"),
+        ({"layout": {"buffers": 2}, "longhaul": {"mode": "edge_replay"},
+          "scheduler": {"fetch": "owner"}},
+         "longhaul.mode must be 'off' with placement.adaptive = true"),
     ],
 )
 def test_adaptive_refuses_what_a_running_job_cannot_re_place(raw: dict,
@@ -66,3 +75,15 @@ def test_bad_values_are_named(raw: dict, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         Config.from_dict({"placement": raw})
     assert fragment in str(info.value)
+
+
+def test_device_rows_with_edge_replay_is_refused() -> None:
+    # edge_replay keeps the replay at the edge and sends only sampled batches across the
+    # link; promoting that shard to the learner's device read it in place, bypassing the
+    # link (a run crossed 320 rows of 3,840 sampled, and its exposed time fell 1000x)
+    with pytest.raises(ConfigError) as info:
+        Config.from_dict({"layout": {"buffers": 2}, "scheduler": {"fetch": "owner"},
+                          "longhaul": {"mode": "edge_replay"},
+                          "placement": {"device_rows": 1000}})
+    assert "longhaul.mode must be 'off' or 'forward' with placement.device_rows = 1000" in (
+        str(info.value))

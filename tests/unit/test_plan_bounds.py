@@ -83,3 +83,15 @@ def test_values_at_the_bounds_still_plan(tmp_path: Path, capsys) -> None:
         "latency_s = 1.5e-6", "latency_s = 60"))
     assert cli.main(["plan", str(c), "--workload", str(w)]) == 0
     assert "bottleneck:" in capsys.readouterr().out
+
+
+def test_a_cluster_without_ranks_is_infeasible_not_a_traceback(tmp_path: Path, capsys) -> None:
+    # learners = buffers = actors = 0: no location at all; the infeasibility report
+    # indexed an empty float array with itself (IndexError traceback)
+    c = tmp_path / "c.toml"
+    c.write_text('[[nodes]]\nname = "n"\nlearners = 0\nbuffers = 0\nactors = 0\n'
+                 'shm = { bandwidth_gbps = 8.0 }\n')
+    assert cli.main(["plan", str(c)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("conduit-hpc: error: PlacementInfeasible: ") and err.count("\n") == 1
+    assert "learner_host: 0 x 0 B" in err, err
