@@ -344,7 +344,7 @@ class Deliverer:
         timings["gather_s"] = t2 - t1
         data = out
         if self.transform is not None:
-            data = checked_transform(self.transform(out))
+            data = checked_transform(self.transform(out), B)
         t3 = time.perf_counter()
         timings["transform_s"] = t3 - t2
         weights = self.sampler.weights(mass, stats, superstep)
@@ -440,14 +440,22 @@ class Deliverer:
         return self.prio.send(indices, priorities, self.device_shards)
 
 
-def checked_transform(data: Any) -> dict[str, np.ndarray]:
+def checked_transform(data: Any, rows: int | None = None) -> dict[str, np.ndarray]:
     """What a learner's ``transform`` returned, as a dict of numpy arrays, or a
     :class:`SpecError` naming the transform (before the batch is staged: torch's or
-    numpy's own error otherwise, raised from deep in the copy to the device)."""
+    numpy's own error otherwise, raised from deep in the copy to the device).
+    ``rows``: the batch's rows, which every column must keep (one per index and weight:
+    a column of other length would pair rows with another row's index and weight)."""
     if not isinstance(data, Mapping):
         raise SpecError(f"transform must return a mapping of field name to array, got "
                         f"{type(data).__name__} {data!r:.80}")
-    return {k: as_array(v, f"transform output {k!r}") for k, v in data.items()}
+    out = {k: as_array(v, f"transform output {k!r}") for k, v in data.items()}
+    for k, v in out.items():
+        if rows is not None and (v.ndim == 0 or v.shape[0] != rows):
+            raise SpecError(f"transform output {k!r} has shape {list(v.shape)}; expected "
+                            f"{rows} rows first (scheduler.batch_rows: one per entry of "
+                            f"Batch.indices and Batch.weights)")
+    return out
 
 
 def _why_waiting(lim: RateLimiter, state: LimiterState, mass: float, held: int) -> str:

@@ -254,6 +254,7 @@ class DeliveryServer:
         self.poll_s = min(poll_interval_s, 0.0005)
         self.prefetch = Prefetcher(d, fetch, self.clock, self._publish, self._closed)
         self.finished = False
+        self.silent = False  # its learner stopped asking (its own timeout, not a failure)
         self.updates = 0  # update messages forwarded
 
     def serve(self) -> None:
@@ -264,8 +265,10 @@ class DeliveryServer:
             self._loop()
         except BaseException as err:
             self.ring.set_message(W_FAILED, f"{type(err).__name__}: {err}")
-            if isinstance(err, Exception) and not isinstance(
-                    err, DataPlaneTimeout | RemoteFailure) and self._learner_ends():
+            # a wait while preparing (the rate limiter's, with every priority 0) is a
+            # failure like the transform's: the learner may take it and end
+            if isinstance(err, Exception) and not isinstance(err, RemoteFailure) \
+                    and not self.silent and self._learner_ends():
                 return  # the learner took the error and ended: so does this rank
             raise
         finally:
@@ -325,6 +328,7 @@ class DeliveryServer:
                 quiet = time.monotonic()
                 continue
             if time.monotonic() - quiet > self.timeout_s:
+                self.silent = True
                 raise DataPlaneTimeout(
                     f"the delivery rank waited {self.timeout_s:.1f} s for its learner (world "
                     f"rank {self.learner}) to ask for batch {clock.requested} (a learner's "
@@ -365,6 +369,7 @@ class ProcessMode(DeliveryMode):
         self.poll_s = min(poll_interval_s, 0.0005)
         self._stopped = False
         self._failed = False  # this learner failed, or already raised the peer's failure
+        self._raised = False  # a next_batch raised (the learner may take it and end)
         self._counters: dict[str, float] = {}  # the delivery rank's, left at its stop
 
     def _check_peer(self) -> None:
@@ -372,6 +377,12 @@ class ProcessMode(DeliveryMode):
             self._failed = True
             raise RemoteFailure(f"the delivery rank (world rank {self.peer}) of this learner "
                                 f"failed: {self.ring.message(W_FAILED)}")
+
+    def _wait_for(self, ready: Any, what: str) -> None:
+        deadline = Deadline(self.ep.timeout_s, what)
+        while not ready():
+            deadline.check(f"the delivery rank is world rank {self.peer}")
+            time.sleep(self.poll_s)
 
     def _wait(self, ready: Any, what: str) -> None:
         deadline = Deadline(self.ep.timeout_s, what)
@@ -397,7 +408,11 @@ class ProcessMode(DeliveryMode):
                 raise DataPlaneClosed(ring.message(W_CLOSED))
             return False
 
-        self._wait(ready, f"batch {s} from the delivery rank")
+        try:
+            self._wait(ready, f"batch {s} from the delivery rank")
+        except Exception:
+            self._raised = True
+            raise
         data, indices, weights, superstep, staleness, timings = ring.batch(s)
         batch = self.stager.to_device(data, indices, weights, superstep, staleness)
         batch.timings = timings
@@ -419,6 +434,12 @@ class ProcessMode(DeliveryMode):
         ring.set_word(W_STOP, 1)
         if self._failed:  # its failure (or this learner's) was reported already
             return
+        if self._raised:  # e.g. its own timeout while the delivery rank's wait ran on:
+            # that rank fails with its reason, then ends as this learner does (cleanly)
+            self._wait_for(lambda: ring.word(W_STOPPED) == 1 or ring.word(W_FAILED) != 0,
+                           "the delivery rank to stop")
+            if ring.word(W_STOPPED) != 1:
+                return
         self._wait(lambda: ring.word(W_STOPPED) == 1, "the delivery rank to stop")
         self._counters = dict(zip(COUNTERS, (float(v) for v in ring.counters), strict=False))
 

@@ -9,6 +9,7 @@ the device copy it waits on) and the split of the experience path. Features add
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from conduit_hpc.config import SchedulerConfig
-from conduit_hpc.errors import SpecError
+from conduit_hpc.errors import DataPlaneTimeout, SpecError
 from conduit_hpc.plane.control import C_LEARNER_VERSION, ControlBlock
 from conduit_hpc.plane.extensions import LearnerHook
 from conduit_hpc.plane.metrics import (
@@ -83,6 +84,7 @@ class LearnerEndpoint:
         self._row: dict[str, Any] | None = None
         self._extra: dict[str, Any] = {}
         self.priority_rows = 0
+        self._turn = threading.Lock()  # one next_batch at a time (see next_batch)
         self.hooks: list[LearnerHook] = []
         self.started = False  # the mode starts at the first next_batch(), so that
         # collectives before it (share_weights) run while one thread makes MPI calls
@@ -157,7 +159,21 @@ class LearnerEndpoint:
 
     # -- the learner's calls -----------------------------------------------------------
     def next_batch(self) -> Batch:
-        """Batch for the next superstep; ends the current one. Blocks (bounded)."""
+        """Batch for the next superstep; ends the current one. Blocks (bounded).
+
+        Calls from several threads take turns (each gets the next superstep's batch):
+        run concurrently, two calls took the same superstep, so in ``edp`` and
+        ``service`` one waited out the timeout for a batch the other had taken, and a
+        delivery rank's batch went to both."""
+        if not self._turn.acquire(timeout=self.timeout_s):
+            raise DataPlaneTimeout(f"next_batch() waited {self.timeout_s:g} s (run.timeout_s) "
+                                   f"for another thread's next_batch() on this learner")
+        try:
+            return self._next_batch()
+        finally:
+            self._turn.release()
+
+    def _next_batch(self) -> Batch:
         t0 = time.perf_counter()
         if not self.started:
             self.started = True
