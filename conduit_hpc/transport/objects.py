@@ -98,8 +98,21 @@ def bounded_allgather(comm: MPI.Intracomm, send: np.ndarray, recv: np.ndarray,
                       timeout_s: float, what: str,
                       between: Callable[[], object] | None = None) -> None:
     """``Allgather`` that gives up as :func:`bounded_barrier` does
-    (:class:`~conduit_hpc.errors.CollectiveFailed` naming ``what``). **Collective**."""
+    (:class:`~conduit_hpc.errors.CollectiveFailed` naming ``what``). **Collective**.
+
+    A request given up on stays pending: the ranks that did arrive still send their
+    parts, and MPI writes them into ``recv`` whenever it next makes progress. So its
+    buffers are kept alive for the life of the process (freed, they were written over
+    later: a segfault in unrelated code, seen at 6 ranks)."""
     req = comm.Iallgather(send, recv)
-    wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} to "
-               f"reach {what}", error=CollectiveFailed, between=between,
-               detail="a rank failed, left without an error, or did not arrive")
+    try:
+        wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} "
+                   f"to reach {what}", error=CollectiveFailed, between=between,
+                   detail="a rank failed, left without an error, or did not arrive")
+    except BaseException:
+        _ABANDONED.append((req, send, recv))
+        raise
+
+
+#: requests given up on, with their buffers (see :func:`bounded_allgather`)
+_ABANDONED: list[tuple[MPI.Request, np.ndarray, np.ndarray]] = []
