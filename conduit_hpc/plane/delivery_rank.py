@@ -378,20 +378,17 @@ class ProcessMode(DeliveryMode):
             raise RemoteFailure(f"the delivery rank (world rank {self.peer}) of this learner "
                                 f"failed: {self.ring.message(W_FAILED)}")
 
-    def _wait_for(self, ready: Any, what: str) -> None:
-        deadline = Deadline(self.ep.timeout_s, what)
-        while not ready():
-            deadline.check(f"the delivery rank is world rank {self.peer}")
-            time.sleep(self.poll_s)
-
-    def _wait(self, ready: Any, what: str) -> None:
+    def _wait(self, ready: Any, what: str, peer_failed_too: bool = False) -> None:
+        """Until ``ready()`` (bounded); ``peer_failed_too``: a failed delivery rank is
+        one of the ends waited for, not an error."""
         deadline = Deadline(self.ep.timeout_s, what)
         # a short spin, then yields: the delivery rank it waits for needs a core (200
         # spins held one for the ~0.2 ms a CartPole batch takes; 20 gave 4,096-5,006
         # idle batches/s against 3,295-4,381 in bench capacity, interleaved runs)
         backoff = Backoff(self.poll_s, spins=20, yields=50)
         while not ready():
-            self._check_peer()
+            if not peer_failed_too:
+                self._check_peer()
             deadline.check(f"the delivery rank is world rank {self.peer}")
             backoff.pause()
 
@@ -436,8 +433,8 @@ class ProcessMode(DeliveryMode):
             return
         if self._raised:  # e.g. its own timeout while the delivery rank's wait ran on:
             # that rank fails with its reason, then ends as this learner does (cleanly)
-            self._wait_for(lambda: ring.word(W_STOPPED) == 1 or ring.word(W_FAILED) != 0,
-                           "the delivery rank to stop")
+            self._wait(lambda: ring.word(W_STOPPED) == 1 or ring.word(W_FAILED) != 0,
+                       "the delivery rank to stop", peer_failed_too=True)
             if ring.word(W_STOPPED) != 1:
                 return
         self._wait(lambda: ring.word(W_STOPPED) == 1, "the delivery rank to stop")

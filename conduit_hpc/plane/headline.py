@@ -30,7 +30,8 @@ from typing import Any
 from conduit_hpc.config.loader import read_bounded
 from conduit_hpc.errors import ConduitError
 
-__all__ = ["actor_totals", "headline_figures", "steps_to_target", "waited_fraction"]
+__all__ = ["actor_totals", "headline_figures", "read_metrics_text", "steps_to_target",
+           "waited_fraction"]
 
 
 def _float(text: str | None) -> float:
@@ -101,11 +102,23 @@ def _episodes(path: Path) -> tuple[list[float], list[float], list[bool] | None]:
     return steps, rets, scored if has_scored else None
 
 
+#: a run's metrics file larger than this is refused (a day at one row a second is ~10 MB)
+MAX_METRICS_BYTES = 1 << 30
+
+
+def read_metrics_text(path: Path) -> str:
+    """A run's metrics or summary file as text, read bounded (a device, FIFO or endless
+    file linked in a run directory is refused, never read forever:
+    :func:`conduit_hpc.config.loader.read_bounded`).
+
+    Raises:
+        ConduitError: not a regular file, or too large; UnicodeDecodeError; OSError.
+    """
+    return read_bounded(path, "metrics file", MAX_METRICS_BYTES).decode("utf-8")
+
+
 def _lines(path: Path) -> io.StringIO:
-    """A run's CSV file as text, read bounded (a device, FIFO or endless file linked in a
-    run directory is refused, never read forever)."""
-    return io.StringIO(read_bounded(path, "metrics file", 1 << 30).decode("utf-8"),
-                       newline="")
+    return io.StringIO(read_metrics_text(path), newline="")
 
 
 def headline_figures(metrics: str | Path, *, target_return: float | None = None,

@@ -36,7 +36,7 @@ import numpy as np
 
 from conduit_hpc.config import read_toml
 from conduit_hpc.features.longhaul.metrics import settled_mean, windowed_mean_priority
-from conduit_hpc.tools.report.run_data import read_text
+from conduit_hpc.plane.headline import read_metrics_text
 
 __all__ = ["LongHaulRun", "is_longhaul_run", "load_longhaul_run", "ratios",
            "write_longhaul_report"]
@@ -93,7 +93,7 @@ class LongHaulRun:
 def _read_csv(path: Path) -> dict[str, np.ndarray]:
     if not path.exists():
         return {}
-    rows = list(csv.DictReader(io.StringIO(read_text(path), newline="")))
+    rows = list(csv.DictReader(io.StringIO(read_metrics_text(path), newline="")))
     if not rows:
         return {}
     out: dict[str, np.ndarray] = {}
@@ -130,7 +130,7 @@ def load_longhaul_run(run_dir: str | Path) -> LongHaulRun:
         raise FileNotFoundError(f"{learner} does not exist: not a finished run directory")
     cfg = _config(path)
     summary_path = metrics / "summary.json"
-    summary = json.loads(read_text(summary_path)) if summary_path.exists() else {}
+    summary = json.loads(read_metrics_text(summary_path)) if summary_path.exists() else {}
     lh = cfg.get("longhaul", {})
     return LongHaulRun(path=path, mode=str(summary.get("mode", lh.get("mode", "off"))),
                        bandwidth_bytes_s=float(lh.get("bandwidth_gbps", 0.0)) * 1e9,

@@ -17,14 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from conduit_hpc.config.loader import read_bounded
 from conduit_hpc.errors import ConduitError
-from conduit_hpc.plane.headline import headline_figures
+from conduit_hpc.plane.headline import headline_figures, read_metrics_text
 from conduit_hpc.plane.metrics import PATH_WORK, exposed_split, exposed_story
 
 __all__ = ["PATH_PARTS", "TARGET_RETURN", "RunData", "Table", "episode_x", "has_columns",
            "ingest_grid", "learner_table", "load_run", "missing_columns", "pooled",
-           "read_csv", "read_text", "rolling_mean", "run_stats", "scored_episodes"]
+           "read_csv", "rolling_mean", "run_stats", "scored_episodes"]
 
 Table = dict[str, np.ndarray]
 PATH_PARTS = ("sample_s", "gather_s", "transform_s", "copy_s")
@@ -35,26 +34,12 @@ TARGET_RETURN = 475.0
 # reading
 
 
-#: a run's metrics file larger than this is refused (a day at one row a second is ~10 MB)
-MAX_METRICS_BYTES = 1 << 30
-
-
-def read_text(path: Path) -> str:
-    """A metrics or summary file as text, read bounded (a device, FIFO or endless file
-    linked in a run directory is refused: :func:`conduit_hpc.config.loader.read_bounded`).
-
-    Raises:
-        ConduitError: not a regular file, or too large; UnicodeDecodeError; OSError.
-    """
-    return read_bounded(path, "metrics file", MAX_METRICS_BYTES).decode("utf-8")
-
-
 def read_csv(path: Path) -> Table:
     """Columns of a CSV file with a header; numeric columns as float64, others as str.
 
     Ragged or non-numeric cells in a numeric column become NaN.
     """
-    reader = csv.reader(io.StringIO(read_text(path), newline=""))
+    reader = csv.reader(io.StringIO(read_metrics_text(path), newline=""))
     try:
         header = [h.strip() for h in next(reader)]
     except StopIteration:
@@ -170,7 +155,7 @@ def load_run(path: str | Path) -> RunData:
             run.problems.append(f"episodes.csv: unreadable ({err})")
     if (metrics / "summary.json").exists():
         try:
-            loaded = json.loads(read_text(metrics / "summary.json"))
+            loaded = json.loads(read_metrics_text(metrics / "summary.json"))
             if isinstance(loaded, dict):
                 run.summary = loaded
             else:
