@@ -18,6 +18,7 @@ __all__ = [
     "PlacementInfeasible",
     "RateLimitDeadlock",
     "RemoteFailure",
+    "RoundingOver",
     "SpecError",
     "TransportError",
     "UsedAfterClose",
@@ -98,6 +99,12 @@ class PlacementInfeasible(ConduitError):
         super().__init__(message)
         self.tier = tier
         self.shortfall_bytes = shortfall_bytes
+
+
+class RoundingOver(PlacementInfeasible):
+    """The planner's rounding of an LP solution went past a capacity by the solver's
+    tolerance (internal: :func:`~conduit_hpc.placement.static.plan_static` solves once
+    more with a slack before it lets this out)."""
 
 
 class CheckpointError(ConduitError):

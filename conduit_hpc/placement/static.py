@@ -40,7 +40,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from conduit_hpc.errors import ConfigError, PlacementInfeasible
+from conduit_hpc.errors import ConfigError, PlacementInfeasible, RoundingOver
 from conduit_hpc.placement.cluster import TIERS, ClusterModel, Roster
 from conduit_hpc.placement.columns import (
     Column,
@@ -353,7 +353,7 @@ def allocation_to_placement(topo: Topology, workload: Workload, part: np.ndarray
     over = ev.usage_bytes > topo.o_cap + 0.5
     if over.any():  # the LP solver's tolerance (plan_static solves again)
         o = int(np.flatnonzero(over)[0])
-        raise PlacementInfeasible(
+        raise RoundingOver(
             f"internal: rounding put {ev.usage_bytes[o]:.0f} bytes into {topo.o_name[o]} "
             f"whose capacity is {topo.o_cap[o]:.0f}", tier=topo.o_tier[o],
             shortfall_bytes=int(ev.usage_bytes[o] - topo.o_cap[o]))
@@ -453,8 +453,8 @@ def plan_static(cluster: ClusterModel, workload: Workload, *, roster: Roster | N
         try:
             return allocation_to_placement(topo, workload, part, loc, round_rows(
                 part, rows, prows), mass, method=label, t0=t0)
-        except PlacementInfeasible as err:
-            if slack or not str(err).startswith("internal: rounding"):
+        except RoundingOver:
+            if slack:
                 raise
     raise AssertionError("unreachable")
 

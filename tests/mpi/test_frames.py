@@ -181,6 +181,9 @@ def test_checkpoint_restores_the_same_rows_and_reshards(shared_dir) -> None:
         with ExperienceDataPlane(cfg(shards, capacity)) as edp2:
             res = restore_data_plane(edp2, result.path)
             assert res is not None and res.resharded is resharded
+            # the checkpoint's slots that are transitions: the rows it delivered (the
+            # resume message said only slots, as if each were a row)
+            assert res.transitions == len(before) < res.rows + res.dropped
             after = delivered_rows(edp2)
             if not resharded:
                 assert after == before

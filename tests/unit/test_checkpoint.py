@@ -586,3 +586,9 @@ def test_a_resume_into_a_smaller_replay_says_how_many_rows_it_left_out() -> None
                          "replay's capacity now holds fewer")
     assert "left out" not in restore_lines(RestoreResult(**{**base, "dropped": 0}),
                                            "latest")[-1]
+    # frames stored once: rows and dropped count slots, and the line says so, with the
+    # transitions among them (it called 1,000 slots 1,000 rows)
+    line = restore_lines(RestoreResult(**base, transitions=700), "latest")[-1]
+    assert line.endswith("1,000 slots, resharded; 2,893 oldest slots left out: the replay's "
+                         "capacity now holds fewer (frames stored once: 700 of the "
+                         "checkpoint's slots are transitions, the others hold frames only)")

@@ -23,7 +23,7 @@ from conduit_hpc.checkpoint.files import checkpoint_root
 from conduit_hpc.config import Config, tomllib
 from conduit_hpc.errors import CheckpointError, CheckpointMismatch
 from conduit_hpc.spec import FrameStack, Spec, frame_stacks
-from conduit_hpc.storage.frames import FrameCodec, stored_spec
+from conduit_hpc.storage.frames import LAG_COLUMN, LAG_NONE, FrameCodec, stored_spec
 from conduit_hpc.storage.frames_reshard import reshard_frames
 from conduit_hpc.storage.snapshot import (
     ShardSnapshot,
@@ -74,6 +74,9 @@ class RestoreResult:
             elsewhere. Rank-dependent.
         config_toml (str): the config the checkpoint was written with.
         skipped (list[str]): newer checkpoints refused on the way (file and reason).
+        transitions (int | None): with frames stored once, the slots of the checkpoint
+            that are transitions (``rows`` and ``dropped`` count slots, some of which hold
+            frames only); None otherwise.
     """
 
     path: Path
@@ -86,6 +89,7 @@ class RestoreResult:
     extra_state: dict[str, np.ndarray]
     config_toml: str
     skipped: list[str]
+    transitions: int | None = None
 
 
 
@@ -94,11 +98,15 @@ def restore_lines(restored: RestoreResult | None, resume: str) -> list[str]:
     skipped on the way and the one restored, or that none was found. Local."""
     if restored is None:
         return ["resume: no checkpoint found; starting fresh"] if resume else []
+    unit = "rows" if restored.transitions is None else "slots"
     return ([f"resume: skipped a checkpoint: {reason}" for reason in restored.skipped]
             + [f"resumed from {restored.path} (checkpoint {restored.seq}): "
-               f"{restored.rows:,} rows{', resharded' if restored.resharded else ''}"
-               + (f"; {restored.dropped:,} oldest rows left out: the replay's capacity "
-                  f"now holds fewer" if restored.dropped else "")])
+               f"{restored.rows:,} {unit}{', resharded' if restored.resharded else ''}"
+               + (f"; {restored.dropped:,} oldest {unit} left out: the replay's capacity "
+                  f"now holds fewer" if restored.dropped else "")
+               + ("" if restored.transitions is None else
+                  f" (frames stored once: {restored.transitions:,} of the checkpoint's "
+                  f"slots are transitions, the others hold frames only)")])
 
 
 def resumed_counter(restored: RestoreResult | None, rank: int, key: str) -> int:
@@ -129,6 +137,14 @@ def stacks_problem(ckpt: ck.Checkpoint, spec: Spec) -> str:
                     f"{_stack_words(old)}, this job declares {_stack_words(st)}: its "
                     f"frame references would rebuild other stacks")
     return ""
+
+
+def _transitions(ckpt: ck.Checkpoint) -> int | None:
+    """With frames stored once, the checkpoint's slots that are transitions, else None."""
+    if LAG_COLUMN not in ckpt.spec.names:
+        return None
+    return sum(int((ckpt.shard_dataset(s.shard_id, f"columns/{LAG_COLUMN}") < LAG_NONE).sum())
+               for s in ckpt.shards)
 
 
 def _stack_words(st: FrameStack) -> str:
@@ -296,7 +312,8 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
     result = RestoreResult(path=ckpt.path, seq=ckpt.seq, rows=ckpt.rows - dropped,
                            resharded=resharded, dropped=dropped, counters=ckpt.counters,
                            rng_state=ckpt.rng.get(me) if same_world else None,
-                           extra_state=extra, config_toml=ckpt.config_toml, skipped=skipped)
+                           extra_state=extra, config_toml=ckpt.config_toml, skipped=skipped,
+                           transitions=_transitions(ckpt))
     if edp.learner is not None:
         # the scheduler's position and the sampler's state come back too: the sampler's
         # own state (schema 2; its random state only in the same world), else (schema 1)
