@@ -53,6 +53,7 @@ from conduit_hpc.errors import (
 )
 from conduit_hpc.integrations.keymap import NestedKey, field_name, key_of, normalise_key
 from conduit_hpc.integrations.torchrl_fallback import TorchRLExtensionWarning, extension_problem
+from conduit_hpc.integrations.torchrl_refused import TorchRLRefusals
 from conduit_hpc.plane.control import C_INSERTS
 from conduit_hpc.plane.front import ExperienceDataPlane
 from conduit_hpc.plane.roles import Role
@@ -216,7 +217,7 @@ class TensorDictColumns:
         return td
 
 
-class DataPlaneReplayBuffer:
+class DataPlaneReplayBuffer(TorchRLRefusals):
     """A ``TensorDictPrioritizedReplayBuffer`` (or ``TensorDictReplayBuffer`` with
     ``scheduler.sampler = "uniform"``) backed by the data plane.
 

@@ -91,3 +91,24 @@ def test_update_tensordict_priority_of_what_is_no_tensordict_is_a_spec_error(
     rb.edp = SimpleNamespace(role=Role.LEARNER, world_rank=0)  # type: ignore[assignment]
     with pytest.raises(SpecError, match=r"takes the sampled TensorDict, got "):
         rb.update_tensordict_priority(data)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda rb: rb.state_dict(), r"state_dict\(\)"),
+    (lambda rb: rb.load_state_dict({}), r"load_state_dict\(\)"),
+    (lambda rb: rb.dumps("/tmp/x"), r"dumps\(\)"),
+    (lambda rb: rb.loads("/tmp/x"), r"loads\(\)"),
+    (lambda rb: rb.empty(), r"empty\(\)"),
+    (lambda rb: rb[0], r"__getitem__"),
+])
+def test_torchrl_buffer_methods_the_plane_does_not_offer_say_why(call: Any, name: str) -> None:
+    """TorchRL's ReplayBuffer methods a moved script may still call were AttributeError
+    ('... object has no attribute state_dict'), or TypeError for ``rb[0]``; each now says
+    why and what the data plane does instead (checkpoints for the state)."""
+    from conduit_hpc.integrations.torchrl_refused import NotOnTheDataPlane
+
+    with pytest.raises(NotOnTheDataPlane, match=rf"DataPlaneReplayBuffer\.{name} is not "
+                                               rf"offered: \S"):
+        call(buffer("max"))
+    with pytest.raises(NotImplementedError):  # what a caller of TorchRL's API may catch
+        call(buffer("max"))
