@@ -14,6 +14,7 @@ import ast
 import contextlib
 import importlib
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -334,7 +335,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
     no_mpi_in_this_process()
 
-    cmd = "conduit-hpc " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["slurm"] else ""
+    cmd = shlex.join(["conduit-hpc", *sys.argv[1:]]) if sys.argv[1:2] == ["slurm"] else ""
     req = request_from_args(args)
     from conduit_hpc.config import job_script_for
     from conduit_hpc.errors import ConfigError

@@ -194,6 +194,29 @@ def test_multi_node_template_runs_the_job_through_mpirun(slurm, tmp_path) -> Non
         "mpirun -n 6")
 
 
+def test_a_runs_folder_with_a_space_and_a_hash_gets_the_log_and_the_run(slurm,
+                                                                        tmp_path) -> None:
+    """The default ``#SBATCH --output`` lies under ``--runs``; sbatch reads that line
+    without a shell, so a folder named ``my runs #1`` sent the log to ``.../my`` (its
+    whitespace split the argument). Now the log and the run directory both land there."""
+    runs = tmp_path / "my runs #1"
+    script = tmp_path / "job.sbatch"
+    out = subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", "slurm",
+                          "jobs/synthetic.toml", "--time", "5", "--runs", str(runs),
+                          "--set", "run.duration_s=1.0", "-o", str(script)],
+                         cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    jid = submit(slurm, script)
+    wait_gone(slurm, jid, 120)
+    state = job_state(slurm, jid)
+    log = runs / f"slurm-synthetic-{jid}.out"
+    assert log.is_file(), (f"no {log}; {sorted(p.name for p in tmp_path.rglob('*'))}; "
+                           f"StdOut={state.get('StdOut')}")
+    assert state.get("JobState") == "COMPLETED", log.read_text()
+    assert "ingested" in log.read_text()
+    assert (runs / f"synthetic-{jid}" / "command.txt").is_file()
+
+
 def test_rank_failure_under_srun_is_one_message_and_nonzero(slurm, tmp_path) -> None:
     out = sh(slurm, "salloc", "-Q", "-n", "4", sys.executable, "-m", "conduit_hpc.tools.cli",
              "run", str(REPO / "tests/launch/jobs/fail_one_rank.toml"), "--runs",

@@ -253,7 +253,8 @@ def test_the_script_creates_its_runs_folder_before_the_launch(tmp_path) -> None:
     runs = tmp_path / "my runs"
     text = render_sbatch(JOB, SlurmRequest(runs=str(runs)))
     assert f"mkdir -p '{runs}'\n" in text and text.index("mkdir -p") < text.index("exec bash")
-    assert f"#SBATCH --output={runs}/slurm-%x-%j.out" in text
+    # quoted: sbatch splits an #SBATCH line at whitespace (it wrote the log to .../my)
+    assert f'#SBATCH --output="{runs}/slurm-%x-%j.out"' in text
     assert output_folder(SlurmRequest(runs=str(runs))) == runs
     assert output_folder(SlurmRequest(output="logs/%u/x.out")) is None
 
@@ -287,3 +288,69 @@ def test_idle_gpus_warn_and_are_written_into_the_script() -> None:
     render_sbatch(JOB, SlurmRequest(nodes=4, ntasks_per_node=8, overrides=(
         "layout.per_node=true", "layout.actors=0")), warnings=quiet)
     assert quiet == []
+
+
+def sbatch_line_arguments(line: str) -> list[str]:
+    """The arguments sbatch reads from one ``#SBATCH`` line: a port of ``_get_argument``
+    in SLURM's ``src/sbatch/opt.c`` (whitespace ends an argument outside double quotes,
+    which group and are dropped; a backslash escapes the next character; an unescaped
+    ``#`` ends the line, inside quotes too)."""
+    args, i, rest = [], 0, line[len("#SBATCH"):]
+    while True:
+        while i < len(rest) and rest[i].isspace():
+            i += 1
+        if i >= len(rest):
+            return args
+        arg, quoted, escape = "", False, False
+        while i < len(rest) and (quoted or not rest[i].isspace()) and rest[i] != "\n":
+            c = rest[i]
+            i += 1
+            if escape:
+                escape, arg = False, arg + c
+            elif c == "\\":
+                escape = True
+            elif c == '"':
+                quoted = not quoted
+            elif c == "#":
+                return [*args, arg] if arg else args
+            else:
+                arg += c
+        if arg:
+            args.append(arg)
+
+
+@pytest.mark.parametrize("name", ["my runs", "runs #1", 'say "hi"', "back\\slash", "tab\tx",
+                                  "100% done", "plain"])
+def test_sbatch_lines_carry_paths_and_options_whole(tmp_path, name: str) -> None:
+    """Every value on an ``#SBATCH`` line reaches sbatch as written: the output path and
+    the runs folder of a working directory with a space, a '#', a quote, a backslash or a
+    '%' in its name, and --sbatch option values (before, sbatch took ``--output=/a`` from
+    ``--output=/a b/x.out``, and a '#' cut the rest of the line off as a comment)."""
+    runs = str(tmp_path / name / "runs")
+    text = render_sbatch(JOB, SlurmRequest(runs=runs, sbatch=(f"--comment={name}",
+                                                              "--exclusive"),
+                                           partition="debug", account="p#1"))
+    lines = {a[0].split("=", 1)[0]: a for a in (sbatch_line_arguments(ln) for ln in
+                                                 text.splitlines() if ln.startswith("#SBATCH"))}
+    # the default log is a filename pattern: a % of the folder's name is written %%
+    assert lines["--output"] == [f"--output={runs.replace('%', '%%')}/slurm-%x-%j.out"]
+    assert lines["--comment"] == [f"--comment={name}"]
+    assert lines["--exclusive"] == ["--exclusive"]
+    assert lines["--account"] == ["--account=p#1"] and lines["--partition"] == ["--partition=debug"]
+    own = tmp_path / name / "x %j.out"
+    text = render_sbatch(JOB, SlurmRequest(output=str(own)))  # given: taken as a pattern
+    assert [sbatch_line_arguments(ln) for ln in text.splitlines()
+            if ln.startswith("#SBATCH --output")] == [[f"--output={own}"]]
+    bash_ok(text, tmp_path)
+
+
+@pytest.mark.parametrize("opt", ["--qos high", "--", "---x", "--=x", "-q"])
+def test_sbatch_options_that_are_no_long_option_are_refused(opt: str) -> None:
+    with pytest.raises(ConfigError, match=r"--sbatch must be a long sbatch option"):
+        SlurmRequest(sbatch=(opt,))
+
+
+def test_an_account_with_a_space_is_not_told_about_partitions() -> None:
+    with pytest.raises(ConfigError) as info:
+        SlurmRequest(account="a b")
+    assert "partitions" not in str(info.value) and "--account" in str(info.value)
