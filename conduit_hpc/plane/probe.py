@@ -117,8 +117,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(jsontext.dumps({"measurements": m.as_dict()}))
         print(cluster.to_toml(), end="")
         if args.out:
-            with open(args.out, "w") as f:
-                f.write(PROBE_HEADER + "\n" + cluster.to_toml())
+            try:
+                with open(args.out, "w") as f:
+                    f.write(PROBE_HEADER + "\n" + cluster.to_toml())
+            except OSError as err:  # (the model is printed above: nothing measured is lost)
+                print(f"conduit-hpc probe: error: --out {args.out!r} could not be written: "
+                      f"{err}", file=sys.stderr)
+                return 3
     return 0
 
 

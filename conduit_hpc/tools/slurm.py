@@ -465,6 +465,6 @@ def write_or_print(text: str, out: str) -> None:
             p.chmod(0o755)
         except OSError as err:
             raise ConfigError(f"-o must be a file path that can be written, got {out!r}: "
-                              f"{err.strerror or err} ({err.filename})", key="-o") from err
+                              f"{err}", key="-o") from err
     else:
         print(text, end="")

@@ -68,3 +68,20 @@ def test_the_probe_module_writes_its_header_and_refuses_a_file_it_did_not_write(
     comm.Barrier()
     if comm.rank == 0:
         os.remove(mine)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_an_out_file_that_cannot_be_written_is_one_error_line(capfd) -> None:
+    """--out on a full device: the model is printed, then rank 0 names the file and the
+    error and returns 3 (it was an OSError traceback and MPI_Abort)."""
+    from conduit_hpc.plane.probe import main
+
+    comm = MPI.COMM_WORLD
+    rc = main(["--out", "/dev/full", "--bytes", str(1 << 16)])
+    out, err = capfd.readouterr()
+    if comm.rank == 0:
+        assert rc == 3 and "bandwidth_gbps" in out, (rc, out)
+        assert "--out '/dev/full' could not be written: [Errno 28]" in err, err
+    else:
+        assert rc == 0
+
