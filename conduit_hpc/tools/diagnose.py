@@ -9,6 +9,7 @@ message. Local; no MPI.
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +20,27 @@ from conduit_hpc.config.jobs import main_calls_job_main
 from conduit_hpc.config.layout_rule import role_of_rank
 from conduit_hpc.job import ERROR_PREFIX
 
-__all__ = ["first_error", "never_started", "rank_death", "role_of"]
+__all__ = ["disk_full_note", "first_error", "never_started", "rank_death", "role_of"]
+
+
+#: below this many free bytes, a failed job's file system counts as full
+DISK_FULL_BYTES = 1 << 20
+
+
+def disk_full_note(run_dir: Path) -> str:
+    """A line for a failed job's report when its run directory's file system is full
+    (free space below :data:`DISK_FULL_BYTES`: a quota, a small scratch): the failure may
+    be the full disk itself, and the ranks' logs that would say so may be cut short or
+    empty. "" otherwise, or when the file system cannot be asked."""
+    try:
+        free = shutil.disk_usage(run_dir).free
+    except OSError:
+        return ""
+    if free >= DISK_FULL_BYTES:
+        return ""
+    return (f"\n{ERROR_PREFIX}: note: the file system of {run_dir} has {free:,} bytes "
+            f"free: the job may have failed on the full disk (or a quota), and its ranks' "
+            f"logs, metrics and checkpoints may be cut short")
 
 
 def never_started(which: str, missing: Sequence[int], n: int, entry: Path, logs: Path,
