@@ -87,7 +87,14 @@ def allocate_targets(totals: np.ndarray, batch: int, rng: np.random.Generator, *
 def importance_weights(p: np.ndarray, stats: list[ShardStats] | tuple[ShardStats, ...],
                        beta: float, *, compiled: bool = True) -> np.ndarray:
     """Importance-sampling weights ``(N * P(i)) ** -beta`` normalised by the largest
-    possible weight (that of the smallest-priority row held anywhere).
+    possible weight (that of the smallest-priority row held anywhere: the smallest of
+    the shards' published minima and the sampled rows' own masses).
+
+    The rows' masses are read after the statistics: a priority lowered in between (by
+    another learner, or an update of this one the owner applied meanwhile) can make a
+    drawn row lighter than every published minimum. It is then the lightest row known
+    and weighs 1, never more (normalised by a stale minimum, such a row weighed up to
+    ``(pmin / p) ** beta``: 174 measured with two learners).
 
     Args:
         p (np.ndarray): ``priority ** alpha`` of each sampled row.
@@ -103,6 +110,12 @@ def importance_weights(p: np.ndarray, stats: list[ShardStats] | tuple[ShardStats
     if beta == 0:
         return np.ones(len(p), dtype=np.float32)
     pmin = min((s.min for s in stats if s.count), default=float("inf"))
+    if len(p):
+        drawn = float(p.min())
+        if not drawn > 0:  # a row of mass 0 is never drawn: ignore one here
+            pos = p[p > 0]
+            drawn = float(pos.min()) if len(pos) else float("inf")
+        pmin = min(pmin, drawn)
     if compiled:
         out = tree_kernels.is_weights(p, pmin, beta)
         if out is not None:
