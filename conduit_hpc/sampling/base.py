@@ -49,8 +49,10 @@ class ShardDrawer(abc.ABC):
 
     @abc.abstractmethod
     def draw(self, index: PriorityIndex, targets: np.ndarray) -> Draw:
-        """Rows for ``targets`` (mass offsets, or item indices); slot -1 where the shard
-        has nothing to draw right now."""
+        """Rows for ``targets`` (mass offsets, or item indices, over the span the
+        learner read); slot -1 where the shard has nothing to draw right now, or the
+        target lies at or past the current :meth:`span` (it shrank since: the learner
+        draws those again over the new span, never clipped onto the last row)."""
 
     @abc.abstractmethod
     def span(self, index: PriorityIndex) -> float:
