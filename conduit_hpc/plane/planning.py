@@ -263,8 +263,10 @@ def decide_placement(config: Config, spec: Spec, roles: RoleComms,
 def _windows_fit(config: Config, plan: Placement) -> Placement:
     """A sequence sampler's window must fit in every shard: a window never spans two
     shards, so the rows of a smaller shard would never be sampled (and with every shard
-    smaller, the learner waited out its timeout on a priority mass of 0). Deterministic:
-    every rank raises alike."""
+    smaller, the learner waited out its timeout on a priority mass of 0). And every
+    learner's shards must hold the minimum fill (:func:`_fill_reachable`).
+    Deterministic: every rank raises alike."""
+    _fill_reachable(config, plan)
     sch = config.scheduler
     small = [s for s in plan.shards if s.capacity_rows < sch.window]
     if sch.sampler == "sequence" and small:
@@ -278,6 +280,27 @@ def _windows_fit(config: Config, plan: Placement) -> Placement:
             f"storage.capacity_rows per shard (fewer layout.buffers or "
             f"storage.shards_per_buffer)", key="scheduler.sequence_length")
     return plan
+
+
+def _fill_reachable(config: Config, plan: Placement) -> None:
+    """``scheduler.min_fill_rows`` counts the rows of the shards a learner reads: with
+    ``placement.scope = "partitioned"`` that is its partition, less than
+    ``storage.capacity_rows`` (the bound the config checks alone). A fill above every
+    row a learner can read held it until its wait timed out, with nothing that said it
+    never could be reached. Deterministic: every rank raises alike."""
+    fill = config.scheduler.min_fill_rows
+    rows = {s.shard_id: s.capacity_rows for s in plan.shards}
+    for rank, ids in sorted(plan.learner_shards.items()):
+        can = sum(rows.get(i, 0) for i in ids)
+        if can < fill:
+            least = min(sum(rows.get(i, 0) for i in got)
+                        for got in plan.learner_shards.values())
+            raise ConfigError(
+                f"scheduler.min_fill_rows must be <= the rows every learner reads, got "
+                f"{fill}: learner rank {rank} reads shards {sorted(ids)} of {can} rows in "
+                f"all (placement.scope = {config.placement.scope!r}), so it would wait for "
+                f"the fill until its timeout; use min_fill_rows <= {least}, or "
+                f"placement.scope = 'global'", key="scheduler.min_fill_rows")
 
 
 def _finite(x: float) -> float | None:
