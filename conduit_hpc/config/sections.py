@@ -9,6 +9,7 @@ them (types, unknown keys) and each ``__post_init__`` checks ranges with
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -259,6 +260,13 @@ class StorageConfig:
                 f"a finite number > 0 and <= {MAX_PRIORITY:g}")
         require(finite(self.priority_exponent) and 0 <= self.priority_exponent <= 10,
                 "priority_exponent", self.priority_exponent, "a number in [0, 10]")
+        # rows inserted without a priority get this mass: one that underflows float64
+        # makes every such row undrawable (learners then wait out their timeout)
+        mass = self.initial_priority ** self.priority_exponent
+        require(mass >= sys.float_info.min, "initial_priority", self.initial_priority,
+                f"such that initial_priority ** priority_exponent ({self.priority_exponent:g})"
+                f" is a normal float64 (>= {sys.float_info.min:.3g}; it is {mass:.3g} here, "
+                f"so rows inserted without a priority could never be drawn)")
         require(finite(self.block_timeout_s) and 0 < self.block_timeout_s <= MAX_SECONDS,
                 "block_timeout_s", self.block_timeout_s,
                 f"a finite number > 0 and <= {MAX_SECONDS:g} (seconds)")

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conduit_hpc import SpecError
+from conduit_hpc import Config, ConfigError, SpecError
 from conduit_hpc.config.checks import MAX_PRIORITY
 from conduit_hpc.rl.replay import PrioritizedReplay
 from conduit_hpc.sampling import PrioritizedSampler
@@ -82,3 +82,29 @@ def test_priorities_of_another_shape_than_one_per_row_are_refused(shape: tuple[i
         check_priorities(np.ones(shape))
     assert check_priorities(np.ones((4, 1))).shape == (4,)
     assert check_priorities(np.ones((1, 4))).shape == (4,)
+
+
+@pytest.mark.parametrize("initial,alpha", [(1e-200, 2.0), (1e-170, 2.0), (5e-324, 1.0),
+                                           (1e-40, 10.0)])
+def test_an_initial_priority_whose_mass_underflows_is_refused_at_load(initial: float,
+                                                                      alpha: float) -> None:
+    # rows inserted without a priority get initial_priority ** priority_exponent: 0 (or
+    # a subnormal) there made every such row undrawable, and learners waited out their
+    # timeout told "every row held has priority 0"
+    with pytest.raises(ConfigError, match=r"storage.initial_priority must be such that "
+                       r"initial_priority \*\* priority_exponent .* is a normal float64 .*"
+                       r"could never be drawn\), got " + f"{initial!r}".replace("+", r"\+")
+                       ) as err:
+        Config.from_dict({"storage": {"initial_priority": initial,
+                                      "priority_exponent": alpha}})
+    assert err.value.key == "storage.initial_priority"
+
+
+@pytest.mark.parametrize("initial,alpha", [(1e-200, 1.5), (5e-324, 0.5), (5e-324, 0.0),
+                                           (1e-30, 10.0)])
+def test_an_initial_priority_of_a_drawable_mass_loads(initial: float, alpha: float) -> None:
+    cfg = Config.from_dict({"storage": {"initial_priority": initial,
+                                        "priority_exponent": alpha}})
+    index = PriorityIndex(4, alpha=alpha, initial_priority=cfg.storage.initial_priority)
+    index.insert(np.arange(4), np.arange(1, 5), np.full(4, np.nan))  # no priorities given
+    assert index.total > 0 and index.count == 4
