@@ -108,3 +108,21 @@ def test_an_initial_priority_of_a_drawable_mass_loads(initial: float, alpha: flo
     index = PriorityIndex(4, alpha=alpha, initial_priority=cfg.storage.initial_priority)
     index.insert(np.arange(4), np.arange(1, 5), np.full(4, np.nan))  # no priorities given
     assert index.total > 0 and index.count == 4
+
+
+@pytest.mark.parametrize("capacity,alpha,limit", [(2**40, 10.0, "9.873"),
+                                                  (2**40, 9.9, "9.873"),
+                                                  (2**28, 10.0, "9.994")])
+def test_an_exponent_whose_masses_could_sum_past_float64_is_refused(capacity: int, alpha: float,
+                                                                    limit: str) -> None:
+    # every priority <= MAX_PRIORITY is taken (actors' too): with 1e30 ** 10 = 1e300 a
+    # row, 2**28 rows sum past float64's range, the shard's total turns inf and every
+    # draw from it is meaningless - refused when the config loads
+    with pytest.raises(ConfigError, match=rf"storage.priority_exponent must be <= {limit} "
+                       rf"with capacity_rows = {capacity} .*must stay finite") as err:
+        Config.from_dict({"storage": {"capacity_rows": capacity, "priority_exponent": alpha}})
+    assert err.value.key == "storage.priority_exponent"
+    top = float(limit)
+    cfg = Config.from_dict({"storage": {"capacity_rows": capacity, "priority_exponent": top}})
+    assert np.isfinite(np.float64(MAX_PRIORITY) ** cfg.storage.priority_exponent * capacity)
+    assert Config.from_dict({"storage": {"priority_exponent": 10.0}}).storage.capacity_rows
