@@ -73,6 +73,10 @@ class Sampler(abc.ABC):
     name: ClassVar[str]
     #: rows per sampled item (> 1: sequence windows)
     window: int = 1
+    #: priorities given at ingest and by ``update_priorities`` are applied to the
+    #: owners' index; False where draws ignore them (uniform): there a priority of 0
+    #: would still give its row mass 0 (never drawn), so they are checked and dropped
+    applies_priorities: ClassVar[bool] = True
 
     def __init__(self, *, batch_rows: int, seed: int) -> None:
         self.batch_rows = int(batch_rows)
