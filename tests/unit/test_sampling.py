@@ -183,7 +183,7 @@ def test_weights_of_rows_lighter_than_the_published_minimum_stay_at_most_one(
         np.testing.assert_allclose(w, want, rtol=1e-5, atol=1e-30)  # float32 may underflow
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, derandomize=True)  # chi-square: fixed draws
 @given(units=st.lists(st.lists(st.integers(0, 8), min_size=1, max_size=6), min_size=1,
                       max_size=4).filter(lambda s: sum(map(sum, s)) > 0),
        seed=st.integers(0, 2**32 - 1))

@@ -41,7 +41,7 @@ def _follows_the_masses(slots: np.ndarray, mass: np.ndarray) -> None:
     assert sps.chisquare(got[live], expected).pvalue > 1e-6, (got, expected)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, derandomize=True)  # chi-square: fixed draws
 @given(cap=st.integers(4, 64), gone=st.floats(0.05, 0.9), seed=st.integers(0, 2**32 - 1))
 def test_the_owners_tree_draw_follows_the_current_masses(cap: int, gone: float,
                                                          seed: int) -> None:
