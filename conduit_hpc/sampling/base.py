@@ -74,9 +74,10 @@ class Sampler(abc.ABC):
     #: rows per sampled item (> 1: sequence windows)
     window: int = 1
     #: priorities given at ingest and by ``update_priorities`` are applied to the
-    #: owners' index; False where draws ignore them (uniform): there a priority of 0
-    #: would still give its row mass 0 (never drawn), so they are checked and dropped
-    applies_priorities: ClassVar[bool] = True
+    #: owners' index; False where draws ignore them (uniform, or prioritized with
+    #: priority_exponent 0): there a priority of 0 would still give its row mass 0
+    #: (never drawn), so they are checked and dropped
+    applies_priorities: bool = True
 
     def __init__(self, *, batch_rows: int, seed: int) -> None:
         self.batch_rows = int(batch_rows)

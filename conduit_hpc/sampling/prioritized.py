@@ -68,6 +68,8 @@ class PrioritizedSampler(Sampler):
                  beta_final: float, beta_anneal_supersteps: int) -> None:
         super().__init__(batch_rows=batch_rows, seed=seed)
         self._alpha = float(alpha)
+        #: priority_exponent 0 is uniform (every mass 1): priorities are not applied
+        self.applies_priorities = self._alpha > 0
         self.beta, self.beta_final = float(beta), float(beta_final)
         self.beta_anneal_supersteps = int(beta_anneal_supersteps)
 

@@ -1,4 +1,5 @@
-"""With ``scheduler.sampler = "uniform"`` every held row is equally likely, whatever
+"""With ``scheduler.sampler = "uniform"`` (or ``"prioritized"`` with
+``storage.priority_exponent = 0``) every held row is equally likely, whatever
 priorities the job gives (as TorchRL's and Reverb's uniform samplers ignore them).
 Priorities of 0 - at ingest (``priorities=reward`` with sparse rewards) or from
 ``update_priorities`` (a TD error of exactly 0) - made those rows mass 0 in the owners'
@@ -19,11 +20,13 @@ ROWS = 128
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.parametrize("where", ["ingest", "update"])
-@pytest.mark.parametrize("mode", ["sync", "edp", "service"])
-def test_uniform_draws_ignore_zero_priorities(where: str, mode: str) -> None:
+@pytest.mark.parametrize("mode,sampler", [("sync", "uniform"), ("edp", "uniform"),
+                                          ("service", "uniform"), ("edp", "prioritized")])
+def test_uniform_draws_ignore_zero_priorities(where: str, mode: str, sampler: str) -> None:
+    # prioritized with priority_exponent 0 is uniform too ("0 = uniform")
     cfg = make_config(layout={"learners": 1, "buffers": 1},
-                      storage={"capacity_rows": 4 * ROWS},
-                      scheduler={"mode": mode, "sampler": "uniform", "batch_rows": 64,
+                      storage={"capacity_rows": 4 * ROWS, "priority_exponent": 0.0},
+                      scheduler={"mode": mode, "sampler": sampler, "batch_rows": 64,
                                  "min_fill_rows": ROWS})
     late = -1.0
     with ExperienceDataPlane(cfg, COMM) as edp:
