@@ -301,6 +301,23 @@ def _fill_reachable(config: Config, plan: Placement) -> None:
                 f"all (placement.scope = {config.placement.scope!r}), so it would wait for "
                 f"the fill until its timeout; use min_fill_rows <= {least}, or "
                 f"placement.scope = 'global'", key="scheduler.min_fill_rows")
+    # the ratio counts every partition's inserts, a learner's fill only its own: before
+    # any partition fills, actors are held at min_fill + error_buffer / spi inserts, so
+    # the fullest partition (the others as fast: the worst case) must fill by then
+    sch = config.scheduler
+    parts = len({tuple(sorted(ids)) for ids in plan.learner_shards.values()})
+    if sch.samples_per_insert > 0 and parts > 1:
+        need = sch.samples_per_insert * ((parts - 1) * fill + parts * sch.max_insert_batch)
+        if sch.error_buffer < need:
+            raise ConfigError(
+                f"scheduler.error_buffer must be >= samples_per_insert * ((partitions - 1) "
+                f"* min_fill_rows + partitions * max_insert_batch) = {need:g} with "
+                f"{parts} learner partitions (placement.scope = "
+                f"{config.placement.scope!r}), got {sch.error_buffer:g}: the ratio holds "
+                f"actors back after min_fill_rows + error_buffer / samples_per_insert "
+                f"inserts into all partitions together, before any learner's own "
+                f"partition holds min_fill_rows, and every rank would wait",
+                key="scheduler.error_buffer")
 
 
 def _finite(x: float) -> float | None:
