@@ -40,7 +40,8 @@ MAX_BYTES = 2**62
 #: seconds of any timeout, budget or period (~115 days; threading's limit is far above)
 MAX_SECONDS = 1e7
 #: largest priority (initial or given): keeps priority ** alpha summed over a replay
-#: finite in float64 for every priority_exponent <= 9.8 and capacity <= 2**40
+#: finite in float64 for every priority_exponent <= 9.8 and capacity <= 2**40 (StorageConfig
+#: refuses an exponent past the bound of its capacity)
 MAX_PRIORITY = 1e30
 
 DTYPES = (

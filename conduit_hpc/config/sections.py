@@ -9,6 +9,7 @@ them (types, unknown keys) and each ``__post_init__`` checks ranges with
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -259,6 +260,21 @@ class StorageConfig:
                 f"a finite number > 0 and <= {MAX_PRIORITY:g}")
         require(finite(self.priority_exponent) and 0 <= self.priority_exponent <= 10,
                 "priority_exponent", self.priority_exponent, "a number in [0, 10]")
+        # every priority is <= MAX_PRIORITY: its mass summed over the whole replay must
+        # stay finite (a sum-tree's total of inf makes every draw meaningless)
+        top = math.floor((math.log(sys.float_info.max) - math.log(self.capacity_rows))
+                         / math.log(MAX_PRIORITY) * 1000) / 1000
+        require(self.priority_exponent <= top, "priority_exponent", self.priority_exponent,
+                f"<= {top:g} with capacity_rows = "
+                f"{self.capacity_rows} (priorities up to {MAX_PRIORITY:g} raised to it, "
+                f"summed over the replay, must stay finite in float64)")
+        # rows inserted without a priority get this mass: one that underflows float64
+        # makes every such row undrawable (learners then wait out their timeout)
+        mass = self.initial_priority ** self.priority_exponent
+        require(mass >= sys.float_info.min, "initial_priority", self.initial_priority,
+                f"such that initial_priority ** priority_exponent ({self.priority_exponent:g})"
+                f" is a normal float64 (>= {sys.float_info.min:.3g}; it is {mass:.3g} here, "
+                f"so rows inserted without a priority could never be drawn)")
         require(finite(self.block_timeout_s) and 0 < self.block_timeout_s <= MAX_SECONDS,
                 "block_timeout_s", self.block_timeout_s,
                 f"a finite number > 0 and <= {MAX_SECONDS:g} (seconds)")

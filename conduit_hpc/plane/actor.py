@@ -26,6 +26,7 @@ from conduit_hpc.plane.control import (
 )
 from conduit_hpc.plane.metrics import ACTOR_COLUMNS, CsvSink
 from conduit_hpc.plane.weights import WeightsBoard
+from conduit_hpc.sampling import applies_priorities
 from conduit_hpc.scheduler import LimiterState, RateLimiter
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage.priority import check_priorities
@@ -112,6 +113,9 @@ class ActorEndpoint:
         self.metrics = CsvSink(metrics_path, ACTOR_COLUMNS, keep=False)
         self._t0 = self._last_log = time.perf_counter()
         self._rows_at_log = 0
+        #: priorities given to ingest are applied (not by a uniform sampler: there a
+        #: priority of 0 would hide its row; checked, then dropped)
+        self.applies_priorities = applies_priorities(config)
         for ring in rings.values():  # a ring's lap wait stops when a rank left on an error
             ring.on_wait = _also(ring.on_wait, lambda: control.raise_if_failed(rank))
 
@@ -130,6 +134,8 @@ class ActorEndpoint:
             if len(prio) != n:
                 raise SpecError(f"priorities has {len(prio)} entries but the batch has "
                                 f"{n} rows")
+            if not self.applies_priorities:
+                prio = None  # the rows enter as rows without one: mass 1 (uniform)
         routed = self.route(self.stats.batches)
         sid = self.home if routed is None else routed
         ring = self.rings[sid]

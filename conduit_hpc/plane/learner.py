@@ -263,15 +263,16 @@ class LearnerEndpoint:
 
     def update_priorities(self, indices: Any, priorities: Any) -> None:
         """Check, then send new priorities to the owners; they apply before serving
-        any later sample of this learner. Never blocks on the network.
+        any later sample of this learner. Never blocks on the network. A sampler that
+        does not apply priorities (uniform) checks them and sends nothing.
 
         Raises:
             ValueError: see :func:`~conduit_hpc.sampling.check_update` (nothing sent).
         """
         idx, p = self.sampler.check_update(indices, priorities, self.capacities)
         self.priority_rows += len(idx)
-        if len(idx) == 0:  # nothing to send (send_priorities needs a row)
-            return
+        if len(idx) == 0 or not self.sampler.applies_priorities:
+            return  # nothing to send (send_priorities needs a row), or nothing to apply
         self.mode.send_priorities(idx, p)
 
     def publish_now(self) -> None:

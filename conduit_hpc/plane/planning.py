@@ -263,8 +263,10 @@ def decide_placement(config: Config, spec: Spec, roles: RoleComms,
 def _windows_fit(config: Config, plan: Placement) -> Placement:
     """A sequence sampler's window must fit in every shard: a window never spans two
     shards, so the rows of a smaller shard would never be sampled (and with every shard
-    smaller, the learner waited out its timeout on a priority mass of 0). Deterministic:
-    every rank raises alike."""
+    smaller, the learner waited out its timeout on a priority mass of 0). And every
+    learner's shards must hold the minimum fill (:func:`_fill_reachable`).
+    Deterministic: every rank raises alike."""
+    _fill_reachable(config, plan)
     sch = config.scheduler
     small = [s for s in plan.shards if s.capacity_rows < sch.window]
     if sch.sampler == "sequence" and small:
@@ -278,6 +280,44 @@ def _windows_fit(config: Config, plan: Placement) -> Placement:
             f"storage.capacity_rows per shard (fewer layout.buffers or "
             f"storage.shards_per_buffer)", key="scheduler.sequence_length")
     return plan
+
+
+def _fill_reachable(config: Config, plan: Placement) -> None:
+    """``scheduler.min_fill_rows`` counts the rows of the shards a learner reads: with
+    ``placement.scope = "partitioned"`` that is its partition, less than
+    ``storage.capacity_rows`` (the bound the config checks alone). A fill above every
+    row a learner can read held it until its wait timed out, with nothing that said it
+    never could be reached. Deterministic: every rank raises alike."""
+    fill = config.scheduler.min_fill_rows
+    rows = {s.shard_id: s.capacity_rows for s in plan.shards}
+    for rank, ids in sorted(plan.learner_shards.items()):
+        can = sum(rows.get(i, 0) for i in ids)
+        if can < fill:
+            least = min(sum(rows.get(i, 0) for i in got)
+                        for got in plan.learner_shards.values())
+            raise ConfigError(
+                f"scheduler.min_fill_rows must be <= the rows every learner reads, got "
+                f"{fill}: learner rank {rank} reads shards {sorted(ids)} of {can} rows in "
+                f"all (placement.scope = {config.placement.scope!r}), so it would wait for "
+                f"the fill until its timeout; use min_fill_rows <= {least}, or "
+                f"placement.scope = 'global'", key="scheduler.min_fill_rows")
+    # the ratio counts every partition's inserts, a learner's fill only its own: before
+    # any partition fills, actors are held at min_fill + error_buffer / spi inserts, so
+    # the fullest partition (the others as fast: the worst case) must fill by then
+    sch = config.scheduler
+    parts = len({tuple(sorted(ids)) for ids in plan.learner_shards.values()})
+    if sch.samples_per_insert > 0 and parts > 1:
+        need = sch.samples_per_insert * ((parts - 1) * fill + parts * sch.max_insert_batch)
+        if sch.error_buffer < need:
+            raise ConfigError(
+                f"scheduler.error_buffer must be >= samples_per_insert * ((partitions - 1) "
+                f"* min_fill_rows + partitions * max_insert_batch) = {need:g} with "
+                f"{parts} learner partitions (placement.scope = "
+                f"{config.placement.scope!r}), got {sch.error_buffer:g}: the ratio holds "
+                f"actors back after min_fill_rows + error_buffer / samples_per_insert "
+                f"inserts into all partitions together, before any learner's own "
+                f"partition holds min_fill_rows, and every rank would wait",
+                key="scheduler.error_buffer")
 
 
 def _finite(x: float) -> float | None:

@@ -32,6 +32,7 @@ __all__ = [
     "UniformSampler",
     "WindowDrawer",
     "allocate_targets",
+    "applies_priorities",
     "beta_at",
     "check_update",
     "importance_weights",
@@ -69,3 +70,9 @@ SAMPLERS = {"uniform": _uniform, "prioritized": _prioritized, "sequence": _seque
 def make_sampler(config: Config, seed: int) -> Sampler:
     """The sampler ``scheduler.sampler`` names, seeded with ``seed``."""
     return SAMPLERS[config.scheduler.sampler](config, seed)
+
+
+def applies_priorities(config: Config) -> bool:
+    """Whether the sampler ``scheduler.sampler`` names applies the priorities actors and
+    learners give (:attr:`Sampler.applies_priorities`). Local; pure."""
+    return make_sampler(config, 0).applies_priorities

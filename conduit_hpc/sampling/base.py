@@ -49,8 +49,10 @@ class ShardDrawer(abc.ABC):
 
     @abc.abstractmethod
     def draw(self, index: PriorityIndex, targets: np.ndarray) -> Draw:
-        """Rows for ``targets`` (mass offsets, or item indices); slot -1 where the shard
-        has nothing to draw right now."""
+        """Rows for ``targets`` (mass offsets, or item indices, over the span the
+        learner read); slot -1 where the shard has nothing to draw right now, or the
+        target lies at or past the current :meth:`span` (it shrank since: the learner
+        draws those again over the new span, never clipped onto the last row)."""
 
     @abc.abstractmethod
     def span(self, index: PriorityIndex) -> float:
@@ -71,6 +73,11 @@ class Sampler(abc.ABC):
     name: ClassVar[str]
     #: rows per sampled item (> 1: sequence windows)
     window: int = 1
+    #: priorities given at ingest and by ``update_priorities`` are applied to the
+    #: owners' index; False where draws ignore them (uniform, or prioritized with
+    #: priority_exponent 0): there a priority of 0 would still give its row mass 0
+    #: (never drawn), so they are checked and dropped
+    applies_priorities: bool = True
 
     def __init__(self, *, batch_rows: int, seed: int) -> None:
         self.batch_rows = int(batch_rows)

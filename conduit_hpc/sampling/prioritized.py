@@ -34,11 +34,20 @@ class TreeDrawer(ShardDrawer):
         return count, index.total, index.min.min if count else np.inf, index.max_priority
 
     def draw(self, index: PriorityIndex, targets: np.ndarray) -> Draw:
+        """Rows for ``targets`` (mass offsets over the total the learner read); a target
+        at or past the current total (the tree lost mass since: rows hidden, priorities
+        lowered) is slot -1, drawn again over the current total, never clipped onto the
+        last row with mass (which then took every such draw)."""
         n = len(targets)
-        if index.total <= 0:
+        total = index.total
+        if total <= 0:
             return np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n)
         slots = index.sum.prefix_search(targets)
-        return slots, index.gens[slots].copy(), index.sum[slots].copy()
+        gens, mass = index.gens[slots], index.sum[slots]  # fancy indexing: copies
+        past = np.asarray(targets) >= total
+        if past.any():
+            slots[past], gens[past], mass[past] = -1, 0, 0.0
+        return slots, gens, mass
 
     def span(self, index: PriorityIndex) -> float:
         return index.total
@@ -59,6 +68,8 @@ class PrioritizedSampler(Sampler):
                  beta_final: float, beta_anneal_supersteps: int) -> None:
         super().__init__(batch_rows=batch_rows, seed=seed)
         self._alpha = float(alpha)
+        #: priority_exponent 0 is uniform (every mass 1): priorities are not applied
+        self.applies_priorities = self._alpha > 0
         self.beta, self.beta_final = float(beta), float(beta_final)
         self.beta_anneal_supersteps = int(beta_anneal_supersteps)
 

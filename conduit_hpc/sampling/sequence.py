@@ -69,8 +69,15 @@ class WindowDrawer(ShardDrawer):
         n = len(targets)
         if len(starts) == 0:
             return np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n)
-        pick = starts[np.clip(targets.astype(np.int64), 0, len(starts) - 1)]
-        return pick % self.capacity, pick + 1, np.ones(len(pick))
+        # a target at or past the current starts (windows cut since the learner read
+        # their count) is slot -1, drawn again: never clipped onto the last window
+        at = np.asarray(targets).astype(np.int64)
+        past = at >= len(starts)
+        pick = starts[np.clip(at, 0, len(starts) - 1)]
+        slots, gens, mass = pick % self.capacity, pick + 1, np.ones(len(pick))
+        if past.any():
+            slots[past], gens[past], mass[past] = -1, 0, 0.0
+        return slots, gens, mass
 
     def span(self, index: PriorityIndex) -> float:
         return float(len(self.starts(index)))

@@ -63,6 +63,25 @@ def allocate_targets(totals: np.ndarray, batch: int, rng: np.random.Generator, *
     if not grand > 0:
         raise ValueError("cannot sample: every shard is empty")
     rand = rng.random(batch)
+    if grand < _TINY:
+        # masses so small (subnormal priorities ** alpha) that the stratum width
+        # grand / batch is rounded to a few units of the last place, or to 0 (every
+        # target then fell on the first row): draw over the totals scaled by a power of
+        # two (exact), then scale the targets back onto the shards' own masses, rounded
+        # down onto the subnormal grid (to nearest, the first row of a shard got half a
+        # unit's share and the last one and a half): each unit of mass keeps its share
+        shard, scaled = _allocate(totals * _SCALE, grand * _SCALE, rand, compiled)
+        local = scaled / _SCALE
+        up = local * _SCALE > scaled  # exact: a power of two times a subnormal
+        local[up] = np.nextafter(local[up], 0.0)
+        return shard, np.minimum(local, np.nextafter(totals[shard], 0.0))
+    return _allocate(totals, grand, rand, compiled)
+
+
+def _allocate(totals: np.ndarray, grand: float, rand: np.ndarray, compiled: bool
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`allocate_targets` after its checks (``rand``: the batch's uniforms)."""
+    batch = len(rand)
     if compiled:
         found = tree_kernels.allocate(totals, grand, rand)
         if found is not None:
@@ -84,10 +103,22 @@ def allocate_targets(totals: np.ndarray, batch: int, rng: np.random.Generator, *
     return shard.astype(np.int64), local
 
 
+#: a total mass below this is scaled by :data:`_SCALE` before targets are drawn over it
+_TINY = 2.0 ** -900
+_SCALE = 2.0 ** 600
+
+
 def importance_weights(p: np.ndarray, stats: list[ShardStats] | tuple[ShardStats, ...],
                        beta: float, *, compiled: bool = True) -> np.ndarray:
     """Importance-sampling weights ``(N * P(i)) ** -beta`` normalised by the largest
-    possible weight (that of the smallest-priority row held anywhere).
+    possible weight (that of the smallest-priority row held anywhere: the smallest of
+    the shards' published minima and the sampled rows' own masses).
+
+    The rows' masses are read after the statistics: a priority lowered in between (by
+    another learner, or an update of this one the owner applied meanwhile) can make a
+    drawn row lighter than every published minimum. It is then the lightest row known
+    and weighs 1, never more (normalised by a stale minimum, such a row weighed up to
+    ``(pmin / p) ** beta``: 174 measured with two learners).
 
     Args:
         p (np.ndarray): ``priority ** alpha`` of each sampled row.
@@ -103,6 +134,12 @@ def importance_weights(p: np.ndarray, stats: list[ShardStats] | tuple[ShardStats
     if beta == 0:
         return np.ones(len(p), dtype=np.float32)
     pmin = min((s.min for s in stats if s.count), default=float("inf"))
+    if len(p):
+        drawn = float(p.min())
+        if not drawn > 0:  # a row of mass 0 is never drawn: ignore one here
+            pos = p[p > 0]
+            drawn = float(pos.min()) if len(pos) else float("inf")
+        pmin = min(pmin, drawn)
     if compiled:
         out = tree_kernels.is_weights(p, pmin, beta)
         if out is not None:

@@ -15,9 +15,15 @@ __all__ = ["UniformSampler"]
 
 class UniformSampler(Sampler):
     """``scheduler.sampler = "uniform"``: the prioritized machinery with ``alpha = 0``
-    (so laid-end-to-end shards stay one exact uniform draw) and no weights."""
+    (so laid-end-to-end shards stay one exact uniform draw) and no weights. Priorities
+    given at ingest or by ``update_priorities`` are checked, then dropped
+    (:attr:`~conduit_hpc.sampling.Sampler.applies_priorities`): every held row has mass
+    1."""
 
     name = "uniform"
+    #: priorities never change what is drawn (as TorchRL's and Reverb's uniform
+    #: samplers ignore them): a row given priority 0 stays as likely as any other
+    applies_priorities = False
 
     @property
     def alpha(self) -> float:

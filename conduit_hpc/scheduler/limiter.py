@@ -44,6 +44,10 @@ class RateLimiter:
     back): no learner can sample before the fill, so an actor held back there would wait
     forever. With ``2 * error_buffer >= spi * max_insert_batch + batch_rows`` (checked by
     :class:`~conduit_hpc.config.SchedulerConfig`) one side can always move afterwards.
+    With partitioned sampling the inserts are every partition's and the fill each
+    learner's own: the plan then also needs ``error_buffer >= spi * ((partitions - 1) *
+    min_size_to_sample + partitions * max_insert_batch)`` (checked when it is made,
+    :mod:`conduit_hpc.plane.planning`), or actors are held before any partition fills.
 
     Args:
         samples_per_insert (float): target ratio (>= 0).

@@ -177,12 +177,15 @@ def draw(tree: np.ndarray, gens: np.ndarray, capacity: int, targets: np.ndarray,
          level: int, slots: np.ndarray, got_gens: np.ndarray, mass: np.ndarray) -> None:
     # search, then each found leaf's generation and mass; a leaf past the capacity
     # (a tree read while another process rewrote it: the caller's seqlock retries)
-    # is never indexed: slot -1, generation 0, mass 0
+    # is never indexed: slot -1, generation 0, mass 0; so is a target at or past the
+    # total (drawn over a total the tree has lost mass since: drawn again, never
+    # clipped onto the last leaf with mass)
     search(tree, targets, level, slots)
     p = tree.shape[0] // 2
+    total = tree[1]
     for i in range(slots.shape[0]):
         s = slots[i]
-        if s < capacity:
+        if s < capacity and targets[i] < total:
             got_gens[i] = gens[s]
             mass[i] = tree[s + p]
         else:

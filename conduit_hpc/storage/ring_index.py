@@ -98,7 +98,9 @@ class IndexReads:
                         slots, gens, mass = found
                     else:
                         slots = prefix_search(v.tree, targets)
-                        inside = slots < self.capacity
+                        # a target at or past the total it searched (the tree lost mass
+                        # since the learner read its stats): drawn again, as a torn slot
+                        inside = (slots < self.capacity) & (np.asarray(targets) < v.tree[1])
                         safe = np.where(inside, slots, 0)
                         gens = np.where(inside, v.gens[safe], 0)
                         mass = np.where(inside, v.tree[safe + len(v.tree) // 2], 0.0)

@@ -126,8 +126,9 @@ def draw(tree: np.ndarray, gens: np.ndarray, capacity: int, targets: np.ndarray,
          level: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """:func:`search` and, for each found leaf, its generation (``gens``) and mass, in
     one call: (slots, generations, masses); a leaf at or past ``capacity`` (a torn read
-    of a tree another process rewrites) gives slot -1, generation 0, mass 0. ``None``
-    where the kernels are not available."""
+    of a tree another process rewrites), or a target at or past the tree's total (drawn
+    over a total it has lost mass since), gives slot -1, generation 0, mass 0 (drawn
+    again by the caller). ``None`` where the kernels are not available."""
     if not available():
         return None
     assert _KERNELS is not None

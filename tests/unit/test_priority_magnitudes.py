@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conduit_hpc import SpecError
+from conduit_hpc import Config, ConfigError, SpecError
 from conduit_hpc.config.checks import MAX_PRIORITY
 from conduit_hpc.rl.replay import PrioritizedReplay
 from conduit_hpc.sampling import PrioritizedSampler
@@ -82,3 +82,47 @@ def test_priorities_of_another_shape_than_one_per_row_are_refused(shape: tuple[i
         check_priorities(np.ones(shape))
     assert check_priorities(np.ones((4, 1))).shape == (4,)
     assert check_priorities(np.ones((1, 4))).shape == (4,)
+
+
+@pytest.mark.parametrize("initial,alpha", [(1e-200, 2.0), (1e-170, 2.0), (5e-324, 1.0),
+                                           (1e-40, 10.0)])
+def test_an_initial_priority_whose_mass_underflows_is_refused_at_load(initial: float,
+                                                                      alpha: float) -> None:
+    # rows inserted without a priority get initial_priority ** priority_exponent: 0 (or
+    # a subnormal) there made every such row undrawable, and learners waited out their
+    # timeout told "every row held has priority 0"
+    with pytest.raises(ConfigError, match=r"storage.initial_priority must be such that "
+                       r"initial_priority \*\* priority_exponent .* is a normal float64 .*"
+                       r"could never be drawn\), got " + f"{initial!r}".replace("+", r"\+")
+                       ) as err:
+        Config.from_dict({"storage": {"initial_priority": initial,
+                                      "priority_exponent": alpha}})
+    assert err.value.key == "storage.initial_priority"
+
+
+@pytest.mark.parametrize("initial,alpha", [(1e-200, 1.5), (5e-324, 0.5), (5e-324, 0.0),
+                                           (1e-30, 10.0)])
+def test_an_initial_priority_of_a_drawable_mass_loads(initial: float, alpha: float) -> None:
+    cfg = Config.from_dict({"storage": {"initial_priority": initial,
+                                        "priority_exponent": alpha}})
+    index = PriorityIndex(4, alpha=alpha, initial_priority=cfg.storage.initial_priority)
+    index.insert(np.arange(4), np.arange(1, 5), np.full(4, np.nan))  # no priorities given
+    assert index.total > 0 and index.count == 4
+
+
+@pytest.mark.parametrize("capacity,alpha,limit", [(2**40, 10.0, "9.873"),
+                                                  (2**40, 9.9, "9.873"),
+                                                  (2**28, 10.0, "9.994")])
+def test_an_exponent_whose_masses_could_sum_past_float64_is_refused(capacity: int, alpha: float,
+                                                                    limit: str) -> None:
+    # every priority <= MAX_PRIORITY is taken (actors' too): with 1e30 ** 10 = 1e300 a
+    # row, 2**28 rows sum past float64's range, the shard's total turns inf and every
+    # draw from it is meaningless - refused when the config loads
+    with pytest.raises(ConfigError, match=rf"storage.priority_exponent must be <= {limit} "
+                       rf"with capacity_rows = {capacity} .*must stay finite") as err:
+        Config.from_dict({"storage": {"capacity_rows": capacity, "priority_exponent": alpha}})
+    assert err.value.key == "storage.priority_exponent"
+    top = float(limit)
+    cfg = Config.from_dict({"storage": {"capacity_rows": capacity, "priority_exponent": top}})
+    assert np.isfinite(np.float64(MAX_PRIORITY) ** cfg.storage.priority_exponent * capacity)
+    assert Config.from_dict({"storage": {"priority_exponent": 10.0}}).storage.capacity_rows
