@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from conduit_hpc import jsontext
 from conduit_hpc.config.checks import MAX_BYTES, MAX_ROW_BYTES, require
 from conduit_hpc.config.feature_sections import CheckpointConfig, LongHaulConfig, PlacementConfig
+from conduit_hpc.config.launch_world import LaunchWorld
 from conduit_hpc.config.loader import load, to_plain, validate
 from conduit_hpc.config.sections import (
     FieldConfig,
@@ -255,6 +256,20 @@ class Config:
         """
         require(bool(self.spec), "spec", dict(self.spec), "at least one field (a "
                 "[spec.NAME] table with a dtype) for a job to run")
+
+    def check_launch(self, world: LaunchWorld) -> None:
+        """What the job's own sections need of the world it is launched into, checked
+        by ``conduit-hpc run`` before any rank starts (after the layout fits ``-n``).
+        The library's sections need nothing here; a job's config class overrides it to
+        refuse what its ranks would fail on only once every rank had started: sizes one
+        rank cannot hold (:func:`~conduit_hpc.config.launch_world.require_bytes`),
+        counts that must divide among the actors, the shapes its spec must have. Call
+        ``Config.check_launch(self, world)`` first (``super()`` without arguments fails
+        in a ``slots=True`` dataclass). Local; pure; deterministic.
+
+        Raises:
+            ConfigError: naming the field, the value and the limit.
+        """
 
     # -- loading -------------------------------------------------------------------
     @classmethod
