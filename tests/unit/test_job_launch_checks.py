@@ -54,6 +54,10 @@ def load(job: str, *sets: str) -> Config:
     ("longhaul_dqn", ["dqn.num_envs=7"],
      "dqn.num_envs must be a positive multiple of the number of actor ranks (2), got 7"),
     ("apex_atari", [f"dqn.hidden=[{HUGE},{HUGE}]"], "from 3136 inputs"),
+    ("torchrl_dqn_cartpole", [f"torchrl.hidden=[{HUGE},{HUGE}]"],
+     f"torchrl.hidden = [{HUGE}, {HUGE}] needs 2e+06 GB on a learner"),
+    ("rllib_dqn_cartpole", [f"rllib.hidden=[{HUGE},{HUGE}]"],
+     f"rllib.hidden = [{HUGE}, {HUGE}] needs 2e+06 GB on a learner"),
     ("apex_atari", ["dqn.num_envs=4"],
      "dqn.num_envs must be a positive multiple of the number of actor ranks (3), got 4"),
 ])
@@ -92,7 +96,7 @@ def test_a_size_is_refused_against_the_memory_given_and_taken_below_it() -> None
 
 
 @pytest.mark.parametrize("job", ["synthetic", "dqn_cartpole", "apex_atari", "longhaul_dqn",
-                                 "example_gym"])
+                                 "example_gym", "torchrl_dqn_cartpole", "rllib_dqn_cartpole"])
 def test_the_jobs_as_written_pass_on_a_small_machine(job: str) -> None:
     """No false refusal: each job's own layout on a 4 GB node."""
     cfg = load(job)
