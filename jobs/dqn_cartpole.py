@@ -110,6 +110,16 @@ class DQNCartPoleConfig(Config):
     job: ApexSection = field(default_factory=ApexSection)
     dqn: DQNSection = field(default_factory=DQNSection)
 
+    def __post_init__(self) -> None:
+        Config.__post_init__(self)
+        for name in ("poll_every_s", "report_every_s"):
+            # the learner looks for stop requests and budgets (and an actor reports its
+            # steps) this often: longer than the ranks' own waits, a SIGTERM or a reached
+            # budget went unnoticed and the job ran on to run.duration_s or its limit
+            v = getattr(self.job, name)
+            require(v <= self.run.timeout_s, f"job.{name}", v,
+                    f"<= run.timeout_s ({self.run.timeout_s:g} s)")
+
     def check_launch(self, world: LaunchWorld) -> None:
         """:func:`check_config` with the launch's role counts, and the Q network and
         the actors' environments against a node's memory, before any rank starts."""
