@@ -116,3 +116,26 @@ def test_a_layout_of_a_billion_ranks_is_answered_at_once() -> None:
     assert ranks_problem(huge, 2_000_000_002) is None
     more = ranks_problem(Config(layout=LayoutConfig(actors=4)), 2_000_000_000)
     assert more is not None and "is more than the 6 ranks" in str(more)
+
+
+@pytest.mark.parametrize(("sets", "message"), [
+    (["dqn.num_envs=7"],
+     "dqn.num_envs must be a positive multiple of the number of actor ranks (4), got 7"),
+    ([f"dqn.hidden=[{10**9},{10**9}]"], "more than 2**62 bytes"),
+])
+def test_slurm_renders_no_script_whose_job_its_world_refuses(
+        sets: list[str], message: str, tmp_path: Path, capsys) -> None:
+    """The rendered job would have failed only once it left the queue (on the node,
+    at conduit-hpc run's check). Counts and the 64-bit bound are checked at render; a
+    node's memory is not the login node's, so memory is checked on the node."""
+    out = tmp_path / "job.sbatch"
+    argv = ["slurm", str(REPO / "jobs" / "dqn_cartpole.toml"), "--nodes", "1", "-o", str(out)]
+    for s in sets:
+        argv += ["--set", s]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+    ok = ["slurm", str(REPO / "jobs" / "dqn_cartpole.toml"), "--nodes", "1", "-o", str(out),
+          "--set", f"dqn.hidden=[{10**5},{10**5}]"]  # 200 GB: left to the node's check
+    assert cli.main(ok) == 0 and out.is_file()
