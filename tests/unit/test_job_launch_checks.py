@@ -41,6 +41,10 @@ def load(job: str, *sets: str) -> Config:
     ("synthetic", ["synthetic.batch_rows=2000", "scheduler.samples_per_insert=1",
                    "scheduler.error_buffer=100000"],
      "synthetic.batch_rows must be <= scheduler.max_insert_batch = 1024"),
+    # the ranks refused it at start, on every rank (exit 3), after mpirun had started
+    ("synthetic", ["storage.capacity_rows=100000000000"],
+     "storage.capacity_rows = 100000000000 needs 1.24e+04 GB on each buffer rank "
+     "(100,000,000,000 rows of 124 bytes: its share over 1 buffer rank(s))"),
     ("synthetic", [f"synthetic.matmul_size={HUGE}"],
      f"synthetic.matmul_size = {HUGE} needs 1.2e+06 GB on the learner"),
     ("dqn_cartpole", ["dqn.num_envs=7"],
@@ -87,7 +91,8 @@ def test_a_size_is_refused_against_the_memory_given_and_taken_below_it() -> None
     # the actors' pool: 4 batches of 28-byte rows, 8 bytes per element while drawn
     load("synthetic", "synthetic.batch_rows=200000").check_launch(world)
     with pytest.raises(ConfigError, match=r"synthetic\.batch_rows = 150000 needs 0\.0216 GB"):
-        load("synthetic", "synthetic.batch_rows=150000").check_launch(
+        load("synthetic", "synthetic.batch_rows=150000",
+             "storage.capacity_rows=150000").check_launch(  # 18.6 MB of replay
             LaunchWorld(6, learners=1, buffers=1, actors=4, memory_bytes=GB // 50))
     # without a known memory only the 64-bit bound applies
     load("dqn_cartpole", "dqn.hidden=[100000,100000]").check_launch(LaunchWorld(6))
@@ -139,3 +144,17 @@ def test_slurm_renders_no_script_whose_job_its_world_refuses(
     ok = ["slurm", str(REPO / "jobs" / "dqn_cartpole.toml"), "--nodes", "1", "-o", str(out),
           "--set", f"dqn.hidden=[{10**5},{10**5}]"]  # 200 GB: left to the node's check
     assert cli.main(ok) == 0 and out.is_file()
+
+
+def test_a_frame_stack_replay_is_counted_at_the_bytes_it_stores() -> None:
+    """apex_atari stores one 84 x 84 frame a row (7,176 bytes with the rest), not its two
+    stacks of four (56 kB): a million rows fit a 32 GB node, ten million do not."""
+    world = LaunchWorld(5, learners=1, buffers=1, actors=3, memory_bytes=32 * GB)
+    load("apex_atari", "storage.capacity_rows=1000000").check_launch(world)
+    with pytest.raises(ConfigError, match=r"storage\.capacity_rows = 10000000 needs 71\.8 GB "
+                                          r"on each buffer rank \(10,000,000 rows of 7176 "
+                                          r"bytes"):
+        load("apex_atari", "storage.capacity_rows=10000000").check_launch(world)
+    # over more buffer ranks each holds its share
+    load("apex_atari", "storage.capacity_rows=10000000", "layout.buffers=3").check_launch(
+        LaunchWorld(7, learners=1, buffers=3, actors=3, memory_bytes=32 * GB))
