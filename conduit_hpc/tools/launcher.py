@@ -40,7 +40,7 @@ from conduit_hpc.config.layout_rule import (
 )
 from conduit_hpc.errors import ConduitError, ConfigError, WorldTooSmall
 from conduit_hpc.job import ERROR_PREFIX
-from conduit_hpc.tools.diagnose import first_error, never_started, rank_death
+from conduit_hpc.tools.diagnose import failed_start, first_error, never_started, rank_death
 from conduit_hpc.tools.rundir import check_checkpoint_root, lock_run_dir, unwritable
 from conduit_hpc.tools.supervise import (
     Follower,
@@ -454,6 +454,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
             # a rank's own report first (under srun, the ranks that srun kills after one
             # failed are reported as killed too); else the rank the launcher saw die
             print(first_error(run_dir) or rank_death(run_dir, cfg)
+                  or (failed_start(which, rc, logs) if len(missing) == n else "")
                   or f"{ERROR_PREFIX}: job exited with status {rc}; logs in {logs}",
                   file=sys.stderr)
         return rc, run_dir

@@ -110,3 +110,22 @@ def test_report_refuses_a_fifo_in_a_run_directory_at_once(name: str, tmp_path: P
     md = (tmp_path / "rep" / "report.md").read_text()
     assert f"{Path(name).name}: unreadable (metrics file" in md and \
         "is not a regular file (a FIFO, device or socket)" in md, md
+
+
+def test_a_launcher_that_fails_before_any_rank_is_reported_with_its_own_words(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    """``SLURM_JOB_ID`` set outside a working allocation with ``--launcher srun``: srun
+    exits 1 ('Could not establish a configuration source') before any rank starts, and
+    conduit-hpc run said only 'job exited with status 1; logs in ...'. Now the launcher's
+    status and the last lines of launcher.log (a stand-in mpirun here, as srun there)."""
+    fake = tmp_path / "fake-mpirun"
+    fake.write_text("#!/bin/sh\necho 'fake: fatal: Could not establish a configuration "
+                    "source' >&2\nexit 7\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CONDUIT_MPIRUN", str(fake))
+    runs = tmp_path / "runs"
+    assert cli.main(["run", str(REPO / "jobs/synthetic.toml"), "--runs", str(runs),
+                     "--launcher", "mpirun"]) == 7
+    err = capsys.readouterr().err
+    assert "conduit-hpc: error: mpirun exited with status 7 before any rank started" in err
+    assert "| fake: fatal: Could not establish a configuration source" in err, err
