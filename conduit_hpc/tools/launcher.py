@@ -196,6 +196,9 @@ def job_problem(cfg: Config, n: int) -> ConfigError | None:
         cfg.check_launch(launch_world(cfg, n))
     except ConfigError as err:
         return err
+    except Exception as err:  # the job's own code: anything can go wrong
+        return ConfigError(f"{type(cfg).__name__}.check_launch (the job's checks before "
+                           f"launch) failed: {type(err).__name__}: {err}", key="")
     return None
 
 

@@ -158,3 +158,23 @@ def test_a_frame_stack_replay_is_counted_at_the_bytes_it_stores() -> None:
     # over more buffer ranks each holds its share
     load("apex_atari", "storage.capacity_rows=10000000", "layout.buffers=3").check_launch(
         LaunchWorld(7, learners=1, buffers=3, actors=3, memory_bytes=32 * GB))
+
+
+def test_a_job_check_that_breaks_is_one_error_line_not_a_traceback(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    """A bug in a job's own check_launch is the job's code failing: one error line naming
+    the class, before any rank starts."""
+    (tmp_path / "job.toml").write_text((REPO / "jobs" / "example_gym.toml").read_text())
+    (tmp_path / "job.py").write_text(
+        (REPO / "jobs" / "example_gym.py").read_text().replace(
+            "JOB_CONFIG = ExampleConfig",
+            "ExampleConfig.check_launch = lambda self, world: 1 / 0\n"
+            "JOB_CONFIG = ExampleConfig"))
+    monkeypatch.setenv("CONDUIT_MPIRUN", "/bin/false")
+    runs = tmp_path / "runs"
+    assert cli.main(["run", str(tmp_path / "job.toml"), "--runs", str(runs),
+                     "--launcher", "mpirun"]) == 2
+    err = capsys.readouterr().err
+    assert ("ConfigError: ExampleConfig.check_launch (the job's checks before launch) "
+            "failed: ZeroDivisionError: division by zero") in err, err
+    assert "Traceback" not in err and not runs.exists()
