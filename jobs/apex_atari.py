@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlane, Role, jsontext
-from conduit_hpc.config import require
+from conduit_hpc.config import LaunchWorld, require
 from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.checkpointing.resume import (
@@ -82,10 +82,12 @@ from conduit_hpc.rl import (
     DQNUpdater,
     NatureQNetwork,
     check_actor_batch,
+    check_dqn_launch,
     describe_transitions,
     make_atari_vector_env,
     merge_episode_files,
 )
+from conduit_hpc.rl.section import ENV_BYTES_FLOOR
 from conduit_hpc.spec import frame_stacks
 from conduit_hpc.transport.objects import allgather_json
 
@@ -120,6 +122,31 @@ class ApexAtariConfig(Config):
     job: AtariJobSection = field(default_factory=AtariJobSection)
     dqn: DQNSection = field(default_factory=DQNSection)
     atari: AtariSection = field(default_factory=AtariSection)
+
+    def __post_init__(self) -> None:
+        Config.__post_init__(self)
+        for name in ("poll_every_s", "report_every_s"):
+            # the learner looks for stop requests and budgets (and an actor reports its
+            # steps) this often: longer than the ranks' own waits, a SIGTERM or a reached
+            # budget went unnoticed and the job ran on to run.duration_s or its limit
+            v = getattr(self.job, name)
+            require(v <= self.run.timeout_s, f"job.{name}", v,
+                    f"<= run.timeout_s ({self.run.timeout_s:g} s)")
+
+    def check_launch(self, world: LaunchWorld) -> None:
+        """:func:`check_config` with the launch's role counts, and the Nature CNN's head
+        and the actors' games (frame stacks) against a node's memory, before any rank
+        starts."""
+        Config.check_launch(self, world)
+        if world.actors is not None and world.learners is not None:
+            check_config(self, world.actors, world.learners)
+        side = self.atari.screen_size
+        for kernel, stride in ((8, 4), (4, 2), (3, 1)):  # the Nature CNN's torso
+            side = (side - kernel) // stride + 1
+        frames = self.atari.frame_stack * self.atari.screen_size ** 2
+        # a game's stacked observation, held by the env and by the vector env's buffer
+        check_dqn_launch(self.dqn, world, in_features=64 * side * side,
+                         env_bytes=ENV_BYTES_FLOOR + 2 * frames)
 
 
 def check_config(cfg: ApexAtariConfig, n_actors: int, n_learners: int) -> int:

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlane, Role, jsontext
-from conduit_hpc.config import require
+from conduit_hpc.config import LaunchWorld, require
 from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.checkpointing.resume import (
@@ -69,6 +69,7 @@ from conduit_hpc.rl import (
     DQNUpdater,
     QNetwork,
     check_actor_batch,
+    check_dqn_launch,
     describe_transitions,
     make_vector_env,
     merge_episode_files,
@@ -108,6 +109,26 @@ class ApexSection:
 class DQNCartPoleConfig(Config):
     job: ApexSection = field(default_factory=ApexSection)
     dqn: DQNSection = field(default_factory=DQNSection)
+
+    def __post_init__(self) -> None:
+        Config.__post_init__(self)
+        for name in ("poll_every_s", "report_every_s"):
+            # the learner looks for stop requests and budgets (and an actor reports its
+            # steps) this often: longer than the ranks' own waits, a SIGTERM or a reached
+            # budget went unnoticed and the job ran on to run.duration_s or its limit
+            v = getattr(self.job, name)
+            require(v <= self.run.timeout_s, f"job.{name}", v,
+                    f"<= run.timeout_s ({self.run.timeout_s:g} s)")
+
+    def check_launch(self, world: LaunchWorld) -> None:
+        """:func:`check_config` with the launch's role counts, and the Q network and
+        the actors' environments against a node's memory, before any rank starts."""
+        Config.check_launch(self, world)
+        if world.actors is not None and world.learners is not None:
+            check_config(self, world.actors, world.learners)
+        obs = self.spec.get("obs")
+        check_dqn_launch(self.dqn, world,
+                         in_features=math.prod(obs.shape) if obs is not None else 1)
 
 
 def check_config(cfg: DQNCartPoleConfig, n_actors: int, n_learners: int = 1) -> int:

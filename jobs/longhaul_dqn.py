@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role, jsontext
-from conduit_hpc.config import require
+from conduit_hpc.config import LaunchWorld, require
 from conduit_hpc.features.longhaul.metrics import settled_mean
 from conduit_hpc.job import job_main
 from conduit_hpc.plane.metrics import write_summary
@@ -99,6 +99,21 @@ if DQNSection is not None:
     class LongHaulJobConfig(Config):
         job: JobSection = field(default_factory=JobSection)
         dqn: DQNSection = field(default_factory=DQNSection)
+
+        def check_launch(self, world: LaunchWorld) -> None:
+            """The ``dqn`` workload's :func:`check_dqn` with the launch's actors, and its
+            Q network and environments against a node's memory, before any rank
+            starts."""
+            Config.check_launch(self, world)
+            if self.job.workload != "dqn":
+                return
+            if world.actors is not None:
+                check_dqn(self, world.actors)
+            from conduit_hpc.rl import check_dqn_launch
+
+            obs = self.spec.get("obs")
+            check_dqn_launch(self.dqn, world,
+                             in_features=math.prod(obs.shape) if obs is not None else 1)
 else:
     @dataclass(frozen=True, slots=True, kw_only=True)
     class LongHaulJobConfig(Config):  # type: ignore[no-redef]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role, jsontext
+from conduit_hpc.config import LaunchWorld
 from conduit_hpc.config.checks import require
 from conduit_hpc.job import job_main
 
@@ -92,6 +93,15 @@ class RllibSection:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RllibDQNConfig(Config):
     rllib: RllibSection = field(default_factory=RllibSection)
+
+    def check_launch(self, world: LaunchWorld) -> None:
+        """RLlib's ``fcnet_hiddens`` against a node's memory, before any rank starts."""
+        Config.check_launch(self, world)
+        from conduit_hpc.rl.section import require_network
+
+        obs = self.spec.get("obs")
+        require_network(world, "rllib.hidden", self.rllib.hidden,
+                        math.prod(obs.shape) if obs is not None else 1)
 
 
 def algo_config(cfg: RllibDQNConfig) -> Any:

@@ -26,7 +26,8 @@ import numpy as np
 
 from conduit_hpc import Config, DataPlaneClosed, ExperienceDataPlane, Role, Spec, jsontext
 from conduit_hpc.checkpoint import rng_from_json, rng_to_json
-from conduit_hpc.config import require
+from conduit_hpc.config import LaunchWorld, require, require_bytes
+from conduit_hpc.config.checks import itemsize
 from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent, gather_json
 from conduit_hpc.features.checkpointing.resume import checkpoint_root, restore_lines, resume_roots
@@ -74,6 +75,40 @@ class SyntheticSection:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SyntheticConfig(Config):
     synthetic: SyntheticSection = field(default_factory=SyntheticSection)
+
+    def check_launch(self, world: LaunchWorld) -> None:
+        """Before any rank starts: an actor's ingest batch fits the shard it writes and
+        the rate limiter's bound, and its pool of batches and the learner's matrices fit
+        in a node's memory (else an actor's ingest or allocation fails mid-run)."""
+        Config.check_launch(self, world)
+        syn, st, sch = self.synthetic, self.storage, self.scheduler
+        rows, why = st.capacity_rows, "storage.capacity_rows, the whole replay"
+        if (world.buffers is not None and world.actors and self.placement.planner ==
+                "round_robin" and self.longhaul.mode == "off"):
+            # plan_round_robin: capacity split evenly, actor i writes shard i mod shards
+            shards = world.buffers * st.shards_per_buffer
+            base, extra = divmod(st.capacity_rows, shards)
+            rows = base + (1 if min(world.actors, shards) <= extra else 0)
+            why = (f"the rows of the shards the actors write (storage.capacity_rows = "
+                   f"{st.capacity_rows} over {shards} shards)")
+        require(syn.batch_rows <= rows, "synthetic.batch_rows", syn.batch_rows,
+                f"<= {rows}, {why}: an actor ingests each batch into one shard")
+        if sch.samples_per_insert > 0:
+            require(syn.batch_rows <= sch.max_insert_batch, "synthetic.batch_rows",
+                    syn.batch_rows, f"<= scheduler.max_insert_batch = "
+                    f"{sch.max_insert_batch}: with scheduler.samples_per_insert > 0 the rate "
+                    f"limiter refuses a larger ingest")
+        # random_batch draws float64 (or int64) values and casts them: per element at
+        # least its own bytes in the pool of 4 batches, plus 8 while drawn
+        row = sum(f.row_bytes for f in self.spec.values())
+        elems = max((f.row_bytes // itemsize(f.dtype) for f in self.spec.values()),
+                    default=0)
+        require_bytes(world, "synthetic.batch_rows", syn.batch_rows,
+                      syn.batch_rows * (4 * row + 8 * elems),
+                      f"on each actor (a pool of 4 batches of {row}-byte rows)")
+        require_bytes(world, "synthetic.matmul_size", syn.matmul_size,
+                      3 * 4 * syn.matmul_size ** 2,
+                      "on the learner (three float32 matrices of matmul_size x matmul_size)")
 
 
 def random_batch(spec: Spec, rows: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

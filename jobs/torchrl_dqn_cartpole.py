@@ -52,10 +52,11 @@ import numpy as np
 import torch
 
 from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role, jsontext
-from conduit_hpc.config import require
+from conduit_hpc.config import LaunchWorld, require
 from conduit_hpc.job import job_main
 from conduit_hpc.plane.metrics import write_summary
 from conduit_hpc.rl import EPISODES_TAG
+from conduit_hpc.rl.section import require_network
 
 try:  # the [torchrl] extra; without it the config class still loads (conduit-hpc info)
     from tensordict.nn import TensorDictSequential
@@ -146,6 +147,13 @@ class TorchRLSection:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TorchRLDQNConfig(Config):
     torchrl: TorchRLSection = field(default_factory=TorchRLSection)
+
+    def check_launch(self, world: LaunchWorld) -> None:
+        """The Q network's widths against a node's memory, before any rank starts."""
+        Config.check_launch(self, world)
+        obs = self.spec.get("observation")
+        require_network(world, "torchrl.hidden", self.torchrl.hidden,
+                        math.prod(obs.shape) if obs is not None else 1)
 
 
 # ---------------------------------------------------------------------------------

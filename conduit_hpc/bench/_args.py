@@ -64,7 +64,7 @@ def _items(text: str) -> list[str]:
 @dataclass(frozen=True)
 class Checked:
     """An ``argparse`` type: ``lo`` .. ``hi`` (above ``lo`` when ``open_lo``); ``many``:
-    a comma list of such values; ``integer``: whole numbers."""
+    a comma list of such values, each once; ``integer``: whole numbers."""
 
     lo: float
     hi: float
@@ -84,13 +84,19 @@ class Checked:
     def __call__(self, text: str) -> Any:
         if not self.many:
             return self.one(text)
+        what = (f"integers from {int(self.lo):,} to {int(self.hi):,}" if self.integer
+                else f"numbers {_range(self.lo, self.hi, self.open_lo)}")
         try:
-            return ",".join(repr(self.one(x)) for x in _items(text))
+            values = [self.one(x) for x in _items(text)]
         except argparse.ArgumentTypeError:
-            what = (f"integers from {int(self.lo):,} to {int(self.hi):,}" if self.integer
-                    else f"numbers {_range(self.lo, self.hi, self.open_lo)}")
             raise argparse.ArgumentTypeError(
                 f"must be a comma-separated list of {what}, got {text!r}") from None
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:  # the same run or size twice: twice the time, and a skewed summary
+            raise argparse.ArgumentTypeError(
+                f"must be a comma-separated list of distinct {what}, got {text!r} "
+                f"({', '.join(map(repr, twice))} twice)")
+        return ",".join(map(repr, values))
 
 
 def whole(lo: int, hi: int) -> Checked:
@@ -104,13 +110,13 @@ def real(lo: float, hi: float, *, open_lo: bool = False) -> Checked:
 
 
 def wholes(lo: int, hi: int) -> Checked:
-    """A comma list of integers in ``[lo, hi]``, normalised (``"1,2"``)."""
+    """A comma list of distinct integers in ``[lo, hi]``, normalised (``"1,2"``)."""
     return Checked(lo, hi, many=True)
 
 
 def reals(lo: float, hi: float, *, open_lo: bool = False) -> Checked:
-    """A comma list of finite numbers in ``[lo, hi]`` (``(lo, hi]`` with ``open_lo``),
-    normalised (``"0.5,4.0"``)."""
+    """A comma list of distinct finite numbers in ``[lo, hi]`` (``(lo, hi]`` with
+    ``open_lo``), normalised (``"0.5,4.0"``)."""
     return Checked(lo, hi, open_lo, many=True, integer=False)
 
 

@@ -67,11 +67,14 @@ ALPHA, BETA = 0.6, 0.4
 def parse_kinds(text: str) -> list[str]:
     """The row kinds of a comma-separated ``--kinds`` value; raises ConfigError naming
     the field and the allowed values for an unknown or empty one. Local."""
-    kinds = [k for k in text.split(",") if k]
+    kinds = [k.strip() for k in text.split(",")]
     bad = [k for k in kinds if k not in ROWS]
-    if bad or not kinds:
-        raise ConfigError(f"--kinds must be a comma-separated list of {', '.join(ROWS)}; "
-                          f"got {text!r}" + (f" (unknown: {', '.join(bad)})" if bad else ""))
+    twice = sorted({k for k in kinds if kinds.count(k) > 1})
+    if bad or twice:
+        why = ("an empty item" if "" in kinds else f"unknown: {', '.join(bad)}" if bad
+               else f"{', '.join(twice)} twice")
+        raise ConfigError(f"--kinds must be a comma-separated list of {', '.join(ROWS)}, "
+                          f"each once; got {text!r} ({why})")
     return kinds
 
 

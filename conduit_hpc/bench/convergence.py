@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import out_dir, real, wholes
+from conduit_hpc.bench._args import names, out_dir, real, wholes
 from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/dqn_cartpole.toml")
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--smoke", action="store_true",
                    help="one seed, a 3,000-step budget: checks the machinery, not convergence")
     p.add_argument("--seeds", type=wholes(0, 2**32 - 1), default="0,1,2")
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", type=names(MODES), default=",".join(MODES))
     p.add_argument("--learners", type=wholes(1, 64), default="1",
                    help="learner counts for the data-plane modes, e.g. 1,2 (layout.learners)")
     p.add_argument("--config", default=str(JOB), help="the DQN job's TOML")
@@ -154,9 +154,6 @@ def main(argv: list[str] | None = None) -> dict:
     if not counts or min(counts) < 1:
         raise SystemExit(f"--learners: a comma-separated list of counts >= 1, got "
                          f"{args.learners!r}")
-    for m in modes:
-        if m not in MODES:
-            raise SystemExit(f"--modes: unknown mode {m!r}; known: {', '.join(MODES)}")
     sets = list(args.set)
     if args.smoke:
         seeds = seeds[:1]

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import out_dir, real
+from conduit_hpc.bench._args import names, out_dir, real
 from conduit_hpc.bench.common import git_sha, repo_path
 
 __all__ = ["JOB_SETS", "blind_cluster", "learner_host_share", "main", "roles_per_node"]
@@ -176,9 +176,10 @@ def measure(run_dir: Path, plan_name: str, rate: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="conduit-hpc bench hosts-placement", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rates", default="1gbit,100mbit",
+    p.add_argument("--rates", type=names(RATE_BYTES_S), default="1gbit,100mbit",
                    help=f"link rates, comma-separated (of {', '.join(RATE_BYTES_S)})")
-    p.add_argument("--plans", default="aware,blind,round_robin",
+    p.add_argument("--plans", type=names(("aware", "blind", "round_robin")),
+                   default="aware,blind,round_robin",
                    help="plans to compare: aware, blind, round_robin (aware first)")
     p.add_argument("--duration", type=real(0, 1e6, open_lo=True), default=6.0,
                    help="seconds per run")
@@ -190,14 +191,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     if args.smoke:
         args.rates, args.plans, args.duration = "100mbit", "aware,blind", 2.0
-    rates = [r.strip() for r in args.rates.split(",") if r.strip()]
-    plans = [x.strip() for x in args.plans.split(",") if x.strip()]
-    bad = [r for r in rates if r not in RATE_BYTES_S] + \
-        [x for x in plans if x not in ("aware", "blind", "round_robin")]
-    if bad or not plans or plans[0] != "aware":
-        raise SystemExit(f"bench hosts-placement: unknown rate or plan {bad}, or the "
-                         f"plans do not start with 'aware': --rates {args.rates} --plans "
-                         f"{args.plans}")
+    rates, plans = args.rates.split(","), args.plans.split(",")
+    if plans[0] != "aware":  # the others are compared with it
+        p.error(f"argument --plans: must start with aware, got {args.plans!r}")
     if not repo_path("scripts/hosts/cluster.sh").is_file():
         raise SystemExit("bench hosts-placement: needs a checkout (scripts/hosts/cluster.sh)")
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-hosts-placement-"))

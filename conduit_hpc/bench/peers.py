@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import real, whole
+from conduit_hpc.bench._args import names, real, whole
 from conduit_hpc.bench._peers_inprocess import (
     ALPHA,
     BETA,
@@ -110,8 +110,16 @@ def parse_modes(text: str) -> list[str]:
     [:FETCH]``: MODE ``sync``, ``edp`` or ``service``; ``-process`` with ``edp`` only;
     FETCH ``direct`` or ``owner``); raises ConfigError naming the flag, the value and
     what is allowed. Local."""
-    modes = [m for m in text.split(",") if m]
+    modes = [m.strip() for m in text.split(",")] if text.strip() else []
+    if "" in modes:
+        raise ConfigError(f"--modes must be a comma-separated list with no empty item, got "
+                          f"{text!r}")
+    seen: dict[tuple[str, str, str], str] = {}
     for m in modes:
+        if mode_spec(m) in seen:  # sync and sync:direct are one mode
+            raise ConfigError(f"--modes must name each mode once; got {text!r} ({m!r} is "
+                              f"{seen[mode_spec(m)]!r} again)")
+        seen[mode_spec(m)] = m
         mode, delivery, fetch = mode_spec(m)
         if (mode not in ("sync", "edp", "service") or delivery not in ("thread", "process")
                 or fetch not in ("direct", "owner") or (delivery == "process" and mode != "edp")
@@ -147,7 +155,7 @@ def parse_peers(text: str) -> list[str]:
     if bad:
         raise ConfigError(f"--peers must be a comma-separated list of {', '.join(PEERS)} "
                           f"(or none); got {text!r} (unknown: {', '.join(bad)})")
-    return list(dict.fromkeys(peers))
+    return list(dict.fromkeys(peers))  # a peer named twice runs once
 
 
 def ours_worker(args: argparse.Namespace) -> None:
@@ -322,7 +330,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--actors", type=whole(1, 64), default=2)
     p.add_argument("--duration", type=real(0, 1e6), default=1.0, help="seconds of the insert phase")
     p.add_argument("--peers", default=",".join(PEERS))
-    p.add_argument("--samplers", default="prioritized,uniform", help="our samplers")
+    p.add_argument("--samplers", type=names(("prioritized", "uniform")),
+                   default="prioritized,uniform", help="our samplers")
     p.add_argument("--batch-size", type=whole(1, 10**9), default=None,
                    help="rows per learner batch, every kind and peer (default: each kind's "
                         "own: cartpole 256, atari 32; --smoke 64 and 8)")
@@ -338,10 +347,6 @@ def main(argv: list[str] | None = None) -> dict:
             sizes_of(kind, smoke=args.smoke, batch_rows=args.batch_size)
         peers = parse_peers(args.peers)
         parse_modes(args.modes)
-        bad = [x for x in args.samplers.split(",") if x not in ("prioritized", "uniform")]
-        if bad or not args.samplers:
-            raise ConfigError(f"--samplers must be a comma-separated list of prioritized, "
-                              f"uniform; got {args.samplers!r}")
     except ConfigError as err:
         p.error(str(err))
     check_counts(p, args)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from conduit_hpc import jsontext
-from conduit_hpc.bench._args import out_dir, real, wholes
+from conduit_hpc.bench._args import names, out_dir, real, wholes
 from conduit_hpc.bench.common import git_sha, repo_path
 
 JOB = repo_path("jobs/torchrl_dqn_cartpole.toml")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--smoke", action="store_true",
                    help="one seed, a 2,000-env-step budget (the machinery, not convergence)")
     p.add_argument("--seeds", type=wholes(0, 2**32 - 1), default="0")
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", type=names(MODES), default=",".join(MODES))
     p.add_argument("--config", default=str(JOB), help="the TorchRL DQN job's TOML")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value (section.key=value), in every mode")
@@ -101,13 +101,13 @@ def main(argv: list[str] | None = None) -> dict:
                    "runs/bench-torchrl-<time>)")
     args = p.parse_args(argv)
     modes = args.modes.split(",")
-    for m in modes:
-        if m not in MODES:
-            raise SystemExit(f"--modes: unknown mode {m!r}; known: {', '.join(MODES)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     sets = list(args.set)
     if args.smoke:
         seeds, sets = seeds[:1], [*SMOKE_SETS, *sets]
+    from conduit_hpc.config import Config
+
+    Config.from_toml(args.config, sets)  # a bad --set: one error now, not one per run
     out = Path(args.out) if args.out else repo_path("runs") / (
         "bench-torchrl-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)

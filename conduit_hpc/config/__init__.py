@@ -6,7 +6,9 @@
 * :mod:`~conduit_hpc.config.loader`: the one loading path (read the file, apply
   ``--set`` overrides, validate with pydantic) and TOML writing (``tomli-w``);
 * :mod:`~conduit_hpc.config.jobs`: job sections declared by the job script
-  (``JOB_CONFIG``).
+  (``JOB_CONFIG``);
+* :mod:`~conduit_hpc.config.launch_world`: what a job's sections are checked against
+  before launch (:class:`LaunchWorld`, :meth:`Config.check_launch`).
 
 Every error is a :class:`~conduit_hpc.errors.ConfigError` naming the dotted key, the
 value and what was expected. Nothing here imports MPI.
@@ -22,6 +24,7 @@ from conduit_hpc.config.feature_sections import (
     PlacementConfig,
 )
 from conduit_hpc.config.jobs import JOB_CONFIG_NAME, declared_config, job_script_for
+from conduit_hpc.config.launch_world import LaunchWorld, require_bytes
 from conduit_hpc.config.loader import (
     apply_overrides,
     config_from_dict,
@@ -52,6 +55,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "FieldConfig",
+    "LaunchWorld",
     "LayoutConfig",
     "LongHaulConfig",
     "PlacementConfig",
@@ -68,6 +72,7 @@ __all__ = [
     "parse_override",
     "read_toml",
     "require",
+    "require_bytes",
     "to_plain",
     "to_toml",
     "tomllib",

@@ -21,7 +21,8 @@ from conduit_hpc.config.sections import LayoutConfig
 from conduit_hpc.errors import ConduitError, ConfigError, WorldTooSmall
 
 __all__ = ["ROLE_NAMES", "Assignment", "assign_roles", "delivery_per_learner",
-           "emulated_nodes_problem", "ranks_needed", "role_of_rank"]
+           "emulated_nodes_problem", "ranks_needed", "role_counts", "role_of_rank",
+           "world_problem"]
 
 #: the role names, in the order they are handed out
 ROLE_NAMES = ("learner", "delivery", "buffer", "actor")
@@ -108,14 +109,9 @@ def assign_roles(layout: LayoutConfig, node_of: tuple[int, ...] | list[int],
     roles = [""] * size
     delivery_of: dict[int, int] = {}
     if not layout.per_node:
-        if size < need:
-            return None, WorldTooSmall(f"layout needs {need} ranks ({what}) but the world "
-                                       f"has {size}")
-        if layout.actors and size > need:
-            return None, ConfigError(
-                f"layout uses exactly {need} ranks but the world has {size}; set "
-                f"layout.actors = 0 to make every remaining rank an actor",
-                key="layout.actors")
+        err = world_problem(layout, size, delivery)
+        if err is not None:
+            return None, err
         _group(layout, list(range(size)), per_learner, roles, delivery_of)
         return Assignment(tuple(roles), delivery_of), None
     per_node: dict[int, list[int]] = {}
@@ -132,6 +128,30 @@ def assign_roles(layout: LayoutConfig, node_of: tuple[int, ...] | list[int],
                 key="layout.actors")
         _group(layout, ranks, per_learner, roles, delivery_of)
     return Assignment(tuple(roles), delivery_of), None
+
+
+def world_problem(layout: LayoutConfig, size: int,
+                  delivery: str = "thread") -> ConduitError | None:
+    """Why a world of ``size`` ranks does not fit a ``per_node = false`` layout, or
+    ``None``: the rule of :func:`assign_roles`, by counting (no list of ``size`` roles,
+    so a layout or a world of a billion ranks is answered at once). Pure."""
+    need = ranks_needed(layout, delivery)
+    if size < need:
+        return WorldTooSmall(f"layout needs {need} ranks ({_describe(layout, delivery)}) "
+                             f"but the world has {size}")
+    if layout.actors and size > need:
+        return ConfigError(f"layout uses exactly {need} ranks but the world has {size}; set "
+                           f"layout.actors = 0 to make every remaining rank an actor",
+                           key="layout.actors")
+    return None
+
+
+def role_counts(layout: LayoutConfig, size: int, delivery: str = "thread") -> dict[str, int]:
+    """Ranks of each role (:data:`ROLE_NAMES`) in a world of ``size`` ranks that a
+    ``per_node = false`` layout fits (see :func:`world_problem`), by counting. Pure."""
+    d = layout.learners * delivery_per_learner(delivery)
+    return {"learner": layout.learners, "delivery": d, "buffer": layout.buffers,
+            "actor": size - layout.learners - d - layout.buffers}
 
 
 def role_of_rank(layout: LayoutConfig, delivery: str, world_size: int, rank: int) -> str:

@@ -94,6 +94,9 @@ def read_toml(path: str | Path, *, what: str = "config file") -> dict[str, Any]:
     except tomllib.TOMLDecodeError as err:
         # the message of tomllib ends with "(at line L, column C)"
         raise ConfigError(f"{what} {str(p)!r} is not valid TOML: {err}", key="") from err
+    except ValueError as err:  # int(): a literal past Python's 4300-digit limit
+        raise ConfigError(f"{what} {str(p)!r} holds a number too long to read ({err}); "
+                          f"no value conduit_hpc takes comes near it", key="") from err
 
 
 #: no config, cluster or workload file comes near this; a larger one is refused
@@ -161,6 +164,10 @@ def parse_override(text: str) -> tuple[str, Any]:
         parsed = tomllib.loads(f"v = {value.strip()}")["v"]
     except (tomllib.TOMLDecodeError, KeyError):
         parsed = value.strip()
+    except ValueError as err:  # int(): a literal past Python's 4300-digit limit
+        raise ConfigError(f"override {key!r}: its value, {len(value.strip())} characters, "
+                          f"is a number too long to read ({err}); no value conduit_hpc "
+                          f"takes comes near it", key=key) from err
     if isinstance(parsed, _dt.date | _dt.time):  # no field takes one: 1979-05-27 is text
         parsed = value.strip()
     return key, parsed

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from conduit_hpc import jsontext
 from conduit_hpc.config.checks import MAX_BYTES, MAX_ROW_BYTES, require
 from conduit_hpc.config.feature_sections import CheckpointConfig, LongHaulConfig, PlacementConfig
+from conduit_hpc.config.launch_world import LaunchWorld, require_bytes
 from conduit_hpc.config.loader import load, to_plain, validate
 from conduit_hpc.config.sections import (
     FieldConfig,
@@ -255,6 +256,34 @@ class Config:
         """
         require(bool(self.spec), "spec", dict(self.spec), "at least one field (a "
                 "[spec.NAME] table with a dtype) for a job to run")
+
+    def check_launch(self, world: LaunchWorld) -> None:
+        """What the job's sections need of the world it is launched into, checked by
+        ``conduit-hpc run`` before any rank starts (after the layout fits ``-n``). Here:
+        a buffer rank's share of ``storage.capacity_rows`` (``round_robin`` placement)
+        fits in a node's memory (the ranks check the free memory of each node again at
+        start). A job's config class overrides it to refuse what its own sections would
+        fail on only once every rank had started: sizes one
+        rank cannot hold (:func:`~conduit_hpc.config.launch_world.require_bytes`),
+        counts that must divide among the actors, the shapes its spec must have. Call
+        ``Config.check_launch(self, world)`` first (``super()`` without arguments fails
+        in a ``slots=True`` dataclass). Local; pure; deterministic.
+
+        Raises:
+            ConfigError: naming the field, the value and the limit.
+        """
+        st = self.storage
+        if world.buffers and self.placement.planner == "round_robin" and \
+                self.longhaul.mode == "off":
+            shards = world.buffers * st.shards_per_buffer
+            rows = -(-st.capacity_rows // shards) * st.shards_per_buffer
+            # at least: a frame stack stores one frame a row, its next stack none
+            per_row = sum(0 if f.next_of else f.row_bytes // f.shape[f.stack.axis]
+                          if f.stack.enabled else f.row_bytes
+                          for f in self.spec.values()) + STAMP_AND_INDEX_BYTES_PER_ROW
+            require_bytes(world, "storage.capacity_rows", st.capacity_rows, rows * per_row,
+                          f"on each buffer rank ({rows:,} rows of {per_row} bytes: its "
+                          f"share over {world.buffers} buffer rank(s))")
 
     # -- loading -------------------------------------------------------------------
     @classmethod

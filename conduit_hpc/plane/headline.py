@@ -22,6 +22,8 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
+import stat
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
@@ -107,13 +109,16 @@ MAX_METRICS_BYTES = 1 << 30
 
 
 def read_metrics_text(path: Path) -> str:
-    """A run's metrics or summary file as text, read bounded (a device, FIFO or endless
-    file linked in a run directory is refused, never read forever:
-    :func:`conduit_hpc.config.loader.read_bounded`).
+    """A run's metrics, summary or plan file as text, read bounded (a device, FIFO or
+    socket in a run directory is refused at once, a file that grows past the limit
+    while read too: :func:`conduit_hpc.config.loader.read_bounded`).
 
     Raises:
         ConduitError: not a regular file, or too large; UnicodeDecodeError; OSError.
     """
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a run writes none: no writer to wait for
+        raise ConduitError(f"metrics file {str(path)!r} is not a regular file (a FIFO, "
+                           f"device or socket), not one a run writes")
     return read_bounded(path, "metrics file", MAX_METRICS_BYTES).decode("utf-8")
 
 

@@ -27,7 +27,7 @@ from conduit_hpc.rl.losses import (
 from conduit_hpc.rl.nstep import NStepAccumulator, describe_transitions, true_next_obs
 from conduit_hpc.rl.qnet import NatureQNetwork, QNetwork, copy_weights, sync_target
 from conduit_hpc.rl.replay import PrioritizedReplay, ReplaySample
-from conduit_hpc.rl.section import check_actor_batch
+from conduit_hpc.rl.section import check_actor_batch, check_dqn_launch
 from conduit_hpc.rl.updater import DQNUpdater
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "QNetwork",
     "ReplaySample",
     "check_actor_batch",
+    "check_dqn_launch",
     "copy_weights",
     "describe_transitions",
     "double_dqn_loss",

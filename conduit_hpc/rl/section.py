@@ -4,16 +4,23 @@ ratio, weight period and priority exponent are the data plane's ``[scheduler]`` 
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from conduit_hpc.config import SchedulerConfig, require
+from conduit_hpc.config import LaunchWorld, SchedulerConfig, require, require_bytes
 from conduit_hpc.errors import ConfigError
 from conduit_hpc.rl.exploration import epsilon_ladder
 
-__all__ = ["DQNSection", "check_actor_batch", "check_env_id"]
+__all__ = ["ENV_BYTES_FLOOR", "DQNSection", "check_actor_batch", "check_dqn_launch",
+           "check_env_id", "require_network"]
+
+#: bytes one Gymnasium environment of a vector env takes at least (a CartPole-v1 slot of
+#: a synchronous vector env: ~5.7 kB measured)
+ENV_BYTES_FLOOR = 4096
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,3 +143,42 @@ def check_actor_batch(hp: DQNSection, envs_per_actor: int, scheduler: SchedulerC
                           f"{scheduler.max_insert_batch}, which the rate limiter refuses: "
                           f"lower dqn.n_step or dqn.num_envs, or raise "
                           f"scheduler.max_insert_batch (and error_buffer)", key="dqn.n_step")
+
+
+def require_network(world: LaunchWorld, key: str, hidden: Sequence[int],
+                    in_features: int) -> None:
+    """Refuse hidden-layer widths whose Q network a learner cannot hold in a node's
+    memory: at least ``in_features x hidden[0] + hidden[0] x hidden[1] + ...``
+    parameters (and biases), in 5 float32 copies (weights, target, gradients and Adam's
+    two moments). Local, deterministic.
+
+    Raises:
+        ConfigError: naming ``key``, the widths, the bytes and the limit.
+    """
+    widths = [max(1, in_features), *hidden]
+    params = sum(a * b + b for a, b in itertools.pairwise(widths))
+    require_bytes(world, key, list(hidden), 5 * 4 * params,
+                  f"on a learner (a Q network of at least {params:,} parameters from "
+                  f"{in_features} inputs, in 5 float32 copies: weights, target, gradients "
+                  f"and Adam's two moments)")
+
+
+def check_dqn_launch(hp: DQNSection, world: LaunchWorld, *, in_features: int,
+                     env_bytes: int = ENV_BYTES_FLOOR) -> None:
+    """Refuse, before any rank starts, a ``[dqn]`` whose Q network or environments one
+    rank cannot hold in a node's memory (the rank would fail or swap the node only once
+    every rank had started). Lower bounds: the network's hidden layers from
+    ``in_features`` inputs, in 5 float32 copies on a learner (weights, target,
+    gradients and Adam's two moments); each actor's share of ``dqn.num_envs``
+    environments at ``env_bytes`` each (with the actors unknown, ``layout.per_node``,
+    the share of one rank of the world). Local, deterministic.
+
+    Raises:
+        ConfigError: naming ``dqn.hidden`` or ``dqn.num_envs``, the bytes and the limit.
+    """
+    require_network(world, "dqn.hidden", hp.hidden, in_features)
+    share = world.actors if world.actors else max(1, world.ranks)
+    envs = -(-hp.num_envs // share)
+    require_bytes(world, "dqn.num_envs", hp.num_envs, envs * env_bytes,
+                  f"on each actor ({envs:,} environments of at least {env_bytes:,} bytes "
+                  f"each)")

@@ -20,7 +20,8 @@ from conduit_hpc.config.jobs import main_calls_job_main
 from conduit_hpc.config.layout_rule import role_of_rank
 from conduit_hpc.job import ERROR_PREFIX
 
-__all__ = ["disk_full_note", "first_error", "never_started", "rank_death", "role_of"]
+__all__ = ["disk_full_note", "failed_start", "first_error", "never_started", "rank_death",
+           "role_of"]
 
 
 #: below this many free bytes, a failed job's file system counts as full
@@ -76,6 +77,21 @@ def never_started(which: str, missing: Sequence[int], n: int, entry: Path, logs:
         lines += [f"  | {ln}" for ln in tail]
     else:
         lines.append(f"  ({log.name} is empty)")
+    return "\n".join(lines)
+
+
+def failed_start(which: str, rc: int, logs: Path, tail_lines: int = 10) -> str:
+    """The report for a launcher that failed before any rank wrote ``logs/rank.N``
+    (srun outside a working SLURM allocation, mpirun unable to start): its exit status
+    and the last lines of ``launcher.log``, which say why."""
+    log = logs / "launcher.log"
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    tail = [ln for ln in text.splitlines() if ln.strip()][-tail_lines:]
+    lines = [f"{ERROR_PREFIX}: {which} exited with status {rc} before any rank started; "
+             f"see {log}" + (" (empty)" if not tail else "")]
+    if tail:
+        lines.append(f"  last lines of {log.name}:")
+        lines += [f"  | {ln}" for ln in tail]
     return "\n".join(lines)
 
 

@@ -29,16 +29,18 @@ from pathlib import Path
 from conduit_hpc.config import Config, job_script_for, load, to_toml
 from conduit_hpc.config.checks import MAX_COUNT, MAX_SECONDS
 from conduit_hpc.config.jobs import contract_problem
+from conduit_hpc.config.launch_world import LaunchWorld
 from conduit_hpc.config.layout_rule import (
-    Assignment,
     assign_roles,
     delivery_per_learner,
     emulated_nodes_problem,
     ranks_needed,
+    role_counts,
+    world_problem,
 )
 from conduit_hpc.errors import ConduitError, ConfigError, WorldTooSmall
 from conduit_hpc.job import ERROR_PREFIX
-from conduit_hpc.tools.diagnose import disk_full_note, first_error, never_started, rank_death
+from conduit_hpc.tools.diagnose import failed_start, first_error, never_started, rank_death
 from conduit_hpc.tools.rundir import check_checkpoint_root, lock_run_dir, unwritable
 from conduit_hpc.tools.supervise import (
     Follower,
@@ -134,11 +136,10 @@ def ranks_problem(cfg: Config, n: int) -> ConduitError | None:
     if lay.per_node:
         return None
     need = ranks_needed(lay, cfg.scheduler.delivery)
-    # the rule's answer is the same for every n above need: a world of need + 1 ranks
-    # stands for them (no tuple of a billion ranks)
-    got, err = assign_roles(lay, (0,) * min(n, need + 1), cfg.scheduler.delivery)
+    # by counting: no list of roles for a world (or a layout) of a billion ranks
+    err = world_problem(lay, n, cfg.scheduler.delivery)
     if err is None:
-        return _longhaul_problem(cfg, n, got)
+        return _longhaul_problem(cfg, n)
     d = lay.learners * delivery_per_learner(cfg.scheduler.delivery)
     roles = (f"{lay.learners} learner(s), " + (f"{d} delivery rank(s), " if d else "")
              + f"{lay.buffers} buffer(s), "
@@ -155,22 +156,49 @@ def ranks_problem(cfg: Config, n: int) -> ConduitError | None:
     return None
 
 
-def _longhaul_problem(cfg: Config, n: int, got: Assignment | None) -> ConduitError | None:
+def _longhaul_problem(cfg: Config, n: int) -> ConduitError | None:
     """``longhaul.edge_ranks`` against the roles of ``n`` ranks (the check every rank
     makes at start, :meth:`LinkSides.build`), before any rank starts."""
-    if cfg.longhaul.mode == "off" or got is None or n > 1 << 16:
+    if cfg.longhaul.mode == "off" or n > 1 << 16:
         return None  # above 2**16 ranks: left to the ranks' own check
     from conduit_hpc.features.longhaul.topology import LinkSides
 
-    if n > len(got.roles):  # the roles of the whole world (layout.actors = 0)
-        got, _ = assign_roles(cfg.layout, (0,) * n, cfg.scheduler.delivery)
-        if got is None:
-            return None
+    got, _ = assign_roles(cfg.layout, (0,) * n, cfg.scheduler.delivery)
+    if got is None:
+        return None
     try:
         LinkSides.build(cfg, world_size=n, actor_ranks=got.ranks("actor"),
                         buffer_ranks=got.ranks("buffer"), learner_ranks=got.ranks("learner"))
     except ConfigError as err:
         return err
+    return None
+
+
+def launch_world(cfg: Config, n: int) -> LaunchWorld:
+    """The world of ``n`` ranks as the launcher knows it: the role counts of a
+    ``per_node = false`` layout that fits ``n`` (:func:`ranks_problem` first), and this
+    machine's physical memory as one node's. Local; no MPI."""
+    try:
+        memory: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on this platform
+        memory = None
+    if cfg.layout.per_node:
+        return LaunchWorld(n, memory_bytes=memory)
+    counts = role_counts(cfg.layout, n, cfg.scheduler.delivery)
+    return LaunchWorld(n, learners=counts["learner"], buffers=counts["buffer"],
+                       actors=counts["actor"], memory_bytes=memory)
+
+
+def job_problem(cfg: Config, n: int) -> ConfigError | None:
+    """What the job's own sections refuse of a world of ``n`` ranks
+    (:meth:`Config.check_launch`), before any rank starts."""
+    try:
+        cfg.check_launch(launch_world(cfg, n))
+    except ConfigError as err:
+        return err
+    except Exception as err:  # the job's own code: anything can go wrong
+        return ConfigError(f"{type(cfg).__name__}.check_launch (the job's checks before "
+                           f"launch) failed: {type(err).__name__}: {err}", key="")
     return None
 
 
@@ -330,7 +358,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         raise ConduitError(f"-n {n} exceeds the {slots} tasks of this SLURM allocation "
                            f"(SLURM_NTASKS); ask sbatch for more tasks or use "
                            f"--launcher mpirun (which may oversubscribe)")
-    bad_n = ranks_problem(cfg, n) or _cluster_problem(cfg)
+    bad_n = ranks_problem(cfg, n) or _cluster_problem(cfg) or job_problem(cfg, n)
     if bad_n is not None:
         raise bad_n
     if timeout_s is not None and not (isinstance(timeout_s, int | float)
@@ -428,7 +456,10 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         if rc != 0:
             # a rank's own report first (under srun, the ranks that srun kills after one
             # failed are reported as killed too); else the rank the launcher saw die
+            from conduit_hpc.tools.diagnose import disk_full_note
+
             print((first_error(run_dir) or rank_death(run_dir, cfg)
+                   or (failed_start(which, rc, logs) if len(missing) == n else "")
                    or f"{ERROR_PREFIX}: job exited with status {rc}; logs in {logs}")
                   + disk_full_note(run_dir), file=sys.stderr)
         return rc, run_dir

@@ -16,12 +16,14 @@ __all__ = ["check_checkpoint_root", "lock_run_dir", "unwritable"]
 
 
 def check_checkpoint_root(cfg: Config, run_dir: Path, resume: str) -> None:
-    """Before launch: the checkpoint root must be a directory (or not yet exist), and a
+    """Before launch: the checkpoint root must be a directory (or not yet exist), a
     fresh run (no ``resume``) must not start in one that holds checkpoints - its
-    retention (``checkpoint.keep``) would delete another run's. Local; reads only.
+    retention (``checkpoint.keep``) would delete another run's - and a ``resume`` path
+    must be a directory. Local; reads only.
 
     Raises:
-        ConfigError: naming ``checkpoint.directory``, the path and the problem.
+        ConfigError: naming ``checkpoint.directory`` or ``--resume``, the path and the
+            problem.
     """
     from conduit_hpc.checkpoint.files import checkpoint_root, root_problem
 
@@ -31,6 +33,12 @@ def check_checkpoint_root(cfg: Config, run_dir: Path, resume: str) -> None:
     if problem:
         raise ConfigError(f"checkpoint.directory = {cfg.checkpoint.directory!r}: "
                           f"{problem}", key="checkpoint.directory")
+    if resume and resume != "latest" and not Path(resume).is_dir():
+        # the ranks (started in this directory) refuse it on every rank, after launch
+        raise ConfigError(f"--resume {resume!r} must be a checkpoint directory "
+                          f"(ckpt-NNNNNN) or a directory holding them; it "
+                          f"{'is not a directory' if Path(resume).exists() else 'does not exist'}"
+                          f" (--resume alone resumes from the latest)", key="--resume")
 
 
 def unwritable(run_dir: Path, runs_root: str | Path, err: OSError) -> ConfigError:

@@ -37,11 +37,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from conduit_hpc.config import Config, LayoutConfig, load, require
+from conduit_hpc.config import Config, LaunchWorld, LayoutConfig, load, require
 from conduit_hpc.config.layout_rule import (
     delivery_per_learner,
     emulated_nodes_problem,
     ranks_needed,
+    role_counts,
 )
 from conduit_hpc.errors import ConduitError, ConfigError
 from conduit_hpc.tools.slurm_env import MPI_KINDS, checkout_of, parse_env, setup_block
@@ -291,6 +292,13 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
     cfg = load(config_cls, path, req.overrides)
     cfg.check_runnable()  # the ranks would fail only once the job left the queue
     t, gpus, comment = plan_tasks(cfg.layout, req, cfg.scheduler.delivery)
+    # the job's own checks of its world (conduit-hpc run makes them again on the node,
+    # with the node's memory): here the counts only, the login node's memory is not it
+    counts = (None if cfg.layout.per_node else
+              role_counts(cfg.layout, req.nodes * t, cfg.scheduler.delivery))
+    cfg.check_launch(LaunchWorld(req.nodes * t, **({} if counts is None else {
+        "learners": counts["learner"], "buffers": counts["buffer"],
+        "actors": counts["actor"]})))
     template = req.template
     if template == "auto":
         template = "one-node" if req.nodes == 1 and not gpus else "multi-node"

@@ -105,14 +105,18 @@ def test_every_numeric_option_refuses_what_is_out_of_range_and_takes_its_bounds(
         lo = c.lo if not c.open_lo else (c.lo + 1 if c.integer else math.nextafter(c.lo, c.hi))
         for v in (lo, c.hi):
             text = str(int(v)) if c.integer else repr(v)
-            if c.many:
-                text = f"{text}, {text}"
+            if c.many:  # both bounds in one list
+                text = ", ".join(str(int(x)) if c.integer else repr(x) for x in (lo, c.hi))
             ns = p.parse_args([f"{opt}={text}"])
             got = getattr(ns, a.dest)
             if c.many:
-                assert [float(x) for x in got.split(",")] == [float(text.split(",")[0])] * 2
+                assert [float(x) for x in got.split(",")] == [float(lo), float(c.hi)]
             else:
                 assert got == (int(v) if c.integer else v)
+        if c.many:  # a value twice: the same run or size twice, a skewed summary
+            one = str(int(c.hi)) if c.integer else repr(c.hi)
+            err = refuses(p, opt, f"{one},{one}", capsys)
+            assert "distinct" in err and "twice" in err, err
         # the default parses (a string default goes through the type too)
         assert p.parse_args([]) is not None
 
@@ -248,3 +252,59 @@ def test_the_cli_refuses_them_before_anything_runs(argv: list[str], capsys,
     err = capsys.readouterr().err
     assert f"argument {flag}: " in err and repr(argv[-1]) in err, err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "capacity", "--modes", "edp,edp"],
+    ["bench", "capacity", "--modes", "sync,sync:direct"],
+    ["bench", "capacity", "--modes", "edp,"],
+    ["bench", "capacity", "--kinds", "cartpole,cartpole"],
+    ["bench", "capacity", "--kinds", "cartpole,,atari"],
+    ["bench", "peers", "--modes", "sync,sync"],
+    ["bench", "peers", "--kinds", "atari,atari"],
+    ["bench", "peers", "--samplers", "uniform,uniform"],
+    ["bench", "convergence", "--modes", "sync,sync"],
+    ["bench", "convergence", "--modes", "sync,"],
+    ["bench", "convergence", "--seeds", "0,0"],
+    ["bench", "torchrl", "--modes", "foo"],
+    ["bench", "rllib", "--seeds", "1,1"],
+    ["bench", "ingest", "--batches", "64,64"],
+    ["bench", "hosts-placement", "--plans", "aware,aware"],
+    ["bench", "hosts-placement", "--plans", "blind,aware"],
+    ["bench", "hosts-placement", "--rates", "1gbit,,100mbit"],
+])
+def test_a_list_naming_an_item_twice_or_none_is_refused_before_anything_runs(
+        argv: list[str], capsys, monkeypatch) -> None:
+    """Lists parsed after argparse took an item twice and ran it twice (``bench capacity
+    --modes edp,edp``: two runs of each kind, both rows in the table and the summary;
+    ``convergence --seeds 0,0``: the same seed twice in the median), or dropped an empty
+    item; ``convergence``, ``torchrl`` and ``hosts-placement`` ended a bad one with exit
+    status 1 and no ``error:`` line. Now exit 2 naming the flag and the value."""
+
+    def launch(*a: object, **k: object) -> None:
+        raise AssertionError(f"{argv} launched {a[:1]}")
+
+    monkeypatch.setattr(subprocess, "run", launch)  # nothing may start
+    monkeypatch.setattr(subprocess, "Popen", launch)
+    with pytest.raises(SystemExit) as ex:
+        cli.main(argv)
+    assert ex.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: argument {argv[-2]}: " in err or f"error: {argv[-2]} must" in err, err
+    assert repr(argv[-1]) in err and "Traceback" not in err, err
+
+
+def test_a_bad_set_of_bench_torchrl_is_one_error_before_any_run(tmp_path: Path, capsys,
+                                                                 monkeypatch) -> None:
+    """``bench torchrl --set nosuch.key=1`` started every run, each failing on it."""
+    from conduit_hpc.bench import torchrl
+
+    def launch(*a: object, **k: object) -> None:
+        raise AssertionError(f"ran {a[:1]}")
+
+    monkeypatch.setattr(torchrl, "run_mode", launch)  # no run may start
+    out = tmp_path / "out"
+    assert cli.main(["bench", "torchrl", "--set", "nosuch.key=1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'nosuch' in the top level" in err, err
+    assert not out.exists()

@@ -199,6 +199,26 @@ def test_an_empty_resume_is_refused_not_a_fresh_start(value: str, tmp_path: Path
     assert list(tmp_path.iterdir()) == []  # nothing made, nothing launched
 
 
+@pytest.mark.parametrize("what", ["missing", "a-file"])
+def test_a_resume_path_that_is_no_directory_is_refused_before_launch(
+        what: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """Before: ``--resume /nonexistent`` made a run directory and started every rank,
+    which then refused it together ('checkpoint /nonexistent does not exist or is not a
+    directory', exit status 3)."""
+    monkeypatch.setenv("CONDUIT_MPIRUN", "/bin/false")  # a missed check: exit 1 at once
+    path = tmp_path / what
+    if what == "a-file":
+        path.write_text("not a checkpoint")
+    runs = tmp_path / "runs"
+    argv = ["run", JOB, "--runs", str(runs), "--launcher", "mpirun", "--resume", str(path)]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    why = "does not exist" if what == "missing" else "is not a directory"
+    assert (f"ConfigError: --resume {str(path)!r} must be a checkpoint directory "
+            f"(ckpt-NNNNNN) or a directory holding them; it {why}") in err, err
+    assert not runs.exists()
+
+
 def test_a_job_script_refuses_an_empty_resume(tmp_path: Path) -> None:
     """The same on the ranks, for a job script started without ``conduit-hpc run``:
     one error line, exit status 3, ``run`` never called."""

@@ -91,3 +91,41 @@ def test_bench_flags_are_refused_before_any_rank_starts() -> None:
             with pytest.raises(SystemExit) as exc:
                 main(argv)
             assert exc.value.code == 2, argv
+
+
+@pytest.mark.parametrize("name", ["plan.json", "metrics/learner-1.csv"])
+def test_report_refuses_a_fifo_in_a_run_directory_at_once(name: str, tmp_path: Path) -> None:
+    """A FIFO named plan.json held conduit-hpc report forever (read_text waited for a
+    writer that never came; /dev/zero linked there would be read until memory ran
+    out); a FIFO among the metrics CSVs held it 60 s (the config reader's wait for a
+    FIFO's writer). Now each is reported unreadable and the report is written."""
+    run = tmp_path / "run"
+    (run / "metrics").mkdir(parents=True)
+    (run / "metrics" / "learner-0.csv").write_text("superstep,t_s,exposed_s\n1,0.1,0.01\n")
+    os.mkfifo(run / name)
+    out = subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", "report", str(run),
+                          "--out", str(tmp_path / "rep")], cwd=REPO, capture_output=True,
+                         text=True, timeout=40, stdin=subprocess.DEVNULL, check=False)
+    assert out.returncode == 0, out.stderr
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert f"{Path(name).name}: unreadable (metrics file" in md and \
+        "is not a regular file (a FIFO, device or socket)" in md, md
+
+
+def test_a_launcher_that_fails_before_any_rank_is_reported_with_its_own_words(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    """``SLURM_JOB_ID`` set outside a working allocation with ``--launcher srun``: srun
+    exits 1 ('Could not establish a configuration source') before any rank starts, and
+    conduit-hpc run said only 'job exited with status 1; logs in ...'. Now the launcher's
+    status and the last lines of launcher.log (a stand-in mpirun here, as srun there)."""
+    fake = tmp_path / "fake-mpirun"
+    fake.write_text("#!/bin/sh\necho 'fake: fatal: Could not establish a configuration "
+                    "source' >&2\nexit 7\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CONDUIT_MPIRUN", str(fake))
+    runs = tmp_path / "runs"
+    assert cli.main(["run", str(REPO / "jobs/synthetic.toml"), "--runs", str(runs),
+                     "--launcher", "mpirun"]) == 7
+    err = capsys.readouterr().err
+    assert "conduit-hpc: error: mpirun exited with status 7 before any rank started" in err
+    assert "| fake: fatal: Could not establish a configuration source" in err, err

@@ -218,3 +218,20 @@ def test_no_path_holds_the_loader_forever(tmp_path, monkeypatch) -> None:
         assert read_toml(fifo) == {"name": "x"}
     finally:
         writer.join(10)
+
+
+def test_a_number_past_pythons_digit_limit_is_a_config_error(tmp_path: Path) -> None:
+    """tomllib reads an integer with int(), which refuses more than 4300 digits with a
+    plain ValueError: a TOML file or a --set value of 5000 digits ended conduit-hpc run
+    (and plan) with a traceback. Now a ConfigError naming the file or the key."""
+    big = "9" * 5000
+    path = write(tmp_path, f"[storage]\ncapacity_rows = {big}\n")
+    with pytest.raises(ConfigError, match=r"holds a number too long to read .*4300 digits"):
+        read_toml(path)
+    with pytest.raises(ConfigError, match=r"holds a number too long to read"):
+        ClusterModel.from_toml(write(tmp_path, f"name = 'x'\nfoo = {big}\n", "cluster.toml"))
+    ok = write(tmp_path, "[storage]\ncapacity_rows = 1000\n", "ok.toml")
+    with pytest.raises(ConfigError, match=r"override 'storage\.capacity_rows': its value, "
+                                          r"5000 characters, is a number too long") as got:
+        load(Config, ok, [f"storage.capacity_rows={big}"])
+    assert got.value.key == "storage.capacity_rows"

@@ -29,6 +29,14 @@ def load(job: str, *sets: str) -> object:
     # the learner slept 1e9 s per superstep: the job hung, every rank waiting for it
     ("longhaul_dqn", "job.learner_step_s=1e9",
      r"job\.learner_step_s must be .*3600.*, got 1000000000\.0"),
+    # the learner never looked at episode reports or stop requests: dqn.max_env_steps =
+    # 1500 ran on to 10,368 steps, 'stopped by time budget', mean return nan
+    ("dqn_cartpole", "job.poll_every_s=1e300",
+     r"job\.poll_every_s must be <= run\.timeout_s \(120 s\), got 1e\+300"),
+    ("dqn_cartpole", "job.report_every_s=121",
+     r"job\.report_every_s must be <= run\.timeout_s \(120 s\), got 121\.0"),
+    ("apex_atari", "job.poll_every_s=1e9 run.timeout_s=60",
+     r"job\.poll_every_s must be <= run\.timeout_s \(60 s\), got 1000000000\.0"),
 ])
 def test_a_bad_job_section_value_is_refused_naming_it(job: str, override: str,
                                                       match: str) -> None:

@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from conduit_hpc.errors import ConduitError
+from conduit_hpc.plane.headline import read_metrics_text
+
 __all__ = ["learner_reads", "load_plan", "plan_markdown", "plan_vs_measured"]
 
 #: the measured columns that the predicted path time covers
@@ -27,9 +30,9 @@ def load_plan(run_dir: Path) -> tuple[dict[str, Any], str]:
     a problem ("" when it loaded or there is none)."""
     for p in (run_dir / "plan.json", run_dir.parent / "plan.json"):
         if p.exists():
-            try:
-                doc = json.loads(p.read_text())
-            except (OSError, ValueError) as err:
+            try:  # bounded: a FIFO or device named plan.json is refused, never waited on
+                doc = json.loads(read_metrics_text(p))
+            except (OSError, ValueError, ConduitError) as err:
                 return {}, f"plan.json: unreadable ({err})"
             if not isinstance(doc, dict):
                 return {}, "plan.json: not a JSON object"
