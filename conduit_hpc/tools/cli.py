@@ -23,7 +23,7 @@ from pathlib import Path
 
 from conduit_hpc import __version__, jsontext
 from conduit_hpc.errors import ConduitError
-from conduit_hpc.tools.cli_support import check_ranks, run_bounded
+from conduit_hpc.tools.cli_support import check_ranks, local_ranks_problem, run_bounded
 
 __all__ = ["COMMANDS", "Command", "benchmarks", "build_parser", "main"]
 
@@ -119,6 +119,9 @@ def cmd_info(args: argparse.Namespace) -> int:
             bad = ranks_problem(cfg, n)  # refused before any rank starts, as `run` does
             if bad is not None:
                 raise bad
+        too_many = local_ranks_problem(n, "-n")
+        if too_many is not None:
+            raise too_many
         cmd = ["mpirun", "-n", str(n), sys.executable, "-m", "mpi4py", "-m",
                "conduit_hpc.plane.info"]
         if args.config:
@@ -171,6 +174,9 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from conduit_hpc.config import LayoutConfig
     from conduit_hpc.errors import ConfigError
 
+    too_many = local_ranks_problem(args.n, "-n")
+    if too_many is not None:
+        raise too_many
     if args.n < 2:  # the world the probe's layout needs, whatever --learners says
         raise ConfigError(f"-n must be at least 2 for the probe (a buffer rank and an "
                           f"actor rank, besides any learners), got {args.n}", key="-n")

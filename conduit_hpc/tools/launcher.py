@@ -40,6 +40,7 @@ from conduit_hpc.config.layout_rule import (
 )
 from conduit_hpc.errors import ConduitError, ConfigError, WorldTooSmall
 from conduit_hpc.job import ERROR_PREFIX
+from conduit_hpc.tools.cli_support import local_ranks_problem
 from conduit_hpc.tools.diagnose import failed_start, first_error, never_started, rank_death
 from conduit_hpc.tools.rundir import check_checkpoint_root, lock_run_dir, unwritable
 from conduit_hpc.tools.supervise import (
@@ -358,7 +359,8 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         raise ConduitError(f"-n {n} exceeds the {slots} tasks of this SLURM allocation "
                            f"(SLURM_NTASKS); ask sbatch for more tasks or use "
                            f"--launcher mpirun (which may oversubscribe)")
-    bad_n = ranks_problem(cfg, n) or _cluster_problem(cfg) or job_problem(cfg, n)
+    bad_n = (ranks_problem(cfg, n) or _cluster_problem(cfg) or job_problem(cfg, n)
+             or (local_ranks_problem(n, "-n") if which == "mpirun" else None))
     if bad_n is not None:
         raise bad_n
     if timeout_s is not None and not (isinstance(timeout_s, int | float)

@@ -346,3 +346,45 @@ def test_a_second_run_into_a_run_directory_in_use_is_refused(tmp_path: Path, cap
         held.close()
     again = lock_run_dir(run_dir, tmp_path)  # free once its holder closed it (or died)
     again.close()
+
+
+ALLOCATION_VARS = ("SLURM_JOB_ID", "PBS_NODEFILE", "LSB_HOSTS", "LSB_MCPU_HOSTS", "PE_HOSTFILE",
+                   "OAR_NODEFILE", "COBALT_NODEFILE", "CONDUIT_MPI")
+
+
+@pytest.mark.parametrize("argv", [
+    ["probe", "-n", "99999"],
+    ["info", "-n", "99999"],
+    ["run", JOB, "-n", "100000", "--set", "layout.actors=0"],
+    ["run", JOB, "--set", "layout.actors=1000000000"],
+])
+def test_more_ranks_than_this_machine_can_hold_are_refused_before_mpirun(
+        argv: list[str], tmp_path: Path, capsys, monkeypatch) -> None:
+    """With the wheel's MPI and no allocation or hostfile, mpirun starts every rank on
+    this machine, oversubscribed: ``probe -n 99999`` started processes until the
+    machine stood still (load 82, 1,000 of them before it was killed by hand)."""
+    for var in ALLOCATION_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert cli.main([*argv, *(["--runs", str(tmp_path)] if argv[0] == "run" else [])]) == 2
+    err = capsys.readouterr().err
+    assert "mpirun would start all" in err and "ranks on this machine" in err, err
+    assert "MiB a rank), more than its" in err and "run across nodes" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_where_ranks_may_go_elsewhere_their_count_is_left_to_the_launcher() -> None:
+    """A batch allocation, a hostfile or the site's MPI: mpirun may place ranks on
+    other machines, so only the allocation or the hostfile bounds them."""
+    from conduit_hpc.tools.cli_support import RANK_FLOOR_BYTES, local_ranks_problem
+
+    huge = 1 << 40
+    assert local_ranks_problem(2, "-n", env={}) is None
+    assert isinstance(local_ranks_problem(huge, "-n", env={}), ConfigError)
+    memory = __import__("os").sysconf("SC_PAGE_SIZE") * __import__("os").sysconf(
+        "SC_PHYS_PAGES")
+    fits = memory // RANK_FLOOR_BYTES
+    assert local_ranks_problem(fits, "-n", env={}) is None
+    assert local_ranks_problem(fits + 1, "-n", env={}) is not None
+    for env in ({"SLURM_JOB_ID": "7"}, {"PBS_NODEFILE": "/x"}, {"CONDUIT_MPI": "site"},
+                {"PRTE_MCA_prte_default_hostfile": "/h"}, {"OMPI_MCA_orte_default_hostfile": "/h"}):
+        assert local_ranks_problem(huge, "-n", env=env) is None, env
