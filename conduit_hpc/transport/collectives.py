@@ -57,7 +57,7 @@ __all__ = ["BACKENDS", "Collectives", "choose_backend"]
 _OPS = ("", "allreduce_mean_", "allreduce_max", "broadcast_", "all_to_all")
 #: what a rank may pass that no collective moves, as numbered in the header
 _PROBLEMS = ("", "not a torch.Tensor", "a sparse tensor", "a bool tensor",
-             "a value outside int64")
+             "a value that is not an int64")
 #: one wait of a gloo collective between looks at the clock; the margin over gloo's own
 #: deadline (which ends a collective whose peer never came) before this side gives up
 _SLICE = datetime.timedelta(seconds=0.05)
@@ -218,7 +218,7 @@ class Collectives:
         fp = int.from_bytes(hashlib.blake2b(repr(shapes).encode(), digest_size=7).digest(),
                             "little")
         if not -(2 ** 63) <= value < 2 ** 63:
-            problem, where, value = _PROBLEMS.index("a value outside int64"), 0, 0
+            problem, where, value = _PROBLEMS.index("a value that is not an int64"), 0, 0
         row = torch.tensor([_OPS.index(op), problem, where, len(tensors), nvalues, fp, arg,
                             value], dtype=torch.int64, device=self.device)
         out = [torch.empty_like(row) for _ in range(self.size)]

@@ -162,6 +162,7 @@ def _mismatch(case: str, rank: int) -> tuple[str, object]:
                    else [torch.ones(4).to_sparse()]),
         "src": ("bcast", rank % 2),
         "huge": ("max", [2 ** 70 if rank == 1 else 1]),
+        "float": ("max", [0.5 if rank == 1 else 1]),
         "maxlen": ("max", [1, 2] if rank == 0 else [1]),
     }
     return ones[case]
@@ -181,7 +182,9 @@ def _mismatch(case: str, rank: int) -> tuple[str, object]:
     ("sparse", r"ranks \[1\] of the gloo group passed what it cannot move \(rank 1: a "
                r"sparse tensor at position 0\)"),
     ("src", r"broadcast_: the ranks named other sources \(rank 0: 0, rank 1: 1"),
-    ("huge", r"rank 1: a value outside int64"),
+    ("huge", r"rank 1: a value that is not an int64"),
+    ("float", r"ranks \[1\] of the gloo group passed what it cannot move \(rank 1: a value "
+              r"that is not an int64"),
     ("maxlen", r"rank 0: 1 tensors of 2 values, rank 1: 1 tensors of 1 values"),
 ])
 def test_ranks_passing_what_does_not_fit_together_fail_together(case: str, match: str
