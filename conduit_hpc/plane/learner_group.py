@@ -76,11 +76,23 @@ class LearnerGroup:
             device (torch.device | None): this learner's device (NCCL's GPU).
 
         Raises:
-            ConfigError: a bad backend, or NCCL where a learner has no GPU (every rank).
+            ConfigError: a bad backend or ``timeout_s``, or NCCL where a learner has no
+                GPU (every rank).
             TransportError: a learner could not join the group (every rank).
+            CollectiveFailed: a rank did not call it within ``timeout_s`` (e.g. a job
+                that opens it on learners only: before, the learners waited forever in
+                the world's Allgather); RemoteFailure: a rank left the data plane.
         """
+        if not (isinstance(timeout_s, int | float) and 0 < timeout_s <= 86400):
+            raise ConfigError(f"timeout_s must be a number of seconds in (0, 86400], got "
+                              f"{timeout_s!r}", key="timeout_s")
         plane = None if isinstance(roles, RoleComms) else roles
         roles = roles if isinstance(roles, RoleComms) else roles.roles
+        check = _who_left(plane) if plane is not None else None
+        what = "LearnerGroup.open()"
+        # every rank is here before the learners' own collectives (bounded: a rank that
+        # never calls it fails the others here, not inside the learners' Split_type)
+        allgather_json(roles.world, 0, timeout_s, what, check)
         n = len(roles.learner_ranks)
         coll, problem, kind = None, "", ""
         if roles.learner is not None:
@@ -94,7 +106,9 @@ class LearnerGroup:
                     _check_alone(backend, device)
             except ConduitError as err:
                 problem, kind = f"on world rank {roles.world_rank}: {err}", type(err).__name__
-        reports = [r for r in allgather_json(roles.world, [problem, kind]) if r[0]]
+        # the learners' forming is bounded by timeout_s (rendezvous) on each of them
+        reports = [r for r in allgather_json(roles.world, [problem, kind], 2 * timeout_s + 10,
+                                             what, check) if r[0]]
         if reports:
             if coll is not None:
                 coll.close()

@@ -236,3 +236,40 @@ def test_unused_frozen_and_misplaced_parameters_in_the_gradient_average() -> Non
             edp.done()
         group.close()
     assert all(COMM.allgather(ok))
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("how", ["never", "left"])
+def test_a_rank_that_never_opens_the_group_ends_the_others_in_bounded_time(how):
+    """``LearnerGroup.open`` is collective on the world; one actor never calls it (a job
+    that opens it on learners only, or an actor that left on an exception caught outside
+    its with-block). Before, every other rank waited forever in the world's Allgather.
+    Now they raise: CollectiveFailed naming the call after ``timeout_s`` ("never"), or
+    RemoteFailure naming the actor at once when it left the data plane ("left")."""
+    from conduit_hpc.errors import CollectiveFailed, RemoteFailure
+
+    timeout = 4.0
+    cfg = make_config(spec=SPEC, run={"timeout_s": timeout},
+                      layout={"learners": 2, "buffers": 1, "actors": 0},
+                      storage={"capacity_rows": 256}, checkpoint={"on_stop": False})
+    skip = COMM.size - 1  # an actor
+    seen, t0 = "nothing", time.monotonic()
+    try:
+        with ExperienceDataPlane(cfg, COMM) as edp:
+            if edp.world_rank == skip:
+                if how == "never":
+                    time.sleep(timeout + 3)  # the others have given up by now
+                raise _Leave
+            LearnerGroup.open(edp, "gloo", timeout_s=timeout).close()
+            seen = "opened"
+    except _Leave:
+        seen = "left"
+    except (CollectiveFailed, RemoteFailure) as err:
+        seen = f"{type(err).__name__}: {err}"
+    took = time.monotonic() - t0
+    ok = seen == "left" if COMM.rank == skip else (
+        (how == "never" and seen.startswith("CollectiveFailed")
+         and "LearnerGroup.open()" in seen) or
+        (how == "left" and seen.startswith("RemoteFailure")
+         and f"world rank {skip} left" in seen and took < timeout))
+    assert COMM.allreduce(int(ok), op=MPI.MIN), (COMM.rank, seen, took)
