@@ -145,6 +145,7 @@ class Collectives:
                 some rank has no CUDA device (on every rank).
             TransportError: some rank could not open or join the group (on every rank,
                 with that rank's reason).
+            CollectiveFailed: some rank of ``comm`` did not call it within ``timeout_s``.
         """
         if not (isinstance(timeout_s, int | float) and 0 < timeout_s <= 86400):
             raise ConfigError(f"timeout_s must be a number of seconds in (0, 86400], got "
@@ -153,6 +154,9 @@ class Collectives:
             raise ConfigError(f"{key} must be one of {list(BACKENDS)}, got {backend!r}",
                               key=key)
         rank, size = comm.Get_rank(), comm.Get_size()
+        # every rank is here before the blocking MPI calls below (a rank that never
+        # calls open fails the others here, within timeout_s, not in Split_type forever)
+        allgather_json(comm, 0, timeout_s, "Collectives.open()")
         node: MPI.Intracomm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)  # type: ignore[assignment]
         local, one_node = node.Get_rank(), node.Get_size() == size
         node.Free()
@@ -191,7 +195,8 @@ class Collectives:
                 problem = (f"rank {rank} could not join the {chosen} group at "
                            f"{where['address']}:{where['port']} within {timeout_s:g} s: "
                            f"{str(err).strip().splitlines()[0] if str(err).strip() else err!r}")
-        problems = [p for p in allgather_json(comm, problem) if p]
+        problems = [p for p in allgather_json(comm, problem, 2 * timeout_s + 10,
+                                              "Collectives.open()") if p]
         if problems:
             _shutdown(group)
             raise TransportError(f"forming the {chosen} process group of {size} ranks "

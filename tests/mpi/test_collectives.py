@@ -231,3 +231,22 @@ def test_absent_values_count_as_zeros_and_parameters_take_a_broadcast() -> None:
         assert torch.equal(p.detach(), torch.full((5,), float(COMM.size - 1)))
         assert p.requires_grad
     assert everyone(True)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_that_never_opens_the_group_fails_the_others_in_bounded_time() -> None:
+    """The last rank never calls ``Collectives.open``: the others waited forever in its
+    first MPI call (``Split_type``); now CollectiveFailed naming the call after
+    ``timeout_s``."""
+    from conduit_hpc.errors import CollectiveFailed
+
+    sub = COMM.Dup()  # every rank makes it; the last never uses it
+    seen = "nothing"
+    if COMM.rank != COMM.size - 1:
+        try:
+            Collectives.open(sub, "gloo", timeout_s=3.0)
+        except CollectiveFailed as err:
+            seen = str(err)
+    COMM.Barrier()  # all here again (the plain world)
+    ok = COMM.rank == COMM.size - 1 or "Collectives.open()" in seen
+    assert all(COMM.allgather(ok)), (COMM.rank, seen)
