@@ -354,8 +354,8 @@ class Collectives:
             CollectiveMismatch: another number of values on some rank, or a value that is
                 not an int64 (on every rank).
         """
-        ints = [int(v) if isinstance(v, int | np.integer) and not isinstance(v, bool)
-                else 2 ** 63 for v in values]
+        ints = [int(v) if isinstance(v, int | np.integer | np.bool_) else 2 ** 63
+                for v in values]  # flags (True/False) are 1/0, as before
         refused = any(not -(2 ** 63) <= v < 2 ** 63 for v in ints)  # on every rank, below
         one = len(ints) == 1
         shape = torch.empty(len(ints), dtype=torch.int64, device="meta")

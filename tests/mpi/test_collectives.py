@@ -45,6 +45,7 @@ def test_allreduce_mean_equals_the_numpy_mean_of_every_rank() -> None:
         flat = np.concatenate([t.double().numpy().ravel() for t in mine])
         assert len({flat.tobytes() for flat in COMM.allgather(flat)}) == 1
         assert c.allreduce_max([COMM.rank, -COMM.rank]) == [COMM.size - 1, 0]
+        assert c.allreduce_max([COMM.rank == 1]) == [1]  # a flag is 0 or 1
     assert c.closed
 
 
