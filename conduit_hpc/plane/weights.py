@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from conduit_hpc.errors import ConfigError
+from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed
 from conduit_hpc.transport.objects import bounded_allgather
 from conduit_hpc.transport.rma import RmaWindow
 
 if TYPE_CHECKING:  # torch loads only on ranks that share weights
     import torch
 
-__all__ = ["WeightsBoard", "agreed_model_size", "flat_parameters", "load_flat", "model_layout"]
+__all__ = ["WeightsBoard", "agreed_model_size", "flat_parameters", "load_flat", "model_layout",
+           "pull_into"]
 
 
 class WeightsBoard:
@@ -101,6 +102,30 @@ class WeightsBoard:
                 self.seen_version, self.seen_superstep = v1, superstep
                 return self._buf.copy()
         return None
+
+
+def pull_into(board: WeightsBoard | None, model: Any, like: Any, role: str,
+              world_rank: int) -> bool:
+    """``ExperienceDataPlane.pull_weights``: load newer published weights into ``model``
+    (``like``: the model given to share_weights); whether there were newer ones.
+
+    Raises:
+        ConduitError: not an actor rank (a learner pulling loaded its own last
+            publication - up to ``weights_every`` supersteps old - into the model it
+            trains, silently undoing those updates).
+        DataPlaneClosed: no share_weights() before.
+    """
+    if role != "actor":
+        raise ConduitError(f"pull_weights() is for actor ranks (on a learner it would load "
+                           f"the last published weights into the model it trains); world "
+                           f"rank {world_rank} has the role {role!r}")
+    if board is None:
+        raise DataPlaneClosed("pull_weights() needs share_weights() first")
+    flat = board.pull()
+    if flat is None:
+        return False
+    load_flat(model, flat, like=like)
+    return True
 
 
 #: the size :func:`agreed_model_size` gathers for a model that is not a torch module
