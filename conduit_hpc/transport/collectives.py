@@ -41,8 +41,15 @@ from conduit_hpc.errors import (
     CollectiveFailed,
     CollectiveMismatch,
     ConfigError,
-    RemoteFailure,
     TransportError,
+)
+from conduit_hpc.transport.collective_header import (
+    OPS,
+    PROBLEMS,
+    int64_or,
+    listing,
+    peer_left,
+    problem_of,
 )
 from conduit_hpc.transport.objects import allgather_json, bcast_json
 from conduit_hpc.transport.process_group import BACKENDS, choose_backend
@@ -53,11 +60,6 @@ from conduit_hpc.transport.process_group import store_address as _store_address
 
 __all__ = ["BACKENDS", "Collectives", "choose_backend"]
 
-#: the operations, as numbered in the header every collective starts with
-_OPS = ("", "allreduce_mean_", "allreduce_max", "broadcast_", "all_to_all")
-#: what a rank may pass that no collective moves, as numbered in the header
-_PROBLEMS = ("", "not a torch.Tensor", "a sparse tensor", "a bool tensor",
-             "a value that is not an int64")
 #: one wait of a gloo collective between looks at the clock; the margin over gloo's own
 #: deadline (which ends a collective whose peer never came) before this side gives up
 _SLICE = datetime.timedelta(seconds=0.05)
@@ -65,37 +67,6 @@ _MARGIN_S = 5.0
 #: groups given up with a collective still in flight (kept, as the work writes into its
 #: tensors until gloo's deadline ends it; shutting such a group down waits for that)
 _PARKED: list[tuple[Any, Any]] = []
-
-
-def _problem(tensors: Sequence[Any]) -> tuple[int, int]:
-    """(code in :data:`_PROBLEMS`, position) of the first tensor no collective moves."""
-    for i, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor):
-            return 1, i
-        if t.layout != torch.strided:
-            return 2, i
-        if t.dtype == torch.bool:
-            return 3, i
-    return 0, 0
-
-
-def _listing(per_rank: dict[int, Any]) -> str:
-    """``rank 0: x, rank 1: y`` - at most 8 ranks, then how many more."""
-    items = [f"rank {r}: {v}" for r, v in sorted(per_rank.items())]
-    return ", ".join(items[:8]) + (f" and {len(items) - 8} more" if len(items) > 8 else "")
-
-
-def _peer_left(peers: Callable[[], object] | None) -> str:
-    """What ``peers`` says about a rank that left (its RemoteFailure's text), or ""."""
-    if peers is None:
-        return ""
-    try:
-        peers()
-    except RemoteFailure as err:
-        return str(err)
-    except Exception:  # the record itself unreadable: the collective's own error stands
-        return ""
-    return ""
 
 
 class Collectives:
@@ -208,7 +179,7 @@ class Collectives:
 
     # -- collectives -----------------------------------------------------------------
     def _agree(self, op: str, tensors: Sequence[Any], what: str, *, arg: int = 0,
-               value: int = 0) -> list[list[int]]:
+               value: int = 0, local: tuple[str, int] = ("", 0)) -> list[list[int]]:
         """Every rank's header row, gathered before ``op`` moves any data (one fixed-size
         allgather): ranks that call other operations here, pass other tensor counts,
         shapes, dtypes or order, or a tensor the backend cannot move, raise
@@ -216,35 +187,41 @@ class Collectives:
         Before, gloo got buffers of other sizes (its background thread then aborted the
         process: ``EnforceNotMet ... collective mismatch``), averaged unrelated values of
         same-sized tensors, or paired one rank's second bucket with another's next call.
-        ``arg`` travels unchecked (per-op), ``value`` is the one-value maximum's value."""
-        problem, where = _problem(tensors)
+        ``arg`` travels unchecked (per-op), ``value`` is the one-value maximum's value;
+        ``local``: a problem the caller found in its arguments (one of :data:`PROBLEMS`,
+        and a number), refused on every rank like the others."""
+        problem, where = ((PROBLEMS.index(local[0]), local[1]) if local[0]
+                          else problem_of(tensors))
         shapes = [] if problem else [(str(t.dtype), tuple(t.shape)) for t in tensors]
         nvalues = sum(int(t.numel()) for t in tensors) if not problem else 0
         fp = int.from_bytes(hashlib.blake2b(repr(shapes).encode(), digest_size=7).digest(),
                             "little")
         if not -(2 ** 63) <= value < 2 ** 63:
-            problem, where, value = _PROBLEMS.index("a value that is not an int64"), 0, 0
-        row = torch.tensor([_OPS.index(op), problem, where, len(tensors), nvalues, fp, arg,
+            problem, where, value = PROBLEMS.index("a value that is not an int64"), 0, 0
+        row = torch.tensor([OPS.index(op), problem, where, len(tensors), nvalues, fp, arg,
                             value], dtype=torch.int64, device=self.device)
         out = [torch.empty_like(row) for _ in range(self.size)]
         self._run(what, lambda: self._group.allgather([out], [row]))
         rows = [[int(v) for v in t.cpu().tolist()] for t in out]
-        ops = {r: _OPS[h[0]] if 0 <= h[0] < len(_OPS) else "?" for r, h in enumerate(rows)}
+        ops = {r: OPS[h[0]] if 0 <= h[0] < len(OPS) else "?" for r, h in enumerate(rows)}
         if len(set(ops.values())) > 1:
             raise CollectiveMismatch(f"{op} on rank {self.rank}: the ranks of the "
                                      f"{self.backend} group called different collectives "
-                                     f"at this point ({_listing(ops)}); every rank must "
+                                     f"at this point ({listing(ops)}); every rank must "
                                      f"call the same ones in the same order")
-        bad = {r: f"{_PROBLEMS[h[1]]} at position {h[2]}" for r, h in enumerate(rows) if h[1]}
+        bad = {r: f"{PROBLEMS[h[1]]}{' at position' if h[1] < 4 else ''} {h[2]}"
+               if 0 < h[1] < len(PROBLEMS) else "?" for r, h in enumerate(rows) if h[1]}
         if bad:
             raise CollectiveMismatch(f"{op}: ranks {sorted(bad)} of the {self.backend} group "
-                                     f"passed what it cannot move ({_listing(bad)}); expected "
-                                     f"dense numeric torch tensors (this rank {self.rank})")
+                                     f"passed what it cannot move ({listing(bad)}); expected "
+                                     f"dense numeric torch tensors"
+                                     + (f", src in 0..{self.size - 1}" if op == "broadcast_"
+                                        else "") + f" (this rank {self.rank})")
         counts = {r: (h[3], h[4]) for r, h in enumerate(rows)}
         if len(set(counts.values())) > 1:
             raise CollectiveMismatch(
                 f"{op}: the ranks of the {self.backend} group passed other tensors ("
-                + _listing({r: f"{n} tensors of {v:,} values" for r, (n, v) in
+                + listing({r: f"{n} tensors of {v:,} values" for r, (n, v) in
                             counts.items()})
                 + f"); every rank must pass the same shapes and dtypes (this rank "
                   f"{self.rank})")
@@ -291,7 +268,7 @@ class Collectives:
         """The group failed in ``what``: it cannot be used again (a later call raises
         TransportError naming this failure). Names the peer that left if ``peers`` (the
         data plane's record of ranks that left on an exception) knows one."""
-        cause = _peer_left(self.peers)
+        cause = peer_left(self.peers)
         first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
         text = (f"{what} on the {self.backend} group of {self.size} ranks (this rank "
                 f"{self.rank}) failed: "
@@ -375,19 +352,18 @@ class Collectives:
         require grad). **Collective**; blocks.
 
         Raises:
-            ValueError: ``src`` is not a rank of the group.
-            CollectiveMismatch: ranks passed other tensors or another ``src``.
+            CollectiveMismatch: ranks passed other tensors, another ``src``, or a ``src``
+                that is not a rank of the group (on every rank: a ValueError).
         """
-        if not (isinstance(src, int) and 0 <= src < self.size):
-            raise ValueError(f"src must be a rank of the group (0..{self.size - 1}), "
-                             f"got {src!r}")
+        ok = isinstance(src, int | np.integer) and 0 <= src < self.size
         n = sum(int(t.numel()) for t in tensors if isinstance(t, torch.Tensor))
         rows = self._agree("broadcast_", tensors, f"broadcast of {n:,} values from rank {src}",
-                           arg=src)
+                           arg=int(src) if ok else -1,
+                           local=("", 0) if ok else (PROBLEMS[5], int64_or(src, -1)))
         srcs = {r: h[6] for r, h in enumerate(rows)}
         if len(set(srcs.values())) > 1:
             raise CollectiveMismatch(f"broadcast_: the ranks named other sources ("
-                                     f"{_listing(srcs)}); expected one src on every rank")
+                                     f"{listing(srcs)}); expected one src on every rank")
         for ts, flat in self._buckets(tensors):
             opts = dist.BroadcastOptions()
             opts.rootRank, opts.rootTensor = src, 0
@@ -402,20 +378,24 @@ class Collectives:
         rows); blocks (bounded).
 
         Raises:
-            ValueError: not one block per rank, or blocks of different dtype or row
-                shape.
-            CollectiveMismatch: other dtypes or row shapes on another rank.
+            CollectiveMismatch: on some rank not one block per rank, blocks of other
+                dtypes or row shapes, or other dtypes or row shapes than another rank's
+                (on every rank: a ValueError).
         """
-        if len(blocks) != self.size:
-            raise ValueError(f"all_to_all needs one block per rank ({self.size}), got "
-                             f"{len(blocks)}")
-        row, dtype = tuple(blocks[0].shape[1:]), blocks[0].dtype
-        for j, b in enumerate(blocks):
-            if tuple(b.shape[1:]) != row or b.dtype != dtype:
-                raise ValueError(f"block {j} has rows {tuple(b.shape[1:])} of {b.dtype}, "
-                                 f"block 0 rows {row} of {dtype}")
+        local: tuple[str, int] = ("", 0)
+        if len(blocks) != self.size or not blocks:
+            local = (PROBLEMS[6], len(blocks))
+        problem, where = problem_of(blocks)
+        if problem:
+            local = (PROBLEMS[problem], where)
+        row = tuple(blocks[0].shape[1:]) if not local[0] else ()
+        dtype = blocks[0].dtype if not local[0] else torch.float32
+        bad = next((j for j, b in enumerate(blocks) if not local[0] and (
+            tuple(b.shape[1:]) != row or b.dtype != dtype)), -1)
+        if bad >= 0:
+            local = (PROBLEMS[7], bad)
         self._agree("all_to_all", [torch.empty((0, *row), dtype=dtype, device="meta")],
-                    "all_to_all of row counts")
+                    "all_to_all of row counts", local=local)
         sent = torch.tensor([len(b) for b in blocks], dtype=torch.int64, device=self.device)
         got = torch.empty_like(sent)
         opts = dist.AllToAllOptions()

@@ -251,3 +251,38 @@ def test_a_rank_that_never_opens_the_group_fails_the_others_in_bounded_time() ->
     COMM.Barrier()  # all here again (the plain world)
     ok = COMM.rank == COMM.size - 1 or "Collectives.open()" in seen
     assert all(COMM.allgather(ok)), (COMM.rank, seen)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize(("case", "match"), [
+    ("src", r"broadcast_: ranks \[1\] of the gloo group passed what it cannot move \(rank 1: "
+            r"src must be a rank of the group; got \d+\)"),
+    ("blocks", r"all_to_all: ranks \[1\] .*\(rank 1: not one block per rank; got 1\)"),
+    ("rows", r"all_to_all: ranks \[1\] .*\(rank 1: a block of other dtype or row shape "
+             r"than block 0 at position 1\)"),
+])
+def test_a_bad_argument_on_one_rank_fails_every_rank_at_once(case: str, match: str) -> None:
+    """One rank passes a src outside the group, or blocks that do not make an all_to_all.
+    Before, that rank raised ValueError alone and the others waited out the timeout in
+    the collective, then raised a CollectiveFailed naming nobody. Now every rank raises
+    CollectiveMismatch naming the rank and its argument, at once, and the group stays
+    usable."""
+    from conduit_hpc.errors import CollectiveMismatch
+
+    odd = COMM.rank == 1
+    with Collectives.open(COMM, "gloo", timeout_s=60) as c:
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveMismatch, match=match):
+            if case == "src":
+                c.broadcast_([torch.ones(3)], src=COMM.size + 5 if odd else 0)
+            elif case == "blocks":
+                c.all_to_all([torch.ones(1, 2)] * (1 if odd else COMM.size))
+            else:
+                blocks = [torch.ones(1, 2) for _ in range(COMM.size)]
+                if odd:
+                    blocks[1] = torch.ones(1, 3)
+                c.all_to_all(blocks)
+        took = time.monotonic() - t0
+        got = c.all_to_all([torch.full((1, 2), float(COMM.rank)) for _ in range(COMM.size)])
+        assert [float(b[0, 0]) for b in got] == [float(r) for r in range(COMM.size)]
+    assert all(COMM.allgather(took < 60)), "a rank waited out the timeout"
