@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from conduit_hpc.errors import ConduitError, ConfigError, TransportError
+from conduit_hpc.errors import CollectiveMismatch, ConduitError, ConfigError, TransportError
 from conduit_hpc.plane.roles import RoleComms
 from conduit_hpc.transport.objects import allgather_json
 
@@ -146,9 +146,25 @@ class LearnerGroup:
             import torch
 
             t0 = time.perf_counter()
-            live = [p for p in params if p.requires_grad]
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in live]
-            anywhere = self._coll.allreduce_mean_(grads, [p.grad is not None for p in live])
+            bad: Exception | None = None
+            grads: list[Any]
+            try:
+                live = [p for p in params if p.requires_grad]
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in live]
+            except (AttributeError, TypeError, RuntimeError) as err:
+                # not parameters (None, a number...): refused on every learner through
+                # the collective's header (a non-tensor), not here alone while the
+                # others wait for this one
+                live, grads, bad = [], [err], err
+            try:
+                anywhere = self._coll.allreduce_mean_(grads,
+                                                      [p.grad is not None for p in live])
+            except CollectiveMismatch as err:
+                if bad is None:
+                    raise
+                raise CollectiveMismatch(f"average_gradients() on learner {self.rank}: "
+                                         f"params must be torch parameters ({bad}); {err}"
+                                         ) from bad
             for p, g, had in zip(live, grads, anywhere, strict=True):
                 if p.grad is None and had:
                     p.grad = g

@@ -219,6 +219,11 @@ def test_unused_frozen_and_misplaced_parameters_in_the_gradient_average() -> Non
                                                          "rank 1: 1 tensors of 4 values"):
                 group.average_gradients([other])
             assert group.agree(group.rank) == 1  # still in step
+            # not parameters on one learner: it raised AttributeError alone before, while
+            # the other waited out the timeout in the all-reduce
+            with pytest.raises(CollectiveMismatch, match=r"rank 1: not a torch.Tensor"):
+                group.average_gradients([a] if group.rank == 0 else [None])
+            assert group.agree(0) == 0  # still in step
             ok = True
         else:
             with pytest.raises(ConduitError, match=rf"LearnerGroup.average_gradients\(\) "
