@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "CheckpointMismatch",
+    "CollectiveMismatch",
     "ConduitError",
     "ConfigError",
     "ConfigMismatch",
@@ -85,6 +86,13 @@ class CollectiveFailed(TransportError, RemoteFailure):
     """A collective among ranks did not complete: a peer failed, left, or did not arrive
     within the timeout - usually the consequence of another rank's own error, which
     ``conduit-hpc run`` therefore reports in preference to this one."""
+
+
+class CollectiveMismatch(ConduitError, ValueError):
+    """The ranks of a collective called it with arguments it cannot take together: other
+    operations at the same point, other tensor counts, shapes, dtypes or order, or a
+    tensor it cannot move (sparse, bool, a value out of range) on some rank. Raised on
+    every rank, naming the ranks and what each passed; nothing was exchanged."""
 
 
 class PlacementInfeasible(ConduitError):

@@ -377,7 +377,7 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
                                 first_seq=restored.seq + 1 if restored else 1)
         net = build_net(cfg) if not edp.serves else None
         updater = None
-        group = LearnerGroup.open(edp.roles, cfg.transport.collectives,  # collective
+        group = LearnerGroup.open(edp, cfg.transport.collectives,  # collective
                                   timeout_s=cfg.run.timeout_s,
                                   device=edp.device if edp.role is Role.LEARNER else None)
         if net is not None and edp.role is Role.LEARNER:

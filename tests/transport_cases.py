@@ -131,6 +131,31 @@ class RmaWindowCases:
             np.testing.assert_array_equal(own[:, 0], np.arange(size))
             np.testing.assert_array_equal(own[:, 1], np.full(size, r))
 
+    def test_a_transfer_past_one_operation_goes_in_parts(self, mode, monkeypatch) -> None:
+        """One Put or Get of more than 2**31 - 1 bytes raised MPI_ERR_ARG (a model of
+        2**29 float32 weights pulled by an actor on another node); transfers past
+        ``MAX_OP_BYTES`` go in parts (made small here: the parts' seams are what is
+        tested, not gigabytes)."""
+        from conduit_hpc.transport import rma
+
+        monkeypatch.setattr(rma, "MAX_OP_BYTES", 48)
+        comm = self.COMM
+        rank, size = comm.Get_rank(), comm.Get_size()
+        with self.window(mode, 1000) as win:
+            mine = (np.arange(125, dtype=np.int64) + 1000 * rank)  # 1,000 bytes
+            win.put(rank, 0, mine)
+            win.flush()
+            comm.Barrier()
+            got = np.zeros((size, 123), np.int64)
+            for target in range(size):
+                win.get(target, 8, got[target])  # 984 bytes from byte 8: 21 parts
+            win.flush()
+            comm.Barrier()
+            seen = comm.allgather(got)
+        for g in seen:
+            for target in range(size):
+                np.testing.assert_array_equal(g[target], np.arange(1, 124) + 1000 * target)
+
     def test_get_blocks_gathers_scattered_rows_in_one_call(self, mode) -> None:
         comm = self.COMM
         rank, size = comm.Get_rank(), comm.Get_size()

@@ -10,6 +10,7 @@ Plane-internal; features read it through the endpoints.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 from conduit_hpc.errors import ConduitError, DataPlaneTimeout, RemoteFailure, TransportError
 from conduit_hpc.transport.rma import RmaWindow
@@ -45,6 +46,10 @@ class ControlBlock:
 
     def __init__(self, window: RmaWindow, owner: int, *, local: bool = False) -> None:
         self.window, self.owner, self.local = window, owner, local
+        #: run (local, best effort) when this rank leaves on an exception, after the
+        #: mark: e.g. the learners' process group shuts down, so that learners waiting
+        #: for this one in a collective stop now instead of at its deadline
+        self.on_leave: list[Callable[[], object]] = []
 
     def add(self, slot: int, n: int) -> int:
         """Atomically add ``n``; returns the old value. Blocks for the round trip."""
@@ -72,13 +77,18 @@ class ControlBlock:
         Best effort: the window may be what failed."""
         if isinstance(exc, SystemExit) and exc.code in (0, None) and done:
             return
-        if isinstance(exc, TransportError | RemoteFailure) or (
-                isinstance(exc, DataPlaneTimeout) and not self.local):
-            return
-        with contextlib.suppress(ConduitError, OSError):  # the transport itself failed
-            if not self.read(C_FAILED_FIRST):  # the first to leave is the one to name (the
-                self.write(C_FAILED_FIRST, rank + 1)  # others may leave because of it),
-            self.add(C_FAILED, 1)  # written before the count: a reader of it sees a name
+        try:
+            if isinstance(exc, TransportError | RemoteFailure) or (
+                    isinstance(exc, DataPlaneTimeout) and not self.local):
+                return
+            with contextlib.suppress(ConduitError, OSError):  # the transport itself failed
+                if not self.read(C_FAILED_FIRST):  # the first to leave is the one to name
+                    self.write(C_FAILED_FIRST, rank + 1)  # (others may leave because of it),
+                self.add(C_FAILED, 1)  # written before the count: a reader sees a name
+        finally:
+            for leave in self.on_leave:
+                with contextlib.suppress(Exception):  # best effort, as the mark
+                    leave()
 
     def failed(self) -> bool:
         """Whether a rank left the data plane on an exception. One atomic read."""

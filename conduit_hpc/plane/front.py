@@ -53,7 +53,7 @@ from conduit_hpc.plane.planning import decide_placement, write_plan
 from conduit_hpc.plane.roles import Role, RoleComms, check_arguments, check_same_config, split_roles
 from conduit_hpc.plane.staging import Batch, Stager, agreed_device
 from conduit_hpc.plane.summary import merge_summaries, shard_counters
-from conduit_hpc.plane.weights import WeightsBoard, agreed_model_size, load_flat
+from conduit_hpc.plane.weights import WeightsBoard, agreed_model_size, pull_into
 from conduit_hpc.protocol import Tag
 from conduit_hpc.scheduler import RateLimiter
 from conduit_hpc.spec import Spec
@@ -331,15 +331,10 @@ class ExperienceDataPlane:
 
     def pull_weights(self, model: Any = None) -> bool:
         """Load newer published weights into ``model`` (default: the one given to
-        :meth:`share_weights`). Returns whether there were newer ones. Actors; local,
-        one-sided."""
-        if self.weights is None:
-            raise DataPlaneClosed("pull_weights() needs share_weights() first")
-        flat = self.weights.pull()
-        if flat is None:
-            return False
-        load_flat(model if model is not None else self._model, flat, like=self._model)
-        return True
+        :meth:`share_weights`). Returns whether there were newer ones. Actors only (on a
+        learner it would put its model back to its last publication); local, one-sided."""
+        return pull_into(self.weights, model if model is not None else self._model,
+                         self._model, self.roles.role.value, self.world_rank)
 
     @property
     def policy_version(self) -> int:

@@ -237,6 +237,7 @@ class LearnerEndpoint:
         if self.weights is not None and self.model is not None and s % self.cfg.weights_every == 0:
             flat = flat_parameters(self.model)
             board = self.weights
+            board.check(flat)  # here, not on the data-plane thread
             self.post(lambda: board.publish(flat, s))
 
     def log(self, **values: float) -> None:
@@ -279,6 +280,7 @@ class LearnerEndpoint:
         """Publish the attached model's weights immediately (lead learner)."""
         if self.lead and self.weights is not None and self.model is not None:
             flat, board, s = flat_parameters(self.model), self.weights, max(self._superstep, 0)
+            board.check(flat)
             self.run_on_thread(lambda: board.publish(flat, s), "weight publication")
 
     def stop(self) -> dict[str, float]:

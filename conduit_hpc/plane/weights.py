@@ -1,6 +1,7 @@
 """Weights from the lead learner to actors: a seqlocked board in one-sided memory.
 
-The lead learner publishes its parameters (float32, flattened) every
+The lead learner publishes its parameters and floating-point buffers (BatchNorm's
+running statistics: an actor's policy in eval mode uses them), float32, flattened, every
 ``scheduler.weights_every`` supersteps with plain stores into its own segment; actors
 pull newer ones with one-sided reads (numpy copies on the same node).
 """
@@ -14,14 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from conduit_hpc.errors import ConfigError
+from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed
 from conduit_hpc.transport.objects import bounded_allgather
 from conduit_hpc.transport.rma import RmaWindow
 
 if TYPE_CHECKING:  # torch loads only on ranks that share weights
     import torch
 
-__all__ = ["WeightsBoard", "agreed_model_size", "flat_parameters", "load_flat", "model_layout"]
+__all__ = ["WeightsBoard", "agreed_model_size", "flat_parameters", "load_flat", "model_layout",
+           "pull_into"]
 
 
 class WeightsBoard:
@@ -42,8 +44,22 @@ class WeightsBoard:
         self.seen_superstep = -1
         self._buf = np.empty(nparams, dtype=np.float32)
 
+    def check(self, flat: np.ndarray) -> None:
+        """Raise ConfigError unless ``flat`` fits the board (the model given to
+        ``share_weights`` changed size since: a layer replaced or added). Local."""
+        if len(flat) != self.nparams:
+            raise ConfigError(f"model: the shared model now has {len(flat)} parameter and "
+                              f"buffer values; share_weights() agreed {self.nparams} with "
+                              f"the actors (a layer replaced after share_weights?); "
+                              f"expected the model of that size", key="model")
+
     def publish(self, flat: np.ndarray, superstep: int) -> None:
-        """Owner only: store new parameters. Local (direct stores + memory barrier)."""
+        """Owner only: store new parameters. Local (direct stores + memory barrier).
+
+        Raises:
+            ConfigError: ``flat`` is not of the agreed size (nothing written: the
+                version stays even, the actors keep the last weights)."""
+        self.check(flat)
         seg = self.window.own_segment()
         head = seg[:64].view(np.int64)
         v = int(head[0])
@@ -88,30 +104,64 @@ class WeightsBoard:
         return None
 
 
+def pull_into(board: WeightsBoard | None, model: Any, like: Any, role: str,
+              world_rank: int) -> bool:
+    """``ExperienceDataPlane.pull_weights``: load newer published weights into ``model``
+    (``like``: the model given to share_weights); whether there were newer ones.
+
+    Raises:
+        ConduitError: not an actor rank (a learner pulling loaded its own last
+            publication - up to ``weights_every`` supersteps old - into the model it
+            trains, silently undoing those updates).
+        DataPlaneClosed: no share_weights() before.
+    """
+    if role != "actor":
+        raise ConduitError(f"pull_weights() is for actor ranks (on a learner it would load "
+                           f"the last published weights into the model it trains); world "
+                           f"rank {world_rank} has the role {role!r}")
+    if board is None:
+        raise DataPlaneClosed("pull_weights() needs share_weights() first")
+    flat = board.pull()
+    if flat is None:
+        return False
+    load_flat(model, flat, like=like)
+    return True
+
+
 #: the size :func:`agreed_model_size` gathers for a model that is not a torch module
 NOT_A_MODEL = -2
 
 
+def _shared(model: Any) -> list[Any]:
+    """What goes to the actors: every parameter, then every floating-point buffer
+    (BatchNorm's running mean and variance; not its integer batch count), in module
+    order. Raises TypeError/AttributeError/RuntimeError for what has no parameters."""
+    buffers = getattr(model, "buffers", None)
+    return [*model.parameters(),
+            *(b for b in (buffers() if callable(buffers) else ()) if b.is_floating_point())]
+
+
 def _model_size(model: Any) -> tuple[int, str]:
-    """(parameters of ``model``, "") - or (-1, "") for None, (:data:`NOT_A_MODEL`, what
-    it is) for something without torch parameters. Local; never raises."""
+    """(parameter and buffer values of ``model``, "") - or (-1, "") for None,
+    (:data:`NOT_A_MODEL`, what it is) for something without torch parameters. Local;
+    never raises."""
     if model is None:
         return -1, ""
     params = getattr(model, "parameters", None)
     if not callable(params):
         return NOT_A_MODEL, f"a {type(model).__name__}"
     try:
-        return int(sum(int(p.numel()) for p in params())), ""
+        return int(sum(int(p.numel()) for p in _shared(model))), ""
     except (TypeError, AttributeError, RuntimeError) as err:
         return NOT_A_MODEL, f"a {type(model).__name__} whose parameters() failed: {err}"
 
 
 def model_layout(model: Any) -> int:
-    """A 56-bit fingerprint of ``model``'s parameter shapes in order (0 for something
-    without torch parameters): two models whose flat parameters load into each other
-    parameter for parameter have the same one. Local; never raises."""
+    """A 56-bit fingerprint of ``model``'s parameter (and floating-point buffer) shapes
+    in order (0 for something without torch parameters): two models whose flat weights
+    load into each other tensor for tensor have the same one. Local; never raises."""
     try:
-        shapes = [tuple(int(d) for d in p.shape) for p in model.parameters()]
+        shapes = [tuple(int(d) for d in p.shape) for p in _shared(model)]
     except (TypeError, AttributeError, RuntimeError):
         return 0
     return int.from_bytes(hashlib.blake2b(repr(shapes).encode(), digest_size=7).digest(),
@@ -119,12 +169,12 @@ def model_layout(model: Any) -> int:
 
 
 def flat_parameters(model: torch.nn.Module) -> np.ndarray:
-    """Every parameter, flattened into one float32 array (host copy; empty for a model
-    without parameters)."""
+    """Every parameter, then every floating-point buffer, flattened into one float32
+    array (host copy; empty for a model without either)."""
     import torch
 
     with torch.no_grad():
-        parts = [p.detach().reshape(-1).float().cpu() for p in model.parameters()]
+        parts = [p.detach().reshape(-1).float().cpu() for p in _shared(model)]
         return torch.cat(parts).numpy() if parts else np.zeros(0, np.float32)
 
 
@@ -153,7 +203,7 @@ def load_flat(model: torch.nn.Module, flat: np.ndarray, like: Any = None) -> Non
                           key="model")
     with torch.no_grad():
         o = 0
-        for p in model.parameters():
+        for p in _shared(model):
             n = p.numel()
             p.copy_(torch.from_numpy(flat[o:o + n]).view_as(p))
             o += n

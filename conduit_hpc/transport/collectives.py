@@ -25,70 +25,48 @@ Nothing here knows what the tensors are.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import ipaddress
+import hashlib
 import socket
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from conduit_hpc.errors import CollectiveFailed, ConfigError, TransportError
+from conduit_hpc.errors import (
+    CollectiveFailed,
+    CollectiveMismatch,
+    ConfigError,
+    TransportError,
+)
+from conduit_hpc.transport.collective_header import (
+    OPS,
+    PROBLEMS,
+    int64_or,
+    listing,
+    peer_left,
+    problem_of,
+)
 from conduit_hpc.transport.objects import allgather_json, bcast_json
+from conduit_hpc.transport.process_group import BACKENDS, choose_backend
+from conduit_hpc.transport.process_group import cuda_device as _cuda_device
+from conduit_hpc.transport.process_group import make_group as _make_group
+from conduit_hpc.transport.process_group import shutdown as _shutdown
+from conduit_hpc.transport.process_group import store_address as _store_address
 
 __all__ = ["BACKENDS", "Collectives", "choose_backend"]
 
-#: what ``backend`` may say
-BACKENDS = ("auto", "gloo", "nccl")
-
-
-def choose_backend(asked: str, members: Sequence[dict[str, Any]],
-                   key: str = "transport.collectives") -> str:
-    """The backend for a group whose ranks reported ``members`` (``cuda``: this rank
-    has a CUDA device; ``nccl``: torch has NCCL built in; ``gpu``: which one, as
-    ``host:index`` - two ranks on one GPU have no device of their own, and NCCL refuses
-    them). Local and deterministic: every rank decides the same from the same reports.
-
-    Raises:
-        ConfigError: ``asked`` is not one of :data:`BACKENDS`, or is ``"nccl"`` while
-            some rank has no CUDA device of its own or no NCCL (names the ranks).
-    """
-    if asked not in BACKENDS:
-        raise ConfigError(f"{key} must be one of {list(BACKENDS)}, got {asked!r}", key=key)
-    gpus = [m.get("gpu", "") for m in members]
-    lacking = [r for r, m in enumerate(members) if not (m["cuda"] and m["nccl"])
-               or (gpus[r] and gpus.count(gpus[r]) > 1)]
-    if asked == "nccl" and lacking:
-        raise ConfigError(f"{key} = 'nccl' needs a CUDA device per rank and torch built "
-                          f"with NCCL, but ranks {lacking} of the group have none of their "
-                          f"own "
-                          f"(torch {torch.__version__}); use 'gloo' or 'auto'", key=key)
-    if asked == "auto":
-        return "gloo" if lacking else "nccl"
-    return asked
-
-
-def _route_address(peer: str) -> str:
-    """This host's address on the route to ``peer`` (a UDP ``connect`` sends nothing)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((peer, 9))
-        return str(s.getsockname()[0])
-
-
-def _store_address(one_node: bool) -> str:
-    """The address the first rank's store listens on, as the others reach it."""
-    if one_node:
-        return "127.0.0.1"
-    try:
-        addr = socket.gethostbyname(socket.gethostname())
-    except OSError:
-        addr = ""
-    if addr and not ipaddress.ip_address(addr).is_loopback:
-        return addr
-    return _route_address("10.255.255.255")  # the interface of the default route
+#: one wait of a gloo collective between looks at the clock; the margin over gloo's own
+#: deadline (which ends a collective whose peer never came) before this side gives up
+_SLICE = datetime.timedelta(seconds=0.05)
+_MARGIN_S = 5.0
+#: groups given up with a collective still in flight (kept, as the work writes into its
+#: tensors until gloo's deadline ends it; shutting such a group down waits for that)
+_PARKED: list[tuple[Any, Any]] = []
 
 
 class Collectives:
@@ -111,6 +89,10 @@ class Collectives:
         self._group, self._store = group, store
         self.backend, self.rank, self.size = backend, rank, size
         self.device, self.timeout_s = device, timeout_s
+        #: raises RemoteFailure naming a rank that left (the data plane's record), so
+        #: that a failed collective names it; ``None``: no such record
+        self.peers: Callable[[], object] | None = None
+        self._failure = ""
 
     # -- forming the group -----------------------------------------------------------
     @classmethod
@@ -134,6 +116,7 @@ class Collectives:
                 some rank has no CUDA device (on every rank).
             TransportError: some rank could not open or join the group (on every rank,
                 with that rank's reason).
+            CollectiveFailed: some rank of ``comm`` did not call it within ``timeout_s``.
         """
         if not (isinstance(timeout_s, int | float) and 0 < timeout_s <= 86400):
             raise ConfigError(f"timeout_s must be a number of seconds in (0, 86400], got "
@@ -142,6 +125,9 @@ class Collectives:
             raise ConfigError(f"{key} must be one of {list(BACKENDS)}, got {backend!r}",
                               key=key)
         rank, size = comm.Get_rank(), comm.Get_size()
+        # every rank is here before the blocking MPI calls below (a rank that never
+        # calls open fails the others here, within timeout_s, not in Split_type forever)
+        allgather_json(comm, 0, timeout_s, "Collectives.open()")
         node: MPI.Intracomm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)  # type: ignore[assignment]
         local, one_node = node.Get_rank(), node.Get_size() == size
         node.Free()
@@ -180,7 +166,8 @@ class Collectives:
                 problem = (f"rank {rank} could not join the {chosen} group at "
                            f"{where['address']}:{where['port']} within {timeout_s:g} s: "
                            f"{str(err).strip().splitlines()[0] if str(err).strip() else err!r}")
-        problems = [p for p in allgather_json(comm, problem) if p]
+        problems = [p for p in allgather_json(comm, problem, 2 * timeout_s + 10,
+                                              "Collectives.open()") if p]
         if problems:
             _shutdown(group)
             raise TransportError(f"forming the {chosen} process group of {size} ranks "
@@ -191,16 +178,235 @@ class Collectives:
                    timeout_s=float(timeout_s))
 
     # -- collectives -----------------------------------------------------------------
+    def _agree(self, op: str, tensors: Sequence[Any], what: str, *, arg: int = 0,
+               value: int = 0, local: tuple[str, int] = ("", 0)) -> list[list[int]]:
+        """Every rank's header row, gathered before ``op`` moves any data (one fixed-size
+        allgather): ranks that call other operations here, pass other tensor counts,
+        shapes, dtypes or order, or a tensor the backend cannot move, raise
+        :class:`~conduit_hpc.errors.CollectiveMismatch` on every rank, naming the ranks.
+        Before, gloo got buffers of other sizes (its background thread then aborted the
+        process: ``EnforceNotMet ... collective mismatch``), averaged unrelated values of
+        same-sized tensors, or paired one rank's second bucket with another's next call.
+        ``arg`` travels unchecked (per-op), ``value`` is the one-value maximum's value;
+        ``local``: a problem the caller found in its arguments (one of :data:`PROBLEMS`,
+        and a number), refused on every rank like the others."""
+        problem, where = ((PROBLEMS.index(local[0]), local[1]) if local[0]
+                          else problem_of(tensors))
+        shapes = [] if problem else [(str(t.dtype), tuple(t.shape)) for t in tensors]
+        nvalues = sum(int(t.numel()) for t in tensors) if not problem else 0
+        fp = int.from_bytes(hashlib.blake2b(repr(shapes).encode(), digest_size=7).digest(),
+                            "little")
+        if not -(2 ** 63) <= value < 2 ** 63:
+            problem, where, value = PROBLEMS.index("a value that is not an int64"), 0, 0
+        row = torch.tensor([OPS.index(op), problem, where, len(tensors), nvalues, fp, arg,
+                            value], dtype=torch.int64, device=self.device)
+        out = [torch.empty_like(row) for _ in range(self.size)]
+        self._run(what, lambda: self._group.allgather([out], [row]))
+        rows = [[int(v) for v in t.cpu().tolist()] for t in out]
+        ops = {r: OPS[h[0]] if 0 <= h[0] < len(OPS) else "?" for r, h in enumerate(rows)}
+        if len(set(ops.values())) > 1:
+            raise CollectiveMismatch(f"{op} on rank {self.rank}: the ranks of the "
+                                     f"{self.backend} group called different collectives "
+                                     f"at this point ({listing(ops)}); every rank must "
+                                     f"call the same ones in the same order")
+        bad = {r: f"{PROBLEMS[h[1]]}{' at position' if h[1] < 4 else ''} {h[2]}"
+               if 0 < h[1] < len(PROBLEMS) else "?" for r, h in enumerate(rows) if h[1]}
+        if bad:
+            raise CollectiveMismatch(f"{op}: ranks {sorted(bad)} of the {self.backend} group "
+                                     f"passed what it cannot move ({listing(bad)}); expected "
+                                     f"dense numeric torch tensors"
+                                     + (f", src in 0..{self.size - 1}" if op == "broadcast_"
+                                        else "") + f" (this rank {self.rank})")
+        counts = {r: (h[3], h[4]) for r, h in enumerate(rows)}
+        if len(set(counts.values())) > 1:
+            raise CollectiveMismatch(
+                f"{op}: the ranks of the {self.backend} group passed other tensors ("
+                + listing({r: f"{n} tensors of {v:,} values" for r, (n, v) in
+                            counts.items()})
+                + f"); every rank must pass the same shapes and dtypes (this rank "
+                  f"{self.rank})")
+        other = [r for r, h in enumerate(rows) if h[5] != rows[0][5]]
+        if other:
+            mine = f"{shapes[:4]}{'...' if len(shapes) > 4 else ''}"
+            raise CollectiveMismatch(f"{op}: ranks {other} of the {self.backend} group passed "
+                                     f"tensors of rank 0's count and size but other shapes, "
+                                     f"dtypes or order ({mine} on this rank {self.rank}); "
+                                     f"the values would be "
+                                     f"combined position by position across unrelated "
+                                     f"tensors")
+        return rows
+
     def _run(self, what: str, start: Any) -> None:
         if self._group is None:
-            raise TransportError(f"{what} on a closed process group")
+            raise TransportError(f"{what} on a closed process group"
+                                 + (f" (it failed earlier: {self._failure})"
+                                    if self._failure else ""))
+        work = None
         try:
-            start().wait(datetime.timedelta(seconds=self.timeout_s))
+            work = start()
+            self._wait(work)
         except RuntimeError as err:
-            raise CollectiveFailed(
-                f"{what} on the {self.backend} group of {self.size} ranks (this rank "
-                f"{self.rank}) failed: a peer failed or did not arrive within "
-                f"{self.timeout_s:g} s ({str(err).strip().splitlines()[0]})") from err
+            self._fail(what, err, work)
+
+    def _wait(self, work: Any) -> None:
+        """Wait for ``work``: gloo in short slices (a slice that runs out leaves the work
+        going; one that failed has completed), bounded by ``timeout_s`` and a margin over
+        the backend's own deadline; NCCL in one wait (a timed-out wait aborts it)."""
+        if self.backend != "gloo":
+            work.wait(datetime.timedelta(seconds=self.timeout_s))
+            return
+        deadline = time.monotonic() + self.timeout_s + _MARGIN_S
+        while True:
+            try:
+                work.wait(_SLICE)
+                return
+            except RuntimeError:
+                if work.is_completed() or time.monotonic() >= deadline:
+                    raise
+
+    def _fail(self, what: str, err: RuntimeError, work: Any) -> NoReturn:
+        """The group failed in ``what``: it cannot be used again (a later call raises
+        TransportError naming this failure). Names the peer that left if ``peers`` (the
+        data plane's record of ranks that left on an exception) knows one."""
+        cause = peer_left(self.peers)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+        text = (f"{what} on the {self.backend} group of {self.size} ranks (this rank "
+                f"{self.rank}) failed: "
+                + (f"{cause}" if cause else f"a peer failed, left or did not arrive within "
+                                            f"{self.timeout_s:g} s")
+                + f" ({first})")
+        group, self._group, self._store = self._group, None, None
+        self._failure = text
+        if work is not None and not work.is_completed():
+            _PARKED.append((group, work))  # gloo ends it at its deadline; freed with it
+        else:
+            _shutdown(group)  # nothing in flight: the peers' waits end now too
+        raise CollectiveFailed(text) from err
+
+    def allreduce_mean_(self, tensors: Sequence[torch.Tensor],
+                        present: Sequence[bool] | None = None) -> list[bool]:
+        """Replace each tensor by its mean over the group, in place. One flat bucket
+        per dtype, after one small allgather that checks every rank passes the same
+        shapes and dtypes in the same order. ``present[i] = False``: this rank has no
+        value for tensor ``i`` (its zeros count in the mean, as DDP counts an unused
+        parameter's gradient). Returns, per tensor, whether any rank had it.
+        **Collective**; blocks (bounded).
+
+        Raises:
+            CollectiveMismatch: ranks passed other tensors, or a sparse or bool one (on
+                every rank).
+            CollectiveFailed: a peer failed, left or did not arrive.
+        """
+        absent = [] if present is None else [i for i, p in enumerate(present) if not p]
+        n = sum(int(t.numel()) for t in tensors if isinstance(t, torch.Tensor))
+        rows = self._agree("allreduce_mean_", tensors, f"allreduce of {n:,} values",
+                           arg=len(absent))
+        anywhere = [True] * len(tensors)
+        if any(h[6] for h in rows):  # some rank lacks some: which does any rank have
+            mask = torch.tensor([0 if i in absent else 1 for i in range(len(tensors))],
+                                dtype=torch.uint8, device=self.device)
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
+            self._run(f"allreduce of which of {len(tensors)} tensors some rank has",
+                      lambda: self._group.allreduce([mask], opts))
+            anywhere = [bool(v) for v in mask.cpu().tolist()]
+        for ts, flat in self._buckets(tensors):
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp(dist.ReduceOp.SUM)
+            self._run(f"allreduce of {flat.numel():,} values",
+                      lambda f=flat, o=opts: self._group.allreduce([f], o))
+            if flat.is_floating_point() or flat.is_complex():
+                flat /= self.size
+            else:
+                flat //= self.size
+            self._scatter_back(ts, flat)
+        return anywhere
+
+    def allreduce_max(self, values: Sequence[int]) -> list[int]:
+        """The element-wise maximum of ``values`` over the group (e.g. flags every rank
+        must agree on; one value travels with the agreement, no second exchange).
+        **Collective**; blocks (bounded).
+
+        Raises:
+            CollectiveMismatch: another number of values on some rank, or a value that is
+                not an int64 (on every rank).
+        """
+        ints = [int(v) if isinstance(v, int | np.integer | np.bool_) else 2 ** 63
+                for v in values]  # flags (True/False) are 1/0, as before
+        refused = any(not -(2 ** 63) <= v < 2 ** 63 for v in ints)  # on every rank, below
+        one = len(ints) == 1
+        shape = torch.empty(len(ints), dtype=torch.int64, device="meta")
+        rows = self._agree("allreduce_max", [shape], f"allreduce-max of {len(ints)} values",
+                           value=2 ** 63 if refused else ints[0] if one else 0)
+        if one:
+            return [max(h[7] for h in rows)]
+        t = torch.tensor(ints, dtype=torch.int64, device=self.device)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
+        self._run(f"allreduce-max of {len(values)} values",
+                  lambda: self._group.allreduce([t], opts))
+        return [int(v) for v in t.cpu().tolist()]
+
+    def broadcast_(self, tensors: Sequence[torch.Tensor], src: int) -> None:
+        """Overwrite each tensor with rank ``src``'s, in place (also parameters that
+        require grad). **Collective**; blocks.
+
+        Raises:
+            CollectiveMismatch: ranks passed other tensors, another ``src``, or a ``src``
+                that is not a rank of the group (on every rank: a ValueError).
+        """
+        ok = isinstance(src, int | np.integer) and 0 <= src < self.size
+        n = sum(int(t.numel()) for t in tensors if isinstance(t, torch.Tensor))
+        rows = self._agree("broadcast_", tensors, f"broadcast of {n:,} values from rank {src}",
+                           arg=int(src) if ok else -1,
+                           local=("", 0) if ok else (PROBLEMS[5], int64_or(src, -1)))
+        srcs = {r: h[6] for r, h in enumerate(rows)}
+        if len(set(srcs.values())) > 1:
+            raise CollectiveMismatch(f"broadcast_: the ranks named other sources ("
+                                     f"{listing(srcs)}); expected one src on every rank")
+        for ts, flat in self._buckets(tensors):
+            opts = dist.BroadcastOptions()
+            opts.rootRank, opts.rootTensor = src, 0
+            self._run(f"broadcast of {flat.numel():,} values from rank {src}",
+                      lambda f=flat, o=opts: self._group.broadcast([f], o))
+            self._scatter_back(ts, flat)
+
+    def all_to_all(self, blocks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Send ``blocks[j]`` (any number of rows) to rank ``j``; return the blocks
+        received, ``out[i]`` from rank ``i``. Every block has the same dtype and row
+        shape on every rank. **Collective** (the agreement, the row counts, then the
+        rows); blocks (bounded).
+
+        Raises:
+            CollectiveMismatch: on some rank not one block per rank, blocks of other
+                dtypes or row shapes, or other dtypes or row shapes than another rank's
+                (on every rank: a ValueError).
+        """
+        local: tuple[str, int] = ("", 0)
+        if len(blocks) != self.size or not blocks:
+            local = (PROBLEMS[6], len(blocks))
+        problem, where = problem_of(blocks)
+        if problem:
+            local = (PROBLEMS[problem], where)
+        row = tuple(blocks[0].shape[1:]) if not local[0] else ()
+        dtype = blocks[0].dtype if not local[0] else torch.float32
+        bad = next((j for j, b in enumerate(blocks) if not local[0] and (
+            tuple(b.shape[1:]) != row or b.dtype != dtype)), -1)
+        if bad >= 0:
+            local = (PROBLEMS[7], bad)
+        self._agree("all_to_all", [torch.empty((0, *row), dtype=dtype, device="meta")],
+                    "all_to_all of row counts", local=local)
+        sent = torch.tensor([len(b) for b in blocks], dtype=torch.int64, device=self.device)
+        got = torch.empty_like(sent)
+        opts = dist.AllToAllOptions()
+        self._run("all_to_all of row counts", lambda: self._group.alltoall_base(
+            got, sent, [1] * self.size, [1] * self.size, opts))
+        counts_in, counts_out = got.cpu().tolist(), sent.cpu().tolist()
+        send = torch.cat([b.to(self.device) for b in blocks]).contiguous()
+        recv = torch.empty((int(sum(counts_in)), *row), dtype=dtype, device=self.device)
+        self._run(f"all_to_all of {len(send):,} rows", lambda: self._group.alltoall_base(
+            recv, send, counts_in, counts_out, opts))
+        return list(torch.split(recv, counts_in))
 
     def _buckets(self, tensors: Sequence[torch.Tensor]
                  ) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
@@ -215,80 +421,11 @@ class Collectives:
     @staticmethod
     def _scatter_back(ts: list[torch.Tensor], flat: torch.Tensor) -> None:
         at = 0
-        for t in ts:
-            n = t.numel()
-            t.copy_(flat[at:at + n].view_as(t))
-            at += n
-
-    def allreduce_mean_(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Replace each tensor by its mean over the group, in place. One flat bucket
-        per dtype. **Collective**; blocks (bounded)."""
-        for ts, flat in self._buckets(tensors):
-            opts = dist.AllreduceOptions()
-            opts.reduceOp = dist.ReduceOp(dist.ReduceOp.SUM)
-            self._run(f"allreduce of {flat.numel():,} values",
-                      lambda f=flat, o=opts: self._group.allreduce([f], o))
-            if flat.is_floating_point() or flat.is_complex():
-                flat /= self.size
-            else:
-                flat //= self.size
-            self._scatter_back(ts, flat)
-
-    def allreduce_max(self, values: Sequence[int]) -> list[int]:
-        """The element-wise maximum of ``values`` over the group (e.g. flags every rank
-        must agree on). **Collective**; blocks (bounded)."""
-        t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=self.device)
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
-        self._run(f"allreduce-max of {len(values)} values",
-                  lambda: self._group.allreduce([t], opts))
-        return [int(v) for v in t.cpu().tolist()]
-
-    def broadcast_(self, tensors: Sequence[torch.Tensor], src: int) -> None:
-        """Overwrite each tensor with rank ``src``'s, in place. **Collective**; blocks.
-
-        Raises:
-            ValueError: ``src`` is not a rank of the group.
-        """
-        if not 0 <= src < self.size:
-            raise ValueError(f"src must be a rank of the group (0..{self.size - 1}), "
-                             f"got {src!r}")
-        for ts, flat in self._buckets(tensors):
-            opts = dist.BroadcastOptions()
-            opts.rootRank, opts.rootTensor = src, 0
-            self._run(f"broadcast of {flat.numel():,} values from rank {src}",
-                      lambda f=flat, o=opts: self._group.broadcast([f], o))
-            self._scatter_back(ts, flat)
-
-    def all_to_all(self, blocks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Send ``blocks[j]`` (any number of rows) to rank ``j``; return the blocks
-        received, ``out[i]`` from rank ``i``. Every block has the same dtype and row
-        shape on every rank. **Collective** (two exchanges: row counts, then rows);
-        blocks (bounded).
-
-        Raises:
-            ValueError: not one block per rank, or blocks of different dtype or row
-                shape.
-        """
-        if len(blocks) != self.size:
-            raise ValueError(f"all_to_all needs one block per rank ({self.size}), got "
-                             f"{len(blocks)}")
-        row, dtype = tuple(blocks[0].shape[1:]), blocks[0].dtype
-        for j, b in enumerate(blocks):
-            if tuple(b.shape[1:]) != row or b.dtype != dtype:
-                raise ValueError(f"block {j} has rows {tuple(b.shape[1:])} of {b.dtype}, "
-                                 f"block 0 rows {row} of {dtype}")
-        sent = torch.tensor([len(b) for b in blocks], dtype=torch.int64, device=self.device)
-        got = torch.empty_like(sent)
-        opts = dist.AllToAllOptions()
-        self._run("all_to_all of row counts", lambda: self._group.alltoall_base(
-            got, sent, [1] * self.size, [1] * self.size, opts))
-        counts_in, counts_out = got.cpu().tolist(), sent.cpu().tolist()
-        send = torch.cat([b.to(self.device) for b in blocks]).contiguous()
-        recv = torch.empty((int(sum(counts_in)), *row), dtype=dtype, device=self.device)
-        self._run(f"all_to_all of {len(send):,} rows", lambda: self._group.alltoall_base(
-            recv, send, counts_in, counts_out, opts))
-        return list(torch.split(recv, counts_in))
+        with torch.no_grad():  # parameters (leaves that require grad) included
+            for t in ts:
+                n = t.numel()
+                t.copy_(flat[at:at + n].view_as(t))
+                at += n
 
     # -- lifetime ----------------------------------------------------------------------
     @property
@@ -306,35 +443,3 @@ class Collectives:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _cuda_device(device: torch.device | str | None, local: int) -> torch.device | None:
-    """This rank's own CUDA device, if it has one (``device`` if given and CUDA)."""
-    if device is not None:
-        d = torch.device(device)
-        return d if d.type == "cuda" and torch.cuda.is_available() else None
-    if torch.cuda.is_available() and local < torch.cuda.device_count():
-        return torch.device("cuda", local)
-    return None
-
-
-def _make_group(backend: str, store: Any, rank: int, size: int,
-                timeout: datetime.timedelta, store_address: str, one_node: bool) -> Any:
-    if backend == "gloo":
-        gloo: Any = dist.ProcessGroupGloo
-        opts = gloo._Options()
-        opts._timeout = timeout
-        here = "127.0.0.1" if one_node else _route_address(store_address)
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=here)]
-        return gloo(store, rank, size, opts)
-    nccl: Any = getattr(dist, "ProcessGroupNCCL")  # noqa: B009 (absent from CPU builds)
-    opts = nccl.Options()
-    opts.is_high_priority_stream = False
-    opts._timeout = timeout
-    return nccl(store, rank, size, opts)
-
-
-def _shutdown(group: Any) -> None:
-    if group is not None and hasattr(group, "shutdown"):
-        with contextlib.suppress(RuntimeError):  # a peer already gone: nothing to release
-            group.shutdown()

@@ -28,6 +28,9 @@ from conduit_hpc.errors import TransportError
 __all__ = ["RmaWindow"]
 
 _ALIGN = 64
+#: the most bytes one Put or Get moves: Open MPI refuses a count past 2**31 - 1
+#: (MPI_ERR_ARG, e.g. an actor on another node pulling a model of 2**29 float32 weights)
+MAX_OP_BYTES = 1 << 30
 
 
 class RmaWindow:
@@ -174,17 +177,25 @@ class RmaWindow:
 
     def put(self, target_rank: int, displacement: int, buffer: np.ndarray) -> None:
         """Start copying ``buffer`` into ``target_rank``'s segment at byte
-        ``displacement``; complete with :meth:`flush`. Non-blocking, local."""
+        ``displacement``; complete with :meth:`flush`. Non-blocking, local. A buffer
+        past :data:`MAX_OP_BYTES` goes in several operations."""
         raw = self._bytes(buffer)
         self._check(target_rank, displacement, raw.size)
-        self._win.Put([raw, MPI.BYTE], target_rank, (displacement, raw.size, MPI.BYTE))
+        for at in range(0, raw.size, MAX_OP_BYTES):
+            part = raw[at:at + MAX_OP_BYTES]
+            self._win.Put([part, MPI.BYTE], target_rank,
+                          (displacement + at, part.size, MPI.BYTE))
 
     def get(self, target_rank: int, displacement: int, buffer: np.ndarray) -> None:
         """Start copying from ``target_rank``'s segment into ``buffer``; the data is
-        valid after :meth:`flush`. Non-blocking, local."""
+        valid after :meth:`flush`. Non-blocking, local. A buffer past
+        :data:`MAX_OP_BYTES` comes in several operations."""
         raw = self._bytes(buffer)
         self._check(target_rank, displacement, raw.size)
-        self._win.Get([raw, MPI.BYTE], target_rank, (displacement, raw.size, MPI.BYTE))
+        for at in range(0, raw.size, MAX_OP_BYTES):
+            part = raw[at:at + MAX_OP_BYTES]
+            self._win.Get([part, MPI.BYTE], target_rank,
+                          (displacement + at, part.size, MPI.BYTE))
 
     def get_blocks(self, target_rank: int, displacement: int, block_bytes: int,
                    offsets: np.ndarray, buffer: np.ndarray) -> None:

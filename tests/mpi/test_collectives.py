@@ -45,6 +45,7 @@ def test_allreduce_mean_equals_the_numpy_mean_of_every_rank() -> None:
         flat = np.concatenate([t.double().numpy().ravel() for t in mine])
         assert len({flat.tobytes() for flat in COMM.allgather(flat)}) == 1
         assert c.allreduce_max([COMM.rank, -COMM.rank]) == [COMM.size - 1, 0]
+        assert c.allreduce_max([COMM.rank == 1]) == [1]  # a flag is 0 or 1
     assert c.closed
 
 
@@ -145,3 +146,143 @@ def test_a_rendezvous_that_fails_is_one_error_on_every_rank(monkeypatch) -> None
                                              r"failed: rank \d+ could not"):
         Collectives.open(COMM, "gloo", timeout_s=2.0)
     assert everyone(True)
+
+
+def _mismatch(case: str, rank: int) -> tuple[str, object]:
+    """(operation, argument) rank ``rank`` passes in a hostile ``case``."""
+    f32, f64 = torch.float32, torch.float64
+    ones = {  # ranks differ in what they pass
+        "count": ("mean", [torch.ones(1000 + 10 * rank)]),
+        "dtype": ("mean", [torch.ones(10, dtype=f32 if rank == 0 else f64)]),
+        "extra": ("mean", [torch.ones(10)] + ([torch.ones(3, dtype=f64)] if rank == 0
+                                              else [])),
+        "order": ("mean", [torch.ones(2, 3), torch.ones(6)][::1 if rank == 0 else -1]),
+        "ops": ("mean", [torch.ones(1)]) if rank == 0 else ("max", [5]),
+        "bool": ("mean", [torch.ones(2, dtype=torch.bool)]),
+        "sparse": ("mean", [torch.ones(4)] if rank == 0
+                   else [torch.ones(4).to_sparse()]),
+        "src": ("bcast", rank % 2),
+        "huge": ("max", [2 ** 70 if rank == 1 else 1]),
+        "float": ("max", [0.5 if rank == 1 else 1]),
+        "maxlen": ("max", [1, 2] if rank == 0 else [1]),
+    }
+    return ones[case]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize(("case", "match"), [
+    ("count", r"passed other tensors \(rank 0: 1 tensors of 1,000 values, rank 1: 1 "
+              r"tensors of 1,010 values"),
+    ("dtype", r"ranks \[1\] of the gloo group passed tensors of rank 0's count and size "
+              r"but other shapes, dtypes or order"),
+    ("extra", r"rank 0: 2 tensors of 13 values, rank 1: 1 tensors of 10 values"),
+    ("order", r"other shapes, dtypes or order"),
+    ("ops", r"called different collectives at this point \(rank 0: allreduce_mean_, "
+            r"rank 1: allreduce_max"),
+    ("bool", r"passed what it cannot move \(rank 0: a bool tensor at position 0"),
+    ("sparse", r"ranks \[1\] of the gloo group passed what it cannot move \(rank 1: a "
+               r"sparse tensor at position 0\)"),
+    ("src", r"broadcast_: the ranks named other sources \(rank 0: 0, rank 1: 1"),
+    ("huge", r"rank 1: a value that is not an int64"),
+    ("float", r"ranks \[1\] of the gloo group passed what it cannot move \(rank 1: a value "
+              r"that is not an int64"),
+    ("maxlen", r"rank 0: 1 tensors of 2 values, rank 1: 1 tensors of 1 values"),
+])
+def test_ranks_passing_what_does_not_fit_together_fail_together(case: str, match: str
+                                                                ) -> None:
+    """Hostile: the ranks call a collective with tensors of other sizes, dtypes, counts or
+    order, call different collectives, or pass a tensor gloo cannot move on one rank.
+    Before, gloo's background thread aborted the process (SIGABRT: "Received data size
+    doesn't match expected size"), same-sized tensors of other shapes were averaged
+    position by position, an extra bucket paired with the other rank's next call, and a
+    sparse or bool tensor raised torch's raw RuntimeError on one rank while the other
+    waited out the timeout. Now every rank raises CollectiveMismatch naming the ranks
+    and what each passed, nothing is exchanged, and the group stays usable."""
+    from conduit_hpc.errors import CollectiveMismatch
+
+    with Collectives.open(COMM, "gloo", timeout_s=20) as c:
+        op, arg = _mismatch(case, min(COMM.rank, 1) if COMM.rank < 2 else 0)
+        with pytest.raises(CollectiveMismatch, match=match):
+            if op == "mean":
+                c.allreduce_mean_(arg)  # type: ignore[arg-type]
+            elif op == "max":
+                c.allreduce_max(arg)  # type: ignore[arg-type]
+            else:
+                c.broadcast_([torch.ones(3)], src=arg)  # type: ignore[arg-type]
+        x = [torch.full((4,), float(COMM.rank))]  # still in step: the next call works
+        c.allreduce_mean_(x)
+        assert torch.allclose(x[0], torch.full((4,), (COMM.size - 1) / 2))
+    assert everyone(True)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_absent_values_count_as_zeros_and_parameters_take_a_broadcast() -> None:
+    """``present``: a rank without a value for a tensor (a parameter unused this step)
+    contributes zeros and learns whether any rank had it; a broadcast writes into leaf
+    tensors that require grad (it raised torch's in-place error on them)."""
+    with Collectives.open(COMM, "gloo", timeout_s=20) as c:
+        ts = [torch.full((3,), 2.0 * COMM.size), torch.zeros(2)]
+        have = [COMM.rank == 0, False]
+        if not have[0]:
+            ts[0].zero_()
+        assert c.allreduce_mean_(ts, have) == [True, False]
+        assert torch.equal(ts[0], torch.full((3,), 2.0)) and torch.equal(ts[1], torch.zeros(2))
+        p = torch.nn.Parameter(torch.full((5,), float(COMM.rank)))
+        c.broadcast_([p], src=COMM.size - 1)
+        assert torch.equal(p.detach(), torch.full((5,), float(COMM.size - 1)))
+        assert p.requires_grad
+    assert everyone(True)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_that_never_opens_the_group_fails_the_others_in_bounded_time() -> None:
+    """The last rank never calls ``Collectives.open``: the others waited forever in its
+    first MPI call (``Split_type``); now CollectiveFailed naming the call after
+    ``timeout_s``."""
+    from conduit_hpc.errors import CollectiveFailed
+
+    sub = COMM.Dup()  # every rank makes it; the last never uses it
+    seen = "nothing"
+    if COMM.rank != COMM.size - 1:
+        try:
+            Collectives.open(sub, "gloo", timeout_s=3.0)
+        except CollectiveFailed as err:
+            seen = str(err)
+    COMM.Barrier()  # all here again (the plain world)
+    ok = COMM.rank == COMM.size - 1 or "Collectives.open()" in seen
+    assert all(COMM.allgather(ok)), (COMM.rank, seen)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize(("case", "match"), [
+    ("src", r"broadcast_: ranks \[1\] of the gloo group passed what it cannot move \(rank 1: "
+            r"src must be a rank of the group; got \d+\)"),
+    ("blocks", r"all_to_all: ranks \[1\] .*\(rank 1: not one block per rank; got 1\)"),
+    ("rows", r"all_to_all: ranks \[1\] .*\(rank 1: a block of other dtype or row shape "
+             r"than block 0 at position 1\)"),
+])
+def test_a_bad_argument_on_one_rank_fails_every_rank_at_once(case: str, match: str) -> None:
+    """One rank passes a src outside the group, or blocks that do not make an all_to_all.
+    Before, that rank raised ValueError alone and the others waited out the timeout in
+    the collective, then raised a CollectiveFailed naming nobody. Now every rank raises
+    CollectiveMismatch naming the rank and its argument, at once, and the group stays
+    usable."""
+    from conduit_hpc.errors import CollectiveMismatch
+
+    odd = COMM.rank == 1
+    with Collectives.open(COMM, "gloo", timeout_s=60) as c:
+        t0 = time.monotonic()
+        with pytest.raises(CollectiveMismatch, match=match):
+            if case == "src":
+                c.broadcast_([torch.ones(3)], src=COMM.size + 5 if odd else 0)
+            elif case == "blocks":
+                c.all_to_all([torch.ones(1, 2)] * (1 if odd else COMM.size))
+            else:
+                blocks = [torch.ones(1, 2) for _ in range(COMM.size)]
+                if odd:
+                    blocks[1] = torch.ones(1, 3)
+                c.all_to_all(blocks)
+        took = time.monotonic() - t0
+        got = c.all_to_all([torch.full((1, 2), float(COMM.rank)) for _ in range(COMM.size)])
+        assert [float(b[0, 0]) for b in got] == [float(r) for r in range(COMM.size)]
+    assert all(COMM.allgather(took < 60)), "a rank waited out the timeout"

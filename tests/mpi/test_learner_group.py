@@ -15,7 +15,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from conduit_hpc import ConfigError, ExperienceDataPlane, Role
+from conduit_hpc import ConduitError, ConfigError, ExperienceDataPlane, Role
 from conduit_hpc.plane.learner_group import LearnerGroup
 from conduit_hpc.rl import DQNSection, DQNUpdater, QNetwork
 from conduit_hpc.testing import make_config
@@ -111,3 +111,170 @@ def test_nccl_without_a_gpu_fails_every_rank_of_the_job_together() -> None:
             LearnerGroup.open(edp.roles, "nccl", timeout_s=30.0)
     finally:
         edp.close()  # every rank raised, so every rank is here to close together
+
+
+class _Leave(Exception):
+    """A learner leaving its with-block (caught outside it)."""
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_a_learner_leaving_on_an_exception_ends_the_others_collective_naming_it(how):
+    """Learner 1 leaves the data plane on an exception (or ``sys.exit(0)`` before
+    ``done()``) while learner 0 waits for it in the gradient all-reduce. Before, learner 0
+    waited out the whole gloo timeout and then raised a CollectiveFailed that named
+    nobody ("a peer failed or did not arrive"); with its process ending, torch's
+    "Connection closed by peer". Now the leaver's group shuts down on its way out and
+    learner 0's CollectiveFailed names the world rank that left - within run.timeout_s,
+    and every other rank stops too (RemoteFailure)."""
+    from conduit_hpc.errors import CollectiveFailed, RemoteFailure
+
+    timeout = 30.0
+    cfg = make_config(spec=SPEC, run={"timeout_s": timeout},
+                      layout={"learners": 2, "buffers": 1, "actors": 0},
+                      storage={"capacity_rows": 4096}, checkpoint={"on_stop": False},
+                      scheduler={"mode": "edp", "batch_rows": 32, "min_fill_rows": 64})
+    t0 = time.monotonic()
+    seen, me = "nothing", -1
+    try:
+        with ExperienceDataPlane(cfg, COMM) as edp:
+            group = LearnerGroup.open(edp, "gloo", timeout_s=timeout)
+            me = group.rank
+            if edp.role is Role.ACTOR:
+                rng = np.random.default_rng(edp.world_rank)
+                while not edp.should_stop:
+                    edp.ingest(transitions(rng, 32))
+                    time.sleep(0.01)
+            elif edp.serves:
+                edp.serve()
+            else:
+                param = torch.nn.Parameter(torch.zeros(100))
+                for _ in range(3):
+                    edp.next_batch()
+                    param.grad = torch.ones(100)
+                    group.average_gradients([param])
+                if group.rank == 1:
+                    if how == "exit":
+                        raise SystemExit(0)
+                    raise _Leave("learner 1's own bug")
+                for _ in range(10_000):  # learner 0: until the group fails
+                    param.grad = torch.ones(100)
+                    group.average_gradients([param])
+            edp.done()
+    except (_Leave, SystemExit):
+        seen = "left"
+    except CollectiveFailed as err:
+        seen = f"CollectiveFailed: {err}"
+    except RemoteFailure as err:
+        seen = f"RemoteFailure: {err}"
+    except Exception as err:  # anything else is a finding
+        seen = f"{type(err).__name__}: {err}"
+    took = time.monotonic() - t0
+    every = COMM.allgather((COMM.rank, me, seen, took))
+    leaver = next(r for r, m, s, _ in every if m == 1)
+    for _, member, what, t in every:
+        assert t < timeout, every
+        if member == 1:
+            assert what == "left", every
+        elif member == 0:
+            assert what.startswith("CollectiveFailed: allreduce of 100 values"), every
+            assert f"world rank {leaver} left the data plane" in what, every
+        else:
+            assert what.startswith(("RemoteFailure", "CollectiveFailed")), every
+            assert f"world rank {leaver}" in what, every
+
+
+@pytest.mark.mpi(min_size=4)
+def test_unused_frozen_and_misplaced_parameters_in_the_gradient_average() -> None:
+    """A parameter without a gradient on one learner (unused this step) counted as zeros
+    and took the mean (before, the learners passed lists of other lengths: gloo aborted
+    the process or averaged the wrong tensors); one without a gradient anywhere stays
+    None; a frozen one (requires_grad=False) takes no part; another architecture on one
+    learner is refused on both; an actor or buffer calling the learners' collectives is
+    told so (before: silently nothing)."""
+    from conduit_hpc.errors import CollectiveMismatch
+
+    cfg = make_config(spec=SPEC, run={"timeout_s": 30.0},
+                      layout={"learners": 2, "buffers": 1, "actors": 0},
+                      storage={"capacity_rows": 64}, checkpoint={"on_stop": False},
+                      scheduler={"mode": "sync", "batch_rows": 8, "min_fill_rows": 8})
+    ok = False
+    with ExperienceDataPlane(cfg, COMM) as edp:
+        group = LearnerGroup.open(edp, "gloo", timeout_s=30.0)
+        if edp.role is Role.LEARNER:
+            a, b, c = (torch.nn.Parameter(torch.zeros(3)) for _ in range(3))
+            frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+            a.grad = torch.full((3,), 4.0)
+            if group.rank == 0:  # b unused on learner 1; c nowhere
+                b.grad = torch.full((3,), 2.0)
+                frozen.grad = torch.full((2,), 7.0)  # stale, never averaged
+            group.average_gradients([a, frozen, b, c])
+            assert torch.equal(a.grad, torch.full((3,), 4.0))
+            assert torch.equal(b.grad, torch.full((3,), 1.0))  # (2 + 0) / 2 learners
+            assert c.grad is None
+            assert frozen.grad is None or torch.equal(frozen.grad, torch.full((2,), 7.0))
+            other = torch.nn.Parameter(torch.zeros(4 if group.rank else 3))
+            other.grad = torch.ones_like(other)
+            with pytest.raises(CollectiveMismatch, match="rank 0: 1 tensors of 3 values, "
+                                                         "rank 1: 1 tensors of 4 values"):
+                group.average_gradients([other])
+            assert group.agree(group.rank) == 1  # still in step
+            # not parameters on one learner: it raised AttributeError alone before, while
+            # the other waited out the timeout in the all-reduce
+            with pytest.raises(CollectiveMismatch, match=r"rank 1: not a torch.Tensor"):
+                group.average_gradients([a] if group.rank == 0 else [None])
+            assert group.agree(0) == 0  # still in step
+            ok = True
+        else:
+            with pytest.raises(ConduitError, match=rf"LearnerGroup.average_gradients\(\) "
+                                                   rf"is for learner ranks .*world rank "
+                                                   rf"{COMM.rank} has the role"):
+                group.average_gradients([torch.nn.Parameter(torch.zeros(1))])
+            with pytest.raises(ConduitError, match="is for learner ranks"):
+                group.agree(1)
+            ok = True
+            if edp.role is Role.ACTOR:
+                edp.ingest(transitions(np.random.default_rng(0), 8))
+        if edp.serves:
+            edp.serve()
+        else:
+            edp.done()
+        group.close()
+    assert all(COMM.allgather(ok))
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("how", ["never", "left"])
+def test_a_rank_that_never_opens_the_group_ends_the_others_in_bounded_time(how):
+    """``LearnerGroup.open`` is collective on the world; one actor never calls it (a job
+    that opens it on learners only, or an actor that left on an exception caught outside
+    its with-block). Before, every other rank waited forever in the world's Allgather.
+    Now they raise: CollectiveFailed naming the call after ``timeout_s`` ("never"), or
+    RemoteFailure naming the actor at once when it left the data plane ("left")."""
+    from conduit_hpc.errors import CollectiveFailed, RemoteFailure
+
+    timeout = 4.0
+    cfg = make_config(spec=SPEC, run={"timeout_s": timeout},
+                      layout={"learners": 2, "buffers": 1, "actors": 0},
+                      storage={"capacity_rows": 256}, checkpoint={"on_stop": False})
+    skip = COMM.size - 1  # an actor
+    seen, t0 = "nothing", time.monotonic()
+    try:
+        with ExperienceDataPlane(cfg, COMM) as edp:
+            if edp.world_rank == skip:
+                if how == "never":
+                    time.sleep(timeout + 3)  # the others have given up by now
+                raise _Leave
+            LearnerGroup.open(edp, "gloo", timeout_s=timeout).close()
+            seen = "opened"
+    except _Leave:
+        seen = "left"
+    except (CollectiveFailed, RemoteFailure) as err:
+        seen = f"{type(err).__name__}: {err}"
+    took = time.monotonic() - t0
+    ok = seen == "left" if COMM.rank == skip else (
+        (how == "never" and seen.startswith("CollectiveFailed")
+         and "LearnerGroup.open()" in seen) or
+        (how == "left" and seen.startswith("RemoteFailure")
+         and f"world rank {skip} left" in seen and took < timeout))
+    assert COMM.allreduce(int(ok), op=MPI.MIN), (COMM.rank, seen, took)

@@ -146,3 +146,91 @@ def test_a_rank_that_never_calls_share_weights_ends_the_others_in_bounded_time(h
         (how == "left" and seen.startswith("RemoteFailure")
          and f"world rank {skip} left" in seen and took < timeout))
     assert comm.allreduce(int(ok), op=MPI.MIN), (comm.rank, seen, took)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_batchnorm_statistics_reach_the_actors_and_a_resized_model_is_refused() -> None:
+    """The actors' copy of a BatchNorm network: its running mean and variance (buffers,
+    not parameters) stayed at their initial zeros and ones while the learner's moved,
+    so an actor acting in eval mode normalized with other statistics than the learner's
+    model. Now the floating-point buffers travel with the parameters. And a learner that
+    replaces a layer after share_weights() got numpy's "could not broadcast" from the
+    data-plane thread with the board's version left odd; now a ConfigError naming both
+    sizes at its next_batch, before anything is written."""
+    def bn_net() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                                   torch.nn.Linear(8, 2))
+
+    cfg = make_config(layout={"learners": 1, "buffers": 1}, storage={"capacity_rows": 4096},
+                      scheduler={"mode": "sync", "batch_rows": 16, "min_fill_rows": 32,
+                                 "weights_every": 1})
+    model, stats, refused = bn_net(), None, ""
+    with ExperienceDataPlane(cfg) as edp:
+        edp.share_weights(None if edp.serves else model)
+        if edp.role is Role.ACTOR:
+            w = 0
+            while not edp.should_stop:
+                edp.ingest(checked_batch(edp.world_rank, w, 8))
+                w += 8
+                edp.pull_weights()
+        elif edp.serves:
+            edp.serve()
+        else:
+            g = torch.Generator().manual_seed(1)
+            for _ in range(4):
+                edp.next_batch()
+                with torch.no_grad():  # train mode: the running statistics move
+                    model(torch.randn(16, 4, generator=g) * 5 + 3)
+            edp.next_batch()
+            stats = [model[1].running_mean.tolist(), model[1].running_var.tolist()]
+            model[2] = torch.nn.Linear(8, 3)  # another size than share_weights agreed
+            try:
+                edp.next_batch()
+            except ConfigError as err:
+                refused = str(err)
+        edp.done()
+        if edp.role is Role.ACTOR:
+            stats = [model[1].running_mean.tolist(), model[1].running_var.tolist()]
+    every = MPI.COMM_WORLD.allgather((edp.role.value, stats, refused))
+    learner = next(s for r, s, _ in every if r == "learner")
+    assert learner[0] != [0.0] * 8
+    for role, s, text in every:
+        if role == "actor":
+            assert s[0] + s[1] == pytest.approx(learner[0] + learner[1]), every
+        if role == "learner":
+            assert "the shared model now has 99 parameter and buffer values; " \
+                   "share_weights() agreed 90" in text, every
+
+
+@pytest.mark.mpi(min_size=3)
+def test_pull_weights_on_a_learner_is_refused_and_leaves_its_model_alone() -> None:
+    """``pull_weights`` on the lead learner loaded its own last publication into the model
+    it trains: an update made since was silently undone. Now a ConduitError naming the
+    rank and its role, on every rank that is not an actor."""
+    from conduit_hpc import ConduitError
+
+    cfg = make_config(layout={"learners": 1, "buffers": 1}, storage={"capacity_rows": 4096},
+                      scheduler={"mode": "sync", "batch_rows": 16, "min_fill_rows": 32})
+    model, kept = net(), True
+    with ExperienceDataPlane(cfg) as edp:
+        edp.share_weights(None if edp.serves else model)
+        if edp.role is Role.ACTOR:
+            w = 0
+            while not edp.should_stop:
+                edp.ingest(checked_batch(edp.world_rank, w, 8))
+                w += 8
+        elif edp.serves:
+            edp.serve()
+        else:
+            edp.next_batch()  # publishes this superstep's weights
+            with torch.no_grad():
+                model[0].weight += 1.0  # the learner's update after the publication
+            after = flat_parameters(model)
+            with pytest.raises(ConduitError, match=rf"pull_weights\(\) is for actor ranks.* "
+                                                   rf"world rank {edp.world_rank} has the "
+                                                   rf"role 'learner'"):
+                edp.pull_weights()
+            kept = bool((flat_parameters(model) == after).all())
+        edp.done()
+    assert all(MPI.COMM_WORLD.allgather(kept))

@@ -17,7 +17,7 @@ from conduit_hpc.testing import checked_batch
 
 def run(cfg: Config, run_dir: Path | None, resume: str) -> None:
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
-        group = LearnerGroup.open(edp.roles, cfg.transport.collectives,
+        group = LearnerGroup.open(edp, cfg.transport.collectives,
                                   timeout_s=cfg.run.timeout_s)
         if edp.role is Role.ACTOR:
             i = 0
