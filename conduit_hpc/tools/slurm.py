@@ -45,6 +45,7 @@ from conduit_hpc.config.layout_rule import (
     role_counts,
 )
 from conduit_hpc.errors import ConduitError, ConfigError
+from conduit_hpc.tools.sbatch_line import SBATCH_OPTION, sbatch_arg, sbatch_option
 from conduit_hpc.tools.slurm_env import MPI_KINDS, checkout_of, parse_env, setup_block
 from conduit_hpc.tools.slurm_time import check_signal
 
@@ -53,9 +54,6 @@ __all__ = ["SlurmRequest", "idle_gpus", "launch_script", "plan_tasks", "render_s
 TEMPLATES = {"one-node": "one_node.sbatch", "multi-node": "multi_node_gpu.sbatch"}
 #: control characters (line breaks included); a tab is text
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-#: what sbatch's reading of an ``#SBATCH`` line treats specially (see :func:`sbatch_arg`)
-_SBATCH_SPECIAL = re.compile(r'[\s"\\#]')
-_SBATCH_OPTION = re.compile(r"--[A-Za-z][A-Za-z0-9-]*(=.*)?", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,7 +120,7 @@ class SlurmRequest:
         require(self.mpi in MPI_KINDS, "--mpi", self.mpi, "wheel or site")
         parse_env(self.env)
         for opt in self.sbatch:
-            require(bool(_SBATCH_OPTION.fullmatch(opt)), "--sbatch", opt,
+            require(bool(SBATCH_OPTION.fullmatch(opt)), "--sbatch", opt,
                     "a long sbatch option such as --qos=high (--NAME or --NAME=VALUE)")
         # every value lands on a line of a shell script (an #SBATCH line, a comment, a
         # command): a line break or another control character would start a line of
@@ -142,22 +140,6 @@ class SlurmRequest:
                               ("--account", self.account, "")):
             require(not any(c.isspace() for c in v), flag, v,
                     f"a SLURM name without spaces{many}")
-
-
-def sbatch_arg(value: str) -> str:
-    """``value`` as one argument of an ``#SBATCH`` line, which sbatch reads without a shell:
-    whitespace ends an argument outside double quotes, an unescaped ``#`` ends the line,
-    quoted or not, and a backslash escapes (``--output=/a b/x.out`` wrote to ``/a``). Such
-    a value is written in double quotes with ``"``, ``\\`` and ``#`` escaped."""
-    if not _SBATCH_SPECIAL.search(value):
-        return value
-    return '"' + re.sub(r'(["\\#])', r"\\\1", value) + '"'
-
-
-def _sbatch_option(opt: str) -> str:
-    """An ``--sbatch`` option (``--NAME`` or ``--NAME=VALUE``) for an ``#SBATCH`` line."""
-    name, eq, value = opt.partition("=")
-    return f"{name}={sbatch_arg(value)}" if eq else name
 
 
 def _roles(layout: LayoutConfig, tasks: int, d: int = 0) -> str:
@@ -325,7 +307,7 @@ def render_sbatch(config_path: str | Path, req: SlurmRequest, *,
         requeue.append(f"#SBATCH --signal=B:TERM@{req.signal_s}")
     site = ([f"#SBATCH --partition={sbatch_arg(req.partition)}"] if req.partition else []) + \
         ([f"#SBATCH --account={sbatch_arg(req.account)}"] if req.account else []) + \
-        [f"#SBATCH {_sbatch_option(opt)}" for opt in req.sbatch]
+        [f"#SBATCH {sbatch_option(opt)}" for opt in req.sbatch]
     setup = setup_block(modules=req.modules, env=req.env, setup=req.setup, mpi=req.mpi,
                         mpirun=req.mpirun, srun_mpi=req.srun_mpi, checkout=checkout)
     run_args = [f"--set {shlex.quote(o)}" for o in req.overrides]
