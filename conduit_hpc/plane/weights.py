@@ -21,7 +21,8 @@ from conduit_hpc.transport.rma import RmaWindow
 if TYPE_CHECKING:  # torch loads only on ranks that share weights
     import torch
 
-__all__ = ["WeightsBoard", "agreed_model_size", "flat_parameters", "load_flat", "model_layout"]
+__all__ = ["WeightsBoard", "agreed_model_size", "flat_parameters", "load_flat", "model_layout",
+           "open_board"]
 
 
 class WeightsBoard:
@@ -204,3 +205,19 @@ def agreed_model_size(world: Any, model: Any, lead: int, users: tuple[int, ...],
                           f"learner's {want} parameters but other parameter shapes (another "
                           f"architecture); expected the lead learner's", key="model")
     return want
+
+
+def open_board(roles: Any, model: Any, timeout_s: float, shared: bool,
+               failed: Callable[[], None]) -> tuple[RmaWindow, WeightsBoard] | None:
+    """The job's weights board (``None`` when there is no learner): the lead learner's
+    window, sized by the model size every actor and learner agreed on
+    (:func:`agreed_model_size`). **Collective** on ``roles.world`` (a
+    :class:`~conduit_hpc.plane.roles.RoleComms`), bounded by ``timeout_s``."""
+    lead = roles.learner_ranks[0] if roles.learner_ranks else -1
+    want = agreed_model_size(roles.world, model, lead,
+                             (*roles.actor_ranks, *roles.learner_ranks), timeout_s, failed)
+    if lead < 0:
+        return None
+    mine = 64 + 4 * want if roles.world_rank == lead else 0  # the board's bytes here
+    window = RmaWindow(roles.world, mine, node_comm=roles.node, shared=shared)
+    return window, WeightsBoard(window, lead, want)
