@@ -13,6 +13,8 @@ from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
 from conduit_hpc.errors import UsedAfterClose
+from conduit_hpc.plane.control import C_INSERTS, C_RESERVED, C_SAMPLES
+from conduit_hpc.scheduler import LimiterState
 from conduit_hpc.testing import (
     FRAME_SPEC,
     checked_batch,
@@ -148,24 +150,28 @@ def test_threads_of_one_actor_ingest_frame_stacks_exactly() -> None:
                        strict=True)) <= every_made
 
 
-def blocked_ingest_then(end: str) -> tuple[list, list, dict, dict]:
+def blocked_ingest_then(end: str, held_by: str = "ring") -> tuple[list, list, dict, dict]:
     """1 learner (draws nothing), 1 buffer, actors: a second thread of each actor
-    ingests 8-row batches into a 64-row ring under the ``block`` ingest policy until
-    refused; once its 9th batch has reserved its slots (held back: no learner drew the
-    rows), the main thread calls ``done()`` or ``close()`` (``end``); the learner ends
-    after that. Returns the receipts, the errors that ended the threads, and (``done``
-    only) every rank's receipts and held rows."""
-    cfg = make_config(layout={"learners": 1, "buffers": 1},
-                      storage={"capacity_rows": 64 * (COMM.size - 2),
-                               "ingest_policy": "block", "block_timeout_s": 10.0},
-                      scheduler={"mode": "sync", "batch_rows": 4, "min_fill_rows": 8},
-                      run={"timeout_s": 30.0})
+    ingests 8-row batches until refused; once every actor's next batch is held back
+    (``held_by`` ``ring``: it reserved its slots in a 64-row ring per actor under the
+    ``block`` ingest policy; ``limiter``: the rate limiter admits no more rows), the
+    main thread calls ``done()`` or ``close()`` (``end``); the learner ends after that.
+    Returns the receipts, the errors that ended the threads, and (``done`` only) every
+    rank's receipts and held rows."""
+    actors = COMM.size - 2
+    storage = {"capacity_rows": 64 * actors, "ingest_policy": "block",
+               "block_timeout_s": 10.0}
+    sch = {"mode": "sync", "batch_rows": 4, "min_fill_rows": 8}
+    if held_by == "limiter":
+        storage = {"capacity_rows": 1000}
+        sch |= {"samples_per_insert": 1.0, "error_buffer": 40, "max_insert_batch": 8}
+    cfg = make_config(layout={"learners": 1, "buffers": 1}, storage=storage,
+                      scheduler=sch, run={"timeout_s": 30.0})
     receipts: list = []
     ended: list = []
     expected: dict = {}
     held: dict = {}
     with ExperienceDataPlane(cfg) as edp:
-        actors = edp.roles.actor_ranks
         if edp.role is Role.ACTOR:
 
             def work() -> None:
@@ -180,9 +186,16 @@ def blocked_ingest_then(end: str) -> tuple[list, list, dict, dict]:
 
             th = threading.Thread(target=work)
             th.start()
-            ring = edp.actor.rings[edp.actor.home]
-            wait_until(lambda: ring.reserve_cursor() >= 72 * len(actors) or ended,
-                       timeout_s=30.0, what="the 9th batch's reservation")
+            ring, control, lim = edp.actor.rings[edp.actor.home], edp.control, edp.limiter
+
+            def held() -> bool:  # every actor's next batch waits, and waits for good
+                if held_by == "ring":
+                    return ring.reserve_cursor() >= 72 * actors
+                inserts = control.read(C_INSERTS)
+                return (control.read(C_RESERVED) == inserts + 8 * actors and not
+                        lim.can_insert(LimiterState(inserts, control.read(C_SAMPLES), 0), 8))
+
+            wait_until(lambda: held() or ended, timeout_s=30.0, what="held-back batches")
             COMM.send(True, dest=edp.roles.learner_ranks[0], tag=77)
             if end == "close":
                 edp.close()
@@ -191,7 +204,7 @@ def blocked_ingest_then(end: str) -> tuple[list, list, dict, dict]:
             th.join(timeout=60.0)
             assert not th.is_alive()
         elif edp.role is Role.LEARNER:
-            for a in actors:  # every actor's writer is held back: end after them
+            for a in edp.roles.actor_ranks:  # every actor's is held back: end after them
                 req = COMM.irecv(source=a, tag=77)
                 wait_until(lambda r=req: r.test()[0], timeout_s=30.0, what="an actor")
             edp.done()
@@ -199,16 +212,20 @@ def blocked_ingest_then(end: str) -> tuple[list, list, dict, dict]:
             edp.serve()
         if end == "done":
             expected, held = gathered(edp, receipts, held_rows(edp))
+            if held_by == "limiter":  # every rank is done: no refused ingest's reservation
+                assert edp.control.read(C_RESERVED) == edp.control.read(C_INSERTS)
     return receipts, ended, expected, held
 
 
 @pytest.mark.mpi(min_size=3)
-def test_done_on_another_thread_keeps_the_blocked_ingest_rows() -> None:
-    """done() while another thread's ingest is held back by the ``block`` policy: that
-    ingest finishes first and its rows are committed, or it is refused with nothing
-    written - never a receipt for rows the buffers never commit (before: the 9th batch
-    got a receipt, and the buffer had stopped before its rows came)."""
-    receipts, ended, expected, held = blocked_ingest_then("done")
+@pytest.mark.parametrize("held_by", ["ring", "limiter"])
+def test_done_on_another_thread_keeps_the_blocked_ingest_rows(held_by: str) -> None:
+    """done() while another thread's ingest is held back by the ``block`` policy or by
+    the rate limiter: that ingest finishes first and its rows are committed, or it is
+    refused with nothing written (the limiter's reservation given back) - never a
+    receipt for rows the buffers never commit (before: the held batch got a receipt
+    once the learner ended, and the buffer had stopped before its rows came)."""
+    receipts, ended, expected, held = blocked_ingest_then("done", held_by)
     if receipts:  # an actor: its thread ended on the refusal, nothing else
         assert len(ended) == 1 and isinstance(ended[0], UsedAfterClose), ended
     assert_exactly_the_receipted_rows(expected, held, 64 * (COMM.size - 2))
