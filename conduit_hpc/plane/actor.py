@@ -260,19 +260,19 @@ class ActorEndpoint:
 
     def _take_turn(self, what: str, closing: bool = False) -> None:
         """Wait for this rank's turn to write (another thread's ingest to finish),
-        bounded by ``run.timeout_s``; the caller releases :attr:`_turn`.
+        bounded by ``run.timeout_s``; the caller releases :attr:`_turn`. Makes no MPI
+        call (the thread whose turn it is may be in one on the same window).
 
         Raises:
             UsedAfterClose: :meth:`close` began (nothing written).
-            RemoteFailure: a rank left on an error meanwhile.
-            DataPlaneTimeout: the other thread's ingest did not finish in time.
+            DataPlaneTimeout: the other thread's ingest did not finish in time (its own
+                waits are bounded alike, and end on a remote failure).
         """
         deadline = Deadline(self.config.run.timeout_s,
                             f"another thread's ingest() on world rank {self.rank} to finish")
         while not self._turn.acquire(timeout=0.05):
             if self._closing and not closing:
                 raise self._closed_error(f"{what} waited for another thread's ingest()")
-            self.control.raise_if_failed(self.rank)
             deadline.check()
         if self._closing and not closing:
             self._turn.release()

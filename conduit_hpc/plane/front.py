@@ -257,6 +257,7 @@ class ExperienceDataPlane:
         pulls fresher ones into the model given to :meth:`share_weights`), or while a
         writer a full ring behind finishes - each bounded by ``run.timeout_s``. Actors,
         and learners with ``layout.learners_ingest`` (on the data-plane thread in edp).
+        Threads of one rank may call it at once: they take turns to write.
 
         Args:
             batch (Mapping[str, array-like]): one array per spec field, leading batch
@@ -272,6 +273,8 @@ class ExperienceDataPlane:
                 batch is larger than the shard or than ``scheduler.max_insert_batch``
                 with the rate limiter on; nothing is written.
             DataPlaneTimeout: a wait ran past ``run.timeout_s``.
+            UsedAfterClose: after ``done()``/``close()``, also one called on another
+                thread while this call waited; nothing is written.
         """
         self._require(self.role if self.actor is not None else Role.ACTOR, "ingest()")
         assert self.actor is not None
