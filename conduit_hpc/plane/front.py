@@ -325,7 +325,7 @@ class ExperienceDataPlane:
         """Load newer published weights into ``model`` (default: the one given to
         :meth:`share_weights`). Returns whether there were newer ones. Actors; local,
         one-sided."""
-        self._require(None, "pull_weights()", after_done=True)
+        self._require(Role.ACTOR, "pull_weights()", after_done=True)  # a learner: reverted
         if self.weights is None:
             raise DataPlaneClosed("pull_weights() needs share_weights() first")
         flat = self.weights.pull()

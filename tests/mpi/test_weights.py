@@ -7,6 +7,7 @@ import torch
 from mpi4py import MPI
 
 from conduit_hpc import ConfigError, ExperienceDataPlane, Role
+from conduit_hpc.errors import ConduitError
 from conduit_hpc.plane.control import C_LEARNER_VERSION
 from conduit_hpc.plane.weights import flat_parameters
 from conduit_hpc.testing import checked_batch, make_config
@@ -146,3 +147,36 @@ def test_a_rank_that_never_calls_share_weights_ends_the_others_in_bounded_time(h
         (how == "left" and seen.startswith("RemoteFailure")
          and f"world rank {skip} left" in seen and took < timeout))
     assert comm.allreduce(int(ok), op=MPI.MIN), (comm.rank, seen, took)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_pull_weights_is_refused_on_a_learner_and_leaves_its_model() -> None:
+    """A learner's pull_weights (job code shared by every role) would load the last
+    publication into the model it trains: with weights_every = 10, after 15 steps its
+    weights went back 5 updates, silently. It is refused, naming the role, and the model
+    keeps its own weights; on actors it still loads the newest publication."""
+    cfg = make_config(layout={"learners": 1, "buffers": 1}, storage={"capacity_rows": 1000},
+                      scheduler={"mode": "sync", "batch_rows": 4, "min_fill_rows": 8,
+                                 "weights_every": 10})
+    model = net()
+    with ExperienceDataPlane(cfg) as edp:
+        edp.share_weights(None if edp.serves else model)
+        if edp.role is Role.ACTOR:
+            edp.ingest(checked_batch(edp.world_rank, 0, 64))
+            edp.done()
+        elif edp.serves:
+            with pytest.raises(ConduitError, match=r"pull_weights\(\) is for actor ranks"):
+                edp.pull_weights(net())
+            edp.serve()
+        else:
+            for _ in range(15):
+                edp.next_batch()
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(1.0)
+            mine = flat_parameters(model).copy()
+            with pytest.raises(ConduitError, match=r"pull_weights\(\) is for actor ranks; "
+                                                   r"world rank \d+ has the role 'learner'"):
+                edp.pull_weights()
+            assert (flat_parameters(model) == mine).all()
+            edp.done()
