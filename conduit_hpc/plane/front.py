@@ -54,7 +54,7 @@ from conduit_hpc.plane.planning import decide_placement, write_plan
 from conduit_hpc.plane.roles import Role, RoleComms, check_arguments, check_same_config, split_roles
 from conduit_hpc.plane.staging import Batch, Stager, agreed_device
 from conduit_hpc.plane.summary import merge_summaries, rank_summary
-from conduit_hpc.plane.weights import WeightsBoard, load_flat, open_board
+from conduit_hpc.plane.weights import WeightsBoard, open_board
 from conduit_hpc.protocol import Tag
 from conduit_hpc.scheduler import RateLimiter
 from conduit_hpc.spec import Spec
@@ -322,17 +322,13 @@ class ExperienceDataPlane:
             self.pull_weights()  # every actor starts from the learner's weights
 
     def pull_weights(self, model: Any = None) -> bool:
-        """Load newer published weights into ``model`` (default: the one given to
-        :meth:`share_weights`). Returns whether there were newer ones. Actors; local,
-        one-sided."""
+        """Load published weights newer than ``model`` holds into it (default: the one
+        given to :meth:`share_weights`, whose version :attr:`policy_version` is). Returns
+        whether there were newer ones. Threads take turns. Actors; local, one-sided."""
         self._require(Role.ACTOR, "pull_weights()", after_done=True)  # a learner: reverted
         if self.weights is None:
             raise DataPlaneClosed("pull_weights() needs share_weights() first")
-        flat = self.weights.pull()
-        if flat is None:
-            return False
-        load_flat(model if model is not None else self._model, flat, like=self._model)
-        return True
+        return self.weights.load_newer(model if model is not None else self._model, self._model)
 
     @property
     def policy_version(self) -> int:

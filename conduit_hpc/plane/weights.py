@@ -8,7 +8,9 @@ pull newer ones with one-sided reads (numpy copies on the same node).
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +43,10 @@ class WeightsBoard:
         self.window, self.owner, self.nparams = window, owner, nparams
         self.seen_version = 0
         self.seen_superstep = -1
-        self._buf = np.empty(nparams, dtype=np.float32)
+        self._loading = threading.Lock()  # load_newer: one thread at a time
+        # (version, superstep) loaded into each model other than the shared one
+        self._others: weakref.WeakKeyDictionary[Any, tuple[int, int]] = (
+            weakref.WeakKeyDictionary())
 
     def publish(self, flat: np.ndarray, superstep: int) -> None:
         """Owner only: store new parameters. Local (direct stores + memory barrier)."""
@@ -66,26 +71,62 @@ class WeightsBoard:
     def pull(self) -> np.ndarray | None:
         """Newer parameters than last pulled, or ``None``. One-sided; blocks for the
         copy."""
+        got = self._read(self.seen_version)
+        if got is None:
+            return None
+        flat, self.seen_version, self.seen_superstep = got
+        return flat
+
+    def load_newer(self, model: Any, shared: Any) -> bool:
+        """Load parameters newer than ``model`` holds into it (:func:`load_flat`;
+        ``shared``: the model given to ``share_weights``, whose version is
+        :attr:`seen_superstep`; any other model's is kept apart). Threads calling it at
+        once take turns, so that a model never holds parameters of two publications and
+        its version names the ones it holds. Returns whether there were newer ones.
+        One-sided; blocks for the copy.
+
+        Raises:
+            ConfigError: see :func:`load_flat` (the model's version is kept).
+        """
+        with self._loading:
+            mine = model is shared
+            try:
+                seen = self.seen_version if mine else self._others.get(model, (0, -1))[0]
+            except TypeError:  # not a module (no weak reference): load_flat says so
+                seen = 0
+            got = self._read(seen)
+            if got is None:
+                return False
+            load_flat(model, got[0], like=shared)
+            if mine:
+                self.seen_version, self.seen_superstep = got[1], got[2]
+            else:
+                self._others[model] = got[1:]
+            return True
+
+    def _read(self, after: int) -> tuple[np.ndarray, int, int] | None:
+        """The parameters, version and superstep of a publication newer than version
+        ``after``, or ``None``; into a fresh array (no state of the board is changed)."""
         w = self.window
         for _ in range(100):
             v1 = w.atomic_read(self.owner, 0)
-            if v1 <= self.seen_version or v1 % 2:
+            if v1 <= after or v1 % 2:
                 if v1 % 2:
                     time.sleep(0.0001)
                     continue
                 return None
             superstep = w.atomic_read(self.owner, 8)
+            buf = np.empty(self.nparams, dtype=np.float32)
             view = w.local_view(self.owner)
             if view is not None:
                 w.sync()
-                self._buf[:] = view[64:64 + 4 * self.nparams].view(np.float32)
+                buf[:] = view[64:64 + 4 * self.nparams].view(np.float32)
                 w.sync()
             else:
-                w.get(self.owner, 64, self._buf)
+                w.get(self.owner, 64, buf)
                 w.flush(self.owner)
             if w.atomic_read(self.owner, 0) == v1:
-                self.seen_version, self.seen_superstep = v1, superstep
-                return self._buf.copy()
+                return buf, v1, superstep
         return None
 
 
