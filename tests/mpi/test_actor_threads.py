@@ -150,6 +150,11 @@ def test_threads_of_one_actor_ingest_frame_stacks_exactly() -> None:
                        strict=True)) <= every_made
 
 
+def received(req: MPI.Request) -> None:
+    """Wait (bounded) for a message posted with ``irecv``."""
+    wait_until(lambda: req.test()[0], timeout_s=30.0, what="another rank's message")
+
+
 def blocked_ingest_then(end: str, held_by: str = "ring") -> tuple[list, list, dict, dict]:
     """1 learner (draws nothing), 1 buffer, actors: a second thread of each actor
     ingests 8-row batches until refused; once every actor's next batch is held back
@@ -196,17 +201,25 @@ def blocked_ingest_then(end: str, held_by: str = "ring") -> tuple[list, list, di
                         lim.can_insert(LimiterState(inserts, control.read(C_SAMPLES), 0), 8))
 
             wait_until(lambda: held() or ended, timeout_s=30.0, what="held-back batches")
-            COMM.send(True, dest=edp.roles.learner_ranks[0], tag=77)
+            learner = edp.roles.learner_ranks[0]
+            COMM.send(True, dest=learner, tag=77)
+            received(COMM.irecv(source=learner, tag=78))  # every actor saw it held
             if end == "close":
                 edp.close()
             else:
                 edp.done()
+                if held_by == "limiter":  # (a message left unreceived would be the
+                    COMM.send(True, dest=learner, tag=79)  # next test's)
             th.join(timeout=60.0)
             assert not th.is_alive()
         elif edp.role is Role.LEARNER:
-            for a in edp.roles.actor_ranks:  # every actor's is held back: end after them
-                req = COMM.irecv(source=a, tag=77)
-                wait_until(lambda r=req: r.test()[0], timeout_s=30.0, what="an actor")
+            for tag in (77, 79) if held_by == "limiter" else (77,):
+                # the actors' done() first: the learner's would let the limiter admit
+                for a in edp.roles.actor_ranks:
+                    received(COMM.irecv(source=a, tag=tag))
+                if tag == 77:
+                    for a in edp.roles.actor_ranks:
+                        COMM.send(True, dest=a, tag=78)
             edp.done()
         else:
             edp.serve()
