@@ -4,19 +4,29 @@
 limiter or the policy-lag bound says so, and appends the rows to the actor's shard with
 one atomic reservation, one put per field and one commit stamp
 (:meth:`~conduit_hpc.storage.ShardRing.write`).
+
+Threads of one rank may ingest at once: each validates its batch in parallel, then they
+take turns (a lock, waited for within ``run.timeout_s``) for the rest, which keeps
+state per rank (the frame writer's memory of stored frames, the weights pulled into
+the model, the counters). :meth:`ActorEndpoint.close` (``done()``) takes the last turn:
+an ingest in flight on another thread finishes first (its rows reach the buffers
+before this rank says it is done), and any later one raises
+:class:`~conduit_hpc.errors.UsedAfterClose` with nothing written.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import numpy as np
 from numpy.typing import ArrayLike
 
 from conduit_hpc.config import Config
-from conduit_hpc.errors import ConfigError, SpecError
+from conduit_hpc.errors import ConfigError, SpecError, UsedAfterClose
 from conduit_hpc.plane.control import (
     C_INSERTS,
     C_LEARNER_VERSION,
@@ -33,7 +43,7 @@ from conduit_hpc.storage.priority import check_priorities
 from conduit_hpc.storage.ring import ShardRing
 from conduit_hpc.wait import Backoff, Deadline
 
-__all__ = ["ActorEndpoint", "IngestReceipt", "IngestStats"]
+__all__ = ["ActorEndpoint", "IngestReceipt", "IngestStats", "make_actor"]
 
 
 class IngestReceipt(NamedTuple):
@@ -116,6 +126,9 @@ class ActorEndpoint:
         #: priorities given to ingest are applied (not by a uniform sampler: there a
         #: priority of 0 would hide its row; checked, then dropped)
         self.applies_priorities = applies_priorities(config)
+        self._turn = threading.Lock()  # one thread at a time past validation
+        self._closing = False  # close() began: waits give up, nothing more is written
+        self._closed = False
         for ring in rings.values():  # a ring's lap wait stops when a rank left on an error
             ring.on_wait = _also(ring.on_wait, lambda: control.raise_if_failed(rank))
 
@@ -123,7 +136,7 @@ class ActorEndpoint:
                priorities: ArrayLike | None = None) -> IngestReceipt:
         """See :meth:`conduit_hpc.plane.front.ExperienceDataPlane.ingest`."""
         t0 = time.perf_counter()
-        data = self.spec.validate(batch)
+        data = self.spec.validate(batch)  # pure numpy: threads do this side by side
         n = self.spec.rows_of(data)
         prio = None
         if priorities is not None:
@@ -136,6 +149,15 @@ class ActorEndpoint:
                                 f"{n} rows")
             if not self.applies_priorities:
                 prio = None  # the rows enter as rows without one: mass 1 (uniform)
+        self._take_turn("ingest()")
+        try:
+            return self._write(data, n, prio, t0)
+        finally:
+            self._turn.release()
+
+    def _write(self, data: dict[str, np.ndarray], n: int, prio: np.ndarray | None,
+               t0: float) -> IngestReceipt:
+        """The rest of :meth:`ingest`, in this thread's turn."""
         routed = self.route(self.stats.batches)
         sid = self.home if routed is None else routed
         ring = self.rings[sid]
@@ -173,14 +195,14 @@ class ActorEndpoint:
         rank makes its MPI calls). A bad batch raises :class:`SpecError` here, in the
         caller's thread, and leaves ``run``'s thread running; nothing is written."""
 
-        def write() -> IngestReceipt | SpecError:
+        def write() -> IngestReceipt | SpecError | UsedAfterClose:
             try:
                 return self.ingest(batch, priorities)
-            except SpecError as err:  # checked before anything is written
+            except (SpecError, UsedAfterClose) as err:  # raised before anything is written
                 return err
 
         got = run(write, f"ingest on learner rank {self.rank}")
-        if isinstance(got, SpecError):
+        if isinstance(got, SpecError | UsedAfterClose):
             raise got
         assert isinstance(got, IngestReceipt)
         return got
@@ -200,6 +222,9 @@ class ActorEndpoint:
             state = LimiterState(old, self.control.read(C_SAMPLES), 0)
             if lim.can_insert(state, n) or self.should_stop():
                 break
+            if self._closing:  # nothing written: the reservation is given back
+                self.control.add(C_RESERVED, -n)
+                raise self._closed_error("ingest() waited for the rate limiter")
             deadline.check(lambda: lim.explain(state))  # noqa: B023 - called at once
             backoff.pause()
         self.stats.limiter_wait_s += time.perf_counter() - t0
@@ -220,6 +245,8 @@ class ActorEndpoint:
         while self.control.read(C_LEARNER_VERSION) - weights.seen_superstep > lag:
             if self.should_stop():
                 break
+            if self._closing:
+                raise self._closed_error("ingest() waited for fresher weights")
             if not self.pull():
                 deadline.check()
                 backoff.pause()
@@ -237,10 +264,61 @@ class ActorEndpoint:
         self.metrics.flush()
         self._last_log, self._rows_at_log = now, st.rows
 
+    def _take_turn(self, what: str, closing: bool = False) -> None:
+        """Wait for this rank's turn to write (another thread's ingest to finish),
+        bounded by ``run.timeout_s``; the caller releases :attr:`_turn`. Makes no MPI
+        call (the thread whose turn it is may be in one on the same window).
+
+        Raises:
+            UsedAfterClose: :meth:`close` began (nothing written).
+            DataPlaneTimeout: the other thread's ingest did not finish in time (its own
+                waits are bounded alike, and end on a remote failure).
+        """
+        deadline = Deadline(self.config.run.timeout_s,
+                            f"another thread's ingest() on world rank {self.rank} to finish")
+        while not self._turn.acquire(timeout=0.05):
+            if self._closing and not closing:
+                raise self._closed_error(f"{what} waited for another thread's ingest()")
+            deadline.check()
+        if self._closing and not closing:
+            self._turn.release()
+            raise self._closed_error(what)
+
+    def _closed_error(self, what: str) -> UsedAfterClose:
+        return UsedAfterClose(f"{what} on world rank {self.rank}: done() or close() was "
+                              f"called meanwhile (on another thread); nothing was written")
+
     def close(self) -> None:
-        """Write the last totals and close the CSV."""
-        self.log(time.perf_counter())
-        self.metrics.close()
+        """Refuse every later ingest, wait (bounded by ``run.timeout_s``) for one in
+        flight on another thread (waits for the rate limiter or for fresher weights give
+        up at once: nothing written), then write the last totals and close the CSV.
+        Idempotent."""
+        self._closing = True
+        if self._closed:
+            return
+        self._take_turn("close()", closing=True)
+        try:
+            if not self._closed:
+                self._closed = True
+                self.log(time.perf_counter())
+                self.metrics.close()
+        finally:
+            self._turn.release()
+
+
+def make_actor(host: Any, me: int, metrics_path: Path | None) -> ActorEndpoint:
+    """The endpoint of world rank ``me`` that ingests into the data plane ``host`` (an
+    ``ExperienceDataPlane``): each batch goes where the first feature that routes it
+    says, else where the plan in force (``host.placement``) weighs it. Local."""
+    routes = [f.route for f in host.features]
+
+    def route(batches: int) -> int | None:  # a feature's, else the plan's weights
+        return next((s for r in routes if (s := r(batches)) is not None),
+                    host.placement.shard_for(me, batches))
+
+    return ActorEndpoint(host.config, host.spec, me, host.rings,
+                         host.placement.actor_shards[me], route, host.control, host.limiter,
+                         lambda: host.should_stop, metrics_path)
 
 
 def _also(first: Callable[[], object] | None, then: Callable[[], object]

@@ -21,6 +21,7 @@ of it is :class:`~conduit_hpc.plane.host.FeatureHost`.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from functools import partial
@@ -34,7 +35,7 @@ from numpy.typing import ArrayLike
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed, UsedAfterClose
 from conduit_hpc.placement.placement import Placement
-from conduit_hpc.plane.actor import ActorEndpoint, IngestReceipt, IngestStats
+from conduit_hpc.plane.actor import ActorEndpoint, IngestReceipt, IngestStats, make_actor
 from conduit_hpc.plane.buffer import BufferServer, OwnedShard, make_server
 from conduit_hpc.plane.control import C_LEARNERS_DONE
 from conduit_hpc.plane.delivery_rank import (
@@ -52,8 +53,8 @@ from conduit_hpc.plane.modes import MODES, EdpMode
 from conduit_hpc.plane.planning import decide_placement, write_plan
 from conduit_hpc.plane.roles import Role, RoleComms, check_arguments, check_same_config, split_roles
 from conduit_hpc.plane.staging import Batch, Stager, agreed_device
-from conduit_hpc.plane.summary import merge_summaries, shard_counters
-from conduit_hpc.plane.weights import WeightsBoard, agreed_model_size, pull_into
+from conduit_hpc.plane.summary import merge_summaries, rank_summary
+from conduit_hpc.plane.weights import WeightsBoard, open_board
 from conduit_hpc.protocol import Tag
 from conduit_hpc.scheduler import RateLimiter
 from conduit_hpc.spec import Spec
@@ -140,6 +141,7 @@ class ExperienceDataPlane:
             None) or Channel(roles.world, poll_interval_s=config.transport.poll_interval_s)
         self.limiter = RateLimiter(sch.samples_per_insert, sch.min_fill_rows, sch.error_buffer)
         self._done_sent = self._closed = False
+        self._ending = threading.RLock()  # done() and close(): one thread at a time
         self._weights_window: RmaWindow | None = None
         self.weights: WeightsBoard | None = None
         self._model: Any = None
@@ -163,8 +165,8 @@ class ExperienceDataPlane:
         elif roles.role is Role.DELIVERY:
             assert self.staging is not None
             self.delivery = make_delivery_server(self, self.staging, transform)
-        if roles.world_rank in roles.writer_ranks:  # actors, and learners that ingest
-            self._init_actor()
+        if (me := roles.world_rank) in roles.writer_ranks:  # actors, learners that ingest
+            self.actor = make_actor(self, me, self._metrics_file(f"actor-{me}.csv"))
         host: FeatureHost = self  # all a feature may use (mypy checks the front has it)
         for f in self.features:
             f.attach(host)  # collective where a feature makes windows
@@ -193,19 +195,6 @@ class ExperienceDataPlane:
                                        timeout_s=cfg.run.timeout_s,
                                        status=me == 0 and self.run_dir is not None,
                                        budget_s=cfg.run.duration_s)
-
-    def _init_actor(self) -> None:
-        me = self.roles.world_rank
-        routes = [f.route for f in self.features]
-
-        def route(batches: int) -> int | None:  # a feature's, else the plan's weights
-            return next((s for r in routes if (s := r(batches)) is not None),
-                        self.placement.shard_for(me, batches))
-
-        self.actor = ActorEndpoint(self.config, self.spec, me, self.rings,
-                                   self.placement.actor_shards[me], route, self.control,
-                                   self.limiter, lambda: self.should_stop,
-                                   self._metrics_file(f"actor-{me}.csv"))
 
     # -- context -------------------------------------------------------------------
     def __enter__(self) -> ExperienceDataPlane:
@@ -240,18 +229,21 @@ class ExperienceDataPlane:
         """The attached feature called ``name`` (``None`` if the config has it off)."""
         return next((f for f in self.features if f.name == name), None)
 
-    def _require(self, role: Role, what: str) -> None:
-        if self._closed or self._done_sent:  # done(): the buffers were told it is finished
+    def _require(self, role: Role | None, what: str, *, after_done: bool = False) -> None:
+        # done(): the buffers were told it is finished; close(): the memory is freed
+        if self._closed or (self._done_sent and not after_done):
             raise UsedAfterClose(f"{what} called after {'close' if self._closed else 'done'}"
                                   f"() on world rank {self.world_rank}")
-        if self.roles.role is not role:
+        if role is not None and self.roles.role is not role:
             raise ConduitError(f"{what} is for {role.value} ranks; world rank "
                                f"{self.world_rank} has the role {self.roles.role.value!r}")
 
     @property
     def should_stop(self) -> bool:
         """True once every learner has finished, or a rank left on an error (actors
-        should stop producing). Local; two atomic reads."""
+        should stop producing), or this plane was closed. Local; two atomic reads."""
+        if self._closed:  # its memory is freed: a loop `while not should_stop` ends
+            return True
         n = len(self.roles.learner_ranks)
         return (n > 0 and self.control.read(C_LEARNERS_DONE) >= n) or self.control.failed()
 
@@ -265,6 +257,7 @@ class ExperienceDataPlane:
         pulls fresher ones into the model given to :meth:`share_weights`), or while a
         writer a full ring behind finishes - each bounded by ``run.timeout_s``. Actors,
         and learners with ``layout.learners_ingest`` (on the data-plane thread in edp).
+        Threads of one rank may call it at once: they take turns to write.
 
         Args:
             batch (Mapping[str, array-like]): one array per spec field, leading batch
@@ -280,6 +273,8 @@ class ExperienceDataPlane:
                 batch is larger than the shard or than ``scheduler.max_insert_batch``
                 with the rate limiter on; nothing is written.
             DataPlaneTimeout: a wait ran past ``run.timeout_s``.
+            UsedAfterClose: after ``done()``/``close()``, also one called on another
+                thread while this call waited; nothing is written.
         """
         self._require(self.role if self.actor is not None else Role.ACTOR, "ingest()")
         assert self.actor is not None
@@ -304,21 +299,18 @@ class ExperienceDataPlane:
             ConfigError: actors' and the lead learner's models differ in size (every rank).
             CollectiveFailed: a rank did not call it within ``run.timeout_s``.
         """
+        self._require(None, "share_weights()", after_done=True)
         if self.learner is not None and self.learner.started:
             raise DataPlaneClosed("share_weights() must come before the first next_batch() "
                                   "(it is collective, and the data-plane thread owns MPI "
                                   "from then on)")
         roles, t = self.roles, self.config.run.timeout_s
         failed = partial(self.control.raise_if_failed, self.world_rank)  # a rank left
-        lead = roles.learner_ranks[0] if roles.learner_ranks else -1
-        want = agreed_model_size(roles.world, model, lead, (*roles.actor_ranks,
-                                                            *roles.learner_ranks), t, failed)
-        if lead < 0:
+        board = open_board(roles, model, t, self.config.transport.shared_memory == "auto",
+                           failed)  # collective
+        if board is None:  # no learner
             return
-        mine = 64 + 4 * want if self.world_rank == lead else 0  # the board's bytes here
-        self._weights_window = RmaWindow(roles.world, mine, node_comm=roles.node,
-                                         shared=self.config.transport.shared_memory == "auto")
-        self.weights = WeightsBoard(self._weights_window, lead, want)
+        self._weights_window, self.weights = board
         self._model = model
         if self.learner is not None:
             self.learner.weights, self.learner.model = self.weights, model
@@ -330,11 +322,13 @@ class ExperienceDataPlane:
             self.pull_weights()  # every actor starts from the learner's weights
 
     def pull_weights(self, model: Any = None) -> bool:
-        """Load newer published weights into ``model`` (default: the one given to
-        :meth:`share_weights`). Returns whether there were newer ones. Actors only (on a
-        learner it would put its model back to its last publication); local, one-sided."""
-        return pull_into(self.weights, model if model is not None else self._model,
-                         self._model, self.roles.role.value, self.world_rank)
+        """Load published weights newer than ``model`` holds into it (default: the one
+        given to :meth:`share_weights`, whose version :attr:`policy_version` is). Returns
+        whether there were newer ones. Threads take turns. Actors; local, one-sided."""
+        self._require(Role.ACTOR, "pull_weights()", after_done=True)  # a learner: reverted
+        if self.weights is None:
+            raise DataPlaneClosed("pull_weights() needs share_weights() first")
+        return self.weights.load_newer(model if model is not None else self._model, self._model)
 
     @property
     def policy_version(self) -> int:
@@ -391,7 +385,8 @@ class ExperienceDataPlane:
         self.server.serve()
 
     def owned_shards(self) -> list[OwnedShard]:
-        """Shards this rank owns (empty unless a buffer)."""
+        """Shards this rank owns (empty unless a buffer); not after :meth:`close`."""
+        self._require(None, "owned_shards()", after_done=True)
         return [] if self.server is None else list(self.server.shards)
 
     def summary(self) -> dict[str, Any]:
@@ -404,14 +399,9 @@ class ExperienceDataPlane:
             (world rank -> latency summary), ``rows_ingested``, ``bytes_ingested``, and
             one entry per attached feature (its ``merge`` of every rank's part).
         """
-        mine: dict[str, Any] = {"rank": self.world_rank, "role": self.roles.role.value}
-        if self.actor is not None:
-            mine["ingest"] = self.actor.stats.as_dict()
-        if self.server is not None:
-            mine["shards"] = shard_counters(self.server.shards)
-        if self.learner is not None:
-            mine["learner"] = self._learner_summary
-        mine["features"] = {f.name: f.summary() for f in self.features}
+        self._require(None, "summary()", after_done=True)
+        mine = rank_summary(self.world_rank, self.roles.role.value, self.actor, self.server,
+                            self._learner_summary if self.learner else None, self.features)
         every = allgather_json(self.roles.world, mine, self.config.run.timeout_s, "summary()",
                                partial(self.control.raise_if_failed, self.world_rank))
         return merge_summaries(every, self.features, feature_factories())
@@ -420,20 +410,25 @@ class ExperienceDataPlane:
     def done(self) -> None:
         """This rank will send, write or ask for nothing more: learners stop their
         data-plane thread; actors flush metrics; both tell the buffers. Non-buffer
-        ranks; idempotent; blocks only to drain the data-plane thread (bounded)."""
+        ranks; idempotent; blocks only to drain the data-plane thread and to let an
+        ingest in flight on another thread finish (bounded): its rows reach the buffers,
+        later ones raise :class:`UsedAfterClose`. Calls from several threads take turns."""
         if self._done_sent or self.roles.role is Role.BUFFER:
             return
-        if self.delivery is not None:
-            self.delivery.serve()  # until its learner stops (no-op once served)
-        self._done_sent = True
-        if self.learner is not None:
-            self._learner_summary = self.learner.stop()
-        if self.actor is not None:
-            self.actor.close()
-        for b in self.roles.buffer_ranks:
-            self.channel.isend(b, Tag.DONE, np.zeros(0, np.uint8))
-        for f in self.features:
-            f.before_done()  # e.g. messages held for a link: the buffers must see them
+        with self._ending:  # a second thread's call waits for the first's (bounded)
+            if self._done_sent:
+                return
+            if self.delivery is not None:
+                self.delivery.serve()  # until its learner stops (no-op once served)
+            self._done_sent = True
+            if self.learner is not None:
+                self._learner_summary = self.learner.stop()
+            if self.actor is not None:
+                self.actor.close()  # after an ingest in flight: the buffers see its rows
+            for b in self.roles.buffer_ranks:
+                self.channel.isend(b, Tag.DONE, np.zeros(0, np.uint8))
+            for f in self.features:
+                f.before_done()  # e.g. messages held for a link: the buffers must see them
 
     def close(self) -> None:
         """Finish and free everything. **Collective** on the job's ranks; idempotent.
@@ -443,6 +438,11 @@ class ExperienceDataPlane:
         """
         if self._closed:
             return
+        with self._ending:  # done() takes it again; a second thread's waits, then returns
+            if not self._closed:
+                self._close()
+
+    def _close(self) -> None:
         timeout = self.config.run.timeout_s
         if self.server is not None:
             if not self.server.finished:

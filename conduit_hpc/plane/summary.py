@@ -8,7 +8,7 @@ from typing import Any
 from conduit_hpc.plane.extensions import Feature
 from conduit_hpc.plane.shard import OwnedShard
 
-__all__ = ["merge_summaries", "shard_counters"]
+__all__ = ["merge_summaries", "rank_summary", "shard_counters"]
 
 
 def shard_counters(shards: Sequence[OwnedShard]) -> dict[str, dict[str, float]]:
@@ -34,6 +34,23 @@ def shard_counters(shards: Sequence[OwnedShard]) -> dict[str, dict[str, float]]:
                                 "guard_revocations": s.revocations,
                                 "frame_hidden_rows": s.frame_hidden_rows}
     return out
+
+
+def rank_summary(rank: int, role: str, actor: Any, server: Any,
+                 learner: dict[str, float] | None, features: Sequence[Feature]
+                 ) -> dict[str, Any]:
+    """This rank's part of ``ExperienceDataPlane.summary``: its ingest counters (an
+    ``actor`` endpoint), its shards' (a buffer ``server``), its learner's summary, and
+    every feature's. Local."""
+    mine: dict[str, Any] = {"rank": rank, "role": role}
+    if actor is not None:
+        mine["ingest"] = actor.stats.as_dict()
+    if server is not None:
+        mine["shards"] = shard_counters(server.shards)
+    if learner is not None:
+        mine["learner"] = learner
+    mine["features"] = {f.name: f.summary() for f in features}
+    return mine
 
 
 def merge_summaries(everyone: Sequence[Mapping[str, Any]], features: Sequence[Feature],

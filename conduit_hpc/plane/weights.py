@@ -9,13 +9,15 @@ pull newer ones with one-sided reads (numpy copies on the same node).
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed
+from conduit_hpc.errors import ConfigError
 from conduit_hpc.transport.objects import bounded_allgather
 from conduit_hpc.transport.rma import RmaWindow
 
@@ -23,7 +25,7 @@ if TYPE_CHECKING:  # torch loads only on ranks that share weights
     import torch
 
 __all__ = ["WeightsBoard", "agreed_model_size", "flat_parameters", "load_flat", "model_layout",
-           "pull_into"]
+           "open_board"]
 
 
 class WeightsBoard:
@@ -42,7 +44,10 @@ class WeightsBoard:
         self.window, self.owner, self.nparams = window, owner, nparams
         self.seen_version = 0
         self.seen_superstep = -1
-        self._buf = np.empty(nparams, dtype=np.float32)
+        self._loading = threading.Lock()  # load_newer: one thread at a time
+        # (version, superstep) loaded into each model other than the shared one
+        self._others: weakref.WeakKeyDictionary[Any, tuple[int, int]] = (
+            weakref.WeakKeyDictionary())
 
     def check(self, flat: np.ndarray) -> None:
         """Raise ConfigError unless ``flat`` fits the board (the model given to
@@ -81,51 +86,63 @@ class WeightsBoard:
     def pull(self) -> np.ndarray | None:
         """Newer parameters than last pulled, or ``None``. One-sided; blocks for the
         copy."""
+        got = self._read(self.seen_version)
+        if got is None:
+            return None
+        flat, self.seen_version, self.seen_superstep = got
+        return flat
+
+    def load_newer(self, model: Any, shared: Any) -> bool:
+        """Load parameters newer than ``model`` holds into it (:func:`load_flat`;
+        ``shared``: the model given to ``share_weights``, whose version is
+        :attr:`seen_superstep`; any other model's is kept apart). Threads calling it at
+        once take turns, so that a model never holds parameters of two publications and
+        its version names the ones it holds. Returns whether there were newer ones.
+        One-sided; blocks for the copy.
+
+        Raises:
+            ConfigError: see :func:`load_flat` (the model's version is kept).
+        """
+        with self._loading:
+            mine = model is shared
+            try:
+                seen = self.seen_version if mine else self._others.get(model, (0, -1))[0]
+            except TypeError:  # not a module (no weak reference): load_flat says so
+                seen = 0
+            got = self._read(seen)
+            if got is None:
+                return False
+            load_flat(model, got[0], like=shared)
+            if mine:
+                self.seen_version, self.seen_superstep = got[1], got[2]
+            else:
+                self._others[model] = got[1:]
+            return True
+
+    def _read(self, after: int) -> tuple[np.ndarray, int, int] | None:
+        """The parameters, version and superstep of a publication newer than version
+        ``after``, or ``None``; into a fresh array (no state of the board is changed)."""
         w = self.window
         for _ in range(100):
             v1 = w.atomic_read(self.owner, 0)
-            if v1 <= self.seen_version or v1 % 2:
+            if v1 <= after or v1 % 2:
                 if v1 % 2:
                     time.sleep(0.0001)
                     continue
                 return None
             superstep = w.atomic_read(self.owner, 8)
+            buf = np.empty(self.nparams, dtype=np.float32)
             view = w.local_view(self.owner)
             if view is not None:
                 w.sync()
-                self._buf[:] = view[64:64 + 4 * self.nparams].view(np.float32)
+                buf[:] = view[64:64 + 4 * self.nparams].view(np.float32)
                 w.sync()
             else:
-                w.get(self.owner, 64, self._buf)
+                w.get(self.owner, 64, buf)
                 w.flush(self.owner)
             if w.atomic_read(self.owner, 0) == v1:
-                self.seen_version, self.seen_superstep = v1, superstep
-                return self._buf.copy()
+                return buf, v1, superstep
         return None
-
-
-def pull_into(board: WeightsBoard | None, model: Any, like: Any, role: str,
-              world_rank: int) -> bool:
-    """``ExperienceDataPlane.pull_weights``: load newer published weights into ``model``
-    (``like``: the model given to share_weights); whether there were newer ones.
-
-    Raises:
-        ConduitError: not an actor rank (a learner pulling loaded its own last
-            publication - up to ``weights_every`` supersteps old - into the model it
-            trains, silently undoing those updates).
-        DataPlaneClosed: no share_weights() before.
-    """
-    if role != "actor":
-        raise ConduitError(f"pull_weights() is for actor ranks (on a learner it would load "
-                           f"the last published weights into the model it trains); world "
-                           f"rank {world_rank} has the role {role!r}")
-    if board is None:
-        raise DataPlaneClosed("pull_weights() needs share_weights() first")
-    flat = board.pull()
-    if flat is None:
-        return False
-    load_flat(model, flat, like=like)
-    return True
 
 
 #: the size :func:`agreed_model_size` gathers for a model that is not a torch module
@@ -254,3 +271,19 @@ def agreed_model_size(world: Any, model: Any, lead: int, users: tuple[int, ...],
                           f"learner's {want} parameters but other parameter shapes (another "
                           f"architecture); expected the lead learner's", key="model")
     return want
+
+
+def open_board(roles: Any, model: Any, timeout_s: float, shared: bool,
+               failed: Callable[[], None]) -> tuple[RmaWindow, WeightsBoard] | None:
+    """The job's weights board (``None`` when there is no learner): the lead learner's
+    window, sized by the model size every actor and learner agreed on
+    (:func:`agreed_model_size`). **Collective** on ``roles.world`` (a
+    :class:`~conduit_hpc.plane.roles.RoleComms`), bounded by ``timeout_s``."""
+    lead = roles.learner_ranks[0] if roles.learner_ranks else -1
+    want = agreed_model_size(roles.world, model, lead,
+                             (*roles.actor_ranks, *roles.learner_ranks), timeout_s, failed)
+    if lead < 0:
+        return None
+    mine = 64 + 4 * want if roles.world_rank == lead else 0  # the board's bytes here
+    window = RmaWindow(roles.world, mine, node_comm=roles.node, shared=shared)
+    return window, WeightsBoard(window, lead, want)

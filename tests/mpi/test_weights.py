@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from mpi4py import MPI
 
 from conduit_hpc import ConfigError, ExperienceDataPlane, Role
+from conduit_hpc.errors import ConduitError
 from conduit_hpc.plane.control import C_LEARNER_VERSION
 from conduit_hpc.plane.weights import flat_parameters
 from conduit_hpc.testing import checked_batch, make_config
@@ -234,3 +237,100 @@ def test_pull_weights_on_a_learner_is_refused_and_leaves_its_model_alone() -> No
             kept = bool((flat_parameters(model) == after).all())
         edp.done()
     assert all(MPI.COMM_WORLD.allgather(kept))
+def test_pull_weights_is_refused_on_a_learner_and_leaves_its_model() -> None:
+    """A learner's pull_weights (job code shared by every role) would load the last
+    publication into the model it trains: with weights_every = 10, after 15 steps its
+    weights went back 5 updates, silently. It is refused, naming the role, and the model
+    keeps its own weights; on actors it still loads the newest publication."""
+    cfg = make_config(layout={"learners": 1, "buffers": 1}, storage={"capacity_rows": 1000},
+                      scheduler={"mode": "sync", "batch_rows": 4, "min_fill_rows": 8,
+                                 "weights_every": 10})
+    model = net()
+    with ExperienceDataPlane(cfg) as edp:
+        edp.share_weights(None if edp.serves else model)
+        if edp.role is Role.ACTOR:
+            edp.ingest(checked_batch(edp.world_rank, 0, 64))
+            edp.done()
+        elif edp.serves:
+            with pytest.raises(ConduitError, match=r"pull_weights\(\) is for actor ranks"):
+                edp.pull_weights(net())
+            edp.serve()
+        else:
+            for _ in range(15):
+                edp.next_batch()
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(1.0)
+            mine = flat_parameters(model).copy()
+            with pytest.raises(ConduitError, match=r"pull_weights\(\) is for actor ranks; "
+                                                   r"world rank \d+ has the role 'learner'"):
+                edp.pull_weights()
+            assert (flat_parameters(model) == mine).all()
+            edp.done()
+
+
+def uniform_version(model: torch.nn.Module) -> float | None:
+    """The value every parameter holds (a publication of :func:`publish_steps`), or
+    None when they differ (parameters of two publications)."""
+    flat = flat_parameters(model)
+    return float(flat[0]) if (flat == flat[0]).all() else None
+
+
+@pytest.mark.mpi(min_size=3)
+def test_pull_weights_loads_each_model_and_threads_take_turns() -> None:
+    """The learner publishes every superstep a model whose parameters all hold the
+    superstep's number. An actor's second model (a copy per env thread) loads the newest
+    publication too (before: the board remembered the shared model's version, so any
+    other model got False and kept its initial weights). Threads that pull at once into
+    the shared model leave it holding one publication, the one policy_version names
+    (checked between rounds, every thread at a barrier; before, a model was found with
+    parameters of two publications)."""
+    cfg = make_config(layout={"learners": 1, "buffers": 1}, storage={"capacity_rows": 1000},
+                      scheduler={"mode": "sync", "batch_rows": 4, "min_fill_rows": 8,
+                                 "weights_every": 1})
+
+    def many() -> torch.nn.Module:
+        return torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(40)])
+
+    model = many()
+    with ExperienceDataPlane(cfg) as edp:
+        edp.share_weights(None if edp.serves else model)
+        if edp.role is Role.ACTOR:
+            edp.ingest(checked_batch(edp.world_rank, 0, 64))
+            threads, bad, checks, stop = 4, [], [0], [False]
+            rounds = threading.Barrier(threads)
+
+            def work() -> None:
+                while not stop[0]:
+                    for _ in range(3):
+                        edp.pull_weights()
+                    if rounds.wait(timeout=60.0) == 0:  # every thread here: no load
+                        checks[0] += 1
+                        v = uniform_version(model)
+                        if edp.policy_version > 0 and v != edp.policy_version + 2:
+                            bad.append((v, edp.policy_version))
+                        stop[0] = edp.should_stop
+                    rounds.wait(timeout=60.0)
+
+            pool = [threading.Thread(target=work) for _ in range(threads)]
+            for th in pool:
+                th.start()
+            for th in pool:
+                th.join()
+            assert checks[0] > 0 and not bad, bad
+            # the learner is done: nothing newer comes; a second model loads the newest
+            edp.pull_weights()
+            other = many()
+            assert edp.pull_weights(other)
+            assert uniform_version(other) == uniform_version(model) == 300.0
+            assert not edp.pull_weights(other)
+            edp.done()
+        elif edp.serves:
+            edp.serve()
+        else:
+            for s in range(1, 300):
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.fill_(float(s + 1))  # published at superstep s - 1
+                edp.next_batch()
+            edp.done()
