@@ -237,6 +237,9 @@ def test_pull_weights_on_a_learner_is_refused_and_leaves_its_model_alone() -> No
             kept = bool((flat_parameters(model) == after).all())
         edp.done()
     assert all(MPI.COMM_WORLD.allgather(kept))
+
+
+@pytest.mark.mpi(min_size=3)
 def test_pull_weights_is_refused_on_a_learner_and_leaves_its_model() -> None:
     """A learner's pull_weights (job code shared by every role) would load the last
     publication into the model it trains: with weights_every = 10, after 15 steps its
