@@ -180,16 +180,18 @@ class Collectives:
     # -- collectives -----------------------------------------------------------------
     def _agree(self, op: str, tensors: Sequence[Any], what: str, *, arg: int = 0,
                value: int = 0, local: tuple[str, int] = ("", 0)) -> list[list[int]]:
-        """Every rank's header row, gathered before ``op`` moves any data (one fixed-size
-        allgather): ranks that call other operations here, pass other tensor counts,
-        shapes, dtypes or order, or a tensor the backend cannot move, raise
+        """Every rank's header row before ``op`` moves any data (one allreduce of two values
+        when the rows agree; an allgather of the rows when they differ): ranks that call
+        other operations here, pass other tensor counts, shapes, dtypes or order, or a
+        tensor the backend cannot move, raise
         :class:`~conduit_hpc.errors.CollectiveMismatch` on every rank, naming the ranks.
         Before, gloo got buffers of other sizes (its background thread then aborted the
         process: ``EnforceNotMet ... collective mismatch``), averaged unrelated values of
         same-sized tensors, or paired one rank's second bucket with another's next call.
         ``arg`` travels unchecked (per-op), ``value`` is the one-value maximum's value;
         ``local``: a problem the caller found in its arguments (one of :data:`PROBLEMS`,
-        and a number), refused on every rank like the others."""
+        and a number), refused on every rank like the others. When every rank's row is
+        the same, that one row is returned (not one per rank)."""
         problem, where = ((PROBLEMS.index(local[0]), local[1]) if local[0]
                           else problem_of(tensors))
         shapes = [] if problem else [(str(t.dtype), tuple(t.shape)) for t in tensors]
@@ -200,6 +202,22 @@ class Collectives:
             problem, where, value = PROBLEMS.index("a value that is not an int64"), 0, 0
         row = torch.tensor([OPS.index(op), problem, where, len(tensors), nvalues, fp, arg,
                             value], dtype=torch.int64, device=self.device)
+        # most calls agree: one allreduce of two values (gloo's allreduce costs ~12x more
+        # from 8 values up at 4 ranks here: its algorithm changes) - the maximum of a hash
+        # of the row and of its bitwise NOT (max(~h) = ~min(h)); equal extremes: every
+        # rank's row is this one. A rank's count of absent tensors enters as "some".
+        # Any difference (or a problem) gathers the rows one by one to name the ranks.
+        key = [OPS.index(op), problem, where, len(tensors), nvalues, fp,
+               min(arg, 1) if op == "allreduce_mean_" else arg, value]
+        h = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(),
+                           "little") >> 1
+        pair = torch.tensor([h, ~h], dtype=torch.int64, device=self.device)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MAX)
+        self._run(what, lambda: self._group.allreduce([pair], opts))
+        hi, lo = (int(v) for v in pair.cpu().tolist())
+        if hi == ~lo and not problem:  # the same on every rank (so is its problem)
+            return [key]
         out = [torch.empty_like(row) for _ in range(self.size)]
         self._run(what, lambda: self._group.allgather([out], [row]))
         rows = [[int(v) for v in t.cpu().tolist()] for t in out]
@@ -286,7 +304,7 @@ class Collectives:
     def allreduce_mean_(self, tensors: Sequence[torch.Tensor],
                         present: Sequence[bool] | None = None) -> list[bool]:
         """Replace each tensor by its mean over the group, in place. One flat bucket
-        per dtype, after one small allgather that checks every rank passes the same
+        per dtype, after one small agreement (:meth:`_agree`) that every rank passes the same
         shapes and dtypes in the same order. ``present[i] = False``: this rank has no
         value for tensor ``i`` (its zeros count in the mean, as DDP counts an unused
         parameter's gradient). Returns, per tensor, whether any rank had it.
