@@ -274,9 +274,10 @@ class ActorEndpoint:
             DataPlaneTimeout: the other thread's ingest did not finish in time (its own
                 waits are bounded alike, and end on a remote failure).
         """
-        deadline = Deadline(self.config.run.timeout_s,
-                            f"another thread's ingest() on world rank {self.rank} to finish")
-        while not self._turn.acquire(timeout=0.05):
+        deadline = None if self._turn.acquire(blocking=False) else Deadline(
+            self.config.run.timeout_s,
+            f"another thread's ingest() on world rank {self.rank} to finish")  # contended
+        while deadline is not None and not self._turn.acquire(timeout=0.05):
             if self._closing and not closing:
                 raise self._closed_error(f"{what} waited for another thread's ingest()")
             deadline.check()
