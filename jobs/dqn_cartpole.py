@@ -74,6 +74,7 @@ from conduit_hpc.rl import (
     make_vector_env,
     merge_episode_files,
 )
+from conduit_hpc.rl.section import require_polls_within
 from conduit_hpc.transport.objects import allgather_json
 
 
@@ -112,13 +113,7 @@ class DQNCartPoleConfig(Config):
 
     def __post_init__(self) -> None:
         Config.__post_init__(self)
-        for name in ("poll_every_s", "report_every_s"):
-            # the learner looks for stop requests and budgets (and an actor reports its
-            # steps) this often: longer than the ranks' own waits, a SIGTERM or a reached
-            # budget went unnoticed and the job ran on to run.duration_s or its limit
-            v = getattr(self.job, name)
-            require(v <= self.run.timeout_s, f"job.{name}", v,
-                    f"<= run.timeout_s ({self.run.timeout_s:g} s)")
+        require_polls_within(self.job, self.run.timeout_s)  # stop requests, budgets
 
     def check_launch(self, world: LaunchWorld) -> None:
         """:func:`check_config` with the launch's role counts, and the Q network and

@@ -16,7 +16,7 @@ from conduit_hpc.errors import ConfigError
 from conduit_hpc.rl.exploration import epsilon_ladder
 
 __all__ = ["ENV_BYTES_FLOOR", "DQNSection", "check_actor_batch", "check_dqn_launch",
-           "check_env_id", "require_network"]
+           "check_env_id", "require_network", "require_polls_within"]
 
 #: bytes one Gymnasium environment of a vector env takes at least (a CartPole-v1 slot of
 #: a synchronous vector env: ~5.7 kB measured)
@@ -143,6 +143,21 @@ def check_actor_batch(hp: DQNSection, envs_per_actor: int, scheduler: SchedulerC
                           f"{scheduler.max_insert_batch}, which the rate limiter refuses: "
                           f"lower dqn.n_step or dqn.num_envs, or raise "
                           f"scheduler.max_insert_batch (and error_buffer)", key="dqn.n_step")
+
+
+def require_polls_within(job: object, timeout_s: float) -> None:
+    """Refuse a job section's ``poll_every_s`` or ``report_every_s`` longer than
+    ``run.timeout_s``: the learner looks for stop requests and budgets (and an actor
+    reports its steps) this often; longer than the ranks' own waits, a SIGTERM or a
+    reached budget went unnoticed and the job ran on to ``run.duration_s`` or its limit.
+    Local, deterministic.
+
+    Raises:
+        ConfigError: naming ``job.<field>``, its value and the limit.
+    """
+    for name in ("poll_every_s", "report_every_s"):
+        v = getattr(job, name)
+        require(v <= timeout_s, f"job.{name}", v, f"<= run.timeout_s ({timeout_s:g} s)")
 
 
 def require_network(world: LaunchWorld, key: str, hidden: Sequence[int],
