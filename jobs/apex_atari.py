@@ -61,7 +61,11 @@ import torch
 
 from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlane, Role, jsontext
 from conduit_hpc.config import LaunchWorld, require
-from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
+from conduit_hpc.features.checkpointing import (
+    checkpoint_outcome,
+    restore_data_plane,
+    save_checkpoint,
+)
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.checkpointing.resume import (
     checkpoint_root,
@@ -405,6 +409,7 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
                           "env_steps": out.get("env_steps_seen", 0)},
                 extra_state=updater.state_arrays() if updater else None,
                 extra_attrs=updater.state_attrs() if updater else None)
+        outcome = checkpoint_outcome(edp, agent, final)  # collective
         summary = edp.summary()
         # JSON, not pickle (collective on the world; every rank gets every rank's stats)
         stats = [(str(role), int(r), dict(s)) for role, r, s in allgather_json(
@@ -415,11 +420,14 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
     if rank == 0:
         if final is not None:
             print(f"final checkpoint written: {final.path}", flush=True)
+        for line in outcome.lines():
+            print(line, flush=True)
         flat = flat_summary(cfg, summary, stats, wall, placement, stopped)
         if run_dir is not None:
             merge_episode_files(run_dir / "metrics")
             write_summary(run_dir / "metrics" / "summary.json", flat)
         report(flat)
+    outcome.raise_if_none_written()  # every rank: the run cannot be resumed
     return summary
 
 

@@ -28,8 +28,14 @@ from conduit_hpc import Config, DataPlaneClosed, ExperienceDataPlane, Role, Spec
 from conduit_hpc.checkpoint import rng_from_json, rng_to_json
 from conduit_hpc.config import LaunchWorld, require, require_bytes
 from conduit_hpc.config.checks import itemsize
-from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
-from conduit_hpc.features.checkpointing.agent import CheckpointAgent, gather_json
+from conduit_hpc.features.checkpointing import (
+    CheckpointOutcome,
+    SaveResult,
+    checkpoint_outcome,
+    restore_data_plane,
+    save_checkpoint,
+)
+from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.checkpointing.resume import checkpoint_root, restore_lines, resume_roots
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.job import job_main
@@ -224,36 +230,29 @@ def run(cfg: SyntheticConfig, run_dir: Path | None, resume: str) -> dict:
         if stopped and ccfg.on_stop:
             final = save_checkpoint(edp, root, rng=rng_to_json(rng), agent=agent, keep=ccfg.keep,
                                    counters={"rows_ingested": edp.ingest_stats.rows})
+        outcome = checkpoint_outcome(edp, agent, final)  # collective
         summary = edp.summary()
-        summary["checkpoints"] = gather_json(edp.roles.world, {
-            "completed": agent.completed, "failed": agent.failed, "cuts_s": agent.cuts_s},
-            root=0)
+        summary["checkpoints"] = {"written": outcome.written, "failed": outcome.failed,
+                                  "longest_cut_s": outcome.longest_cut_s}
         stop.close()
         wall = time.perf_counter() - edp.started_at
     if rank == 0:
         report(summary, cfg, wall)
-        report_checkpoints(summary["checkpoints"], final)
+        report_checkpoints(outcome, final)
         if run_dir is not None:  # headline figures as `conduit-hpc report` computes them
             write_summary(run_dir / "metrics" / "summary.json",
                           {**flat_summary(summary, cfg, wall),
                            **headline_figures(run_dir / "metrics")})
+    outcome.raise_if_none_written()  # every rank: the run cannot be resumed
     return summary
 
 
-def report_checkpoints(per_rank: list[dict], final: object) -> None:
-    completed = [c for r in per_rank for c in r["completed"]]
-    cuts = [c for r in per_rank for c in r["cuts_s"]]
-    failed = [f for r in per_rank for f in r["failed"]]
-    if completed or cuts:
-        print(f"periodic checkpoints: {len(completed)} written, longest cut (pause) "
-              f"{max(cuts, default=0) * 1e3:.2f} ms, "
-              f"last {completed[-1]['path'] if completed else '-'}")
-    for f in failed:
-        print(f"checkpoint failed: {f}")
+def report_checkpoints(outcome: CheckpointOutcome, final: SaveResult | None) -> None:
+    for line in outcome.lines():
+        print(line, flush=True)
     if final is not None:
-        print(f"final checkpoint written: {final.path} (cut "  # type: ignore[attr-defined]
-              f"{final.cut_s * 1e3:.2f} ms, {final.bytes / 1e6:.1f} MB in "  # type: ignore[attr-defined]
-              f"{final.seconds:.2f} s)", flush=True)  # type: ignore[attr-defined]
+        print(f"final checkpoint written: {final.path} (cut {final.cut_s * 1e3:.2f} ms, "
+              f"{final.bytes / 1e6:.1f} MB in {final.seconds:.2f} s)", flush=True)
 
 
 def flat_summary(summary: dict, cfg: SyntheticConfig, wall: float) -> dict:

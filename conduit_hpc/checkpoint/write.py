@@ -160,9 +160,17 @@ def write_shard_file(path: Path, snapshots: Sequence[ShardSnapshot], *,
                 shards.append({**meta, "file": path.name})
         _fsync(path)
     except OSError as err:
-        raise CheckpointError(f"cannot write checkpoint file {path}: {err}") from err
+        raise CheckpointError(f"cannot write checkpoint file {path}: {os_reason(err)}") from err
     return {"file": {"name": path.name, "bytes": path.stat().st_size,
                      "datasets": datasets}, "shards": shards}
+
+
+def os_reason(err: OSError) -> str:
+    """An OS error in one line: ``[Errno 28] No space left on device``. HDF5's own
+    message runs over several lines with a time stamp, a buffer address and offsets."""
+    if err.errno:
+        return f"[Errno {err.errno}] {os.strerror(err.errno)}"
+    return " ".join(str(err).split())
 
 
 def _check_array_name(name: str) -> str:
@@ -211,7 +219,7 @@ def write_arrays_file(path: Path, arrays: Mapping[str, Any],
                                                              limit, (attrs or {}).get(name))
         _fsync(path)
     except OSError as err:
-        raise CheckpointError(f"cannot write checkpoint file {path}: {err}") from err
+        raise CheckpointError(f"cannot write checkpoint file {path}: {os_reason(err)}") from err
     return {"name": path.name, "bytes": path.stat().st_size, "datasets": datasets}
 
 

@@ -299,3 +299,51 @@ def test_resume_past_a_damaged_checkpoint_keeps_the_good_one(tmp_path: Path) -> 
     assert ck.damage_of(newest) and "fails its checksum" in str(ck.damage_of(newest))
     listing = cli("inspect", str(run))
     assert f"DAMAGED     {newest}" in listing.stdout, listing.stdout
+
+
+def test_a_job_whose_every_checkpoint_failed_ends_with_an_error(tmp_path: Path) -> None:
+    """Periodic checkpoints onto a full file system (a quota, a small scratch; here a
+    real filled 64 kB tmpfs): each failure was one warning and the job exited 0, so the
+    user learned that the run could not be resumed only at the next preemption. The job
+    now ends with one line of what was written and failed, each failure in one line (not
+    HDF5's multi-line message), and exit status 3 naming the first failure."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                      capture_output=True, check=False).returncode != 0:
+        pytest.skip("mount -t tmpfs failed (no CAP_SYS_ADMIN here)")
+    try:
+        with open(mnt / "fill", "wb", buffering=0) as f, contextlib.suppress(OSError):
+            while True:
+                f.write(b"x" * 4096)
+        r = cli("run", "jobs/synthetic.toml", "--runs", str(tmp_path / "runs"),
+                "--set", "run.duration_s=4", "--set", "checkpoint.every_seconds=1.0",
+                "--set", f'checkpoint.directory="{mnt / "ck"}"', *SMALL, timeout=240)
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True, check=False)
+    text = r.stdout + r.stderr
+    assert r.returncode == 3, text
+    tally = next(ln for ln in r.stdout.splitlines() if ln.startswith("checkpoints: "))
+    assert tally.startswith("checkpoints: 0 written, ") and " failed;" in tally, tally
+    failures = [ln for ln in r.stdout.splitlines() if ln.startswith("checkpoint failed: ")]
+    assert failures and len(failures) == int(tally.split(", ")[1].split()[0]), r.stdout
+    assert all(ln.endswith("[Errno 28] No space left on device") for ln in failures), failures
+    assert "every checkpoint this job attempted failed" in text
+    assert "this run cannot be resumed" in text
+
+
+def test_the_checkpoint_tally_names_what_was_written_and_what_failed() -> None:
+    from conduit_hpc.errors import CheckpointError
+    from conduit_hpc.features.checkpointing import CheckpointOutcome
+
+    assert CheckpointOutcome().lines() == []  # none attempted: nothing to say, no error
+    CheckpointOutcome().raise_if_none_written()
+    some = CheckpointOutcome(written=["/c/ckpt-000002"], failed=["disk full"],
+                             longest_cut_s=0.002)
+    assert some.lines() == ["checkpoints: 1 written, 1 failed; longest cut (pause) 2.00 ms; "
+                            "last /c/ckpt-000002", "checkpoint failed: disk full"]
+    some.raise_if_none_written()  # one good checkpoint: resumable
+    with pytest.raises(CheckpointError, match=r"\(2 of 2\).*first failure: a$"):
+        CheckpointOutcome(failed=["a", "b"]).raise_if_none_written()
