@@ -288,6 +288,7 @@ def _fill_reachable(config: Config, plan: Placement) -> None:
     ``storage.capacity_rows`` (the bound the config checks alone). A fill above every
     row a learner can read held it until its wait timed out, with nothing that said it
     never could be reached. Deterministic: every rank raises alike."""
+    _partitions_written(config, plan)
     fill = config.scheduler.min_fill_rows
     rows = {s.shard_id: s.capacity_rows for s in plan.shards}
     for rank, ids in sorted(plan.learner_shards.items()):
@@ -318,6 +319,27 @@ def _fill_reachable(config: Config, plan: Placement) -> None:
                 f"inserts into all partitions together, before any learner's own "
                 f"partition holds min_fill_rows, and every rank would wait",
                 key="scheduler.error_buffer")
+
+
+def _partitions_written(config: Config, plan: Placement) -> None:
+    """With ``placement.scope = "partitioned"`` a node's actors feed only its own
+    learners' partitions (actors of nodes without learners feed every partition): a
+    learner whose node has no actor, with every actor on a node with learners, reads
+    shards no actor writes, and waited for its first batch until its timeout.
+    Deterministic: every rank raises alike."""
+    if config.placement.scope != "partitioned" or not plan.actor_shards:
+        return
+    written = set(plan.actor_shards.values()) | {
+        s for w in (plan.actor_weights or {}).values() for s in w.shards}
+    for rank, ids in sorted(plan.learner_shards.items()):
+        if not set(ids) & written:
+            raise ConfigError(
+                f"placement.scope = 'partitioned' leaves learner rank {rank} with shards "
+                f"{sorted(ids)} that no actor writes (a node's actors feed only the "
+                f"partitions of the learners on their node, and learner rank {rank}'s node "
+                f"has none), so it would wait for its first batch until its timeout; put "
+                f"actors on every node with learners, or use placement.scope = 'global'",
+                key="placement.scope")
 
 
 def _finite(x: float) -> float | None:

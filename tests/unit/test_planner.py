@@ -530,3 +530,37 @@ def test_a_plan_filling_large_budgets_stays_inside_them(tmp_path: Path, capsys) 
     assert plan_command(str(path), None, as_json=False, method="auto", scope=None, top=4,
                         min_shard_rows=None) == 0
     assert "bottleneck:" in capsys.readouterr().out
+
+
+def test_a_partition_that_no_actor_writes_is_refused_when_the_plan_is_made() -> None:
+    """Partitioned sampling feeds a node's partitions from its own actors: a node with a
+    learner and no actor (every actor on a node with learners) got a partition no actor
+    writes, and its learner waited for its first batch until its timeout."""
+    from conduit_hpc.plane.planning import _partitions_written
+    from conduit_hpc.testing import make_config
+
+    rng = np.random.default_rng(0)
+    caps = (0.0, 1e9, 1e9)
+
+    def plan(actors_on_n1: int):
+        nodes = [node_dict(rng, "n0", gpus=1, buffers=1, actors=2, caps=caps, nvlink=False),
+                 node_dict(rng, "n1", gpus=1, buffers=1, actors=actors_on_n1, caps=caps,
+                           nvlink=False)]
+        w = Workload(capacity_rows=10_000, row_bytes=100, batch_rows=64,
+                     update_rate_hz=100.0, actor_rows_per_s=1e4, scope="partitioned")
+        return plan_static(ClusterModel.from_dict({"name": "t", "nodes": nodes}), w)
+
+    cfg = make_config(layout={"learners": 2, "buffers": 2},
+                      placement={"scope": "partitioned", "planner": "static"})
+    lonely = plan(0)
+    starved = [r for r, ids in lonely.learner_shards.items()
+               if not set(ids) & {s for w in (lonely.actor_weights or {}).values()
+                                  for s in w.shards}]
+    assert len(starved) == 1  # the planner's own plan: one learner reads unwritten shards
+    with pytest.raises(ConfigError, match=rf"leaves learner rank {starved[0]} with shards "
+                       r"\[\d+(, \d+)*\] that no actor writes .* or use placement.scope = "
+                       r"'global'") as err:
+        _partitions_written(cfg, lonely)
+    assert err.value.key == "placement.scope"
+    _partitions_written(cfg, plan(1))  # an actor on each node: every partition is written
+    _partitions_written(make_config(layout={"learners": 2, "buffers": 2}), lonely)  # global
