@@ -37,12 +37,14 @@ __all__ = ["actor_totals", "headline_figures", "read_metrics_text", "steps_to_ta
 
 
 def _float(text: str | None) -> float:
+    """A cell's number; NaN (left out) when missing, not a number or not finite."""
     if not text:
         return math.nan
     try:
-        return float(text)
+        x = float(text)
     except ValueError:
         return math.nan
+    return x if math.isfinite(x) else math.nan
 
 
 def actor_totals(metrics: Path) -> list[dict[str, float]]:
@@ -83,7 +85,8 @@ def steps_to_target(env_steps: Sequence[float], returns: Sequence[float],
         if scored is not None and not scored[i]:
             continue
         recent.append(float(ret))
-        if len(recent) == window and math.fsum(recent) / window >= target_return:
+        # each term divided first: the mean of returns near 1e308 must not overflow
+        if len(recent) == window and math.fsum(x / window for x in recent) >= target_return:
             return int(env_steps[i])
     return None
 
@@ -137,13 +140,16 @@ def headline_figures(metrics: str | Path, *, target_return: float | None = None,
     if totals:
         rows = sum(t["rows"] for t in totals if not math.isnan(t["rows"]))
         spans = [t["time_s"] for t in totals if not math.isnan(t["time_s"])]
-        out["rows_ingested"] = int(rows)
+        out["rows_ingested"] = int(rows) if math.isfinite(rows) else None
         out["ingest_span_s"] = max(spans, default=0.0)
-        out["actor_seconds"] = math.fsum(spans)
+        out["actor_seconds"] = sum(spans)  # not fsum: 1e308 + 1e308 is inf, not an error
         out["ingest_rows_per_s"] = rows / out["ingest_span_s"] if out["ingest_span_s"] else 0.0
         waits = [t["limiter_wait_s"] for t in totals if not math.isnan(t["limiter_wait_s"])]
         if waits:
-            out["actor_limiter_wait_s"] = math.fsum(waits)
+            out["actor_limiter_wait_s"] = sum(waits)
+        # cells near 1e308 (a damaged file; finite each) can sum past the largest float:
+        # such a figure is left out like one of a missing file
+        out = {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
     ep = m / "episodes.csv"
     if target_return is not None and ep.is_file():
         try:

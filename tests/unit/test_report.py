@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -310,3 +311,29 @@ def test_report_out_that_is_a_file_is_refused_in_one_line(tmp_path, capsys) -> N
     assert err == (f"conduit-hpc: error: ConduitError: --out must be a folder (created if "
                    f"missing), got {str(afile)!r}: an existing file that is not a folder\n")
     assert afile.read_text() == "keep me\n" and not (run / "report").exists()
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e999", "1e308", "-1e308", "", "x"])
+@pytest.mark.parametrize("rows", ["first", "all"])
+def test_a_report_of_files_with_out_of_range_cells_is_written(tmp_path, value, rows) -> None:
+    """Cells no run writes (a damaged or hand-edited file), in every numeric column of
+    every metrics file: ``inf`` ended `report` in an OverflowError traceback (a superstep
+    number, a sum of returns), ``1e308`` in matplotlib's ValueError laying out an axis,
+    an empty column in ``int(NaN)``. Non-finite cells now count as missing; a plot that
+    cannot be laid out is skipped with a note; the rest of the report is written."""
+    from conduit_hpc.plane.headline import headline_figures
+
+    run = make_run(tmp_path, "edp", supersteps=60)
+    for path in sorted((run / "metrics").glob("*.csv")):
+        table = list(csv.reader(path.open()))
+        for i in ([1] if rows == "first" else range(1, len(table))):
+            table[i] = [c if name == "mode" else value for name, c in zip(table[0], table[i],
+                                                                          strict=True)]
+        with path.open("w", newline="") as fh:
+            csv.writer(fh).writerows(table)
+    md = write_report([run], None)
+    text = md.read_text()
+    assert "## Summary" in text and "## Plots" in text
+    figures = headline_figures(run / "metrics", target_return=400.0)
+    numbers = [v for v in figures.values() if isinstance(v, int | float)]
+    assert all(math.isfinite(v) for v in numbers), figures

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from conduit_hpc.errors import ConduitError
 from conduit_hpc.tools.report.plan_check import load_plan, plan_markdown
 from conduit_hpc.tools.report.run_data import RunData, load_run, run_stats
 from conduit_hpc.tools.report.run_plots import (
+    _plt,
     plot_ingest,
     plot_latency,
     plot_logged,
@@ -90,6 +91,19 @@ STAT_ROWS = (
     ("best_mean_return", "best mean return over WINDOW (scored) episodes"),
     ("env_steps_to_target", "env steps to mean return TARGET"),
 )
+
+
+def _drawn(title: str, plot: Callable[..., tuple[Path | None, str]], *args: Any
+           ) -> tuple[Path | None, str]:
+    """One plot, or a note of why it was skipped: values a run never writes (a damaged or
+    hand-edited file: 1e308 seconds, a superstep of -1e300) can make matplotlib fail to
+    lay out an axis, and one bad plot must not lose the report of the rest."""
+    try:
+        return plot(*args)
+    except (ValueError, OverflowError, FloatingPointError, MemoryError) as err:
+        _plt().close("all")
+        return None, (f"{title}: not drawn, its values are out of range for a plot "
+                      f"({type(err).__name__}: {' '.join(str(err).split())[:200]})")
 
 
 def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = None
@@ -144,13 +158,16 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
             r.name = f"{r.name} ({r.path.name})"
     plots: list[tuple[str, Path]] = []
     notes: list[str] = []
-    for title, (path, note) in [("Return curve", plot_returns(runs, out)),
-                                *[(f"Timeline: {r.label}", plot_timeline(r, out))
-                                  for r in runs],
-                                *[(f"Logged values: {r.label}", plot_logged(r, out))
-                                  for r in runs],
-                                ("Exposed and iteration latency", plot_latency(runs, out)),
-                                ("Ingest rate and rate-limiter waits", plot_ingest(runs, out))]:
+    for title, (path, note) in [
+            ("Return curve", _drawn("Return curve", plot_returns, runs, out)),
+            *[(f"Timeline: {r.label}", _drawn(f"Timeline: {r.label}", plot_timeline, r, out))
+              for r in runs],
+            *[(f"Logged values: {r.label}",
+               _drawn(f"Logged values: {r.label}", plot_logged, r, out)) for r in runs],
+            ("Exposed and iteration latency",
+             _drawn("Exposed and iteration latency", plot_latency, runs, out)),
+            ("Ingest rate and rate-limiter waits",
+             _drawn("Ingest rate and rate-limiter waits", plot_ingest, runs, out))]:
         if path is not None:
             plots.append((title, path))
         if note:

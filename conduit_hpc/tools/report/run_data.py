@@ -37,7 +37,7 @@ TARGET_RETURN = 475.0
 def read_csv(path: Path) -> Table:
     """Columns of a CSV file with a header; numeric columns as float64, others as str.
 
-    Ragged or non-numeric cells in a numeric column become NaN.
+    Ragged, non-numeric or non-finite cells in a numeric column become NaN.
     """
     reader = csv.reader(io.StringIO(read_metrics_text(path), newline=""))
     try:
@@ -51,11 +51,20 @@ def read_csv(path: Path) -> Table:
         filled = [c for c in cells if c]
         numeric = sum(_is_number(c) for c in filled)
         if numeric * 2 >= len(filled) and (numeric or not filled):
-            out[name] = np.array([float(c) if _is_number(c) else math.nan for c in cells],
-                                 dtype=np.float64)
+            out[name] = np.array([_finite(c) for c in cells], dtype=np.float64)
         else:
             out[name] = np.array(cells, dtype=object)
     return out
+
+
+def _finite(text: str) -> float:
+    """A cell's number; NaN for text, an empty cell, or a non-finite value (no writer
+    logs ``inf``: a damaged or hand-edited file; it is left out like a missing cell)."""
+    try:
+        x = float(text)
+    except ValueError:
+        return math.nan
+    return x if math.isfinite(x) else math.nan
 
 
 def _is_number(text: str) -> bool:

@@ -40,6 +40,11 @@ def _plt() -> Any:
     return plt
 
 
+def _whole(x: float) -> str:
+    """A superstep number as text: ``?`` for a missing (NaN) or infinite cell."""
+    return str(int(x)) if np.isfinite(x) else "?"
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "run"
 
@@ -126,9 +131,9 @@ def plot_timeline(run: RunData, out: Path, window: int = 24) -> tuple[Path | Non
     handles += [plt.Rectangle((0, 0), 1, 1, color=colors[c], label=c[:-2]) for c in parts]
     top.set_yticks([0.5, 1.5], ["experience path" if parts else "(no path columns)",
                                 "learner"])
-    top.set_xlabel(f"ms since superstep {int(step[lo])} (thin lines: superstep starts)")
+    top.set_xlabel(f"ms since superstep {_whole(step[lo])} (thin lines: superstep starts)")
     fig.suptitle(f"{run.label}: timeline", fontsize=11)
-    top.set_title(f"supersteps {int(step[lo])}-{int(step[hi - 1])} from the middle of the "
+    top.set_title(f"supersteps {_whole(step[lo])}-{_whole(step[hi - 1])} from the middle of the "
                   f"run\n(experience-path work drawn from the start of the superstep it "
                   f"ran in)", fontsize=9)
     top.set_ylim(0, 2.6)
@@ -152,7 +157,7 @@ def plot_timeline(run: RunData, out: Path, window: int = 24) -> tuple[Path | Non
         bottom.set_ylim(0, ceiling)
         first = int(np.argmax(it))
         bottom.set_ylabel(f"ms (clipped at {ceiling:.4g}: 1.5 x p99 after the first "
-                          f"{warm} supersteps;\nsuperstep {int(step[first])} took "
+                          f"{warm} supersteps;\nsuperstep {_whole(step[first])} took "
                           f"{peak:.4g} ms)", fontsize=8)
     else:
         bottom.set_ylabel("ms")
