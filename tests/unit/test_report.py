@@ -337,3 +337,34 @@ def test_a_report_of_files_with_out_of_range_cells_is_written(tmp_path, value, r
     figures = headline_figures(run / "metrics", target_return=400.0)
     numbers = [v for v in figures.values() if isinstance(v, int | float)]
     assert all(math.isfinite(v) for v in numbers), figures
+
+
+@pytest.mark.parametrize("where, value", [
+    (("prediction",), True), (("prediction", "learners"), "x"),
+    (("prediction", "learners", "0"), [1, 2]), (("tiers",), [1, 2]),
+    (("tiers", "learner_host"), None), (("placement", "learner_shards", 0, "shards"), -1),
+    (("placement", "learner_shards", 0, "learners", 0), {"a": 1})])
+def test_a_plan_json_not_in_the_form_a_run_writes_skips_its_section(tmp_path, where,
+                                                                     value) -> None:
+    """A plan.json whose values have other types than the data plane writes (hand-edited,
+    another version) ended `report` in an AttributeError/TypeError/ValueError traceback;
+    the Plan section is now skipped with a note naming the error, the rest written."""
+    from conduit_hpc.placement.cluster import ClusterModel, Roster
+    from conduit_hpc.placement.static import plan_static
+    from conduit_hpc.placement.workload import Workload
+    from conduit_hpc.plane.planning import PlanRecord, plan_document
+
+    cluster = ClusterModel.from_toml(Path(__file__).parents[2] / "jobs/cluster-local.toml")
+    plan = plan_static(cluster, Workload(capacity_rows=10_000, row_bytes=100,
+                                         tiers=("learner_host", "buffer_host")),
+                       roster=Roster.block(cluster))
+    doc = json.loads(json.dumps(plan_document(plan, PlanRecord("static", "x"))))
+    at = doc
+    for key in where[:-1]:
+        at = at[key]
+    at[where[-1]] = value
+    run = make_run(tmp_path, "edp", supersteps=30)
+    (run / "plan.json").write_text(json.dumps(doc))
+    md = write_report([run]).read_text()
+    assert "## Summary" in md and "## Plots" in md
+    assert "plan.json: not in the form a run writes, its section is skipped (" in md

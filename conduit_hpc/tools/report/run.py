@@ -201,7 +201,12 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     if any(doc for _, doc, _ in plans):
         lines += ["## Plan: predicted against measured, per learner", ""]
         for r, doc, _ in plans:
-            lines += plan_markdown(r.label, doc, r.learners)
+            try:  # a hand-edited or foreign plan.json: its section is skipped, not the report
+                lines += plan_markdown(r.label, doc, r.learners)
+            except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as err:
+                r.problems.append(f"plan.json: not in the form a run writes, its section is "
+                                  f"skipped ({type(err).__name__}: "
+                                  f"{' '.join(str(err).split())[:200]})")
     for r, _, problem in plans:
         if problem:
             r.problems.append(problem)
