@@ -33,6 +33,7 @@ likewise; a rank that dies without a word leaves the other to its timeout.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
+from conduit_hpc import jsontext
 from conduit_hpc.errors import ConfigError, DataPlaneClosed, DataPlaneTimeout, RemoteFailure
 from conduit_hpc.plane.delivery import Deliverer
 from conduit_hpc.plane.fetch import Fetch
@@ -254,6 +256,7 @@ class DeliveryServer:
         self.poll_s = min(poll_interval_s, 0.0005)
         self.prefetch = Prefetcher(d, fetch, self.clock, self._publish, self._closed)
         self.finished = False
+        self.started = False  # the learner's sampler state was taken (batches may start)
         self.silent = False  # its learner stopped asking (its own timeout, not a failure)
         self.updates = 0  # update messages forwarded
 
@@ -314,6 +317,10 @@ class DeliveryServer:
             if ring.word(W_LEARNER_FAILED):
                 raise RemoteFailure(f"the learner (world rank {self.learner}) failed: "
                                     f"{ring.message(W_LEARNER_FAILED)}")
+            if not self.started and (state := ring.start()) is not None:
+                # the sampler continues where the learner's was put (a restore)
+                d.sampler.load_state_dict(json.loads(state))
+                self.started = True
             requested = ring.word(W_REQUESTED)
             self._forward()  # every update queued before that request
             while clock.requested < requested:
@@ -322,7 +329,7 @@ class DeliveryServer:
             if ring.word(W_STOP):
                 self._stop()
                 return
-            did = self.prefetch.step()
+            did = self.started and self.prefetch.step()
             if did:
                 backoff.reset()
                 quiet = time.monotonic()
@@ -371,6 +378,12 @@ class ProcessMode(DeliveryMode):
         self._failed = False  # this learner failed, or already raised the peer's failure
         self._raised = False  # a next_batch raised (the learner may take it and end)
         self._counters: dict[str, float] = {}  # the delivery rank's, left at its stop
+
+    def start(self) -> None:
+        """Before the first request: hand the delivery rank this learner's sampler
+        state, which it draws and weighs with (what a restore put there: the superstep
+        the beta schedule and ``Batch.superstep`` count from, the random state)."""
+        self.ring.set_start(jsontext.dumps(self.ep.sampler.state_dict(0)))
 
     def _check_peer(self) -> None:
         if self.ring.word(W_FAILED):

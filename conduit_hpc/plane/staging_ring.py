@@ -10,6 +10,10 @@ spec, the same on both sides:
   (:data:`W_REQUESTED`), that it stops or failed, and the head of the update queue; the
   delivery rank writes the queue's tail, that it stopped, failed or saw the stream end
   (then a UTF-8 message follows), and its counters when it stops;
+* the learner's sampler state, as JSON (:meth:`StagingRing.set_start`): written once,
+  before its first request (:data:`W_STARTED`), so that the delivery rank, whose sampler
+  draws the batches and weighs them, continues from where the learner's was put (a
+  restored checkpoint's superstep, beta schedule and random state);
 * ``prefetch_depth + 1`` batch slots: a header (the tag: batch ``t + 1`` is in the slot;
   the superstep, rows, staleness, timings), then the batch's columns laid out by the
   spec, its ``[B, 3]`` indices and its importance weights. Batch ``t`` lives in slot
@@ -41,11 +45,15 @@ _ALIGN = 64
 #: control words (int64)
 W_REQUESTED, W_STOP, W_LEARNER_FAILED, W_STOPPED, W_FAILED, W_CLOSED = 0, 1, 2, 3, 4, 5
 W_Q_HEAD, W_Q_TAIL = 6, 7
+W_STARTED = 8  # the learner's sampler state is written (bytes of it, + 1)
 #: float64 counters the delivery rank leaves when it stops (words 16 ..)
 COUNTERS = ("resampled", "limiter_wait_s", "overwritten_unsampled", "pinned_rounds",
             "priority_rows_direct", "priority_rows_messaged")
 _CONTROL_WORDS = 32
 _MESSAGE_BYTES = 2048
+#: room for the learner's sampler state (JSON; numpy's largest bit generator state,
+#: MT19937's, takes about 7 kB)
+_START_BYTES = 16384
 #: per-slot header words: tag, superstep, rows, staleness, then the timings
 SLOT_TIMINGS = ("ack_wait_s", "sample_s", "gather_s", "transform_s", "copy_s",
                 "limiter_wait_s")
@@ -106,7 +114,7 @@ class StagingLayout:
 
     @property
     def slots_offset(self) -> int:
-        return _up(8 * _CONTROL_WORDS + _MESSAGE_BYTES)
+        return _up(8 * _CONTROL_WORDS + _MESSAGE_BYTES + _START_BYTES)
 
     @property
     def queue_entry_bytes(self) -> int:
@@ -148,7 +156,9 @@ class StagingRing:
         self._sync = window.sync
         self.control = seg[:8 * _CONTROL_WORDS].view(np.int64)
         self.counters = self.control[16:16 + len(COUNTERS)].view(np.float64)
-        self._message = seg[8 * _CONTROL_WORDS:8 * _CONTROL_WORDS + _MESSAGE_BYTES]
+        m0 = 8 * _CONTROL_WORDS
+        self._message = seg[m0:m0 + _MESSAGE_BYTES]
+        self._start = seg[m0 + _MESSAGE_BYTES:m0 + _MESSAGE_BYTES + _START_BYTES]
         self.slots = [self._slot(seg, layout.slots_offset + k * layout.slot_bytes)
                       for k in range(layout.slots)]
         q0, qb, r = layout.queue_offset, layout.queue_entry_bytes, layout.queue_rows
@@ -205,6 +215,25 @@ class StagingRing:
         """The message that came with word ``w``."""
         raw = bytes(self._message_of(w))
         return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+    def set_start(self, text: str) -> None:
+        """Learner, once, before its first request: its sampler state (JSON text).
+
+        Raises:
+            ValueError: the text does not fit the ring's area (nothing is published).
+        """
+        raw = text.encode("utf-8")
+        if len(raw) > len(self._start):
+            raise ValueError(f"the learner's sampler state takes {len(raw)} bytes as JSON; "
+                             f"the staging ring has room for {len(self._start)}")
+        self._start[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        self.set_word(W_STARTED, len(raw) + 1)
+
+    def start(self) -> str | None:
+        """Delivery rank: the learner's sampler state (JSON text), or ``None`` before
+        the learner wrote it."""
+        n = self.word(W_STARTED)
+        return bytes(self._start[:n - 1]).decode("utf-8") if n else None
 
     # -- batches (delivery rank writes, learner reads) ----------------------------------
     def slot_of(self, t: int) -> _Slot:
