@@ -57,6 +57,7 @@ from conduit_hpc.plane.staging_ring import (
     W_REQUESTED,
     W_STOP,
     W_STOPPED,
+    SlotWriter,
     StagingLayout,
     StagingRing,
 )
@@ -194,45 +195,6 @@ def open_staging(roles: RoleComms, config: Config, spec: Spec) -> StagingRing | 
     window = RmaWindow(pair, layout.nbytes if me in roles.delivery_ranks else 0,
                        node_comm=pair, shared=True)
     return StagingRing(window, owner, layout)
-
-
-class SlotWriter(BatchSink):
-    """Where a delivery rank's batches go: the staging ring's slot, gathered there
-    directly (:meth:`alloc`); a transform's new arrays are copied in. No
-    device, no torch (the learner stages the slot to its device)."""
-
-    def __init__(self, ring: StagingRing) -> None:
-        self.ring = ring
-        self.t = -1
-
-    def alloc(self, t: int, spec: Spec, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
-        """The columns of batch ``t``'s slot (free by the prefetch clock)."""
-        self.t = t
-        return self.ring.slot_of(t).columns
-
-    def to_device(self, data: Any, indices: np.ndarray, weights: np.ndarray, superstep: int,
-                  staleness: int, device_rows: Any = ()) -> Batch:
-        # no learner_gpu shard with a delivery rank (refused by planning.executable)
-        assert not device_rows, "a delivery rank has no device tier"
-        slot = self.ring.slot_of(self.t)
-        if set(data) != set(slot.columns):
-            raise ConfigError(f"with scheduler.delivery = 'process' the transform must "
-                              f"return the spec's fields {sorted(slot.columns)} (they are "
-                              f"laid out in shared memory), got {sorted(data)}",
-                              key="scheduler.delivery")
-        for name, col in slot.columns.items():
-            v = data[name]
-            if v is not col:
-                v = np.asarray(v)
-                if v.shape != col.shape or not np.can_cast(v.dtype, col.dtype, "same_kind"):
-                    raise ConfigError(
-                        f"with scheduler.delivery = 'process' the transform must keep field "
-                        f"{name!r} as {col.dtype}{list(col.shape)}, got "
-                        f"{v.dtype}{list(v.shape)}", key="scheduler.delivery")
-                col[...] = v
-        slot.indices[...] = indices
-        slot.weights[...] = weights
-        return Batch({}, indices, weights, superstep, staleness)  # type: ignore[arg-type]
 
 
 class DeliveryServer:

@@ -33,13 +33,16 @@ are the callers' (bounded).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from conduit_hpc.spec import Spec
+from conduit_hpc.errors import ConfigError, SpecError
+from conduit_hpc.plane.staging import Batch, BatchSink
+from conduit_hpc.spec import Spec, check_in_range
 from conduit_hpc.transport.rma import RmaWindow
 
-__all__ = ["SLOT_TIMINGS", "StagingLayout", "StagingRing"]
+__all__ = ["SLOT_TIMINGS", "SlotWriter", "StagingLayout", "StagingRing"]
 
 _ALIGN = 64
 #: control words (int64)
@@ -296,3 +299,49 @@ class StagingRing:
         if head != tail:
             self.set_word(W_Q_TAIL, head)
         return out
+
+
+class SlotWriter(BatchSink):
+    """Where a delivery rank's batches go: the staging ring's slot, gathered there
+    directly (:meth:`alloc`); a transform's new arrays are copied in. No
+    device, no torch (the learner stages the slot to its device)."""
+
+    def __init__(self, ring: StagingRing) -> None:
+        self.ring = ring
+        self.t = -1
+
+    def alloc(self, t: int, spec: Spec, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
+        """The columns of batch ``t``'s slot (free by the prefetch clock)."""
+        self.t = t
+        return self.ring.slot_of(t).columns
+
+    def to_device(self, data: Any, indices: np.ndarray, weights: np.ndarray, superstep: int,
+                  staleness: int, device_rows: Any = ()) -> Batch:
+        # no learner_gpu shard with a delivery rank (refused by planning.executable)
+        assert not device_rows, "a delivery rank has no device tier"
+        slot = self.ring.slot_of(self.t)
+        if set(data) != set(slot.columns):
+            raise ConfigError(f"with scheduler.delivery = 'process' the transform must "
+                              f"return the spec's fields {sorted(slot.columns)} (they are "
+                              f"laid out in shared memory), got {sorted(data)}",
+                              key="scheduler.delivery")
+        for name, col in slot.columns.items():
+            v = data[name]
+            if v is not col:
+                v = np.asarray(v)
+                bad = v.shape != col.shape or not np.can_cast(v.dtype, col.dtype, "same_kind")
+                why = f"{v.dtype}{list(v.shape)}"
+                if not bad and v.dtype != col.dtype and v.size:
+                    try:  # cast as ingest casts: no value may wrap or overflow
+                        check_in_range(name, v, col.dtype)
+                    except SpecError as err:
+                        bad, why = True, f"{why}: {err}"
+                if bad:
+                    raise ConfigError(
+                        f"with scheduler.delivery = 'process' the transform must keep field "
+                        f"{name!r} as {col.dtype}{list(col.shape)}, got {why}",
+                        key="scheduler.delivery")
+                col[...] = v
+        slot.indices[...] = indices
+        slot.weights[...] = weights
+        return Batch({}, indices, weights, superstep, staleness)  # type: ignore[arg-type]
