@@ -53,8 +53,10 @@ from conduit_hpc.plane.staging import Batch, BatchSink, Stager
 from conduit_hpc.plane.staging_ring import (
     W_CLOSED,
     W_FAILED,
+    W_FINAL,
     W_LEARNER_FAILED,
     W_REQUESTED,
+    W_STARTED,
     W_STOP,
     W_STOPPED,
     SlotWriter,
@@ -279,7 +281,7 @@ class DeliveryServer:
             if ring.word(W_LEARNER_FAILED):
                 raise RemoteFailure(f"the learner (world rank {self.learner}) failed: "
                                     f"{ring.message(W_LEARNER_FAILED)}")
-            if not self.started and (state := ring.start()) is not None:
+            if not self.started and (state := ring.state(W_STARTED)) is not None:
                 # the sampler continues where the learner's was put (a restore)
                 d.sampler.load_state_dict(json.loads(state))
                 self.started = True
@@ -322,6 +324,8 @@ class DeliveryServer:
                "priority_rows_messaged": d.prio.message_rows}
         for k, name in enumerate(COUNTERS):
             ring.counters[k] = float(got[name])
+        if self.started:  # its random state goes back (what a final checkpoint saves)
+            ring.set_state(W_FINAL, jsontext.dumps({"rng": d.sampler.state_dict(0)["rng"]}))
         ring.set_word(W_STOPPED, 1)
 
 
@@ -345,7 +349,7 @@ class ProcessMode(DeliveryMode):
         """Before the first request: hand the delivery rank this learner's sampler
         state, which it draws and weighs with (what a restore put there: the superstep
         the beta schedule and ``Batch.superstep`` count from, the random state)."""
-        self.ring.set_start(jsontext.dumps(self.ep.sampler.state_dict(0)))
+        self.ring.set_state(W_STARTED, jsontext.dumps(self.ep.sampler.state_dict(0)))
 
     def _check_peer(self) -> None:
         if self.ring.word(W_FAILED):
@@ -414,6 +418,8 @@ class ProcessMode(DeliveryMode):
                 return
         self._wait(lambda: ring.word(W_STOPPED) == 1, "the delivery rank to stop")
         self._counters = dict(zip(COUNTERS, (float(v) for v in ring.counters), strict=False))
+        if (final := ring.state(W_FINAL)) is not None:  # the random state it drew with
+            self.ep.sampler.load_state_dict(json.loads(final))
 
     def counters(self) -> dict[str, float]:
         return dict(self._counters)

@@ -10,10 +10,12 @@ spec, the same on both sides:
   (:data:`W_REQUESTED`), that it stops or failed, and the head of the update queue; the
   delivery rank writes the queue's tail, that it stopped, failed or saw the stream end
   (then a UTF-8 message follows), and its counters when it stops;
-* the learner's sampler state, as JSON (:meth:`StagingRing.set_start`): written once,
+* a sampler state, as JSON (:meth:`StagingRing.set_state`): the learner's, written once
   before its first request (:data:`W_STARTED`), so that the delivery rank, whose sampler
   draws the batches and weighs them, continues from where the learner's was put (a
-  restored checkpoint's superstep, beta schedule and random state);
+  restored checkpoint's superstep, beta schedule and random state); then the delivery
+  rank's as it stops (:data:`W_FINAL`), which the learner takes (what a final checkpoint
+  saves of it);
 * ``prefetch_depth + 1`` batch slots: a header (the tag: batch ``t + 1`` is in the slot;
   the superstep, rows, staleness, timings), then the batch's columns laid out by the
   spec, its ``[B, 3]`` indices and its importance weights. Batch ``t`` lives in slot
@@ -49,6 +51,7 @@ _ALIGN = 64
 W_REQUESTED, W_STOP, W_LEARNER_FAILED, W_STOPPED, W_FAILED, W_CLOSED = 0, 1, 2, 3, 4, 5
 W_Q_HEAD, W_Q_TAIL = 6, 7
 W_STARTED = 8  # the learner's sampler state is written (bytes of it, + 1)
+W_FINAL = 9  # the delivery rank's sampler state, as it stopped, is written (the same)
 #: float64 counters the delivery rank leaves when it stops (words 16 ..)
 COUNTERS = ("resampled", "limiter_wait_s", "overwritten_unsampled", "pinned_rounds",
             "priority_rows_direct", "priority_rows_messaged")
@@ -219,23 +222,24 @@ class StagingRing:
         raw = bytes(self._message_of(w))
         return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
 
-    def set_start(self, text: str) -> None:
-        """Learner, once, before its first request: its sampler state (JSON text).
+    def set_state(self, w: int, text: str) -> None:
+        """Write a sampler state (JSON text) into the state area, then word ``w`` (its
+        length + 1): :data:`W_STARTED` by the learner before its first request, then
+        :data:`W_FINAL` by the delivery rank as it stops (the area was read by then).
 
         Raises:
             ValueError: the text does not fit the ring's area (nothing is published).
         """
         raw = text.encode("utf-8")
         if len(raw) > len(self._start):
-            raise ValueError(f"the learner's sampler state takes {len(raw)} bytes as JSON; "
-                             f"the staging ring has room for {len(self._start)}")
+            raise ValueError(f"a sampler state takes {len(raw)} bytes as JSON; the "
+                             f"staging ring has room for {len(self._start)}")
         self._start[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-        self.set_word(W_STARTED, len(raw) + 1)
+        self.set_word(w, len(raw) + 1)
 
-    def start(self) -> str | None:
-        """Delivery rank: the learner's sampler state (JSON text), or ``None`` before
-        the learner wrote it."""
-        n = self.word(W_STARTED)
+    def state(self, w: int) -> str | None:
+        """The sampler state published with word ``w`` (JSON text), or ``None`` before."""
+        n = self.word(w)
         return bytes(self._start[:n - 1]).decode("utf-8") if n else None
 
     # -- batches (delivery rank writes, learner reads) ----------------------------------

@@ -8,6 +8,8 @@ Layouts: thread: world rank 0 the learner, 1 the buffer, the rest actors; proces
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -87,3 +89,40 @@ def test_a_process_delivery_job_resumes_the_learners_sampler(shared_dir) -> None
         # the largest (the even rows': every shard holds both kinds)
         want = np.where(wseq % 2, 0.25, 1.0)
         np.testing.assert_allclose(weights, want, rtol=1e-5)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_a_final_checkpoint_of_a_process_delivery_job_saves_the_draws_random_state(
+        shared_dir) -> None:
+    """A checkpoint saved at the end of a process-delivery job (save_checkpoint, after
+    every rank is done) stored the learner's sampler state, whose random generator only
+    the delivery rank's draws had advanced - the learner's was still the fresh seed's, so
+    a resumed job drew the same random stream again. The delivery rank now hands its
+    random state back as it stops; the checkpoint holds it."""
+    from conduit_hpc import checkpoint as ck
+    from conduit_hpc.features.checkpointing import save_checkpoint
+
+    drew = None
+    with ExperienceDataPlane(_config("process")) as edp:
+        if edp.role is Role.ACTOR:
+            for i in range(20):
+                edp.ingest(checked_batch(edp.world_rank, 8 * i, 8))
+            edp.done()
+        elif edp.role is Role.LEARNER:
+            for _ in range(EVERY):
+                b = edp.next_batch()
+                edp.update_priorities(b.indices, np.ones(len(b)))
+            edp.done()
+        else:
+            edp.serve()
+            if edp.delivery is not None:
+                drew = edp.delivery.d.sampler.rng.bit_generator.state
+        edp.done()
+        result = save_checkpoint(edp, shared_dir)
+        learner = edp.roles.learner_ranks[0]
+    drew = next(d for d in COMM.allgather(drew) if d is not None)
+    state = ck.open_checkpoint(result.path).sampler[learner]
+    assert state["superstep_offset"] == EVERY
+    fresh = np.random.default_rng(_config("process").run.seed + learner).bit_generator.state
+    assert drew != fresh  # the delivery rank drew
+    assert json.loads(state["rng"]) == drew
