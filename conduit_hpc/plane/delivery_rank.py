@@ -33,6 +33,7 @@ likewise; a rank that dies without a word leaves the other to its timeout.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
+from conduit_hpc import jsontext
 from conduit_hpc.errors import ConfigError, DataPlaneClosed, DataPlaneTimeout, RemoteFailure
 from conduit_hpc.plane.delivery import Deliverer
 from conduit_hpc.plane.fetch import Fetch
@@ -51,10 +53,13 @@ from conduit_hpc.plane.staging import Batch, BatchSink, Stager
 from conduit_hpc.plane.staging_ring import (
     W_CLOSED,
     W_FAILED,
+    W_FINAL,
     W_LEARNER_FAILED,
     W_REQUESTED,
+    W_STARTED,
     W_STOP,
     W_STOPPED,
+    SlotWriter,
     StagingLayout,
     StagingRing,
 )
@@ -194,45 +199,6 @@ def open_staging(roles: RoleComms, config: Config, spec: Spec) -> StagingRing | 
     return StagingRing(window, owner, layout)
 
 
-class SlotWriter(BatchSink):
-    """Where a delivery rank's batches go: the staging ring's slot, gathered there
-    directly (:meth:`alloc`); a transform's new arrays are copied in. No
-    device, no torch (the learner stages the slot to its device)."""
-
-    def __init__(self, ring: StagingRing) -> None:
-        self.ring = ring
-        self.t = -1
-
-    def alloc(self, t: int, spec: Spec, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
-        """The columns of batch ``t``'s slot (free by the prefetch clock)."""
-        self.t = t
-        return self.ring.slot_of(t).columns
-
-    def to_device(self, data: Any, indices: np.ndarray, weights: np.ndarray, superstep: int,
-                  staleness: int, device_rows: Any = ()) -> Batch:
-        # no learner_gpu shard with a delivery rank (refused by planning.executable)
-        assert not device_rows, "a delivery rank has no device tier"
-        slot = self.ring.slot_of(self.t)
-        if set(data) != set(slot.columns):
-            raise ConfigError(f"with scheduler.delivery = 'process' the transform must "
-                              f"return the spec's fields {sorted(slot.columns)} (they are "
-                              f"laid out in shared memory), got {sorted(data)}",
-                              key="scheduler.delivery")
-        for name, col in slot.columns.items():
-            v = data[name]
-            if v is not col:
-                v = np.asarray(v)
-                if v.shape != col.shape or not np.can_cast(v.dtype, col.dtype, "same_kind"):
-                    raise ConfigError(
-                        f"with scheduler.delivery = 'process' the transform must keep field "
-                        f"{name!r} as {col.dtype}{list(col.shape)}, got "
-                        f"{v.dtype}{list(v.shape)}", key="scheduler.delivery")
-                col[...] = v
-        slot.indices[...] = indices
-        slot.weights[...] = weights
-        return Batch({}, indices, weights, superstep, staleness)  # type: ignore[arg-type]
-
-
 class DeliveryServer:
     """The delivery rank's loop (see the module docstring).
 
@@ -254,6 +220,7 @@ class DeliveryServer:
         self.poll_s = min(poll_interval_s, 0.0005)
         self.prefetch = Prefetcher(d, fetch, self.clock, self._publish, self._closed)
         self.finished = False
+        self.started = False  # the learner's sampler state was taken (batches may start)
         self.silent = False  # its learner stopped asking (its own timeout, not a failure)
         self.updates = 0  # update messages forwarded
 
@@ -314,6 +281,10 @@ class DeliveryServer:
             if ring.word(W_LEARNER_FAILED):
                 raise RemoteFailure(f"the learner (world rank {self.learner}) failed: "
                                     f"{ring.message(W_LEARNER_FAILED)}")
+            if not self.started and (state := ring.state(W_STARTED)) is not None:
+                # the sampler continues where the learner's was put (a restore)
+                d.sampler.load_state_dict(json.loads(state))
+                self.started = True
             requested = ring.word(W_REQUESTED)
             self._forward()  # every update queued before that request
             while clock.requested < requested:
@@ -322,7 +293,7 @@ class DeliveryServer:
             if ring.word(W_STOP):
                 self._stop()
                 return
-            did = self.prefetch.step()
+            did = self.started and self.prefetch.step()
             if did:
                 backoff.reset()
                 quiet = time.monotonic()
@@ -353,6 +324,8 @@ class DeliveryServer:
                "priority_rows_messaged": d.prio.message_rows}
         for k, name in enumerate(COUNTERS):
             ring.counters[k] = float(got[name])
+        if self.started:  # its random state goes back (what a final checkpoint saves)
+            ring.set_state(W_FINAL, jsontext.dumps({"rng": d.sampler.state_dict(0)["rng"]}))
         ring.set_word(W_STOPPED, 1)
 
 
@@ -371,6 +344,12 @@ class ProcessMode(DeliveryMode):
         self._failed = False  # this learner failed, or already raised the peer's failure
         self._raised = False  # a next_batch raised (the learner may take it and end)
         self._counters: dict[str, float] = {}  # the delivery rank's, left at its stop
+
+    def start(self) -> None:
+        """Before the first request: hand the delivery rank this learner's sampler
+        state, which it draws and weighs with (what a restore put there: the superstep
+        the beta schedule and ``Batch.superstep`` count from, the random state)."""
+        self.ring.set_state(W_STARTED, jsontext.dumps(self.ep.sampler.state_dict(0)))
 
     def _check_peer(self) -> None:
         if self.ring.word(W_FAILED):
@@ -439,6 +418,8 @@ class ProcessMode(DeliveryMode):
                 return
         self._wait(lambda: ring.word(W_STOPPED) == 1, "the delivery rank to stop")
         self._counters = dict(zip(COUNTERS, (float(v) for v in ring.counters), strict=False))
+        if (final := ring.state(W_FINAL)) is not None:  # the random state it drew with
+            self.ep.sampler.load_state_dict(json.loads(final))
 
     def counters(self) -> dict[str, float]:
         return dict(self._counters)

@@ -28,6 +28,7 @@ from conduit_hpc.plane.delivery import Deliverer
 from conduit_hpc.plane.fetch import FETCHES, Fetch, OwnerFetch
 from conduit_hpc.plane.prefetch import Prefetcher
 from conduit_hpc.plane.staging import Batch
+from conduit_hpc.sampling import Sampler
 from conduit_hpc.scheduler import DataPlaneThread, PrefetchClock
 from conduit_hpc.wait import Deadline
 
@@ -42,6 +43,7 @@ class Endpoint(Protocol):
     cfg: SchedulerConfig
     clock: PrefetchClock
     timeout_s: float
+    sampler: Sampler
 
 
 class DeliveryMode:

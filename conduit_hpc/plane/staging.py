@@ -111,7 +111,7 @@ class BatchSink(abc.ABC):
     """Where the experience path hands a finished batch (the last stage of
     :class:`~conduit_hpc.plane.delivery.Deliverer`): the learner's device
     (:class:`Stager`), or the staging ring a delivery rank writes for its learner
-    (:class:`~conduit_hpc.plane.delivery_rank.SlotWriter`)."""
+    (:class:`~conduit_hpc.plane.staging_ring.SlotWriter`)."""
 
     #: the device whose memory mirrors ``learner_gpu`` shards (None: no device tier)
     device: torch.device | None = None

@@ -10,6 +10,12 @@ spec, the same on both sides:
   (:data:`W_REQUESTED`), that it stops or failed, and the head of the update queue; the
   delivery rank writes the queue's tail, that it stopped, failed or saw the stream end
   (then a UTF-8 message follows), and its counters when it stops;
+* a sampler state, as JSON (:meth:`StagingRing.set_state`): the learner's, written once
+  before its first request (:data:`W_STARTED`), so that the delivery rank, whose sampler
+  draws the batches and weighs them, continues from where the learner's was put (a
+  restored checkpoint's superstep, beta schedule and random state); then the delivery
+  rank's as it stops (:data:`W_FINAL`), which the learner takes (what a final checkpoint
+  saves of it);
 * ``prefetch_depth + 1`` batch slots: a header (the tag: batch ``t + 1`` is in the slot;
   the superstep, rows, staleness, timings), then the batch's columns laid out by the
   spec, its ``[B, 3]`` indices and its importance weights. Batch ``t`` lives in slot
@@ -29,23 +35,31 @@ are the callers' (bounded).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from conduit_hpc.spec import Spec
+from conduit_hpc.errors import ConfigError, SpecError
+from conduit_hpc.plane.staging import Batch, BatchSink
+from conduit_hpc.spec import Spec, check_in_range
 from conduit_hpc.transport.rma import RmaWindow
 
-__all__ = ["SLOT_TIMINGS", "StagingLayout", "StagingRing"]
+__all__ = ["SLOT_TIMINGS", "SlotWriter", "StagingLayout", "StagingRing"]
 
 _ALIGN = 64
 #: control words (int64)
 W_REQUESTED, W_STOP, W_LEARNER_FAILED, W_STOPPED, W_FAILED, W_CLOSED = 0, 1, 2, 3, 4, 5
 W_Q_HEAD, W_Q_TAIL = 6, 7
+W_STARTED = 8  # the learner's sampler state is written (bytes of it, + 1)
+W_FINAL = 9  # the delivery rank's sampler state, as it stopped, is written (the same)
 #: float64 counters the delivery rank leaves when it stops (words 16 ..)
 COUNTERS = ("resampled", "limiter_wait_s", "overwritten_unsampled", "pinned_rounds",
             "priority_rows_direct", "priority_rows_messaged")
 _CONTROL_WORDS = 32
 _MESSAGE_BYTES = 2048
+#: room for the learner's sampler state (JSON; numpy's largest bit generator state,
+#: MT19937's, takes about 7 kB)
+_START_BYTES = 16384
 #: per-slot header words: tag, superstep, rows, staleness, then the timings
 SLOT_TIMINGS = ("ack_wait_s", "sample_s", "gather_s", "transform_s", "copy_s",
                 "limiter_wait_s")
@@ -106,7 +120,7 @@ class StagingLayout:
 
     @property
     def slots_offset(self) -> int:
-        return _up(8 * _CONTROL_WORDS + _MESSAGE_BYTES)
+        return _up(8 * _CONTROL_WORDS + _MESSAGE_BYTES + _START_BYTES)
 
     @property
     def queue_entry_bytes(self) -> int:
@@ -148,7 +162,9 @@ class StagingRing:
         self._sync = window.sync
         self.control = seg[:8 * _CONTROL_WORDS].view(np.int64)
         self.counters = self.control[16:16 + len(COUNTERS)].view(np.float64)
-        self._message = seg[8 * _CONTROL_WORDS:8 * _CONTROL_WORDS + _MESSAGE_BYTES]
+        m0 = 8 * _CONTROL_WORDS
+        self._message = seg[m0:m0 + _MESSAGE_BYTES]
+        self._start = seg[m0 + _MESSAGE_BYTES:m0 + _MESSAGE_BYTES + _START_BYTES]
         self.slots = [self._slot(seg, layout.slots_offset + k * layout.slot_bytes)
                       for k in range(layout.slots)]
         q0, qb, r = layout.queue_offset, layout.queue_entry_bytes, layout.queue_rows
@@ -205,6 +221,26 @@ class StagingRing:
         """The message that came with word ``w``."""
         raw = bytes(self._message_of(w))
         return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+    def set_state(self, w: int, text: str) -> None:
+        """Write a sampler state (JSON text) into the state area, then word ``w`` (its
+        length + 1): :data:`W_STARTED` by the learner before its first request, then
+        :data:`W_FINAL` by the delivery rank as it stops (the area was read by then).
+
+        Raises:
+            ValueError: the text does not fit the ring's area (nothing is published).
+        """
+        raw = text.encode("utf-8")
+        if len(raw) > len(self._start):
+            raise ValueError(f"a sampler state takes {len(raw)} bytes as JSON; the "
+                             f"staging ring has room for {len(self._start)}")
+        self._start[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        self.set_word(w, len(raw) + 1)
+
+    def state(self, w: int) -> str | None:
+        """The sampler state published with word ``w`` (JSON text), or ``None`` before."""
+        n = self.word(w)
+        return bytes(self._start[:n - 1]).decode("utf-8") if n else None
 
     # -- batches (delivery rank writes, learner reads) ----------------------------------
     def slot_of(self, t: int) -> _Slot:
@@ -267,3 +303,49 @@ class StagingRing:
         if head != tail:
             self.set_word(W_Q_TAIL, head)
         return out
+
+
+class SlotWriter(BatchSink):
+    """Where a delivery rank's batches go: the staging ring's slot, gathered there
+    directly (:meth:`alloc`); a transform's new arrays are copied in. No
+    device, no torch (the learner stages the slot to its device)."""
+
+    def __init__(self, ring: StagingRing) -> None:
+        self.ring = ring
+        self.t = -1
+
+    def alloc(self, t: int, spec: Spec, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
+        """The columns of batch ``t``'s slot (free by the prefetch clock)."""
+        self.t = t
+        return self.ring.slot_of(t).columns
+
+    def to_device(self, data: Any, indices: np.ndarray, weights: np.ndarray, superstep: int,
+                  staleness: int, device_rows: Any = ()) -> Batch:
+        # no learner_gpu shard with a delivery rank (refused by planning.executable)
+        assert not device_rows, "a delivery rank has no device tier"
+        slot = self.ring.slot_of(self.t)
+        if set(data) != set(slot.columns):
+            raise ConfigError(f"with scheduler.delivery = 'process' the transform must "
+                              f"return the spec's fields {sorted(slot.columns)} (they are "
+                              f"laid out in shared memory), got {sorted(data)}",
+                              key="scheduler.delivery")
+        for name, col in slot.columns.items():
+            v = data[name]
+            if v is not col:
+                v = np.asarray(v)
+                bad = v.shape != col.shape or not np.can_cast(v.dtype, col.dtype, "same_kind")
+                why = f"{v.dtype}{list(v.shape)}"
+                if not bad and v.dtype != col.dtype and v.size:
+                    try:  # cast as ingest casts: no value may wrap or overflow
+                        check_in_range(name, v, col.dtype)
+                    except SpecError as err:
+                        bad, why = True, f"{why}: {err}"
+                if bad:
+                    raise ConfigError(
+                        f"with scheduler.delivery = 'process' the transform must keep field "
+                        f"{name!r} as {col.dtype}{list(col.shape)}, got {why}",
+                        key="scheduler.delivery")
+                col[...] = v
+        slot.indices[...] = indices
+        slot.weights[...] = weights
+        return Batch({}, indices, weights, superstep, staleness)  # type: ignore[arg-type]

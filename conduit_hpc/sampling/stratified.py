@@ -140,15 +140,20 @@ def importance_weights(p: np.ndarray, stats: list[ShardStats] | tuple[ShardStats
             pos = p[p > 0]
             drawn = float(pos.min()) if len(pos) else float("inf")
         pmin = min(pmin, drawn)
-    if compiled:
-        out = tree_kernels.is_weights(p, pmin, beta)
-        if out is not None:
-            return out
-    # (N p / total) ** -beta / (N pmin / total) ** -beta = (p / pmin) ** -beta, in logs:
-    # nothing underflows to 0 ** -beta (inf, or ZeroDivisionError) for a tiny priority
-    # or overflows for a large ratio
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        return np.exp(-beta * (np.log(p) - np.log(pmin))).astype(np.float32)
+    out = tree_kernels.is_weights(p, pmin, beta) if compiled else None
+    if out is None:
+        # (N p / total) ** -beta / (N pmin / total) ** -beta = (p / pmin) ** -beta, in
+        # logs: nothing underflows to 0 ** -beta (inf, or ZeroDivisionError) for a tiny
+        # priority or overflows for a large ratio
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            out = np.exp(-beta * (np.log(p) - np.log(pmin))).astype(np.float32)
+    # a ratio past float32's range (priorities 1e30 and 1e-20 may both be held) made a
+    # weight 0, outside (0, 1] (a loss that divides by it, or takes its log, got inf):
+    # the smallest normal float32 instead
+    return np.maximum(out, _LEAST_WEIGHT, out=out)
+
+
+_LEAST_WEIGHT = np.float32(np.finfo(np.float32).tiny)
 
 
 def beta_at(superstep: int, beta: float, beta_final: float, anneal_supersteps: int) -> float:

@@ -18,7 +18,7 @@ from conduit_hpc.config.checks import DTYPES, MAX_COUNT, MAX_ROW_BYTES
 from conduit_hpc.errors import SpecError
 from conduit_hpc.spec.arrays import as_array
 
-__all__ = ["Field", "FrameStack", "Spec", "as_array", "frame_stacks"]
+__all__ = ["Field", "FrameStack", "Spec", "as_array", "check_in_range", "frame_stacks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +290,7 @@ class Spec:
                 raise SpecError(f"field {f.name!r} holds NaN (first at row {bad}) but the "
                                 f"spec forbids NaN in it")
             if arr.dtype != f.dtype and arr.size:
-                _check_in_range(f.name, arr, f.dtype)
+                check_in_range(f.name, arr, f.dtype)
             out[f.name] = np.ascontiguousarray(arr, dtype=f.dtype)
         return out
 
@@ -299,7 +299,7 @@ class Spec:
         return int(next(iter(batch.values())).shape[0])
 
 
-def _check_in_range(name: str, arr: np.ndarray, dtype: np.dtype) -> None:
+def check_in_range(name: str, arr: np.ndarray, dtype: np.dtype) -> None:
     """Refuse values that a cast within their kind (``cast = "same_kind"``) would not
     round but wrap (an integer outside the field's integer type) or overflow (a finite
     float beyond the field's float type, which would become inf), naming the field, the

@@ -51,10 +51,25 @@ def test_weights_of_any_held_priorities_are_finite_and_at_most_one(prios: list[f
     p = np.asarray(prios)
     w = importance_weights(p, [ShardStats(float(p.sum()), len(p), float(p.min()))], beta)
     assert w.dtype == np.float32 and np.isfinite(w).all()
-    assert (w >= 0).all() and (w <= 1).all() and w[int(np.argmin(p))] == 1
+    assert (w > 0).all() and (w <= 1).all() and w[int(np.argmin(p))] == 1
     with np.errstate(over="ignore", under="ignore"):  # the formula, in logs
         want = np.exp(-beta * (np.log(p) - np.log(p.min()))).astype(np.float32)
     np.testing.assert_allclose(w, want, rtol=1e-5, atol=1e-30)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize(("heavy", "light", "alpha"), [(1e30, 1e-20, 1.0), (1e30, 1e-300, 0.6),
+                                                       (1e30, 5e-324, 1.0)])
+def test_a_weight_too_small_for_float32_stays_above_zero(compiled: bool, heavy: float,
+                                                         light: float, alpha: float) -> None:
+    """Priorities 1e30 and 1e-20 are both accepted; the heavy row's weight (1e-50 at beta
+    1) underflowed float32 to 0.0, outside the (0, 1] importance weights promise (a loss
+    dividing by it, or taking its log, got inf). It is now float32's smallest normal."""
+    mass = np.array([heavy, light, 1.0]) ** alpha
+    stats = [ShardStats(float(mass.sum()), 3, float(mass.min()))]
+    w = importance_weights(mass, stats, 1.0, compiled=compiled)
+    assert (w > 0).all() and (w <= 1).all(), w
+    assert w[0] == np.finfo(np.float32).tiny and w[1] == 1
 
 
 def test_the_single_process_replay_weights_a_tiny_priority() -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from mpi4py import MPI
 
 from conduit_hpc.config import FieldConfig
+from conduit_hpc.errors import ConfigError
 from conduit_hpc.plane.delivery_rank import SlotWriter
 from conduit_hpc.plane.staging_ring import (
     W_CLOSED,
@@ -123,3 +124,46 @@ def test_each_side_has_its_own_message() -> None:
     assert r.message(W_FAILED).startswith("DataPlaneTimeout: xxx")
     assert r.message(W_CLOSED) == r.message(W_FAILED)  # the delivery rank's area
     r.window.close()
+
+
+@pytest.mark.parametrize(("name", "value", "shown"), [
+    ("writer", np.int64(2**32 + 3), "4294967299"),  # int32: would wrap to 3
+    ("wseq", np.uint64(2**63 + 5), "9223372036854775813"),  # int64: would wrap negative
+])
+def test_a_transforms_value_the_slot_cannot_hold_is_refused(name, value, shown) -> None:
+    """A delivery rank's transform that returned an int64 column for an int32 field cast
+    it into the staging slot with numpy's same_kind rule: 2**32 + 3 arrived as 3, where
+    thread delivery hands the learner the transform's own int64. Now a value the spec's
+    dtype cannot hold is refused as ingest refuses it, naming the field and the value;
+    the slot is not published."""
+    r = ring()
+    w = SlotWriter(r)
+    cols = w.alloc(0, SPEC, (8,))
+    for k, v in checked_batch(5, 0, 8).items():
+        cols[k][...] = v
+    out = dict(cols)
+    out[name] = np.full(8, value)
+    with pytest.raises(ConfigError) as info:
+        w.to_device(out, np.zeros((8, 3), np.int64), np.ones(8, np.float32), 0, 0)
+    msg = str(info.value)
+    assert repr(name) in msg and shown in msg and "range" in msg, msg
+    assert not r.ready(0)
+    # values that fit are cast as before (a transform's own dtype is its business)
+    out[name] = np.arange(8, dtype=np.int64 if name == "writer" else np.uint64)
+    w.to_device(out, np.zeros((8, 3), np.int64), np.ones(8, np.float32), 0, 0)
+    assert cols[name].tolist() == list(range(8))
+
+
+def test_a_float_that_would_overflow_the_slots_type_is_refused() -> None:
+    spec = Spec.from_config({"x": FieldConfig(dtype="float32")})
+    lay = StagingLayout(spec, 4, 1, 2, queue_slots=4, queue_rows=16)
+    win = RmaWindow(MPI.COMM_SELF, lay.nbytes, node_comm=MPI.COMM_SELF, shared=True)
+    r = StagingRing(win, 0, lay)
+    w = SlotWriter(r)
+    w.alloc(0, spec, (4,))
+    with pytest.raises(ConfigError, match=r"'x'.*1e\+39.*inf"):
+        w.to_device({"x": np.array([0.0, 1.0, 1e39, 2.0])}, np.zeros((4, 3), np.int64),
+                    np.ones(4, np.float32), 0, 0)
+    w.to_device({"x": np.array([0.0, 1.0, np.inf, 2.5])}, np.zeros((4, 3), np.int64),
+                np.ones(4, np.float32), 0, 0)  # inf itself is a value, kept
+    assert r.slot_of(0).columns["x"].tolist() == [0.0, 1.0, np.inf, 2.5]
