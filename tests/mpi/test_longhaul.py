@@ -13,6 +13,8 @@ import pytest
 from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc import checkpoint as ck
+from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.longhaul import CLOUD_SHARD, EDGE_SHARD
 from conduit_hpc.protocol.forward import FORWARD_HEAD
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
@@ -22,8 +24,9 @@ RATE = 60_000.0  # bytes/s per direction: far less than the actors produce
 LATENCY = 0.004
 
 
-def config(mode: str, **longhaul):
+def config(mode: str, run: dict | None = None, **longhaul):
     return make_config(
+        run=run or {},
         layout={"learners": 1, "buffers": 2},
         storage={"capacity_rows": 2048, "priority_exponent": 1.0},
         scheduler={"mode": "edp", "fetch": "owner", "batch_rows": 16, "prefetch_depth": 2,
@@ -188,3 +191,42 @@ def test_no_rank_is_left_waiting_when_the_job_ends(mode: str) -> None:
     assert held_after_done == 0  # done()/serve() released everything for the link
     assert summary["longhaul"]["e2c_received_bytes"] == summary["longhaul"]["e2c_bytes"]
     assert max(took) < cfg.run.timeout_s
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("mode", ["forward", "edge_replay"])
+def test_a_checkpoint_in_flight_at_the_end_completes_across_the_link(shared_dir,
+                                                                      mode: str) -> None:
+    """A checkpoint still being cut when the job ends: the edge buffer's part crosses the
+    link to the leader in the data centre. Before: ``CheckpointAgent.finish`` entered its
+    barrier with that part still held for the link, so the leader waited ``run.timeout_s``
+    for it, dropped the checkpoint, and the ranks' next collective failed."""
+    # the part is held for the link for the latency; the leader waits run.timeout_s
+    cfg = config(mode, run={"timeout_s": 20.0}, latency_s=0.5)
+    with ExperienceDataPlane(cfg) as edp:
+        agent = CheckpointAgent(edp, shared_dir, keep=0)
+        leader = edp.roles.buffer_ranks[0]
+        assert edp.feature("longhaul").topology.side(leader) == "cloud"
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp)
+        elif edp.role is Role.LEARNER:
+            for _ in range(3):
+                b = edp.next_batch()
+                edp.update_priorities(b.indices, np.ones(len(b)))
+            agent.request()
+            end = time.monotonic() + 60
+            while not list(shared_dir.glob(ck.TMP_PREFIX + "ckpt-*")):
+                assert time.monotonic() < end, "the leader never started the checkpoint"
+                time.sleep(0.005)
+        else:
+            edp.serve()
+        edp.done()
+        agent.finish()
+        outcome = COMM.allgather((agent.completed, agent.failed))
+        edp.roles.world.Barrier()  # the next collective: every rank reaches it
+    completed, failed = outcome[leader]
+    assert failed == [] and len(completed) == 1, outcome[leader]
+    c = ck.open_checkpoint(shared_dir / "ckpt-000001", spec=edp.spec)
+    c.verify()
+    assert {1, 2} <= set(c.counters)  # both buffers' parts, the edge one across the link
+    assert c.shards[EDGE_SHARD].rows > 0
