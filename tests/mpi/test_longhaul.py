@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc import CheckpointError, ExperienceDataPlane, Role
 from conduit_hpc import checkpoint as ck
+from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.longhaul import CLOUD_SHARD, EDGE_SHARD
 from conduit_hpc.protocol.forward import FORWARD_HEAD
@@ -230,3 +231,60 @@ def test_a_checkpoint_in_flight_at_the_end_completes_across_the_link(shared_dir,
     c.verify()
     assert {1, 2} <= set(c.counters)  # both buffers' parts, the edge one across the link
     assert c.shards[EDGE_SHARD].rows > 0
+
+
+def cloud_replay(edp) -> tuple | None:
+    """The data-centre replay's rows on every rank: ((writer, wseq) ..., priorities)."""
+    out = None
+    if edp.world_rank == 1:
+        (shard,) = edp.owned_shards()
+        shard.poll()
+        seqs, cols, _ = shard.ring.read_committed()
+        out = (list(zip(cols["writer"].tolist(), cols["wseq"].tolist(), strict=True)),
+               shard.index.priority[seqs % shard.ring.capacity].tolist())
+    return next(c for c in edp.roles.world.allgather(out) if c is not None)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_a_resumed_forward_run_sends_no_restored_row_twice(shared_dir) -> None:
+    """Resuming ``forward`` from a checkpoint: the rows restored into the edge's FIFO
+    are the earlier run's (forwarded - the cloud replay restored them too -, dropped or
+    unsent there); none is sent again nor counted again, and the cloud replay comes back
+    row for row with its priorities. Before: the forwarder started at seq 0, sent the
+    newest ``queue_rows`` restored rows a second time (duplicates in the replay) and
+    counted every other restored row as dropped. A forward checkpoint is refused, on
+    every rank, by a job of another shard layout (it would hold forwarded rows twice)."""
+    cfg = config("forward", run={"timeout_s": 30.0})
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp)
+        elif edp.role is Role.LEARNER:
+            while edp.feature("longhaul").snapshot().dropped == 0:  # the FIFO is full
+                edp.next_batch()
+        else:
+            edp.serve()
+        edp.done()
+        saved = cloud_replay(edp)
+        save_checkpoint(edp, shared_dir, keep=0)
+    assert len(saved[0]) == len(set(saved[0])) > 0
+    with ExperienceDataPlane(cfg) as edp:
+        res = restore_data_plane(edp, "latest", roots=[shared_dir])
+        assert res is not None and not res.resharded
+        if edp.serves:
+            edp.serve()
+        edp.done()  # nothing new is ingested: nothing may cross
+        restored = cloud_replay(edp)
+        lh = edp.summary()["longhaul"]
+    assert restored == saved  # the same rows, in the same order, with their priorities
+    assert lh["rows_forwarded"] == lh["rows_dropped"] == lh["rows_unsent"] == 0, lh
+    assert lh["edge_rows_committed"] == 0  # this run's rows
+    elsewhere = config("edge_replay", run={"timeout_s": 30.0})
+    with ExperienceDataPlane(elsewhere) as edp:
+        with pytest.raises(CheckpointError, match=r"longhaul.mode = 'forward' \(shards of "
+                                                  r"\[2048, 2048\].*'edge_replay' and shards "
+                                                  r"of \[2048\]"):
+            restore_data_plane(edp, ck.list_checkpoints(shared_dir)[-1])
+        assert ck.damage_of(ck.list_checkpoints(shared_dir)[-1]) is None
+        edp.done()
+        if edp.serves:
+            edp.serve()
