@@ -186,6 +186,27 @@ def test_a_checkpoint_directory_that_is_a_file_is_refused(under: bool, tmp_path:
     assert not (tmp_path / "runs").exists()  # nothing made, nothing launched
 
 
+@pytest.mark.parametrize("link", ["loop", "dangling", "under-loop"])
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_checkpoint_directory_behind_a_broken_link_is_refused(
+        link: str, resume: bool, tmp_path: Path, capsys) -> None:
+    """A checkpoint root that is (or lies under) a symbolic link leading nowhere - a loop
+    or a dangling link - is refused before launch, naming the link. Before: accepted,
+    and the first buffer rank alone failed at start with 'FileExistsError: File exists'
+    when it made the root."""
+    bad = tmp_path / "ckpt-link"
+    bad.symlink_to(bad if link != "dangling" else tmp_path / "gone" / "away")
+    directory = bad / "sub" if link == "under-loop" else bad
+    argv = ["run", JOB, "--runs", str(tmp_path / "runs"), "--launcher", "mpirun",
+            "--set", f'checkpoint.directory="{directory}"', *(["--resume"] if resume else [])]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    what = "lies under" if link == "under-loop" else "is"
+    assert (f"ConfigError: checkpoint.directory = '{directory}': checkpoint root "
+            f"{directory} {what} the symbolic link {bad}, which leads nowhere") in err, err
+    assert not (tmp_path / "runs").exists()  # nothing made, nothing launched
+
+
 @pytest.mark.parametrize("value", ["", "  "])
 def test_an_empty_resume_is_refused_not_a_fresh_start(value: str, tmp_path: Path,
                                                       capsys) -> None:
