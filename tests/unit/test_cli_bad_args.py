@@ -369,6 +369,43 @@ def test_a_second_run_into_a_run_directory_in_use_is_refused(tmp_path: Path, cap
     again.close()
 
 
+def test_a_second_run_into_a_checkpoint_root_in_use_is_refused(tmp_path: Path, capsys,
+                                                               monkeypatch) -> None:
+    """Two runs in different run directories naming one absolute checkpoint.directory
+    took each other's checkpoint numbers, deleted each other's checkpoints being written
+    (a leader prunes every temporary directory not its own) and pruned each other's
+    complete ones. The launcher now holds ``ROOT/.lock`` too; a second run is refused
+    before launch, naming the root and the holder, and the first run's checkpoints stay."""
+    import os
+
+    from conduit_hpc.config import Config
+    from conduit_hpc.tools.rundir import lock_run_dir
+
+    monkeypatch.setenv("CONDUIT_MPIRUN", "/bin/false")  # a missed check: exit 1 at once
+    root = tmp_path / "shared-ckpts"
+    sets = ["--set", f'checkpoint.directory="{root}"']
+    cfg = Config.from_toml(JOB, sets[1::2])
+    held = lock_run_dir(tmp_path / "first", tmp_path, cfg)  # the first run's launcher
+    try:
+        # fresh, while the first run has written nothing yet; then a resume, once it has
+        for extra in ([], ["--resume"]):
+            if extra:
+                (root / "ckpt-000001").mkdir()
+            argv = ["run", JOB, "--run-dir", str(tmp_path / "second"), "--launcher", "mpirun",
+                    *sets, *extra]
+            assert cli.main(argv) == 2
+            err = capsys.readouterr().err
+            assert (f"checkpoint root {str(root)!r} (checkpoint.directory) is in use by "
+                    f"another conduit-hpc run (pid {os.getpid()} on ") in err, err
+            assert sorted(p.name for p in root.iterdir()) == [".lock", *(
+                ["ckpt-000001"] if extra else [])]
+            assert not (tmp_path / "second" / "logs").exists()  # nothing launched
+    finally:
+        held.close()
+    again = lock_run_dir(tmp_path / "second", tmp_path, cfg)  # free once the first ended
+    again.close()
+
+
 ALLOCATION_VARS = ("SLURM_JOB_ID", "PBS_NODEFILE", "LSB_HOSTS", "LSB_MCPU_HOSTS", "PE_HOSTFILE",
                    "OAR_NODEFILE", "COBALT_NODEFILE", "CONDUIT_MPI")
 
