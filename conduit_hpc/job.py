@@ -112,11 +112,12 @@ def _check_fresh_root(cfg: Config, run_dir: Path | None, resume: str) -> None:
     hand with ``mpirun`` is checked here, on every rank alike (nothing is written before
     every rank has built the data plane). Local; reads the directory only."""
     ck = cfg.checkpoint
-    if resume or not (ck.on_stop or ck.every_supersteps or ck.every_seconds):
+    if not (resume or ck.on_stop or ck.every_supersteps or ck.every_seconds):
         return
     from conduit_hpc.checkpoint.files import checkpoint_root, root_problem
 
-    problem = root_problem(checkpoint_root(cfg, run_dir), fresh=True)
+    # a resumed run's root must be a usable directory too (not a file, a broken link)
+    problem = root_problem(checkpoint_root(cfg, run_dir), fresh=not resume)
     if problem:
         raise ConfigError(f"checkpoint.directory = {ck.directory!r}: {problem}",
                           key="checkpoint.directory")

@@ -231,13 +231,19 @@ def checkpoint_root(config: Config, run_dir: Path | None) -> Path:
 
 def root_problem(root: Path, *, fresh: bool) -> str:
     """Why a run cannot use ``root`` as its checkpoint root ("" if it can): a path that
-    is (or lies under) something other than a directory, or - for a ``fresh`` run (no
+    is (or lies under) something other than a directory or a symbolic link that leads
+    nowhere, or - for a ``fresh`` run (no
     resume) - a root that already holds checkpoints or checkpoints being written, which
     this run's retention would delete (an earlier run's, or a concurrent one's). Local;
     reads the directory only.
     """
     here = Path(root)
     while not here.exists() and here != here.parent:
+        if here.is_symlink():  # exists() follows links: one that leads nowhere
+            return (f"checkpoint root {root} "
+                    f"{'is' if here == Path(root) else 'lies under'} the symbolic link "
+                    f"{here}, which leads nowhere (dangling, or a loop: "
+                    f"{here} -> {os.readlink(here)}); expected a directory")
         here = here.parent
     if here.exists() and not here.is_dir():
         what = "is a file" if here == Path(root) else f"lies under the file {here}"

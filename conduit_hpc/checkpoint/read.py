@@ -38,6 +38,7 @@ from conduit_hpc.checkpoint.files import (
     manifest_problem,
     spec_from_json,
 )
+from conduit_hpc.checkpoint.ranks import read_rank_groups
 from conduit_hpc.errors import CheckpointError, CheckpointMismatch
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage.frames import LAG_COLUMN
@@ -452,14 +453,7 @@ def _read_manifest(p: Path, f: h5py.File) -> Checkpoint:
                           dropped_updates=int(s["dropped_updates"]),
                           reserve=int(s["reserve"]), file=str(s["file"]))
               for s in raw]
-    counters: dict[int, dict[str, Any]] = {}
-    for r, g in f["counters"].items():
-        counters[int(r)] = {k: (v.item() if isinstance(v, np.generic) else
-                                v.decode() if isinstance(v, bytes) else v)
-                            for k, v in g.attrs.items()}
-    rng = {int(r): _str(ds) for r, ds in f["rng"].items()}
-    sampler = ({int(r): json.loads(_str(ds)) for r, ds in f["sampler"].items()}
-               if "sampler" in f else {})  # schema 1: none
+    counters, rng, sampler = read_rank_groups(f)  # types checked (ValueError)
     return Checkpoint(path=p, seq=int(a["seq"]), created_unix=float(a["created_unix"]),
                       schema_version=version, spec=spec,
                       config_toml=_str(meta["config_toml"]),

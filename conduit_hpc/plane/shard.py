@@ -81,6 +81,8 @@ class OwnedShard:
         index (PriorityIndex): priorities of visible rows.
         drawer (ShardDrawer | None): the sampler's owner side (default: tree search).
         hidden_upto (int): the rows that seqs below this overwrite are hidden.
+        restored_commit (int): the commit cursor a checkpoint restored (0: none); the
+            rows below it are an earlier run's.
         guarded (bool): keep a guard band and gate writers on it (see above).
         guard_s (float): safety time of the guard band.
         block (bool): the ``block`` ingest policy is in force.
@@ -97,6 +99,7 @@ class OwnedShard:
     index: PriorityIndex
     drawer: ShardDrawer | None = None
     hidden_upto: int = 0
+    restored_commit: int = 0
     guarded: bool = False
     guard_s: float = 0.005
     block: bool = False

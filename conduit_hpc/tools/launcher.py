@@ -380,7 +380,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     run_dir = Path(run_dir)
     check_checkpoint_root(cfg, run_dir, resume)
     logs = run_dir / "logs"
-    lock = lock_run_dir(run_dir, runs_root)
+    lock = lock_run_dir(run_dir, runs_root, cfg)
     try:
         if logs.exists():
             k = 1

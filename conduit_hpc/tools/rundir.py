@@ -6,13 +6,14 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConduitError, ConfigError
 
-__all__ = ["check_checkpoint_root", "lock_run_dir", "unwritable"]
+__all__ = ["RunLock", "check_checkpoint_root", "lock_run_dir", "unwritable"]
 
 
 def check_checkpoint_root(cfg: Config, run_dir: Path, resume: str) -> None:
@@ -48,25 +49,72 @@ def unwritable(run_dir: Path, runs_root: str | Path, err: OSError) -> ConfigErro
                        f"directory", key="--runs")
 
 
-def lock_run_dir(run_dir: Path, runs_root: str | Path) -> IO[str]:
+class RunLock:
+    """The ``.lock`` files a launcher holds while its job runs; :meth:`close` frees them."""
+
+    def __init__(self, files: list[IO[str]]) -> None:
+        self.files = files
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+def lock_run_dir(run_dir: Path, runs_root: str | Path, cfg: Config | None = None) -> RunLock:
     """Hold ``RUN_DIR/.lock`` (an exclusive ``flock``) while the job runs: a second
     ``conduit-hpc run`` into the same directory - a fresh run or a ``--resume`` - would
     write the same checkpoints and logs, and each one's retention delete the other's.
-    Released when the launcher returns or dies (a requeued SLURM attempt takes it)."""
+    With ``cfg``, a checkpoint root outside the run directory (an absolute
+    ``checkpoint.directory`` that several runs may name) is held the same way
+    (``ROOT/.lock``): two runs writing one root would take each other's checkpoint
+    numbers, delete each other's checkpoints being written, and prune each other's
+    complete ones. Released when the launcher returns or dies (a requeued SLURM attempt
+    takes them).
+
+    Raises:
+        ConduitError: a lock is held by another run (naming the directory and holder).
+        ConfigError: the run directory cannot be made or written.
+    """
+    lock = _hold(run_dir, lambda err: unwritable(run_dir, runs_root, err),
+                 f"run directory {str(run_dir)!r}", "another --run-dir")
+    ck = None if cfg is None else cfg.checkpoint
+    if cfg is None or ck is None or not (ck.on_stop or ck.every_supersteps or ck.every_seconds):
+        return RunLock([lock])  # (a resume without checkpoints of its own only reads)
+    from conduit_hpc.checkpoint.files import checkpoint_root
+
+    root = checkpoint_root(cfg, run_dir).resolve()
+    if root.is_relative_to(run_dir.resolve()):
+        return RunLock([lock])  # the run directory's own lock covers it
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        lock = open(run_dir / ".lock", "a+")  # noqa: SIM115 - held past this function
+        held = _hold(root, lambda err: ConfigError(
+            f"checkpoint.directory = {cfg.checkpoint.directory!r}: checkpoint root {root} "
+            f"cannot be made or written: {err.strerror or err}; expected a writable "
+            f"directory", key="checkpoint.directory"),
+            f"checkpoint root {str(root)!r} (checkpoint.directory)",
+            "another checkpoint.directory (each run's retention would delete the other's "
+            "checkpoints)")
+    except BaseException:
+        lock.close()
+        raise
+    return RunLock([lock, held])
+
+
+def _hold(where: Path, unwritable_error: Callable[[OSError], Exception], what: str,
+          instead: str) -> IO[str]:
+    """Take ``where/.lock`` (made if needed) without waiting; write the holder in it."""
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        lock = open(where / ".lock", "a+")  # noqa: SIM115 - held past this function
     except OSError as err:
-        raise unwritable(run_dir, runs_root, err) from err
+        raise unwritable_error(err) from err
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as err:  # held; any other error: a file system without
         lock.seek(0)  # locks (some NFS mounts), where the run goes on unlocked
         holder = lock.read().strip() or "?"
         lock.close()
-        raise ConduitError(f"run directory {str(run_dir)!r} is in use by another "
-                           f"conduit-hpc run ({holder}); wait for it to end, or choose "
-                           f"another --run-dir") from err
+        raise ConduitError(f"{what} is in use by another conduit-hpc run ({holder}); wait "
+                           f"for it to end, or choose {instead}") from err
     except OSError:
         return lock
     lock.truncate(0)

@@ -99,6 +99,12 @@ class Channel:
         self._reap()
         return 0
 
+    def release_held(self, timeout_s: float) -> None:
+        """Hand over every message this channel holds back (none here; an emulated link
+        holds messages until due, see :class:`~conduit_hpc.transport.link.LinkedChannel`).
+        Call it before entering a collective that peers may reach only after receiving
+        this rank's messages. Local; blocks at most ``timeout_s``."""
+
     def _reap(self) -> None:
         if self._pending:
             self._pending = [(r, b) for r, b in self._pending if not r.Test()]

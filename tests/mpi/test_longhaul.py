@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc import CheckpointError, ExperienceDataPlane, Role
+from conduit_hpc import checkpoint as ck
+from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
+from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.longhaul import CLOUD_SHARD, EDGE_SHARD
 from conduit_hpc.protocol.forward import FORWARD_HEAD
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
@@ -22,8 +25,9 @@ RATE = 60_000.0  # bytes/s per direction: far less than the actors produce
 LATENCY = 0.004
 
 
-def config(mode: str, **longhaul):
+def config(mode: str, run: dict | None = None, **longhaul):
     return make_config(
+        run=run or {},
         layout={"learners": 1, "buffers": 2},
         storage={"capacity_rows": 2048, "priority_exponent": 1.0},
         scheduler={"mode": "edp", "fetch": "owner", "batch_rows": 16, "prefetch_depth": 2,
@@ -188,3 +192,99 @@ def test_no_rank_is_left_waiting_when_the_job_ends(mode: str) -> None:
     assert held_after_done == 0  # done()/serve() released everything for the link
     assert summary["longhaul"]["e2c_received_bytes"] == summary["longhaul"]["e2c_bytes"]
     assert max(took) < cfg.run.timeout_s
+
+
+@pytest.mark.mpi(min_size=4)
+@pytest.mark.parametrize("mode", ["forward", "edge_replay"])
+def test_a_checkpoint_in_flight_at_the_end_completes_across_the_link(shared_dir,
+                                                                      mode: str) -> None:
+    """A checkpoint still being cut when the job ends: the edge buffer's part crosses the
+    link to the leader in the data centre. Before: ``CheckpointAgent.finish`` entered its
+    barrier with that part still held for the link, so the leader waited ``run.timeout_s``
+    for it, dropped the checkpoint, and the ranks' next collective failed."""
+    # the part is held for the link for the latency; the leader waits run.timeout_s
+    cfg = config(mode, run={"timeout_s": 20.0}, latency_s=0.5)
+    with ExperienceDataPlane(cfg) as edp:
+        agent = CheckpointAgent(edp, shared_dir, keep=0)
+        leader = edp.roles.buffer_ranks[0]
+        assert edp.feature("longhaul").topology.side(leader) == "cloud"
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp)
+        elif edp.role is Role.LEARNER:
+            for _ in range(3):
+                b = edp.next_batch()
+                edp.update_priorities(b.indices, np.ones(len(b)))
+            agent.request()
+            end = time.monotonic() + 60
+            while not list(shared_dir.glob(ck.TMP_PREFIX + "ckpt-*")):
+                assert time.monotonic() < end, "the leader never started the checkpoint"
+                time.sleep(0.005)
+        else:
+            edp.serve()
+        edp.done()
+        agent.finish()
+        outcome = COMM.allgather((agent.completed, agent.failed))
+        edp.roles.world.Barrier()  # the next collective: every rank reaches it
+    completed, failed = outcome[leader]
+    assert failed == [] and len(completed) == 1, outcome[leader]
+    c = ck.open_checkpoint(shared_dir / "ckpt-000001", spec=edp.spec)
+    c.verify()
+    assert {1, 2} <= set(c.counters)  # both buffers' parts, the edge one across the link
+    assert c.shards[EDGE_SHARD].rows > 0
+
+
+def cloud_replay(edp) -> tuple | None:
+    """The data-centre replay's rows on every rank: ((writer, wseq) ..., priorities)."""
+    out = None
+    if edp.world_rank == 1:
+        (shard,) = edp.owned_shards()
+        shard.poll()
+        seqs, cols, _ = shard.ring.read_committed()
+        out = (list(zip(cols["writer"].tolist(), cols["wseq"].tolist(), strict=True)),
+               shard.index.priority[seqs % shard.ring.capacity].tolist())
+    return next(c for c in edp.roles.world.allgather(out) if c is not None)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_a_resumed_forward_run_sends_no_restored_row_twice(shared_dir) -> None:
+    """Resuming ``forward`` from a checkpoint: the rows restored into the edge's FIFO
+    are the earlier run's (forwarded - the cloud replay restored them too -, dropped or
+    unsent there); none is sent again nor counted again, and the cloud replay comes back
+    row for row with its priorities. Before: the forwarder started at seq 0, sent the
+    newest ``queue_rows`` restored rows a second time (duplicates in the replay) and
+    counted every other restored row as dropped. A forward checkpoint is refused, on
+    every rank, by a job of another shard layout (it would hold forwarded rows twice)."""
+    cfg = config("forward", run={"timeout_s": 30.0})
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp)
+        elif edp.role is Role.LEARNER:
+            while edp.feature("longhaul").snapshot().dropped == 0:  # the FIFO is full
+                edp.next_batch()
+        else:
+            edp.serve()
+        edp.done()
+        saved = cloud_replay(edp)
+        save_checkpoint(edp, shared_dir, keep=0)
+    assert len(saved[0]) == len(set(saved[0])) > 0
+    with ExperienceDataPlane(cfg) as edp:
+        res = restore_data_plane(edp, "latest", roots=[shared_dir])
+        assert res is not None and not res.resharded
+        if edp.serves:
+            edp.serve()
+        edp.done()  # nothing new is ingested: nothing may cross
+        restored = cloud_replay(edp)
+        lh = edp.summary()["longhaul"]
+    assert restored == saved  # the same rows, in the same order, with their priorities
+    assert lh["rows_forwarded"] == lh["rows_dropped"] == lh["rows_unsent"] == 0, lh
+    assert lh["edge_rows_committed"] == 0  # this run's rows
+    elsewhere = config("edge_replay", run={"timeout_s": 30.0})
+    with ExperienceDataPlane(elsewhere) as edp:
+        with pytest.raises(CheckpointError, match=r"longhaul.mode = 'forward' \(shards of "
+                                                  r"\[2048, 2048\].*'edge_replay' and shards "
+                                                  r"of \[2048\]"):
+            restore_data_plane(edp, ck.list_checkpoints(shared_dir)[-1])
+        assert ck.damage_of(ck.list_checkpoints(shared_dir)[-1]) is None
+        edp.done()
+        if edp.serves:
+            edp.serve()

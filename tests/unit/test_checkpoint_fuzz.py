@@ -197,3 +197,54 @@ def test_a_manifest_at_odds_with_itself_is_refused_naming_the_record(
     assert fragment in str(err.value)
     report = ck.inspect_checkpoint(newest)
     assert not report["ok"] and fragment in report["error"]
+
+
+def _rewrite_groups(ckpt: Path, change: Any) -> None:
+    """Change the manifest with ``change(h5py.File)`` and re-seal the checkpoint."""
+    import h5py
+
+    m = ckpt / ck.MANIFEST
+    with h5py.File(m, "a") as f:
+        change(f)
+    rec = json.loads((ckpt / ck.DONE).read_text())
+    rec["files"] = {n: (ckpt / n).stat().st_size for n in rec["files"]}
+    rec["manifest_sha256"] = ck.files._sha256(m)
+    (ckpt / ck.DONE).write_text(json.dumps(rec))
+
+
+def _replace(path: str, value: Any) -> Any:
+    def change(f: Any) -> None:
+        if path in f:
+            del f[path]
+        f[path] = value
+    return change
+
+
+@pytest.mark.parametrize(("change", "fragment"), [
+    (lambda f: f["counters/0"].attrs.__setitem__("superstep", [1, 2, 3]),
+     "attribute 'superstep' of /counters/0 must be a number or a string, got array("),
+    (lambda f: f.create_group("counters/zero"),
+     "/counters/zero must be named by a world rank (an integer), got 'zero'"),
+    (_replace("rng/0", [1, 2, 3]), "/rng/0 must be a scalar string dataset (JSON), got "
+                                   "Dataset of dtype int64 shape (3,)"),
+    (_replace("sampler/0", "[1, 2]"),
+     "/sampler/0 must hold a JSON object (a sampler's state), got [1, 2]"),
+    (_replace("sampler/0", "7"), "/sampler/0 must hold a JSON object"),
+], ids=["counter-array", "counter-rank", "rng-array", "sampler-list", "sampler-number"])
+def test_per_rank_records_of_the_wrong_type_are_refused_when_opened(
+        pristine: Path, tmp_path: Path, change: Any, fragment: str) -> None:
+    """The manifest's per-rank groups - counters (attributes), RNG and sampler states
+    (JSON) - of the wrong type are refused when the checkpoint opens, naming the group,
+    the value and what was expected. Before: opened; a restore then failed on the one
+    rank that read them after every rank had agreed (``int()`` of an array, ``.items()``
+    of a list) and ``inspect`` raised AttributeError."""
+    root = _copy(pristine, tmp_path / "r")
+    newest = root / ck.checkpoint_name(2)
+    _rewrite_groups(newest, change)
+    with pytest.raises(CheckpointError, match="is not a valid manifest") as err:
+        ck.open_checkpoint(newest, spec=SPEC)
+    assert fragment in str(err.value), str(err.value)
+    report = ck.inspect_checkpoint(newest)
+    assert not report["ok"] and fragment in report["error"]
+    assert ck.newest_first([root])[1].name == ck.checkpoint_name(1)  # the one to fall to
+    ck.open_checkpoint(root / ck.checkpoint_name(1), spec=SPEC).verify()

@@ -186,6 +186,27 @@ def test_a_checkpoint_directory_that_is_a_file_is_refused(under: bool, tmp_path:
     assert not (tmp_path / "runs").exists()  # nothing made, nothing launched
 
 
+@pytest.mark.parametrize("link", ["loop", "dangling", "under-loop"])
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_checkpoint_directory_behind_a_broken_link_is_refused(
+        link: str, resume: bool, tmp_path: Path, capsys) -> None:
+    """A checkpoint root that is (or lies under) a symbolic link leading nowhere - a loop
+    or a dangling link - is refused before launch, naming the link. Before: accepted,
+    and the first buffer rank alone failed at start with 'FileExistsError: File exists'
+    when it made the root."""
+    bad = tmp_path / "ckpt-link"
+    bad.symlink_to(bad if link != "dangling" else tmp_path / "gone" / "away")
+    directory = bad / "sub" if link == "under-loop" else bad
+    argv = ["run", JOB, "--runs", str(tmp_path / "runs"), "--launcher", "mpirun",
+            "--set", f'checkpoint.directory="{directory}"', *(["--resume"] if resume else [])]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    what = "lies under" if link == "under-loop" else "is"
+    assert (f"ConfigError: checkpoint.directory = '{directory}': checkpoint root "
+            f"{directory} {what} the symbolic link {bad}, which leads nowhere") in err, err
+    assert not (tmp_path / "runs").exists()  # nothing made, nothing launched
+
+
 @pytest.mark.parametrize("value", ["", "  "])
 def test_an_empty_resume_is_refused_not_a_fresh_start(value: str, tmp_path: Path,
                                                       capsys) -> None:
@@ -345,6 +366,43 @@ def test_a_second_run_into_a_run_directory_in_use_is_refused(tmp_path: Path, cap
     finally:
         held.close()
     again = lock_run_dir(run_dir, tmp_path)  # free once its holder closed it (or died)
+    again.close()
+
+
+def test_a_second_run_into_a_checkpoint_root_in_use_is_refused(tmp_path: Path, capsys,
+                                                               monkeypatch) -> None:
+    """Two runs in different run directories naming one absolute checkpoint.directory
+    took each other's checkpoint numbers, deleted each other's checkpoints being written
+    (a leader prunes every temporary directory not its own) and pruned each other's
+    complete ones. The launcher now holds ``ROOT/.lock`` too; a second run is refused
+    before launch, naming the root and the holder, and the first run's checkpoints stay."""
+    import os
+
+    from conduit_hpc.config import Config
+    from conduit_hpc.tools.rundir import lock_run_dir
+
+    monkeypatch.setenv("CONDUIT_MPIRUN", "/bin/false")  # a missed check: exit 1 at once
+    root = tmp_path / "shared-ckpts"
+    sets = ["--set", f'checkpoint.directory="{root}"']
+    cfg = Config.from_toml(JOB, sets[1::2])
+    held = lock_run_dir(tmp_path / "first", tmp_path, cfg)  # the first run's launcher
+    try:
+        # fresh, while the first run has written nothing yet; then a resume, once it has
+        for extra in ([], ["--resume"]):
+            if extra:
+                (root / "ckpt-000001").mkdir()
+            argv = ["run", JOB, "--run-dir", str(tmp_path / "second"), "--launcher", "mpirun",
+                    *sets, *extra]
+            assert cli.main(argv) == 2
+            err = capsys.readouterr().err
+            assert (f"checkpoint root {str(root)!r} (checkpoint.directory) is in use by "
+                    f"another conduit-hpc run (pid {os.getpid()} on ") in err, err
+            assert sorted(p.name for p in root.iterdir()) == [".lock", *(
+                ["ckpt-000001"] if extra else [])]
+            assert not (tmp_path / "second" / "logs").exists()  # nothing launched
+    finally:
+        held.close()
+    again = lock_run_dir(tmp_path / "second", tmp_path, cfg)  # free once the first ended
     again.close()
 
 

@@ -511,5 +511,8 @@ class CheckpointAgent(BufferExtension):
                 break
             deadline.check()
             time.sleep(0.001)
+        # this rank's part may be held for an emulated long link (long-haul): hand it to
+        # MPI first, or the leader waits for it while this rank waits in the barrier
+        ch.release_held(deadline.remaining_s)
         bounded_barrier(bcomm, timeout, "the end of checkpointing",
                         lambda: self.edp.control.raise_if_failed(self.edp.world_rank))

@@ -36,8 +36,8 @@ from conduit_hpc.transport.objects import bcast_json, bounded_barrier, gather_js
 if TYPE_CHECKING:
     from conduit_hpc.plane.host import FeatureHost
 
-__all__ = ["RestoreResult", "checkpoint_root", "restore_data_plane", "restore_lines",
-           "resume_roots", "resumed_counter", "stacks_problem"]
+__all__ = ["RestoreResult", "checkpoint_root", "forward_problem", "restore_data_plane",
+           "restore_lines", "resume_roots", "resumed_counter", "stacks_problem"]
 
 log = logging.getLogger("conduit_hpc.checkpoint")
 
@@ -137,6 +137,27 @@ def stacks_problem(ckpt: ck.Checkpoint, spec: Spec) -> str:
                     f"{_stack_words(old)}, this job declares {_stack_words(st)}: its "
                     f"frame references would rebuild other stacks")
     return ""
+
+
+def forward_problem(ckpt: ck.Checkpoint, mode: str, capacities: Sequence[int]) -> str:
+    """Why a checkpoint written with ``longhaul.mode = "forward"`` cannot be restored
+    into a job of long-haul ``mode`` with shards of ``capacities`` ("" if it can): its
+    shard 0 is the edge's FIFO, whose
+    forwarded rows the data-centre replay (shard 1) holds too, so only the same shards
+    (``forward`` again, the same ``storage.capacity_rows``) take it back; resharding
+    would deal every such row twice. Local."""
+    try:
+        theirs = tomllib.loads(ckpt.config_toml).get("longhaul", {}).get("mode", "off")
+    except (tomllib.TOMLDecodeError, AttributeError):
+        return ""  # a config that says nothing readable (written by hand): as it is
+    if theirs != "forward" or (mode == "forward" and list(capacities) == ckpt.capacities):
+        return ""
+    return (f"checkpoint {ckpt.path} was written with longhaul.mode = 'forward' (shards of "
+            f"{ckpt.capacities} rows: the edge's FIFO, then the data-centre replay, which "
+            f"holds the forwarded rows again); this job has longhaul.mode = {mode!r} and "
+            f"shards of {list(capacities)} rows: expected longhaul.mode = 'forward' with "
+            f"the same storage.capacity_rows (any other layout would hold forwarded rows "
+            f"twice)")
 
 
 def _transitions(ckpt: ck.Checkpoint) -> int | None:
@@ -246,8 +267,10 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             while candidates:
                 c = candidates.pop(0)
                 try:
-                    why = stacks_problem(ck.open_checkpoint(c, spec=stored_spec(edp.spec)),
-                                         edp.spec)
+                    opened = ck.open_checkpoint(c, spec=stored_spec(edp.spec))
+                    why = stacks_problem(opened, edp.spec) or forward_problem(
+                        opened, edp.config.longhaul.mode,
+                        [s.capacity_rows for s in edp.placement.shards])
                     if why:
                         raise CheckpointMismatch(why)
                     decision["path"] = str(c)
@@ -302,7 +325,7 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
     for s in edp.owned_shards():
         with s.writing():  # the tree lives in shared memory: change it under the seqlock
             restore_snapshot(s.ring, s.index, snaps[s.shard_id])
-        s.hidden_upto = snaps[s.shard_id].commit
+        s.hidden_upto = s.restored_commit = snaps[s.shard_id].commit
         s.track_held_frames()
     # no rank ingests before every shard is back; a rank whose restore failed leaves
     # (marked): the others raise RemoteFailure, or CollectiveFailed after the timeout

@@ -242,7 +242,7 @@ class LongHaul(Feature):
                                "rows_received": c.rows_received}
         edge = self._shards.get(EDGE_SHARD)
         if edge is not None and self.me == self.topology.edge_buffer:
-            out["edge_rows_committed"] = edge.committed
+            out["edge_rows_committed"] = edge.committed - edge.restored_commit  # this run's
         return out
 
     def merge(self, per_rank: list[dict[str, Any] | None]) -> dict[str, Any]:

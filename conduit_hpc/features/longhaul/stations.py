@@ -30,7 +30,8 @@ class EdgeForwarder(BufferExtension):
     idles for want of a message, at most about one waits in it, and nothing queues out of
     sight). A row found overwritten before
     it could be sent is dropped too. When the loop ends, what still waits is counted as
-    unsent and an end marker follows the last message.
+    unsent and an end marker follows the last message. Rows restored from a checkpoint
+    are not sent (nor counted): they were the earlier run's.
 
     Args:
         shard (OwnedShard): the edge ring (this rank owns it).
@@ -61,6 +62,9 @@ class EdgeForwarder(BufferExtension):
 
     def on_pass(self) -> int:
         shard, ch, c = self.shard, self.link, self.c
+        # rows a checkpoint restored are an earlier run's: forwarded (the cloud replay
+        # restored them too), dropped or unsent there; never sent or counted twice
+        self.next_seq = max(self.next_seq, shard.restored_commit)
         commit = shard.committed
         backlog = commit - self.next_seq
         if backlog > self.queue_rows:
