@@ -173,6 +173,13 @@ def main(argv: list[str] | None = None) -> dict:
              " (conduit_hpc.rl not importable: the DQN pieces of issue 6 are not here)"),
           flush=True)
     demand = forward_demand_bytes_s(2, args.actor_rows_s)
+    # the link's own floor (longhaul.bandwidth_gbps >= 1e-12): told as the flag given,
+    # not as the config value it was turned into
+    if low := [f for f in map(float, args.budgets.split(",")) if f * demand / 1e9 < 1e-12]:
+        p.error(f"argument --budgets: {args.budgets!r}: {low[0]:g} gives a link of "
+                f"{low[0] * demand:.3g} bytes/s, below the 1e-12 GB/s (0.001 bytes/s) a "
+                f"link may have; forward ships {demand:.4g} bytes/s here, so use budgets "
+                f">= {1e-3 / demand:.3g}")
     sha = git_sha()
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="conduit-longhaul-") as tmp:

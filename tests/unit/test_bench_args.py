@@ -236,6 +236,7 @@ def test_checked_types_say_what_they_want() -> None:
     ["bench", "frames", "--checkpoint", "--dir", "/no/such/dir"],
     ["bench", "frames", "--checkpoint", "--codec", "zip"],
     ["bench", "scale", "--link", "5,-1"],
+    ["bench", "longhaul", "--budgets", "1e-12"],  # below the link's floor once made bytes/s
 ])
 def test_the_cli_refuses_them_before_anything_runs(argv: list[str], capsys,
                                                    monkeypatch) -> None:
