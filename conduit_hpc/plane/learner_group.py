@@ -117,6 +117,8 @@ class LearnerGroup:
                    else TransportError(f"the learners' process group: {text}"))
         rank = roles.role_rank if roles.learner is not None else -1
         group = cls(coll, n, rank, world_rank=roles.world_rank, role=roles.role.value)
+        if coll is not None:  # named so to the others if it closes the group first
+            coll.member = f"learner {rank} (world rank {roles.world_rank})"
         if plane is not None and coll is not None:
             coll.peers = _who_left(plane)
             plane.control.on_leave.append(group.close)
