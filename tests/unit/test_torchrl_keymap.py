@@ -3,6 +3,8 @@ TensorDict checks, which need the [torchrl] extra - see tests/extras.py)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -169,6 +171,23 @@ def test_excluded_and_reserved_keys_are_not_stored_and_batch_dims_flatten() -> N
     assert cols["observation"].shape == (6, 4)
     with pytest.raises(SpecError, match="traj_ids"):
         TensorDictColumns(_spec(), skip=["index", "td_error"]).columns(td)
+
+
+@pytest.mark.parametrize("key", ["info", ("next", "info")])
+def test_a_non_tensor_entry_is_refused_naming_it_unless_excluded(key) -> None:
+    """A NonTensorData entry (``td.set_non_tensor("info", "a string")``, what some envs'
+    info dicts become) was dropped without a word: TensorDict's default leaves skip
+    non-tensors, so the entry neither matched a field nor was refused. Now it is an
+    entry like any other: a SpecError naming the key, or left out with exclude_keys."""
+    from conduit_hpc.integrations.torchrl import TensorDictColumns
+
+    td = _good()
+    td.set_non_tensor(key, "a string")
+    with pytest.raises(SpecError, match=rf"TensorDict key {re.escape(repr(key))} holds a "
+                                        rf"NonTensorData, not a tensor"):
+        TensorDictColumns(_spec()).columns(td)
+    cols = TensorDictColumns(_spec(), exclude_keys=[key]).columns(td)
+    assert sorted(cols) == ["next__done", "next__reward", "observation"]
 
 
 def test_spec_tables_give_the_spec_a_collector_batch_needs() -> None:
