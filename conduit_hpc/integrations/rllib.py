@@ -212,12 +212,19 @@ def data_plane_for(edp: ExperienceDataPlane, algo: DQNConfig, *,
         PathTimes: the experience-path times, filled as the algorithm runs.
 
     Raises:
-        ConfigError: not a learner rank, or ``check_algo_config`` fails.
+        ConfigError: not a learner rank, ``check_algo_config`` fails, or Ray already
+            runs in this process (its Ray is left running).
     """
     if edp.role is not Role.LEARNER:
         raise ConfigError(f"the RLlib algorithm runs on the learner rank; world rank "
                           f"{edp.world_rank} has the role {edp.role.value!r}", key="layout")
     check_algo_config(algo, edp.config)
+    if ray.is_initialized():  # before: ray.init's RuntimeError, and the finally below
+        # shut the script's own Ray down
+        raise ConfigError("Ray is already running in this process (a ray.init() in the "
+                          "script?); expected none: data_plane_for starts a local Ray of "
+                          "its own and shuts it down on the way out (drop the script's "
+                          "ray.init() / ray.shutdown())", key="ray.init")
     active = _Active(edp, float(algo.gamma), int(algo.n_step), PathTimes())
     _ACTIVE.append(active)
     try:

@@ -319,3 +319,26 @@ def test_a_refused_add_stores_nothing_and_loses_no_pending_step() -> None:
         rb.add(p)
     assert np.concatenate([b["obs"][:, 0] for b in stored]).tolist() == list(range(7))
     assert rb.get_added_timesteps() == 7
+
+
+def test_data_plane_for_refuses_a_ray_the_script_started_and_leaves_it_running() -> None:
+    """An RLlib script that calls ray.init() itself (as RLlib's examples do) got Ray's
+    RuntimeError ("Maybe you called ray.init twice by accident?") from data_plane_for,
+    whose clean-up then shut the script's own Ray down. Now a ConfigError says what to
+    drop, before anything is started or stopped."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from conduit_hpc import Role
+
+    edp = SimpleNamespace(role=Role.LEARNER, world_rank=0, config=job_config())
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        with pytest.raises(ConfigError, match=r"Ray is already running in this process") \
+                as err, rllib.data_plane_for(edp, algo()):  # type: ignore[arg-type]
+            pass
+        assert err.value.key == "ray.init" and ray.is_initialized() and not rllib._ACTIVE
+    finally:
+        ray.shutdown()
