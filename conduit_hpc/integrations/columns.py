@@ -33,13 +33,31 @@ def _numpy_dtype(t: torch.dtype, key: NestedKey) -> np.dtype:
     return dt
 
 
+def _key_set(keys: Iterable[Any], what: str) -> set[NestedKey]:
+    """``keys`` as a set of canonical keys (a string is refused: its characters would
+    be taken for keys)."""
+    if isinstance(keys, str | bytes):
+        raise ConfigError(f"{what} must be a collection of TensorDict keys (e.g. "
+                          f"[{keys!r}] or [('collector', 'traj_ids')]), got the string "
+                          f"{keys!r}", key=what)
+    return {normalise_key(k) for k in keys}
+
+
+def _under(key: NestedKey, keys: set[NestedKey]) -> NestedKey | None:
+    """The key of ``keys`` that is ``key`` or a node holding it (as TensorDict's
+    ``exclude`` drops a node's entries with it), or ``None``."""
+    parts = (key,) if isinstance(key, str) else key
+    return next((k for i in range(1, len(parts) + 1)
+                 if (k := normalise_key(parts[:i])) in keys), None)
+
+
 def _leaves(td: TensorDictBase, skip: set[NestedKey]) -> dict[NestedKey, Any]:
     out: dict[NestedKey, Any] = {}
     # non-tensor entries (NonTensorData: strings, objects) are leaves too, and refused
     # below unless excluded (TensorDict's default leaves skip them: they were dropped)
     for k in td.keys(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
         key = normalise_key(k)
-        if key in skip:
+        if _under(key, skip) is not None:  # the key, or a node holding it
             continue
         try:
             v = td.get(key)
@@ -64,7 +82,7 @@ def spec_tables(td: TensorDictBase, exclude_keys: Iterable[Any] = ()) -> str:
         SpecError: a key breaks the naming rule, or an entry is not a tensor.
     """
     rows = td.reshape(-1)
-    skip = {normalise_key(k) for k in exclude_keys}
+    skip = _key_set(exclude_keys, "exclude_keys")
     out = []
     for key, v in _leaves(rows, skip).items():
         dt = _numpy_dtype(v.dtype, key)
@@ -78,7 +96,8 @@ class TensorDictColumns:
 
     Args:
         spec (Spec): the data plane's spec.
-        exclude_keys (iterable of keys): entries never stored (the user's choice).
+        exclude_keys (iterable of keys): entries never stored (the user's choice); a
+            node's key excludes every entry under it, as ``TensorDict.exclude`` does.
         skip (iterable of keys): the buffer's own entries (``index``, ...), never stored.
 
     Raises:
@@ -90,8 +109,8 @@ class TensorDictColumns:
     def __init__(self, spec: Spec, exclude_keys: Iterable[Any] = (),
                  skip: Iterable[Any] = ()) -> None:
         self.spec = spec
-        self.exclude_keys = {normalise_key(k) for k in exclude_keys}
-        own = {normalise_key(k) for k in skip}
+        self.exclude_keys = _key_set(exclude_keys, "exclude_keys")
+        own = _key_set(skip, "skip")
         self._skip = {*self.exclude_keys, *own}
         try:
             self.keys: dict[str, NestedKey] = {n: key_of(n) for n in spec.names}
@@ -108,8 +127,10 @@ class TensorDictColumns:
                                   f"an entry is a tensor or holds nested entries, never "
                                   f"both; rename one of them", key=f"spec.{name}")
         for name, key in self.keys.items():
-            if key in self.exclude_keys:
-                raise ConfigError(f"exclude_keys holds {key!r}, which is the spec field "
+            ex = _under(key, self.exclude_keys)
+            if ex is not None:
+                held = "is" if ex == key else f"holds {key!r}, which is"
+                raise ConfigError(f"exclude_keys holds {ex!r}, which {held} the spec field "
                                   f"{name!r}: an excluded entry is never stored, so the "
                                   f"field could never be filled; drop it from exclude_keys "
                                   f"or [spec.{name}] from the config", key=f"spec.{name}")
