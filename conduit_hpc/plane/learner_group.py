@@ -83,7 +83,8 @@ class LearnerGroup:
                 that opens it on learners only: before, the learners waited forever in
                 the world's Allgather); RemoteFailure: a rank left the data plane.
         """
-        if not (isinstance(timeout_s, int | float) and 0 < timeout_s <= 86400):
+        if isinstance(timeout_s, bool) or not (isinstance(timeout_s, int | float)
+                                               and 0 < timeout_s <= 86400):
             raise ConfigError(f"timeout_s must be a number of seconds in (0, 86400], got "
                               f"{timeout_s!r}", key="timeout_s")
         plane = None if isinstance(roles, RoleComms) else roles

@@ -120,7 +120,8 @@ class Collectives:
                 with that rank's reason).
             CollectiveFailed: some rank of ``comm`` did not call it within ``timeout_s``.
         """
-        if not (isinstance(timeout_s, int | float) and 0 < timeout_s <= 86400):
+        if isinstance(timeout_s, bool) or not (isinstance(timeout_s, int | float)
+                                               and 0 < timeout_s <= 86400):
             raise ConfigError(f"timeout_s must be a number of seconds in (0, 86400], got "
                               f"{timeout_s!r}", key="timeout_s")
         if backend not in BACKENDS:  # deterministic: every rank raises before any call
