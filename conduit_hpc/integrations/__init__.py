@@ -8,7 +8,8 @@ integration is one module that alone imports its framework, an optional extra:
   plane (``pip install 'conduit-hpc[torchrl]'``); the naming rule between TensorDict keys
   and spec fields is :mod:`conduit_hpc.integrations.keymap` (no framework import);
 * :mod:`conduit_hpc.integrations.rllib` - RLlib's DQN replay buffer on the data plane
-  (``pip install 'conduit-hpc[rllib]'``).
+  (``pip install 'conduit-hpc[rllib]'``); its episode chunks become n-step transitions
+  in :mod:`conduit_hpc.integrations.nstep` (no framework import).
 
 Importing this package imports no framework.
 """

@@ -51,6 +51,7 @@ from ray.rllib.utils.replay_buffers.prioritized_episode_buffer import (
 
 from conduit_hpc import Config, ConfigError, ExperienceDataPlane, Role
 from conduit_hpc.errors import SpecError
+from conduit_hpc.integrations.nstep import SPEC_FIELDS, NStepAssembler
 from conduit_hpc.spec import as_array
 
 __all__ = ["BASELINE_TYPE", "BUFFER_KEYS", "BUFFER_TYPE", "SPEC_FIELDS",
@@ -63,12 +64,19 @@ BUFFER_TYPE = "conduit_hpc.integrations.rllib.DataPlaneEpisodeReplayBuffer"
 BASELINE_TYPE = "conduit_hpc.integrations.rllib.TimedPrioritizedEpisodeReplayBuffer"
 #: keys the buffer's config may hold (``metrics_num_episodes_for_smoothing`` is RLlib's)
 BUFFER_KEYS = ("type", "capacity", "alpha", "beta", "metrics_num_episodes_for_smoothing")
-#: the ``[spec]`` fields the transitions fill
-SPEC_FIELDS = ("obs", "action", "reward", "next_obs", "terminated", "n_step")
 
 
 def _key(name: str) -> str:
     return f"replay_buffer_config.{name}"
+
+
+def _same(v: Any, want: float) -> bool:
+    """``v`` is a number close to ``want`` (as RLlib's float config values go)."""
+    try:
+        return isinstance(v, int | float) and not isinstance(v, bool) and math.isclose(
+            v, want)
+    except OverflowError:  # an int beyond float
+        return False
 
 
 def check_algo_config(algo: DQNConfig, config: Config) -> None:
@@ -103,14 +111,23 @@ def check_algo_config(algo: DQNConfig, config: Config) -> None:
              "beta": ("scheduler.beta", config.scheduler.beta)}
     for k, (where, want) in twins.items():
         v = rb.get(k, want)
-        try:
-            same = isinstance(v, int | float) and math.isclose(v, want)
-        except OverflowError:  # an int beyond float
-            same = False
-        if not same:
+        if not _same(v, want):
             raise ConfigError(f"{_key(k)} = {v!r} disagrees with {where} = {want!r} "
                               f"(the data plane's value; drop the key or make them equal)",
                               key=_key(k))
+    if not algo.enable_env_runner_and_connector_v2:
+        raise ConfigError("api_stack(enable_env_runner_and_connector_v2=False): the old API "
+                          "stack samples SampleBatches from another buffer API; expected "
+                          "RLlib's new API stack (the default), whose DQN adds episodes",
+                          key="enable_env_runner_and_connector_v2")
+    if algo.is_multi_agent:
+        raise ConfigError(f"multi_agent(policies={sorted(map(str, algo.policies))!r}): "
+                          f"expected a single-agent DQN (one module; RLlib's episode "
+                          f"buffers are single-agent too)", key="policies")
+    g = algo.gamma
+    if isinstance(g, bool) or not isinstance(g, int | float) or not 0 <= g <= 1:
+        raise ConfigError(f"gamma must be a number in [0, 1] (n-step returns are summed "
+                          f"with it on ingest), got {g!r}", key="gamma")
     n = algo.n_step
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError(f"n_step must be one int >= 1 on the data plane (returns are "
@@ -149,57 +166,6 @@ def check_algo_config(algo: DQNConfig, config: Config) -> None:
     if missing:
         raise ConfigError(f"[spec] lacks {missing}; the transitions fill {SPEC_FIELDS}",
                           key="spec")
-
-
-class NStepAssembler:
-    """RLlib episode chunks -> n-step transitions (the :data:`SPEC_FIELDS` columns).
-
-    A chunk continues its episode (same ``id_``; its first observation is the last one
-    of the chunk before). Step ``t`` becomes a transition once step ``t + n_step - 1``
-    is known: ``reward`` is ``sum(gamma**k * r[t + k] for k < n_step)``, ``next_obs`` the
-    observation ``n_step`` later, ``terminated`` true only where ``t + n_step`` is the
-    end of a terminated episode. Steps closer than ``n_step`` to an episode's end are
-    dropped, as RLlib's buffer never samples them. Local; plain numpy.
-
-    Args:
-        n_step (int): steps summed per transition.
-        gamma (float): the discount.
-    """
-
-    def __init__(self, n_step: int, gamma: float) -> None:
-        self.n_step, self.gamma = n_step, gamma
-        #: per open episode: its observations, actions and rewards not yet emitted
-        self.open: dict[str, tuple[list[Any], list[Any], list[float]]] = {}
-
-    def add(self, episodes: Any) -> dict[str, np.ndarray] | None:
-        """The transitions these chunks complete (``None``: none yet)."""
-        n = self.n_step
-        cols: dict[str, list[np.ndarray]] = {f: [] for f in SPEC_FIELDS}
-        for ep in episodes:
-            obs, acts, rews = self.open.pop(ep.id_, ([], [], []))
-            new_obs = list(ep.get_observations())
-            obs = obs[:-1] + new_obs if obs else new_obs
-            acts = acts + list(ep.get_actions())
-            rews = rews + [float(r) for r in ep.get_rewards()]
-            t = len(acts) - n + 1  # transitions complete: steps 0 .. t-1
-            if t > 0:
-                r = np.asarray(rews, np.float64)
-                cols["obs"].append(np.asarray(obs[:t]))
-                cols["action"].append(np.asarray(acts[:t]))
-                ret = np.zeros(t)
-                for k in range(n):
-                    ret += self.gamma ** k * r[k:k + t]
-                cols["reward"].append(ret)
-                cols["next_obs"].append(np.asarray(obs[n:n + t]))
-                cols["terminated"].append((np.arange(t) + n == len(acts))
-                                          & bool(ep.is_terminated))
-                cols["n_step"].append(np.full(t, n, np.int64))
-            if not ep.is_done:  # the next chunk continues these steps
-                keep = max(t, 0)
-                self.open[ep.id_] = (obs[keep:], acts[keep:], rews[keep:])
-        if not cols["obs"]:
-            return None
-        return {f: np.concatenate(v) for f, v in cols.items()}
 
 
 @dataclass
@@ -246,12 +212,19 @@ def data_plane_for(edp: ExperienceDataPlane, algo: DQNConfig, *,
         PathTimes: the experience-path times, filled as the algorithm runs.
 
     Raises:
-        ConfigError: not a learner rank, or ``check_algo_config`` fails.
+        ConfigError: not a learner rank, ``check_algo_config`` fails, or Ray already
+            runs in this process (its Ray is left running).
     """
     if edp.role is not Role.LEARNER:
         raise ConfigError(f"the RLlib algorithm runs on the learner rank; world rank "
                           f"{edp.world_rank} has the role {edp.role.value!r}", key="layout")
     check_algo_config(algo, edp.config)
+    if ray.is_initialized():  # before: ray.init's RuntimeError, and the finally below
+        # shut the script's own Ray down
+        raise ConfigError("Ray is already running in this process (a ray.init() in the "
+                          "script?); expected none: data_plane_for starts a local Ray of "
+                          "its own and shuts it down on the way out (drop the script's "
+                          "ray.init() / ray.shutdown())", key="ray.init")
     active = _Active(edp, float(algo.gamma), int(algo.n_step), PathTimes())
     _ACTIVE.append(active)
     try:
@@ -290,7 +263,7 @@ class DataPlaneEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ign
         super().__init__(capacity=1, batch_size_B=cfg.scheduler.batch_rows, batch_length_T=1,
                          alpha=cfg.storage.priority_exponent,
                          metrics_num_episodes_for_smoothing=metrics_num_episodes_for_smoothing)
-        self.capacity = cfg.storage.capacity_rows
+        self.capacity, self.beta = cfg.storage.capacity_rows, cfg.scheduler.beta
         self.assembler = NStepAssembler(self.n_step, self.gamma)
         self._last: np.ndarray | None = None
         self._spaces: tuple[Any, Any] = (None, None)
@@ -300,19 +273,28 @@ class DataPlaneEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ign
     # -- add: episodes -> n-step transitions -> ingest ---------------------------------
     def add(self, episodes: Any, weight: float | None = None) -> None:  # type: ignore[override]
         """Ingest the n-step transitions that these episode chunks complete (one
-        ``ingest``). Blocks only as ``ingest`` does."""
+        ``ingest``). Blocks only as ``ingest`` does.
+
+        Raises:
+            SpecError: not single-agent episodes, or rows the spec refuses (nothing is
+                stored, and the episodes' pending steps are as before the call)."""
         t0 = time.perf_counter()
         eps = episodes if isinstance(episodes, list | tuple) else [episodes]
         for ep in eps:
             if not isinstance(ep, SingleAgentEpisode):
                 raise SpecError(f"add() takes RLlib SingleAgentEpisode chunks (a "
                                 f"single-agent DQN's), got a {type(ep).__name__}")
+        before = dict(self.assembler.open)  # its lists are never changed in place
+        try:
+            batch = self.assembler.add(eps)
+            if batch is not None:
+                self.edp.ingest(batch)
+        except BaseException:  # nothing stored: the episodes' open steps stay as they were
+            self.assembler.open = before
+            raise
+        self._added += 0 if batch is None else len(batch["obs"])
         if eps:
             self._spaces = (eps[-1].observation_space, eps[-1].action_space)
-        batch = self.assembler.add(eps)
-        if batch is not None:
-            self._added += len(batch["obs"])
-            self.edp.ingest(batch)
         self.times.add_s.append(time.perf_counter() - t0)
 
     # -- sample: next_batch -> RLlib's 1-step episodes ---------------------------------
@@ -325,8 +307,9 @@ class DataPlaneEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ign
         it is ready (bounded by ``run.timeout_s``; prefetched in ``edp`` mode).
 
         Raises:
-            ConfigError: a size, ``n_step`` or ``gamma`` other than the job's, a
-                sequence length, or infos / extra model outputs asked for.
+            ConfigError: a size, ``n_step``, ``gamma`` or ``beta`` other than the job's,
+                a sequence length or lookback, infos / extra model outputs asked for, or
+                an argument RLlib's DQN does not pass (naming it).
         """
         t0 = time.perf_counter()
         if self._last_sample_at is not None:
@@ -341,7 +324,19 @@ class DataPlaneEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ign
                 "gamma": (gamma, self.gamma),
                 "batch_length_T": (batch_length_T or 1, 1),
                 "include_infos": (include_infos, False),
-                "include_extra_model_outputs": (include_extra_model_outputs, False)}
+                "include_extra_model_outputs": (include_extra_model_outputs, False),
+                "beta": (self.beta if beta is None or _same(beta, self.beta) else beta,
+                         self.beta),
+                # RLlib's DQN passes these (a stateful module's; refused at the config)
+                "lookback": (kwargs.pop("lookback", 0), 0),
+                "min_batch_length_T": (kwargs.pop("min_batch_length_T", 0), 0)}
+        kwargs.pop("sample_episodes", None)  # DQN's: episodes are all this buffer gives
+        if kwargs:
+            k = sorted(kwargs)[0]
+            raise ConfigError(f"sample({k}={kwargs[k]!r}): not an argument this buffer "
+                              f"takes (RLlib's DQN passes num_items, n_step, gamma, beta, "
+                              f"batch_length_T, lookback, min_batch_length_T, "
+                              f"sample_episodes)", key=k)
         for k, (got, ok) in want.items():
             if got != ok:
                 raise ConfigError(f"sample({k}={got!r}): the data plane's replay serves "
@@ -367,12 +362,20 @@ class DataPlaneEpisodeReplayBuffer(PrioritizedEpisodeReplayBuffer):  # type: ign
 
     def update_priorities(self, priorities: Any, module_id: Any = None) -> None:
         """The last batch's new priorities (RLlib's TD errors; their absolute values,
-        at least 1e-12 as RLlib's). Never blocks on the network."""
+        at least 1e-12 as RLlib's). Never blocks on the network.
+
+        Raises:
+            SpecError: not one real number per row of the last sample, or no sample to
+                update (before the first, or a second update of one sample)."""
         t0 = time.perf_counter()
-        if self._last is None:
-            return
         what = "update_priorities: priorities (RLlib's TD errors)"
         arr = as_array(priorities, what)  # by the data plane's rule: a SpecError if bad
+        if self._last is None:  # RLlib's own buffer: an AssertionError (no rows to update)
+            if arr.size == 0:
+                return
+            raise SpecError(f"{what}: {arr.size} values but no sample to update (before "
+                            f"the first sample(), or a second update of one sample); "
+                            f"expected one update per sample(), after it")
         if arr.dtype.kind == "c" or arr.shape != (len(self._last),):
             raise SpecError(f"{what} must be {len(self._last)} real numbers, one per row "
                             f"of the last sample, got dtype {arr.dtype} shape "

@@ -19,6 +19,7 @@ loss runs on the **learner** rank and calls :meth:`~DataPlaneReplayBuffer.sample
 ``edp`` mode the next batches are prepared while the loss computes.
 
 TensorDict keys map to spec fields by :mod:`conduit_hpc.integrations.keymap`
+(:mod:`~conduit_hpc.integrations.columns` turns rows into columns and back)
 (``("next", "observation")`` is the field ``next__observation``). ``extend`` checks the
 TensorDict against the spec - every entry a field, every field an entry, the same dtype
 and per-row shape - and raises :class:`~conduit_hpc.errors.SpecError` naming the key
@@ -26,7 +27,8 @@ before anything is written. The keys ``index``, ``priority_weight`` and the prio
 (``td_error``) are the buffer's own, never stored.
 
 This module is the only one (with :mod:`~conduit_hpc.integrations.torchrl_fallback`) that
-imports ``torchrl`` and ``tensordict`` (``pip install 'conduit-hpc[torchrl]'``).
+imports ``torchrl`` (``pip install 'conduit-hpc[torchrl]'``); ``tensordict`` also
+:mod:`~conduit_hpc.integrations.columns`.
 Importing it warns when TorchRL's C++ extension does not load with the installed torch
 (see :func:`~conduit_hpc.integrations.torchrl_fallback.extension_problem`): this buffer
 does not need it, TorchRL's own prioritized buffers do.
@@ -41,9 +43,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
-from conduit_hpc.config.checks import DTYPES
 from conduit_hpc.errors import (
     ConduitError,
     ConfigError,
@@ -51,13 +52,14 @@ from conduit_hpc.errors import (
     SpecError,
     UsedAfterClose,
 )
-from conduit_hpc.integrations.keymap import NestedKey, field_name, key_of, normalise_key
+from conduit_hpc.integrations.columns import TensorDictColumns, spec_tables
 from conduit_hpc.integrations.torchrl_fallback import TorchRLExtensionWarning, extension_problem
 from conduit_hpc.integrations.torchrl_refused import TorchRLRefusals
 from conduit_hpc.plane.control import C_INSERTS
 from conduit_hpc.plane.front import ExperienceDataPlane
 from conduit_hpc.plane.roles import Role
-from conduit_hpc.spec import Spec, as_array
+from conduit_hpc.spec import as_array
+from conduit_hpc.storage.priority import check_priorities
 
 __all__ = ["RESERVED_KEYS", "WEIGHT_KEY", "DataPlaneReplayBuffer", "TensorDictColumns",
            "spec_tables"]
@@ -71,150 +73,6 @@ RESERVED_KEYS = ("index", WEIGHT_KEY)
 _problem = extension_problem()
 if _problem is not None:
     warnings.warn(TorchRLExtensionWarning(_problem), stacklevel=2)
-
-
-def _numpy_dtype(t: torch.dtype, key: NestedKey) -> np.dtype:
-    why = (f"TensorDict key {key!r}: dtype {t} has no numpy equivalent the data plane "
-           f"stores (one of {', '.join(DTYPES)})")
-    try:
-        dt = np.dtype(torch.empty(0, dtype=t).numpy().dtype)
-    except TypeError as err:
-        raise SpecError(why) from err
-    if dt.name not in DTYPES:  # complex64: numpy has it, a spec field cannot
-        raise SpecError(why)
-    return dt
-
-
-def _leaves(td: TensorDictBase, skip: set[NestedKey]) -> dict[NestedKey, Any]:
-    out: dict[NestedKey, Any] = {}
-    for k in td.keys(include_nested=True, leaves_only=True):
-        key = normalise_key(k)
-        if key in skip:
-            continue
-        try:
-            v = td.get(key)
-        except RuntimeError as err:  # a lazy stack whose rows differ in shape
-            raise SpecError(f"TensorDict key {key!r}: its rows cannot be stacked into one "
-                            f"array (a lazy stack of TensorDicts whose entries differ in "
-                            f"shape?); the data plane stores rows of one shape: {err}"
-                            ) from err
-        if not isinstance(v, torch.Tensor):
-            raise SpecError(f"TensorDict key {key!r} holds a {type(v).__name__}, not a "
-                            f"tensor; the data plane stores tensors only (leave it out "
-                            f"with exclude_keys)")
-        out[key] = v
-    return out
-
-
-def spec_tables(td: TensorDictBase, exclude_keys: Iterable[Any] = ()) -> str:
-    """The ``[spec.*]`` TOML tables that store ``td``'s rows (its leading batch
-    dimensions are rows), for a job's config file. Local.
-
-    Raises:
-        SpecError: a key breaks the naming rule, or an entry is not a tensor.
-    """
-    rows = td.reshape(-1)
-    skip = {normalise_key(k) for k in exclude_keys}
-    out = []
-    for key, v in _leaves(rows, skip).items():
-        dt = _numpy_dtype(v.dtype, key)
-        shape = ", ".join(str(d) for d in v.shape[1:])
-        out.append(f"[spec.{field_name(key)}]\ndtype = \"{dt.name}\"\nshape = [{shape}]\n")
-    return "\n".join(out)
-
-
-class TensorDictColumns:
-    """TensorDict rows <-> the spec's columns, by the naming rule. Local; no MPI.
-
-    Args:
-        spec (Spec): the data plane's spec.
-        exclude_keys (iterable of keys): entries never stored (the user's choice).
-        skip (iterable of keys): the buffer's own entries (``index``, ...), never stored.
-
-    Raises:
-        ConfigError: a spec field that names no TensorDict key, or whose key is in
-            ``exclude_keys`` or ``skip`` (it could never be filled), or two fields
-            where one's key holds the other's (``next`` and ``next__obs``).
-    """
-
-    def __init__(self, spec: Spec, exclude_keys: Iterable[Any] = (),
-                 skip: Iterable[Any] = ()) -> None:
-        self.spec = spec
-        self.exclude_keys = {normalise_key(k) for k in exclude_keys}
-        own = {normalise_key(k) for k in skip}
-        self._skip = {*self.exclude_keys, *own}
-        try:
-            self.keys: dict[str, NestedKey] = {n: key_of(n) for n in spec.names}
-        except SpecError as err:
-            raise ConfigError(str(err), key="spec") from err
-        paths = {n: (k,) if isinstance(k, str) else k for n, k in self.keys.items()}
-        leaf = {path: n for n, path in paths.items()}
-        for name, path in paths.items():
-            inner = next((leaf[path[:i]] for i in range(1, len(path)) if path[:i] in leaf),
-                         None)
-            if inner is not None:
-                raise ConfigError(f"spec fields {inner!r} and {name!r} are the TensorDict "
-                                  f"entries {self.keys[inner]!r} and {self.keys[name]!r}: "
-                                  f"an entry is a tensor or holds nested entries, never "
-                                  f"both; rename one of them", key=f"spec.{name}")
-        for name, key in self.keys.items():
-            if key in self.exclude_keys:
-                raise ConfigError(f"exclude_keys holds {key!r}, which is the spec field "
-                                  f"{name!r}: an excluded entry is never stored, so the "
-                                  f"field could never be filled; drop it from exclude_keys "
-                                  f"or [spec.{name}] from the config", key=f"spec.{name}")
-            if key in own:
-                raise ConfigError(f"spec field {name!r} is the TensorDict key {key!r}, which "
-                                  f"the buffer keeps for itself (its own keys: "
-                                  f"{', '.join(map(repr, sorted(map(str, own))))}), never "
-                                  f"stored; rename the field and its entry, or pass another "
-                                  f"priority_key", key=f"spec.{name}")
-
-    def columns(self, td: TensorDictBase) -> dict[str, np.ndarray]:
-        """``td``'s rows as spec columns (leading batch dimensions flattened).
-
-        Raises:
-            SpecError: a key that maps to no field or a field with no key, another
-                dtype or per-row shape, or an entry that is not a tensor - naming the
-                key and the field.
-        """
-        if not isinstance(td, TensorDictBase):
-            raise SpecError(f"expected a TensorDict, got {type(td).__name__}")
-        rows = td.reshape(-1) if td.batch_dims != 1 else td
-        leaves = _leaves(rows, self._skip)
-        cols: dict[str, np.ndarray] = {}
-        for key, v in leaves.items():
-            name = field_name(key)
-            if name not in self.keys:
-                raise SpecError(f"TensorDict key {key!r} (spec field {name!r}) is not in "
-                                f"the spec (fields: {', '.join(self.keys)}); add "
-                                f"[spec.{name}] to the job's config or pass it in "
-                                f"exclude_keys")
-            f = self.spec[name]
-            dt = _numpy_dtype(v.dtype, key)
-            if dt != f.dtype:
-                raise SpecError(f"TensorDict key {key!r} (spec field {name!r}): dtype "
-                                f"{dt.name}, the spec has {f.dtype.name}")
-            if tuple(v.shape[1:]) != f.shape:
-                raise SpecError(f"TensorDict key {key!r} (spec field {name!r}): per-row "
-                                f"shape {tuple(v.shape[1:])}, the spec has {f.shape}")
-            # by spec.as_array's rule: a sparse tensor's values, a meta one refused
-            cols[name] = as_array(v, f"TensorDict key {key!r} (spec field {name!r})")
-        missing = [n for n in self.keys if n not in cols]
-        if missing:
-            raise SpecError(f"TensorDict has no key {self.keys[missing[0]]!r} (spec field "
-                            f"{missing[0]!r}); its keys: {sorted(map(str, leaves))}")
-        return cols
-
-    def tensordict(self, data: Mapping[str, torch.Tensor],
-                   device: torch.device | str | None = None) -> TensorDictBase:
-        """The TensorDict whose entries are the columns ``data`` (one tensor per spec
-        field, leading dimension the rows)."""
-        n = int(next(iter(data.values())).shape[0])
-        td = TensorDict({}, batch_size=[n], device=device)
-        for name, key in self.keys.items():
-            td.set(key, data[name])
-        return td
 
 
 class DataPlaneReplayBuffer(TorchRLRefusals):
@@ -323,6 +181,8 @@ class DataPlaneReplayBuffer(TorchRLRefusals):
         cols = self.check(rows)
         n = len(rows)
         prio = self._initial_priorities(rows, n)
+        if prio is not None:  # every row's, before the first of the chunks is written
+            prio = check_priorities(prio, f"priority ({self.priority_key!r})")
         for lo in range(0, n, self._chunk):
             part = {k: v[lo:lo + self._chunk] for k, v in cols.items()}
             self.edp.ingest(part, None if prio is None else prio[lo:lo + self._chunk])
@@ -445,11 +305,14 @@ class DataPlaneReplayBuffer(TorchRLRefusals):
     # -- both --------------------------------------------------------------------------
     def __len__(self) -> int:
         """Rows the replay holds, job-wide (rows inserted, at most the capacity). Actor
-        and learner ranks; one atomic read (on a learner, where its MPI calls are made:
-        it waits for the data-plane thread's turn)."""
+        and learner ranks, until ``close()``; one atomic read (on a learner, where its
+        MPI calls are made: it waits for the data-plane thread's turn)."""
         edp = self.edp
         if edp.serves:
             raise ConduitError("len() is for actor and learner ranks")
+        if edp._closed:  # before: TransportError 'window used after close()'
+            raise UsedAfterClose(f"len() called after close() on world rank "
+                                 f"{edp.world_rank}: the replay's counters are freed")
         if edp.learner is not None:
             n = edp.learner.run_on_thread(lambda: edp.control.read(C_INSERTS), "len()")
         else:

@@ -54,7 +54,7 @@ from conduit_hpc.plane.planning import decide_placement, write_plan
 from conduit_hpc.plane.roles import Role, RoleComms, check_arguments, check_same_config, split_roles
 from conduit_hpc.plane.staging import Batch, Stager, agreed_device
 from conduit_hpc.plane.summary import merge_summaries, rank_summary
-from conduit_hpc.plane.weights import WeightsBoard, open_board
+from conduit_hpc.plane.weights import WeightsBoard, check_share, open_board
 from conduit_hpc.protocol import Tag
 from conduit_hpc.scheduler import RateLimiter
 from conduit_hpc.spec import Spec
@@ -297,13 +297,12 @@ class ExperienceDataPlane:
 
         Raises:
             ConfigError: actors' and the lead learner's models differ in size (every rank).
+            ConduitError: a second call (every rank that makes it; the first stays).
             CollectiveFailed: a rank did not call it within ``run.timeout_s``.
         """
         self._require(None, "share_weights()", after_done=True)
-        if self.learner is not None and self.learner.started:
-            raise DataPlaneClosed("share_weights() must come before the first next_batch() "
-                                  "(it is collective, and the data-plane thread owns MPI "
-                                  "from then on)")
+        check_share(self._weights_window, self.learner is not None and self.learner.started,
+                    self.world_rank)  # a second call, or one after next_batch(): refused
         roles, t = self.roles, self.config.run.timeout_s
         failed = partial(self.control.raise_if_failed, self.world_rank)  # a rank left
         board = open_board(roles, model, t, self.config.transport.shared_memory == "auto",

@@ -83,7 +83,8 @@ class LearnerGroup:
                 that opens it on learners only: before, the learners waited forever in
                 the world's Allgather); RemoteFailure: a rank left the data plane.
         """
-        if not (isinstance(timeout_s, int | float) and 0 < timeout_s <= 86400):
+        if isinstance(timeout_s, bool) or not (isinstance(timeout_s, int | float)
+                                               and 0 < timeout_s <= 86400):
             raise ConfigError(f"timeout_s must be a number of seconds in (0, 86400], got "
                               f"{timeout_s!r}", key="timeout_s")
         plane = None if isinstance(roles, RoleComms) else roles
@@ -117,6 +118,8 @@ class LearnerGroup:
                    else TransportError(f"the learners' process group: {text}"))
         rank = roles.role_rank if roles.learner is not None else -1
         group = cls(coll, n, rank, world_rank=roles.world_rank, role=roles.role.value)
+        if coll is not None:  # named so to the others if it closes the group first
+            coll.member = f"learner {rank} (world rank {roles.world_rank})"
         if plane is not None and coll is not None:
             coll.peers = _who_left(plane)
             plane.control.on_leave.append(group.close)

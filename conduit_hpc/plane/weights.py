@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from conduit_hpc.errors import ConfigError
+from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed
 from conduit_hpc.transport.objects import bounded_allgather
 from conduit_hpc.transport.rma import RmaWindow
 
 if TYPE_CHECKING:  # torch loads only on ranks that share weights
     import torch
 
-__all__ = ["WeightsBoard", "agreed_model_size", "flat_parameters", "load_flat", "model_layout",
-           "open_board"]
+__all__ = ["WeightsBoard", "agreed_model_size", "check_share", "flat_parameters", "load_flat",
+           "model_layout", "open_board"]
 
 
 class WeightsBoard:
@@ -271,6 +271,27 @@ def agreed_model_size(world: Any, model: Any, lead: int, users: tuple[int, ...],
                           f"learner's {want} parameters but other parameter shapes (another "
                           f"architecture); expected the lead learner's", key="model")
     return want
+
+
+def check_share(window: Any, learner_started: bool, world_rank: int) -> None:
+    """Refuse ``share_weights()`` where it cannot run: a second time (``window``: the
+    board's window from the first call; the same on every rank, so every rank that
+    calls it again raises here, before any collective) or after a learner's first
+    ``next_batch()``. Local.
+
+    Raises:
+        ConduitError: a second call. DataPlaneClosed: after ``next_batch()``.
+    """
+    if window is not None:  # before: a second window, and the first never freed
+        raise ConduitError(f"share_weights() was already called on world rank "
+                           f"{world_rank}; expected one call per data plane (the board it "
+                           f"opened stays: actors keep pulling from it). A "
+                           f"DataPlaneReplayBuffer calls it unless built with "
+                           f"share_weights=False")
+    if learner_started:
+        raise DataPlaneClosed("share_weights() must come before the first next_batch() "
+                              "(it is collective, and the data-plane thread owns MPI "
+                              "from then on)")
 
 
 def open_board(roles: Any, model: Any, timeout_s: float, shared: bool,

@@ -37,12 +37,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from conduit_hpc.errors import (
-    CollectiveFailed,
-    CollectiveMismatch,
-    ConfigError,
-    TransportError,
-)
+from conduit_hpc.errors import CollectiveFailed, CollectiveMismatch, ConfigError, TransportError
 from conduit_hpc.transport.collective_header import (
     OPS,
     PROBLEMS,
@@ -52,7 +47,13 @@ from conduit_hpc.transport.collective_header import (
     problem_of,
 )
 from conduit_hpc.transport.objects import allgather_json, bcast_json
-from conduit_hpc.transport.process_group import BACKENDS, choose_backend
+from conduit_hpc.transport.process_group import (
+    BACKENDS,
+    choose_backend,
+    closed_by,
+    end_group,
+    keep_store,
+)
 from conduit_hpc.transport.process_group import cuda_device as _cuda_device
 from conduit_hpc.transport.process_group import make_group as _make_group
 from conduit_hpc.transport.process_group import shutdown as _shutdown
@@ -92,6 +93,7 @@ class Collectives:
         #: raises RemoteFailure naming a rank that left (the data plane's record), so
         #: that a failed collective names it; ``None``: no such record
         self.peers: Callable[[], object] | None = None
+        self.member = f"rank {rank} of the {backend} group"  # named so if it closes first
         self._failure = ""
 
     # -- forming the group -----------------------------------------------------------
@@ -118,7 +120,8 @@ class Collectives:
                 with that rank's reason).
             CollectiveFailed: some rank of ``comm`` did not call it within ``timeout_s``.
         """
-        if not (isinstance(timeout_s, int | float) and 0 < timeout_s <= 86400):
+        if isinstance(timeout_s, bool) or not (isinstance(timeout_s, int | float)
+                                               and 0 < timeout_s <= 86400):
             raise ConfigError(f"timeout_s must be a number of seconds in (0, 86400], got "
                               f"{timeout_s!r}", key="timeout_s")
         if backend not in BACKENDS:  # deterministic: every rank raises before any call
@@ -286,7 +289,8 @@ class Collectives:
         """The group failed in ``what``: it cannot be used again (a later call raises
         TransportError naming this failure). Names the peer that left if ``peers`` (the
         data plane's record of ranks that left on an exception) knows one."""
-        cause = peer_left(self.peers)
+        store = self._store
+        cause = peer_left(self.peers) or closed_by(store, self.rank, self.size)
         first = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
         text = (f"{what} on the {self.backend} group of {self.size} ranks (this rank "
                 f"{self.rank}) failed: "
@@ -294,6 +298,7 @@ class Collectives:
                                             f"{self.timeout_s:g} s")
                 + f" ({first})")
         group, self._group, self._store = self._group, None, None
+        keep_store(store, self.timeout_s + _MARGIN_S)  # the peers look into it
         self._failure = text
         if work is not None and not work.is_completed():
             _PARKED.append((group, work))  # gloo ends it at its deadline; freed with it
@@ -452,9 +457,10 @@ class Collectives:
 
     def close(self) -> None:
         """Shut the group down and let the store go. Local; idempotent. A group can be
-        formed again afterwards (a new :meth:`open`)."""
-        group, self._group, self._store = self._group, None, None
-        _shutdown(group)
+        formed again afterwards (a new :meth:`open`). A peer still in a collective fails
+        with a CollectiveFailed naming this rank (:attr:`member`)."""
+        group, store, self._group, self._store = self._group, self._store, None, None
+        end_group(group, store, self.rank, self.member, self.timeout_s + _MARGIN_S)
 
     def __enter__(self) -> Collectives:
         return self

@@ -9,6 +9,7 @@ import contextlib
 import datetime
 import ipaddress
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,8 +18,8 @@ import torch.distributed as dist
 
 from conduit_hpc.errors import ConfigError
 
-__all__ = ["BACKENDS", "choose_backend", "cuda_device", "make_group", "shutdown",
-           "store_address"]
+__all__ = ["BACKENDS", "choose_backend", "closed_by", "cuda_device", "end_group", "keep_store",
+           "make_group", "mark_closed", "shutdown", "store_address"]
 
 #: what ``backend`` may say
 BACKENDS = ("auto", "gloo", "nccl")
@@ -100,3 +101,67 @@ def shutdown(group: Any) -> None:
     if group is not None and hasattr(group, "shutdown"):
         with contextlib.suppress(RuntimeError):  # a peer already gone: nothing to release
             group.shutdown()
+
+
+#: the store key under which a rank that closed its group says who it was
+_CLOSED_KEY = "conduit-closed/"
+#: bound on each look into the store while a group closes or fails (the store's host
+#: may be gone: a look must not wait out the group's whole timeout)
+_LOOK_S = 2.0
+#: stores of groups that ended here, kept until their peers' waits are surely over
+#: (the first rank's store serves the peers' look at who closed: :func:`closed_by`)
+_KEPT: list[tuple[float, Any]] = []
+
+
+def keep_store(store: Any, seconds: float) -> None:
+    """Keep ``store`` (and the server the first rank's store runs) for ``seconds``: a
+    peer whose collective fails because this rank's group ended looks into it. Stores
+    kept past their time are let go here."""
+    now = time.monotonic()
+    _KEPT[:] = [(t, s) for t, s in _KEPT if t > now]
+    if store is not None:
+        _KEPT.append((now + seconds, store))
+
+
+def mark_closed(store: Any, rank: int, who: str) -> None:
+    """Leave word in the group's store that ``rank`` (``who``) closed its group, so that
+    a peer whose collective fails because of it names it (:func:`closed_by`). Best
+    effort and bounded (a few seconds): the store's host may be gone."""
+    if store is None:
+        return
+    with contextlib.suppress(Exception):  # the store's host gone: nothing to tell
+        store.set_timeout(datetime.timedelta(seconds=_LOOK_S))
+        store.set(f"{_CLOSED_KEY}{rank}", who)
+
+
+def closed_by(store: Any, rank: int, size: int) -> str:
+    """Who closed the group before this rank's collective failed, as the closer wrote it
+    (:func:`mark_closed`), or "" when no peer did. The store lives on rank 0 of the
+    group: when it cannot be reached any more from another rank, rank 0's group is gone
+    (closed, or its process ended), and that is said. Bounded (a few seconds)."""
+    if store is None or size < 2:
+        return ""
+    try:
+        store.set_timeout(datetime.timedelta(seconds=_LOOK_S))
+        for r in range(size):
+            key = f"{_CLOSED_KEY}{r}"
+            if r != rank and store.check([key]):
+                who = store.get(key).decode(errors="replace")
+                return (f"{who} closed its process group (close()) while this rank "
+                        f"waited for it in a collective; every rank of the group must "
+                        f"make the same collectives, then close it")
+    except Exception:  # the store's host is gone (or the store broke)
+        if rank != 0:
+            return ("rank 0 of the group (the host of its rendezvous store) is gone: it "
+                    "closed its process group or its process ended while this rank "
+                    "waited for it in a collective")
+    return ""
+
+
+def end_group(group: Any, store: Any, rank: int, who: str, keep_s: float) -> None:
+    """Close a group here: word in its store that ``who`` closed it (when it was open),
+    the store kept ``keep_s`` for the peers' look (:func:`keep_store`), then shut down."""
+    if group is not None:
+        mark_closed(store, rank, who)
+    keep_store(store, keep_s)
+    shutdown(group)

@@ -135,6 +135,30 @@ def test_a_rank_failing_around_a_collective_ends_every_wait(how: str) -> None:
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("closer", ["first", "last"])
+def test_a_rank_that_closes_the_group_while_the_others_wait_is_named(closer: str) -> None:
+    """One rank closes its group while the others are in an all-reduce. Before, their
+    CollectiveFailed said "a peer failed, left or did not arrive" and named nobody; now
+    each names the rank that closed (also rank 0, whose process holds the store)."""
+    c = Collectives.open(COMM, "gloo", timeout_s=30)
+    who = 0 if closer == "first" else COMM.size - 1
+    failed = ""
+    if COMM.rank == who:
+        c.close()
+    else:
+        try:
+            for _ in range(10_000):
+                c.allreduce_mean_([torch.ones(10)])
+        except TransportError as err:
+            failed = str(err)
+    c.close()
+    got = COMM.allgather(failed)
+    for r, what in enumerate(got):
+        if r != who:
+            assert f"rank {who} of the gloo group closed its process group" in what, got
+
+
+@pytest.mark.mpi(min_size=2)
 def test_a_rendezvous_that_fails_is_one_error_on_every_rank(monkeypatch) -> None:
     """The first rank's store is announced at an address nobody can reach (TEST-NET-3):
     every rank's connection times out, and every rank raises the same TransportError

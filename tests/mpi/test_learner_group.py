@@ -185,6 +185,62 @@ def test_a_learner_leaving_on_an_exception_ends_the_others_collective_naming_it(
 
 
 @pytest.mark.mpi(min_size=4)
+def test_a_learner_closing_its_group_without_leaving_the_plane_is_named() -> None:
+    """Learner 1 closes its group (``LearnerGroup.close()``) but stays in the data plane
+    while learner 0 waits for it in the gradient all-reduce. Before, learner 0's
+    CollectiveFailed said only "a peer failed, left or did not arrive" (the plane's
+    record names ranks that left on an exception; this one did not). Now the closer
+    leaves word in the group's store and learner 0's error names it, by learner index
+    and world rank; both then end the job normally."""
+    from conduit_hpc.errors import CollectiveFailed
+
+    timeout = 30.0
+    cfg = make_config(spec=SPEC, run={"timeout_s": timeout},
+                      layout={"learners": 2, "buffers": 1, "actors": 0},
+                      storage={"capacity_rows": 4096}, checkpoint={"on_stop": False},
+                      scheduler={"mode": "edp", "batch_rows": 32, "min_fill_rows": 64})
+    t0 = time.monotonic()
+    seen, me = "nothing", -1
+    with ExperienceDataPlane(cfg, COMM) as edp:
+        group = LearnerGroup.open(edp, "gloo", timeout_s=timeout)
+        me = group.rank
+        if edp.role is Role.ACTOR:
+            rng = np.random.default_rng(edp.world_rank)
+            while not edp.should_stop:
+                edp.ingest(transitions(rng, 32))
+                time.sleep(0.01)
+        elif edp.serves:
+            edp.serve()
+        else:
+            param = torch.nn.Parameter(torch.zeros(100))
+            for _ in range(3):
+                edp.next_batch()
+                param.grad = torch.ones(100)
+                group.average_gradients([param])
+            if group.rank == 1:
+                group.close()
+                seen = "closed"
+            else:
+                try:
+                    for _ in range(10_000):  # learner 0: until the group fails
+                        param.grad = torch.ones(100)
+                        group.average_gradients([param])
+                except CollectiveFailed as err:
+                    seen = f"CollectiveFailed: {err}"
+        edp.done()
+    every = COMM.allgather((COMM.rank, me, seen, time.monotonic() - t0))
+    closer = next(r for r, m, _, _ in every if m == 1)
+    for _, member, what, took in every:
+        assert took < timeout, every
+        if member == 1:
+            assert what == "closed", every
+        elif member == 0:
+            assert what.startswith("CollectiveFailed: allreduce of 100 values"), every
+            assert (f"learner 1 (world rank {closer}) closed its process group"
+                    in what), every
+
+
+@pytest.mark.mpi(min_size=4)
 def test_unused_frozen_and_misplaced_parameters_in_the_gradient_average() -> None:
     """A parameter without a gradient on one learner (unused this step) counted as zeros
     and took the mean (before, the learners passed lists of other lengths: gloo aborted

@@ -150,6 +150,12 @@ def test_update_tensordict_priority_changes_what_is_sampled(sampler: str) -> Non
             edp.serve()
         edp.done()
         got = edp.roles.world.allgather((early, late))
+    if not edp.serves:  # was TransportError 'window used after close()', naming no call
+        from conduit_hpc import UsedAfterClose
+
+        with pytest.raises(UsedAfterClose, match=rf"len\(\) called after close\(\) on "
+                                                 rf"world rank {edp.world_rank}"):
+            len(rb)
     early, late = got[0]
     assert early < 0.5  # before any update: about one in eight
     if sampler == "prioritized":

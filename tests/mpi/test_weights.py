@@ -305,3 +305,50 @@ def test_pull_weights_loads_each_model_and_threads_take_turns() -> None:
                         p.fill_(float(s + 1))  # published at superstep s - 1
                 edp.next_batch()
             edp.done()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_second_share_weights_is_refused_on_every_rank_and_the_first_board_stays() -> None:
+    """share_weights() called twice (a job that calls it and also builds a
+    DataPlaneReplayBuffer that does): before, the second call opened a second weights
+    window and the first was never freed (one leak per call, on every rank). Now every
+    rank refuses the second call before any collective, naming its world rank, and the
+    first board goes on carrying the learner's updates to the actors."""
+    cfg = make_config(layout={"learners": 1, "buffers": 1}, storage={"capacity_rows": 4096},
+                      scheduler={"mode": "edp", "batch_rows": 16, "min_fill_rows": 32,
+                                 "weights_every": 1})
+    model, snapshots = net(), []
+    with ExperienceDataPlane(cfg) as edp:
+        mine = None if edp.serves else model
+        edp.share_weights(mine)
+        with pytest.raises(ConduitError, match=rf"share_weights\(\) was already called on "
+                                               rf"world rank {edp.world_rank}; expected one"):
+            edp.share_weights(mine)
+        if edp.role is Role.ACTOR:
+            wseq = 0
+            while not edp.should_stop:
+                edp.ingest(checked_batch(edp.world_rank, wseq, 8))
+                wseq += 8
+        elif edp.role is Role.LEARNER:
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(10):
+                b = edp.next_batch()
+                loss = model(b.data["payload"][:, :4].float() / 1e12).pow(2).mean() + \
+                    sum(p.sum() for p in model.parameters())
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                snapshots.append(flat_parameters(model).tolist())
+        else:
+            edp.serve()
+        edp.done()
+        if edp.role is Role.ACTOR:
+            edp.pull_weights()
+        got = edp.roles.world.allgather(
+            (edp.role.value, edp.policy_version,
+             snapshots if edp.role is Role.LEARNER else
+             None if mine is None else flat_parameters(mine).tolist()))
+    updates = next(p for r, _, p in got if r == "learner")
+    for role, version, params in got:
+        if role == "actor":  # a late publication reached it through the first board
+            assert version >= 8 and params in updates[7:], (version, role)

@@ -26,3 +26,19 @@ def test_collectives_backend_choice_needs_a_gpu_of_its_own_per_rank() -> None:
     with pytest.raises(ConfigError, match=r"transport\.collectives must be one of \['auto', "
                                           r"'gloo', 'nccl'\], got 'mpi'"):
         choose_backend("mpi", own)
+
+
+@pytest.mark.parametrize("timeout_s", [True, 0, -1.0, float("nan"), "60", None])
+def test_a_bad_timeout_is_refused_before_any_collective(timeout_s) -> None:
+    """Refused on every rank alike, before the group's first MPI call; ``True`` was taken
+    for a 1-second bound on every collective of the group (a bool is an int)."""
+    from mpi4py import MPI
+
+    from conduit_hpc.plane.learner_group import LearnerGroup
+    from conduit_hpc.transport.collectives import Collectives
+
+    with pytest.raises(ConfigError, match=r"timeout_s must be a number of seconds in "
+                                          r"\(0, 86400\], got "):
+        Collectives.open(MPI.COMM_SELF, "gloo", timeout_s=timeout_s)
+    with pytest.raises(ConfigError, match=r"timeout_s must be a number of seconds"):
+        LearnerGroup.open(None, "gloo", timeout_s=timeout_s)  # type: ignore[arg-type]

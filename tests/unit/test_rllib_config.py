@@ -59,6 +59,17 @@ def test_the_jobs_config_passes() -> None:
      "num_steps_sampled_before_learning_starts"),
     (lambda: algo().training(num_steps_sampled_before_learning_starts="1000"),
      "num_steps_sampled_before_learning_starts"),
+    # accepted before: RLlib refused the old stack after Ray started (suggesting another
+    # buffer), a multi-agent DQN failed at its first add(), and gamma None, "0.99" or
+    # 2.0 reached the n-step sums (None: a TypeError in data_plane_for)
+    (lambda: algo().api_stack(enable_rl_module_and_learner=False,
+                              enable_env_runner_and_connector_v2=False),
+     "enable_env_runner_and_connector_v2"),
+    (lambda: algo().multi_agent(policies={"p0", "p1"},
+                                policy_mapping_fn=lambda aid, *a, **k: "p0"), "policies"),
+    (lambda: algo().training(gamma=None), "gamma"),
+    (lambda: algo().training(gamma="0.99"), "gamma"),
+    (lambda: algo().training(gamma=2.0), "gamma"),
 ])
 def test_a_bad_rllib_config_is_refused_naming_the_key(make, key) -> None:
     with pytest.raises(ConfigError) as err:
@@ -211,3 +222,123 @@ def test_sample_refuses_a_zero_size_instead_of_taking_the_default(kwargs) -> Non
         rllib._ACTIVE.pop()
     with pytest.raises(ConfigError, match=r"sample\((num_items|n_step)=0\)"):
         rb.sample(**kwargs, gamma=0.99)
+
+
+def plane_stub(**more):
+    """What the buffer reads of a data plane, without MPI (batch of 4 rows)."""
+    from types import SimpleNamespace
+
+    from conduit_hpc.testing import make_config
+
+    return SimpleNamespace(config=make_config(spec={"obs": {"dtype": "float32"}},
+                                              scheduler={"batch_rows": 4, "beta": 0.4},
+                                              layout={"learners": 1, "buffers": 1}), **more)
+
+
+def stub_buffer(edp) -> rllib.DataPlaneEpisodeReplayBuffer:
+    rllib._ACTIVE.append(rllib._Active(edp, 0.99, 1, rllib.PathTimes()))
+    try:
+        return rllib.DataPlaneEpisodeReplayBuffer()
+    finally:
+        rllib._ACTIVE.pop()
+
+
+def four_rows():
+    """A Batch as next_batch() gives one (4 rows of the SPEC_FIELDS)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    data = {"obs": torch.zeros(4, 4), "next_obs": torch.ones(4, 4),
+            "action": torch.zeros(4, dtype=torch.int64), "reward": torch.ones(4),
+            "terminated": torch.zeros(4, dtype=torch.bool),
+            "n_step": torch.ones(4, dtype=torch.int64)}
+    return SimpleNamespace(data=data, weights=torch.ones(4),
+                           indices=np.arange(12, dtype=np.int64).reshape(4, 3))
+
+
+@pytest.mark.parametrize(("kwargs", "key"), [
+    ({"beta": 1.0}, "beta"),                    # served scheduler.beta's weights silently
+    ({"lookback": 1}, "lookback"),              # a stateful module's: silently none
+    ({"min_batch_length_T": 5}, "min_batch_length_T"),
+    ({"bogus": 1}, "bogus"),                    # any other keyword: silently ignored
+])
+def test_sample_refuses_what_it_would_ignore_naming_it(kwargs, key) -> None:
+    edp = plane_stub(next_batch=four_rows)
+    rb = stub_buffer(edp)
+    with pytest.raises(ConfigError) as err:
+        rb.sample(4, gamma=0.99, **kwargs)
+    assert err.value.key == key and f"sample({key}=" in str(err.value)
+    # what RLlib's DQN passes (its beta, 0 for a stateless module) is served
+    got = rb.sample(num_items=4, n_step=1, batch_length_T=0, lookback=0, min_batch_length_T=0,
+                    gamma=0.99, beta=0.4 + 1e-12, sample_episodes=True)
+    assert len(got) == 4
+
+
+def test_update_priorities_without_a_sample_to_update_is_refused() -> None:
+    """Before a sample and after the sample's update, update_priorities returned without
+    a word (RLlib's own buffer fails an assertion there): the TD errors were dropped."""
+    from conduit_hpc.errors import SpecError
+
+    sent: list[np.ndarray] = []
+    edp = plane_stub(next_batch=four_rows, update_priorities=lambda i, p: sent.append(p))
+    rb = stub_buffer(edp)
+    with pytest.raises(SpecError, match=r"4 values but no sample to update \(before the "
+                                        r"first sample\(\)"):
+        rb.update_priorities(np.ones(4))
+    rb.update_priorities(np.ones(0))  # nothing to update: RLlib's buffer takes it too
+    rb.sample(4, gamma=0.99)
+    rb.update_priorities(np.full(4, 2.0))
+    with pytest.raises(SpecError, match=r"a second update of one sample"):
+        rb.update_priorities(np.full(4, 3.0))
+    assert len(sent) == 1 and sent[0].tolist() == [2.0] * 4
+
+
+def test_a_refused_add_stores_nothing_and_loses_no_pending_step() -> None:
+    """An add() whose rows the data plane refused (a wrong observation shape, say) had
+    already counted them as added and moved its episodes' pending steps on: once the
+    caller mended the chunk and added it again, the steps of the refused call were
+    gone. Now a refused add leaves both as they were."""
+    from conduit_hpc.errors import SpecError
+
+    stored: list[dict[str, np.ndarray]] = []
+    refuse = [True]
+
+    def ingest(batch):
+        if refuse[0]:
+            raise SpecError("field 'obs': refused")
+        stored.append(batch)
+
+    rb = stub_buffer(plane_stub(ingest=ingest))
+    parts = chunks(7, (3,), True)
+    with pytest.raises(SpecError, match="refused"):
+        rb.add(parts[0])
+    assert rb.get_added_timesteps() == 0 and not rb.assembler.open and not stored
+    refuse[0] = False
+    for p in parts:
+        rb.add(p)
+    assert np.concatenate([b["obs"][:, 0] for b in stored]).tolist() == list(range(7))
+    assert rb.get_added_timesteps() == 7
+
+
+def test_data_plane_for_refuses_a_ray_the_script_started_and_leaves_it_running() -> None:
+    """An RLlib script that calls ray.init() itself (as RLlib's examples do) got Ray's
+    RuntimeError ("Maybe you called ray.init twice by accident?") from data_plane_for,
+    whose clean-up then shut the script's own Ray down. Now a ConfigError says what to
+    drop, before anything is started or stopped."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from conduit_hpc import Role
+
+    edp = SimpleNamespace(role=Role.LEARNER, world_rank=0, config=job_config())
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        with pytest.raises(ConfigError, match=r"Ray is already running in this process") \
+                as err, rllib.data_plane_for(edp, algo()):  # type: ignore[arg-type]
+            pass
+        assert err.value.key == "ray.init" and ray.is_initialized() and not rllib._ACTIVE
+    finally:
+        ray.shutdown()

@@ -3,6 +3,8 @@ TensorDict checks, which need the [torchrl] extra - see tests/extras.py)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -171,6 +173,46 @@ def test_excluded_and_reserved_keys_are_not_stored_and_batch_dims_flatten() -> N
         TensorDictColumns(_spec(), skip=["index", "td_error"]).columns(td)
 
 
+def test_excluding_a_node_excludes_its_entries_and_a_string_is_refused() -> None:
+    """exclude_keys=["collector"] (as TensorDict.exclude("collector") drops the node) was
+    refused at every extend with "... ('collector', 'traj_ids') is not in the spec; ...
+    pass it in exclude_keys" - which the caller had done; exclude_keys="collector" was
+    taken letter by letter and gave the same error. Now a node's key excludes every entry
+    under it, and a bare string is refused up front naming exclude_keys."""
+    from conduit_hpc.errors import ConfigError
+    from conduit_hpc.integrations.torchrl import TensorDictColumns, spec_tables
+
+    td = _good()
+    td.set(("collector", "traj_ids"), torch.zeros(3, dtype=torch.int64))
+    td.set(("collector", "mask"), torch.ones(3, dtype=torch.bool))
+    for exclude in (["collector"], [("collector",)], ("collector", "x")):
+        cols = TensorDictColumns(_spec(), exclude_keys=exclude).columns(td)
+        assert sorted(cols) == ["next__done", "next__reward", "observation"]
+    assert "collector" not in spec_tables(td, exclude_keys=["collector"])
+    with pytest.raises(ConfigError, match=r"exclude_keys must be a collection of TensorDict "
+                                          r"keys .*got the string 'collector'"):
+        TensorDictColumns(_spec(), exclude_keys="collector")
+    with pytest.raises(ConfigError, match=r"exclude_keys must be a collection"):
+        spec_tables(td, exclude_keys="collector")
+
+
+@pytest.mark.parametrize("key", ["info", ("next", "info")])
+def test_a_non_tensor_entry_is_refused_naming_it_unless_excluded(key) -> None:
+    """A NonTensorData entry (``td.set_non_tensor("info", "a string")``, what some envs'
+    info dicts become) was dropped without a word: TensorDict's default leaves skip
+    non-tensors, so the entry neither matched a field nor was refused. Now it is an
+    entry like any other: a SpecError naming the key, or left out with exclude_keys."""
+    from conduit_hpc.integrations.torchrl import TensorDictColumns
+
+    td = _good()
+    td.set_non_tensor(key, "a string")
+    with pytest.raises(SpecError, match=rf"TensorDict key {re.escape(repr(key))} holds a "
+                                        rf"NonTensorData, not a tensor"):
+        TensorDictColumns(_spec()).columns(td)
+    cols = TensorDictColumns(_spec(), exclude_keys=[key]).columns(td)
+    assert sorted(cols) == ["next__done", "next__reward", "observation"]
+
+
 def test_spec_tables_give_the_spec_a_collector_batch_needs() -> None:
     import tomllib
 
@@ -193,6 +235,8 @@ def test_spec_tables_give_the_spec_a_collector_batch_needs() -> None:
     (["observation"], (), r"exclude_keys holds 'observation', which is the spec field "
                           r"'observation'"),
     ([("next", "done")], (), r"exclude_keys holds \('next', 'done'\)"),
+    (["next"], (), r"exclude_keys holds 'next', which holds \('next', 'reward'\), which "
+                   r"is the spec field 'next__reward'"),
     ((), ["index", "observation"], r"spec field 'observation' is the TensorDict key "
                                    r"'observation', which the buffer keeps for itself"),
 ])

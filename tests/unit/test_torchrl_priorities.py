@@ -112,3 +112,33 @@ def test_torchrl_buffer_methods_the_plane_does_not_offer_say_why(call: Any, name
         call(buffer("max"))
     with pytest.raises(NotImplementedError):  # what a caller of TorchRL's API may catch
         call(buffer("max"))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 1e31])
+def test_extend_refuses_a_bad_priority_in_any_chunk_before_writing_any(bad: float) -> None:
+    """extend() splits a TensorDict into ingests of at most max_insert_batch rows, and
+    each ingest checked its own priorities: a NaN in the third chunk's td_error raised
+    after the first two chunks were stored (a part of the batch written, though the
+    error said nothing was). Now every row's priority is checked first, naming the
+    priority key and the row."""
+    from tensordict import TensorDict
+
+    from conduit_hpc.integrations.torchrl import TensorDictColumns
+    from conduit_hpc.plane.roles import Role
+    from conduit_hpc.spec import Field, Spec
+
+    stored: list[int] = []
+    rb = buffer("max")
+    rb.prioritized, rb._chunk, rb._model = True, 4, None
+    rb.columns = TensorDictColumns(Spec([Field("obs", np.dtype("float32"), (2,))]),
+                                   skip=("index", "priority_weight", "td_error"))
+    rb.edp = SimpleNamespace(role=Role.ACTOR, world_rank=2,  # type: ignore[assignment]
+                             ingest=lambda cols, prio: stored.append(len(cols["obs"])))
+    prio = torch.ones(10)
+    prio[9] = bad
+    td = TensorDict({"obs": torch.zeros(10, 2), "td_error": prio}, batch_size=[10])
+    with pytest.raises(SpecError, match=r"priority \('td_error'\)\[9\] must be finite"):
+        rb.extend(td)
+    assert stored == []
+    td.set("td_error", torch.ones(10))
+    assert rb.extend(td) == 10 and stored == [4, 4, 2]
