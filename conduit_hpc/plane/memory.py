@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
@@ -78,6 +79,8 @@ class ShardMemory:
                                   timeout_s=config.run.timeout_s,
                                   poll_interval_s=config.transport.poll_interval_s)
             for s, lay in zip(placement.shards, layouts, strict=True)}
+        for ring in self.rings.values():  # a write that fails after reserving stops the job
+            ring.on_abandon = partial(self.control.mark_failed, me)
         # the owner always maps its own memory, whatever the sharing policy
         for s in placement.shards_of(me):
             ring = self.rings[s.shard_id]

@@ -8,6 +8,7 @@ from the tag. Every blocking receive polls with a deadline, so a lost peer becom
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,8 +118,10 @@ class Channel:
         return Message(status.Get_source(), status.Get_tag(), buf)
 
     def recv(self, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG, *,
-             timeout_s: float, what: str = "a message") -> Message:
-        """Wait for a matching message. Blocks at most ``timeout_s`` seconds.
+             timeout_s: float, what: str = "a message",
+             between: Callable[[], object] | None = None) -> Message:
+        """Wait for a matching message. Blocks at most ``timeout_s`` seconds; runs
+        ``between`` (if given) after each poll that found nothing.
 
         Raises:
             DataPlaneTimeout: nothing matching arrived in time (names ``what``).
@@ -126,7 +129,7 @@ class Channel:
         self._check()  # (the message below asks the communicator for this rank)
         msg = wait_until(lambda: self.poll(source, tag), timeout_s=timeout_s,
                          what=f"{what} (source {source}, tag {tag}) on rank {self.rank}",
-                         max_sleep_s=self._poll)
+                         max_sleep_s=self._poll, between=between)
         assert msg is not None  # wait_until returns only a truthy value
         return msg
 
