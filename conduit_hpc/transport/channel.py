@@ -17,6 +17,10 @@ from mpi4py import MPI
 from conduit_hpc.errors import TransportError
 from conduit_hpc.wait import wait_until
 
+#: the most bytes one message carries (MPI's int count: past it a send raised a bare
+#: MPI_ERR_ARG and its receiver waited for nothing)
+MAX_MESSAGE_BYTES = 2**31 - 1
+
 __all__ = ["Channel", "Message"]
 
 
@@ -77,6 +81,9 @@ class Channel:
     @staticmethod
     def _raw(payload: np.ndarray) -> np.ndarray:
         arr = np.ascontiguousarray(payload)
+        if arr.nbytes > MAX_MESSAGE_BYTES:  # (MPI raised a bare MPI_ERR_ARG)
+            raise TransportError(f"a message of {arr.nbytes} bytes is past the "
+                                 f"{MAX_MESSAGE_BYTES} bytes one MPI message carries")
         return arr.reshape(-1).view(np.uint8)
 
     def send(self, dest: int, tag: int, payload: np.ndarray) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 from transport_cases import ChannelCases, RmaWindowCases
 
@@ -35,3 +36,19 @@ def test_get_blocks_of_more_than_2_gib_in_all() -> None:
     finally:
         win.close()
     assert firsts == lasts == [1, 2, 1, 2, 1, 2, 1, 2, 2]
+
+
+def test_a_message_past_2_gib_is_refused_by_name() -> None:
+    """One message of more than 2**31 - 1 bytes raised a bare ``MPI.Exception(13)`` (the
+    config refuses the batches that would make one; this is what any other sender gets).
+    The payload is never touched: no memory is used for it."""
+    from conduit_hpc.errors import TransportError
+    from conduit_hpc.transport.channel import Channel
+
+    ch = Channel(MPI.COMM_SELF.Dup())
+    try:
+        for send in (ch.isend, ch.send):
+            with pytest.raises(TransportError, match="message of 2147483648 bytes"):
+                send(0, 7, np.empty(2**31, np.uint8))
+    finally:
+        ch.close()
