@@ -127,11 +127,9 @@ class ShardRing(IndexReads):
         """Append a validated batch; returns the first sequence number. Blocks only while
         a writer one lap behind finishes (bounded by ``timeout_s``).
 
-        A write that fails once it has reserved its seqs (its wait for the lap timed out,
-        the transport failed, an interrupt) leaves them uncommitted: commits are in seq
-        order, so no later row of the shard can become visible. It runs
-        :attr:`on_abandon` and re-raises its error (with a note naming the seqs); later
-        writes through this client raise :class:`IngestAbandoned`.
+        A write that fails after reserving (lap wait timed out, interrupt, transport)
+        leaves a gap no later commit passes: it runs :attr:`on_abandon` and re-raises
+        (a note names the seqs); later writes raise :class:`IngestAbandoned`.
 
         Args:
             batch (dict[str, np.ndarray]): output of :meth:`Spec.validate`.
@@ -251,12 +249,19 @@ class ShardRing(IndexReads):
                 self.on_wait()
                 if self._may_write(end):
                     break
-            deadline.check(lambda: f"commit cursor {self.commit_cursor()}, free cursor "
-                                   f"{self.free_cursor()}; is its owner still serving?")
+            deadline.check(self._stall)
             time.sleep(pause)
             pause = min(2 * pause, self.poll_interval_s)
         self.lap_waits += 1
         self.lap_wait_s += time.monotonic() - t0
+
+    def _stall(self) -> str:
+        """Why a lapped writer still waits (its timeout's message)."""
+        c, f = self.commit_cursor(), self.free_cursor()
+        if c < self.reserve_cursor() and self.stamps_of(np.array([c % self.capacity]))[0] <= c:
+            return (f"commit cursor {c}, free cursor {f}: seq {c} was reserved by a writer "
+                    f"that has not written it (stopped between reserving and committing?)")
+        return f"commit cursor {c}, free cursor {f}; is its owner still serving?"
 
     # -- owner ---------------------------------------------------------------------
     def advance_commits(self, max_rows: int | None = None) -> tuple[int, int]:

@@ -14,12 +14,14 @@ rows the shard holds are whole and the ones their writers wrote.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, IngestAbandoned, RemoteFailure, Role
-from conduit_hpc.errors import CollectiveFailed
+from conduit_hpc.errors import CollectiveFailed, DataPlaneTimeout
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD
@@ -124,3 +126,48 @@ def test_failed_write_after_reserve_stops_every_rank_by_name(transport: str) -> 
         assert row_consistent(cols).all()
         got = list(zip(cols["writer"].tolist(), cols["wseq"].tolist(), strict=True))
         assert got == [wrote[(sid, int(q))] for q in seqs]
+
+
+class StallsAfterReserve(FailsAfterReserve):
+    """A writer descheduled (or stopped) between reserving and committing: it sleeps."""
+
+    def __init__(self, inner, at: int, sleep_s: float) -> None:
+        super().__init__(inner, at)
+        self.sleep_s = sleep_s
+
+    def _maybe(self) -> None:
+        if self.reserved == self.at and not self.raised:
+            self.raised = True
+            time.sleep(self.sleep_s)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_writer_stalled_after_reserving_is_named_in_the_others_timeout() -> None:
+    # the others' lap waits time out; their message said "is its owner still serving?"
+    # of an owner that was serving: it now names the seq a writer reserved and never wrote
+    timeout = 3.0
+    cfg = make_config(run={"timeout_s": timeout},
+                      layout={"learners": 0, "buffers": 1, "actors": COMM.size - 1},
+                      storage={"capacity_rows": 16}, transport=TRANSPORTS["rma"])
+    errors: list[str] = []
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            me = edp.world_rank
+            if edp.role is Role.ACTOR:
+                if me == edp.roles.actor_ranks[0]:
+                    for ring in edp.rings.values():
+                        ring.transport = StallsAfterReserve(ring.transport, 3, 3 * timeout)
+                        ring.views = None
+                w = 0
+                while not edp.should_stop:
+                    edp.ingest(checked_batch(me, w, 3))
+                    w += 3
+                edp.done()
+            else:
+                edp.serve()
+    except (DataPlaneTimeout, RemoteFailure) as err:
+        errors.append(f"{type(err).__name__}: {err}")
+    every = [e for part in COMM.allgather(errors) for e in part]
+    assert len(every) == COMM.size, every  # every rank stopped on a named error
+    assert any(e.startswith("DataPlaneTimeout") and "was reserved by a writer that has "
+               "not written it" in e for e in every), every
