@@ -16,6 +16,7 @@ __all__ = [
     "ConfigMismatch",
     "DataPlaneClosed",
     "DataPlaneTimeout",
+    "IngestAbandoned",
     "PlacementInfeasible",
     "RateLimitDeadlock",
     "RemoteFailure",
@@ -66,6 +67,13 @@ class DataPlaneTimeout(ConduitError, TimeoutError):
 class DataPlaneClosed(ConduitError):
     """The data plane has ended: every actor finished while a learner waited for rows,
     or a call came after ``close()``/``done()`` (:class:`UsedAfterClose`)."""
+
+
+class IngestAbandoned(ConduitError):
+    """A write reserved slots of a shard's ring and failed before committing them (its
+    first error says why): commits are in order, so no later row of that shard can
+    become visible and the job stops - later writes of the rank raise this, the other
+    ranks :class:`RemoteFailure` naming it."""
 
 
 class UsedAfterClose(DataPlaneClosed):

@@ -156,6 +156,36 @@ class RmaWindowCases:
             for target in range(size):
                 np.testing.assert_array_equal(g[target], np.arange(1, 124) + 1000 * target)
 
+    @pytest.mark.parametrize("row_bytes", [16, 24, 104])
+    def test_get_blocks_past_one_operation_goes_in_parts(self, mode, monkeypatch,
+                                                         row_bytes: int) -> None:
+        """A gather of more than 2**31 - 1 bytes in all raised MPI_ERR_ARG (rows of some
+        MB, a batch of some hundred); it goes in operations of at most ``MAX_OP_BYTES``
+        (made 48 here: 3, 2 and less than 1 row per operation)."""
+        from conduit_hpc.transport import rma
+
+        monkeypatch.setattr(rma, "MAX_OP_BYTES", 48)
+        comm = self.COMM
+        rank, size = comm.Get_rank(), comm.Get_size()
+        rows = 9
+        with self.window(mode, rows * row_bytes) as win:
+            mine = win.own_segment()[:rows * row_bytes].reshape(rows, row_bytes)
+            mine[:] = ((rank * 16 + np.arange(rows))[:, None] + np.arange(row_bytes)) % 251
+            win.sync()
+            comm.Barrier()
+            win.sync()
+            picks = np.array([8, 0, 5, 5, 2, 7, 1])
+            got = np.zeros((size, len(picks), row_bytes), np.uint8)
+            for target in range(size):
+                win.get_blocks(target, 0, row_bytes, picks * row_bytes, got[target])
+            win.flush()
+            comm.Barrier()
+            seen = comm.allgather(got)
+        for g in seen:
+            for target in range(size):
+                want = ((target * 16 + picks)[:, None] + np.arange(row_bytes)) % 251
+                np.testing.assert_array_equal(g[target], want)
+
     def test_get_blocks_gathers_scattered_rows_in_one_call(self, mode) -> None:
         comm = self.COMM
         rank, size = comm.Get_rank(), comm.Get_size()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from conduit_hpc import jsontext
-from conduit_hpc.config.checks import MAX_BYTES, MAX_ROW_BYTES, require
+from conduit_hpc.config.checks import MAX_BYTES, MAX_COUNT, MAX_ROW_BYTES, require
 from conduit_hpc.config.feature_sections import CheckpointConfig, LongHaulConfig, PlacementConfig
 from conduit_hpc.config.launch_world import LaunchWorld, require_bytes
 from conduit_hpc.config.loader import load, to_plain, validate
@@ -232,6 +232,15 @@ class Config:
                 sch.sequence_length, f"a window (burn_in {sch.burn_in} + sequence_length) "
                 f"of at most storage.capacity_rows ({st.capacity_rows}) rows: no sequence "
                 f"would ever fit in the replay")
+        if sch.mode == "service" or sch.fetch == "owner":  # a shard's owner sends the rows
+            per_item = sch.window * row + 24  # rows, slot, generation, mass
+            # (one message carries MAX_COUNT bytes: MPI's int count; past it MPI_ERR_ARG)
+            require(sch.batch_rows * per_item + 48 <= MAX_COUNT, "scheduler.batch_rows",
+                    sch.batch_rows, f"<= {(MAX_COUNT - 48) // per_item} with rows of "
+                    f"{row} bytes (windows of {sch.window}): with scheduler.mode = "
+                    f"{sch.mode!r} and fetch = {sch.fetch!r} an owner sends a batch's rows "
+                    f"in one message, and one message carries at most 2**31 - 1 bytes "
+                    f"(or use fetch = 'direct' in mode 'edp' or 'sync')")
         require(sch.min_fill_rows <= st.capacity_rows, "scheduler.min_fill_rows",
                 sch.min_fill_rows, f"<= storage.capacity_rows ({st.capacity_rows}): the "
                 f"replay never holds more rows, learners would wait forever")

@@ -10,6 +10,7 @@ Plane-internal; features read it through the endpoints.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 
 from conduit_hpc.errors import ConduitError, DataPlaneTimeout, RemoteFailure, TransportError
@@ -78,17 +79,24 @@ class ControlBlock:
         if isinstance(exc, SystemExit) and exc.code in (0, None) and done:
             return
         try:
-            if isinstance(exc, TransportError | RemoteFailure) or (
-                    isinstance(exc, DataPlaneTimeout) and not self.local):
-                return
-            with contextlib.suppress(ConduitError, OSError):  # the transport itself failed
-                if not self.read(C_FAILED_FIRST):  # the first to leave is the one to name
-                    self.write(C_FAILED_FIRST, rank + 1)  # (others may leave because of it),
-                self.add(C_FAILED, 1)  # written before the count: a reader sees a name
+            self.mark_failed(rank, exc)
         finally:
             for leave in self.on_leave:
                 with contextlib.suppress(Exception):  # best effort, as the mark
                     leave()
+
+    def mark_failed(self, rank: int, exc: BaseException | None) -> None:
+        """Mark world rank ``rank`` as failed on ``exc`` (by the rules of
+        :meth:`left_on_error`), without leaving: e.g. a write that failed after reserving
+        ring slots, which no later row of its shard can pass (every rank must stop,
+        also when the writer catches the error). Best effort."""
+        if isinstance(exc, TransportError | RemoteFailure) or (
+                isinstance(exc, DataPlaneTimeout) and not self.local):
+            return
+        with contextlib.suppress(ConduitError, OSError):  # the transport itself failed
+            if not self.read(C_FAILED_FIRST):  # the first to leave is the one to name
+                self.write(C_FAILED_FIRST, rank + 1)  # (others may leave because of it),
+            self.add(C_FAILED, 1)  # written before the count: a reader sees a name
 
     def failed(self) -> bool:
         """Whether a rank left the data plane on an exception. One atomic read."""
@@ -99,9 +107,25 @@ class ControlBlock:
         rank left the data plane on an exception (:meth:`left_on_error`)."""
         if self.read(C_FAILED):
             first = self.read(C_FAILED_FIRST)  # written before the count
+            if first == rank + 1:  # this rank marked itself and went on (a caught error)
+                raise RemoteFailure(f"world rank {rank} failed earlier (its first error "
+                                    f"says why) and the job stops")
             who = f"world rank {first - 1}" if first else "another rank"
             raise RemoteFailure(f"{who} left the data plane on an exception (its own "
                                 f"error says why); world rank {rank} stops too")
+
+    def watch(self, rank: int, every_s: float = 0.5) -> Callable[[], None]:
+        """:meth:`raise_if_failed` for world rank ``rank`` that reads the block at most
+        every ``every_s`` seconds (for loops that may never wait long). Local."""
+        due = [0.0]
+
+        def check() -> None:
+            now = time.monotonic()
+            if now >= due[0]:
+                due[0] = now + every_s
+                self.raise_if_failed(rank)
+
+        return check
 
     def count_done(self, learners: tuple[int, ...], writers: tuple[int, ...],
                    rank: int) -> None:

@@ -134,6 +134,7 @@ class Deliverer:
         self.sync_s = 0.0  # seconds the last admit() spent reading statistics (syncs)
         #: promotes and demotes shards at superstep boundaries (``placement.device_rows``)
         self.device_policy: DevicePolicy | None = None
+        self.check_failed = control.watch(rank)  # RemoteFailure, if a rank failed
 
     def place(self, sid: int, source: DeviceShard | None) -> None:
         """Draw and gather shard ``sid`` from ``source`` (a device mirror) from now on,
@@ -183,6 +184,7 @@ class Deliverer:
         the time the statistics took to read - device shards sync there - which is
         part of sampling)."""
         t0 = time.perf_counter()
+        self.check_failed()  # a learner that never waits must still stop
         self.sync_s = 0.0
         deadline: Deadline | None = None  # made on the first wait (most batches have none)
         backoff: Backoff | None = None  # ... as is this
@@ -249,7 +251,8 @@ class Deliverer:
                                                                                np.ndarray]]:
         got = {i: self.stash.pop(i) for i in ids if i in self.stash}
         while len(got) < len(ids):
-            msg = self.channel.recv(tag=tag, timeout_s=self.timeout_s, what=what)
+            msg = self.channel.recv(tag=tag, timeout_s=self.timeout_s, what=what,
+                                    between=self.check_failed)
             rep, rest = SampleReply.unpack(msg.payload)
             if rep.request_id in ids:
                 got[rep.request_id] = (rep, rest)
@@ -416,6 +419,7 @@ class Deliverer:
                 if not bad.any():
                     return
                 if bad.all() and pinned:  # nothing drawable: let the owner run
+                    self.check_failed()  # (e.g. a writer's gap: nothing commits)
                     backoff.pause()
                 todo = todo[bad]
         finally:

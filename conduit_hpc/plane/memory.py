@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
@@ -28,7 +30,7 @@ from conduit_hpc.storage.priority import PriorityIndex, index_buffers
 from conduit_hpc.storage.ring import ShardLayout, ShardRing
 from conduit_hpc.transport.rma import RmaWindow
 
-__all__ = ["ShardMemory"]
+__all__ = ["ShardMemory", "free_memory_bytes"]
 
 
 class ShardMemory:
@@ -78,6 +80,8 @@ class ShardMemory:
                                   timeout_s=config.run.timeout_s,
                                   poll_interval_s=config.transport.poll_interval_s)
             for s, lay in zip(placement.shards, layouts, strict=True)}
+        for ring in self.rings.values():  # a write that fails after reserving stops the job
+            ring.on_abandon = partial(self.control.mark_failed, me)
         # the owner always maps its own memory, whatever the sharing policy
         for s in placement.shards_of(me):
             ring = self.rings[s.shard_id]
@@ -128,13 +132,22 @@ class ShardMemory:
 
 def _check_memory(config: Config, roles: RoleComms, used: Mapping[int, int]) -> None:
     """Refuse, on every rank together, shards that the free memory of some node cannot
-    hold. **Collective** on the world (one Allreduce)."""
-    node = roles.node_of[roles.world_rank]
-    need = sum(b for r, b in used.items() if roles.node_of[r] == node)
+    hold - summed over the ranks of each real node (emulated nodes of one machine share
+    its memory), against what the node has free or, where less, what this process's
+    memory cgroup still allows (a SLURM job's ``--mem``, a container's limit: past it the
+    kernel kills the job). **Collective** on the world (Allreduces)."""
+    me = roles.world_rank
+    real = (roles.world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
+            if config.layout.emulate_nodes else roles.node)
+    need_here = np.zeros(1, dtype=np.int64)
     try:
-        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    except (ValueError, OSError):  # not on this platform: nothing to check against
-        avail = need
+        real.Allreduce(np.array([used.get(me, 0)], dtype=np.int64), need_here, op=MPI.SUM)
+    finally:
+        if real is not roles.node:
+            real.Free()
+    need = int(need_here[0])
+    free = free_memory_bytes()
+    avail = need if free is None else free  # nothing to check against: no refusal
     mine = np.array([need if need > avail else 0], dtype=np.int64)
     worst = np.zeros(1, dtype=np.int64)
     roles.world.Allreduce(mine, worst, op=MPI.MAX)
@@ -142,5 +155,59 @@ def _check_memory(config: Config, roles: RoleComms, used: Mapping[int, int]) -> 
         raise ConfigError(
             f"storage.capacity_rows = {config.storage.capacity_rows} needs "
             f"{int(worst[0]) / 1e9:.3g} GB of shard memory on one node, more than is free "
-            f"there ({int(avail) / 1e9:.3g} GB on this rank's node); lower it or add "
-            f"buffer ranks on other nodes", key="storage.capacity_rows")
+            f"there ({int(avail) / 1e9:.3g} GB on this rank's node, or its memory cgroup's "
+            f"room); lower it or add buffer ranks on other nodes", key="storage.capacity_rows")
+
+
+def free_memory_bytes(proc_cgroup: Path = Path("/proc/self/cgroup"),
+                      cgroup_root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes this process can still have: the node's free memory, or less where its
+    memory cgroup (or one above it; v1 or v2) leaves less - its limit less what it uses,
+    page cache it can drop (inactive files) not counted. ``None``: nothing known. Local."""
+    try:
+        free: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError):  # not on this platform
+        free = None
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return free
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":  # v2: one hierarchy
+            base, names = cgroup_root, ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):  # v1: the memory controller's own
+            base, names = cgroup_root / "memory", ("memory.limit_in_bytes",
+                                                   "memory.usage_in_bytes",
+                                                   "total_inactive_file")
+        else:
+            continue
+        rel = Path(path.strip().lstrip("/"))
+        for d in (rel, *rel.parents):  # the cgroup, then each one above it
+            room = _cgroup_room(base / d, *names)
+            if room is not None:
+                free = room if free is None else min(free, room)
+    return free
+
+
+def _cgroup_room(d: Path, limit_name: str, usage_name: str, inactive_key: str) -> int | None:
+    """What cgroup directory ``d`` still allows (``None``: no limit, or not there)."""
+    try:
+        limit_text = (d / limit_name).read_text().strip()
+        used = int((d / usage_name).read_text())
+    except (OSError, ValueError):
+        return None
+    if limit_text == "max" or not limit_text.isdigit() or int(limit_text) >= 1 << 60:
+        return None  # v2 "max"; v1's "no limit" is 2**63 rounded down to pages
+    inactive = 0
+    try:
+        for stat in (d / "memory.stat").read_text().splitlines():
+            key, _, value = stat.partition(" ")
+            if key == inactive_key:
+                inactive = int(value)
+    except (OSError, ValueError):
+        pass
+    return max(0, int(limit_text) - max(0, used - inactive))

@@ -36,12 +36,13 @@ Storage never sees an ``MPI.Win``: it talks to a :class:`~conduit_hpc.transport.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from conduit_hpc.errors import SpecError
+from conduit_hpc.errors import IngestAbandoned, SpecError
 from conduit_hpc.storage import index_kernels, tree_kernels
 from conduit_hpc.storage.frames import FrameWriter
 from conduit_hpc.storage.layout import (
@@ -100,6 +101,12 @@ class ShardRing(IndexReads):
         self.on_wait: Callable[[], object] | None = None
         #: the frames this client wrote (frame-stack layout only; see storage/frames)
         self.frames: FrameWriter | None = None
+        #: seqs ``[a, b)`` a write of this client reserved and failed to commit (the
+        #: shard's commit cursor can never pass them: later writes are refused)
+        self.abandoned: tuple[int, int] | None = None
+        #: run (best effort) with the error when a write fails after reserving its seqs:
+        #: the data plane marks the job failed there, so every rank stops
+        self.on_abandon: Callable[[BaseException], object] | None = None
 
     @property
     def direct(self) -> bool:
@@ -120,6 +127,10 @@ class ShardRing(IndexReads):
         """Append a validated batch; returns the first sequence number. Blocks only while
         a writer one lap behind finishes (bounded by ``timeout_s``).
 
+        A write that fails after reserving (lap wait timed out, interrupt, transport)
+        leaves a gap no later commit passes: it runs :attr:`on_abandon` and re-raises
+        (a note names the seqs); later writes raise :class:`IngestAbandoned`.
+
         Args:
             batch (dict[str, np.ndarray]): output of :meth:`Spec.validate`.
             priorities (np.ndarray | None): float64 initial priority per row, or None.
@@ -127,7 +138,14 @@ class ShardRing(IndexReads):
         Raises:
             SpecError: more rows than the shard's capacity.
             DataPlaneTimeout: a lapped writer did not commit within ``timeout_s``.
+            IngestAbandoned: an earlier write of this client failed after reserving.
         """
+        if self.abandoned is not None:
+            a, b = self.abandoned
+            raise IngestAbandoned(
+                f"an earlier write reserved seqs {a}..{b - 1} of the shard at rank "
+                f"{self.owner} and failed before committing them; the shard's commit "
+                f"cursor cannot pass them, so the job stops (its first error says why)")
         n = self.layout.spec.rows_of(batch)
         lay, plan = self.layout, None
         if lay.frames is not None and n:  # each frame once: which frames are new
@@ -143,13 +161,34 @@ class ShardRing(IndexReads):
             return self.reserve_cursor()
         prio = (None if priorities is None
                 else np.ascontiguousarray(priorities, dtype=np.float64))
-        t = self.transport
-        first = t.fetch_add(self.owner, self.base + 8 * H_RESERVE, slots)
-        self._wait_lap(first + slots)
-        cols: Mapping[str, np.ndarray] = batch
-        if plan is not None:
-            assert self.frames is not None
-            cols, prio = self.frames.columns(plan, batch, first, prio)
+        first = self.transport.fetch_add(self.owner, self.base + 8 * H_RESERVE, slots)
+        try:
+            self._wait_lap(first + slots)
+            cols: Mapping[str, np.ndarray] = batch
+            if plan is not None:
+                assert self.frames is not None
+                cols, prio = self.frames.columns(plan, batch, first, prio)
+            self._fill(cols, prio, n, first, slots)
+        except BaseException as err:
+            self._abandon(first, slots, err)
+            raise
+        self.rows_written += n
+        return first
+
+    def _abandon(self, first: int, slots: int, err: BaseException) -> None:
+        """A write failed after reserving seqs ``first..first + slots - 1``."""
+        self.abandoned = (first, first + slots)
+        err.add_note(f"seqs {first}..{first + slots - 1} of the shard at rank {self.owner} "
+                     f"were reserved by this write and left uncommitted: no later row of "
+                     f"the shard can become visible, so the job stops")
+        if self.on_abandon is not None:
+            with contextlib.suppress(Exception):  # best effort: the transport may be gone
+                self.on_abandon(err)
+
+    def _fill(self, cols: Mapping[str, np.ndarray], prio: np.ndarray | None, n: int,
+              first: int, slots: int) -> None:
+        """Copy the columns and priorities into the reserved slots, then stamp them."""
+        t, lay = self.transport, self.layout
         segs = ring_segments(first, slots, self.capacity)
         gens = np.arange(first + 1, first + slots + 1, dtype=np.int64)
         if self.views is not None:
@@ -164,24 +203,22 @@ class ShardRing(IndexReads):
             for s in segs:
                 v.stamps[s.slot:s.slot + s.count] = gens[s.src:s.src + s.count]
             t.sync()
-        else:
-            if prio is None:
-                prio = np.full(n, np.nan)
-            for s in segs:
-                for f in lay.stored:
-                    m = max(0, min(s.count, len(cols[f.name]) - s.src))
-                    if m:
-                        t.put(self.owner, self.base + lay.column(f.name) + s.slot * f.row_bytes,
-                              cols[f.name][s.src:s.src + m])
-                t.put(self.owner, self.base + lay.priority_offset + 8 * s.slot,
-                      prio[s.src:s.src + s.count])
-            t.flush(self.owner)
-            for s in segs:
-                t.put(self.owner, self.base + lay.stamps_offset + 8 * s.slot,
-                      gens[s.src:s.src + s.count])
-            t.flush(self.owner)
-        self.rows_written += n
-        return first
+            return
+        if prio is None:
+            prio = np.full(n, np.nan)
+        for s in segs:
+            for f in lay.stored:
+                m = max(0, min(s.count, len(cols[f.name]) - s.src))
+                if m:
+                    t.put(self.owner, self.base + lay.column(f.name) + s.slot * f.row_bytes,
+                          cols[f.name][s.src:s.src + m])
+            t.put(self.owner, self.base + lay.priority_offset + 8 * s.slot,
+                  prio[s.src:s.src + s.count])
+        t.flush(self.owner)
+        for s in segs:
+            t.put(self.owner, self.base + lay.stamps_offset + 8 * s.slot,
+                  gens[s.src:s.src + s.count])
+        t.flush(self.owner)
 
     def free_cursor(self) -> int:
         """Writers may write every seq below this (atomic read; 0: not managed)."""
@@ -212,12 +249,19 @@ class ShardRing(IndexReads):
                 self.on_wait()
                 if self._may_write(end):
                     break
-            deadline.check(lambda: f"commit cursor {self.commit_cursor()}, free cursor "
-                                   f"{self.free_cursor()}; is its owner still serving?")
+            deadline.check(self._stall)
             time.sleep(pause)
             pause = min(2 * pause, self.poll_interval_s)
         self.lap_waits += 1
         self.lap_wait_s += time.monotonic() - t0
+
+    def _stall(self) -> str:
+        """Why a lapped writer still waits (its timeout's message)."""
+        c, f = self.commit_cursor(), self.free_cursor()
+        if c < self.reserve_cursor() and self.stamps_of(np.array([c % self.capacity]))[0] <= c:
+            return (f"commit cursor {c}, free cursor {f}: seq {c} was reserved by a writer "
+                    f"that has not written it (stopped between reserving and committing?)")
+        return f"commit cursor {c}, free cursor {f}; is its owner still serving?"
 
     # -- owner ---------------------------------------------------------------------
     def advance_commits(self, max_rows: int | None = None) -> tuple[int, int]:

@@ -8,6 +8,7 @@ from the tag. Every blocking receive polls with a deadline, so a lost peer becom
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,10 @@ from mpi4py import MPI
 
 from conduit_hpc.errors import TransportError
 from conduit_hpc.wait import wait_until
+
+#: the most bytes one message carries (MPI's int count: past it a send raised a bare
+#: MPI_ERR_ARG and its receiver waited for nothing)
+MAX_MESSAGE_BYTES = 2**31 - 1
 
 __all__ = ["Channel", "Message"]
 
@@ -76,6 +81,9 @@ class Channel:
     @staticmethod
     def _raw(payload: np.ndarray) -> np.ndarray:
         arr = np.ascontiguousarray(payload)
+        if arr.nbytes > MAX_MESSAGE_BYTES:  # (MPI raised a bare MPI_ERR_ARG)
+            raise TransportError(f"a message of {arr.nbytes} bytes is past the "
+                                 f"{MAX_MESSAGE_BYTES} bytes one MPI message carries")
         return arr.reshape(-1).view(np.uint8)
 
     def send(self, dest: int, tag: int, payload: np.ndarray) -> None:
@@ -123,8 +131,10 @@ class Channel:
         return Message(status.Get_source(), status.Get_tag(), buf)
 
     def recv(self, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG, *,
-             timeout_s: float, what: str = "a message") -> Message:
-        """Wait for a matching message. Blocks at most ``timeout_s`` seconds.
+             timeout_s: float, what: str = "a message",
+             between: Callable[[], object] | None = None) -> Message:
+        """Wait for a matching message. Blocks at most ``timeout_s`` seconds; runs
+        ``between`` (if given) after each poll that found nothing.
 
         Raises:
             DataPlaneTimeout: nothing matching arrived in time (names ``what``).
@@ -132,7 +142,7 @@ class Channel:
         self._check()  # (the message below asks the communicator for this rank)
         msg = wait_until(lambda: self.poll(source, tag), timeout_s=timeout_s,
                          what=f"{what} (source {source}, tag {tag}) on rank {self.rank}",
-                         max_sleep_s=self._poll)
+                         max_sleep_s=self._poll, between=between)
         assert msg is not None  # wait_until returns only a truthy value
         return msg
 

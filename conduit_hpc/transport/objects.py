@@ -87,7 +87,11 @@ def bounded_barrier(comm: MPI.Intracomm, timeout_s: float, what: str,
     """A barrier that gives up: :class:`~conduit_hpc.errors.CollectiveFailed` when not
     every rank of ``comm`` reached ``what`` within ``timeout_s`` (a rank failed, left
     without an error, or hangs), where a plain ``Barrier`` would wait forever.
-    ``between`` runs after every poll (it may raise). **Collective**."""
+    ``between`` runs once before the barrier is entered and after every poll (it may
+    raise: a rank that raises before entering never lets the others complete, so none
+    of them goes on into a collective it will not reach). **Collective**."""
+    if between is not None:
+        between()
     req = comm.Ibarrier()
     wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} to "
                f"reach {what}", error=CollectiveFailed, between=between,
@@ -104,6 +108,8 @@ def bounded_allgather(comm: MPI.Intracomm, send: np.ndarray, recv: np.ndarray,
     parts, and MPI writes them into ``recv`` whenever it next makes progress. So its
     buffers are kept alive for the life of the process (freed, they were written over
     later: a segfault in unrelated code, seen at 6 ranks)."""
+    if between is not None:  # before entering, as in bounded_barrier
+        between()
     req = comm.Iallgather(send, recv)
     try:
         wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} "

@@ -201,8 +201,10 @@ class RmaWindow:
                    offsets: np.ndarray, buffer: np.ndarray) -> None:
         """Start copying ``len(offsets)`` blocks of ``block_bytes`` each, found at
         ``displacement + offsets[i]`` in ``target_rank``'s segment, one after another
-        into ``buffer`` - one MPI call with an indexed datatype. Complete with
-        :meth:`flush`. Non-blocking, local."""
+        into ``buffer`` - one MPI call with an indexed datatype (one per
+        :data:`MAX_OP_BYTES` of blocks: past 2**31 - 1 bytes in all, a single call
+        raised MPI_ERR_ARG; a block larger than that comes with :meth:`get`, in parts).
+        Complete with :meth:`flush`. Non-blocking, local."""
         raw = self._bytes(buffer)
         offs = np.asarray(offsets, dtype=np.int64)
         if raw.size != block_bytes * len(offs):
@@ -212,11 +214,20 @@ class RmaWindow:
             return
         self._check(target_rank, displacement + int(offs.min()), 0)
         self._check(target_rank, displacement + int(offs.max()), block_bytes)
-        dtype = MPI.BYTE.Create_hindexed_block(block_bytes, offs.tolist()).Commit()
-        try:
-            self._win.Get([raw, MPI.BYTE], target_rank, (displacement, 1, dtype))
-        finally:
-            dtype.Free()  # MPI keeps it alive until the operation completes
+        if block_bytes > MAX_OP_BYTES:  # each block alone is past one operation
+            for i, off in enumerate(offs.tolist()):
+                self.get(target_rank, displacement + off,
+                         raw[i * block_bytes:(i + 1) * block_bytes])
+            return
+        per = MAX_OP_BYTES // max(block_bytes, 1)  # blocks per operation
+        for at in range(0, len(offs), per):
+            part = offs[at:at + per]
+            dtype = MPI.BYTE.Create_hindexed_block(block_bytes, part.tolist()).Commit()
+            try:
+                self._win.Get([raw[at * block_bytes:(at + len(part)) * block_bytes],
+                               MPI.BYTE], target_rank, (displacement, 1, dtype))
+            finally:
+                dtype.Free()  # MPI keeps it alive until the operation completes
 
     def fetch_add(self, target_rank: int, displacement: int, value: int) -> int:
         """Atomically add ``value`` to the int64 at ``displacement`` and return the old

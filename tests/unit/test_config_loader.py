@@ -106,6 +106,16 @@ def test_lists_for_tuples_and_integers_for_numbers() -> None:
     ({"scheduler": {"min_fill_rows": 10}, "storage": {"capacity_rows": 9}},
      "scheduler.min_fill_rows"),
     ({"longhaul": {"queue_rows": 2**41}}, "longhaul.queue_rows"),
+    # an owner sends a batch's rows in one message: 512 rows of 4.2 MB is past 2 GiB
+    ({"spec": {"x": {"dtype": "uint8", "shape": [4_200_000]}},
+      "scheduler": {"mode": "service", "batch_rows": 512}}, "scheduler.batch_rows"),
+    ({"spec": {"x": {"dtype": "uint8", "shape": [4_200_000]}},
+      "scheduler": {"mode": "sync", "fetch": "owner", "batch_rows": 512}},
+     "scheduler.batch_rows"),
+    ({"spec": {"x": {"dtype": "uint8", "shape": [1_000_000]}},
+      "scheduler": {"mode": "service", "batch_rows": 64, "sampler": "sequence",
+                    "sequence_length": 40}, "storage": {"capacity_rows": 100}},
+     "scheduler.batch_rows"),
     ({"run": {"timeout_s": 1e300}}, "run.timeout_s"),
     ({"run": {"seed": 2**40}}, "run.seed"),
 ])
@@ -113,6 +123,13 @@ def test_sizes_are_bounded(raw: dict, key: str) -> None:
     with pytest.raises(ConfigError) as info:
         Config.from_dict(raw)
     assert info.value.key == key and key in str(info.value)
+
+
+def test_a_batch_past_one_message_is_fine_where_no_owner_sends_it() -> None:
+    # the rows are gathered one-sided (in parts past 2 GiB: RmaWindow.get_blocks)
+    cfg = Config.from_dict({"spec": {"x": {"dtype": "uint8", "shape": [4_200_000]}},
+                            "scheduler": {"mode": "edp", "batch_rows": 512}})
+    assert cfg.scheduler.batch_rows == 512
 
 
 # ---------------------------------------------------------------------------------
