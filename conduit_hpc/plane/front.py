@@ -326,7 +326,9 @@ class ExperienceDataPlane:
         whether there were newer ones. Threads take turns. Actors; local, one-sided."""
         self._require(Role.ACTOR, "pull_weights()", after_done=True)  # a learner: reverted
         if self.weights is None:
-            raise DataPlaneClosed("pull_weights() needs share_weights() first")
+            raise DataPlaneClosed("pull_weights() needs share_weights() first" if
+                                  self.roles.learner_ranks else "pull_weights(): this job "
+                                  "has no learner, so no weights are published")
         return self.weights.load_newer(model if model is not None else self._model, self._model)
 
     @property

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from conduit_hpc.errors import CollectiveMismatch, ConduitError, ConfigError, TransportError
 from conduit_hpc.plane.roles import RoleComms
 from conduit_hpc.transport.objects import allgather_json
@@ -178,10 +180,18 @@ class LearnerGroup:
         """The largest ``code`` any learner passed (0: every learner goes on).
         **Collective** on the learners; blocks (bounded)."""
         self._require("agree()")
-        if self._coll is None:
-            return code
+        ok = isinstance(code, int | np.integer | np.bool_) and -(2 ** 63) <= int(code) < 2 ** 63
+        if self._coll is None:  # one learner: the same rule as the collective's
+            if not ok:
+                raise CollectiveMismatch(f"agree(): code must be an int64, got {code!r}")
+            return int(code)
         t0 = time.perf_counter()
-        out = self._coll.allreduce_max([code])[0]
+        try:
+            out = self._coll.allreduce_max([code])[0]
+        except CollectiveMismatch as err:  # raised on every learner; this one says its value
+            if ok:
+                raise
+            raise CollectiveMismatch(f"{err} (this learner passed agree({code!r}))") from err
         self.agree_s += time.perf_counter() - t0
         self.agree_calls += 1
         return out

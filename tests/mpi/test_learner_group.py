@@ -280,6 +280,12 @@ def test_unused_frozen_and_misplaced_parameters_in_the_gradient_average() -> Non
             with pytest.raises(CollectiveMismatch, match=r"rank 1: not a torch.Tensor"):
                 group.average_gradients([a] if group.rank == 0 else [None])
             assert group.agree(0) == 0  # still in step
+            # a code that is not an int64 on one learner: refused on both, and the one
+            # that passed it is told its value (before: the value was not quoted)
+            with pytest.raises(CollectiveMismatch) as err:
+                group.agree(1.5 if group.rank == 0 else 0)  # type: ignore[arg-type]
+            assert ("agree(1.5)" in str(err.value)) == (group.rank == 0), err.value
+            assert group.agree(True) == 1  # flags are 1/0; still in step
             ok = True
         else:
             with pytest.raises(ConduitError, match=rf"LearnerGroup.average_gradients\(\) "
@@ -334,3 +340,30 @@ def test_a_rank_that_never_opens_the_group_ends_the_others_in_bounded_time(how):
         (how == "left" and seen.startswith("RemoteFailure")
          and f"world rank {skip} left" in seen and took < timeout))
     assert COMM.allreduce(int(ok), op=MPI.MIN), (COMM.rank, seen, took)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_one_learners_agree_takes_only_what_a_group_would() -> None:
+    """With one learner ``agree`` exchanges nothing; it returned any value as it came
+    (1.5, 2**63, a string), which a second learner's collective refuses. Same rule now."""
+    from conduit_hpc.errors import CollectiveMismatch
+
+    cfg = make_config(spec=SPEC, run={"timeout_s": 30.0},
+                      layout={"learners": 1, "buffers": 1}, storage={"capacity_rows": 64},
+                      checkpoint={"on_stop": False},
+                      scheduler={"mode": "sync", "batch_rows": 8, "min_fill_rows": 8})
+    ok = True
+    with ExperienceDataPlane(cfg, COMM) as edp:
+        group = LearnerGroup.open(edp, "gloo", timeout_s=30.0)
+        if edp.role is Role.LEARNER:
+            for bad in (1.5, 2 ** 63, "1", None):
+                with pytest.raises(CollectiveMismatch, match=rf"agree\(\): code must be an "
+                                                             rf"int64, got {bad!r}"):
+                    group.agree(bad)  # type: ignore[arg-type]
+            ok = group.agree(np.int32(3)) == 3 and group.agree(False) == 0
+        if edp.serves:
+            edp.serve()
+        else:
+            edp.done()
+        group.close()
+    assert all(COMM.allgather(ok))
