@@ -23,12 +23,13 @@ from conduit_hpc.plane.control import ControlBlock
 from conduit_hpc.plane.owner_block import OwnerBlock
 from conduit_hpc.plane.roles import Role, RoleComms
 from conduit_hpc.plane.shard import OwnedShard
+from conduit_hpc.plane.staging_ring import StagingLayout
 from conduit_hpc.sampling import Sampler
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage import tree_kernels
 from conduit_hpc.storage.priority import PriorityIndex, index_buffers
 from conduit_hpc.storage.ring import ShardLayout, ShardRing
-from conduit_hpc.transport.rma import RmaWindow
+from conduit_hpc.transport.rma import PAGE, RmaWindow, free_bytes, shared_memory_dir
 
 __all__ = ["ShardMemory", "free_memory_bytes"]
 
@@ -66,7 +67,7 @@ class ShardMemory:
         for s, lay in zip(placement.shards, layouts, strict=True):
             bases[s.shard_id] = used.get(s.owner_rank, self.ack_bytes)
             used[s.owner_rank] = bases[s.shard_id] + lay.nbytes
-        _check_memory(config, roles, used)
+        _check_memory(config, spec, roles, used)
         shared = config.transport.shared_memory == "auto"
         self.window = RmaWindow(roles.world, used.get(me, 0), node_comm=roles.node,
                                 shared=shared)
@@ -130,33 +131,73 @@ class ShardMemory:
         self.window.close()
 
 
-def _check_memory(config: Config, roles: RoleComms, used: Mapping[int, int]) -> None:
-    """Refuse, on every rank together, shards that the free memory of some node cannot
-    hold - summed over the ranks of each real node (emulated nodes of one machine share
-    its memory), against what the node has free or, where less, what this process's
-    memory cgroup still allows (a SLURM job's ``--mem``, a container's limit: past it the
-    kernel kills the job). **Collective** on the world (Allreduces)."""
-    me = roles.world_rank
-    real = (roles.world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
-            if config.layout.emulate_nodes else roles.node)
-    need_here = np.zeros(1, dtype=np.int64)
+def _staging_bytes(config: Config, spec: Spec, roles: RoleComms) -> int:
+    """Bytes of the staging ring this rank allocates (a delivery rank's, with
+    ``scheduler.delivery = "process"``; 0 elsewhere)."""
+    if roles.world_rank not in roles.delivery_ranks:
+        return 0
+    sch = config.scheduler
+    return StagingLayout(spec, sch.batch_rows, sch.window, sch.prefetch_depth + 1,
+                         queue_rows=max(256, sch.batch_rows)).nbytes
+
+
+def _check_memory(config: Config, spec: Spec, roles: RoleComms,
+                  used: Mapping[int, int]) -> None:
+    """Refuse, on every rank together and before any window exists, the shard windows
+    and staging rings that some node cannot hold - summed over the ranks of each real
+    node (emulated nodes of one machine share its memory): more than it has free or,
+    where less, what this process's memory cgroup still allows (a SLURM job's ``--mem``,
+    a container's limit: past it the kernel kills the job); and, where they are
+    shared-memory windows (``transport.shared_memory = "auto"``, or every rank on one
+    node, where MPI backs any window with a file there), more than the free space of the
+    file system that backs them (``/dev/shm``, :func:`~conduit_hpc.transport.rma.
+    shared_memory_dir`): past it, a rank dies of SIGBUS on first touch, or MPI fails
+    with an internal error on one rank while the others wait. **Collective** on the
+    world (a split, an Allreduce and an Allgather)."""
+    world, me = roles.world, roles.world_rank
+    real = world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     try:
-        real.Allreduce(np.array([used.get(me, 0)], dtype=np.int64), need_here, op=MPI.SUM)
+        one_node = bool(world.allreduce(real.Get_size() == world.Get_size(), op=MPI.LAND))
+        mine, staging = used.get(me, 0), _staging_bytes(config, spec, roles)
+        # a page per segment: what the MPI library adds (rounding, its own header)
+        sums = np.zeros(2, np.int64)
+        real.Allreduce(np.array([mine + PAGE if mine else 0,
+                                 staging + PAGE if staging else 0], np.int64), sums,
+                       op=MPI.SUM)
     finally:
-        if real is not roles.node:
-            real.Free()
-    need = int(need_here[0])
+        real.Free()
+    shards, ring = int(sums[0]), int(sums[1])
     free = free_memory_bytes()
-    avail = need if free is None else free  # nothing to check against: no refusal
-    mine = np.array([need if need > avail else 0], dtype=np.int64)
-    worst = np.zeros(1, dtype=np.int64)
-    roles.world.Allreduce(mine, worst, op=MPI.MAX)
-    if worst[0] > 0:
+    directory = shared_memory_dir()
+    room = free_bytes(directory) if directory is not None else -1
+    in_shm = ring + (shards if config.transport.shared_memory == "auto" or one_node else 0)
+    row = np.array([shards + ring, -1 if free is None else free, in_shm, room, shards, ring],
+                   np.int64)
+    rows = np.zeros((world.Get_size(), len(row)), np.int64)
+    world.Allgather(row, rows)  # every rank builds the same verdict from the same rows
+    for rank, (need, ram, shm_need, shm_room, shards_b, ring_b) in enumerate(rows.tolist()):
+        if 0 <= ram < need:
+            what, have = "its free memory (or its memory cgroup's room)", ram
+        elif 0 <= shm_room < shm_need:
+            what, have = (f"the free space of {directory} (where MPI keeps shared-memory "
+                          f"windows)", shm_room)
+            need = shm_need
+        else:
+            continue
+        keys = [f"storage.capacity_rows = {config.storage.capacity_rows}"
+                f" ({shards_b} bytes of shards)"] if shards_b else []
+        if ring_b:
+            sch = config.scheduler
+            keys.append(f"scheduler.delivery = 'process' with scheduler.batch_rows = "
+                        f"{sch.batch_rows} x (scheduler.prefetch_depth = "
+                        f"{sch.prefetch_depth} + 1) ({ring_b} bytes of staging rings)")
+        verb = "needs" if len(keys) == 1 else "need"
         raise ConfigError(
-            f"storage.capacity_rows = {config.storage.capacity_rows} needs "
-            f"{int(worst[0]) / 1e9:.3g} GB of shard memory on one node, more than is free "
-            f"there ({int(avail) / 1e9:.3g} GB on this rank's node, or its memory cgroup's "
-            f"room); lower it or add buffer ranks on other nodes", key="storage.capacity_rows")
+            f"{' and '.join(keys)} {verb} {need} bytes ({need / 1e9:.3g} GB) on the node of "
+            f"rank {rank}, more than is free there: {have} bytes ({have / 1e9:.3g} GB), "
+            f"{what}; lower them, or add buffer ranks on other nodes (or give the job a "
+            f"larger {directory or '/dev/shm'})",
+            key="storage.capacity_rows" if shards_b else "scheduler.batch_rows")
 
 
 def free_memory_bytes(proc_cgroup: Path = Path("/proc/self/cgroup"),

@@ -18,6 +18,7 @@ Nothing here knows about experience, shards or roles.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -25,12 +26,33 @@ from mpi4py import MPI
 
 from conduit_hpc.errors import TransportError
 
-__all__ = ["RmaWindow"]
+__all__ = ["PAGE", "RmaWindow", "free_bytes", "shared_memory_dir"]
 
 _ALIGN = 64
 #: the most bytes one Put or Get moves: Open MPI refuses a count past 2**31 - 1
 #: (MPI_ERR_ARG, e.g. an actor on another node pulling a model of 2**29 float32 weights)
 MAX_OP_BYTES = 1 << 30
+#: bytes the MPI library may add to a shared segment (rounding to pages, its header)
+PAGE = 4096
+
+
+def shared_memory_dir() -> str | None:
+    """The directory whose file system backs shared-memory windows on this host (Open
+    MPI's ``osc_sm_backing_directory``, ``/dev/shm`` by default, as for MPICH), or
+    ``None`` where there is none to check."""
+    d: str = os.environ.get("OMPI_MCA_osc_sm_backing_directory", "")  # noqa: SIM112 (its name)
+    d = d or "/dev/shm"
+    return d if os.path.isdir(d) else None
+
+
+def free_bytes(directory: str) -> int:
+    """Bytes that an unprivileged writer may still put in ``directory``'s file system
+    (``-1``: unknown)."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return -1
+    return int(st.f_bavail) * int(st.f_frsize)
 
 
 class RmaWindow:
@@ -67,6 +89,7 @@ class RmaWindow:
         use_shared = shared and node_comm is not None
         # every rank must take the same branch: agree on it
         use_shared = bool(comm.allreduce(use_shared, op=MPI.LAND))
+        _check_room(comm, alloc, use_shared)
         if use_shared:
             assert node_comm is not None
             self._shm = MPI.Win.Allocate_shared(alloc, 1, comm=node_comm)
@@ -334,3 +357,35 @@ class RmaWindow:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def _check_room(comm: MPI.Intracomm, alloc: int, shared: bool) -> None:
+    """Refuse, on every rank of ``comm`` together, a window whose segments on some host
+    exceed the free space of the file system that backs shared memory there (MPI backs
+    shared windows, and any window of ranks on one host, with a file in it: past its
+    size a rank dies of SIGBUS on first touch, or MPI fails with an internal error).
+    **Collective** on ``comm``.
+
+    Raises:
+        TransportError: naming the directory, the bytes needed and those free.
+    """
+    host = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        need = int(host.allreduce(alloc + PAGE, op=MPI.SUM))
+        one_host = host.Get_size() == comm.Get_size()
+    finally:
+        host.Free()
+    if not shared and not comm.allreduce(one_host, op=MPI.LAND):
+        return  # private memory on several hosts: the callers check free memory
+    directory = shared_memory_dir()
+    room = free_bytes(directory) if directory is not None else -1
+    short = np.array([need if 0 <= room < need else 0, room], np.int64)
+    rows = np.zeros((comm.Get_size(), 2), np.int64)
+    comm.Allgather(short, rows)
+    bad = [(r, int(n), int(f)) for r, (n, f) in enumerate(rows) if n > 0]
+    if bad:
+        rank, n, f = bad[0]
+        raise TransportError(
+            f"a window of {n} bytes on the host of rank {rank} does not fit in the "
+            f"{f} bytes free in {directory} (where MPI keeps shared memory); give the "
+            f"job a larger {directory} or use less memory")

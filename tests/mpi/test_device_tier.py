@@ -41,7 +41,7 @@ buffers = {b}
 actors = {a}
 learner_gpu_bytes = "{gpu}"
 learner_host_bytes = "1 MB"
-buffer_host_bytes = "64 MB"
+buffer_host_bytes = "{bh}"
 gpu_host = {{ bandwidth_gbps = 25.0, latency_s = 1e-5 }}
 shm = {{ bandwidth_gbps = 8.0, latency_s = 1.5e-6 }}
 nic = {{ bandwidth_gbps = 1.0, latency_s = 5e-6 }}
@@ -63,11 +63,12 @@ def _layout():
     return LAYOUTS[COMM.size]
 
 
-def _cluster(shared_dir, nodes, gpu: str) -> str:
+def _cluster(shared_dir, nodes, gpu: str, learner_buffer: str = "64 MB") -> str:
     text = 'name = "gpu-test"\n' + "".join(
-        NODE.format(i=i, g=1 if lc else 0, l=lc, b=bc, a=ac, gpu=gpu if lc else "0")
+        NODE.format(i=i, g=1 if lc else 0, l=lc, b=bc, a=ac, gpu=gpu if lc else "0",
+                    bh=learner_buffer if lc else "64 MB")
         for i, (lc, bc, ac) in enumerate(nodes))
-    path = shared_dir / f"cluster-gpu-{gpu.replace(' ', '')}.toml"
+    path = shared_dir / f"cluster-gpu-{gpu.replace(' ', '')}-{learner_buffer[:-3]}.toml"
     if COMM.rank == 0:
         path.write_text(text)
     COMM.Barrier()
@@ -76,12 +77,14 @@ def _cluster(shared_dir, nodes, gpu: str) -> str:
 
 def _config(shared_dir, *, mode: str = "sync", scope: str | None = None,
             gpu: str = "12 kB", tiers: tuple[str, ...] = ("learner_gpu", "buffer_host"),
-            **sched):
+            learner_buffer: str = "64 MB", placement: dict | None = None, **sched):
     layout, default_scope, nodes = _layout()
     return make_config(
         layout=layout, storage={"capacity_rows": CAPACITY, "priority_exponent": 0.7},
-        placement={"planner": "static", "cluster": _cluster(shared_dir, nodes, gpu),
-                   "tiers": list(tiers), "scope": scope or default_scope},
+        placement={"planner": "static",
+                   "cluster": _cluster(shared_dir, nodes, gpu, learner_buffer),
+                   "tiers": list(tiers), "scope": scope or default_scope,
+                   **(placement or {})},
         scheduler={"mode": mode, "batch_rows": 16, "min_fill_rows": 32, **sched},
         checkpoint={"on_stop": False})
 
@@ -258,3 +261,20 @@ def test_a_learner_gpu_shard_read_by_several_learners_is_refused_everywhere(shar
     with pytest.raises(ConfigError, match="learner_gpu shard") as err:
         ExperienceDataPlane(cfg)
     assert err.value.key == "placement.scope"
+
+
+@pytest.mark.mpi(min_size=4)
+def test_adaptive_re_placement_of_a_learner_gpu_shard_is_refused_everywhere(shared_dir):
+    """A move hides rows in the owner's index only: the learner's device mirror, which
+    drops rows in the ring's FIFO order, would keep them drawable beside their new place.
+    The 4-rank plan (no buffer memory on the learner's node but the device's shard: one
+    shard per buffer rank, which adaptive placement needs) is refused before any window."""
+    if COMM.size != 4:
+        pytest.skip("one shard per buffer rank: the 4-rank layout")
+    cfg = _config(shared_dir, mode="edp", learner_buffer="1 kB",
+                  placement={"adaptive": True, "interval_supersteps": 5, "min_gain": 0.0,
+                             "patience": 1})
+    with pytest.raises(ConfigError, match="learner_gpu tier") as err:
+        ExperienceDataPlane(cfg)
+    assert err.value.key == "placement.adaptive"
+    assert "placement.tiers without 'learner_gpu'" in str(err.value)

@@ -65,7 +65,9 @@ that node's buffer memory - the same links.
 
 Not supported (refused by the config): partitioned sampling, the sequence sampler (moves
 would cut windows), several shards per buffer rank (a static plan that puts two shards on
-one buffer rank is refused with that message), and checkpoints (a shard that rows
+one buffer rank is refused with that message), a static plan with ``learner_gpu`` shards
+(their learner's device mirror drops rows in the ring's FIFO order only: a row moved out
+would stay drawable there beside its new place), and checkpoints (a shard that rows
 left holds them in a non-contiguous run, which the checkpoint format does not store).
 """
 
@@ -74,6 +76,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from conduit_hpc.errors import ConfigError
 from conduit_hpc.features.replace.board import ActorRouter, PlacementBoard, TelemetryTap
 from conduit_hpc.features.replace.coordinator import Coordinator
 from conduit_hpc.features.replace.owner import ShardMover
@@ -185,6 +188,19 @@ class Replacement(Feature):
         self.tap: TelemetryTap | None = None
 
     def check(self, placement: Placement, spec: Spec) -> None:
+        gpu = [s.shard_id for s in placement.shards if s.tier == "learner_gpu"]
+        if gpu:
+            # the learner's device mirror keeps a row until the ring hands its slot on
+            # (FIFO); a move hides the row in the owner's index only, so the row would
+            # stay drawable on the device and at its new place (delivered twice)
+            raise ConfigError(
+                f"placement.adaptive = true with a static plan that puts shards {gpu} in "
+                f"the learner_gpu tier: live re-placement moves rows out of a shard by "
+                f"hiding them in its owner's index, which the learner's device mirror of "
+                f"that shard does not see (the rows would stay drawable there and at "
+                f"their new place); expected placement.tiers without 'learner_gpu' "
+                f"(now {list(self.config.placement.tiers)}) or placement.adaptive = false",
+                key="placement.adaptive")
         self.plan = plan_replacement(self.config, self.roles, placement, spec)
 
     def attach(self, edp: FeatureHost) -> None:
