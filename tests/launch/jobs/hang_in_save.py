@@ -1,0 +1,64 @@
+"""Test job: world rank ``hang.rank`` stops (SIGSTOP: a hung process, as on a stuck
+filesystem) while it writes its part of a checkpoint in ``save_checkpoint``. Every
+other rank must end within ``run.timeout_s`` with an error naming the step it waited
+in, not wait for the hung rank for ever."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from conduit_hpc import Config, ExperienceDataPlane, Role
+from conduit_hpc.features.checkpointing import save_checkpoint
+from conduit_hpc.job import job_main
+from conduit_hpc.testing import checked_batch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HangSection:
+    rank: int = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HangConfig(Config):
+    hang: HangSection = field(default_factory=HangSection)
+
+
+class StopsWhenWritten(Mapping[str, np.ndarray]):
+    """Extra state whose writing stops this process (between the checkpoint's first
+    barrier and the gather of every rank's part)."""
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return np.zeros(4)
+
+    def __iter__(self) -> Iterator[str]:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        yield "state"
+
+    def __len__(self) -> int:
+        return 1
+
+
+def run(cfg: HangConfig, run_dir: Path | None, resume: str) -> None:
+    assert run_dir is not None
+    with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
+        if edp.role is Role.ACTOR:
+            for i in range(4):
+                edp.ingest(checked_batch(edp.world_rank, 8 * i, 8))
+            edp.done()
+        else:
+            edp.serve()
+        hang = edp.world_rank == cfg.hang.rank
+        save_checkpoint(edp, run_dir / "checkpoints",
+                        extra_state=StopsWhenWritten() if hang else None)
+
+
+JOB_CONFIG = HangConfig
+
+if __name__ == "__main__":
+    job_main(HangConfig, run)
