@@ -295,14 +295,18 @@ def test_info_with_a_job_runs_the_ranks_of_its_layout() -> None:
     assert out.stdout.count("actor") == 4 and out.stdout.count("learner") == 1
 
 
-def test_a_rank_hung_in_save_checkpoint_ends_the_others_within_run_timeout(tmp_path) -> None:
-    # world rank 2 (an actor) stops (SIGSTOP) while it writes its part of the checkpoint;
-    # the leader once waited for that part in a plain Gather, the other actor in a plain
-    # Bcast, until the launcher's budget (rc 124). Now every wait of save_checkpoint is
-    # bounded by run.timeout_s (5 s): the survivors end with the step they waited in.
+@pytest.mark.parametrize(("phase", "step"), [("save", "save_checkpoint(): every rank's part"),
+                                           ("restore", "the restore: every rank's read")])
+def test_a_rank_hung_in_a_checkpoint_ends_the_others_within_run_timeout(
+        tmp_path, phase: str, step: str) -> None:
+    # world rank 2 (an actor) stops (SIGSTOP) while it writes (reads) its part of a
+    # checkpoint; the leader once waited for that part in a plain Gather, the other actor
+    # in a plain Bcast, until the launcher's budget (rc 124). Now every wait of
+    # save_checkpoint and of the restore is bounded by run.timeout_s (5 s): the survivors
+    # end with the step they waited in.
     out = cli("run", "tests/launch/jobs/hang_in_save.toml", "--runs", str(tmp_path),
-              "--timeout", "100")
+              "--timeout", "100", "--set", f"hang.phase={phase}")
     assert out.returncode not in (0, 124), out.stderr
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
     assert len(errors) == 1, out.stderr
-    assert "CollectiveFailed" in errors[0] and "save_checkpoint()" in errors[0], errors[0]
+    assert "CollectiveFailed" in errors[0] and step in errors[0], errors[0]

@@ -1,7 +1,8 @@
 """Test job: world rank ``hang.rank`` stops (SIGSTOP: a hung process, as on a stuck
-filesystem) while it writes its part of a checkpoint in ``save_checkpoint``. Every
-other rank must end within ``run.timeout_s`` with an error naming the step it waited
-in, not wait for the hung rank for ever."""
+filesystem) while it writes its part of a checkpoint in ``save_checkpoint``
+(``hang.phase = "save"``), or while it reads one in ``restore_data_plane``
+(``"restore"``). Every other rank must end within ``run.timeout_s`` with an error naming
+the step it waited in, not wait for the hung rank for ever."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from conduit_hpc import Config, ExperienceDataPlane, Role
-from conduit_hpc.features.checkpointing import save_checkpoint
+from conduit_hpc import checkpoint as ck
+from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
 from conduit_hpc.job import job_main
 from conduit_hpc.testing import checked_batch
 
@@ -22,6 +24,7 @@ from conduit_hpc.testing import checked_batch
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HangSection:
     rank: int = 2
+    phase: str = "save"  # or "restore"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,8 +57,18 @@ def run(cfg: HangConfig, run_dir: Path | None, resume: str) -> None:
         else:
             edp.serve()
         hang = edp.world_rank == cfg.hang.rank
+        saving = cfg.hang.phase == "save"
         save_checkpoint(edp, run_dir / "checkpoints",
-                        extra_state=StopsWhenWritten() if hang else None)
+                        extra_state=StopsWhenWritten() if hang and saving else None)
+    if saving:
+        return
+    if hang:  # this rank stops when it opens the checkpoint to read its part
+        def stop(*args: object, **kwargs: object) -> None:
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+        ck.open_checkpoint = stop  # type: ignore[assignment]
+    with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
+        restore_data_plane(edp, "latest", roots=[run_dir / "checkpoints"])
 
 
 JOB_CONFIG = HangConfig
