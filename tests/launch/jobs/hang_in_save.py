@@ -1,8 +1,10 @@
 """Test job: world rank ``hang.rank`` stops (SIGSTOP: a hung process, as on a stuck
 filesystem) while it writes its part of a checkpoint in ``save_checkpoint``
 (``hang.phase = "save"``), or while it reads one in ``restore_data_plane``
-(``"restore"``). Every other rank must end within ``run.timeout_s`` with an error naming
-the step it waited in, not wait for the hung rank for ever."""
+(``"restore"``), or when the data plane's constructor picks its device
+(``"construct"``: ``hang.rank`` must be a learner). Every other rank must end within
+``run.timeout_s`` with an error naming the step it waited in, not wait for the hung rank
+for ever."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from mpi4py import MPI
 
 from conduit_hpc import Config, ExperienceDataPlane, Role
 from conduit_hpc import checkpoint as ck
@@ -24,7 +27,7 @@ from conduit_hpc.testing import checked_batch
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HangSection:
     rank: int = 2
-    phase: str = "save"  # or "restore"
+    phase: str = "save"  # or "restore", "construct"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +52,13 @@ class StopsWhenWritten(Mapping[str, np.ndarray]):
 
 def run(cfg: HangConfig, run_dir: Path | None, resume: str) -> None:
     assert run_dir is not None
+    if cfg.hang.phase == "construct" and MPI.COMM_WORLD.Get_rank() == cfg.hang.rank:
+        from conduit_hpc.plane import staging
+
+        def stop_in_select(kind: str, local: int) -> None:
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+        staging.select_device = stop_in_select  # type: ignore[assignment]
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
         if edp.role is Role.ACTOR:
             for i in range(4):
