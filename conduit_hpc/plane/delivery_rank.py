@@ -65,7 +65,7 @@ from conduit_hpc.plane.staging_ring import (
 )
 from conduit_hpc.sampling import make_sampler
 from conduit_hpc.scheduler import PrefetchClock
-from conduit_hpc.transport.objects import allgather_json
+from conduit_hpc.transport.objects import allgather_json, bounded_barrier
 from conduit_hpc.transport.rma import RmaWindow
 from conduit_hpc.wait import Backoff, Deadline
 
@@ -170,6 +170,9 @@ def open_staging(roles: RoleComms, config: Config, spec: Spec) -> StagingRing | 
             before any window exists).
     """
     world, me = roles.world, roles.world_rank
+    # bounded: a rank that hangs or died in the constructor before this point ends the
+    # others after run.timeout_s, not in Split for ever
+    bounded_barrier(world, config.run.timeout_s, "the data plane's constructor (staging)")
     pairs = sorted(roles.delivery_of.items())
     color = next((k for k, (lo, d) in enumerate(pairs) if me in (lo, d)), MPI.UNDEFINED)
     pair: MPI.Intracomm = world.Split(color, 0 if me in roles.delivery_ranks else 1)  # type: ignore[assignment]

@@ -151,7 +151,7 @@ class ExperienceDataPlane:
         self._learner_summary: dict[str, float] = {}
         self.delivery: DeliveryServer | None = None
         try:
-            self._device = agreed_device(roles, sch.device)  # collective
+            self._device = agreed_device(roles, sch.device, config.run.timeout_s)
             self.staging = open_staging(roles, config, self.spec)  # delivery = "process"
         except ConfigError:
             self.memory.close()

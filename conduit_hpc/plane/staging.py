@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from conduit_hpc.errors import ConfigError
+from conduit_hpc.errors import CollectiveFailed, ConfigError
+from conduit_hpc.wait import wait_until
 
 if TYPE_CHECKING:  # torch loads only on ranks that use it (learners)
     import torch
@@ -45,12 +46,14 @@ def select_device(kind: str, local_learner_index: int) -> torch.device:
     return torch.device("cpu")
 
 
-def agreed_device(roles: RoleComms, kind: str) -> torch.device | None:
+def agreed_device(roles: RoleComms, kind: str, timeout_s: float) -> torch.device | None:
     """This learner's device (``None`` on other roles), agreed: a GPU may be missing on
-    some node only, and then every rank raises together. **Collective** on the world.
+    some node only, and then every rank raises together. **Collective** on the world,
+    bounded by ``timeout_s`` (a rank that hangs or died in the constructor before it).
 
     Raises:
         ConfigError: some learner cannot have the device asked for (on every rank).
+        CollectiveFailed: not every rank came within ``timeout_s``.
     """
     from mpi4py import MPI
 
@@ -63,12 +66,25 @@ def agreed_device(roles: RoleComms, kind: str) -> torch.device | None:
         except ConfigError as err:
             problem = f"on world rank {me}: {err}"
     worst = np.zeros(1, dtype=np.int64)
-    roles.world.Allreduce(np.array([1 if problem else 0], dtype=np.int64), worst, op=MPI.MAX)
+    mine = np.array([1 if problem else 0], dtype=np.int64)
+    req = roles.world.Iallreduce(mine, worst, op=MPI.MAX)
+    try:
+        wait_until(req.Test, timeout_s=timeout_s, error=CollectiveFailed,
+                   what=f"every rank of {roles.world_size} to reach the data plane's "
+                        f"constructor (the learners' device)",
+                   detail="a rank failed, left without an error, or did not arrive")
+    except CollectiveFailed:
+        _ABANDONED.append((req, mine, worst))  # MPI may still write them
+        raise
     if worst[0]:
         raise ConfigError(problem or "scheduler.device must be 'auto' or 'cpu': 'cuda' was "
                           "asked for but a learner's torch sees no GPU",
                           key="scheduler.device")
     return device
+
+
+#: requests of :func:`agreed_device` given up on, with their buffers
+_ABANDONED: list[tuple[Any, np.ndarray, np.ndarray]] = []
 
 
 @dataclass

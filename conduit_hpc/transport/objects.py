@@ -17,7 +17,8 @@ from mpi4py import MPI
 from conduit_hpc.errors import CollectiveFailed
 from conduit_hpc.wait import wait_until
 
-__all__ = ["allgather_json", "bcast_json", "bounded_allgather", "bounded_barrier", "gather_json"]
+__all__ = ["allgather_json", "bcast_json", "bounded_allgather", "bounded_barrier",
+           "bounded_bcast_json", "bounded_gather_json", "gather_json"]
 
 
 def _plain(v: Any) -> Any:
@@ -96,6 +97,23 @@ def bounded_barrier(comm: MPI.Intracomm, timeout_s: float, what: str,
     wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} to "
                f"reach {what}", error=CollectiveFailed, between=between,
                detail="a rank failed, left without an error, or did not arrive")
+
+
+def bounded_bcast_json(comm: MPI.Intracomm, obj: Any, root: int, timeout_s: float, what: str,
+                       between: Callable[[], object] | None = None) -> Any:
+    """:func:`bcast_json` that gives up as :func:`bounded_barrier` does when not every
+    rank reaches it within ``timeout_s`` (a rank hangs or died in the work before it: a
+    plain ``Bcast`` would wait for it forever). **Collective**."""
+    bounded_barrier(comm, timeout_s, what, between)
+    return bcast_json(comm, obj, root)
+
+
+def bounded_gather_json(comm: MPI.Intracomm, obj: Any, root: int, timeout_s: float,
+                        what: str, between: Callable[[], object] | None = None
+                        ) -> list[Any] | None:
+    """:func:`gather_json`, bounded as :func:`bounded_bcast_json`. **Collective**."""
+    bounded_barrier(comm, timeout_s, what, between)
+    return gather_json(comm, obj, root)
 
 
 def bounded_allgather(comm: MPI.Intracomm, send: np.ndarray, recv: np.ndarray,

@@ -293,3 +293,26 @@ def test_info_with_a_job_runs_the_ranks_of_its_layout() -> None:
     assert out.returncode == 0, out.stderr
     assert "world size    : 6" in out.stdout
     assert out.stdout.count("actor") == 4 and out.stdout.count("learner") == 1
+
+
+@pytest.mark.parametrize(("phase", "step"), [("save", "save_checkpoint(): every rank's part"),
+                                           ("restore", "the restore: every rank's read"),
+                                           ("construct", "constructor (the learners' device)")])
+def test_a_hung_rank_ends_the_others_within_run_timeout(
+        tmp_path, phase: str, step: str) -> None:
+    # world rank 2 (an actor) stops (SIGSTOP) while it writes (reads) its part of a
+    # checkpoint (or the learner, in the constructor before its device is agreed); the
+    # leader once waited for that part in a plain Gather, the other actor
+    # in a plain Bcast (the others, in a plain Allreduce or Split), until the launcher's
+    # budget (rc 124). Now every wait of save_checkpoint, of the restore and of the
+    # constructor's device agreement and staging split is bounded by run.timeout_s (5 s):
+    # the survivors end with the step they waited in.
+    out = cli("run", "tests/launch/jobs/hang_in_save.toml", "--runs", str(tmp_path),
+              "--timeout", "100", "--set", f"hang.phase={phase}",
+              # constructing, world rank 0 is the learner and stops picking its device
+              *(["--set", "layout.learners=1", "--set", "hang.rank=0"]
+                if phase == "construct" else []))
+    assert out.returncode not in (0, 124), out.stderr
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
+    assert len(errors) == 1, out.stderr
+    assert "CollectiveFailed" in errors[0] and step in errors[0], errors[0]

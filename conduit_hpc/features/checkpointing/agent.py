@@ -65,7 +65,12 @@ from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.protocol import Tag
 from conduit_hpc.storage.snapshot import SnapshotStaging
 from conduit_hpc.transport.channel import Message
-from conduit_hpc.transport.objects import bcast_json, bounded_barrier, gather_json
+from conduit_hpc.transport.objects import (
+    bcast_json,
+    bounded_barrier,
+    bounded_bcast_json,
+    gather_json,
+)
 from conduit_hpc.wait import Deadline
 
 if TYPE_CHECKING:
@@ -493,8 +498,11 @@ class CheckpointAgent(BufferExtension):
         self._closing = True
         bcomm = self.edp.roles.buffer
         assert bcomm is not None
-        flying = bcast_json(bcomm, self._flight.seq if self._flight else -1, root=0)
         timeout = self.edp.config.run.timeout_s if timeout_s is None else timeout_s
+        flying = bounded_bcast_json(bcomm, self._flight.seq if self._flight else -1, 0,
+                                    timeout, "the end of checkpointing (the checkpoint in "
+                                    "flight)", lambda: self.edp.control.raise_if_failed(
+                                        self.edp.world_rank))
         deadline = Deadline(timeout, f"checkpoint {flying} to complete on world rank "
                                      f"{self.edp.world_rank}")
         ch = self.edp.channel

@@ -31,7 +31,11 @@ from conduit_hpc.storage.snapshot import (
     plan_reshard,
     restore_snapshot,
 )
-from conduit_hpc.transport.objects import bcast_json, bounded_barrier, gather_json
+from conduit_hpc.transport.objects import (
+    bounded_barrier,
+    bounded_bcast_json,
+    bounded_gather_json,
+)
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.host import FeatureHost
@@ -247,6 +251,11 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
     leader = edp.roles.buffer_ranks[0]
     strict = False
     candidates: list[Path] = []
+    timeout_s = edp.config.run.timeout_s
+
+    def check() -> None:
+        edp.control.raise_if_failed(me)
+
     if me == leader:
         if str(source) in ("", "latest"):
             candidates = ck.newest_first(roots)
@@ -281,7 +290,10 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
                         break
                     damaged = not isinstance(err, CheckpointMismatch) and ck.is_complete(c)
                     _skip(skipped, str(err), candidates, c if damaged else None)
-        decision = bcast_json(world, decision, leader)
+        # bounded, as every step below: a rank that hangs (or dies without an abort)
+        # while it reads ends the others after run.timeout_s, not never
+        decision = bounded_bcast_json(world, decision, leader, timeout_s,
+                                      "the restore: the checkpoint to read", check)
         if "error" in decision:
             raise CheckpointError(decision["error"])
         skipped = list(decision["skipped"])
@@ -305,14 +317,17 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             error = str(err)
         except Exception as err:  # not the checkpoint's fault: every rank stops with it
             failure, fatal = err, f"world rank {me}: {type(err).__name__}: {err}"
-        errors = gather_json(world, [error, fatal], leader)
+        errors = bounded_gather_json(world, [error, fatal], leader, timeout_s,
+                                     f"the restore: every rank's read of {decision['path']}",
+                                     check)
         verdict: dict[str, Any] = {}
         if me == leader:
             assert errors is not None
             bad = [e for e, _ in errors if e]
             worst = [f for _, f in errors if f]
             verdict = {"error": bad[0] if bad else None, "fatal": worst[0] if worst else None}
-        verdict = bcast_json(world, verdict, leader)
+        verdict = bounded_bcast_json(world, verdict, leader, timeout_s,
+                                     "the restore: the verdict on the read", check)
         if verdict["fatal"] is not None:
             raise CheckpointError(f"restoring {decision['path']} failed on "
                                   f"{verdict['fatal']}") from failure

@@ -28,7 +28,11 @@ from conduit_hpc.features.checkpointing.parts import (
     finish_checkpoint,
     shard_part,
 )
-from conduit_hpc.transport.objects import bcast_json, bounded_barrier, gather_json
+from conduit_hpc.transport.objects import (
+    bounded_barrier,
+    bounded_bcast_json,
+    bounded_gather_json,
+)
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.host import FeatureHost
@@ -90,8 +94,12 @@ def save_checkpoint(edp: FeatureHost, root: Path, *,
     leader = edp.roles.buffer_ranks[0]
     # every rank is here before the collectives below (a rank that left, or never came,
     # ends the others: RemoteFailure at once, CollectiveFailed after run.timeout_s)
-    bounded_barrier(world, edp.config.run.timeout_s, "save_checkpoint()",
-                    lambda: edp.control.raise_if_failed(me))
+    timeout_s = edp.config.run.timeout_s
+
+    def check() -> None:
+        edp.control.raise_if_failed(me)
+
+    bounded_barrier(world, timeout_s, "save_checkpoint()", check)
     root = Path(root)
     plan: dict[str, Any] = {}
     if me == leader:
@@ -103,7 +111,15 @@ def save_checkpoint(edp: FeatureHost, root: Path, *,
             plan = {"seq": seq, "tmp": str(tmp)}
         except OSError as err:
             plan = {"error": f"cannot create a checkpoint under {root}: {err}"}
-    plan = bcast_json(world, plan, leader)
+    # each step below is bounded too: a rank that hangs or dies while it writes its part
+    # (or the leader, the manifest) ends the others after run.timeout_s, not never
+    try:
+        plan = bounded_bcast_json(world, plan, leader, timeout_s,
+                                  "save_checkpoint(): the checkpoint's name", check)
+    except BaseException:
+        if plan.get("tmp"):
+            shutil.rmtree(plan["tmp"], ignore_errors=True)
+        raise
     if "error" in plan:
         raise CheckpointError(plan["error"])
     seq, tmp = int(plan["seq"]), Path(plan["tmp"])
@@ -128,7 +144,14 @@ def save_checkpoint(edp: FeatureHost, root: Path, *,
                                                       extra_attrs))
     except CheckpointError as err:
         part["error"] = str(err)
-    parts = gather_json(world, part, leader)
+    try:
+        parts = bounded_gather_json(world, part, leader, timeout_s,
+                                    f"save_checkpoint(): every rank's part of checkpoint {seq}",
+                                    check)
+    except BaseException:
+        if me == leader:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     verdict: dict[str, Any] = {}
     if me == leader:
         assert parts is not None
@@ -147,7 +170,8 @@ def save_checkpoint(edp: FeatureHost, root: Path, *,
             verdict = {"error": errors[0]}
         if agent is not None:
             agent.first_seq = seq + 1
-    verdict = bcast_json(world, verdict, leader)
+    verdict = bounded_bcast_json(world, verdict, leader, timeout_s,
+                                 f"save_checkpoint(): checkpoint {seq} finished", check)
     if "error" in verdict:
         raise CheckpointError(verdict["error"])
     if agent is not None:
