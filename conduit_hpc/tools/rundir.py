@@ -3,6 +3,7 @@ starts. Local; no MPI."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
@@ -117,7 +118,12 @@ def _hold(where: Path, unwritable_error: Callable[[OSError], Exception], what: s
                            f"for it to end, or choose {instead}") from err
     except OSError:
         return lock
-    lock.truncate(0)
-    lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    lock.flush()
+    try:  # a full file system (a quota, a small scratch) fails here, not at open
+        lock.truncate(0)
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        lock.flush()
+    except OSError as err:
+        with contextlib.suppress(OSError):  # its close flushes the same bytes again
+            lock.close()
+        raise unwritable_error(err) from err
     return lock

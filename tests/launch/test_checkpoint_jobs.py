@@ -315,14 +315,27 @@ def test_a_job_whose_every_checkpoint_failed_ends_with_an_error(tmp_path: Path) 
                       capture_output=True, check=False).returncode != 0:
         pytest.skip("mount -t tmpfs failed (no CAP_SYS_ADMIN here)")
     try:
+        # the root's lock (the launcher holds ROOT/.lock) is made before the disk fills,
+        # so that it can be rewritten in its own page: a root with no room even for it is
+        # refused before launch (below)
+        (mnt / "ck").mkdir()
+        (mnt / "ck" / ".lock").write_text("x" * 100)
         with open(mnt / "fill", "wb", buffering=0) as f, contextlib.suppress(OSError):
             while True:
                 f.write(b"x" * 4096)
         r = cli("run", "jobs/synthetic.toml", "--runs", str(tmp_path / "runs"),
                 "--set", "run.duration_s=4", "--set", "checkpoint.every_seconds=1.0",
                 "--set", f'checkpoint.directory="{mnt / "ck"}"', *SMALL, timeout=240)
+        (mnt / "ck" / ".lock").unlink()  # no room for a lock either: refused at once
+        with open(mnt / "fill", "ab", buffering=0) as f, contextlib.suppress(OSError):
+            while True:  # the lock's page too
+                f.write(b"x" * 4096)
+        full = cli("run", "jobs/synthetic.toml", "--runs", str(tmp_path / "runs"),
+                   "--set", f'checkpoint.directory="{mnt / "ck"}"', *SMALL)
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True, check=False)
+    assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr
+    assert "cannot be made or written: No space left on device" in full.stderr, full.stderr
     text = r.stdout + r.stderr
     assert r.returncode == 3, text
     tally = next(ln for ln in r.stdout.splitlines() if ln.startswith("checkpoints: "))
