@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from extras import fill_up, small_tmpfs
 
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.testing import REPO
@@ -307,33 +308,20 @@ def test_a_job_whose_every_checkpoint_failed_ends_with_an_error(tmp_path: Path) 
     user learned that the run could not be resumed only at the next preemption. The job
     now ends with one line of what was written and failed, each failure in one line (not
     HDF5's multi-line message), and exit status 3 naming the first failure."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                      capture_output=True, check=False).returncode != 0:
-        pytest.skip("mount -t tmpfs failed (no CAP_SYS_ADMIN here)")
-    try:
+    with small_tmpfs(tmp_path / "small", "64k") as mnt:
         # the root's lock (the launcher holds ROOT/.lock) is made before the disk fills,
         # so that it can be rewritten in its own page: a root with no room even for it is
         # refused before launch (below)
         (mnt / "ck").mkdir()
         (mnt / "ck" / ".lock").write_text("x" * 100)
-        with open(mnt / "fill", "wb", buffering=0) as f, contextlib.suppress(OSError):
-            while True:
-                f.write(b"x" * 4096)
+        fill_up(mnt / "fill")
         r = cli("run", "jobs/synthetic.toml", "--runs", str(tmp_path / "runs"),
                 "--set", "run.duration_s=4", "--set", "checkpoint.every_seconds=1.0",
                 "--set", f'checkpoint.directory="{mnt / "ck"}"', *SMALL, timeout=240)
         (mnt / "ck" / ".lock").unlink()  # no room for a lock either: refused at once
-        with open(mnt / "fill", "ab", buffering=0) as f, contextlib.suppress(OSError):
-            while True:  # the lock's page too
-                f.write(b"x" * 4096)
+        fill_up(mnt / "fill")  # the lock's page too
         full = cli("run", "jobs/synthetic.toml", "--runs", str(tmp_path / "runs"),
                    "--set", f'checkpoint.directory="{mnt / "ck"}"', *SMALL)
-    finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True, check=False)
     assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr
     assert "cannot be made or written: No space left on device" in full.stderr, full.stderr
     text = r.stdout + r.stderr

@@ -3,10 +3,7 @@ of it (a collective whose peer died), decided by the error class."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-
-import pytest
 
 from conduit_hpc.tools.diagnose import first_error
 
@@ -63,28 +60,16 @@ def test_a_failed_job_on_a_full_file_system_is_told_so(tmp_path) -> None:
     with status 1 and empty logs (its ranks could not write their errors), and the report
     said only "job exited with status 1; logs in ...". The note says the disk is full. A
     real full file system: a 64 kB tmpfs, filled (root, as the hosts tier)."""
-    import os
-    import subprocess
+    from extras import fill_up, small_tmpfs
 
     from conduit_hpc.tools.diagnose import disk_full_note
 
     assert disk_full_note(tmp_path) == ""  # space left: nothing to add
     assert disk_full_note(tmp_path / "gone") == ""  # cannot be asked: nothing either
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                      capture_output=True, check=False).returncode != 0:
-        pytest.skip("mount -t tmpfs failed (no CAP_SYS_ADMIN here)")
-    try:
+    with small_tmpfs(tmp_path / "small", "64k") as mnt:
         run_dir = mnt / "runs" / "job-1"
         run_dir.mkdir(parents=True)
-        with open(mnt / "fill", "wb", buffering=0) as f, contextlib.suppress(OSError):
-            while True:
-                f.write(b"x" * 4096)
+        fill_up(mnt / "fill")
         note = disk_full_note(run_dir)
         assert note.startswith("\nconduit-hpc: error: note: the file system of ")
         assert f"{run_dir} has 0 bytes free: the job may have failed on the full disk" in note
-    finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True, check=False)
