@@ -15,24 +15,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from extras import small_tmpfs
 
 from conduit_hpc.testing import REPO
 
 
 @pytest.fixture
 def small_shm(tmp_path: Path) -> Iterator[Path]:
-    d = tmp_path / "shm"
-    d.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(d)],
-                         capture_output=True, text=True, timeout=30, check=False)
-    if got.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "shm", "16m") as d:
         yield d
-    finally:
-        subprocess.run(["umount", str(d)], timeout=30, check=False)
 
 
 def run(tmp_path: Path, shm: Path, *sets: str) -> tuple[subprocess.CompletedProcess[str], str]:
