@@ -190,6 +190,7 @@ def test_a_killed_launcher_takes_mpirun_and_the_ranks_with_it(tmp_path: Path) ->
         kill_tree(job.p.pid, *([sid] if sid else []))
 
 
+@pytest.mark.slow  # ~14 s: `make launch-slow` (.ci/run), not `make test`
 def test_killed_while_writing_resumes_from_the_previous_complete_checkpoint(
         tmp_path: Path) -> None:
     first = tmp_path / "synthetic-first"

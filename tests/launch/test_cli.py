@@ -295,6 +295,7 @@ def test_info_with_a_job_runs_the_ranks_of_its_layout() -> None:
     assert out.stdout.count("actor") == 4 and out.stdout.count("learner") == 1
 
 
+@pytest.mark.slow  # ~25 s: `make launch-slow` (.ci/run), not `make test`
 @pytest.mark.parametrize(("phase", "step"), [("save", "save_checkpoint(): every rank's part"),
                                            ("restore", "the restore: every rank's read"),
                                            ("construct", "constructor (the learners' device)")])
