@@ -92,6 +92,13 @@ class CheckpointConfig:
             fields not named are stored uncompressed. A stacked field's codec applies to
             its stored frames and references (a ``next_of`` field has no columns of its
             own and is refused here; the root config checks the names).
+        timeout_s (float): bound on a checkpoint's reads and writes: how long ranks wait
+            for the slowest rank to write (or, at a restore, read) its part and for the
+            manifest; the waits that cover that work last ``max(run.timeout_s,
+            checkpoint.timeout_s)``, every other wait ``run.timeout_s``. A large replay
+            on a slow or compressing file system takes minutes to write: with the stall
+            bound alone, each such checkpoint was dropped (or a final one failed the
+            job). A rank that stops while it writes is found after this long.
     """
 
     directory: str = "checkpoints"
@@ -100,6 +107,7 @@ class CheckpointConfig:
     keep: int = 3
     on_stop: bool = True
     compression: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 1800.0
 
     def __post_init__(self) -> None:
         require(bool(self.directory.strip()), "directory", self.directory,
@@ -111,6 +119,8 @@ class CheckpointConfig:
                 f"a finite number >= 0 (0 = never) and <= {MAX_SECONDS:g}")
         require(0 <= self.keep <= MAX_COUNT, "keep", self.keep,
                 f">= 0 (0 = keep all) and <= {MAX_COUNT}")
+        require(finite(self.timeout_s) and 0 < self.timeout_s <= MAX_SECONDS, "timeout_s",
+                self.timeout_s, f"a finite number > 0 and <= {MAX_SECONDS:g} (seconds)")
         for name, codec in self.compression.items():
             require(codec in CHECKPOINT_CODECS, f"compression.{name}", codec,
                     f"one of {', '.join(CHECKPOINT_CODECS)}")

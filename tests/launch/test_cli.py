@@ -306,7 +306,8 @@ def test_a_hung_rank_ends_the_others_within_run_timeout(
     # leader once waited for that part in a plain Gather, the other actor
     # in a plain Bcast (the others, in a plain Allreduce or Split), until the launcher's
     # budget (rc 124). Now every wait of save_checkpoint, of the restore and of the
-    # constructor's device agreement and staging split is bounded by run.timeout_s (5 s):
+    # constructor's device agreement and staging split is bounded by run.timeout_s (5 s;
+    # those that cover a checkpoint's writes and reads by checkpoint.timeout_s, 5 s too):
     # the survivors end with the step they waited in.
     out = cli("run", "tests/launch/jobs/hang_in_save.toml", "--runs", str(tmp_path),
               "--timeout", "100", "--set", f"hang.phase={phase}",

@@ -59,6 +59,7 @@ from conduit_hpc.features.checkpointing.parts import (
     cut_shards,
     described_for,
     finish_from_parts,
+    io_timeout,
     write_buffer_part,
 )
 from conduit_hpc.plane.extensions import BufferExtension
@@ -418,11 +419,12 @@ class CheckpointAgent(BufferExtension):
             self._flight = None
             return 1
         fl = self._flight
+        io_s, io_note = io_timeout(self.edp)  # the parts are written first: disk time
         if fl is not None and self._manifest is None and \
-                time.perf_counter() - fl.started > self.edp.config.run.timeout_s:
+                time.perf_counter() - fl.started > io_s:
             missing = sorted(fl.expected - set(fl.parts))
             self.failed.append(f"checkpoint {fl.seq}: no part from world ranks {missing} "
-                               f"within {self.edp.config.run.timeout_s:.0f} s")
+                               f"within {io_s:g} s{io_note}")
             log.warning("checkpoint %d dropped: %s", fl.seq, self.failed[-1])
             shutil.rmtree(fl.tmp, ignore_errors=True)
             self._flight = None
@@ -488,7 +490,8 @@ class CheckpointAgent(BufferExtension):
         """Complete the checkpoint in flight and stop starting new ones.
 
         **Collective** over the buffer ranks (no-op elsewhere); call after ``serve``
-        returned. Blocks at most ``timeout_s`` (default ``run.timeout_s``).
+        returned. Blocks at most ``timeout_s`` (default: ``max(run.timeout_s,
+        checkpoint.timeout_s)``, as the checkpoint in flight may still be writing).
 
         Raises:
             DataPlaneTimeout: the checkpoint in flight did not complete in time.
@@ -498,13 +501,13 @@ class CheckpointAgent(BufferExtension):
         self._closing = True
         bcomm = self.edp.roles.buffer
         assert bcomm is not None
-        timeout = self.edp.config.run.timeout_s if timeout_s is None else timeout_s
+        timeout, note = io_timeout(self.edp) if timeout_s is None else (timeout_s, "")
         flying = bounded_bcast_json(bcomm, self._flight.seq if self._flight else -1, 0,
                                     timeout, "the end of checkpointing (the checkpoint in "
                                     "flight)", lambda: self.edp.control.raise_if_failed(
                                         self.edp.world_rank))
         deadline = Deadline(timeout, f"checkpoint {flying} to complete on world rank "
-                                     f"{self.edp.world_rank}")
+                                     f"{self.edp.world_rank}{note}")
         ch = self.edp.channel
         while True:
             for tag, handler in ((Tag.CKPT_CUT, self._on_cut), (Tag.CKPT_PART, self._on_part)):

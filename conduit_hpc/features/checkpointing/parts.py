@@ -23,12 +23,24 @@ if TYPE_CHECKING:
     from conduit_hpc.plane.host import FeatureHost
 
 __all__ = ["STALL_ENV", "buffer_file", "compression_for", "cut_shards", "described_for",
-           "finish_checkpoint", "finish_from_parts", "layout_json", "placement_json",
-           "shard_part", "write_buffer_part"]
+           "finish_checkpoint", "finish_from_parts", "io_timeout", "layout_json",
+           "placement_json", "shard_part", "write_buffer_part"]
 
-#: fault injection for tests: seconds a buffer's writer thread sleeps after writing its
-#: file and before reporting it (widens the window in which a kill leaves a partial one)
+#: fault injection for tests: seconds a buffer rank sleeps after writing its shard file
+#: and before reporting it (widens the window in which a kill leaves a partial one; and
+#: stands in for a large replay on a slow file system)
 STALL_ENV = "CONDUIT_CHECKPOINT_STALL_S"
+
+
+def io_timeout(edp: FeatureHost) -> tuple[float, str]:
+    """How long a wait that covers a checkpoint's reads or writes lasts (the slowest
+    rank's shard file, the manifest, a restore's read): ``max(run.timeout_s,
+    checkpoint.timeout_s)``; and the words its error adds (which key to raise)."""
+    run, ckpt = edp.config.run.timeout_s, edp.config.checkpoint.timeout_s
+    t = max(run, ckpt)
+    return t, (f" (a checkpoint's reads and writes are waited for up to max(run.timeout_s, "
+               f"checkpoint.timeout_s) = {t:g} s; raise checkpoint.timeout_s for a replay "
+               f"that takes longer to write or read)")
 
 
 def layout_json(edp: FeatureHost) -> dict[str, Any]:
@@ -80,10 +92,15 @@ def cut_shards(shards: Sequence[OwnedShard],
 def shard_part(path: Path, snaps: Sequence[ShardSnapshot], cut_s: float,
                world_rank: int, described: Mapping[str, Mapping[str, Any]] | None = None,
                compression: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Write this rank's shard file; its part record. Blocks for the disk (and
+    :data:`STALL_ENV` seconds after writing, if set)."""
     t0 = time.perf_counter()
     rec = ck.write_shard_file(path, snaps, attrs={"world_rank": world_rank},
                               described=described, compression=compression)
     write_s = time.perf_counter() - t0
+    stall = float(os.environ.get(STALL_ENV, "0") or 0)
+    if stall > 0:
+        time.sleep(stall)
     for s in rec["shards"]:
         s["cut_s"] = cut_s
         s["write_s"] = write_s
@@ -115,9 +132,6 @@ def write_buffer_part(path: Path, snaps: Sequence[ShardSnapshot], cut_s: float,
     Blocks for the disk (and :data:`STALL_ENV` seconds after writing, if set)."""
     try:
         part = shard_part(path, snaps, cut_s, world_rank, described, compression)
-        stall = float(os.environ.get(STALL_ENV, "0") or 0)
-        if stall > 0:
-            time.sleep(stall)
     except Exception as err:  # reported to the leader, which drops the checkpoint
         part = {"error": f"{type(err).__name__}: {err}"}
     part["counters"] = {**counters, **part.get("counters", {})}

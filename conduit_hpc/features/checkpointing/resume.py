@@ -22,6 +22,7 @@ from conduit_hpc import checkpoint as ck
 from conduit_hpc.checkpoint.files import checkpoint_root
 from conduit_hpc.config import Config, tomllib
 from conduit_hpc.errors import CheckpointError, CheckpointMismatch
+from conduit_hpc.features.checkpointing.parts import io_timeout
 from conduit_hpc.spec import FrameStack, Spec, frame_stacks
 from conduit_hpc.storage.frames import LAG_COLUMN, LAG_NONE, FrameCodec, stored_spec
 from conduit_hpc.storage.frames_reshard import reshard_frames
@@ -252,6 +253,8 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
     strict = False
     candidates: list[Path] = []
     timeout_s = edp.config.run.timeout_s
+    # the waits that cover reading (the leader's choice, every rank's read) are longer
+    io_s, io_note = io_timeout(edp)
 
     def check() -> None:
         edp.control.raise_if_failed(me)
@@ -292,8 +295,8 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
                     _skip(skipped, str(err), candidates, c if damaged else None)
         # bounded, as every step below: a rank that hangs (or dies without an abort)
         # while it reads ends the others after run.timeout_s, not never
-        decision = bounded_bcast_json(world, decision, leader, timeout_s,
-                                      "the restore: the checkpoint to read", check)
+        decision = bounded_bcast_json(world, decision, leader, io_s,
+                                      f"the restore: the checkpoint to read{io_note}", check)
         if "error" in decision:
             raise CheckpointError(decision["error"])
         skipped = list(decision["skipped"])
@@ -317,9 +320,9 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             error = str(err)
         except Exception as err:  # not the checkpoint's fault: every rank stops with it
             failure, fatal = err, f"world rank {me}: {type(err).__name__}: {err}"
-        errors = bounded_gather_json(world, [error, fatal], leader, timeout_s,
-                                     f"the restore: every rank's read of {decision['path']}",
-                                     check)
+        errors = bounded_gather_json(world, [error, fatal], leader, io_s,
+                                     f"the restore: every rank's read of {decision['path']}"
+                                     f"{io_note}", check)
         verdict: dict[str, Any] = {}
         if me == leader:
             assert errors is not None
@@ -344,7 +347,7 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
         s.track_held_frames()
     # no rank ingests before every shard is back; a rank whose restore failed leaves
     # (marked): the others raise RemoteFailure, or CollectiveFailed after the timeout
-    bounded_barrier(world, edp.config.run.timeout_s, "the restore of every shard",
+    bounded_barrier(world, io_s, f"the restore of every shard{io_note}",
                     lambda: edp.control.raise_if_failed(me))
     same_world = int(ckpt.layout.get("world_size", -1)) == edp.roles.world_size
     result = RestoreResult(path=ckpt.path, seq=ckpt.seq, rows=ckpt.rows - dropped,

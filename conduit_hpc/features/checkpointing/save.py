@@ -26,6 +26,7 @@ from conduit_hpc.features.checkpointing.parts import (
     cut_shards,
     described_for,
     finish_checkpoint,
+    io_timeout,
     shard_part,
 )
 from conduit_hpc.transport.objects import (
@@ -144,10 +145,12 @@ def save_checkpoint(edp: FeatureHost, root: Path, *,
                                                       extra_attrs))
     except CheckpointError as err:
         part["error"] = str(err)
+    # the waits for the parts and for the manifest cover the slowest rank's writes
+    io_s, io_note = io_timeout(edp)
     try:
-        parts = bounded_gather_json(world, part, leader, timeout_s,
-                                    f"save_checkpoint(): every rank's part of checkpoint {seq}",
-                                    check)
+        parts = bounded_gather_json(world, part, leader, io_s,
+                                    f"save_checkpoint(): every rank's part of checkpoint "
+                                    f"{seq}{io_note}", check)
     except BaseException:
         if me == leader:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -170,8 +173,8 @@ def save_checkpoint(edp: FeatureHost, root: Path, *,
             verdict = {"error": errors[0]}
         if agent is not None:
             agent.first_seq = seq + 1
-    verdict = bounded_bcast_json(world, verdict, leader, timeout_s,
-                                 f"save_checkpoint(): checkpoint {seq} finished", check)
+    verdict = bounded_bcast_json(world, verdict, leader, io_s,
+                                 f"save_checkpoint(): checkpoint {seq} finished{io_note}", check)
     if "error" in verdict:
         raise CheckpointError(verdict["error"])
     if agent is not None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from conduit_hpc.features.checkpointing.parts import io_timeout
 from conduit_hpc.job import stop_signal
 from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.protocol import Tag
@@ -107,13 +108,17 @@ class StopCoordinator(BufferExtension):
 
     def agree(self) -> bool:
         """True on every rank iff a stop was requested on any. **Collective** on the
-        world; call it after the main loop (buffers: after ``serve`` returned). Bounded
-        by ``run.timeout_s`` (:class:`~conduit_hpc.errors.CollectiveFailed`; at once
+        world; call it after the main loop (buffers: after ``serve`` returned and
+        :meth:`CheckpointAgent.finish` wrote the checkpoint in flight, which the other
+        ranks wait for here). Bounded by ``max(run.timeout_s, checkpoint.timeout_s)``
+        (:class:`~conduit_hpc.errors.CollectiveFailed`; at once
         :class:`~conduit_hpc.errors.RemoteFailure` when a rank left on an exception)."""
         edp, world = self.edp, self.edp.roles.world
         got = np.zeros(world.Get_size(), dtype=np.int64)
+        io_s, io_note = io_timeout(edp)
         bounded_allgather(world, np.array([int(self.requested())], np.int64), got,
-                          edp.config.run.timeout_s, "StopCoordinator.agree()",
+                          io_s, f"StopCoordinator.agree() (buffer ranks finish the checkpoint "
+                          f"in flight first){io_note}",
                           lambda: edp.control.raise_if_failed(edp.world_rank))
         return bool(got.any())
 
