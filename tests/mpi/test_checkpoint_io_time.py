@@ -29,8 +29,9 @@ from conduit_hpc.testing import checked_batch, make_config
 COMM = MPI.COMM_WORLD
 RUN_TIMEOUT_S = 2.0
 STALL_S = 3.5  # past RUN_TIMEOUT_S: each buffer rank's file takes this long to write
-pytestmark = pytest.mark.skipif(COMM.size not in (2, 3),
-                                reason="a timeout rule, not concurrency: 2 and 3 ranks")
+pytestmark = pytest.mark.skipif(COMM.size != 2, reason="a timeout rule, not concurrency "
+                                                      "(tests/mpi/test_checkpoint.py races "
+                                                      "cuts at every rank count): 2 ranks")
 
 
 def config():
