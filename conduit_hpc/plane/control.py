@@ -4,6 +4,9 @@
 learners, actors and learners done, the lead learner's superstep, rows actors reserved
 (admitted or waiting), and a rank that left on an exception (:meth:`ControlBlock.left_on_error`: the
 others stop with :class:`~conduit_hpc.errors.RemoteFailure` rather than wait for it).
+After them, the arrival board: one int64 per world rank, the bounded collectives of the
+world it has entered (:meth:`ControlBlock.arrive`), so that a wait that gives up names
+the ranks that never came (:meth:`ControlBlock.behind`).
 Plane-internal; features read it through the endpoints.
 """
 
@@ -13,12 +16,16 @@ import contextlib
 import time
 from collections.abc import Callable
 
+import numpy as np
+from mpi4py import MPI
+
 from conduit_hpc.errors import ConduitError, DataPlaneTimeout, RemoteFailure, TransportError
 from conduit_hpc.transport.rma import RmaWindow
 
 __all__ = [
     "CONTROL_BYTES",
     "C_ACTORS_DONE",
+    "C_BOARD",
     "C_FAILED",
     "C_FAILED_FIRST",
     "C_INSERTS",
@@ -27,6 +34,7 @@ __all__ = [
     "C_RESERVED",
     "C_SAMPLES",
     "ControlBlock",
+    "control_bytes",
 ]
 
 # control block slots (int64): rows written by actors, rows sampled by learners, ranks
@@ -34,7 +42,15 @@ __all__ = [
 # ranks that left the data plane on an exception, and 1 + the world rank of the first
 (C_INSERTS, C_SAMPLES, C_ACTORS_DONE, C_LEARNERS_DONE, C_LEARNER_VERSION,
  C_RESERVED, C_FAILED, C_FAILED_FIRST) = range(8)
-CONTROL_BYTES = 64
+CONTROL_BYTES = 64  # the counters; the arrival board follows (control_bytes)
+C_BOARD = CONTROL_BYTES // 8  # slot of world rank 0's arrival count
+
+
+def control_bytes(world_size: int) -> int:
+    """Bytes of the control block of a world of ``world_size`` ranks (counters and
+    the arrival board)."""
+    return CONTROL_BYTES + 8 * world_size
+
 
 class ControlBlock:
     """Job-wide counters in 64 bytes of one rank's memory, updated with atomics.
@@ -45,8 +61,11 @@ class ControlBlock:
         local (bool): the owner is on this rank's node (no link between them).
     """
 
-    def __init__(self, window: RmaWindow, owner: int, *, local: bool = False) -> None:
+    def __init__(self, window: RmaWindow, owner: int, *, local: bool = False,
+                 world_size: int = 0) -> None:
         self.window, self.owner, self.local = window, owner, local
+        self.world_size = world_size  # ranks on the arrival board (0: no board)
+        self._arrived = 0  # bounded collectives of the world this rank entered
         #: run (local, best effort) when this rank leaves on an exception, after the
         #: mark: e.g. the learners' process group shuts down, so that learners waiting
         #: for this one in a collective stop now instead of at its deadline
@@ -61,6 +80,28 @@ class ControlBlock:
 
     def write(self, slot: int, value: int) -> None:
         self.window.atomic_write(self.owner, 8 * slot, value)
+
+    def arrive(self, rank: int) -> None:
+        """World rank ``rank`` (this one) enters a bounded collective of the world:
+        count it on the arrival board (one atomic write). Best effort."""
+        self._arrived += 1
+        if 0 <= rank < self.world_size:
+            with contextlib.suppress(ConduitError):
+                self.write(C_BOARD + rank, self._arrived)
+
+    def behind(self) -> list[int]:
+        """The world ranks that have entered fewer bounded collectives of the world than
+        this one: those its wait that gave up waited for (another rank's count may
+        still be on its way). Best effort: ``[]`` where the board cannot be read."""
+        if not self.world_size:
+            return []
+        counts = np.zeros(self.world_size, np.int64)
+        try:
+            self.window.get(self.owner, 8 * C_BOARD, counts)
+            self.window.flush(self.owner)
+        except (ConduitError, MPI.Exception):
+            return []
+        return [int(r) for r in np.flatnonzero(counts < self._arrived)]
 
 
     def left_on_error(self, rank: int, exc: BaseException | None, done: bool) -> None:

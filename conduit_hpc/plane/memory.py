@@ -19,7 +19,7 @@ from mpi4py import MPI
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConfigError
 from conduit_hpc.placement.placement import Placement
-from conduit_hpc.plane.control import ControlBlock
+from conduit_hpc.plane.control import ControlBlock, control_bytes
 from conduit_hpc.plane.owner_block import OwnerBlock
 from conduit_hpc.plane.roles import Role, RoleComms
 from conduit_hpc.plane.shard import OwnedShard
@@ -29,6 +29,7 @@ from conduit_hpc.spec import Spec
 from conduit_hpc.storage import tree_kernels
 from conduit_hpc.storage.priority import PriorityIndex, index_buffers
 from conduit_hpc.storage.ring import ShardLayout, ShardRing
+from conduit_hpc.transport.objects import register_board
 from conduit_hpc.transport.rma import PAGE, RmaWindow, free_bytes, shared_memory_dir
 
 __all__ = ["ShardMemory", "free_memory_bytes"]
@@ -72,10 +73,16 @@ class ShardMemory:
         self.window = RmaWindow(roles.world, used.get(me, 0), node_comm=roles.node,
                                 shared=shared)
         self.control_owner = roles.buffer_ranks[0]
-        self._control_window = RmaWindow(roles.world, 64 if me == self.control_owner else 0,
+        n = roles.world_size
+        self._control_window = RmaWindow(roles.world,
+                                         control_bytes(n) if me == self.control_owner else 0,
                                          node_comm=roles.node, shared=shared)
         self.control = ControlBlock(self._control_window, self.control_owner,
-                                    local=roles.same_node(me, self.control_owner))
+                                    local=roles.same_node(me, self.control_owner),
+                                    world_size=n)
+        # a bounded collective of the world that gives up names the ranks that never came
+        self._unboard = register_board(roles.world, partial(self.control.arrive, me),
+                                       self.control.behind)
         self.rings: dict[int, ShardRing] = {
             s.shard_id: ShardRing(self.window, s.owner_rank, bases[s.shard_id], lay,
                                   timeout_s=config.run.timeout_s,
@@ -127,6 +134,7 @@ class ShardMemory:
 
     def close(self) -> None:
         """Free both windows. **Collective**; after the last one-sided access."""
+        self._unboard()
         self._control_window.close()
         self.window.close()
 

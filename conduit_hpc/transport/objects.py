@@ -18,7 +18,48 @@ from conduit_hpc.errors import CollectiveFailed
 from conduit_hpc.wait import wait_until
 
 __all__ = ["allgather_json", "bcast_json", "bounded_allgather", "bounded_barrier",
-           "bounded_bcast_json", "bounded_gather_json", "gather_json"]
+           "bounded_bcast_json", "bounded_gather_json", "gather_json", "register_board"]
+
+_DID_NOT_ARRIVE = "a rank failed, left without an error, or did not arrive"
+#: communicator handle -> (arrive, behind) of its arrival board (the data plane's world:
+#: :class:`~conduit_hpc.plane.control.ControlBlock`): a bounded collective counts itself
+#: there, and one that gives up names the ranks that had not come
+_BOARDS: dict[int, tuple[Callable[[], None], Callable[[], list[int]]]] = {}
+
+
+def register_board(comm: MPI.Intracomm, arrive: Callable[[], None],
+                   behind: Callable[[], list[int]]) -> Callable[[], None]:
+    """Count this rank's bounded collectives of ``comm`` with ``arrive`` and, when one
+    gives up, name the ranks ``behind`` returns. Returns the call that undoes it (before
+    the board's memory is freed). Local; every rank of ``comm`` registers at the same
+    point (between the same two collectives), or the counts do not compare."""
+    key = comm.py2f()
+    _BOARDS[key] = (arrive, behind)
+
+    def unregister() -> None:
+        if _BOARDS.get(key) == (arrive, behind):
+            del _BOARDS[key]
+
+    return unregister
+
+
+def _arrive(comm: MPI.Intracomm) -> Callable[[], str]:
+    """Count this rank's arrival at a bounded collective of ``comm`` (where it has a
+    board); returns the detail of its timeout, naming the ranks that never came."""
+    board = _BOARDS.get(comm.py2f())
+    if board is None:
+        return lambda: _DID_NOT_ARRIVE
+    board[0]()
+
+    def detail() -> str:
+        late = board[1]()
+        if not late:
+            return _DID_NOT_ARRIVE
+        shown = ", ".join(map(str, late[:16])) + (f" and {len(late) - 16} more"
+                                                  if len(late) > 16 else "")
+        return f"{_DID_NOT_ARRIVE}: world ranks {shown} had not arrived"
+
+    return detail
 
 
 def _plain(v: Any) -> Any:
@@ -93,10 +134,10 @@ def bounded_barrier(comm: MPI.Intracomm, timeout_s: float, what: str,
     of them goes on into a collective it will not reach). **Collective**."""
     if between is not None:
         between()
+    detail = _arrive(comm)
     req = comm.Ibarrier()
     wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} to "
-               f"reach {what}", error=CollectiveFailed, between=between,
-               detail="a rank failed, left without an error, or did not arrive")
+               f"reach {what}", error=CollectiveFailed, between=between, detail=detail)
 
 
 def bounded_bcast_json(comm: MPI.Intracomm, obj: Any, root: int, timeout_s: float, what: str,
@@ -128,11 +169,12 @@ def bounded_allgather(comm: MPI.Intracomm, send: np.ndarray, recv: np.ndarray,
     later: a segfault in unrelated code, seen at 6 ranks)."""
     if between is not None:  # before entering, as in bounded_barrier
         between()
+    detail = _arrive(comm)
     req = comm.Iallgather(send, recv)
     try:
         wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} "
                    f"to reach {what}", error=CollectiveFailed, between=between,
-                   detail="a rank failed, left without an error, or did not arrive")
+                   detail=detail)
     except BaseException:
         _ABANDONED.append((req, send, recv))
         raise

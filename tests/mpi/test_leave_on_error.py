@@ -217,3 +217,36 @@ def test_a_rank_that_leaves_before_a_closing_collective_ends_the_others_naming_i
     ok = took < 3 * TIMEOUT_S and (seen == "left" if COMM.rank == leaver
                                    else f"world rank {leaver} left" in seen)
     assert verdict(ok), (COMM.rank, seen, took)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_bounded_collective_that_gives_up_names_the_ranks_that_never_came() -> None:
+    """A rank that hangs (a deadlocked environment, a stopped process) before a bounded
+    collective of the world left the others with "a rank failed, left without an error,
+    or did not arrive" and no name: with 1,024 ranks, which one? They now name it (the
+    arrival board in the control block)."""
+    from conduit_hpc.transport.objects import bounded_barrier
+
+    if COMM.size != 3:
+        pytest.skip("a message, not concurrency: 3 ranks")
+    # the plane's own waits (close()) outlast the late rank; the test's step gives up
+    cfg = make_config(spec=SPEC, run={"timeout_s": 15.0},
+                      layout={"learners": 0, "buffers": 1, "actors": COMM.size - 1},
+                      storage={"capacity_rows": 64}, checkpoint={"on_stop": False})
+    late = COMM.size - 1
+    seen = "arrived"
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.world_rank == late:
+            time.sleep(4.5)  # past the others' deadline: they give up without it
+        try:
+            bounded_barrier(edp.roles.world, 2.0, "the test's step",
+                            lambda: edp.control.raise_if_failed(edp.world_rank))
+        except CollectiveFailed as err:
+            seen = str(err)
+        if edp.role is Role.ACTOR:
+            edp.done()
+        else:
+            edp.serve()
+    ok = (seen == "arrived" if COMM.rank == late
+          else seen.endswith(f"did not arrive: world ranks {late} had not arrived"))
+    assert verdict(ok), (COMM.rank, seen)
