@@ -68,7 +68,12 @@ class ShardMemory:
         for s, lay in zip(placement.shards, layouts, strict=True):
             bases[s.shard_id] = used.get(s.owner_rank, self.ack_bytes)
             used[s.owner_rank] = bases[s.shard_id] + lay.nbytes
-        _check_memory(config, spec, roles, used)
+        staged = {s.owner_rank: 0 for s in placement.shards}
+        for s, lay in zip(placement.shards, layouts, strict=True):
+            staged[s.owner_rank] += snapshot_staging_bytes(lay.stored.row_bytes,
+                                                           s.capacity_rows)
+        _check_memory(config, spec, roles, used,
+                      staged.get(me, 0) if checkpoints_on(config) else 0)
         shared = config.transport.shared_memory == "auto"
         self.window = RmaWindow(roles.world, used.get(me, 0), node_comm=roles.node,
                                 shared=shared)
@@ -149,8 +154,23 @@ def _staging_bytes(config: Config, spec: Spec, roles: RoleComms) -> int:
                          queue_rows=max(256, sch.batch_rows)).nbytes
 
 
+def checkpoints_on(config: Config) -> bool:
+    """Whether this job cuts checkpoints (periodic ones, or a final one on a stop), so
+    that its buffer ranks hold a staging copy of their shards
+    (:class:`~conduit_hpc.storage.snapshot.SnapshotStaging`) beside them."""
+    c = config.checkpoint
+    return c.on_stop or c.every_seconds > 0 or c.every_supersteps > 0
+
+
+def snapshot_staging_bytes(row_bytes: int, capacity: int) -> int:
+    """Bytes of the staging copy a checkpoint cut of one shard is copied into: its
+    stored columns and five int64/float64 arrays and one of bools per row
+    (:class:`~conduit_hpc.storage.snapshot.SnapshotStaging`)."""
+    return int(capacity) * (int(row_bytes) + 5 * 8 + 1)
+
+
 def _check_memory(config: Config, spec: Spec, roles: RoleComms,
-                  used: Mapping[int, int]) -> None:
+                  used: Mapping[int, int], staged: int = 0) -> None:
     """Refuse, on every rank together and before any window exists, the shard windows
     and staging rings that some node cannot hold - summed over the ranks of each real
     node (emulated nodes of one machine share its memory): more than it has free or,
@@ -160,36 +180,39 @@ def _check_memory(config: Config, spec: Spec, roles: RoleComms,
     node, where MPI backs any window with a file there), more than the free space of the
     file system that backs them (``/dev/shm``, :func:`~conduit_hpc.transport.rma.
     shared_memory_dir`): past it, a rank dies of SIGBUS on first touch, or MPI fails
-    with an internal error on one rank while the others wait. **Collective** on the
-    world (a split, an Allreduce and an Allgather)."""
+    with an internal error on one rank while the others wait. ``staged``: this rank's
+    checkpoint staging (heap memory beside its shards, allocated and touched when the
+    job's checkpoint agent is made; the kernel killed the buffer rank there). **Collective**
+    on the world (a split, an Allreduce and an Allgather)."""
     world, me = roles.world, roles.world_rank
     real = world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     try:
         one_node = bool(world.allreduce(real.Get_size() == world.Get_size(), op=MPI.LAND))
         mine, staging = used.get(me, 0), _staging_bytes(config, spec, roles)
         # a page per segment: what the MPI library adds (rounding, its own header)
-        sums = np.zeros(2, np.int64)
+        sums = np.zeros(3, np.int64)
         real.Allreduce(np.array([mine + PAGE if mine else 0,
-                                 staging + PAGE if staging else 0], np.int64), sums,
+                                 staging + PAGE if staging else 0, staged], np.int64), sums,
                        op=MPI.SUM)
     finally:
         real.Free()
-    shards, ring = int(sums[0]), int(sums[1])
+    shards, ring, cut = int(sums[0]), int(sums[1]), int(sums[2])
     free = free_memory_bytes()
     directory = shared_memory_dir()
     room = free_bytes(directory) if directory is not None else -1
     in_shm = ring + (shards if config.transport.shared_memory == "auto" or one_node else 0)
-    row = np.array([shards + ring, -1 if free is None else free, in_shm, room, shards, ring],
-                   np.int64)
+    row = np.array([shards + ring + cut, -1 if free is None else free, in_shm, room, shards,
+                    ring, cut], np.int64)
     rows = np.zeros((world.Get_size(), len(row)), np.int64)
     world.Allgather(row, rows)  # every rank builds the same verdict from the same rows
-    for rank, (need, ram, shm_need, shm_room, shards_b, ring_b) in enumerate(rows.tolist()):
+    for rank, (need, ram, shm_need, shm_room, shards_b, ring_b, cut_b) in enumerate(
+            rows.tolist()):
         if 0 <= ram < need:
             what, have = "its free memory (or its memory cgroup's room)", ram
         elif 0 <= shm_room < shm_need:
             what, have = (f"the free space of {directory} (where MPI keeps shared-memory "
                           f"windows)", shm_room)
-            need = shm_need
+            need, cut_b = shm_need, 0  # the staging copies are not in shared memory
         else:
             continue
         keys = [f"storage.capacity_rows = {config.storage.capacity_rows}"
@@ -199,6 +222,10 @@ def _check_memory(config: Config, spec: Spec, roles: RoleComms,
             keys.append(f"scheduler.delivery = 'process' with scheduler.batch_rows = "
                         f"{sch.batch_rows} x (scheduler.prefetch_depth = "
                         f"{sch.prefetch_depth} + 1) ({ring_b} bytes of staging rings)")
+        if cut_b:
+            keys.append(f"checkpoints (checkpoint.on_stop, every_seconds or "
+                        f"every_supersteps: a cut copies every shard into a staging copy "
+                        f"beside it; {cut_b} bytes)")
         verb = "needs" if len(keys) == 1 else "need"
         raise ConfigError(
             f"{' and '.join(keys)} {verb} {need} bytes ({need / 1e9:.3g} GB) on the node of "

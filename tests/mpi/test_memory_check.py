@@ -40,3 +40,31 @@ def test_emulated_nodes_of_one_machine_share_its_memory() -> None:
     got = COMM.allgather(None if error is None else (error.key, str(error)))
     assert all(g is not None and g[0] == "storage.capacity_rows" for g in got), got
     assert all("more than is free" in g[1] for g in got if g is not None), got
+
+
+@pytest.mark.mpi(min_size=2)
+def test_checkpoint_staging_counts_toward_the_buffer_nodes_memory() -> None:
+    """A job that checkpoints holds a staging copy of every shard beside it (allocated and
+    touched when its CheckpointAgent is made, so that a cut is one memcpy). Shards of
+    three fifths of the free memory passed the check, and the agent then asked for as
+    much again: the kernel killed the buffer rank (SIGKILL, no named error). Counted now,
+    and named."""
+    free = COMM.bcast(free_memory_bytes() if COMM.rank == 0 else None)
+    assert free is not None
+    capacity = 3 * free // 5 // ROW
+    cfg = make_config(spec={"x": {"dtype": "uint8", "shape": [ROW]}},
+                      layout={"learners": 0, "buffers": 1},
+                      storage={"capacity_rows": capacity},
+                      checkpoint={"on_stop": True})
+    error: ConfigError | None = None
+    try:
+        with ExperienceDataPlane(cfg) as edp:  # (never reached with the fix)
+            edp.done()
+            if edp.serves:
+                edp.serve()
+    except ConfigError as err:
+        error = err
+    got = COMM.allgather(None if error is None else (error.key, str(error)))
+    assert all(g is not None and g[0] == "storage.capacity_rows" for g in got), got
+    assert all("checkpoints (checkpoint.on_stop, every_seconds or every_supersteps" in g[1]
+               for g in got if g is not None), got

@@ -119,7 +119,8 @@ def test_shards_larger_than_the_node_s_memory_are_refused_on_every_rank() -> Non
     allocation failure on some rank)."""
     from conduit_hpc import ExperienceDataPlane
 
-    cfg = make_config(storage={"capacity_rows": 2**40})
+    # (no checkpoints: their staging copy is named too, test_memory_check.py)
+    cfg = make_config(storage={"capacity_rows": 2**40}, checkpoint={"on_stop": False})
     with pytest.raises(ConfigError, match=r"storage\.capacity_rows = 1099511627776 \(\d+ "
                        r"bytes of shards\) needs \d+ bytes .* more than is free there"):
         ExperienceDataPlane(cfg, COMM)
