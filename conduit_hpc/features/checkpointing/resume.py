@@ -294,7 +294,7 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
                     damaged = not isinstance(err, CheckpointMismatch) and ck.is_complete(c)
                     _skip(skipped, str(err), candidates, c if damaged else None)
         # bounded, as every step below: a rank that hangs (or dies without an abort)
-        # while it reads ends the others after run.timeout_s, not never
+        # while it reads ends the others after max(run.timeout_s, checkpoint.timeout_s)
         decision = bounded_bcast_json(world, decision, leader, io_s,
                                       f"the restore: the checkpoint to read{io_note}", check)
         if "error" in decision:

@@ -113,7 +113,8 @@ def save_checkpoint(edp: FeatureHost, root: Path, *,
         except OSError as err:
             plan = {"error": f"cannot create a checkpoint under {root}: {err}"}
     # each step below is bounded too: a rank that hangs or dies while it writes its part
-    # (or the leader, the manifest) ends the others after run.timeout_s, not never
+    # (or the leader, the manifest) ends the others after max(run.timeout_s,
+    # checkpoint.timeout_s) - the steps that cover the writing - or run.timeout_s, never not
     try:
         plan = bounded_bcast_json(world, plan, leader, timeout_s,
                                   "save_checkpoint(): the checkpoint's name", check)
