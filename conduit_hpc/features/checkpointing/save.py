@@ -114,7 +114,7 @@ def save_checkpoint(edp: FeatureHost, root: Path, *,
             plan = {"error": f"cannot create a checkpoint under {root}: {err}"}
     # each step below is bounded too: a rank that hangs or dies while it writes its part
     # (or the leader, the manifest) ends the others after max(run.timeout_s,
-    # checkpoint.timeout_s) - the steps that cover the writing - or run.timeout_s, never not
+    # checkpoint.timeout_s) in the steps that cover the writing, run.timeout_s in the rest
     try:
         plan = bounded_bcast_json(world, plan, leader, timeout_s,
                                   "save_checkpoint(): the checkpoint's name", check)
