@@ -89,6 +89,8 @@ def read_toml(path: str | Path, *, what: str = "config file") -> dict[str, Any]:
         line = data[: err.start].count(b"\n") + 1
         raise ConfigError(f"{what} {str(p)!r} is not UTF-8 text (byte {err.start}, line "
                           f"{line}); TOML files are UTF-8", key="") from err
+    # a byte order mark (what some Windows editors put first) is not TOML's: dropped
+    text = text.removeprefix("\ufeff")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:

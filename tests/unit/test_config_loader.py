@@ -39,6 +39,15 @@ def test_unreadable_files_name_the_file(tmp_path: Path) -> None:
         Config.from_toml(write(tmp_path, b"[run]\nname = \"\xff\"\n"))
 
 
+def test_a_byte_order_mark_first_is_read_past(tmp_path: Path) -> None:
+    # what some Windows editors save; it was "is not valid TOML: Invalid statement (at
+    # line 1, column 1)" for a file that looks right in every editor
+    cfg = Config.from_toml(write(tmp_path, "\ufeff[run]\nseed = 7\n".encode()))
+    assert cfg.run.seed == 7
+    with pytest.raises(ConfigError, match="is not valid TOML"):  # only first, as in UTF-8
+        Config.from_toml(write(tmp_path, "[run]\n\ufeffseed = 7\n".encode()))
+
+
 def test_toml_syntax_errors_name_file_and_line(tmp_path: Path) -> None:
     p = write(tmp_path, "[run]\nseed = 1\nseed = 2\n")  # a duplicated key
     with pytest.raises(ConfigError, match=r"is not valid TOML.*line 3") as info:
