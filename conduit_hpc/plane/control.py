@@ -6,7 +6,8 @@ learners, actors and learners done, the lead learner's superstep, rows actors re
 others stop with :class:`~conduit_hpc.errors.RemoteFailure` rather than wait for it).
 After them, the arrival board: one int64 per world rank, the bounded collectives of the
 world it has entered (:meth:`ControlBlock.arrive`), so that a wait that gives up names
-the ranks that never came (:meth:`ControlBlock.behind`).
+the ranks that never came (:meth:`ControlBlock.behind`); used where every rank is on the
+block owner's node (``world_size`` 0 elsewhere: no atomics across nodes are added).
 Plane-internal; features read it through the endpoints.
 """
 

@@ -82,9 +82,13 @@ class ShardMemory:
         self._control_window = RmaWindow(roles.world,
                                          control_bytes(n) if me == self.control_owner else 0,
                                          node_comm=roles.node, shared=shared)
+        # the arrival board only where every rank shares the block owner's node: an
+        # atomic to another node's segment waits for that node's MPI progress, and the
+        # board must not add such waits to every bounded collective (make hosts)
+        one_node = all(roles.same_node(r, self.control_owner) for r in range(n))
         self.control = ControlBlock(self._control_window, self.control_owner,
                                     local=roles.same_node(me, self.control_owner),
-                                    world_size=n)
+                                    world_size=n if one_node else 0)
         # a bounded collective of the world that gives up names the ranks that never came
         self._unboard = register_board(roles.world, partial(self.control.arrive, me),
                                        self.control.behind)
