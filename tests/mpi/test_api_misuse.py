@@ -1,0 +1,94 @@
+"""The public API as a hostile user calls it, where earlier sweeps left gaps (stop 48):
+a delivery rank's own exception, calls after close on a delivery rank.
+
+Layout: world rank 0 the learner, 1 its delivery rank (``delivery = "process"``), 2 the
+buffer, the rest actors (4 ranks and more).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc.errors import UsedAfterClose
+from conduit_hpc.testing import make_config
+
+COMM = MPI.COMM_WORLD
+SPEC = {"obs": {"dtype": "float32", "shape": [4]}, "reward": {"dtype": "float32"}}
+
+
+def config(timeout_s: float = 6.0):
+    return make_config(spec=SPEC, run={"timeout_s": timeout_s},
+                       layout={"learners": 1, "buffers": 1},
+                       storage={"capacity_rows": 64}, checkpoint={"on_stop": False},
+                       scheduler={"batch_rows": 8, "min_fill_rows": 16, "mode": "edp",
+                                  "delivery": "process"})
+
+
+def rows(n: int = 8) -> dict[str, np.ndarray]:
+    return {"obs": np.zeros((n, 4), np.float32), "reward": np.ones(n, np.float32)}
+
+
+def verdict(ok: bool) -> bool:
+    return bool(COMM.allreduce(int(ok), op=MPI.MIN))
+
+
+class _OwnBug(Exception):
+    """The job's own error, raised on the delivery rank inside its with-block."""
+
+
+@pytest.mark.mpi(min_size=4)
+def test_a_delivery_rank_leaving_on_its_own_error_fails_its_learner_naming_it() -> None:
+    """The delivery rank raised in its ``with`` block before ``serve()``: every other
+    rank stopped with RemoteFailure, but its learner waited out ``run.timeout_s`` for
+    batch 0 and raised DataPlaneTimeout ("waited 6.0 s for batch 0 from the delivery
+    rank"), as if the rank were slow. Now the learner raises RemoteFailure naming the
+    delivery rank and its error, as a delivery rank's failure inside serve() does."""
+    seen = "nothing"
+    try:
+        with ExperienceDataPlane(config()) as edp:
+            if edp.role is Role.DELIVERY:
+                raise _OwnBug("own bug on the delivery rank")
+            if edp.role is Role.ACTOR:
+                while not edp.should_stop:
+                    edp.ingest(rows())
+            elif edp.serves:
+                edp.serve()
+            else:
+                edp.next_batch()
+            edp.done()
+    except _OwnBug:
+        seen = "left"
+    except Exception as err:  # what each rank saw is checked below, on every rank
+        seen = f"{type(err).__name__}: {err}"
+    ok = {0: seen.startswith("RemoteFailure: the delivery rank (world rank 1)")
+          and "_OwnBug: own bug on the delivery rank" in seen,
+          1: seen == "left"}.get(COMM.rank, seen.startswith("RemoteFailure") and
+                                 "world rank 1 left" in seen)
+    assert verdict(ok), (COMM.rank, seen)
+
+
+@pytest.mark.mpi(min_size=4)
+def test_serve_after_close_on_a_delivery_rank_is_refused_naming_the_rank() -> None:
+    """serve() after close() returned silently on a delivery rank (a buffer raised
+    UsedAfterClose): the plane's check came after the delivery rank's branch."""
+    with ExperienceDataPlane(config(10.0)) as edp:
+        if edp.role is Role.ACTOR:
+            while not edp.should_stop:
+                edp.ingest(rows())
+        elif edp.serves:
+            edp.serve()
+        else:
+            for _ in range(3):
+                edp.next_batch()
+        edp.done()
+    got = "nothing"
+    try:
+        edp.serve()
+    except UsedAfterClose as err:
+        got = str(err)
+    want = f"serve() called after close() on world rank {COMM.rank}"
+    ok = got == want if edp.serves else got.startswith("serve() called after close()")
+    assert verdict(ok), (COMM.rank, edp.role, got)
