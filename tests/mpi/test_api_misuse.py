@@ -1,8 +1,9 @@
 """The public API as a hostile user calls it, where earlier sweeps left gaps (stop 48):
-a delivery rank's own exception, calls after close on a delivery rank.
+a delivery rank's own exception, calls after close on a delivery rank, a collective
+called by some ranks only.
 
 Layout: world rank 0 the learner, 1 its delivery rank (``delivery = "process"``), 2 the
-buffer, the rest actors (4 ranks and more).
+buffer, the rest actors (4 ranks and more); without a delivery rank, 1 is the buffer.
 """
 
 from __future__ import annotations
@@ -12,19 +13,19 @@ import pytest
 from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
-from conduit_hpc.errors import UsedAfterClose
+from conduit_hpc.errors import CollectiveFailed, RemoteFailure, UsedAfterClose
 from conduit_hpc.testing import make_config
 
 COMM = MPI.COMM_WORLD
 SPEC = {"obs": {"dtype": "float32", "shape": [4]}, "reward": {"dtype": "float32"}}
 
 
-def config(timeout_s: float = 6.0):
+def config(timeout_s: float = 6.0, delivery: str = "process"):
     return make_config(spec=SPEC, run={"timeout_s": timeout_s},
                        layout={"learners": 1, "buffers": 1},
                        storage={"capacity_rows": 64}, checkpoint={"on_stop": False},
                        scheduler={"batch_rows": 8, "min_fill_rows": 16, "mode": "edp",
-                                  "delivery": "process"})
+                                  "delivery": delivery})
 
 
 def rows(n: int = 8) -> dict[str, np.ndarray]:
@@ -92,3 +93,28 @@ def test_serve_after_close_on_a_delivery_rank_is_refused_naming_the_rank() -> No
     want = f"serve() called after close() on world rank {COMM.rank}"
     ok = got == want if edp.serves else got.startswith("serve() called after close()")
     assert verdict(ok), (COMM.rank, edp.role, got)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_collective_called_while_a_buffer_serves_ends_every_rank() -> None:
+    """summary() is collective; the learner called it while the buffer was still in
+    serve(). The learner and the actors ended in CollectiveFailed (summary, close) and
+    left their with-blocks, but a timed-out collective was not marked in the control
+    block, and the buffer's serve() - which waits on no deadline - waited for the
+    learner's "done" for ever. Now every rank ends: the buffer with RemoteFailure
+    naming the rank that timed out first."""
+    seen = "nothing"
+    try:
+        with ExperienceDataPlane(config(5.0, "thread")) as edp:
+            if edp.role is Role.LEARNER:
+                edp.summary()  # the buffer never comes: it serves until all are done
+            elif edp.serves:
+                edp.serve()
+            edp.done()
+    except CollectiveFailed as err:
+        seen = f"CollectiveFailed: {err}"
+    except RemoteFailure as err:
+        seen = f"RemoteFailure: {err}"
+    want = {0: "CollectiveFailed: waited 5.0 s for every rank of " f"{COMM.size} to reach "
+            "summary()", 1: "RemoteFailure: world rank "}.get(COMM.rank, "")
+    assert verdict(seen.startswith(want) and seen != "nothing"), (COMM.rank, seen)
