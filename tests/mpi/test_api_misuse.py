@@ -118,3 +118,40 @@ def test_a_collective_called_while_a_buffer_serves_ends_every_rank() -> None:
     want = {0: "CollectiveFailed: waited 5.0 s for every rank of " f"{COMM.size} to reach "
             "summary()", 1: "RemoteFailure: world rank "}.get(COMM.rank, "")
     assert verdict(seen.startswith(want) and seen != "nothing"), (COMM.rank, seen)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_save_checkpoint_refuses_ranks_that_disagree_on_root_keep_or_extra_state(
+        tmp_path_factory) -> None:
+    """save_checkpoint() is collective, and the leader alone used its own root and keep:
+    a rank that gave root/0 got a SaveResult under root/1 (silently), and extra_state
+    given on every rank ended in "cannot write checkpoint file learner.h5: [Errno 11]
+    Resource temporarily unavailable". Now both are refused on every rank with a
+    CheckpointError naming the ranks and their values; nothing is written, and the next
+    call that agrees saves."""
+    from conduit_hpc.errors import CheckpointError
+    from conduit_hpc.features.checkpointing import save_checkpoint
+
+    root = COMM.bcast(str(tmp_path_factory.mktemp("ckpt")) if COMM.rank == 0 else None)
+    got: list[str] = []
+    with ExperienceDataPlane(config(10.0, "thread")) as edp:
+        if edp.role is Role.ACTOR:
+            edp.ingest(rows())
+        for kwargs in ({"root": f"{root}/{COMM.rank}"}, {"keep": COMM.rank},
+                       {"extra_state": {"w": np.ones(2)}}):
+            try:
+                save_checkpoint(edp, kwargs.pop("root", root), **kwargs)  # type: ignore[arg-type]
+                got.append("saved")
+            except CheckpointError as err:
+                got.append(str(err))
+        got.append(str(save_checkpoint(edp, root).path.parent))
+        if edp.serves:
+            edp.serve()
+        edp.done()
+    ranks = ", ".join(f"rank {r}: '{root}/{r}'" for r in range(COMM.size))
+    keeps = ", ".join(f"rank {r}: '{r}'" for r in range(COMM.size))
+    want = [f"save_checkpoint(): every rank must give the same root, got {ranks}",
+            f"save_checkpoint(): every rank must give the same keep, got {keeps}",
+            f"save_checkpoint(): extra_state given on world ranks {list(range(COMM.size))}; "
+            "give it on one rank only (the learner's model)", root]
+    assert verdict(got == want), (COMM.rank, got)
