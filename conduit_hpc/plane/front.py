@@ -198,6 +198,7 @@ class ExperienceDataPlane:
 
     # -- context -------------------------------------------------------------------
     def __enter__(self) -> ExperienceDataPlane:
+        self._require(None, "entering the with-block", after_done=True)  # after close()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

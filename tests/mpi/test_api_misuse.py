@@ -74,7 +74,8 @@ def test_a_delivery_rank_leaving_on_its_own_error_fails_its_learner_naming_it() 
 @pytest.mark.mpi(min_size=4)
 def test_serve_after_close_on_a_delivery_rank_is_refused_naming_the_rank() -> None:
     """serve() after close() returned silently on a delivery rank (a buffer raised
-    UsedAfterClose): the plane's check came after the delivery rank's branch."""
+    UsedAfterClose): the plane's check came after the delivery rank's branch. And a
+    with-block entered again after close() is refused."""
     with ExperienceDataPlane(config(10.0)) as edp:
         if edp.role is Role.ACTOR:
             while not edp.should_stop:
@@ -92,6 +93,11 @@ def test_serve_after_close_on_a_delivery_rank_is_refused_naming_the_rank() -> No
         got = str(err)
     want = f"serve() called after close() on world rank {COMM.rank}"
     ok = got == want if edp.serves else got.startswith("serve() called after close()")
+    # a with-block entered again after close() was entered silently (every call in it
+    # then raised): now refused at once, on every role
+    with pytest.raises(UsedAfterClose, match=rf"entering the with-block called after "
+                                             rf"close\(\) on world rank {COMM.rank}"):
+        edp.__enter__()
     assert verdict(ok), (COMM.rank, edp.role, got)
 
 
