@@ -20,7 +20,13 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from conduit_hpc.errors import ConduitError, DataPlaneTimeout, RemoteFailure, TransportError
+from conduit_hpc.errors import (
+    CollectiveFailed,
+    ConduitError,
+    DataPlaneTimeout,
+    RemoteFailure,
+    TransportError,
+)
 from conduit_hpc.transport.rma import RmaWindow
 
 __all__ = [
@@ -115,9 +121,11 @@ class ControlBlock:
         (:class:`RemoteFailure`: that rank is marked), a transport failure, and a
         timeout where the block's owner is on another node (the write crosses the link
         the wait may have run out on: after a dropped link it never returned; the peers'
-        own deadlines end them). A timeout with the owner on this node is marked: the
-        peers may never wait on anything (actors lapping a ring ingest on forever).
-        Best effort: the window may be what failed."""
+        own deadlines end them). A timeout with the owner on this node is marked, also
+        a collective's (:class:`CollectiveFailed`, e.g. ``summary()`` called while a
+        buffer serves): the peers may never wait on anything (actors lapping a ring
+        ingest on forever, a buffer in ``serve()``). Best effort: the window may be
+        what failed."""
         if isinstance(exc, SystemExit) and exc.code in (0, None) and done:
             return
         try:
@@ -132,8 +140,12 @@ class ControlBlock:
         :meth:`left_on_error`), without leaving: e.g. a write that failed after reserving
         ring slots, which no later row of its shard can pass (every rank must stop,
         also when the writer catches the error). Best effort."""
-        if isinstance(exc, TransportError | RemoteFailure) or (
-                isinstance(exc, DataPlaneTimeout) and not self.local):
+        # a wait of this rank's own that ran out (also a collective's: CollectiveFailed
+        # means no rank was marked, else it had raised RemoteFailure) is marked like a
+        # timeout; a buffer in serve() waits on no deadline and would wait for ever
+        timeout = isinstance(exc, DataPlaneTimeout | CollectiveFailed)
+        if (timeout and not self.local) or (
+                not timeout and isinstance(exc, TransportError | RemoteFailure)):
             return
         with contextlib.suppress(ConduitError, OSError):  # the transport itself failed
             if not self.read(C_FAILED_FIRST):  # the first to leave is the one to name

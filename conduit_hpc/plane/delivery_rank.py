@@ -27,8 +27,9 @@ failure came while preparing batches (e.g. the transform raised), the delivery r
 waits for its learner's decision, as the learner's own thread would in thread delivery: a
 learner that takes the error and ends (``done``) ends the job cleanly (``serve``
 returns); one that fails (or does not answer within the timeout) makes the delivery rank
-raise its error. A learner that fails inside the data plane's ``with`` block says so
-likewise; a rank that dies without a word leaves the other to its timeout.
+raise its error. Either end that leaves the data plane's ``with`` block on an exception
+(also one raised outside ``serve``) says so likewise (``fail``); a rank that dies without a
+word leaves the other to its timeout.
 """
 
 from __future__ import annotations
@@ -243,6 +244,13 @@ class DeliveryServer:
             raise
         finally:
             self.finished = True
+
+    def fail(self, why: str) -> None:
+        """This rank left on an error outside :meth:`serve` (the job's own, in its
+        ``with`` block): tell the learner, which raises at once (it waited out
+        ``run.timeout_s`` for a batch before). The first failure told stays."""
+        if not self.ring.word(W_FAILED):
+            self.ring.set_message(W_FAILED, why)
 
     def _learner_ends(self) -> bool:
         """After a failure while preparing batches (e.g. the transform raised), reported

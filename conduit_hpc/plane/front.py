@@ -198,6 +198,7 @@ class ExperienceDataPlane:
 
     # -- context -------------------------------------------------------------------
     def __enter__(self) -> ExperienceDataPlane:
+        self._require(None, "entering the with-block", after_done=True)  # after close()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -206,8 +207,9 @@ class ExperienceDataPlane:
         if exc_type is None:
             return self.close()
         self.control.left_on_error(self.world_rank, exc, self._done_sent)
-        if self.learner is not None and isinstance(self.learner.mode, ProcessMode):
-            self.learner.mode.fail(f"{exc_type.__name__}: {exc}")  # its rank stops too
+        end = self.learner.mode if self.learner is not None else self.delivery
+        if isinstance(end, ProcessMode | DeliveryServer):  # its peer in the pair stops too
+            end.fail(f"{exc_type.__name__}: {exc}")
 
     # -- introspection -------------------------------------------------------------
     @property
@@ -378,12 +380,10 @@ class ExperienceDataPlane:
     def serve(self) -> None:
         """Run the buffer progress loop until every non-buffer rank is done (a delivery
         rank: deliver until its learner stops). Blocks (bounded: see ``plane.buffer``)."""
-        if self.delivery is not None:
-            self.delivery.serve()
-            return
-        self._require(Role.BUFFER, "serve()")
-        assert self.server is not None
-        self.server.serve()
+        self._require(None if self.delivery else Role.BUFFER, "serve()", after_done=True)
+        server = self.delivery or self.server  # after close(): refused, as on a buffer
+        assert server is not None
+        server.serve()
 
     def owned_shards(self) -> list[OwnedShard]:
         """Shards this rank owns (empty unless a buffer); not after :meth:`close`."""

@@ -140,13 +140,13 @@ def rank_death(run_dir: Path, cfg: Config) -> str | None:
             f"its log: {run_dir / 'logs' / f'rank.{rank}'}, the launcher's: {log}")
 
 
-def _is_consequence(line: str) -> bool:
+def _is_consequence(line: str, kind: type[Exception] = errors.RemoteFailure) -> bool:
     """Whether a ``conduit-hpc: error on world rank N: TYPE: ...`` line reports a
     :class:`~conduit_hpc.errors.RemoteFailure` (this rank stopped because another
-    failed), decided by the error's class, not its text."""
+    failed; with ``kind``, that subclass), decided by the error's class, not its text."""
     m = re.match(r".*? on world rank \d+: (\w+): ", line)
     cls = getattr(errors, m.group(1), None) if m else None
-    return isinstance(cls, type) and issubclass(cls, errors.RemoteFailure)
+    return isinstance(cls, type) and issubclass(cls, kind)
 
 
 def exception_lines(text: str) -> list[str]:
@@ -188,6 +188,9 @@ def first_error(run_dir: Path) -> str | None:
             if tail:
                 return (f"{ERROR_PREFIX} on {where}: {tail[-1]} "
                         f"(logs in {run_dir / 'logs'})")
-    if reported:  # only consequences, and no traceback behind them
-        return reported[0] + f" (logs in {run_dir / 'logs'})"
+    if reported:  # only consequences, and no traceback behind them: a rank whose own
+        # wait ran out (CollectiveFailed, naming the step) before one that stopped on the
+        # mark it then left (RemoteFailure pointing at it)
+        gave_up = [ln for ln in reported if _is_consequence(ln, errors.CollectiveFailed)]
+        return (gave_up or reported)[0] + f" (logs in {run_dir / 'logs'})"
     return None

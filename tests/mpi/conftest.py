@@ -47,3 +47,14 @@ def shared_dir() -> Iterator[Path]:
     bounded_barrier(comm)
     if comm.rank == 0:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def gave_up(every: list[str], rank: int, call: str) -> bool:
+    """Rank ``rank`` gave up on the collective ``call`` (CollectiveFailed naming it), or
+    stopped on the mark of a rank that did (RemoteFailure naming that rank): the first
+    to give up marks itself, so that a buffer in ``serve()`` (no deadline) ends too."""
+    seen = every[rank]
+    if seen.startswith("RemoteFailure") and " left the data plane" in seen:
+        first = int(seen.split("world rank ")[1].split()[0])
+        seen = every[first]
+    return seen.startswith("CollectiveFailed") and call in seen

@@ -41,6 +41,19 @@ def test_a_peers_traceback_beats_a_collective_failure_and_alone_it_is_reported(
     assert "world rank 0: ConfigError: x" in str(first_error(tmp_path / "c"))
 
 
+def test_a_rank_whose_wait_ran_out_is_reported_before_one_stopped_by_its_mark(
+        tmp_path: Path) -> None:
+    """A hung rank: the first to give up on the collective marks itself (so that a
+    buffer in serve() ends too), and a lower rank then stops on that mark. The report
+    was the lower rank's RemoteFailure ("world rank 1 left..."); it is the CollectiveFailed
+    naming the step the job hung in."""
+    gave_up = ("conduit-hpc: error on world rank 1: CollectiveFailed: waited 5.0 s for "
+               "every rank of 4 to reach save_checkpoint(): every rank's part\n")
+    write_logs(tmp_path, {0: "conduit-hpc: error on world rank 0: RemoteFailure: world "
+                          "rank 1 left the data plane on an exception\n", 1: gave_up})
+    assert str(first_error(tmp_path)).startswith(gave_up.strip())
+
+
 def test_a_traceback_of_any_exception_class_is_reported(tmp_path: Path) -> None:
     """An exception whose class does not end in Error (gymnasium's NameNotFound, a
     KeyboardInterrupt) is still the message, not "job exited with status 1"."""

@@ -30,7 +30,7 @@ from conduit_hpc.features.checkpointing.parts import (
     shard_part,
 )
 from conduit_hpc.transport.objects import (
-    bounded_barrier,
+    allgather_json,
     bounded_bcast_json,
     bounded_gather_json,
 )
@@ -100,8 +100,12 @@ def save_checkpoint(edp: FeatureHost, root: Path, *,
     def check() -> None:
         edp.control.raise_if_failed(me)
 
-    bounded_barrier(world, timeout_s, "save_checkpoint()", check)
     root = Path(root)
+    # what the leader alone uses (root, keep) and what one rank may give (extra_state)
+    # is agreed first: before, rank 0's root/0 went silently to the leader's root/1
+    calls = allgather_json(world, [str(root), repr(keep), extra_state is not None],
+                           timeout_s, "save_checkpoint()", check)
+    check_calls(calls)
     plan: dict[str, Any] = {}
     if me == leader:
         try:
@@ -182,3 +186,20 @@ def save_checkpoint(edp: FeatureHost, root: Path, *,
         agent.first_seq = seq + 1
     return SaveResult(path=Path(verdict["path"]), seq=seq, cut_s=float(verdict["cut_s"]),
                       seconds=time.perf_counter() - t0, bytes=int(verdict["bytes"]))
+
+
+def check_calls(calls: list[list[Any]]) -> None:
+    """Every rank's ``[root, keep, gave extra_state]`` (world rank order): the same root
+    and keep everywhere, extra state on one rank at most.
+
+    Raises:
+        CheckpointError: naming the ranks and their values (on every rank).
+    """
+    for k, name in ((0, "root"), (1, "keep")):
+        if len({c[k] for c in calls}) > 1:
+            by_rank = ", ".join(f"rank {r}: {c[k]!r}" for r, c in enumerate(calls))
+            raise CheckpointError(f"save_checkpoint(): every rank must give the same "
+                                  f"{name}, got {by_rank}")
+    if len(extra := [r for r, c in enumerate(calls) if c[2]]) > 1:
+        raise CheckpointError(f"save_checkpoint(): extra_state given on world ranks "
+                              f"{extra}; give it on one rank only (the learner's model)")
