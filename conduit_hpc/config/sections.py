@@ -23,6 +23,7 @@ from conduit_hpc.config.checks import (
     finite,
     itemsize,
     require,
+    require_types,
 )
 
 __all__ = [
@@ -138,6 +139,7 @@ class StackConfig:
     axis: int = 0
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(self.stream == "" or self.stream.isidentifier(), "stream", self.stream,
                 "the name of a spec field, or empty (not a stack)")
         require(0 <= self.axis <= 31, "axis", self.axis,
@@ -181,6 +183,8 @@ class FieldConfig:
     next_of: str = ""
 
     def __post_init__(self) -> None:
+        require_types(self)
+        require(isinstance(self.stack, StackConfig), "stack", self.stack, "a StackConfig")
         require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
         require(len(self.shape) <= 32, "shape", self.shape, "at most 32 dimensions")
         require(self.next_of == "" or self.next_of.isidentifier(), "next_of", self.next_of,
