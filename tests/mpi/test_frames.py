@@ -59,6 +59,26 @@ def produce(edp: ExperienceDataPlane, rounds: int, seed: int,
     return made
 
 
+def produce_hostile(edp: ExperienceDataPlane, rounds: int, seed: int) -> set[tuple[int, int, int]]:
+    """Every actor writes the same few stream ids (negative, zero, past 2**32) at once,
+    each id's episodes one after another (an id reused as soon as its episode ends, or
+    cut short mid-episode: a restart), many of one or two steps: rows of one id from
+    several actors (their episodes differ) interleave in one lapping shard."""
+    rng = np.random.default_rng(seed)
+    made: set[tuple[int, int, int]] = set()
+    for r in range(rounds):
+        env = int(rng.choice([-5, 0, 2**40]))
+        episode = edp.world_rank * 100_000 + r  # unique to this actor
+        rows = frame_rows(env, episode, int(rng.choice([1, 1, 2, 3, 17])))
+        end = len(rows["env"]) if rng.random() < 0.7 else int(rng.integers(1, 1 + len(
+            rows["env"])))  # a restart: the rest of the episode is never written
+        for a in range(0, end, 3):
+            part = {n: c[a:min(a + 3, end)] for n, c in rows.items()}
+            edp.ingest(part)
+            made.update(keys(part))
+    return made
+
+
 def keys(cols) -> list[tuple[int, int, int]]:
     return list(zip(cols["env"].tolist(), cols["episode"].tolist(), cols["step"].tolist(),
                     strict=True))
@@ -101,6 +121,32 @@ def test_readers_on_every_rank_see_exact_stacks(transport: str) -> None:
         everything = seen + committed
     assert set(everything) <= all_made
     assert COMM.allreduce(len(seen)) > 0
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("transport", ["auto", "never"])
+def test_hostile_stream_ids_deliver_exact_stacks(transport: str) -> None:
+    """Stream ids shared by every actor, reused, restarted and of one-step episodes, in a
+    shard that laps: every row a learner draws (or, at 2 ranks, every committed row) is
+    exactly the one an actor made."""
+    learners = 1 if COMM.Get_size() >= 3 else 0
+    cfg = config(transport, learners)
+    delivered: list[tuple[int, int, int]] = []
+    made: set[tuple[int, int, int]] = set()
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            made = produce_hostile(edp, 150, seed=edp.world_rank)
+        elif edp.role is Role.LEARNER:
+            for _ in range(10):
+                cols = {k: v.numpy() for k, v in edp.next_batch().data.items()}
+                assert frame_stacks_of(cols).all(), "a delivered stack differs"
+                delivered += keys(cols)
+        else:
+            edp.serve()
+        edp.done()
+        delivered += delivered_rows(edp)
+        all_made = set().union(*COMM.allgather(made))
+    assert delivered and set(delivered) <= all_made
 
 
 @pytest.mark.mpi(min_size=3)
