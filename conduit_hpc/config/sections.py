@@ -58,6 +58,7 @@ class RunConfig:
     tensorboard: bool = False
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(bool(self.name) and self.name.replace("-", "").replace("_", "").isalnum(),
                 "name", self.name, "a non-empty name of letters, digits, '-' and '_'")
         require(0 <= self.seed < 2**32, "seed", self.seed, "in [0, 2**32)")
@@ -98,6 +99,7 @@ class LayoutConfig:
     learners_ingest: bool = False
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(0 <= self.learners <= MAX_COUNT, "learners", self.learners,
                 f">= 0 and <= {MAX_COUNT}")
         require(1 <= self.buffers <= MAX_COUNT, "buffers", self.buffers,
@@ -253,6 +255,7 @@ class StorageConfig:
     guard_s: float = 0.005
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(self.capacity_rows > 0, "capacity_rows", self.capacity_rows, "> 0")
         require(self.capacity_rows <= MAX_ROWS, "capacity_rows", self.capacity_rows,
                 f"<= 2**40 ({MAX_ROWS}) rows")
@@ -305,6 +308,7 @@ class TransportConfig:
     collectives: Literal["auto", "gloo", "nccl"] = "auto"
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(finite(self.poll_interval_s) and 0 <= self.poll_interval_s <= 0.1,
                 "poll_interval_s", self.poll_interval_s, "between 0 and 0.1")
 
@@ -371,6 +375,7 @@ class SchedulerConfig:
     delivery: Literal["thread", "process"] = "thread"
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(1 <= self.batch_rows <= MAX_COUNT, "batch_rows", self.batch_rows,
                 f">= 1 and <= {MAX_COUNT}")
         require(0 <= self.prefetch_depth <= 1024, "prefetch_depth", self.prefetch_depth,
