@@ -275,3 +275,28 @@ def test_a_checkpoint_of_other_stack_depths_is_refused_on_every_rank(shared_dir)
         with pytest.raises(CheckpointError, match="no usable checkpoint"):
             restore_data_plane(edp2, "latest", roots=[result.path.parent])
         assert ck.damage_of(result.path) is None
+
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_restore_after_ingest_is_refused_on_every_rank(shared_dir) -> None:
+    """restore_data_plane after rows were written: refused on every rank, naming the
+    shard, the rows kept (before: it overwrote them, and the actors' frame writers kept
+    references to slots the restore refilled: later rows delivered other frames)."""
+    from conduit_hpc import CheckpointError
+    from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
+
+    cfg = make_config(spec=FRAME_SPEC, layout={"learners": 0, "buffers": 1},
+                      storage={"capacity_rows": 400})
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            edp.ingest(frame_rows(100, 1, 30))
+        path = save_checkpoint(edp, shared_dir).path
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            edp.ingest(frame_rows(edp.world_rank, 0, 20))
+        COMM.Barrier()
+        with pytest.raises(CheckpointError, match=r"before any ingest.*shard\(s\) 0 \("):
+            restore_data_plane(edp, path)
+        actors = [r for r in range(COMM.size) if r != edp.roles.buffer_ranks[0]]
+        assert delivered_rows(edp) == sorted((a, 0, t) for a in actors for t in range(20))
