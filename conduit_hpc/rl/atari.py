@@ -65,8 +65,8 @@ class AtariSection:
                 "in [0, 1]")
         require(math.isfinite(self.reward_clip) and self.reward_clip >= 0, "reward_clip",
                 self.reward_clip, ">= 0 (0: unclipped)")
-        require(self.max_episode_frames >= 1, "max_episode_frames", self.max_episode_frames,
-                ">= 1")
+        require(1 <= self.max_episode_frames <= 2**31 - 1, "max_episode_frames",
+                self.max_episode_frames, f">= 1 and <= {2**31 - 1} (ALE takes a C int)")
 
     @property
     def obs_shape(self) -> tuple[int, int, int]:

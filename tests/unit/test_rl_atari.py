@@ -70,7 +70,8 @@ def test_atari_section_names_bad_values() -> None:
     assert AtariSection().obs_shape == (4, 84, 84)
     for key, value in [("frame_skip", 0), ("frame_stack", 0), ("screen_size", 20),
                        ("sticky_actions", 1.5), ("reward_clip", -1.0), ("noop_max", -1),
-                       ("max_episode_frames", 0)]:
+                       ("max_episode_frames", 0),
+                       ("max_episode_frames", 2**31)]:  # ALE's setInt raised TypeError
         with pytest.raises(ConfigError, match=key) as err:
             AtariSection(**{key: value})
         assert err.value.key == key
