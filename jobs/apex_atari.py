@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlane, Role, jsontext
-from conduit_hpc.config import LaunchWorld, require
+from conduit_hpc.config import LaunchWorld, require, require_types
 from conduit_hpc.features.checkpointing import (
     checkpoint_outcome,
     restore_data_plane,
@@ -114,6 +114,7 @@ class AtariJobSection:
     report_every_s: float = 0.25
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(self.max_supersteps >= 0, "max_supersteps", self.max_supersteps,
                 ">= 0 (0: no superstep budget)")
         for name in ("progress_every_s", "poll_every_s", "report_every_s"):

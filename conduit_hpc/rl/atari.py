@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from conduit_hpc.config import require
+from conduit_hpc.config import require, require_types
 from conduit_hpc.rl.section import check_env_id
 
 __all__ = ["AtariSection", "make_atari_vector_env"]
@@ -56,6 +56,7 @@ class AtariSection:
     max_episode_frames: int = 108_000
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(1 <= self.frame_skip <= 64, "frame_skip", self.frame_skip, "in [1, 64]")
         require(1 <= self.frame_stack <= 64, "frame_stack", self.frame_stack, "in [1, 64]")
         require(36 <= self.screen_size <= 1024, "screen_size", self.screen_size,

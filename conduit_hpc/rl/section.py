@@ -11,7 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from conduit_hpc.config import FieldConfig, LaunchWorld, SchedulerConfig, require, require_bytes
+from conduit_hpc.config import (
+    FieldConfig,
+    LaunchWorld,
+    SchedulerConfig,
+    require,
+    require_bytes,
+    require_types,
+)
 from conduit_hpc.errors import ConfigError, SpecError
 from conduit_hpc.rl.exploration import epsilon_ladder
 
@@ -75,6 +82,7 @@ class DQNSection:
     max_env_steps: int = 200_000
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(bool(self.env_id), "env_id", self.env_id, "a Gymnasium environment id")
         require(self.num_envs >= 1, "num_envs", self.num_envs, ">= 1")
         require(len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden), "hidden",

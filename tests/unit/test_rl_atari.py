@@ -75,6 +75,11 @@ def test_atari_section_names_bad_values() -> None:
         with pytest.raises(ConfigError, match=key) as err:
             AtariSection(**{key: value})
         assert err.value.key == key
+    for key, value in [("frame_skip", 1.5), ("terminal_on_life_loss", 1)]:  # by hand:
+        with pytest.raises(ConfigError, match=f"{key} must be a"):  # was accepted (then
+            AtariSection(**{key: value})  # ALE's setInt raised TypeError on the ranks)
+    with pytest.raises(ConfigError, match=r"n_step must be an integer, got 2\.0"):
+        DQNSection(n_step=2.0)
 
 
 class _FakeVectorEnv:
