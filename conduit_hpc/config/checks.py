@@ -103,7 +103,10 @@ def require_types(section: object) -> None:
     Raises:
         ConfigError: naming the field, the value and the type expected.
     """
-    hints = typing.get_type_hints(type(section))
+    try:
+        hints = typing.get_type_hints(type(section))
+    except (NameError, KeyError, TypeError):  # a class whose module cannot resolve them
+        return
     for f in dataclasses.fields(section):  # type: ignore[arg-type]
         tp, v = hints[f.name], getattr(section, f.name)
         if tp is int:
