@@ -249,8 +249,8 @@ def main(argv: list[str] | None = None) -> dict:
     from conduit_hpc.spec import Spec
 
     p = argparse.ArgumentParser(prog="conduit-hpc bench frames")
-    # 8: the slots one Atari row may need (its 8 frames new), and the 4 rows a batch holds
-    p.add_argument("--capacity", type=whole(8, 1 << 30), default=20_000)
+    # 32: the slots a batch of 4 Atari rows may need (8 new frames each)
+    p.add_argument("--capacity", type=whole(32, 1 << 30), default=20_000)
     p.add_argument("--streams", type=whole(1, 1 << 16), default=8)
     p.add_argument("--rows", type=whole(1, 1 << 31), default=40_000)
     p.add_argument("--batches", type=wholes(1, 1 << 20), default="32,256")

@@ -235,7 +235,7 @@ def test_checked_types_say_what_they_want() -> None:
     ["bench", "scale", "--measured-learners", "/no/such/run"],
     ["bench", "frames", "--checkpoint", "--dir", "/no/such/dir"],
     ["bench", "frames", "--checkpoint", "--codec", "zip"],
-    ["bench", "frames", "--capacity", "1"],  # a batch of 4 rows failed mid-run
+    ["bench", "frames", "--capacity", "8"],  # a batch of 4 rows failed mid-run
     ["bench", "frames", "--streams", "65536"],  # 1.2 TB of episodes: MemoryError, or OOM
     ["bench", "scale", "--link", "5,-1"],
     ["bench", "longhaul", "--budgets", "1e-12"],  # below the link's floor once made bytes/s
