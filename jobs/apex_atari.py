@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from conduit_hpc import Config, ConfigError, DataPlaneClosed, ExperienceDataPlane, Role, jsontext
-from conduit_hpc.config import LaunchWorld, require
+from conduit_hpc.config import LaunchWorld, require, require_types
 from conduit_hpc.features.checkpointing import (
     checkpoint_outcome,
     restore_data_plane,
@@ -91,7 +91,7 @@ from conduit_hpc.rl import (
     make_atari_vector_env,
     merge_episode_files,
 )
-from conduit_hpc.rl.section import ENV_BYTES_FLOOR, require_polls_within
+from conduit_hpc.rl.section import ENV_BYTES_FLOOR, check_actor_rows, require_polls_within
 from conduit_hpc.spec import frame_stacks
 from conduit_hpc.transport.objects import allgather_json
 
@@ -114,6 +114,7 @@ class AtariJobSection:
     report_every_s: float = 0.25
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(self.max_supersteps >= 0, "max_supersteps", self.max_supersteps,
                 ">= 0 (0: no superstep budget)")
         for name in ("progress_every_s", "poll_every_s", "report_every_s"):
@@ -186,6 +187,10 @@ def check_config(cfg: ApexAtariConfig, n_actors: int, n_learners: int) -> int:
                               f"{hp.num_envs - 1} (dqn.num_envs; the stream of the frame "
                               f"stacks), got {cfg.spec[stream].dtype} (at most {top})",
                               key=f"spec.{stream}.dtype")
+    one = {"obs": np.zeros((1, *shape), np.uint8), "action": np.zeros(1, np.int64),
+           "reward": np.zeros(1, np.float32), "next_obs": np.zeros((1, *shape), np.uint8),
+           "discount": np.zeros(1, np.float32)}  # a row as ApexActor.step makes it
+    check_actor_rows(cfg.spec, one, stacks["obs"].stream if stacks else "")
     check_actor_batch(hp, hp.num_envs // n_actors, cfg.scheduler)
     return hp.num_envs // n_actors
 

@@ -216,12 +216,41 @@ def _checkpoint(win: Any, lay: Any, codec: str, args: argparse.Namespace,
             "exact": bool(exact)}
 
 
+#: bytes one stream's game holds at most: an episode of up to 500 frames and its stacks
+STREAM_BYTES = 5 * 500 * 84 * 84
+
+
+def _check_memory(p: argparse.ArgumentParser, args: argparse.Namespace, full: Any) -> None:
+    """Refuse, before anything is allocated, options whose run cannot fit in the memory
+    free here (before: ``--batches 1048576`` or ``--streams 65536`` ended in a numpy
+    MemoryError traceback, or in the kernel's OOM killer): the full layout's shard
+    window, each stream's episode and stacks, and the largest gathered batch (whole
+    stacks, and the copies a gather makes). Names the option that takes the most."""
+    from conduit_hpc.plane.memory import free_memory_bytes
+    from conduit_hpc.storage import ShardLayout
+
+    free = free_memory_bytes()
+    if free is None:
+        return
+    takes = {"--capacity": (args.capacity, ShardLayout(full, args.capacity).nbytes),
+             "--streams": (args.streams, args.streams * STREAM_BYTES),
+             "--batches": (",".join(map(str, args.batches)),
+                           2 * max(args.batches) * full.row_bytes)}
+    need = sum(b for _, b in takes.values())
+    if need > free:
+        flag = max(takes, key=lambda k: takes[k][1])
+        parts = ", ".join(f"{k} {v} {b:,} bytes" for k, (v, b) in takes.items())
+        p.error(f"argument {flag}: must leave the run within the {free:,} bytes of memory "
+                f"free here; it needs {need:,} ({parts}), got {str(takes[flag][0])!r}")
+
+
 def main(argv: list[str] | None = None) -> dict:
     from conduit_hpc.config import Config
     from conduit_hpc.spec import Spec
 
     p = argparse.ArgumentParser(prog="conduit-hpc bench frames")
-    p.add_argument("--capacity", type=whole(1, 1 << 30), default=20_000)
+    # 32: the slots a batch of 4 Atari rows may need (8 new frames each)
+    p.add_argument("--capacity", type=whole(32, 1 << 30), default=20_000)
     p.add_argument("--streams", type=whole(1, 1 << 16), default=8)
     p.add_argument("--rows", type=whole(1, 1 << 31), default=40_000)
     p.add_argument("--batches", type=wholes(1, 1 << 20), default="32,256")
@@ -240,6 +269,7 @@ def main(argv: list[str] | None = None) -> dict:
              for k, v in ATARI.items()}
     specs = {"full": Spec.from_config(Config.from_dict({"spec": plain}).spec),
              "frames_once": Spec.from_config(Config.from_dict({"spec": ATARI}).spec)}
+    _check_memory(p, args, specs["full"])
     results = [_measure(spec, args, name) for name, spec in specs.items()]
     full = results[0]["stored_bytes_per_transition"]
     for r in results:

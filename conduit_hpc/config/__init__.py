@@ -16,7 +16,7 @@ value and what was expected. Nothing here imports MPI.
 
 from __future__ import annotations
 
-from conduit_hpc.config.checks import require
+from conduit_hpc.config.checks import require, require_types
 from conduit_hpc.config.feature_sections import (
     CHECKPOINT_CODECS,
     CheckpointConfig,
@@ -73,6 +73,7 @@ __all__ = [
     "read_toml",
     "require",
     "require_bytes",
+    "require_types",
     "to_plain",
     "to_toml",
     "tomllib",

@@ -8,7 +8,10 @@ index arrays fit ``int64`` with room for sums, and waits stay within what
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import operator
+import typing
 
 import numpy as np
 
@@ -25,6 +28,7 @@ __all__ = [
     "finite",
     "itemsize",
     "require",
+    "require_types",
 ]
 
 #: the largest value of a signed 64-bit integer (what numpy indexes arrays with)
@@ -74,3 +78,52 @@ def finite(v: float) -> bool:
 def itemsize(dtype: str) -> int:
     """Bytes of one element of a spec dtype name (one of :data:`DTYPES`)."""
     return int(np.dtype(dtype).itemsize)
+
+
+def _integer(v: object) -> int | None:
+    """``v`` as an ``int`` when it is a whole number that is not a bool (a numpy integer
+    too), else ``None``."""
+    if isinstance(v, bool | np.bool_):
+        return None
+    try:
+        return operator.index(v)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def require_types(section: object) -> None:
+    """Hold a section built by hand in Python (``StackConfig(axis=1.0)``) to the types
+    the TOML loader enforces, before its range checks run on a value they cannot compare
+    (before: a raw ``TypeError``/``AttributeError``, or a float axis or a bool depth
+    accepted). ``int`` fields take whole numbers but bools (numpy integers become
+    ``int``), ``float`` ones numbers but bools, ``str``/``bool`` their own type, a
+    ``Literal`` one of its values, ``tuple[int, ...]`` a list or tuple of whole numbers
+    (made a tuple of ``int``). Fields of other types are left to the section.
+
+    Raises:
+        ConfigError: naming the field, the value and the type expected.
+    """
+    try:
+        hints = typing.get_type_hints(type(section))
+    except (NameError, KeyError, TypeError):  # a class whose module cannot resolve them
+        return
+    for f in dataclasses.fields(section):  # type: ignore[arg-type]
+        tp, v = hints[f.name], getattr(section, f.name)
+        if tp is int:
+            n = _integer(v)
+            require(n is not None, f.name, v, "an integer")
+            object.__setattr__(section, f.name, n)
+        elif tp is float:
+            require(isinstance(v, int | float | np.integer | np.floating)
+                    and not isinstance(v, bool | np.bool_), f.name, v, "a number")
+            object.__setattr__(section, f.name, float(v))
+        elif tp in (str, bool):
+            require(isinstance(v, tp), f.name, v, f"a {tp.__name__}")
+        elif typing.get_origin(tp) is typing.Literal:
+            allowed = typing.get_args(tp)
+            require(any(type(v) is type(a) and v == a for a in allowed), f.name, v,
+                    f"one of {', '.join(map(repr, allowed))}")
+        elif tp == tuple[int, ...]:
+            items = [_integer(d) for d in v] if isinstance(v, list | tuple) else [None]
+            require(None not in items, f.name, v, "a list of integers")
+            object.__setattr__(section, f.name, tuple(items))

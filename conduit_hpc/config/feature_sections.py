@@ -6,7 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from conduit_hpc.config.checks import MAX_BYTES, MAX_COUNT, MAX_ROWS, MAX_SECONDS, finite, require
+from conduit_hpc.config.checks import (
+    MAX_BYTES,
+    MAX_COUNT,
+    MAX_ROWS,
+    MAX_SECONDS,
+    finite,
+    require,
+    require_types,
+)
 
 __all__ = ["CHECKPOINT_CODECS", "CheckpointConfig", "LongHaulConfig", "PlacementConfig"]
 
@@ -56,6 +64,7 @@ class PlacementConfig:
     device_rows: int = 0
 
     def __post_init__(self) -> None:
+        require_types(self)
         tiers = ("learner_gpu", "learner_host", "buffer_host")
         require(len(self.tiers) > 0 and set(self.tiers) <= set(tiers)
                 and len(set(self.tiers)) == len(self.tiers), "tiers", list(self.tiers),
@@ -110,6 +119,7 @@ class CheckpointConfig:
     timeout_s: float = 1800.0
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(bool(self.directory.strip()), "directory", self.directory,
                 "a non-empty path")
         require(0 <= self.every_supersteps <= MAX_ROWS, "every_supersteps",
@@ -165,6 +175,7 @@ class LongHaulConfig:
     compression: Literal["none", "zlib"] = "none"
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(finite(self.bandwidth_gbps) and 1e-12 <= self.bandwidth_gbps <= 1e6,
                 "bandwidth_gbps", self.bandwidth_gbps,
                 "a finite number > 0 (GB/s per direction) in [1e-12, 1e6]")

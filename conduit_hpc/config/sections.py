@@ -23,6 +23,7 @@ from conduit_hpc.config.checks import (
     finite,
     itemsize,
     require,
+    require_types,
 )
 
 __all__ = [
@@ -57,6 +58,7 @@ class RunConfig:
     tensorboard: bool = False
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(bool(self.name) and self.name.replace("-", "").replace("_", "").isalnum(),
                 "name", self.name, "a non-empty name of letters, digits, '-' and '_'")
         require(0 <= self.seed < 2**32, "seed", self.seed, "in [0, 2**32)")
@@ -97,6 +99,7 @@ class LayoutConfig:
     learners_ingest: bool = False
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(0 <= self.learners <= MAX_COUNT, "learners", self.learners,
                 f">= 0 and <= {MAX_COUNT}")
         require(1 <= self.buffers <= MAX_COUNT, "buffers", self.buffers,
@@ -138,6 +141,7 @@ class StackConfig:
     axis: int = 0
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(self.stream == "" or self.stream.isidentifier(), "stream", self.stream,
                 "the name of a spec field, or empty (not a stack)")
         require(0 <= self.axis <= 31, "axis", self.axis,
@@ -181,6 +185,8 @@ class FieldConfig:
     next_of: str = ""
 
     def __post_init__(self) -> None:
+        require_types(self)
+        require(isinstance(self.stack, StackConfig), "stack", self.stack, "a StackConfig")
         require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {', '.join(DTYPES)}")
         require(len(self.shape) <= 32, "shape", self.shape, "at most 32 dimensions")
         require(self.next_of == "" or self.next_of.isidentifier(), "next_of", self.next_of,
@@ -249,6 +255,7 @@ class StorageConfig:
     guard_s: float = 0.005
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(self.capacity_rows > 0, "capacity_rows", self.capacity_rows, "> 0")
         require(self.capacity_rows <= MAX_ROWS, "capacity_rows", self.capacity_rows,
                 f"<= 2**40 ({MAX_ROWS}) rows")
@@ -301,6 +308,7 @@ class TransportConfig:
     collectives: Literal["auto", "gloo", "nccl"] = "auto"
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(finite(self.poll_interval_s) and 0 <= self.poll_interval_s <= 0.1,
                 "poll_interval_s", self.poll_interval_s, "between 0 and 0.1")
 
@@ -367,6 +375,7 @@ class SchedulerConfig:
     delivery: Literal["thread", "process"] = "thread"
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(1 <= self.batch_rows <= MAX_COUNT, "batch_rows", self.batch_rows,
                 f">= 1 and <= {MAX_COUNT}")
         require(0 <= self.prefetch_depth <= 1024, "prefetch_depth", self.prefetch_depth,

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from conduit_hpc.config import require
+from conduit_hpc.config import require, require_types
 from conduit_hpc.rl.section import check_env_id
 
 __all__ = ["AtariSection", "make_atari_vector_env"]
@@ -56,6 +56,7 @@ class AtariSection:
     max_episode_frames: int = 108_000
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(1 <= self.frame_skip <= 64, "frame_skip", self.frame_skip, "in [1, 64]")
         require(1 <= self.frame_stack <= 64, "frame_stack", self.frame_stack, "in [1, 64]")
         require(36 <= self.screen_size <= 1024, "screen_size", self.screen_size,
@@ -65,8 +66,8 @@ class AtariSection:
                 "in [0, 1]")
         require(math.isfinite(self.reward_clip) and self.reward_clip >= 0, "reward_clip",
                 self.reward_clip, ">= 0 (0: unclipped)")
-        require(self.max_episode_frames >= 1, "max_episode_frames", self.max_episode_frames,
-                ">= 1")
+        require(1 <= self.max_episode_frames <= 2**31 - 1, "max_episode_frames",
+                self.max_episode_frames, f">= 1 and <= {2**31 - 1} (ALE takes a C int)")
 
     @property
     def obs_shape(self) -> tuple[int, int, int]:

@@ -6,17 +6,24 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from conduit_hpc.config import LaunchWorld, SchedulerConfig, require, require_bytes
-from conduit_hpc.errors import ConfigError
+from conduit_hpc.config import (
+    FieldConfig,
+    LaunchWorld,
+    SchedulerConfig,
+    require,
+    require_bytes,
+    require_types,
+)
+from conduit_hpc.errors import ConfigError, SpecError
 from conduit_hpc.rl.exploration import epsilon_ladder
 
-__all__ = ["ENV_BYTES_FLOOR", "DQNSection", "check_actor_batch", "check_dqn_launch",
-           "check_env_id", "require_network", "require_polls_within"]
+__all__ = ["ENV_BYTES_FLOOR", "DQNSection", "check_actor_batch", "check_actor_rows",
+           "check_dqn_launch", "check_env_id", "require_network", "require_polls_within"]
 
 #: bytes one Gymnasium environment of a vector env takes at least (a CartPole-v1 slot of
 #: a synchronous vector env: ~5.7 kB measured)
@@ -75,6 +82,7 @@ class DQNSection:
     max_env_steps: int = 200_000
 
     def __post_init__(self) -> None:
+        require_types(self)
         require(bool(self.env_id), "env_id", self.env_id, "a Gymnasium environment id")
         require(self.num_envs >= 1, "num_envs", self.num_envs, ">= 1")
         require(len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden), "hidden",
@@ -197,3 +205,44 @@ def check_dqn_launch(hp: DQNSection, world: LaunchWorld, *, in_features: int,
     require_bytes(world, "dqn.num_envs", hp.num_envs, envs * env_bytes,
                   f"on each actor ({envs:,} environments of at least {env_bytes:,} bytes "
                   f"each)")
+
+
+def check_actor_rows(fields: Mapping[str, FieldConfig], rows: Mapping[str, np.ndarray],
+                     stream: str = "") -> None:
+    """Refuse, before any rank starts, a ``[spec]`` that the rows the actors write do
+    not fit: ``rows`` is one row of each column an actor fills (its dtype and shape as
+    the actor makes it), ``stream`` the frame stacks' stream field the actors fill with
+    the env slot in the field's own type. A field no actor writes, a column with no
+    field, a dtype that ingest would not cast or a shape that differs would each have
+    failed every ingest once the job ran; a stream field that is one of ``rows`` would
+    have been overwritten with env slots (the actions, say), silently. Local.
+
+    Raises:
+        ConfigError: naming ``spec.<field>`` (or ``spec.<stacked>.stack.stream``), the
+            value and what the actors write.
+    """
+    from conduit_hpc.spec import Field, Spec
+
+    written = ", ".join([*rows, *([stream] if stream else [])])
+    if stream in rows:
+        stacked = next((n for n, fc in fields.items() if fc.stack.stream == stream), "obs")
+        raise ConfigError(f"spec.{stacked}.stack.stream must be a field of its own that "
+                          f"the actors fill with the env slot, not one of "
+                          f"{', '.join(rows)} (the actors would overwrite it with env "
+                          f"slots), got {stream!r}", key=f"spec.{stacked}.stack.stream")
+    for name in fields:
+        if name != stream and name not in rows:
+            raise ConfigError(f"spec.{name} must not be declared: the actors write "
+                              f"{written} and nothing writes {name!r}, so every ingest "
+                              f"would be refused", key=f"spec.{name}")
+    for name, col in rows.items():
+        fc = fields.get(name)
+        if fc is None:
+            raise ConfigError(f"spec.{name} must be declared: the actors write {written} "
+                              f"(spec fields: {', '.join(fields)})", key=f"spec.{name}")
+        try:
+            Spec([Field(name, np.dtype(fc.dtype), fc.shape, cast=fc.cast)]).validate({name: col})
+        except SpecError as err:
+            raise ConfigError(f"spec.{name} must take what the actors write ({col.dtype} "
+                              f"of shape {list(col.shape[1:])}), got {fc.dtype} of shape "
+                              f"{list(fc.shape)}: {err}", key=f"spec.{name}") from err

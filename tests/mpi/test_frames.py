@@ -59,6 +59,26 @@ def produce(edp: ExperienceDataPlane, rounds: int, seed: int,
     return made
 
 
+def produce_hostile(edp: ExperienceDataPlane, rounds: int, seed: int) -> set[tuple[int, int, int]]:
+    """Every actor writes the same few stream ids (negative, zero, past 2**32) at once,
+    each id's episodes one after another (an id reused as soon as its episode ends, or
+    cut short mid-episode: a restart), many of one or two steps: rows of one id from
+    several actors (their episodes differ) interleave in one lapping shard."""
+    rng = np.random.default_rng(seed)
+    made: set[tuple[int, int, int]] = set()
+    for r in range(rounds):
+        env = int(rng.choice([-5, 0, 2**40]))
+        episode = edp.world_rank * 100_000 + r  # unique to this actor
+        rows = frame_rows(env, episode, int(rng.choice([1, 1, 2, 3, 17])))
+        end = len(rows["env"]) if rng.random() < 0.7 else int(rng.integers(1, 1 + len(
+            rows["env"])))  # a restart: the rest of the episode is never written
+        for a in range(0, end, 3):
+            part = {n: c[a:min(a + 3, end)] for n, c in rows.items()}
+            edp.ingest(part)
+            made.update(keys(part))
+    return made
+
+
 def keys(cols) -> list[tuple[int, int, int]]:
     return list(zip(cols["env"].tolist(), cols["episode"].tolist(), cols["step"].tolist(),
                     strict=True))
@@ -101,6 +121,32 @@ def test_readers_on_every_rank_see_exact_stacks(transport: str) -> None:
         everything = seen + committed
     assert set(everything) <= all_made
     assert COMM.allreduce(len(seen)) > 0
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("transport", ["auto", "never"])
+def test_hostile_stream_ids_deliver_exact_stacks(transport: str) -> None:
+    """Stream ids shared by every actor, reused, restarted and of one-step episodes, in a
+    shard that laps: every row a learner draws (or, at 2 ranks, every committed row) is
+    exactly the one an actor made."""
+    learners = 1 if COMM.Get_size() >= 3 else 0
+    cfg = config(transport, learners)
+    delivered: list[tuple[int, int, int]] = []
+    made: set[tuple[int, int, int]] = set()
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            made = produce_hostile(edp, 150, seed=edp.world_rank)
+        elif edp.role is Role.LEARNER:
+            for _ in range(10):
+                cols = {k: v.numpy() for k, v in edp.next_batch().data.items()}
+                assert frame_stacks_of(cols).all(), "a delivered stack differs"
+                delivered += keys(cols)
+        else:
+            edp.serve()
+        edp.done()
+        delivered += delivered_rows(edp)
+        all_made = set().union(*COMM.allgather(made))
+    assert delivered and set(delivered) <= all_made
 
 
 @pytest.mark.mpi(min_size=3)
@@ -229,3 +275,28 @@ def test_a_checkpoint_of_other_stack_depths_is_refused_on_every_rank(shared_dir)
         with pytest.raises(CheckpointError, match="no usable checkpoint"):
             restore_data_plane(edp2, "latest", roots=[result.path.parent])
         assert ck.damage_of(result.path) is None
+
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_restore_after_ingest_is_refused_on_every_rank(shared_dir) -> None:
+    """restore_data_plane after rows were written: refused on every rank, naming the
+    shard, the rows kept (before: it overwrote them, and the actors' frame writers kept
+    references to slots the restore refilled: later rows delivered other frames)."""
+    from conduit_hpc import CheckpointError
+    from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
+
+    cfg = make_config(spec=FRAME_SPEC, layout={"learners": 0, "buffers": 1},
+                      storage={"capacity_rows": 400})
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            edp.ingest(frame_rows(100, 1, 30))
+        path = save_checkpoint(edp, shared_dir).path
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            edp.ingest(frame_rows(edp.world_rank, 0, 20))
+        COMM.Barrier()
+        with pytest.raises(CheckpointError, match=r"before any ingest.*shard\(s\) 0 \("):
+            restore_data_plane(edp, path)
+        actors = [r for r in range(COMM.size) if r != edp.roles.buffer_ranks[0]]
+        assert delivered_rows(edp) == sorted((a, 0, t) for a in actors for t in range(20))

@@ -235,6 +235,8 @@ def test_checked_types_say_what_they_want() -> None:
     ["bench", "scale", "--measured-learners", "/no/such/run"],
     ["bench", "frames", "--checkpoint", "--dir", "/no/such/dir"],
     ["bench", "frames", "--checkpoint", "--codec", "zip"],
+    ["bench", "frames", "--capacity", "8"],  # a batch of 4 rows failed mid-run
+    ["bench", "frames", "--streams", "65536"],  # 1.2 TB of episodes: MemoryError, or OOM
     ["bench", "scale", "--link", "5,-1"],
     ["bench", "longhaul", "--budgets", "1e-12"],  # below the link's floor once made bytes/s
 ])
@@ -253,6 +255,16 @@ def test_the_cli_refuses_them_before_anything_runs(argv: list[str], capsys,
     err = capsys.readouterr().err
     assert f"argument {flag}: " in err and repr(argv[-1]) in err, err
     assert "Traceback" not in err
+
+
+def test_bench_frames_refuses_batches_past_free_memory(capsys, monkeypatch) -> None:
+    """``bench frames --batches 1048576`` gathered 118 GB: a numpy MemoryError."""
+    monkeypatch.setattr("conduit_hpc.plane.memory.free_memory_bytes", lambda: 4 << 30)
+    with pytest.raises(SystemExit) as ex:
+        cli.main(["bench", "frames", "--smoke", "--batches", "1048576"])
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and "argument --batches: must leave the run within" in err, err
+    assert "'1048576'" in err
 
 
 @pytest.mark.parametrize("argv", [

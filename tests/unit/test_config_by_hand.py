@@ -5,11 +5,14 @@ override list of ints TypeError; an override string was read character by charac
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import Any
 
 import pytest
 from mpi4py import MPI
 
+import conduit_hpc.config as c
 from conduit_hpc import Config, ConfigError
 from conduit_hpc.plane.roles import check_arguments
 from conduit_hpc.testing import REPO
@@ -30,6 +33,27 @@ JOB = REPO / "jobs" / "synthetic.toml"
 def test_the_wrong_kind_of_argument_is_named(make: Any, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         make()
+
+
+SECTIONS = [c.RunConfig, c.LayoutConfig, c.StackConfig, c.StorageConfig, c.TransportConfig,
+            c.SchedulerConfig, c.PlacementConfig, c.CheckpointConfig, c.LongHaulConfig]
+
+
+@pytest.mark.parametrize("cls", SECTIONS, ids=lambda k: k.__name__)
+def test_each_field_of_a_section_built_by_hand_refuses_the_wrong_type(cls: Any) -> None:
+    """Built in Python, ``StorageConfig(capacity_rows="5")`` raised a raw TypeError,
+    ``capacity_rows=5.0`` or ``True`` was accepted, ``StackConfig(stream=3)`` raised an
+    AttributeError: every int, float, str, bool and Literal field is now held to the
+    TOML loader's types (a ConfigError naming the field and the value)."""
+    hints = typing.get_type_hints(cls)
+    bad = {int: [1.5, True, "1"], float: ["1", True, None], str: [3, None], bool: [1, "yes"]}
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        wrong = bad.get(tp, [3, None] if typing.get_origin(tp) is typing.Literal else [])
+        for v in wrong:
+            with pytest.raises(ConfigError) as err:
+                cls(**{f.name: v})
+            assert err.value.key == f.name and f"got {v!r}" in str(err.value), (f.name, v)
 
 
 def test_no_overrides_may_be_none() -> None:

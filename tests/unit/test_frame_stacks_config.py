@@ -113,6 +113,26 @@ def test_each_bad_declaration_is_refused_naming_its_key(what, change, key) -> No
     assert key in str(err.value), str(err.value)
 
 
+@pytest.mark.parametrize(("make", "key", "value"), [
+    (lambda: StackConfig(stream="env", axis=1.0), "axis", "1.0"),
+    (lambda: StackConfig(stream="env", axis=True), "axis", "True"),
+    (lambda: StackConfig(stream="env", axis="0"), "axis", "'0'"),
+    (lambda: StackConfig(stream=3), "stream", "3"),
+    (lambda: FieldConfig(dtype="uint8", next_of=None), "next_of", "None"),
+    (lambda: FieldConfig(dtype="uint8", shape=(True, 8)), "shape", "(True, 8)"),
+    (lambda: FieldConfig(dtype="uint8", shape=(4.0, 8)), "shape", "(4.0, 8)"),
+    (lambda: FieldConfig(dtype="uint8", shape=(4,), stack={"stream": "env"}), "stack", "{"),
+])
+def test_a_declaration_built_in_python_is_held_to_the_toml_types(make, key, value) -> None:
+    """Built by hand, ``StackConfig(axis=1.0)`` raised a raw TypeError in ``Config``,
+    ``stream=3`` an AttributeError, and a bool axis or depth was accepted."""
+    with pytest.raises(ConfigError, match=rf"^{key} must be ") as err:
+        make()
+    assert err.value.key == key and f"got {value}" in str(err.value)
+    fc = FieldConfig(dtype="uint8", shape=[4, 8], stack=StackConfig(stream="e", axis=0))
+    assert fc.shape == (4, 8) and type(fc.shape) is tuple  # a list is taken as a tuple
+
+
 # ---------------------------------------------------------------------------------
 # fuzz: random declarations, judged by the rules written out independently
 

@@ -70,10 +70,16 @@ def test_atari_section_names_bad_values() -> None:
     assert AtariSection().obs_shape == (4, 84, 84)
     for key, value in [("frame_skip", 0), ("frame_stack", 0), ("screen_size", 20),
                        ("sticky_actions", 1.5), ("reward_clip", -1.0), ("noop_max", -1),
-                       ("max_episode_frames", 0)]:
+                       ("max_episode_frames", 0),
+                       ("max_episode_frames", 2**31)]:  # ALE's setInt raised TypeError
         with pytest.raises(ConfigError, match=key) as err:
             AtariSection(**{key: value})
         assert err.value.key == key
+    for key, value in [("frame_skip", 1.5), ("terminal_on_life_loss", 1)]:  # by hand:
+        with pytest.raises(ConfigError, match=f"{key} must be a"):  # was accepted (then
+            AtariSection(**{key: value})  # ALE's setInt raised TypeError on the ranks)
+    with pytest.raises(ConfigError, match=r"n_step must be an integer, got 2\.0"):
+        DQNSection(n_step=2.0)
 
 
 class _FakeVectorEnv:
@@ -170,3 +176,33 @@ def test_the_atari_jobs_stream_field_of_any_integer_type_that_holds_every_env_sl
     batch = spec.empty(len(rows["env"]))
     batch["env"] = rows["env"]
     assert spec.validate(batch)["env"].dtype == np.dtype(dtype)
+
+
+@pytest.mark.parametrize(("sets", "key"), [
+    (["spec.obs.stack.stream=action"], "spec.obs.stack.stream"),  # actions became env slots
+    (["spec.obs.stack.stream=slot", "spec.slot.dtype=int64"], "spec.env"),  # env unwritten
+    (["spec.extra.dtype=int64"], "spec.extra"),
+    (["spec.action.dtype=int32"], "spec.action"),
+    (["spec.reward.shape=[2]"], "spec.reward"),
+])
+def test_the_atari_jobs_spec_must_fit_the_rows_its_actors_write(sets: list[str],
+                                                                 key: str) -> None:
+    """``conduit-hpc run jobs/apex_atari.toml --set ...`` of a spec the actors' rows do not
+    fit: refused before launch naming the field (before: accepted; every ingest then
+    failed on the actor ranks, or, with the stream set to ``action``, the actors wrote
+    env slots over the actions and the learner trained on them)."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root))
+    try:
+        import jobs.apex_atari as job
+    finally:
+        sys.path.remove(str(root))
+    cfg = job.ApexAtariConfig.from_toml(root / "jobs" / "apex_atari.toml", sets)
+    with pytest.raises(ConfigError, match=rf"^{key} must ") as err:
+        job.check_config(cfg, 3, 1)
+    assert err.value.key == key
+    assert job.check_config(job.ApexAtariConfig.from_toml(
+        root / "jobs" / "apex_atari.toml", ["spec.reward.dtype=float64"]), 3, 1) == 2

@@ -243,7 +243,9 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
         RestoreResult | None: None when ``"latest"`` finds no checkpoint at all.
 
     Raises:
-        CheckpointError: on every rank: a given checkpoint is refused (file and reason),
+        CheckpointError: on every rank: rows were written into a shard before the call
+            (naming the shards; nothing is restored, the rows stay), a given checkpoint
+            is refused (file and reason),
             or every candidate was; or reading failed on some rank for a reason that is
             not the checkpoint's (naming the rank and the error; no fallback).
     """
@@ -272,9 +274,24 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             else:
                 candidates, strict = [p], True
     skipped: list[str] = []
+    # before any ingest, as documented: a restore rewrites every slot and cursor (rows
+    # written before it were lost), and a frame writer's remembered frames pointed at
+    # slots the restore refilled (stacks of later rows resolved to other frames); slots
+    # a previous restore filled are no ingest
+    written = {s.shard_id: s.ring.reserve_cursor() - s.restored_commit
+               for s in edp.owned_shards()}
+    everyone = bounded_gather_json(world, {k: v for k, v in written.items() if v}, leader,
+                                   timeout_s, "the restore: shards written before it", check)
     while True:
         decision: dict[str, Any] = {}
-        if me == leader:
+        used = {k: v for part in everyone or [] for k, v in part.items()}
+        if me == leader and used:
+            decision = {"error": f"restore_data_plane must run before any ingest (right "
+                                 f"after the data plane is made): shard(s) "
+                                 f"{', '.join(f'{k} ({v} slots)' for k, v in used.items())} "
+                                 f"were written already; the restore would overwrite them "
+                                 f"and the writers' frame references"}
+        elif me == leader:
             decision = {"path": None, "skipped": skipped, "strict": strict}
             while candidates:
                 c = candidates.pop(0)
