@@ -29,6 +29,7 @@ from conduit_hpc.spec import Spec
 from conduit_hpc.storage import tree_kernels
 from conduit_hpc.storage.priority import PriorityIndex, index_buffers
 from conduit_hpc.storage.ring import ShardLayout, ShardRing
+from conduit_hpc.transport.objects import bounded_allgather, bounded_barrier
 from conduit_hpc.transport.rma import PAGE, RmaWindow, free_bytes, shared_memory_dir
 
 __all__ = ["ShardMemory", "free_memory_bytes"]
@@ -53,7 +54,10 @@ class ShardMemory:
 
     def __init__(self, config: Config, spec: Spec, roles: RoleComms,
                  placement: Placement) -> None:
-        me = roles.world_rank
+        me, timeout_s = roles.world_rank, config.run.timeout_s
+        # every rank reached the memory step (bounded; the kernels' load below is local
+        # and can take seconds on a cold cache, so the check's first collective absorbs it)
+        bounded_barrier(roles.world, timeout_s, "the data plane's constructor (the memory)")
         if roles.role is not Role.ACTOR:
             # the ranks that search and update priority trees load their compiled kernels
             # (numba: ~0.7 s, seconds on a first compile) before the windows' collective,
@@ -70,10 +74,13 @@ class ShardMemory:
         _check_memory(config, spec, roles, used)
         shared = config.transport.shared_memory == "auto"
         self.window = RmaWindow(roles.world, used.get(me, 0), node_comm=roles.node,
-                                shared=shared)
+                                shared=shared, timeout_s=timeout_s,
+                                what="the data plane's constructor (the shard window)")
         self.control_owner = roles.buffer_ranks[0]
         self._control_window = RmaWindow(roles.world, 64 if me == self.control_owner else 0,
-                                         node_comm=roles.node, shared=shared)
+                                         node_comm=roles.node, shared=shared,
+                                         timeout_s=timeout_s, what="the data plane's "
+                                         "constructor (the control window)")
         self.control = ControlBlock(self._control_window, self.control_owner,
                                     local=roles.same_node(me, self.control_owner))
         self.rings: dict[int, ShardRing] = {
@@ -153,7 +160,7 @@ def _check_memory(config: Config, spec: Spec, roles: RoleComms,
     file system that backs them (``/dev/shm``, :func:`~conduit_hpc.transport.rma.
     shared_memory_dir`): past it, a rank dies of SIGBUS on first touch, or MPI fails
     with an internal error on one rank while the others wait. **Collective** on the
-    world (a split, an Allreduce and an Allgather)."""
+    world (a split, an Allreduce and a bounded Allgather)."""
     world, me = roles.world, roles.world_rank
     real = world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     try:
@@ -174,7 +181,10 @@ def _check_memory(config: Config, spec: Spec, roles: RoleComms,
     row = np.array([shards + ring, -1 if free is None else free, in_shm, room, shards, ring],
                    np.int64)
     rows = np.zeros((world.Get_size(), len(row)), np.int64)
-    world.Allgather(row, rows)  # every rank builds the same verdict from the same rows
+    # every rank builds the same verdict from the same rows; bounded: the file-system
+    # calls before it (cgroup files, statvfs of /dev/shm) can stall on one rank
+    bounded_allgather(world, row, rows, config.run.timeout_s,
+                      "the data plane's constructor (the memory check)")
     for rank, (need, ram, shm_need, shm_room, shards_b, ring_b) in enumerate(rows.tolist()):
         if 0 <= ram < need:
             what, have = "its free memory (or its memory cgroup's room)", ram

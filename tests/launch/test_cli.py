@@ -317,3 +317,30 @@ def test_a_hung_rank_ends_the_others_within_run_timeout(
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
     assert len(errors) == 1, out.stderr
     assert "CollectiveFailed" in errors[0] and step in errors[0], errors[0]
+
+
+@pytest.mark.slow  # ~12 s each: `make launch-slow` (.ci/run), not `make test`
+@pytest.mark.parametrize(("where", "step"), [
+    ("roles", "constructor (the role split)"),
+    ("communicators", "constructor (the role communicators)"),
+    ("placement", "constructor (the placement)"),
+    ("memory", "constructor (the memory)"),
+    ("memory_check", "constructor (the memory check)"),
+    ("window", "constructor (the shard window)"),
+    ("room", "constructor (the shard window) (the room check)"),
+    ("channel", "constructor (the channel)"),
+])
+def test_a_rank_stopped_before_a_constructor_step_ends_the_others(
+        tmp_path, where: str, step: str) -> None:
+    # world rank 2 (an actor) stops (SIGSTOP) just before one of the constructor's
+    # collective steps (or inside its file-system calls); the others once waited in a
+    # plain Dup, Split, Allgather or window allocation until the launcher's budget (rc
+    # 124). Now each step is entered through a bounded Ibarrier (or is a bounded
+    # Iallgather): the survivors end within run.timeout_s (5 s), naming the step.
+    out = cli("run", "tests/launch/jobs/hang_in_save.toml", "--runs", str(tmp_path),
+              "--timeout", "100", "--set", "hang.phase=construct",
+              "--set", f"hang.step={where}")
+    assert out.returncode not in (0, 124), out.stderr
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
+    assert len(errors) == 1, out.stderr
+    assert "CollectiveFailed" in errors[0] and step in errors[0], errors[0]
