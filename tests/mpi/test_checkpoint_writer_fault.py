@@ -23,6 +23,8 @@ def test_a_writer_thread_that_raises_drops_its_checkpoint_not_the_buffer_loop(
     # before: the writer thread died with the exception (a traceback on stderr), left
     # no result, and the buffer loop's next pass raised KeyError: 'counters' - the
     # whole job ended on a checkpoint that should only have been dropped
+    if COMM.size > 3:  # one buffer and one or two actors say it; make test has no time
+        pytest.skip(f"runs at 2 and 3 ranks, not {COMM.size}")
     real, calls = agent_module.write_buffer_part, [0]
 
     def first_fails(*args, **kwargs):
@@ -35,9 +37,9 @@ def test_a_writer_thread_that_raises_drops_its_checkpoint_not_the_buffer_loop(
     cfg = make_config(layout={"learners": 0, "buffers": 1},
                       storage={"capacity_rows": 4000}, run={"timeout_s": 30.0})
     with ExperienceDataPlane(cfg) as edp:
-        agent = CheckpointAgent(edp, shared_dir, every_seconds=0.2, keep=0)
+        agent = CheckpointAgent(edp, shared_dir, every_seconds=0.1, keep=0)
         if edp.role is Role.ACTOR:
-            end, i = time.monotonic() + 2.0, 0
+            end, i = time.monotonic() + 1.0, 0
             while time.monotonic() < end:
                 edp.ingest(checked_batch(edp.world_rank, 4 * i, 4))
                 i += 1
