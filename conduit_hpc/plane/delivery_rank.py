@@ -199,7 +199,8 @@ def open_staging(roles: RoleComms, config: Config, spec: Spec) -> StagingRing | 
                            queue_rows=max(256, sch.batch_rows))
     owner = 0  # the delivery rank is rank 0 of the pair (key above)
     window = RmaWindow(pair, layout.nbytes if me in roles.delivery_ranks else 0,
-                       node_comm=pair, shared=True)
+                       node_comm=pair, shared=True, timeout_s=config.run.timeout_s,
+                       what="the data plane's constructor (the staging window)")
     return StagingRing(window, owner, layout)
 
 

@@ -107,7 +107,7 @@ class ExperienceDataPlane:
                               f"MPI granted level {MPI.Query_thread()}",
                               key="scheduler.mode")
         check_same_config(comm, config)
-        self.roles: RoleComms = split_roles(comm, config.layout, sch.delivery)
+        self.roles: RoleComms = split_roles(comm, config.layout, sch.delivery, config.run.timeout_s)
         roles = self.roles
         try:
             self.features: list[Feature] = [
@@ -138,7 +138,8 @@ class ExperienceDataPlane:
         self.channel: Channel = next(
             (c for f in self.features
              if (c := f.channel(roles.world, config.transport.poll_interval_s)) is not None),
-            None) or Channel(roles.world, poll_interval_s=config.transport.poll_interval_s)
+            None) or Channel(roles.world, poll_interval_s=config.transport.poll_interval_s,
+                             timeout_s=config.run.timeout_s)
         self.limiter = RateLimiter(sch.samples_per_insert, sch.min_fill_rows, sch.error_buffer)
         self._done_sent = self._closed = False
         self._ending = threading.RLock()  # done() and close(): one thread at a time

@@ -29,7 +29,7 @@ from conduit_hpc.spec import Spec
 from conduit_hpc.storage import tree_kernels
 from conduit_hpc.storage.priority import PriorityIndex, index_buffers
 from conduit_hpc.storage.ring import ShardLayout, ShardRing
-from conduit_hpc.transport.objects import register_board
+from conduit_hpc.transport.objects import bounded_allgather, bounded_barrier, register_board
 from conduit_hpc.transport.rma import PAGE, RmaWindow, free_bytes, shared_memory_dir
 
 __all__ = ["ShardMemory", "free_memory_bytes"]
@@ -54,7 +54,10 @@ class ShardMemory:
 
     def __init__(self, config: Config, spec: Spec, roles: RoleComms,
                  placement: Placement) -> None:
-        me = roles.world_rank
+        me, timeout_s = roles.world_rank, config.run.timeout_s
+        # every rank reached the memory step (bounded; the kernels' load below is local
+        # and can take seconds on a cold cache, so the check's first collective absorbs it)
+        bounded_barrier(roles.world, timeout_s, "the data plane's constructor (the memory)")
         if roles.role is not Role.ACTOR:
             # the ranks that search and update priority trees load their compiled kernels
             # (numba: ~0.7 s, seconds on a first compile) before the windows' collective,
@@ -76,12 +79,15 @@ class ShardMemory:
                       staged.get(me, 0) if checkpoints_on(config) else 0)
         shared = config.transport.shared_memory == "auto"
         self.window = RmaWindow(roles.world, used.get(me, 0), node_comm=roles.node,
-                                shared=shared)
+                                shared=shared, timeout_s=timeout_s,
+                                what="the data plane's constructor (the shard window)")
         self.control_owner = roles.buffer_ranks[0]
         n = roles.world_size
         self._control_window = RmaWindow(roles.world,
                                          control_bytes(n) if me == self.control_owner else 0,
-                                         node_comm=roles.node, shared=shared)
+                                         node_comm=roles.node, shared=shared,
+                                         timeout_s=timeout_s, what="the data plane's "
+                                         "constructor (the control window)")
         # the arrival board only where every rank shares the block owner's node: an
         # atomic to another node's segment waits for that node's MPI progress, and the
         # board must not add such waits to every bounded collective (make hosts)
@@ -187,7 +193,7 @@ def _check_memory(config: Config, spec: Spec, roles: RoleComms,
     with an internal error on one rank while the others wait. ``staged``: this rank's
     checkpoint staging (heap memory beside its shards, allocated and touched when the
     job's checkpoint agent is made; the kernel killed the buffer rank there). **Collective**
-    on the world (a split, an Allreduce and an Allgather)."""
+    on the world (a split, an Allreduce and a bounded Allgather)."""
     world, me = roles.world, roles.world_rank
     real = world.Split_type(MPI.COMM_TYPE_SHARED, key=me)
     try:
@@ -208,7 +214,10 @@ def _check_memory(config: Config, spec: Spec, roles: RoleComms,
     row = np.array([shards + ring + cut, -1 if free is None else free, in_shm, room, shards,
                     ring, cut], np.int64)
     rows = np.zeros((world.Get_size(), len(row)), np.int64)
-    world.Allgather(row, rows)  # every rank builds the same verdict from the same rows
+    # every rank builds the same verdict from the same rows; bounded: the file-system
+    # calls before it (cgroup files, statvfs of /dev/shm) can stall on one rank
+    bounded_allgather(world, row, rows, config.run.timeout_s,
+                      "the data plane's constructor (the memory check)")
     for rank, (need, ram, shm_need, shm_room, shards_b, ring_b, cut_b) in enumerate(
             rows.tolist()):
         if 0 <= ram < need:

@@ -38,11 +38,11 @@ from typing import Any
 
 from conduit_hpc import jsontext
 from conduit_hpc.config import Config, SchedulerConfig
-from conduit_hpc.errors import ConfigError
+from conduit_hpc.errors import CollectiveFailed, ConfigError
 from conduit_hpc.placement.placement import Placement, plan_round_robin
 from conduit_hpc.plane.roles import RoleComms
 from conduit_hpc.spec import Spec
-from conduit_hpc.transport.objects import allgather_json
+from conduit_hpc.transport.objects import allgather_json, bounded_barrier
 
 __all__ = ["EXECUTED_TIERS", "PlanRecord", "decide_placement", "executable", "plan_document",
            "write_plan"]
@@ -177,6 +177,8 @@ def _static(config: Config, spec: Spec, roles: RoleComms) -> tuple[Placement, Pl
     else:
         from conduit_hpc.plane.probe import probe_cluster
 
+        bounded_barrier(roles.world, config.run.timeout_s,  # the probe: plain collectives
+                        "the data plane's constructor (the start-up probe)")
         cluster, _, m = probe_cluster(roles)
         measured = m.as_dict()
         link = (f", node to node {m.net_put_gbps:.3g}/{m.net_get_gbps:.3g} GB/s put/get"
@@ -228,13 +230,17 @@ def decide_placement(config: Config, spec: Spec, roles: RoleComms,
                 learner_ranks=roles.learner_ranks,
                 capacity_rows=config.storage.capacity_rows,
                 shards_per_buffer=config.storage.shards_per_buffer)
+    except CollectiveFailed:
+        raise  # a rank did not reach the probe: the others cannot reach the gather either
     except Exception as err:  # any failure, even a bug, must reach every rank below
         key = getattr(err, "key", "") or "placement.planner"
         error = f"{type(err).__name__}: {err}"
     digest = "" if plan is None else hashlib.sha256(
         jsontext.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
+    # bounded: a rank stopped or stuck while it plans ends the others within timeout_s
     seen = allgather_json(roles.world, {"error": error, "key": key if error else "",
-                                        "digest": digest, "host": socket.gethostname()})
+                                        "digest": digest, "host": socket.gethostname()},
+                          config.run.timeout_s, "the data plane's constructor (the placement)")
     bad = [(r, s) for r, s in enumerate(seen) if s["error"]]
     if bad:
         r, first = bad[0]

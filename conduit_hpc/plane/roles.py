@@ -142,23 +142,32 @@ def _node_split(world: MPI.Intracomm, emulate_nodes: int) -> tuple[MPI.Intracomm
     return node, tuple(int(c) for c in allgather_json(world, int(color)))
 
 
-def split_roles(comm: MPI.Intracomm, layout: LayoutConfig,
-                delivery: str = "thread") -> RoleComms:
+def split_roles(comm: MPI.Intracomm, layout: LayoutConfig, delivery: str = "thread",
+                timeout_s: float | None = None) -> RoleComms:
     """Split a private duplicate of ``comm`` into role communicators.
 
-    **Collective** on ``comm``. Blocks until every rank of ``comm`` calls it.
+    **Collective** on ``comm``. Blocks until every rank of ``comm`` calls it; with
+    ``timeout_s``, at most that long at the ``Dup`` and at the role splits (a bounded
+    ``Ibarrier`` before each: neither has a non-blocking form to wait on).
 
     Raises:
         WorldTooSmall: fewer ranks (per node) than the layout needs - on every rank.
         ConfigError: more ranks than a layout with fixed counts uses, or more emulated
             nodes than ranks - on every rank.
+        CollectiveFailed: with ``timeout_s``, a rank did not reach the split in time
+            (it stopped, hangs or died before it) - on every rank that did.
     """
     bad = emulated_nodes_problem(layout, comm.Get_size())
     if bad is not None:  # the same verdict on every rank (one config, one world)
         raise bad
+    if timeout_s is not None:
+        bounded_barrier(comm, timeout_s, "the data plane's constructor (the role split)")
     world = comm.Dup()
     node, node_of = _node_split(world, layout.emulate_nodes)
     got, err = assign_roles(layout, node_of, delivery)
+    if timeout_s is not None and err is None:  # Split has no non-blocking form
+        bounded_barrier(world, timeout_s, "the data plane's constructor (the role "
+                        "communicators)")  # raised: not freed (no collective after a failure)
     if err is not None or got is None:
         node.Free()
         world.Free()

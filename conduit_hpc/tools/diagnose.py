@@ -101,6 +101,16 @@ _DEATH_MPIRUN = re.compile(r"noticed that process rank (\d+) with PID (\d+) on n
                            r"exited on\s+signal (\d+)(?: \(([^)]*)\))?")
 _DEATH_SRUN = re.compile(r"srun: error: (\S+): tasks? (\d+)[-\d,]*: (Killed|Terminated|"
                          r"Segmentation fault|Aborted|Bus error)")
+# a rank that exited without an error report (``os._exit``, a native library's exit):
+# prterun: "prterun has exited due to process rank 0 with PID 16669 on node vm exiting
+# improperly" (status 0, MPI not finalized); "prterun detected that one or more processes
+# exited with non-zero status ... Process name: [prterun-vm-17854@1,2]  Exit code: 1";
+# srun: "srun: error: vm: task 2: Exited with exit code 1"
+_EXIT_IMPROPER = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exiting\s+"
+                            r"improperly")
+_EXIT_NONZERO = re.compile(r"exited with non-zero status.*?Process name:\s*\[[^\]]*,(\d+)\]"
+                           r"\s*Exit code:\s*(\d+)", re.S)
+_EXIT_SRUN = re.compile(r"srun: error: (\S+): tasks? (\d+)[-\d,]*: Exited with exit code (\d+)")
 
 
 def role_of(cfg: Config, world_size: int, rank: int) -> str:
@@ -111,15 +121,23 @@ def role_of(cfg: Config, world_size: int, rank: int) -> str:
 
 
 def rank_death(run_dir: Path, cfg: Config) -> str | None:
-    """One message naming the rank that the launcher saw die of a signal - its role,
-    world rank, host, the signal, and where its log is - or ``None``. (Used when no rank
-    reported an error itself.)"""
+    """One message naming the rank that the launcher saw die of a signal, or exit without
+    an error report (``os._exit``) - its role, world rank, host, the signal or status,
+    and where its log is - or ``None``. (Used when no rank reported an error itself.)"""
     log = run_dir / "logs" / "launcher.log"
     if not log.exists():
         return None
     text = log.read_text(errors="replace")
     n = len(list((run_dir / "logs").glob("rank.*")))
     m = _DEATH_MPIRUN.search(text)
+    if m is None and (left := _rank_exit(text)) is not None:
+        rank, host, status = left
+        role = role_of(cfg, n, rank)
+        who = f"world rank {rank}" + (f" ({role})" if role else "")
+        return (f"{ERROR_PREFIX}: {who}{f' on host {host}' if host else ''} exited with "
+                f"status {status} while the job ran, without reporting an error (os._exit, "
+                f"or an exit in native code; MPI not finalized); its log: "
+                f"{run_dir / 'logs' / f'rank.{rank}'}, the launcher's: {log}")
     if m is not None:
         rank, host, sig = int(m.group(1)), m.group(3), int(m.group(4))
     else:
@@ -138,6 +156,18 @@ def rank_death(run_dir: Path, cfg: Config) -> str | None:
     who = f"world rank {rank}" + (f" ({role})" if role else "")
     return (f"{ERROR_PREFIX}: {who} on host {host} was killed by signal {sig} ({name}); "
             f"its log: {run_dir / 'logs' / f'rank.{rank}'}, the launcher's: {log}")
+
+
+def _rank_exit(text: str) -> tuple[int, str, int] | None:
+    """(world rank, host or "", exit status) of a rank that the launcher saw exit
+    without an error report (see ``_EXIT_IMPROPER``), or ``None``."""
+    if (m := _EXIT_IMPROPER.search(text)) is not None:
+        return int(m.group(1)), m.group(2), 0
+    if (m := _EXIT_NONZERO.search(text)) is not None:
+        return int(m.group(1)), "", int(m.group(2))
+    if (m := _EXIT_SRUN.search(text)) is not None:
+        return int(m.group(2)), m.group(1), int(m.group(3))
+    return None
 
 
 def _is_consequence(line: str, kind: type[Exception] = errors.RemoteFailure) -> bool:

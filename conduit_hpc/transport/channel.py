@@ -15,6 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from conduit_hpc.errors import TransportError
+from conduit_hpc.transport.objects import bounded_barrier
 from conduit_hpc.wait import wait_until
 
 #: the most bytes one message carries (MPI's int count: past it a send raised a bare
@@ -52,6 +53,10 @@ class Channel:
     Args:
         comm (MPI.Intracomm): the ranks that talk; duplicated once.
         poll_interval_s (float): sleep between polls while waiting.
+        timeout_s (float | None): bound on the wait for every rank of ``comm`` to reach
+            the ``Dup`` (a bounded ``Ibarrier`` first: a rank stopped or stuck before it
+            makes the others raise :class:`~conduit_hpc.errors.CollectiveFailed`, not
+            wait in ``Dup`` for ever); ``None``: a plain ``Dup``.
     """
 
     #: completed sends are reaped by :meth:`progress`, :meth:`poll` and :meth:`drain`,
@@ -60,7 +65,10 @@ class Channel:
     #: (``mpi_yield_when_idle``) - on an oversubscribed node, a time slice lost per send
     REAP_AT = 16
 
-    def __init__(self, comm: MPI.Intracomm, *, poll_interval_s: float = 0.0002) -> None:
+    def __init__(self, comm: MPI.Intracomm, *, poll_interval_s: float = 0.0002,
+                 timeout_s: float | None = None) -> None:
+        if timeout_s is not None:
+            bounded_barrier(comm, timeout_s, "the data plane's constructor (the channel)")
         self._comm = comm.Dup()
         self._poll = poll_interval_s
         self._pending: list[tuple[MPI.Request, np.ndarray]] = []

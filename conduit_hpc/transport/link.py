@@ -154,6 +154,7 @@ class LinkedChannel(Channel):
         params (LinkParams): the link, in the direction away from this rank.
         poll_interval_s (float): sleep between polls while waiting.
         clock (Callable[[], float]): seconds, monotonic (default ``time.monotonic``).
+        timeout_s (float | None): bound on reaching the ``Dup`` (see :class:`Channel`).
 
     Attributes:
         link (LinkModel): this rank's pacer.
@@ -164,8 +165,9 @@ class LinkedChannel(Channel):
     """
 
     def __init__(self, comm: MPI.Intracomm, *, far: Iterable[int], params: LinkParams,
-                 poll_interval_s: float = 0.0002, clock: Clock = time.monotonic) -> None:
-        super().__init__(comm, poll_interval_s=poll_interval_s)
+                 poll_interval_s: float = 0.0002, clock: Clock = time.monotonic,
+                 timeout_s: float | None = None) -> None:
+        super().__init__(comm, poll_interval_s=poll_interval_s, timeout_s=timeout_s)
         self.far = frozenset(int(r) for r in far)
         self.clock = clock
         self.link = LinkModel(params, start_s=clock())

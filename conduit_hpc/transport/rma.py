@@ -25,6 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from conduit_hpc.errors import TransportError
+from conduit_hpc.transport.objects import bounded_allgather, bounded_barrier
 
 __all__ = ["PAGE", "RmaWindow", "free_bytes", "shared_memory_dir"]
 
@@ -68,15 +69,25 @@ class RmaWindow:
             (``Split_type(COMM_TYPE_SHARED)`` or an emulated node); ``None`` disables
             shared memory.
         shared (bool): allow direct load/store to segments of node-local ranks.
+        timeout_s (float | None): bound on the wait for every rank of ``comm`` to reach
+            the allocation (a bounded ``Ibarrier`` first; the room check's ``Allgather``,
+            after its file-system call, bounded too); ``None``: plain collectives.
+        what (str): the step named by the error when that bound passes.
 
     Raises:
         TransportError: a negative size.
+        CollectiveFailed: with ``timeout_s``, a rank did not reach the allocation in time
+            (one stopped or stuck before it): the allocation itself cannot be waited for
+            with a bound, so the ranks that came give up before entering it.
     """
 
     def __init__(self, comm: MPI.Intracomm, nbytes: int, *, node_comm: MPI.Intracomm | None,
-                 shared: bool = True) -> None:
+                 shared: bool = True, timeout_s: float | None = None,
+                 what: str = "a window's allocation") -> None:
         if nbytes < 0:
             raise TransportError(f"nbytes must be >= 0, got {nbytes!r}")
+        if timeout_s is not None:
+            bounded_barrier(comm, timeout_s, what)
         self._comm = comm
         self._closed = False
         self._shm: MPI.Win | None = None
@@ -89,7 +100,7 @@ class RmaWindow:
         use_shared = shared and node_comm is not None
         # every rank must take the same branch: agree on it
         use_shared = bool(comm.allreduce(use_shared, op=MPI.LAND))
-        _check_room(comm, alloc, use_shared)
+        _check_room(comm, alloc, use_shared, timeout_s, what)
         if use_shared:
             assert node_comm is not None
             self._shm = MPI.Win.Allocate_shared(alloc, 1, comm=node_comm)
@@ -359,7 +370,8 @@ class RmaWindow:
         return self._closed
 
 
-def _check_room(comm: MPI.Intracomm, alloc: int, shared: bool) -> None:
+def _check_room(comm: MPI.Intracomm, alloc: int, shared: bool, timeout_s: float | None = None,
+                what: str = "") -> None:
     """Refuse, on every rank of ``comm`` together, a window whose segments on some host
     exceed the free space of the file system that backs shared memory there (MPI backs
     shared windows, and any window of ranks on one host, with a file in it: past its
@@ -381,7 +393,10 @@ def _check_room(comm: MPI.Intracomm, alloc: int, shared: bool) -> None:
     room = free_bytes(directory) if directory is not None else -1
     short = np.array([need if 0 <= room < need else 0, room], np.int64)
     rows = np.zeros((comm.Get_size(), 2), np.int64)
-    comm.Allgather(short, rows)
+    if timeout_s is None:
+        comm.Allgather(short, rows)
+    else:  # after a file-system call that can stall on one rank: bounded
+        bounded_allgather(comm, short, rows, timeout_s, f"{what} (the room check)")
     bad = [(r, int(n), int(f)) for r, (n, f) in enumerate(rows) if n > 0]
     if bad:
         rank, n, f = bad[0]

@@ -242,6 +242,26 @@ def test_a_killed_rank_is_named_with_its_role_host_signal_and_log(tmp_path) -> N
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow  # ~15 s each: `make launch-slow` (.ci/run), not `make test`
+@pytest.mark.parametrize(("how", "rank", "says"), [
+    ("exit0", "1", ("world rank 1 (buffer) ", "exited with status 0 while the job ran")),
+    ("exit1", "0", ("world rank 0 (learner) ", "exited with status 1 while the job ran")),
+])
+def test_a_rank_that_calls_os_exit_is_named_with_its_role(tmp_path, how, rank,
+                                                          says) -> None:
+    # a rank of a running data plane leaves by os._exit (no traceback, no error line):
+    # the job ends (mpirun sees it leave without finalizing), and the one message once
+    # said only "job exited with status 1; logs in ..."
+    out = cli("run", "tests/launch/jobs/fail_one_rank.toml", "-n", "4", "--runs", str(tmp_path),
+              "--timeout", "100", "--set", "fail.phase=start", "--set", f"fail.how={how}",
+              "--set", f"fail.rank={rank}", timeout=150)
+    assert out.returncode not in (0, 124), out.stderr
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
+    assert len(errors) == 1, out.stderr
+    assert all(part in errors[0] for part in says), errors[0]
+    assert "without reporting an error (os._exit" in errors[0] and f"rank.{rank}" in errors[0]
+
+
 def test_srun_outside_an_allocation_is_refused(tmp_path) -> None:
     import os
 
@@ -320,3 +340,30 @@ def test_a_hung_rank_ends_the_others_within_run_timeout(
     assert "CollectiveFailed" in errors[0] and step in errors[0], errors[0]
     if phase != "construct":  # the arrival board exists (the control block): named
         assert "world ranks 2 had not arrived" in errors[0], errors[0]
+
+
+@pytest.mark.slow  # ~12 s each: `make launch-slow` (.ci/run), not `make test`
+@pytest.mark.parametrize(("where", "step"), [
+    ("roles", "constructor (the role split)"),
+    ("communicators", "constructor (the role communicators)"),
+    ("placement", "constructor (the placement)"),
+    ("memory", "constructor (the memory)"),
+    ("memory_check", "constructor (the memory check)"),
+    ("window", "constructor (the shard window)"),
+    ("room", "constructor (the shard window) (the room check)"),
+    ("channel", "constructor (the channel)"),
+])
+def test_a_rank_stopped_before_a_constructor_step_ends_the_others(
+        tmp_path, where: str, step: str) -> None:
+    # world rank 2 (an actor) stops (SIGSTOP) just before one of the constructor's
+    # collective steps (or inside its file-system calls); the others once waited in a
+    # plain Dup, Split, Allgather or window allocation until the launcher's budget (rc
+    # 124). Now each step is entered through a bounded Ibarrier (or is a bounded
+    # Iallgather): the survivors end within run.timeout_s (5 s), naming the step.
+    out = cli("run", "tests/launch/jobs/hang_in_save.toml", "--runs", str(tmp_path),
+              "--timeout", "100", "--set", "hang.phase=construct",
+              "--set", f"hang.step={where}")
+    assert out.returncode not in (0, 124), out.stderr
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
+    assert len(errors) == 1, out.stderr
+    assert "CollectiveFailed" in errors[0] and step in errors[0], errors[0]

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conduit_hpc.tools.diagnose import first_error
+import pytest
+
+from conduit_hpc.config import Config
+from conduit_hpc.tools.diagnose import first_error, rank_death
 
 
 def write_logs(run: Path, logs: dict[int, str]) -> None:
@@ -86,3 +89,46 @@ def test_a_failed_job_on_a_full_file_system_is_told_so(tmp_path) -> None:
         note = disk_full_note(run_dir)
         assert note.startswith("\nconduit-hpc: error: note: the file system of ")
         assert f"{run_dir} has 0 bytes free: the job may have failed on the full disk" in note
+
+
+# what prterun (Open MPI 5) wrote to launcher.log when a rank called os._exit(0) /
+# os._exit(1) mid-run (captured from tests/launch/jobs/fail_one_rank.py, fail.how)
+_PRTE_EXIT0 = """--------------------------------------------------------------------------
+prterun has exited due to process rank 1 with PID 16669 on node vm exiting
+improperly. There are three reasons this could occur:
+
+1. this process did not call "init" before exiting, but others in the
+job did.
+--------------------------------------------------------------------------
+"""
+_PRTE_EXIT1 = """--------------------------------------------------------------------------
+prterun detected that one or more processes exited with non-zero status,
+thus causing the job to be terminated. The first process to do so was:
+
+   Process name: [prterun-vm-17854@1,2]
+   Exit code:    1
+--------------------------------------------------------------------------
+"""
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    (_PRTE_EXIT0, "world rank 1 (buffer) on host vm exited with status 0 while the job ran"),
+    (_PRTE_EXIT1, "world rank 2 (actor) exited with status 1 while the job ran"),
+    ("srun: error: vm: task 0: Exited with exit code 7\n",
+     "world rank 0 (learner) on host vm exited with status 7 while the job ran"),
+])
+def test_a_rank_that_exited_without_a_report_is_named_with_its_role(
+        tmp_path: Path, text: str, says: str) -> None:
+    """Before: a rank that left by os._exit (no traceback, no error line) made `conduit-hpc
+    run` say only "job exited with status 1; logs in ...": which rank, of which role, and
+    that it exited rather than failed, was in the launcher's log alone."""
+    write_logs(tmp_path, {0: "", 1: "", 2: "", 3: ""})
+    (tmp_path / "logs" / "launcher.log").write_text(text)
+    cfg = Config.from_dict({"layout": {"learners": 1, "buffers": 1, "actors": 2},
+                            "spec": {"x": {"dtype": "float32"}}})
+    assert first_error(tmp_path) is None
+    msg = str(rank_death(tmp_path, cfg))
+    assert msg.startswith(f"conduit-hpc: error: {says}"), msg
+    assert "without reporting an error (os._exit" in msg
+    rank = says.split()[2]
+    assert str(tmp_path / "logs" / f"rank.{rank}") in msg

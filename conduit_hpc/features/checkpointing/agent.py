@@ -356,8 +356,11 @@ class CheckpointAgent(BufferExtension):
         codecs = compression_for(self.edp)
 
         def write() -> None:
-            result.update(write_buffer_part(path, snaps, cut_s, me, extra, described,
-                                            codecs))
+            try:
+                result.update(write_buffer_part(path, snaps, cut_s, me, extra, described,
+                                                codecs))
+            except Exception as err:  # whatever failed, the leader drops this checkpoint
+                result.update({"error": f"{type(err).__name__}: {err}", "counters": {}})
 
         self._writer = threading.Thread(target=write, name=f"ckpt-write-{seq}", daemon=True)
         self._writer.start()
@@ -392,7 +395,7 @@ class CheckpointAgent(BufferExtension):
             self._writer = None
             part = {"seq": self._writing_seq, "world_rank": self.edp.world_rank,
                     "role": "buffer", "rng": None, **self._writer_result}
-            if "checkpoint_write_s" in part["counters"]:
+            if "checkpoint_write_s" in part.get("counters", {}):
                 self.writes_s.append(float(part["counters"]["checkpoint_write_s"]))
             if self.is_leader:
                 self._add_part(part)

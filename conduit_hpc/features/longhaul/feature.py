@@ -135,7 +135,8 @@ class LongHaul(Feature):
         """This rank's channel: messages to the other side cross the link.
         **Collective** on ``comm`` (a duplicate)."""
         self.link = LinkedChannel(comm, far=self.topology.far_of(self.me),
-                                     params=self.params, poll_interval_s=poll_interval_s)
+                                     params=self.params, poll_interval_s=poll_interval_s,
+                                     timeout_s=self.config.run.timeout_s)
         return self.link
 
     def attach(self, edp: FeatureHost) -> None:
@@ -147,7 +148,9 @@ class LongHaul(Feature):
         self._board = RmaWindow(roles.world,
                                 8 * BOARD_FIELDS * roles.world_size if me == topo.learner else 0,
                                 node_comm=roles.node,
-                                shared=self.config.transport.shared_memory == "auto")
+                                shared=self.config.transport.shared_memory == "auto",
+                                timeout_s=self.config.run.timeout_s,
+                                what="the data plane's constructor (the long-haul board)")
         t0 = time.monotonic()
         timeout = self.config.run.timeout_s
         server = edp.server

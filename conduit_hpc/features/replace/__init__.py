@@ -217,7 +217,9 @@ class Replacement(Feature):
         nb = PlacementBoard.nbytes(len(roles.actor_ranks), n_shards)
         self._window = RmaWindow(roles.world, nb if me == self.coordinator_rank else 0,
                                  node_comm=roles.node,
-                                 shared=cfg.transport.shared_memory == "auto")
+                                 shared=cfg.transport.shared_memory == "auto",
+                                 timeout_s=cfg.run.timeout_s,
+                                 what="the data plane's constructor (the placement board)")
         self.board = PlacementBoard(self._window, self.coordinator_rank, roles.actor_ranks,
                                     n_shards, cfg.run.timeout_s)
         if roles.role is Role.BUFFER:
