@@ -206,9 +206,9 @@ class ExperienceDataPlane:
         # them (they raise RemoteFailure, also if this one is caught outside the block)
         if exc_type is None:
             return self.close()
-        self.control.left_on_error(self.world_rank, exc, self._done_sent)
         if self.learner is not None and isinstance(self.learner.mode, ProcessMode):
-            self.learner.mode.fail(f"{exc_type.__name__}: {exc}")  # its rank stops too
+            self.learner.mode.fail(f"{exc_type.__name__}: {exc}")  # first: its rank names it
+        self.control.left_on_error(self.world_rank, exc, self._done_sent)
 
     # -- introspection -------------------------------------------------------------
     @property

@@ -231,7 +231,11 @@ def test_a_failed_delivery_rank_ends_its_learner_with_its_error(learner_ends: st
 
 
 @pytest.mark.mpi(min_size=4)
-def test_a_failed_learner_ends_its_delivery_rank() -> None:
+@pytest.mark.parametrize("updates", [0, 60])
+def test_a_failed_learner_ends_its_delivery_rank(updates: int) -> None:
+    """``updates``: update-queue entries the learner queues just before it fails, so
+    that its failure and its stop may both come while the delivery rank forwards them
+    (it then read the stop as a clean one, and its serve() returned: 4 runs in 15)."""
     _only_up_to_4_ranks()
     cfg = config(run={"timeout_s": 30.0})
     got = None
@@ -241,7 +245,9 @@ def test_a_failed_learner_ends_its_delivery_rank() -> None:
                 got = _ingest_until_stopped(edp)
             elif edp.role is Role.LEARNER:
                 for _ in range(3):
-                    edp.next_batch()
+                    b = edp.next_batch()
+                for _ in range(updates):  # 256 rows each: one queue entry
+                    edp.update_priorities(np.repeat(b.indices, 8, axis=0), np.ones(256))
                 # what leaving the data plane's with-block on an exception does
                 edp.__exit__(RuntimeError, RuntimeError("loss is NaN"), None)
             elif edp.roles.role is Role.DELIVERY:
