@@ -247,6 +247,14 @@ class DeliveryServer:
         finally:
             self.finished = True
 
+    def fail(self, why: str) -> None:
+        """This rank left its data plane on an exception outside :meth:`serve` (e.g. the
+        job's code before it): tell the learner, which raises it at its next call (it
+        waited out ``run.timeout_s`` for a batch and raised DataPlaneTimeout). Not
+        after the learner stopped, nor over an error already written."""
+        if not self.ring.word(W_FAILED) and not self.ring.word(W_STOPPED):
+            self.ring.set_message(W_FAILED, why)
+
     def _learner_ends(self) -> bool:
         """After a failure while preparing batches (e.g. the transform raised), reported
         to the learner: wait (bounded by ``run.timeout_s``) for its decision. True when

@@ -208,6 +208,8 @@ class ExperienceDataPlane:
             return self.close()
         if self.learner is not None and isinstance(self.learner.mode, ProcessMode):
             self.learner.mode.fail(f"{exc_type.__name__}: {exc}")  # first: its rank names it
+        if self.delivery is not None:  # its learner raises it (not a timeout)
+            self.delivery.fail(f"{exc_type.__name__}: {exc}")
         self.control.left_on_error(self.world_rank, exc, self._done_sent)
 
     # -- introspection -------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
-from conduit_hpc.errors import ConfigError, RemoteFailure, WorldTooSmall
+from conduit_hpc.errors import ConduitError, ConfigError, RemoteFailure, WorldTooSmall
 from conduit_hpc.plane.delivery_rank import ProcessMode
 from conduit_hpc.testing import ZeroedRows, checked_batch, make_config, row_consistent
 
@@ -266,6 +266,39 @@ def test_a_failed_learner_ends_its_delivery_rank(updates: int) -> None:
     results = COMM.allgather(got)
     assert "the learner (world rank 0) failed: RuntimeError: loss is NaN" in results[1]
     assert all(r is None or "world rank 0 left the data plane" in r for r in results[2:])
+
+
+@pytest.mark.mpi(min_size=4)
+def test_a_delivery_rank_failing_outside_serve_names_itself_to_its_learner() -> None:
+    """The delivery rank raises in the job's code before serve(), caught outside the
+    with-block: its learner raises RemoteFailure with that error at once (it waited out
+    run.timeout_s for batch 0 and raised DataPlaneTimeout)."""
+    _only_up_to_4_ranks()
+    got = None
+    try:
+        with ExperienceDataPlane(config(run={"timeout_s": 30.0})) as edp:
+            if edp.role is Role.DELIVERY:
+                raise _Leave("the job's setup broke")
+            if edp.role is Role.ACTOR:
+                got = _ingest_until_stopped(edp)
+            elif edp.role is Role.LEARNER:
+                try:
+                    edp.next_batch()
+                except ConduitError as err:
+                    got = f"{type(err).__name__}: {err}"
+            else:
+                try:
+                    edp.serve()
+                except RemoteFailure as err:
+                    got = str(err)
+            edp.done()
+            raise _Leave
+    except _Leave:
+        pass
+    results = COMM.allgather(got)
+    assert results[0] == ("RemoteFailure: the delivery rank (world rank 1) of this learner "
+                          "failed: _Leave: the job's setup broke"), results[0]
+    assert all(r is None or "world rank 1 left the data plane" in r for r in results[2:])
 
 
 @pytest.mark.mpi(min_size=4)
