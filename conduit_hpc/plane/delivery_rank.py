@@ -227,6 +227,7 @@ class DeliveryServer:
         self.finished = False
         self.started = False  # the learner's sampler state was taken (batches may start)
         self.silent = False  # its learner stopped asking (its own timeout, not a failure)
+        self.learner_failed = False  # it raised its learner's failure
         self.updates = 0  # update messages forwarded
 
     def serve(self) -> None:
@@ -236,6 +237,8 @@ class DeliveryServer:
         try:
             self._loop()
         except BaseException as err:
+            if isinstance(err, RemoteFailure) and not self.learner_failed:  # e.g. the
+                self._raise_if_learner_failed(err)  # control block's: its learner's error
             self.ring.set_message(W_FAILED, f"{type(err).__name__}: {err}")
             # a wait while preparing (the rate limiter's, with every priority 0) is a
             # failure like the transform's: the learner may take it and end
@@ -247,10 +250,11 @@ class DeliveryServer:
             self.finished = True
 
     def fail(self, why: str) -> None:
-        """This rank left on an error outside :meth:`serve` (the job's own, in its
-        ``with`` block): tell the learner, which raises at once (it waited out
-        ``run.timeout_s`` for a batch before). The first failure told stays."""
-        if not self.ring.word(W_FAILED):
+        """This rank left its data plane on an exception outside :meth:`serve` (e.g. the
+        job's code before it): tell the learner, which raises it at its next call (it
+        waited out ``run.timeout_s`` for a batch and raised DataPlaneTimeout). Not
+        after the learner stopped, nor over an error already written."""
+        if not self.ring.word(W_FAILED) and not self.ring.word(W_STOPPED):
             self.ring.set_message(W_FAILED, why)
 
     def _learner_ends(self) -> bool:
@@ -290,9 +294,7 @@ class DeliveryServer:
         while True:
             d.channel.progress()
             d.mpi_progress()  # across nodes its node's atomics may wait for this rank
-            if ring.word(W_LEARNER_FAILED):
-                raise RemoteFailure(f"the learner (world rank {self.learner}) failed: "
-                                    f"{ring.message(W_LEARNER_FAILED)}")
+            self._raise_if_learner_failed()
             if not self.started and (state := ring.state(W_STARTED)) is not None:
                 # the sampler continues where the learner's was put (a restore)
                 d.sampler.load_state_dict(json.loads(state))
@@ -303,6 +305,10 @@ class DeliveryServer:
                 self.prefetch.request()
                 quiet = time.monotonic()
             if ring.word(W_STOP):
+                # a learner that failed says so before it stops, but both words may have
+                # come since the check above (the delivery rank then ended cleanly, exit
+                # code 0, for a failed learner: 4 runs in 15 at 4 ranks, load 11)
+                self._raise_if_learner_failed()
                 self._stop()
                 return
             did = self.started and self.prefetch.step()
@@ -317,6 +323,12 @@ class DeliveryServer:
                     f"rank {self.learner}) to ask for batch {clock.requested} (a learner's "
                     f"time between next_batch calls must stay under run.timeout_s)")
             backoff.pause()
+
+    def _raise_if_learner_failed(self, cause: BaseException | None = None) -> None:
+        if self.ring.word(W_LEARNER_FAILED):
+            self.learner_failed = True
+            raise RemoteFailure(f"the learner (world rank {self.learner}) failed: "
+                                f"{self.ring.message(W_LEARNER_FAILED)}") from cause
 
     def _publish(self, batch: Batch, t: int) -> None:
         self.ring.publish(t, batch.superstep, batch.staleness, batch.timings)

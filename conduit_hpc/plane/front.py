@@ -52,7 +52,7 @@ from conduit_hpc.plane.memory import ShardMemory
 from conduit_hpc.plane.modes import MODES, EdpMode
 from conduit_hpc.plane.planning import decide_placement, write_plan
 from conduit_hpc.plane.roles import Role, RoleComms, check_arguments, check_same_config, split_roles
-from conduit_hpc.plane.staging import Batch, Stager, agreed_device
+from conduit_hpc.plane.staging import Batch, Stager, agreed_device, import_torch
 from conduit_hpc.plane.summary import merge_summaries, rank_summary
 from conduit_hpc.plane.weights import WeightsBoard, check_share, open_board
 from conduit_hpc.protocol import Tag
@@ -106,6 +106,7 @@ class ExperienceDataPlane:
                               "better (a data-plane thread makes the learner's MPI calls); "
                               f"MPI granted level {MPI.Query_thread()}",
                               key="scheduler.mode")
+        import_torch(config.layout.learners)  # every rank at once: see its docstring
         check_same_config(comm, config)
         self.roles: RoleComms = split_roles(comm, config.layout, sch.delivery, config.run.timeout_s)
         roles = self.roles
@@ -207,10 +208,11 @@ class ExperienceDataPlane:
         # them (they raise RemoteFailure, also if this one is caught outside the block)
         if exc_type is None:
             return self.close()
+        if self.learner is not None and isinstance(self.learner.mode, ProcessMode):
+            self.learner.mode.fail(f"{exc_type.__name__}: {exc}")  # first: its rank names it
+        if self.delivery is not None:  # its learner raises it (not a timeout)
+            self.delivery.fail(f"{exc_type.__name__}: {exc}")
         self.control.left_on_error(self.world_rank, exc, self._done_sent)
-        end = self.learner.mode if self.learner is not None else self.delivery
-        if isinstance(end, ProcessMode | DeliveryServer):  # its peer in the pair stops too
-            end.fail(f"{exc_type.__name__}: {exc}")
 
     # -- introspection -------------------------------------------------------------
     @property

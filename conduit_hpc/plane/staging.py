@@ -25,7 +25,23 @@ if TYPE_CHECKING:  # torch loads only on ranks that use it (learners)
     from conduit_hpc.plane.roles import RoleComms
     from conduit_hpc.spec import Spec
 
-__all__ = ["Batch", "BatchSink", "Recycler", "Stager", "agreed_device", "select_device"]
+__all__ = ["Batch", "BatchSink", "Recycler", "Stager", "agreed_device", "import_torch",
+           "select_device"]
+
+
+def import_torch(layout_learners: int) -> None:
+    """Import torch on this rank if the job has learners: every rank of the data plane's
+    constructor calls it before the constructor's first bounded wait. Local.
+
+    A learner's device choice (:func:`agreed_device`) imports torch; done there alone,
+    its first import (1-3 s on an idle node, 30-40 s at load 20 on 2 cores) ran while
+    every other rank waited for the learner, bounded by ``run.timeout_s``, and past it
+    they raised :class:`~conduit_hpc.errors.CollectiveFailed` ("a rank failed, left
+    without an error, or did not arrive") about a learner that was only importing. Done
+    here on every rank at once, the import costs no rank a wait (and ~190 MB of memory
+    on ranks that do not use torch: buffers, delivery ranks)."""
+    if layout_learners > 0:
+        import torch  # noqa: F401
 
 
 def select_device(kind: str, local_learner_index: int) -> torch.device:

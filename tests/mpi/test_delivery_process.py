@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
-from conduit_hpc.errors import ConfigError, RemoteFailure, WorldTooSmall
+from conduit_hpc.errors import ConduitError, ConfigError, RemoteFailure, WorldTooSmall
 from conduit_hpc.plane.delivery_rank import ProcessMode
 from conduit_hpc.testing import ZeroedRows, checked_batch, make_config, row_consistent
 
@@ -231,7 +231,11 @@ def test_a_failed_delivery_rank_ends_its_learner_with_its_error(learner_ends: st
 
 
 @pytest.mark.mpi(min_size=4)
-def test_a_failed_learner_ends_its_delivery_rank() -> None:
+@pytest.mark.parametrize("updates", [0, 60])
+def test_a_failed_learner_ends_its_delivery_rank(updates: int) -> None:
+    """``updates``: update-queue entries the learner queues just before it fails, so
+    that its failure and its stop may both come while the delivery rank forwards them
+    (it then read the stop as a clean one, and its serve() returned: 4 runs in 15)."""
     _only_up_to_4_ranks()
     cfg = config(run={"timeout_s": 30.0})
     got = None
@@ -241,7 +245,9 @@ def test_a_failed_learner_ends_its_delivery_rank() -> None:
                 got = _ingest_until_stopped(edp)
             elif edp.role is Role.LEARNER:
                 for _ in range(3):
-                    edp.next_batch()
+                    b = edp.next_batch()
+                for _ in range(updates):  # 256 rows each: one queue entry
+                    edp.update_priorities(np.repeat(b.indices, 8, axis=0), np.ones(256))
                 # what leaving the data plane's with-block on an exception does
                 edp.__exit__(RuntimeError, RuntimeError("loss is NaN"), None)
             elif edp.roles.role is Role.DELIVERY:
@@ -260,6 +266,39 @@ def test_a_failed_learner_ends_its_delivery_rank() -> None:
     results = COMM.allgather(got)
     assert "the learner (world rank 0) failed: RuntimeError: loss is NaN" in results[1]
     assert all(r is None or "world rank 0 left the data plane" in r for r in results[2:])
+
+
+@pytest.mark.mpi(min_size=4)
+def test_a_delivery_rank_failing_outside_serve_names_itself_to_its_learner() -> None:
+    """The delivery rank raises in the job's code before serve(), caught outside the
+    with-block: its learner raises RemoteFailure with that error at once (it waited out
+    run.timeout_s for batch 0 and raised DataPlaneTimeout)."""
+    _only_up_to_4_ranks()
+    got = None
+    try:
+        with ExperienceDataPlane(config(run={"timeout_s": 30.0})) as edp:
+            if edp.role is Role.DELIVERY:
+                raise _Leave("the job's setup broke")
+            if edp.role is Role.ACTOR:
+                got = _ingest_until_stopped(edp)
+            elif edp.role is Role.LEARNER:
+                try:
+                    edp.next_batch()
+                except ConduitError as err:
+                    got = f"{type(err).__name__}: {err}"
+            else:
+                try:
+                    edp.serve()
+                except RemoteFailure as err:
+                    got = str(err)
+            edp.done()
+            raise _Leave
+    except _Leave:
+        pass
+    results = COMM.allgather(got)
+    assert results[0] == ("RemoteFailure: the delivery rank (world rank 1) of this learner "
+                          "failed: _Leave: the job's setup broke"), results[0]
+    assert all(r is None or "world rank 1 left the data plane" in r for r in results[2:])
 
 
 @pytest.mark.mpi(min_size=4)
