@@ -43,8 +43,8 @@ launch: $(STAMP)
 	    -m 'not slow' tests/launch
 
 # not part of `test` (kept under 15 min on a 2-core machine): the launch tests marked
-# `slow` (a rank stopped until run.timeout_s ends the others, a job killed mid-write);
-# `.ci/run` runs them after `test`
+# `slow` (ranks stopped or killed until run.timeout_s ends the others, a job killed
+# mid-write, the longest training runs); `.ci/run` runs them after `test`
 launch-slow: $(STAMP)
 	$(MPIENV) && timeout $(LAUNCH_TIMEOUT) $(BIN)/python -m pytest -q -rs --durations=12 \
 	    -m slow tests/launch

@@ -45,6 +45,7 @@ def run_cmd(runs: Path, *sets: str) -> list[str]:
     return cmd
 
 
+@pytest.mark.slow  # ~25 s: `make launch-slow` (.ci/run), not `make test`
 @pytest.mark.timeout(420)  # inner timeouts: 200 + 120 + 80 s
 def test_smoke_run_steps_frames_ingests_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
     need_extra("atari", "ale_py", "cv2")

@@ -86,6 +86,7 @@ def test_resume_continues_training_from_the_checkpointed_model(tmp_path: Path) -
     assert after["env_steps"] > before["env_steps"] / 2 > 0
 
 
+@pytest.mark.slow  # ~22 s: `make launch-slow` (.ci/run), not `make test`
 @pytest.mark.timeout(300)
 def test_two_learners_train_data_parallel_with_identical_parameters(tmp_path: Path) -> None:
     """``layout.learners = 2``: gradients all-reduced (gloo) every superstep. Both learners
@@ -122,6 +123,7 @@ def test_two_learners_train_data_parallel_with_identical_parameters(tmp_path: Pa
     assert summary["final_mean_return"] > 2.5 * RANDOM_MEAN_RETURN, summary
 
 
+@pytest.mark.slow  # ~37 s: `make launch-slow` (.ci/run), not `make test`
 @pytest.mark.timeout(300)
 def test_the_learner_gpu_tier_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
     """``planner = "static"`` on ``jobs/cluster-local-gpu.toml``: part of the replay in a

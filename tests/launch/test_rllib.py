@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from extras import need_extra
 
 from conduit_hpc.testing import REPO
@@ -31,6 +32,7 @@ def run_job(tmp_path: Path, *args: str, timeout_s: float = 240.0):
                           check=False)
 
 
+@pytest.mark.slow  # ~28 s: `make launch-slow` (.ci/run), not `make test`
 def test_rllib_dqn_learns_with_its_replay_on_the_data_plane_in_edp_mode(tmp_path) -> None:
     out = run_job(tmp_path, "--mode", "edp", *SHORT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

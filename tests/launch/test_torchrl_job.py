@@ -28,6 +28,7 @@ def _extra() -> None:
 
 # ~30 s on an idle 2-core machine; the timeouts only guard against a hang (a machine
 # shared with other jobs can take several times as long to start four torch ranks)
+@pytest.mark.slow  # ~24 s: `make launch-slow` (.ci/run), not `make test`
 @pytest.mark.timeout(600)
 def test_short_torchrl_dqn_run_on_the_data_plane_learns(tmp_path: Path) -> None:
     budget = 4000
