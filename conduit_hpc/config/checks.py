@@ -116,7 +116,12 @@ def require_types(section: object) -> None:
         elif tp is float:
             require(isinstance(v, int | float | np.integer | np.floating)
                     and not isinstance(v, bool | np.bool_), f.name, v, "a number")
-            object.__setattr__(section, f.name, float(v))
+            try:
+                x = float(v)
+            except OverflowError:  # an int past float64 (10**400)
+                x = None
+            require(x is not None, f.name, v, "a number within float64's range")
+            object.__setattr__(section, f.name, x)
         elif tp in (str, bool):
             require(isinstance(v, tp), f.name, v, f"a {tp.__name__}")
         elif typing.get_origin(tp) is typing.Literal:

@@ -58,6 +58,7 @@ def test_short_dqn_run_learns_in_every_mode(mode: str, tmp_path: Path) -> None:
     assert {r["mode"] for r in learner} == {mode}
 
 
+@pytest.mark.slow  # ~25 s: `make launch-slow` (.ci/run), not `make test`
 @pytest.mark.timeout(240)
 def test_resume_continues_training_from_the_checkpointed_model(tmp_path: Path) -> None:
     common = [sys.executable, "-m", "conduit_hpc.tools.cli", "run", str(JOB), "--runs",

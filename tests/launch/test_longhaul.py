@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conduit_hpc.testing import REPO
 
 
@@ -26,6 +28,7 @@ def test_a_layout_that_does_not_fit_is_one_clear_message(tmp_path: Path) -> None
     assert "layout.buffers must be 2 with longhaul.mode = 'edge_replay'" in errors[0]
 
 
+@pytest.mark.slow  # ~16 s: `make launch-slow` (.ci/run), not `make test`
 def test_dqn_workload_runs_in_edge_replay(tmp_path: Path) -> None:
     out = cli("run", "jobs/longhaul_dqn.toml", "--runs", str(tmp_path),
               "--set", "job.supersteps=40", "--set", "scheduler.min_fill_rows=256",

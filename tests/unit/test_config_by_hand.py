@@ -46,7 +46,8 @@ def test_each_field_of_a_section_built_by_hand_refuses_the_wrong_type(cls: Any) 
     AttributeError: every int, float, str, bool and Literal field is now held to the
     TOML loader's types (a ConfigError naming the field and the value)."""
     hints = typing.get_type_hints(cls)
-    bad = {int: [1.5, True, "1"], float: ["1", True, None], str: [3, None], bool: [1, "yes"]}
+    bad = {int: [1.5, True, "1"], float: ["1", True, None, 10**400], str: [3, None],
+           bool: [1, "yes"]}  # 10**400: float() overflowed (a raw OverflowError)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         wrong = bad.get(tp, [3, None] if typing.get_origin(tp) is typing.Literal else [])
