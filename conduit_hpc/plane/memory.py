@@ -29,6 +29,7 @@ from conduit_hpc.spec import Spec
 from conduit_hpc.storage import tree_kernels
 from conduit_hpc.storage.priority import PriorityIndex, index_buffers
 from conduit_hpc.storage.ring import ShardLayout, ShardRing
+from conduit_hpc.storage.snapshot import SnapshotStaging
 from conduit_hpc.transport.objects import bounded_allgather, bounded_barrier, register_board
 from conduit_hpc.transport.rma import PAGE, RmaWindow, free_bytes, shared_memory_dir
 
@@ -73,7 +74,7 @@ class ShardMemory:
             used[s.owner_rank] = bases[s.shard_id] + lay.nbytes
         staged = {s.owner_rank: 0 for s in placement.shards}
         for s, lay in zip(placement.shards, layouts, strict=True):
-            staged[s.owner_rank] += snapshot_staging_bytes(lay.stored.row_bytes,
+            staged[s.owner_rank] += SnapshotStaging.bytes_for(lay.stored.row_bytes,
                                                            s.capacity_rows)
         _check_memory(config, spec, roles, used,
                       staged.get(me, 0) if checkpoints_on(config) else 0)
@@ -170,13 +171,6 @@ def checkpoints_on(config: Config) -> bool:
     (:class:`~conduit_hpc.storage.snapshot.SnapshotStaging`) beside them."""
     c = config.checkpoint
     return c.on_stop or c.every_seconds > 0 or c.every_supersteps > 0
-
-
-def snapshot_staging_bytes(row_bytes: int, capacity: int) -> int:
-    """Bytes of the staging copy a checkpoint cut of one shard is copied into: its
-    stored columns and five int64/float64 arrays and one of bools per row
-    (:class:`~conduit_hpc.storage.snapshot.SnapshotStaging`)."""
-    return int(capacity) * (int(row_bytes) + 5 * 8 + 1)
 
 
 def _check_memory(config: Config, spec: Spec, roles: RoleComms,

@@ -173,6 +173,13 @@ class SnapshotStaging:
         return int(self.seqs.nbytes + self.priority.nbytes + self.init_priority.nbytes
                    + sum(c.nbytes for c in self.columns.values()))
 
+    @staticmethod
+    def bytes_for(row_bytes: int, capacity: int) -> int:
+        """Bytes a staging of ``capacity`` rows of ``row_bytes`` stored bytes allocates:
+        its columns, five int64/float64 arrays and one of bools per row (what a job's
+        memory check counts before any is made)."""
+        return int(capacity) * (int(row_bytes) + 5 * 8 + 1)
+
 
 def take_snapshot(shard_id: int, ring: ShardRing, index: PriorityIndex,
                   staging: SnapshotStaging | None = None) -> ShardSnapshot:

@@ -3,9 +3,11 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from mpi4py import MPI
 
@@ -58,3 +60,32 @@ def gave_up(every: list[str], rank: int, call: str) -> bool:
         first = int(seen.split("world rank ")[1].split()[0])
         seen = every[first]
     return seen.startswith("CollectiveFailed") and call in seen
+
+
+#: the two-field spec of the failure tests (test_leave_on_error, test_api_misuse)
+SMALL_SPEC = {"obs": {"dtype": "float32", "shape": [4]}, "reward": {"dtype": "float32"}}
+
+
+def small_rows(n: int = 8) -> dict[str, np.ndarray]:
+    """``n`` rows of :data:`SMALL_SPEC`."""
+    return {"obs": np.zeros((n, 4), np.float32), "reward": np.ones(n, np.float32)}
+
+
+def verdict(ok: bool) -> bool:
+    """Every rank's verdict (plain MPI: the plane's communicators are not used)."""
+    return bool(MPI.COMM_WORLD.allreduce(int(ok), op=MPI.MIN))
+
+
+def play(edp: Any, learner: Callable[[Any], object]) -> None:
+    """Each rank's part up to ``done()``: actors ingest :func:`small_rows` until the run
+    stops, buffers serve, the learner runs ``learner(edp)``."""
+    from conduit_hpc import Role
+
+    if edp.role is Role.ACTOR:
+        while not edp.should_stop:
+            edp.ingest(small_rows())
+    elif edp.serves:
+        edp.serve()
+    else:
+        learner(edp)
+    edp.done()

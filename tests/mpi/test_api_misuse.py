@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import SMALL_SPEC as SPEC
+from conftest import play, verdict
+from conftest import small_rows as rows
 from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
@@ -17,7 +20,6 @@ from conduit_hpc.errors import CollectiveFailed, RemoteFailure, UsedAfterClose
 from conduit_hpc.testing import make_config
 
 COMM = MPI.COMM_WORLD
-SPEC = {"obs": {"dtype": "float32", "shape": [4]}, "reward": {"dtype": "float32"}}
 
 
 def config(timeout_s: float = 6.0, delivery: str = "process"):
@@ -26,14 +28,6 @@ def config(timeout_s: float = 6.0, delivery: str = "process"):
                        storage={"capacity_rows": 64}, checkpoint={"on_stop": False},
                        scheduler={"batch_rows": 8, "min_fill_rows": 16, "mode": "edp",
                                   "delivery": delivery})
-
-
-def rows(n: int = 8) -> dict[str, np.ndarray]:
-    return {"obs": np.zeros((n, 4), np.float32), "reward": np.ones(n, np.float32)}
-
-
-def verdict(ok: bool) -> bool:
-    return bool(COMM.allreduce(int(ok), op=MPI.MIN))
 
 
 class _OwnBug(Exception):
@@ -52,14 +46,7 @@ def test_a_delivery_rank_leaving_on_its_own_error_fails_its_learner_naming_it() 
         with ExperienceDataPlane(config()) as edp:
             if edp.role is Role.DELIVERY:
                 raise _OwnBug("own bug on the delivery rank")
-            if edp.role is Role.ACTOR:
-                while not edp.should_stop:
-                    edp.ingest(rows())
-            elif edp.serves:
-                edp.serve()
-            else:
-                edp.next_batch()
-            edp.done()
+            play(edp, ExperienceDataPlane.next_batch)
     except _OwnBug:
         seen = "left"
     except Exception as err:  # what each rank saw is checked below, on every rank
@@ -77,15 +64,7 @@ def test_serve_after_close_on_a_delivery_rank_is_refused_naming_the_rank() -> No
     UsedAfterClose): the plane's check came after the delivery rank's branch. And a
     with-block entered again after close() is refused."""
     with ExperienceDataPlane(config(10.0)) as edp:
-        if edp.role is Role.ACTOR:
-            while not edp.should_stop:
-                edp.ingest(rows())
-        elif edp.serves:
-            edp.serve()
-        else:
-            for _ in range(3):
-                edp.next_batch()
-        edp.done()
+        play(edp, lambda e: [e.next_batch() for _ in range(3)])
     got = "nothing"
     try:
         edp.serve()

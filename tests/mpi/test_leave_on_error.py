@@ -19,11 +19,13 @@ message asked the freed communicator for the rank).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SMALL_SPEC as SPEC
+from conftest import play, verdict
+from conftest import small_rows as rows
 from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
@@ -31,7 +33,6 @@ from conduit_hpc.errors import CollectiveFailed, DataPlaneClosed, DataPlaneTimeo
 from conduit_hpc.testing import make_config
 
 COMM = MPI.COMM_WORLD
-SPEC = {"obs": {"dtype": "float32", "shape": [4]}, "reward": {"dtype": "float32"}}
 TIMEOUT_S = 8.0
 
 
@@ -41,29 +42,6 @@ def config():
                        storage={"capacity_rows": 64},
                        scheduler={"batch_rows": 8, "min_fill_rows": 16},
                        checkpoint={"on_stop": False})
-
-
-def rows(n: int = 8) -> dict[str, np.ndarray]:
-    return {"obs": np.zeros((n, 4), np.float32), "reward": np.ones(n, np.float32)}
-
-
-def verdict(ok: bool) -> bool:
-    """Every rank's verdict (plain MPI: the plane's communicators are not used)."""
-    return bool(COMM.allreduce(int(ok), op=MPI.MIN))
-
-
-def play(edp: ExperienceDataPlane, learner: Callable[[ExperienceDataPlane], object]
-         ) -> None:
-    """Each rank's part up to ``done()``: actors ingest until the run stops, buffers
-    serve, the learner runs ``learner(edp)``."""
-    if edp.role is Role.ACTOR:
-        while not edp.should_stop:
-            edp.ingest(rows())
-    elif edp.serves:
-        edp.serve()
-    else:
-        learner(edp)
-    edp.done()
 
 
 def learner_until_stop(edp: ExperienceDataPlane) -> None:

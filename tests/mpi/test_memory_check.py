@@ -20,15 +20,9 @@ COMM = MPI.COMM_WORLD
 ROW = 1 << 20  # bytes of one row
 
 
-@pytest.mark.mpi(min_size=4)
-def test_emulated_nodes_of_one_machine_share_its_memory() -> None:
-    free = COMM.bcast(free_memory_bytes() if COMM.rank == 0 else None)
-    assert free is not None
-    capacity = 3 * free // 2 // ROW  # each of the two buffers' shards: 3/4 of it
-    cfg = make_config(spec={"x": {"dtype": "uint8", "shape": [ROW]}},
-                      layout={"learners": 0, "buffers": 1, "per_node": True,
-                              "emulate_nodes": 2},
-                      storage={"capacity_rows": capacity})
+def refusals(cfg) -> list[tuple[str, str] | None]:
+    """Every rank's (key, message) of the ConfigError building a plane of ``cfg``
+    raised (``None``: it built); each is asserted to name storage.capacity_rows."""
     error: ConfigError | None = None
     try:
         with ExperienceDataPlane(cfg) as edp:  # (never reached with the fix)
@@ -39,6 +33,19 @@ def test_emulated_nodes_of_one_machine_share_its_memory() -> None:
         error = err
     got = COMM.allgather(None if error is None else (error.key, str(error)))
     assert all(g is not None and g[0] == "storage.capacity_rows" for g in got), got
+    return got
+
+
+@pytest.mark.mpi(min_size=4)
+def test_emulated_nodes_of_one_machine_share_its_memory() -> None:
+    free = COMM.bcast(free_memory_bytes() if COMM.rank == 0 else None)
+    assert free is not None
+    capacity = 3 * free // 2 // ROW  # each of the two buffers' shards: 3/4 of it
+    cfg = make_config(spec={"x": {"dtype": "uint8", "shape": [ROW]}},
+                      layout={"learners": 0, "buffers": 1, "per_node": True,
+                              "emulate_nodes": 2},
+                      storage={"capacity_rows": capacity})
+    got = refusals(cfg)
     assert all("more than is free" in g[1] for g in got if g is not None), got
 
 
@@ -56,15 +63,6 @@ def test_checkpoint_staging_counts_toward_the_buffer_nodes_memory() -> None:
                       layout={"learners": 0, "buffers": 1},
                       storage={"capacity_rows": capacity},
                       checkpoint={"on_stop": True})
-    error: ConfigError | None = None
-    try:
-        with ExperienceDataPlane(cfg) as edp:  # (never reached with the fix)
-            edp.done()
-            if edp.serves:
-                edp.serve()
-    except ConfigError as err:
-        error = err
-    got = COMM.allgather(None if error is None else (error.key, str(error)))
-    assert all(g is not None and g[0] == "storage.capacity_rows" for g in got), got
+    got = refusals(cfg)
     assert all("checkpoints (checkpoint.on_stop, every_seconds or every_supersteps" in g[1]
                for g in got if g is not None), got
