@@ -95,6 +95,7 @@ class Deliverer:
                  progress: Callable[[], None] | None = None) -> None:
         self.spec, self.rings, self.owners = spec, dict(rings), dict(owners)
         self.shard_ids = np.array(sorted(self.rings), dtype=np.int64)
+        self._sids = [int(s) for s in self.shard_ids]  # the same, as ints (every batch)
         self.channel, self.control, self.limiter = channel, control, limiter
         self.cfg, self.n_actors = config, n_actors
         self.sampler, self.stager = sampler, stager
@@ -168,10 +169,10 @@ class Deliverer:
         out = []
         written = unsampled = 0
         t0 = time.perf_counter()
-        for sid in self.shard_ids:
-            ring = self.rings[int(sid)]
+        for sid in self._sids:
+            ring = self.rings[sid]
             head = ring.read_header()
-            out.append(self.sources[int(sid)].stats(head))
+            out.append(self.sources[sid].stats(head))
             written += min(int(head[H_COMMIT]), ring.capacity)
             unsampled += int(head[H_UNSAMPLED])
         self.sync_s += time.perf_counter() - t0

@@ -134,19 +134,21 @@ def importance_weights(p: np.ndarray, stats: list[ShardStats] | tuple[ShardStats
     if beta == 0:
         return np.ones(len(p), dtype=np.float32)
     pmin = min((s.min for s in stats if s.count), default=float("inf"))
+    if compiled:  # the steps below in one compiled loop
+        out = tree_kernels.is_weights(p, pmin, beta, _LEAST_WEIGHT)
+        if out is not None:
+            return out
     if len(p):
         drawn = float(p.min())
         if not drawn > 0:  # a row of mass 0 is never drawn: ignore one here
             pos = p[p > 0]
             drawn = float(pos.min()) if len(pos) else float("inf")
         pmin = min(pmin, drawn)
-    out = tree_kernels.is_weights(p, pmin, beta) if compiled else None
-    if out is None:
-        # (N p / total) ** -beta / (N pmin / total) ** -beta = (p / pmin) ** -beta, in
-        # logs: nothing underflows to 0 ** -beta (inf, or ZeroDivisionError) for a tiny
-        # priority or overflows for a large ratio
-        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-            out = np.exp(-beta * (np.log(p) - np.log(pmin))).astype(np.float32)
+    # (N p / total) ** -beta / (N pmin / total) ** -beta = (p / pmin) ** -beta, in
+    # logs: nothing underflows to 0 ** -beta (inf, or ZeroDivisionError) for a tiny
+    # priority or overflows for a large ratio
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        out = np.exp(-beta * (np.log(p) - np.log(pmin))).astype(np.float32)
     # a ratio past float32's range (priorities 1e30 and 1e-20 may both be held) made a
     # weight 0, outside (0, 1] (a loss that divides by it, or takes its log, got inf):
     # the smallest normal float32 instead

@@ -373,12 +373,22 @@ def rows_intact(gens: np.ndarray, cursor: np.ndarray, capacity: int) -> bool:
 
 
 @numba.njit(cache=True, nogil=True)
-def is_weights(mass: np.ndarray, pmin: float, beta: float, out: np.ndarray) -> None:
-    # sampling.stratified.importance_weights' float steps, element by element:
-    # exp(-beta * (log(p) - log(pmin))), then float32
+def is_weights(mass: np.ndarray, pmin: float, beta: float, least: np.float32,
+               out: np.ndarray) -> None:
+    # sampling.stratified.importance_weights' steps, element by element: the smallest
+    # positive mass drawn lowers ``pmin`` (the shards' minimum); then
+    # exp(-beta * (log(p) - log(pmin))) as float32, raised to ``least`` (a NaN stays)
+    drawn = np.inf
+    for i in range(mass.shape[0]):
+        v = mass[i]
+        if v > 0 and v < drawn:
+            drawn = v
+    if drawn < pmin:
+        pmin = drawn
     lm = np.log(pmin)
     for i in range(mass.shape[0]):
-        out[i] = np.exp(-beta * (np.log(mass[i]) - lm))
+        w = np.float32(np.exp(-beta * (np.log(mass[i]) - lm)))
+        out[i] = least if w < least else w
 
 
 @numba.njit(cache=True, nogil=True)

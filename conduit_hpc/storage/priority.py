@@ -29,21 +29,30 @@ from conduit_hpc.storage.sumtree import MinTree, SumTree
 __all__ = ["IndexBuffers", "PriorityIndex", "index_buffers"]
 
 
+_F64 = np.dtype(np.float64)
+
+
 def as_priorities(priorities: ArrayLike, name: str = "priorities") -> np.ndarray:
-    """Priorities as a float64 ``[n]`` array, their values not yet checked (the first
-    half of :func:`check_priorities`).
+    """Priorities as a float64 ``[n]`` array of their own (a copy: the caller may reuse
+    its array at once), their values not yet checked (the first half of
+    :func:`check_priorities`).
 
     Raises:
         SpecError: (a ``ValueError``) naming ``name``: not numbers, complex, or not one
             value per row.
     """
+    if type(priorities) is np.ndarray and priorities.dtype is _F64 and priorities.ndim == 1:
+        return priorities.copy()  # what the steps below make of it, in one call
     arr = as_array(priorities, name)
     if arr.dtype.kind == "c":
         raise SpecError(f"{name} must be real numbers, got dtype {arr.dtype}")
     if sum(d != 1 for d in arr.shape) > 1:  # [n], [n, 1], [1, n]: one per row
         raise SpecError(f"{name} must be one priority per row, of shape [n] or [n, 1], "
                         f"got shape {tuple(arr.shape)}")
-    return arr.astype(np.float64, copy=False).reshape(-1)
+    # a copy, never the caller's memory: the values checked must be the values applied,
+    # and an edp learner's data-plane thread applies them after the call returned (a
+    # NaN written into the caller's array then reached the sum-tree unchecked)
+    return np.array(arr, dtype=np.float64).reshape(-1)
 
 
 def check_priorities(priorities: ArrayLike, name: str = "priorities") -> np.ndarray:
@@ -135,6 +144,7 @@ class PriorityIndex:
             #: generation of each hidden row (0: the slot is not hidden)
             self.hidden_gens = buffers.hidden
             self._state = buffers.state
+            self._maxp = self._state[0:1].view(np.float64)  # the running maximum's bits
             if not attach:
                 for a in (self.gens, self.priority, self.hidden_gens, self._state):
                     a[:] = 0
@@ -151,17 +161,18 @@ class PriorityIndex:
         self.priority = np.zeros(capacity, dtype=np.float64)  # raw priority (before alpha)
         self.hidden_gens = np.zeros(capacity, dtype=np.int64)
         self._state = np.zeros(3, dtype=np.int64)
+        self._maxp = self._state[0:1].view(np.float64)  # the running maximum's bits
         self.max_priority = float(initial_priority)
 
     # the running maximum and the update counters live in ``_state`` (shared or not)
     @property
     def max_priority(self) -> float:
         """Largest priority seen: rows inserted without one get it."""
-        return float(self._state[0:1].view(np.float64)[0])
+        return float(self._maxp[0])
 
     @max_priority.setter
     def max_priority(self, value: float) -> None:
-        self._state[0:1].view(np.float64)[0] = float(value)
+        self._maxp[0] = float(value)
 
     @property
     def applied_updates(self) -> int:
@@ -348,14 +359,15 @@ class PriorityIndex:
         if compiled:
             done = index_kernels.index_update(self.sum.nodes, self.min.nodes, self.gens,
                                              self.hidden_gens, self.priority, slots, gens, p,
-                                             self._scaled(p), self.max_priority)
+                                             self._scaled(p), float(self._maxp[0]))
             if done is not None:
                 dropped, top = done
                 if dropped < 0:  # a slot outside the index: nothing was changed
                     raise ValueError(f"slot outside [0, {self.capacity})")
-                self.max_priority = top
-                self.dropped_updates += dropped
-                self.applied_updates += len(slots) - dropped
+                state = self._state  # the maximum, then applied and dropped updates
+                self._maxp[0] = top
+                state[1] += len(slots) - dropped
+                state[2] += dropped
                 return dropped
             self._check_slots(slots)
         return self._update_numpy(slots, gens, p)

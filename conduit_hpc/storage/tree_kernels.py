@@ -43,7 +43,9 @@ def _build() -> dict[str, Callable[..., Any]] | None:
 
 
 def available() -> bool:
-    """Whether the compiled kernels can be used (imports numba the first time)."""
+    """Whether the compiled kernels can be used (imports numba the first time). The
+    wrappers below, which run every batch, read ``_KERNELS`` first and call this only
+    while it is unset."""
     global _KERNELS
     if _KERNELS is None and not _FAILED:
         _KERNELS = _build()
@@ -53,7 +55,10 @@ def available() -> bool:
 def kernel(name: str) -> Callable[..., Any] | None:
     """The compiled kernel ``name`` (imports numba the first time); ``None`` where the
     kernels are not available. For :mod:`conduit_hpc.storage.index_kernels`."""
-    return _KERNELS[name] if available() and _KERNELS is not None else None
+    if _KERNELS is None and not available():
+        return None
+    assert _KERNELS is not None
+    return _KERNELS[name]
 
 
 _WARM = False
@@ -84,7 +89,7 @@ def warm() -> None:
     k["mark"](np.zeros(4, np.int64), zero.copy(), one.copy())
     allocate(np.ones(2), 2.0, np.zeros(2))
     check_rows(np.zeros((1, 3), np.int64), np.ones(1), 1.0, np.ones(1, np.int64))
-    is_weights(np.ones(1), 1.0, 0.5)
+    is_weights(np.ones(1), 1.0, 0.5, 1e-38)
     span(np.zeros(1, np.int64))
     span(np.zeros((1, 3), np.int64)[:, 0])  # a column of a batch's indices
     for a in (np.zeros(1, np.int64), np.zeros((1, 3), np.int64)[:, 0]):
@@ -114,7 +119,7 @@ def search(tree: np.ndarray, targets: np.ndarray, level: int) -> np.ndarray | No
     """:func:`~conduit_hpc.storage.sumtree.prefix_search` compiled (``level``: the width
     of the level searched through running sums); ``None`` where the kernels are not
     available."""
-    if not available():
+    if _KERNELS is None and not available():
         return None
     assert _KERNELS is not None
     out = np.empty(len(targets), dtype=np.int64)
@@ -129,7 +134,7 @@ def draw(tree: np.ndarray, gens: np.ndarray, capacity: int, targets: np.ndarray,
     of a tree another process rewrites), or a target at or past the tree's total (drawn
     over a total it has lost mass since), gives slot -1, generation 0, mass 0 (drawn
     again by the caller). ``None`` where the kernels are not available."""
-    if not available():
+    if _KERNELS is None and not available():
         return None
     assert _KERNELS is not None
     n = len(targets)
@@ -144,7 +149,7 @@ def allocate(totals: np.ndarray, grand: float, rand: np.ndarray
     """:func:`~conduit_hpc.sampling.stratified.allocate_targets` after its checks
     (``grand``: ``totals.sum()``, > 0; ``rand``: the batch's uniform draws): (shard,
     local target) per item. ``None`` where the kernels are not available."""
-    if not available():
+    if _KERNELS is None and not available():
         return None
     assert _KERNELS is not None
     n = len(rand)
@@ -162,7 +167,7 @@ def check_rows(idx: np.ndarray, prios: np.ndarray, top: float, caps: np.ndarray
     priority is outside ``[0, top]`` (NaN is), else -1: one pass for
     :func:`~conduit_hpc.sampling.check_update`, which names the fault itself. ``None``
     where the kernels are not available."""
-    if not available():
+    if _KERNELS is None and not available():
         return None
     assert _KERNELS is not None
     c = np.ascontiguousarray
@@ -170,16 +175,19 @@ def check_rows(idx: np.ndarray, prios: np.ndarray, top: float, caps: np.ndarray
                                       float(top), c(caps, dtype=np.int64)))
 
 
-def is_weights(mass: np.ndarray, pmin: float, beta: float) -> np.ndarray | None:
-    """float32 ``exp(-beta * (log(mass) - log(pmin)))`` per row, one compiled loop (the
-    float steps of :func:`~conduit_hpc.sampling.stratified.importance_weights`, whose
-    numpy path is the reference); ``None`` where the kernels are not available."""
-    if not available():
+def is_weights(mass: np.ndarray, pmin: float, beta: float, least: float | np.floating
+               ) -> np.ndarray | None:
+    """:func:`~conduit_hpc.sampling.stratified.importance_weights` after its checks,
+    one compiled loop with the same float steps (its numpy path is the reference):
+    ``pmin`` (the shards' smallest mass) lowered to the smallest positive ``mass``,
+    then float32 ``exp(-beta * (log(mass) - log(pmin)))`` per row, raised to ``least``.
+    ``None`` where the kernels are not available."""
+    if _KERNELS is None and not available():
         return None
     assert _KERNELS is not None
     out = np.empty(len(mass), np.float32)
     _KERNELS["is_weights"](np.ascontiguousarray(mass, dtype=np.float64), float(pmin),
-                           float(beta), out)
+                           float(beta), np.float32(least), out)
     return out
 
 
@@ -187,7 +195,7 @@ def span(a: np.ndarray) -> tuple[int, int]:
     """``(a.min(), a.max())`` of a non-empty 1-D integer array in one pass (compiled
     where the kernels are there: one call instead of two numpy reductions, each ~1 us on
     a batch's 256 slots; int64 arrays of any strides go in as they are)."""
-    if a.dtype is _INT64 and available():
+    if a.dtype is _INT64 and (_KERNELS is not None or available()):
         assert _KERNELS is not None
         return _KERNELS["span"](a)  # (int, int): numba boxes int64 as int
     return int(a.min()), int(a.max())

@@ -217,3 +217,20 @@ def test_subnormal_masses_are_drawn_in_proportion(units: list[list[int]], seed: 
         if live.sum() > 1:
             expected = want[live] / want[live].sum() * counts.sum()
             assert sps.chisquare(counts[live], expected).pvalue > 1e-4, (counts, want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(mass=st.lists(st.one_of(st.just(0.0), st.floats(1e-300, 1e300)), max_size=16),
+       published=st.lists(st.tuples(st.floats(1e-300, 1e300), st.integers(0, 3)), max_size=3),
+       beta=st.floats(0.01, 3.0))
+def test_compiled_weights_take_the_reference_steps(mass: list[float],
+                                                   published: list[tuple[float, int]],
+                                                   beta: float) -> None:
+    # the compiled loop finds the lightest drawn row, the weights and their floor itself
+    # (one call a batch): the same as the numpy reference, rows of mass 0 included
+    p = np.asarray(mass, dtype=np.float64)
+    stats = [ShardStats(total=1.0, count=c, min=m) for m, c in published]
+    want = importance_weights(p, stats, beta, compiled=False)
+    got = importance_weights(p, stats, beta, compiled=True)
+    assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
