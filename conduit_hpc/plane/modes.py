@@ -205,7 +205,7 @@ class EdpMode(InlineMode):
     # -- caller side -----------------------------------------------------------------
     def next_batch(self, s: int) -> Batch:
         assert self._thread is not None
-        self._thread.post(self._request)
+        self._thread.post(self._request, timeout_s=self.ep.timeout_s)
         deadline = Deadline(self.ep.timeout_s, f"batch {s}")
         pf = self._prefetch
         assert pf is not None
@@ -222,7 +222,7 @@ class EdpMode(InlineMode):
         if self._thread is None:
             fn()
         else:
-            self._thread.post(fn)
+            self._thread.post(fn, timeout_s=self.ep.timeout_s)
 
     def call(self, fn: Callable[[], Any], what: str) -> Any:
         if self._thread is None:

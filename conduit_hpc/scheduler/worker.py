@@ -3,8 +3,9 @@
 It is the only thread of its rank that makes MPI calls while it runs. The owner hands it
 callables (:meth:`DataPlaneThread.call` waits for the result through a
 :class:`concurrent.futures.Future`, :meth:`~DataPlaneThread.post` does not), run in
-order; whenever nothing is queued it runs one unit of ``background`` work (the
-prefetch step). An exception in the thread is re-raised in the owner at its next call.
+order; whenever nothing is queued, and after each call, it runs one unit of
+``background`` work (the prefetch step), so that calls queued without pause cannot
+starve it. An exception in the thread is re-raised in the owner at its next call.
 """
 
 from __future__ import annotations
@@ -32,29 +33,54 @@ class DataPlaneThread:
     """
 
     def __init__(self, background: Callable[[], bool], *, idle_sleep_s: float = 0.0005,
-                 name: str = "conduit-dataplane") -> None:
+                 name: str = "conduit-dataplane", max_posted: int = 64) -> None:
         self._background = background
         self._idle = idle_sleep_s
-        self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
+        # (fn, its future, whether post() counted it against max_posted)
+        self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any], bool]] = queue.Queue()
+        #: room for posted calls not yet taken: post() waits (bounded) while there is
+        #: none, so a thread that posts without pause cannot grow the queue without
+        #: limit (each call holds its arrays) nor put every later call behind it
+        self._room = threading.Semaphore(max_posted)
         self._stop = threading.Event()
         self._error: BaseException | None = None
+        self._owed = False  # a call ran since the last background step (see _next)
         self._reported = False  # the error was raised in the owner's thread
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    def _take(self, item: tuple[Callable[[], Any], Future[Any], bool]
+              ) -> tuple[Callable[[], Any], Future[Any]]:
+        fn, fut, counted = item
+        if counted:
+            self._room.release()
+        return fn, fut
+
     def _next(self) -> tuple[Callable[[], Any], Future[Any]] | None:
-        try:
-            return self._calls.get_nowait()
-        except queue.Empty:
-            pass
+        if not self._owed:
+            try:
+                item = self._calls.get_nowait()
+            except queue.Empty:
+                pass
+            else:
+                self._owed = True
+                return self._take(item)
+        # the background's turn: whenever nothing is queued, and after every call even
+        # when more are (a thread that queues calls without pause - priority updates in
+        # a tight loop - starved the prefetch step, and next_batch waited out its
+        # timeout). A step between two queued calls is one that could have come anyway,
+        # had the second call been queued a moment later.
+        self._owed = False
         if self._background():
             return None
         try:
-            return self._calls.get(timeout=self._idle)
+            item = self._calls.get(timeout=self._idle)
         except queue.Empty:
             return None
+        self._owed = True
+        return self._take(item)
 
     def _run(self) -> None:
         try:
@@ -72,7 +98,7 @@ class DataPlaneThread:
             self._error = err
             while True:  # wake anyone waiting on a queued call
                 try:
-                    _, fut = self._calls.get_nowait()
+                    _, fut, _ = self._calls.get_nowait()
                 except queue.Empty:
                     break
                 fut.set_exception(err)
@@ -122,13 +148,29 @@ class DataPlaneThread:
         """
         self.raise_if_failed()
         fut: Future[Any] = Future()
-        self._calls.put((fn, fut))
+        self._calls.put((fn, fut, False))
         return self._wait(fut, timeout_s, what)
 
-    def post(self, fn: Callable[[], Any]) -> None:
-        """Queue ``fn`` without waiting for it (errors surface at the next call)."""
+    def post(self, fn: Callable[[], Any], *, timeout_s: float) -> None:
+        """Queue ``fn`` without waiting for it to run (errors surface at the next call).
+        Waits only while ``max_posted`` posted calls are queued (the thread takes one
+        every step), at most ``timeout_s``; from the thread itself, never.
+
+        Raises:
+            DataPlaneTimeout: no room within ``timeout_s`` (the thread is stuck).
+        """
         self.raise_if_failed()
-        self._calls.put((fn, Future()))
+        if threading.current_thread() is self._thread:  # it would wait for itself
+            self._calls.put((fn, Future(), False))
+            return
+        if not self._room.acquire(blocking=False):
+            deadline = Deadline(timeout_s, "room in the data-plane thread's queue (the "
+                                           "calls posted before were not taken)")
+            while not self._room.acquire(timeout=min(0.05, max(deadline.remaining_s,
+                                                                0.001))):
+                self.raise_if_failed()
+                deadline.check()
+        self._calls.put((fn, Future(), True))
 
     def stop(self, timeout_s: float) -> None:
         """Finish the queued calls, stop, and join. Blocks at most ``timeout_s``."""
@@ -136,7 +178,7 @@ class DataPlaneThread:
             self.raise_if_failed()
             return
         done: Future[Any] = Future()
-        self._calls.put((lambda: None, done))
+        self._calls.put((lambda: None, done, False))
         self._wait(done, timeout_s, "the data-plane thread to drain")
         self._stop.set()
         self._thread.join(timeout_s)

@@ -64,3 +64,53 @@ def test_next_batch_from_two_threads_takes_turns(mode: str) -> None:
         results = COMM.allgather((edp.role.value, sorted(supersteps), errors))
     learner = [(s, e) for r, s, e in results if r == "learner"]
     assert learner == [(list(range(20)), [])], learner
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode", ["edp", "sync"])
+def test_a_flood_of_updates_from_another_thread_does_not_starve_next_batch(mode: str) -> None:
+    """One thread sends priority updates as fast as it can while another takes batches.
+    In ``edp`` the data-plane thread ran its prefetch step only when no call was queued,
+    so the flood starved it: ``next_batch`` waited out ``run.timeout_s`` (10 s) for a
+    batch it never started. The thread now takes a prefetch step between queued calls:
+    20 batches come while the flood runs."""
+    cfg = make_config(layout={"learners": 1, "buffers": 1}, storage={"capacity_rows": 1024},
+                      run={"timeout_s": 10.0}, checkpoint={"on_stop": False},
+                      scheduler={"mode": mode, "batch_rows": 32, "prefetch_depth": 2,
+                                 "min_fill_rows": 64, "sampler": "prioritized"})
+    errors: list[str] = []
+    got = 0
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            w = 0
+            while not edp.should_stop:
+                edp.ingest(checked_batch(edp.world_rank, w, 16))
+                w += 16
+        elif edp.role is Role.LEARNER:
+            first = edp.next_batch()
+            stop = threading.Event()
+
+            def flood() -> None:
+                try:
+                    while not stop.is_set():
+                        edp.update_priorities(first.indices, np.ones(len(first)))
+                except Exception as err:  # reported below, on every rank
+                    errors.append(f"flood: {err!r:.200}")
+
+            t = threading.Thread(target=flood)
+            t.start()
+            try:
+                for _ in range(20):
+                    edp.next_batch()
+                    got += 1
+            except Exception as err:
+                errors.append(f"next_batch {got + 2}: {err!r:.200}")
+            finally:
+                stop.set()
+                t.join(timeout=60)
+        else:
+            edp.serve()
+        edp.done()
+    problems = errors + ([f"{got} of 20 batches"] if edp.role is Role.LEARNER and got != 20
+                         else [])
+    assert COMM.allreduce(problems) == []

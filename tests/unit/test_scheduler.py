@@ -161,7 +161,7 @@ def test_data_plane_thread_orders_calls_and_surfaces_errors() -> None:
 
     th = DataPlaneThread(background)
     th.start()
-    th.post(lambda: log.append("a"))
+    th.post(lambda: log.append("a"), timeout_s=5)
     assert th.call(lambda: log.append("b") or 42, timeout_s=5, what="b") == 42
     assert log.index("a") < log.index("b")
     with pytest.raises(ZeroDivisionError):
@@ -174,13 +174,44 @@ def test_data_plane_thread_call_times_out() -> None:
     gate = threading.Event()
     th = DataPlaneThread(lambda: False)
     th.start()
-    th.post(lambda: gate.wait(2))
+    th.post(lambda: gate.wait(2), timeout_s=5)
     t0 = time.monotonic()
     with pytest.raises(DataPlaneTimeout, match="slow thing"):
         th.call(lambda: None, timeout_s=0.2, what="the slow thing")
     assert time.monotonic() - t0 < 1.5
     gate.set()
     th.stop(5)
+
+
+def test_data_plane_thread_posts_wait_for_room_and_never_starve_its_background() -> None:
+    # a thread that posts without pause: the queue holds at most max_posted of its
+    # calls (post waits, bounded, naming the queue), and the background step still runs
+    # between calls (it ran only when nothing was queued: a flood of priority updates
+    # starved the prefetch, and next_batch waited out its timeout)
+    gate = threading.Event()
+    steps: list[int] = []
+    ran: list[int] = []
+
+    def background() -> bool:
+        steps.append(len(ran))
+        return False
+
+    th = DataPlaneThread(background, max_posted=4)
+    th.start()
+    th.post(lambda: gate.wait(5), timeout_s=1)  # the thread is busy in this one
+    while not th._calls.empty():  # ... once it took it
+        time.sleep(0.001)
+    for i in range(4):
+        th.post(lambda i=i: ran.append(i), timeout_s=1)
+    with pytest.raises(DataPlaneTimeout, match="room in the data-plane thread's queue"):
+        th.post(lambda: None, timeout_s=0.2)  # full: bounded, named
+    gate.set()
+    for i in range(4, 40):  # the flood: each post waits for room, none is refused
+        th.post(lambda i=i: ran.append(i), timeout_s=5)
+    th.stop(5)
+    assert ran == list(range(40))
+    # between each two calls that were queued together, a background step ran
+    assert all(k in steps for k in range(1, 40)), sorted(set(steps))
 
 
 def test_update_priorities_validation() -> None:
