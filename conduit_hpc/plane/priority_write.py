@@ -107,8 +107,9 @@ class PriorityWrite:
             sel = indices[:, 0] == sid
             if sel.any():
                 dev.update(indices[sel, 1], indices[sel, 2], priorities[sel])
-        lo, hi = tree_kernels.span(indices[:, 0])
-        if lo == hi:  # one shard: no sort, no split
+        # one shard - the only one this learner reads (every row's shard was checked),
+        # or the only one in these rows: no sort, no split
+        if len(self.owners) == 1 or _one_shard(indices):
             parts = [(indices, priorities)]
         else:
             order = np.argsort(indices[:, 0], kind="stable")
@@ -163,3 +164,9 @@ class PriorityWrite:
         them (e.g. before copying its index to a device)."""
         self.required[owner] = max(self.required.get(owner, 0), self.sent.get(owner, 0))
         self.await_applied(owner)
+
+
+def _one_shard(indices: np.ndarray) -> bool:
+    """Whether every row of ``indices`` (``[n, 3]``, n >= 1) names one shard."""
+    lo, hi = tree_kernels.span(indices[:, 0])
+    return lo == hi
