@@ -24,8 +24,8 @@ from conduit_hpc.plane.extensions import LearnerHook
 from conduit_hpc.plane.metrics import (
     LEARNER_COLUMNS,
     CsvSink,
+    LatencyRecord,
     exposed_story,
-    latency_summary,
     rows_split,
 )
 from conduit_hpc.plane.modes import DeliveryMode
@@ -75,7 +75,10 @@ class LearnerEndpoint:
         self.timeout_s = timeout_s
         self.mode = mode(self)
         self.clock = PrefetchClock(self.mode.depth)
-        self.metrics = CsvSink(metrics_path, LEARNER_COLUMNS)
+        # rows go to the CSV file as they come (every 50); the summary's are kept in
+        # bounded memory (a run of millions of supersteps kept every one)
+        self.metrics = CsvSink(metrics_path, LEARNER_COLUMNS, keep=False)
+        self.record = LatencyRecord()
         self.weights: WeightsBoard | None = None
         self.model: torch.nn.Module | None = None
         self._superstep = -1
@@ -211,7 +214,8 @@ class LearnerEndpoint:
         row.update(self._extra)
         self._extra = {}
         self.metrics.add(row)
-        if self.metrics.keep and len(self.metrics.rows) % 50 == 0:
+        self.record.add(row)
+        if self.record.n % 50 == 0:
             self.metrics.flush()
         if self.progress is not None:  # the note is computed only when drawn
             self.progress.update("learner", self.superstep + 1)
@@ -219,7 +223,7 @@ class LearnerEndpoint:
     def _status_text(self) -> str:
         if self._superstep < 0:
             return f"[{self.mode.name}] no batch delivered yet"
-        rows = self.metrics.rows[-50:]
+        rows = list(self.record.recent)
         exp = np.median([r["exposed_s"] for r in rows]) * 1e3 if rows else float("nan")
         it = np.nanmedian([r["iteration_s"] for r in rows]) * 1e3 if rows else float("nan")
         wall = float(np.nansum([r["iteration_s"] for r in rows]))
@@ -295,6 +299,6 @@ class LearnerEndpoint:
         self.metrics.close()
         if self.progress is not None:
             self.progress.close()
-        summary = latency_summary(self.metrics.rows, skip=min(5, len(self.metrics.rows) // 10))
+        summary = self.record.summary()
         summary.update(self.mode.counters())
         return summary

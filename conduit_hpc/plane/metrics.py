@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -24,6 +25,7 @@ __all__ = [
     "LEARNER_COLUMNS",
     "PATH_WORK",
     "CsvSink",
+    "LatencyRecord",
     "exposed_split",
     "exposed_story",
     "latency_summary",
@@ -53,6 +55,7 @@ class CsvSink:
 
     def __init__(self, path: Path | None, columns: Iterable[str], *, keep: bool = True) -> None:
         self.columns = list(columns)
+        self._known = set(self.columns)  # the same, for lookups (every row, every key)
         self.rows: list[dict[str, Any]] = []
         self.keep = keep
         self._pending: list[dict[str, Any]] = []
@@ -66,11 +69,11 @@ class CsvSink:
         row = dict(row)
         for listener in self.listeners:
             listener(row)
-        for k in row:
-            if k not in self.columns:
-                if self._writer is not None:
-                    continue  # the header is written: late extra columns are dropped
-                self.columns.append(k)
+        if self._writer is None and not self._known.issuperset(row):
+            for k in row:  # (once the header is written, late extra columns are dropped)
+                if k not in self._known:
+                    self.columns.append(k)
+                    self._known.add(k)
         if self.keep:
             self.rows.append(row)
         self._pending.append(row)
@@ -96,13 +99,97 @@ class CsvSink:
             self._file = None
 
 
+#: the latency columns :func:`latency_summary` reports (median, p99 and mean of each)
+SUMMARY_KEYS = ("exposed_s", "iteration_s", "compute_s", "sample_s", "gather_s",
+                "transform_s", "copy_s", "limiter_wait_s")
+#: warm-up rows a summary skips at most (``min(SKIP, rows // 10)``)
+SKIP = 5
+
+
+class LatencyRecord:
+    """A learner's metrics rows for its summary, in bounded memory. The learner kept
+    every row of its run (~0.8 kB each: at 5,000 supersteps a second it grew by ~15 GB
+    an hour).
+
+    While at most ``keep`` rows came, it holds them all, and :meth:`summary` is
+    :func:`latency_summary` of them. Past that (the summary then skips :data:`SKIP`
+    warm-up rows), it holds a uniform sample of ``keep - SKIP`` of the rows after the
+    warm-up (Algorithm R, seeded): the medians and p99s are the sample's, while the
+    counts, the means and the exposed split are sums over every row. :attr:`recent`
+    holds the last 50 rows. Not thread-safe.
+    """
+
+    def __init__(self, keep: int = 65_536, seed: int = 0) -> None:
+        if keep < 10 * SKIP:
+            raise ValueError(f"keep must be >= {10 * SKIP}, got {keep}")
+        self.keep, self.n = keep, 0
+        self.rows: list[dict[str, Any]] = []  # every row, then the sample (see above)
+        self.recent: deque[dict[str, Any]] = deque(maxlen=50)
+        self._rng = np.random.default_rng(seed)
+        self._draws: list[float] = []
+        # past ``keep`` rows: sums over the rows after the warm-up, (count, sum) per key
+        # and the exposed split's totals, folded in 4,096 rows at a time
+        self._sums = {k: [0, 0.0] for k in SUMMARY_KEYS}
+        self._split: dict[str, float] = {}
+        self._pending: list[dict[str, Any]] = []
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.n += 1
+        self.recent.append(row)
+        if self.n <= self.keep:
+            self.rows.append(row)
+            return
+        if self.n == self.keep + 1:  # from now on the summary skips SKIP rows
+            del self.rows[:SKIP]
+            self._fold(self.rows)
+        self._pending.append(row)
+        if len(self._pending) >= 4096:
+            self._fold(self._pending)
+            self._pending = []
+        # Algorithm R over the rows after the warm-up (the sample holds keep - SKIP):
+        # the k-th replaces a uniform one of the sample with probability (keep - SKIP) / k
+        if not self._draws:
+            self._draws = self._rng.random(4096).tolist()
+        j = int(self._draws.pop() * (self.n - SKIP))
+        if j < len(self.rows):
+            self.rows[j] = row
+
+    def _fold(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        for key, acc in self._sums.items():
+            vals = [float(r[key]) for r in rows if key in r]
+            acc[0] += len(vals)
+            acc[1] += math.fsum(vals)
+        timed = [r for r in rows if "exposed_s" in r]
+        if timed:
+            for k, v in rows_split(timed).items():
+                if k != "path_work_hidden":
+                    self._split[k] = self._split.get(k, 0.0) + v
+
+    def summary(self) -> dict[str, float]:
+        """:func:`latency_summary` of every row added, skipping ``min(SKIP, rows // 10)``
+        warm-up rows (past ``keep`` rows, see the class docstring)."""
+        if self.n <= self.keep:
+            return latency_summary(self.rows, skip=min(SKIP, self.n // 10))
+        self._fold(self._pending)
+        self._pending = []
+        out = latency_summary(self.rows)  # the sample's medians and p99s ...
+        out["supersteps"], out["measured"] = float(self.n), float(self.n - SKIP)
+        for key, (count, total) in self._sums.items():  # ... the means of every row
+            if count:
+                out[f"{key[:-2]}_mean_s"] = total / count
+        if self._split:
+            out.update(self._split)
+            work, path = self._split["path_work_s"], self._split["exposed_path_s"]
+            out["path_work_hidden"] = 1.0 - path / work if work > 0 else math.nan
+        return out
+
+
 def latency_summary(rows: Sequence[Mapping[str, Any]], *, skip: int = 0) -> dict[str, float]:
     """Median and p99 of exposed and iteration latency (after ``skip`` warm-up rows);
     ``supersteps`` counts every row, ``measured`` the ones the statistics cover."""
     use = rows[skip:] if len(rows) > skip else rows
     out: dict[str, float] = {"supersteps": float(len(rows)), "measured": float(len(use))}
-    for key in ("exposed_s", "iteration_s", "compute_s", "sample_s", "gather_s",
-                "transform_s", "copy_s", "limiter_wait_s"):
+    for key in SUMMARY_KEYS:
         vals = np.array([float(r[key]) for r in use if key in r], dtype=float)
         if vals.size:
             out[f"{key[:-2]}_median_s"] = float(np.median(vals))

@@ -97,7 +97,7 @@ def test_the_progress_line_says_what_the_learner_waited_for() -> None:
     fake = SimpleNamespace(_superstep=99,
                            mode=SimpleNamespace(name="edp",
                                                 counters=lambda: {"resampled_rows": 0.0}),
-                           metrics=SimpleNamespace(rows=oversubscribed_rows()[-50:]))
+                           record=SimpleNamespace(recent=oversubscribed_rows()[-50:]))
     text = LearnerEndpoint._status_text(fake)  # type: ignore[arg-type]
     assert "exposed 0.231 of wall time: path work 13%, rate limiter" in text, text
     assert "other (a core, scheduling, other ranks)" in text
