@@ -79,6 +79,7 @@ class LearnerEndpoint:
         # bounded memory (a run of millions of supersteps kept every one)
         self.metrics = CsvSink(metrics_path, LEARNER_COLUMNS, keep=False)
         self.record = LatencyRecord()
+        self.metrics.rows = self.record.rows  # what it keeps (every row, then a sample)
         self.weights: WeightsBoard | None = None
         self.model: torch.nn.Module | None = None
         self._superstep = -1
