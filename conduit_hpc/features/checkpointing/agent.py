@@ -302,6 +302,8 @@ class CheckpointAgent(BufferExtension):
                                 "files": [], "shards": []}
         extra = state.get("extra_state")
         try:
+            if state.get("error"):  # the state could not be taken (BoundaryHook)
+                raise CheckpointError(str(state["error"]))
             if extra is not None:
                 part["files"].append(ck.write_arrays_file(Path(info["tmp"]) / ck.LEARNER_FILE,
                                                           extra, state.get("extra_attrs")))
