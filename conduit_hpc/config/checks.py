@@ -25,6 +25,7 @@ __all__ = [
     "MAX_ROWS",
     "MAX_ROW_BYTES",
     "MAX_SECONDS",
+    "FrozenDict",
     "finite",
     "itemsize",
     "require",
@@ -62,6 +63,38 @@ DTYPES = (
     "float32",
     "float64",
 )
+
+
+class FrozenDict(dict[typing.Any, typing.Any]):
+    """A dict that cannot be changed: a config's mapping field (``Config.spec``,
+    ``checkpoint.compression``, a job section's table). A frozen config holds one of its
+    own, copied when it is built: before, it kept the caller's dict, so a change to that
+    dict (or through ``cfg.spec[...]``) after the checks - after the data plane was
+    built - reached what it reads later unchecked (a checkpoint's codec, the config
+    written into its manifest). Equal to a dict of the same items; pickles and copies
+    as one."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> typing.NoReturn:
+        raise TypeError("a config's mapping cannot be changed (configs are frozen); "
+                        "build a new config, e.g. with Config.replace() or "
+                        "dataclasses.replace()")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse
+    __ior__ = _refuse
+
+    def __reduce__(self) -> tuple[type, tuple[dict[object, object]]]:
+        return (type(self), (dict(self),))  # (dict's way sets the items one by one)
+
+    def __copy__(self) -> FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> FrozenDict:
+        import copy
+
+        return type(self)({copy.deepcopy(k, memo): copy.deepcopy(v, memo)
+                           for k, v in self.items()})
 
 
 def require(ok: bool, key: str, value: object, expected: str) -> None:
@@ -132,3 +165,5 @@ def require_types(section: object) -> None:
             items = [_integer(d) for d in v] if isinstance(v, list | tuple) else [None]
             require(None not in items, f.name, v, "a list of integers")
             object.__setattr__(section, f.name, tuple(items))
+        elif typing.get_origin(tp) is dict and isinstance(v, dict):
+            object.__setattr__(section, f.name, FrozenDict(v))  # its own, unchangeable
