@@ -9,10 +9,11 @@ prefetch step). An exception in the thread is re-raised in the owner at its next
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -63,6 +64,8 @@ class DataPlaneThread:
                 if item is None:
                     continue
                 fn, fut = item
+                if not fut.set_running_or_notify_cancel():
+                    continue  # its caller gave up waiting (call's timeout): never run it
                 try:
                     fut.set_result(fn())
                 except BaseException as err:
@@ -75,7 +78,8 @@ class DataPlaneThread:
                     _, fut = self._calls.get_nowait()
                 except queue.Empty:
                     break
-                fut.set_exception(err)
+                with contextlib.suppress(InvalidStateError):  # one its caller cancelled
+                    fut.set_exception(err)
 
     def raise_if_failed(self) -> None:
         """Re-raise an exception the thread died of (in the caller's thread). The thread
@@ -106,19 +110,28 @@ class DataPlaneThread:
 
     def _wait(self, fut: Future[Any], timeout_s: float, what: str) -> Any:
         deadline = Deadline(timeout_s, what)
+        extended = False
         while True:
             try:
                 return fut.result(timeout=min(0.05, max(deadline.remaining_s, 0.001)))
             except FutureTimeout:
                 self.raise_if_failed()
+                if deadline.expired and not extended and not fut.cancel():
+                    # begun already (its own waits are bounded): one more period for it
+                    # to finish, rather than leave it running on what the caller holds
+                    deadline, extended = Deadline(timeout_s, what), True
+                # not begun (cancelled: never run now - an ingest would write, after its
+                # caller was told it timed out, arrays the caller may reuse), or past the
+                # extension: raise
                 deadline.check()
 
     def call(self, fn: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
         """Run ``fn`` on the thread, after every call queued before it; blocks for its
-        result at most ``timeout_s``.
+        result at most ``timeout_s``: a call still queued then is dropped (it never runs
+        after this raised); one begun by then gets ``timeout_s`` more to finish.
 
         Raises:
-            DataPlaneTimeout: no result in time (names ``what``).
+            DataPlaneTimeout: ``fn`` did not begin in time (names ``what``).
         """
         self.raise_if_failed()
         fut: Future[Any] = Future()
