@@ -71,3 +71,46 @@ def test_boundary_checkpoint_holds_the_state_given_at_the_boundary(
         if kind == "torch" and not (got["model/t"] == boundary).all():
             problems.append(f"checkpoint of superstep {boundary}: t = {got['model/t']}")
     assert problems == []
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode", ["edp", "sync"])
+def test_boundary_checkpoint_counters_are_their_values_at_the_boundary(
+        shared_dir, mode: str) -> None:
+    """Counters given as numpy values: a 0-d array the learner counts in was written
+    with its value supersteps later, and a numpy integer raised a raw TypeError (not
+    JSON) where the part was sent - on the data-plane thread in ``edp`` mode."""
+    cfg = make_config(layout={"learners": 1, "buffers": 1},
+                      storage={"capacity_rows": 4096, "priority_exponent": 1.0},
+                      scheduler={"mode": mode, "batch_rows": 16, "min_fill_rows": 64})
+    steps = np.zeros((), np.int64)  # counted in place
+
+    def provide() -> dict:
+        return {"counters": {"steps": steps, "twice": np.int64(2 * int(steps)),
+                             "loss": torch.tensor(0.5)}}
+
+    with ExperienceDataPlane(cfg) as edp:
+        agent = CheckpointAgent(edp, shared_dir, keep=0)
+        agent.every_supersteps(EVERY, provide)
+        if edp.role is Role.ACTOR:
+            for i in range(20):
+                edp.ingest(checked_batch(edp.world_rank, 8 * i, 8))
+            edp.done()
+        elif edp.role is Role.LEARNER:
+            for _ in range(3 * EVERY + 2):
+                b = edp.next_batch()  # boundary s: steps == s
+                steps += 1
+                edp.update_priorities(b.indices, np.ones(len(b)))
+            edp.done()
+        else:
+            edp.serve()
+        agent.finish()
+        learner = edp.roles.learner_ranks[0]
+    done = [p for p in ck.list_checkpoints(shared_dir) if ck.is_complete(p)]
+    problems = [] if len(done) >= 2 else [f"{len(done)} complete checkpoints"]
+    for path in done:
+        got = ck.open_checkpoint(path, spec=edp.spec).counters[learner]
+        s = got["superstep"]
+        if (got["steps"], got["twice"], got["loss"]) != (s, 2 * s, 0.5):
+            problems.append(f"checkpoint of superstep {s}: counters {got}")
+    assert problems == []

@@ -59,11 +59,13 @@ class BoundaryHook(LearnerHook):
             return
         state = self.provide()
         ep = self.learner
+        # plain numbers now (a 0-d array or tensor read later has changed; numpy's
+        # are not JSON), in the learner's thread: see frozen_arrays for extra_state
         part: dict[str, Any] = {
             "counters": {"superstep": s + ep.superstep_offset,
                          "priority_rows": ep.priority_rows,
                          "limiter_wait_s": ep.limiter_wait_s,
-                         **state.get("counters", {})}}
+                         **{k: _plain(v) for k, v in state.get("counters", {}).items()}}}
         if "extra_state" in state:
             # frozen here, in the learner's thread: the part is written when the
             # checkpoint asks for it, supersteps later (on the data-plane thread in edp),
@@ -134,3 +136,11 @@ def frozen_arrays(arrays: Any) -> Any:
                                   f"not an array ({err}); expected numeric arrays or "
                                   f"tensors") from err
     return out
+
+
+def _plain(value: Any) -> Any:
+    """A counter as a plain number, now: a numpy scalar or 0-d array, or a tensor, by
+    its ``tolist()`` (a NaN stays a NaN); anything else as it is."""
+    if hasattr(value, "dtype") and callable(getattr(value, "tolist", None)):
+        return value.tolist()
+    return value
