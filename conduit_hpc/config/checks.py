@@ -131,7 +131,9 @@ def require_types(section: object) -> None:
     accepted). ``int`` fields take whole numbers but bools (numpy integers become
     ``int``), ``float`` ones numbers but bools, ``str``/``bool`` their own type, a
     ``Literal`` one of its values, ``tuple[int, ...]`` a list or tuple of whole numbers
-    (made a tuple of ``int``). Fields of other types are left to the section.
+    (made a tuple of ``int``), ``tuple[str, ...]`` one of strings (made a tuple), and a
+    ``dict`` becomes a :class:`FrozenDict` of its own: what was checked cannot change
+    afterwards. Fields of other types are left to the section.
 
     Raises:
         ConfigError: naming the field, the value and the type expected.
@@ -165,5 +167,9 @@ def require_types(section: object) -> None:
             items = [_integer(d) for d in v] if isinstance(v, list | tuple) else [None]
             require(None not in items, f.name, v, "a list of integers")
             object.__setattr__(section, f.name, tuple(items))
+        elif tp == tuple[str, ...]:
+            ok = isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)
+            require(ok, f.name, v, "a list of strings")
+            object.__setattr__(section, f.name, tuple(v))  # its own: not the caller's list
         elif typing.get_origin(tp) is dict and isinstance(v, dict):
             object.__setattr__(section, f.name, FrozenDict(v))  # its own, unchangeable

@@ -20,6 +20,7 @@ from conduit_hpc.config import (
     ConfigError,
     FieldConfig,
     FrozenDict,
+    PlacementConfig,
     require_types,
 )
 from conduit_hpc.testing import make_config
@@ -100,3 +101,14 @@ def test_frozen_configs_compare_copy_pickle_and_rebuild_as_before() -> None:
     mine = dict(loaded.spec)  # a copy to change is a dict as before
     mine.pop("payload")
     assert "payload" in loaded.spec
+
+
+def test_a_list_of_names_is_the_configs_own_tuple() -> None:
+    """``PlacementConfig(tiers=[...])`` kept the caller's list: a tier appended after the
+    check ('bogus') was in the config the planner reads."""
+    tiers = ["learner_host", "buffer_host"]
+    pc = PlacementConfig(tiers=tiers)
+    tiers.append("bogus")
+    assert pc.tiers == ("learner_host", "buffer_host")
+    with pytest.raises(ConfigError, match="tiers must be a list of strings"):
+        PlacementConfig(tiers=["buffer_host", 3])  # type: ignore[list-item]
