@@ -36,7 +36,7 @@ class DataPlaneThread:
                  name: str = "conduit-dataplane") -> None:
         self._background = background
         self._idle = idle_sleep_s
-        self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
+        self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any] | None]] = queue.Queue()
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._reported = False  # the error was raised in the owner's thread
@@ -45,7 +45,7 @@ class DataPlaneThread:
     def start(self) -> None:
         self._thread.start()
 
-    def _next(self) -> tuple[Callable[[], Any], Future[Any]] | None:
+    def _next(self) -> tuple[Callable[[], Any], Future[Any] | None] | None:
         try:
             return self._calls.get_nowait()
         except queue.Empty:
@@ -64,6 +64,9 @@ class DataPlaneThread:
                 if item is None:
                     continue
                 fn, fut = item
+                if fut is None:  # posted: nobody waits for it (an error ends the thread)
+                    fn()
+                    continue
                 if not fut.set_running_or_notify_cancel():
                     continue  # its caller gave up waiting (call's timeout): never run it
                 try:
@@ -78,8 +81,9 @@ class DataPlaneThread:
                     _, fut = self._calls.get_nowait()
                 except queue.Empty:
                     break
-                with contextlib.suppress(InvalidStateError):  # one its caller cancelled
-                    fut.set_exception(err)
+                if fut is not None:
+                    with contextlib.suppress(InvalidStateError):  # one its caller cancelled
+                        fut.set_exception(err)
 
     def raise_if_failed(self) -> None:
         """Re-raise an exception the thread died of (in the caller's thread). The thread
@@ -141,7 +145,7 @@ class DataPlaneThread:
     def post(self, fn: Callable[[], Any]) -> None:
         """Queue ``fn`` without waiting for it (errors surface at the next call)."""
         self.raise_if_failed()
-        self._calls.put((fn, Future()))
+        self._calls.put((fn, None))
 
     def stop(self, timeout_s: float) -> None:
         """Finish the queued calls, stop, and join. Blocks at most ``timeout_s``."""
