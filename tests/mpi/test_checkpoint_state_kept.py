@@ -10,6 +10,9 @@ which surfaced supersteps later from an unrelated call."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -114,3 +117,36 @@ def test_boundary_checkpoint_counters_are_their_values_at_the_boundary(
         if (got["steps"], got["twice"], got["loss"]) != (s, 2 * s, 0.5):
             problems.append(f"checkpoint of superstep {s}: counters {got}")
     assert problems == []
+
+
+@pytest.mark.mpi(min_size=4)
+def test_buffer_counters_given_as_numpy_values_reach_the_checkpoint(shared_dir) -> None:
+    """``CheckpointAgent(counters=...)`` on buffer ranks: numpy values were kept as given
+    and sent in the part's JSON message by a buffer rank other than the leader, where a
+    numpy integer raised a raw TypeError inside its progress loop (the rank failed, and
+    the job with it)."""
+    cfg = make_config(layout={"learners": 0, "buffers": 2},
+                      storage={"capacity_rows": 2048, "shards_per_buffer": 1})
+    with ExperienceDataPlane(cfg) as edp:
+        me = edp.world_rank
+        agent = CheckpointAgent(edp, shared_dir, keep=0, counters=lambda: {
+            "rank": np.int64(me), "half": np.float32(0.5)})
+        if edp.role is Role.ACTOR:
+            for i in range(4):
+                edp.ingest(checked_batch(me, 8 * i, 8))
+            if edp.roles.actor.Get_rank() == 0:
+                agent.request(reason="test")
+                done = Path(shared_dir) / "ckpt-000001" / ck.DONE
+                for _ in range(6000):  # bounded: 60 s
+                    if done.exists():
+                        break
+                    time.sleep(0.01)
+            edp.done()
+        else:
+            edp.serve()
+        agent.finish()
+        buffers = edp.roles.buffer_ranks
+    c = ck.open_checkpoint(Path(shared_dir) / "ckpt-000001", spec=edp.spec)
+    for b in buffers:
+        got = c.counters[b]
+        assert (got["rank"], got["half"]) == (b, 0.5)

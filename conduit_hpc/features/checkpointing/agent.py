@@ -51,7 +51,7 @@ import numpy as np
 
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.errors import CheckpointError
-from conduit_hpc.features.checkpointing.boundary import BoundaryHook
+from conduit_hpc.features.checkpointing.boundary import BoundaryHook, plain_counters
 from conduit_hpc.features.checkpointing.parts import (
     STALL_ENV,
     buffer_file,
@@ -349,7 +349,8 @@ class CheckpointAgent(BufferExtension):
         self.cuts_s.append(cut_s)
         self._last_cut_seq = seq
         self._writing_seq = seq
-        extra = self.counters() if self.counters else {}
+        # plain numbers of its own, now (the part is sent from the writer's result)
+        extra = plain_counters(self.counters() if self.counters else {})
         path = tmp / buffer_file(self.edp)
         me = self.edp.world_rank
         result: dict[str, Any] = {}

@@ -24,7 +24,7 @@ from conduit_hpc.wait import Deadline
 if TYPE_CHECKING:
     from conduit_hpc.plane.learner import LearnerEndpoint
 
-__all__ = ["BoundaryHook", "frozen_arrays"]
+__all__ = ["BoundaryHook", "frozen_arrays", "plain_counters"]
 
 
 class MarkerAgent(Protocol):
@@ -65,7 +65,7 @@ class BoundaryHook(LearnerHook):
             "counters": {"superstep": s + ep.superstep_offset,
                          "priority_rows": ep.priority_rows,
                          "limiter_wait_s": ep.limiter_wait_s,
-                         **{k: _plain(v) for k, v in state.get("counters", {}).items()}}}
+                         **plain_counters(state.get("counters", {}))}}
         if "extra_state" in state:
             # frozen here, in the learner's thread: the part is written when the
             # checkpoint asks for it, supersteps later (on the data-plane thread in edp),
@@ -138,9 +138,10 @@ def frozen_arrays(arrays: Any) -> Any:
     return out
 
 
-def _plain(value: Any) -> Any:
-    """A counter as a plain number, now: a numpy scalar or 0-d array, or a tensor, by
-    its ``tolist()`` (a NaN stays a NaN); anything else as it is."""
-    if hasattr(value, "dtype") and callable(getattr(value, "tolist", None)):
-        return value.tolist()
-    return value
+def plain_counters(counters: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``counters`` (name -> number) in plain numbers, taken now: a numpy
+    scalar or array, or a tensor, by its ``tolist()`` (a NaN stays a NaN: the manifest
+    stores it); anything else as it is. A 0-d array counted in place would be read when
+    the part is sent, and numpy's numbers are not JSON (the part's message). Local."""
+    return {k: v.tolist() if hasattr(v, "dtype") and callable(getattr(v, "tolist", None))
+            else v for k, v in counters.items()}
