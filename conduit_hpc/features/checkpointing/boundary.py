@@ -138,10 +138,13 @@ def frozen_arrays(arrays: Any) -> Any:
     return out
 
 
-def plain_counters(counters: Mapping[str, Any]) -> dict[str, Any]:
+def plain_counters(counters: Any) -> Any:
     """A copy of ``counters`` (name -> number) in plain numbers, taken now: a numpy
     scalar or array, or a tensor, by its ``tolist()`` (a NaN stays a NaN: the manifest
-    stores it); anything else as it is. A 0-d array counted in place would be read when
-    the part is sent, and numpy's numbers are not JSON (the part's message). Local."""
+    stores it); anything else as it is (not a mapping: returned as it is, for the part
+    to refuse as before). A 0-d array counted in place would be read when the part is
+    sent, and numpy's numbers are not JSON (the part's message). Local."""
+    if not isinstance(counters, Mapping):
+        return counters
     return {k: v.tolist() if hasattr(v, "dtype") and callable(getattr(v, "tolist", None))
             else v for k, v in counters.items()}
