@@ -16,7 +16,7 @@ value and what was expected. Nothing here imports MPI.
 
 from __future__ import annotations
 
-from conduit_hpc.config.checks import require, require_types
+from conduit_hpc.config.checks import FrozenDict, require, require_types
 from conduit_hpc.config.feature_sections import (
     CHECKPOINT_CODECS,
     CheckpointConfig,
@@ -55,6 +55,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "FieldConfig",
+    "FrozenDict",
     "LaunchWorld",
     "LayoutConfig",
     "LongHaulConfig",

@@ -25,6 +25,7 @@ __all__ = [
     "MAX_ROWS",
     "MAX_ROW_BYTES",
     "MAX_SECONDS",
+    "FrozenDict",
     "finite",
     "itemsize",
     "require",
@@ -64,6 +65,38 @@ DTYPES = (
 )
 
 
+class FrozenDict(dict[typing.Any, typing.Any]):
+    """A dict that cannot be changed: a config's mapping field (``Config.spec``,
+    ``checkpoint.compression``, a job section's table). A frozen config holds one of its
+    own, copied when it is built: before, it kept the caller's dict, so a change to that
+    dict (or through ``cfg.spec[...]``) after the checks - after the data plane was
+    built - reached what it reads later unchecked (a checkpoint's codec, the config
+    written into its manifest). Equal to a dict of the same items; pickles and copies
+    as one."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> typing.NoReturn:
+        raise TypeError("a config's mapping cannot be changed (configs are frozen); "
+                        "build a new config, e.g. with Config.replace() or "
+                        "dataclasses.replace()")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse
+    __ior__ = _refuse
+
+    def __reduce__(self) -> tuple[type, tuple[dict[object, object]]]:
+        return (type(self), (dict(self),))  # (dict's way sets the items one by one)
+
+    def __copy__(self) -> FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> FrozenDict:
+        import copy
+
+        return type(self)({copy.deepcopy(k, memo): copy.deepcopy(v, memo)
+                           for k, v in self.items()})
+
+
 def require(ok: bool, key: str, value: object, expected: str) -> None:
     """Raise :class:`ConfigError` naming ``key``, ``value`` and ``expected`` unless ``ok``."""
     if not ok:
@@ -98,7 +131,9 @@ def require_types(section: object) -> None:
     accepted). ``int`` fields take whole numbers but bools (numpy integers become
     ``int``), ``float`` ones numbers but bools, ``str``/``bool`` their own type, a
     ``Literal`` one of its values, ``tuple[int, ...]`` a list or tuple of whole numbers
-    (made a tuple of ``int``). Fields of other types are left to the section.
+    (made a tuple of ``int``), ``tuple[str, ...]`` one of strings (made a tuple), and a
+    ``dict`` becomes a :class:`FrozenDict` of its own: what was checked cannot change
+    afterwards. Fields of other types are left to the section.
 
     Raises:
         ConfigError: naming the field, the value and the type expected.
@@ -132,3 +167,9 @@ def require_types(section: object) -> None:
             items = [_integer(d) for d in v] if isinstance(v, list | tuple) else [None]
             require(None not in items, f.name, v, "a list of integers")
             object.__setattr__(section, f.name, tuple(items))
+        elif tp == tuple[str, ...]:
+            ok = isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)
+            require(ok, f.name, v, "a list of strings")
+            object.__setattr__(section, f.name, tuple(v))  # its own: not the caller's list
+        elif typing.get_origin(tp) is dict and isinstance(v, dict):
+            object.__setattr__(section, f.name, FrozenDict(v))  # its own, unchangeable

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from conduit_hpc import jsontext
-from conduit_hpc.config.checks import MAX_BYTES, MAX_COUNT, MAX_ROW_BYTES, require
+from conduit_hpc.config.checks import MAX_BYTES, MAX_COUNT, MAX_ROW_BYTES, FrozenDict, require
 from conduit_hpc.config.feature_sections import CheckpointConfig, LongHaulConfig, PlacementConfig
 from conduit_hpc.config.launch_world import LaunchWorld, require_bytes
 from conduit_hpc.config.loader import load, to_plain, validate
@@ -57,6 +57,8 @@ class Config:
 
     def __post_init__(self) -> None:
         _check_section_types(self)
+        # a dict of its own that cannot change: checked here, read for the whole run
+        object.__setattr__(self, "spec", FrozenDict(self.spec))
         for name in self.spec:
             require(name.isidentifier(), "spec", name, "field names that are identifiers")
         sch = self.scheduler

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from conduit_hpc.config import FrozenDict
 from conduit_hpc.errors import ConfigError
 
 __all__ = [
@@ -224,6 +225,14 @@ class Placement:
     prediction: PlanPrediction | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        # tables of its own that cannot change: checked here, read at every ingest (a
+        # caller's dict changed after the data plane was built routed rows unchecked)
+        object.__setattr__(self, "shards", tuple(self.shards))
+        object.__setattr__(self, "actor_shards", FrozenDict(self.actor_shards))
+        object.__setattr__(self, "learner_shards", FrozenDict(
+            {r: tuple(s) for r, s in self.learner_shards.items()}))
+        if self.actor_weights is not None:
+            object.__setattr__(self, "actor_weights", FrozenDict(self.actor_weights))
         for i, s in enumerate(self.shards):
             if s.shard_id != i:
                 raise ConfigError(f"shards[{i}].shard_id must be {i}, got {s.shard_id}",

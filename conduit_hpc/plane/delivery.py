@@ -24,15 +24,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from conduit_hpc.config import SchedulerConfig
-from conduit_hpc.errors import DataPlaneClosed, SpecError
+from conduit_hpc.errors import DataPlaneClosed
 from conduit_hpc.plane.control import C_ACTORS_DONE, C_INSERTS, C_SAMPLES, ControlBlock
 from conduit_hpc.plane.priority_write import PriorityWrite
 from conduit_hpc.plane.sources import Fill, HostSource, ShardSource
 from conduit_hpc.plane.staging import Batch, BatchSink
+from conduit_hpc.plane.transform import checked_transform, private_columns
 from conduit_hpc.protocol import SampleReply, SampleRequest, Tag
 from conduit_hpc.sampling import Sampler, ShardStats
 from conduit_hpc.scheduler import LimiterState, RateLimiter
-from conduit_hpc.spec import Spec, as_array
+from conduit_hpc.spec import Spec
 from conduit_hpc.storage import tree_kernels
 from conduit_hpc.storage.layout import H_COMMIT, H_UNSAMPLED
 from conduit_hpc.storage.ring import ShardRing
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from conduit_hpc.plane.owner_block import OwnerBlock
     from conduit_hpc.storage.shared_index import SharedIndexWriter
 
-__all__ = ["Asked", "Deliverer", "Fill", "Part", "Transform"]
+__all__ = ["Asked", "Deliverer", "Fill", "Part", "Transform", "checked_transform"]
 
 Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 #: one shard's share of a batch: (first position, end, reply, rows that came with it,
@@ -349,6 +350,8 @@ class Deliverer:
         data = out
         if self.transform is not None:
             data = checked_transform(self.transform(out), B)
+            if self.stager.holds_host_arrays:  # the batch is its arrays: none shared
+                data = private_columns(data, out)
         t3 = time.perf_counter()
         timings["transform_s"] = t3 - t2
         weights = self.sampler.weights(mass, stats, superstep)
@@ -443,24 +446,6 @@ class Deliverer:
         """Carry checked priority updates to where the rows' index lives (the priority
         write stage, :meth:`PriorityWrite.send`). Returns rows sent."""
         return self.prio.send(indices, priorities, self.device_shards)
-
-
-def checked_transform(data: Any, rows: int | None = None) -> dict[str, np.ndarray]:
-    """What a learner's ``transform`` returned, as a dict of numpy arrays, or a
-    :class:`SpecError` naming the transform (before the batch is staged: torch's or
-    numpy's own error otherwise, raised from deep in the copy to the device).
-    ``rows``: the batch's rows, which every column must keep (one per index and weight:
-    a column of other length would pair rows with another row's index and weight)."""
-    if not isinstance(data, Mapping):
-        raise SpecError(f"transform must return a mapping of field name to array, got "
-                        f"{type(data).__name__} {data!r:.80}")
-    out = {k: as_array(v, f"transform output {k!r}") for k, v in data.items()}
-    for k, v in out.items():
-        if rows is not None and (v.ndim == 0 or v.shape[0] != rows):
-            raise SpecError(f"transform output {k!r} has shape {list(v.shape)}; expected "
-                            f"{rows} rows first (scheduler.batch_rows: one per entry of "
-                            f"Batch.indices and Batch.weights)")
-    return out
 
 
 def _why_waiting(lim: RateLimiter, state: LimiterState, mass: float, held: int) -> str:

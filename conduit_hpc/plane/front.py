@@ -80,8 +80,8 @@ class ExperienceDataPlane:
         run_dir (str | Path | None): where metrics files (``metrics/``) and the executed
             plan (``plan.json``) go; None keeps metrics in memory only.
         transform (callable | None): on learners, applied to each numpy batch (a dict
-            of arrays) before it is handed to torch; runs on the data-plane thread in
-            ``edp`` mode.
+            of arrays) before it is handed to torch (an array it keeps, e.g. a buffer it
+            reuses, is copied first); runs on the data-plane thread in ``edp`` mode.
 
     Raises:
         ConfigMismatch: ranks hold different configs (on every rank).

@@ -147,6 +147,9 @@ class BatchSink(abc.ABC):
 
     #: the device whose memory mirrors ``learner_gpu`` shards (None: no device tier)
     device: torch.device | None = None
+    #: the batch handed out holds the host arrays given to :meth:`to_device` (no copy):
+    #: a transform's output that something else holds too is copied first
+    holds_host_arrays: bool = False
 
     def alloc(self, t: int, spec: Spec, lead: tuple[int, ...]) -> dict[str, np.ndarray]:
         """The columns batch ``t`` is gathered into (``lead``: its leading dimensions,
@@ -246,6 +249,7 @@ class Stager(BatchSink):
         self._torch = torch
         self.device = device
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.holds_host_arrays = self._stream is None  # a GPU's copy is made at once
         self.recycler = Recycler()
 
     def alloc(self, t: int, spec: Spec, lead: tuple[int, ...]) -> dict[str, np.ndarray]:

@@ -10,10 +10,11 @@ starve it. An exception in the thread is re-raised in the owner at its next call
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -36,37 +37,37 @@ class DataPlaneThread:
                  name: str = "conduit-dataplane", max_posted: int = 64) -> None:
         self._background = background
         self._idle = idle_sleep_s
-        # (fn, its future, whether post() counted it against max_posted)
-        self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any], bool]] = queue.Queue()
+        # (fn, its future - None when posted: nobody waits for it -, whether post()
+        # counted it against max_posted)
+        self._calls: queue.Queue[tuple[Callable[[], Any], Future[Any] | None, bool]] = \
+            queue.Queue()
         #: room for posted calls not yet taken: post() waits (bounded) while there is
         #: none, so a thread that posts without pause cannot grow the queue without
         #: limit (each call holds its arrays) nor put every later call behind it
         self._room = threading.Semaphore(max_posted)
+        self._owed = False  # a call ran since the last background step (see _next)
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        self._owed = False  # a call ran since the last background step (see _next)
         self._reported = False  # the error was raised in the owner's thread
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def _take(self, item: tuple[Callable[[], Any], Future[Any], bool]
-              ) -> tuple[Callable[[], Any], Future[Any]]:
+    def _take(self, item: tuple[Callable[[], Any], Future[Any] | None, bool]
+              ) -> tuple[Callable[[], Any], Future[Any] | None]:
         fn, fut, counted = item
         if counted:
             self._room.release()
+        self._owed = True
         return fn, fut
 
-    def _next(self) -> tuple[Callable[[], Any], Future[Any]] | None:
+    def _next(self) -> tuple[Callable[[], Any], Future[Any] | None] | None:
         if not self._owed:
             try:
-                item = self._calls.get_nowait()
+                return self._take(self._calls.get_nowait())
             except queue.Empty:
                 pass
-            else:
-                self._owed = True
-                return self._take(item)
         # the background's turn: whenever nothing is queued, and after every call even
         # when more are (a thread that queues calls without pause - priority updates in
         # a tight loop - starved the prefetch step, and next_batch waited out its
@@ -76,11 +77,9 @@ class DataPlaneThread:
         if self._background():
             return None
         try:
-            item = self._calls.get(timeout=self._idle)
+            return self._take(self._calls.get(timeout=self._idle))
         except queue.Empty:
             return None
-        self._owed = True
-        return self._take(item)
 
     def _run(self) -> None:
         try:
@@ -89,6 +88,11 @@ class DataPlaneThread:
                 if item is None:
                     continue
                 fn, fut = item
+                if fut is None:  # posted: nobody waits for it (an error ends the thread)
+                    fn()
+                    continue
+                if not fut.set_running_or_notify_cancel():
+                    continue  # its caller gave up waiting (call's timeout): never run it
                 try:
                     fut.set_result(fn())
                 except BaseException as err:
@@ -101,7 +105,9 @@ class DataPlaneThread:
                     _, fut, _ = self._calls.get_nowait()
                 except queue.Empty:
                     break
-                fut.set_exception(err)
+                if fut is not None:
+                    with contextlib.suppress(InvalidStateError):  # one its caller cancelled
+                        fut.set_exception(err)
 
     def raise_if_failed(self) -> None:
         """Re-raise an exception the thread died of (in the caller's thread). The thread
@@ -132,19 +138,28 @@ class DataPlaneThread:
 
     def _wait(self, fut: Future[Any], timeout_s: float, what: str) -> Any:
         deadline = Deadline(timeout_s, what)
+        extended = False
         while True:
             try:
                 return fut.result(timeout=min(0.05, max(deadline.remaining_s, 0.001)))
             except FutureTimeout:
                 self.raise_if_failed()
+                if deadline.expired and not extended and not fut.cancel():
+                    # begun already (its own waits are bounded): one more period for it
+                    # to finish, rather than leave it running on what the caller holds
+                    deadline, extended = Deadline(timeout_s, what), True
+                # not begun (cancelled: never run now - an ingest would write, after its
+                # caller was told it timed out, arrays the caller may reuse), or past the
+                # extension: raise
                 deadline.check()
 
     def call(self, fn: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
         """Run ``fn`` on the thread, after every call queued before it; blocks for its
-        result at most ``timeout_s``.
+        result at most ``timeout_s``: a call still queued then is dropped (it never runs
+        after this raised); one begun by then gets ``timeout_s`` more to finish.
 
         Raises:
-            DataPlaneTimeout: no result in time (names ``what``).
+            DataPlaneTimeout: ``fn`` did not begin in time (names ``what``).
         """
         self.raise_if_failed()
         fut: Future[Any] = Future()
@@ -161,7 +176,7 @@ class DataPlaneThread:
         """
         self.raise_if_failed()
         if threading.current_thread() is self._thread:  # it would wait for itself
-            self._calls.put((fn, Future(), False))
+            self._calls.put((fn, None, False))
             return
         if not self._room.acquire(blocking=False):
             deadline = Deadline(timeout_s, "room in the data-plane thread's queue (the "
@@ -170,7 +185,7 @@ class DataPlaneThread:
                                                                 0.001))):
                 self.raise_if_failed()
                 deadline.check()
-        self._calls.put((fn, Future(), True))
+        self._calls.put((fn, None, True))
 
     def stop(self, timeout_s: float) -> None:
         """Finish the queued calls, stop, and join. Blocks at most ``timeout_s``."""

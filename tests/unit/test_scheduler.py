@@ -255,3 +255,50 @@ def test_wire_round_trips() -> None:
                                               np.array([0.5])).pack())
     assert (up.shard_id, up.slots.tolist(), up.gens.tolist(), up.priorities.tolist()) == (
         3, [1], [2], [0.5])
+
+
+def test_a_call_that_timed_out_in_the_queue_never_runs() -> None:
+    """A call still queued when its caller's wait ran out is dropped: before, it ran
+    whenever the thread got to it, after the caller was told it timed out (an ingest
+    on a learner then wrote the arrays its caller had reused meanwhile)."""
+    gate = threading.Event()
+    ran: list[str] = []
+    th = DataPlaneThread(lambda: False)
+    th.start()
+    th.post(lambda: gate.wait(30), timeout_s=5)  # the thread is busy
+    with pytest.raises(DataPlaneTimeout, match="the late write"):
+        th.call(lambda: ran.append("late"), timeout_s=0.2, what="the late write")
+    gate.set()
+    assert th.call(lambda: ran.append("next") or 7, timeout_s=30, what="next") == 7
+    th.stop(30)
+    assert ran == ["next"]
+
+
+def test_a_call_begun_before_its_timeout_is_waited_for() -> None:
+    """A call the thread began before its caller's deadline is not abandoned mid-way:
+    its caller waits one more period for its result."""
+    began, gate = threading.Event(), threading.Event()
+
+    def slow() -> int:
+        began.set()
+        gate.wait(30)
+        return 5
+
+    th = DataPlaneThread(lambda: False)
+    th.start()
+    threading.Timer(0.0, lambda: began.wait(30) and threading.Timer(
+        2.5, gate.set).start()).start()  # release it after the first period
+    assert th.call(slow, timeout_s=2.0, what="slow") == 5
+    th.stop(30)
+
+
+def test_a_thread_that_fails_leaves_no_cancelled_call_in_its_way() -> None:
+    gate = threading.Event()
+    th = DataPlaneThread(lambda: False)
+    th.start()
+    th.post(lambda: gate.wait(30) and 1 / 0, timeout_s=5)
+    with pytest.raises(DataPlaneTimeout):
+        th.call(lambda: None, timeout_s=0.2, what="dropped")
+    gate.set()
+    with pytest.raises(ZeroDivisionError):  # the thread's own error, not a state error
+        th.call(lambda: None, timeout_s=30, what="after")

@@ -51,7 +51,7 @@ import numpy as np
 
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.errors import CheckpointError
-from conduit_hpc.features.checkpointing.boundary import BoundaryHook
+from conduit_hpc.features.checkpointing.boundary import BoundaryHook, plain_counters
 from conduit_hpc.features.checkpointing.parts import (
     STALL_ENV,
     buffer_file,
@@ -302,6 +302,8 @@ class CheckpointAgent(BufferExtension):
                                 "files": [], "shards": []}
         extra = state.get("extra_state")
         try:
+            if state.get("error"):  # the state could not be taken (BoundaryHook)
+                raise CheckpointError(str(state["error"]))
             if extra is not None:
                 part["files"].append(ck.write_arrays_file(Path(info["tmp"]) / ck.LEARNER_FILE,
                                                           extra, state.get("extra_attrs")))
@@ -347,7 +349,8 @@ class CheckpointAgent(BufferExtension):
         self.cuts_s.append(cut_s)
         self._last_cut_seq = seq
         self._writing_seq = seq
-        extra = self.counters() if self.counters else {}
+        # plain numbers of its own, now (the part is sent from the writer's result)
+        extra = plain_counters(self.counters() if self.counters else {})
         path = tmp / buffer_file(self.edp)
         me = self.edp.world_rank
         result: dict[str, Any] = {}
