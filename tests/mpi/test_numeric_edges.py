@@ -1,0 +1,68 @@
+"""The running data plane at its numeric edges (a hostile sweep, stop 40): each case ended
+with a learner waiting out ``run.timeout_s`` on a wrong reason, or with ranks that
+waited forever; now it ends at once, on every rank, with an error that says why.
+
+* a positive priority whose ``priority ** priority_exponent`` underflows float64 to 0
+  (exponents above 1): its row could never be drawn, and the learner waited out its
+  timeout on "every row held has priority 0";
+* ``scheduler.min_fill_rows`` above the rows the writers can fill (shards no actor
+  writes): the learner waited for a fill that could never come;
+* every priority set to 0 while the learner redrew a shard's rows: it redrew in the
+  emptied shard until its timeout, "they kept being overwritten";
+* ranks further apart than ``run.timeout_s`` at a bounded collective (the constructor,
+  ``close()``): those that came gave up, the late one completed the barrier alone and
+  waited forever in the next collective.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import verdict
+from mpi4py import MPI
+
+from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc.errors import CollectiveFailed, ConfigError, DataPlaneClosed, SpecError
+from conduit_hpc.testing import checked_batch, make_config, row_consistent
+
+COMM = MPI.COMM_WORLD
+
+
+def _outcome(fn) -> str:
+    try:
+        return str(fn())
+    except (ConfigError, SpecError, DataPlaneClosed, CollectiveFailed) as err:
+        return f"{type(err).__name__}: {err}"
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_positive_priority_without_mass_is_refused_where_it_is_given() -> None:
+    cfg = make_config(run={"timeout_s": 20.0}, storage={"capacity_rows": 256,
+                                                        "priority_exponent": 2.0},
+                      layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
+                      scheduler={"mode": "sync", "batch_rows": 8})
+    seen: list[str] = []
+    with ExperienceDataPlane(cfg) as edp:
+        me = edp.world_rank
+        if edp.role is Role.ACTOR:
+            seen.append(_outcome(lambda: edp.ingest(checked_batch(me, 0, 2), [1.0, 1e-170])))
+            edp.ingest(checked_batch(me, 0, 8), [0.0, 1e-150, 1, 2, 3, 4, 5, 6])  # kept
+            w = 8
+            while not edp.should_stop:
+                edp.ingest(checked_batch(me, w, 8))
+                w += 8
+        elif edp.role is Role.LEARNER:
+            b = edp.next_batch()
+            tiny = np.full(len(b), 1e-170)
+            seen.append(_outcome(lambda: edp.update_priorities(b.indices, tiny)))
+            edp.update_priorities(b.indices, np.where(np.arange(len(b)) % 2, 1e-150, 0.0))
+            for _ in range(3):
+                b = edp.next_batch()
+                assert row_consistent({k: v.numpy() for k, v in b.data.items()}).all()
+        else:
+            edp.serve()
+        edp.done()
+    want = "priorities[1] = " if edp.role is Role.ACTOR else "priorities[0] = "
+    ok = all(s.startswith(f"SpecError: {want}") and "underflows float64 to 0" in s
+             and "storage.priority_exponent (2)" in s for s in seen)
+    assert verdict(ok and len(seen) == (edp.role in (Role.ACTOR, Role.LEARNER))), seen
