@@ -16,6 +16,8 @@ waited forever; now it ends at once, on every rank, with an error that says why.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from conftest import verdict
@@ -66,3 +68,39 @@ def test_a_positive_priority_without_mass_is_refused_where_it_is_given() -> None
     ok = all(s.startswith(f"SpecError: {want}") and "underflows float64 to 0" in s
              and "storage.priority_exponent (2)" in s for s in seen)
     assert verdict(ok and len(seen) == (edp.role in (Role.ACTOR, Role.LEARNER))), seen
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_min_fill_beyond_the_rows_the_writers_fill_is_refused_at_start(extra: int) -> None:
+    actors = COMM.size - 2
+    shards = actors + 2  # two shards no actor writes
+    cfg = make_config(run={"timeout_s": 10.0}, storage={"capacity_rows": 16 * shards,
+                                                        "shards_per_buffer": shards},
+                      layout={"learners": 1, "buffers": 1, "actors": actors},
+                      scheduler={"mode": "sync", "batch_rows": 8,
+                                 "min_fill_rows": 16 * actors + extra})
+    t0 = time.monotonic()
+
+    def job() -> str:
+        with ExperienceDataPlane(cfg) as edp:
+            if edp.role is Role.ACTOR:
+                w = 0
+                while not edp.should_stop:
+                    edp.ingest(checked_batch(edp.world_rank, w, 4))
+                    w += 4
+            elif edp.role is Role.LEARNER:
+                edp.next_batch()
+            else:
+                edp.serve()
+            edp.done()
+        return "ran"
+
+    seen = _outcome(job)
+    if extra:
+        ok = (seen.startswith("ConfigError: scheduler.min_fill_rows must be <= the rows "
+                              "the writers can fill")
+              and f"at most {16 * actors} rows are ever held" in seen)
+    else:
+        ok = seen == "ran"
+    assert verdict(ok and time.monotonic() - t0 < 10.0), seen
