@@ -24,15 +24,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from conduit_hpc.config import SchedulerConfig
-from conduit_hpc.errors import DataPlaneClosed, SpecError
+from conduit_hpc.errors import DataPlaneClosed
 from conduit_hpc.plane.control import C_ACTORS_DONE, C_INSERTS, C_SAMPLES, ControlBlock
 from conduit_hpc.plane.priority_write import PriorityWrite
 from conduit_hpc.plane.sources import Fill, HostSource, ShardSource
-from conduit_hpc.plane.staging import Batch, BatchSink
+from conduit_hpc.plane.staging import Batch, BatchSink, checked_transform
 from conduit_hpc.protocol import SampleReply, SampleRequest, Tag
 from conduit_hpc.sampling import Sampler, ShardStats
 from conduit_hpc.scheduler import LimiterState, RateLimiter
-from conduit_hpc.spec import Spec, as_array
+from conduit_hpc.spec import Spec
 from conduit_hpc.storage import tree_kernels
 from conduit_hpc.storage.layout import H_COMMIT, H_UNSAMPLED
 from conduit_hpc.storage.ring import ShardRing
@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from conduit_hpc.plane.owner_block import OwnerBlock
     from conduit_hpc.storage.shared_index import SharedIndexWriter
 
-__all__ = ["Asked", "Deliverer", "Fill", "Part", "Transform"]
+__all__ = ["Asked", "Deliverer", "Fill", "Part", "ShardEmptied", "Transform",
+           "checked_transform"]
 
 Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 #: one shard's share of a batch: (first position, end, reply, rows that came with it,
@@ -54,6 +55,14 @@ Part = tuple[int, int, SampleReply, np.ndarray, ShardSource]
 #: requests sent to owners: request id -> (first position, end, the shard's source)
 Asked = dict[int, tuple[int, int, ShardSource]]
 _NO_ROWS = np.zeros(0, np.uint8)  # a part drawn here: no bytes came with a reply
+
+
+class ShardEmptied(Exception):
+    """A shard drawn from lost all its mass before its rows were intact (every row's
+    priority set to 0 meanwhile): no redraw in it can succeed, the batch starts over
+    from the rate limiter (:meth:`Deliverer.admit`), which waits for mass or says why
+    none will come. Internal: :meth:`Fetch.prepare
+    <conduit_hpc.plane.fetch.Fetch.prepare>` catches it."""
 
 
 class Deliverer:
@@ -230,6 +239,10 @@ class Deliverer:
         self.limiter_wait_s += waited
         return stats, waited
 
+    def unadmit(self, rows: int) -> None:
+        """Take back :meth:`admit`'s count of ``rows`` (a batch that starts over)."""
+        self.control.add(C_SAMPLES, -rows)
+
     def fence(self) -> None:
         """Wait (bounded) until the owners of this learner's shards have committed the
         rows written so far and applied this learner's priority updates: one 1-target
@@ -370,7 +383,9 @@ class Deliverer:
         cursor stays where this learner read it until the pin is dropped), so the rows
         drawn then cannot be overwritten: one redraw round is enough, unless the shard
         had nothing drawable (a round that replaced none pauses briefly). Bounded by the
-        timeout; writers of the shard wait for at most that one round."""
+        timeout; writers of the shard wait for at most that one round. A shard left with
+        no mass at all raises :class:`ShardEmptied` (redrawn in it, the rows waited out
+        the timeout "being overwritten" after every priority was set to 0)."""
         ring, w = self.rings[sid], self.window
         cap = ring.capacity
         # first pass: straight into the batch; most batches end here
@@ -402,6 +417,8 @@ class Deliverer:
                     pinned = True
                 self.pinned_rounds += pinned
                 _, total, _, _ = ring.read_stats()
+                if not total > 0:  # no redraw here can succeed: start over (admit)
+                    raise ShardEmptied(sid)
                 targets = self.sampler.redraw(total, len(todo))
                 rep = src.draw(targets, False)
                 if rep is None:
@@ -443,24 +460,6 @@ class Deliverer:
         """Carry checked priority updates to where the rows' index lives (the priority
         write stage, :meth:`PriorityWrite.send`). Returns rows sent."""
         return self.prio.send(indices, priorities, self.device_shards)
-
-
-def checked_transform(data: Any, rows: int | None = None) -> dict[str, np.ndarray]:
-    """What a learner's ``transform`` returned, as a dict of numpy arrays, or a
-    :class:`SpecError` naming the transform (before the batch is staged: torch's or
-    numpy's own error otherwise, raised from deep in the copy to the device).
-    ``rows``: the batch's rows, which every column must keep (one per index and weight:
-    a column of other length would pair rows with another row's index and weight)."""
-    if not isinstance(data, Mapping):
-        raise SpecError(f"transform must return a mapping of field name to array, got "
-                        f"{type(data).__name__} {data!r:.80}")
-    out = {k: as_array(v, f"transform output {k!r}") for k, v in data.items()}
-    for k, v in out.items():
-        if rows is not None and (v.ndim == 0 or v.shape[0] != rows):
-            raise SpecError(f"transform output {k!r} has shape {list(v.shape)}; expected "
-                            f"{rows} rows first (scheduler.batch_rows: one per entry of "
-                            f"Batch.indices and Batch.weights)")
-    return out
 
 
 def _why_waiting(lim: RateLimiter, state: LimiterState, mass: float, held: int) -> str:

@@ -22,10 +22,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from conduit_hpc.plane.delivery import Asked, Deliverer, Part
+from conduit_hpc.plane.delivery import Asked, Deliverer, Part, ShardEmptied
 from conduit_hpc.plane.staging import Batch
 from conduit_hpc.protocol import SampleReply, Tag, unpack_rows
 from conduit_hpc.sampling import ShardStats
+from conduit_hpc.wait import Deadline
 
 __all__ = ["FETCHES", "DirectFetch", "Fetch", "OwnerFetch", "PendingBatch"]
 
@@ -40,19 +41,30 @@ class Fetch(abc.ABC):
     request_tag: ClassVar[Tag]
 
     def prepare(self, d: Deliverer, superstep: int, staleness: int) -> Batch:
-        """One batch, inline. Blocks (bounded)."""
+        """One batch, inline. Blocks (bounded). A shard that lost all its mass while
+        the batch was drawn (:class:`~conduit_hpc.plane.delivery.ShardEmptied`) makes
+        the batch start over, from the rate limiter: it waits for mass, or raises
+        :class:`~conduit_hpc.errors.DataPlaneClosed` once no insert can come."""
         B = d.cfg.batch_rows
-        t_ack = time.perf_counter()
-        self.before_admit(d)
-        timings = {"ack_wait_s": time.perf_counter() - t_ack, "sample_s": 0.0,
-                   "gather_s": 0.0, "transform_s": 0.0, "copy_s": 0.0}
-        stats, waited = d.admit(B)
-        timings["limiter_wait_s"] = waited
-        t0 = time.perf_counter() - d.sync_s  # a device shard's sync is sampling work
-        parts = d.draw(self.request_tag, stats, B)
-        timings["sample_s"] = time.perf_counter() - t0
-        return d.assemble(superstep, staleness, stats, parts, timings,
-                          functools.partial(self.fill, d))
+        deadline: Deadline | None = None
+        while True:
+            t_ack = time.perf_counter()
+            self.before_admit(d)
+            timings = {"ack_wait_s": time.perf_counter() - t_ack, "sample_s": 0.0,
+                       "gather_s": 0.0, "transform_s": 0.0, "copy_s": 0.0}
+            stats, waited = d.admit(B)
+            timings["limiter_wait_s"] = waited
+            t0 = time.perf_counter() - d.sync_s  # a device shard's sync is sampling work
+            parts = d.draw(self.request_tag, stats, B)
+            timings["sample_s"] = time.perf_counter() - t0
+            try:
+                return d.assemble(superstep, staleness, stats, parts, timings,
+                                  functools.partial(self.fill, d))
+            except ShardEmptied as err:
+                d.unadmit(B)  # not sampled after all
+                deadline = deadline or Deadline(
+                    d.timeout_s, "a batch whose shards kept losing all their mass")
+                deadline.check(f"shard {err.args[0]} had no priority mass left to draw")
 
     def before_admit(self, d: Deliverer) -> None:  # noqa: B027 - optional, default no-op
         """What must happen before the batch's statistics are read (default: nothing)."""

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from conduit_hpc.errors import CollectiveFailed, ConfigError
+from conduit_hpc.errors import CollectiveFailed, ConfigError, SpecError
+from conduit_hpc.spec import as_array
 from conduit_hpc.wait import wait_until
 
 if TYPE_CHECKING:  # torch loads only on ranks that use it (learners)
@@ -25,8 +26,8 @@ if TYPE_CHECKING:  # torch loads only on ranks that use it (learners)
     from conduit_hpc.plane.roles import RoleComms
     from conduit_hpc.spec import Spec
 
-__all__ = ["Batch", "BatchSink", "Recycler", "Stager", "agreed_device", "import_torch",
-           "select_device"]
+__all__ = ["Batch", "BatchSink", "Recycler", "Stager", "agreed_device", "checked_transform",
+           "import_torch", "select_device"]
 
 
 def import_torch(layout_learners: int) -> None:
@@ -292,3 +293,21 @@ class Stager(BatchSink):
                 dst.index_copy_(0, idx, src.to(dst.dtype))
                 if self._stream is not None:  # read on the copy stream: keep it until then
                     src.record_stream(self._stream)
+
+
+def checked_transform(data: Any, rows: int | None = None) -> dict[str, np.ndarray]:
+    """What a learner's ``transform`` returned, as a dict of numpy arrays, or a
+    :class:`SpecError` naming the transform (before the batch is staged: torch's or
+    numpy's own error otherwise, raised from deep in the copy to the device).
+    ``rows``: the batch's rows, which every column must keep (one per index and weight:
+    a column of other length would pair rows with another row's index and weight)."""
+    if not isinstance(data, Mapping):
+        raise SpecError(f"transform must return a mapping of field name to array, got "
+                        f"{type(data).__name__} {data!r:.80}")
+    out = {k: as_array(v, f"transform output {k!r}") for k, v in data.items()}
+    for k, v in out.items():
+        if rows is not None and (v.ndim == 0 or v.shape[0] != rows):
+            raise SpecError(f"transform output {k!r} has shape {list(v.shape)}; expected "
+                            f"{rows} rows first (scheduler.batch_rows: one per entry of "
+                            f"Batch.indices and Batch.weights)")
+    return out

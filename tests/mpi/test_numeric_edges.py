@@ -104,3 +104,40 @@ def test_a_min_fill_beyond_the_rows_the_writers_fill_is_refused_at_start(extra: 
     else:
         ok = seen == "ran"
     assert verdict(ok and time.monotonic() - t0 < 10.0), seen
+
+
+@pytest.mark.mpi(min_size=4)
+def test_every_priority_zeroed_ends_with_the_reason_not_a_redraw_timeout() -> None:
+    """Two buffers through RMA: the learner's zeroing reaches an owner between the
+    statistics it drew over and its redraw; the shard has no mass left to draw from."""
+    timeout = 8.0
+    cfg = make_config(run={"timeout_s": timeout}, transport={"shared_memory": "never"},
+                      storage={"capacity_rows": 256},
+                      layout={"learners": 1, "buffers": 2, "actors": COMM.size - 3},
+                      scheduler={"mode": "sync", "batch_rows": 16})
+    t0 = time.monotonic()
+    seen, bad = "nothing", []
+    with ExperienceDataPlane(cfg) as edp:
+        me = edp.world_rank
+        if edp.role is Role.ACTOR:
+            edp.ingest(checked_batch(me, 0, 64))  # then no more: every actor finishes
+        elif edp.role is Role.LEARNER:
+            try:
+                for _ in range(500):
+                    b = edp.next_batch()
+                    w = b.weights.numpy()
+                    if not (np.isfinite(w).all() and (w > 0).all() and (w <= 1).all()):
+                        bad.append(w.tolist())
+                    edp.update_priorities(b.indices, np.zeros(len(b)))
+            except DataPlaneClosed as err:
+                seen = f"DataPlaneClosed: {err}"
+            except Exception as err:  # a finding: named in the verdict
+                seen = f"{type(err).__name__}: {err}"
+        else:
+            edp.serve()
+        edp.done()
+    took = time.monotonic() - t0
+    ok = not bad and took < 3 * timeout
+    if edp.role is Role.LEARNER:
+        ok = ok and "every actor finished" in seen and "total priority mass 0" in seen
+    assert verdict(ok), (seen, bad[:1], took)
