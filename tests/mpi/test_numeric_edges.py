@@ -141,3 +141,53 @@ def test_every_priority_zeroed_ends_with_the_reason_not_a_redraw_timeout() -> No
     if edp.role is Role.LEARNER:
         ok = ok and "every actor finished" in seen and "total priority mass 0" in seen
     assert verdict(ok), (seen, bad[:1], took)
+
+
+def _late_config(timeout: float):
+    return make_config(run={"timeout_s": timeout}, storage={"capacity_rows": 64,
+                                                            "block_timeout_s": 0.2},
+                       layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
+                       scheduler={"mode": "sync", "batch_rows": 8},
+                       checkpoint={"on_stop": False})
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_rank_later_than_the_timeout_at_the_constructor_fails_with_the_others() -> None:
+    timeout = 1.0
+    sub = COMM.Dup()  # given up on: never used again (its barriers may stay pending)
+    t0 = time.monotonic()
+    if COMM.rank == COMM.size - 1:
+        time.sleep(3 * timeout)  # the others give up on it first
+
+    def build() -> str:
+        ExperienceDataPlane(_late_config(timeout), sub)
+        return "built"
+
+    seen = _outcome(build)
+    took = time.monotonic() - t0
+    ok = seen.startswith("CollectiveFailed") and "constructor" in seen and took < 8 * timeout
+    assert verdict(ok), (COMM.rank, seen, took)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_ranks_further_apart_than_the_timeout_at_close_fail_together() -> None:
+    """Actors finish first; the learner works on past the timeout before ``close()``."""
+    timeout = 1.5
+    sub = COMM.Dup()
+    t0 = time.monotonic()
+
+    def job() -> str:
+        with ExperienceDataPlane(_late_config(timeout), sub) as edp:
+            if edp.role is Role.ACTOR:
+                edp.ingest(checked_batch(edp.world_rank, 0, 16))
+            elif edp.role is Role.LEARNER:
+                edp.next_batch()
+                time.sleep(3 * timeout)  # training on; the actors are in close() already
+            else:
+                edp.serve()
+        return "closed"
+
+    seen = _outcome(job)
+    took = time.monotonic() - t0
+    ok = seen.startswith("CollectiveFailed") and "close()" in seen and took < 10 * timeout
+    assert verdict(ok), (COMM.rank, seen, took)
