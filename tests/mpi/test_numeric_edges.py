@@ -107,14 +107,18 @@ def test_a_min_fill_beyond_the_rows_the_writers_fill_is_refused_at_start(extra: 
 
 
 @pytest.mark.mpi(min_size=4)
-def test_every_priority_zeroed_ends_with_the_reason_not_a_redraw_timeout() -> None:
+@pytest.mark.parametrize("mode, fetch", [("sync", "direct"), ("service", "direct"),
+                                         ("edp", "owner")])
+def test_every_priority_zeroed_ends_with_the_reason_not_a_redraw_timeout(mode: str,
+                                                                         fetch: str) -> None:
     """Two buffers through RMA: the learner's zeroing reaches an owner between the
-    statistics it drew over and its redraw; the shard has no mass left to draw from."""
+    statistics it drew over and its draw; the shard has no mass left to draw from (the
+    learner redrew in it, or its owner deferred the request, until the timeout)."""
     timeout = 8.0
     cfg = make_config(run={"timeout_s": timeout}, transport={"shared_memory": "never"},
                       storage={"capacity_rows": 256},
                       layout={"learners": 1, "buffers": 2, "actors": COMM.size - 3},
-                      scheduler={"mode": "sync", "batch_rows": 16})
+                      scheduler={"mode": mode, "fetch": fetch, "batch_rows": 16})
     t0 = time.monotonic()
     seen, bad = "nothing", []
     with ExperienceDataPlane(cfg) as edp:
