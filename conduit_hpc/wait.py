@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from conduit_hpc.errors import ConduitError, DataPlaneTimeout
 
-__all__ = ["Backoff", "Deadline", "wait_until"]
+__all__ = ["Backoff", "Deadline", "seconds", "wait_until"]
 
 T = TypeVar("T")
 
@@ -97,8 +97,14 @@ class Deadline:
         appended to the message."""
         if time.monotonic() > self._end:
             more = detail() if callable(detail) else detail
-            raise self.error(f"waited {self.timeout_s:.1f} s for {self.what}"
+            raise self.error(f"waited {seconds(self.timeout_s)} s for {self.what}"
                              + (f": {more}" if more else ""))
+
+
+def seconds(t: float) -> str:
+    """``t`` for a message: one decimal from a second on, two significant digits below
+    (a bound of 0.01 s read "waited 0.0 s", as if nothing had been waited for)."""
+    return f"{t:.1f}" if t >= 1 or t <= 0 else f"{t:.2g}"
 
 
 def wait_until(condition: Callable[[], T], *, timeout_s: float, what: str,

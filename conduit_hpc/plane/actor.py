@@ -36,7 +36,7 @@ from conduit_hpc.plane.control import (
 )
 from conduit_hpc.plane.metrics import ACTOR_COLUMNS, CsvSink
 from conduit_hpc.plane.weights import WeightsBoard
-from conduit_hpc.sampling import applies_priorities
+from conduit_hpc.sampling import make_sampler
 from conduit_hpc.scheduler import LimiterState, RateLimiter
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage.priority import check_priorities
@@ -125,7 +125,8 @@ class ActorEndpoint:
         self._rows_at_log = 0
         #: priorities given to ingest are applied (not by a uniform sampler: there a
         #: priority of 0 would hide its row; checked, then dropped)
-        self.applies_priorities = applies_priorities(config)
+        self._sampler = make_sampler(config, 0)  # its checks of priorities given
+        self.applies_priorities = self._sampler.applies_priorities
         self._turn = threading.Lock()  # one thread at a time past validation
         self._closing = False  # close() began: waits give up, nothing more is written
         self._closed = False
@@ -149,6 +150,8 @@ class ActorEndpoint:
                                 f"{n} rows")
             if not self.applies_priorities:
                 prio = None  # the rows enter as rows without one: mass 1 (uniform)
+            else:
+                self._sampler.check_masses(prio)  # positive, yet never drawn: refused
         self._take_turn("ingest()")
         try:
             return self._write(data, n, prio, t0)

@@ -193,8 +193,10 @@ class BufferServer:
             if not bad.any():
                 break
             todo = todo[bad]
-            if shard.span() <= 0:
-                return False
+            if shard.span() <= 0:  # nothing drawable: say so (the learner starts over
+                slots[:] = -1  # from its rate limiter, which knows whether mass can come;
+                n = 0  # deferred, the request waited for rows no actor would write)
+                break
             fresh = shard.sample(self.rng.random(len(todo)) * max(shard.span(), 0.0))
             slots[todo], gens[todo], mass[todo] = fresh.slots, fresh.gens, fresh.mass
         else:
@@ -205,7 +207,7 @@ class BufferServer:
         self.samples_served += n
         self.rows_served += n * window
         self.channel.isend(msg.source, Tag.SERVICE_REPLY,
-                           out.pack(pack_rows(shard.ring.layout.spec, cols)))
+                           out.pack(pack_rows(shard.ring.layout.spec, cols) if n else None))
         return True
 
     def _on_priority(self, msg: Message) -> None:

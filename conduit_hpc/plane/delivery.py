@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from conduit_hpc.plane.owner_block import OwnerBlock
     from conduit_hpc.storage.shared_index import SharedIndexWriter
 
-__all__ = ["Asked", "Deliverer", "Fill", "Part", "Transform", "checked_transform"]
+__all__ = ["Asked", "Deliverer", "Fill", "Part", "ShardEmptied", "Transform",
+           "checked_transform"]
 
 Transform = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 #: one shard's share of a batch: (first position, end, reply, rows that came with it,
@@ -55,6 +56,13 @@ Part = tuple[int, int, SampleReply, np.ndarray, ShardSource]
 #: requests sent to owners: request id -> (first position, end, the shard's source)
 Asked = dict[int, tuple[int, int, ShardSource]]
 _NO_ROWS = np.zeros(0, np.uint8)  # a part drawn here: no bytes came with a reply
+
+
+class ShardEmptied(Exception):
+    """A shard drawn from lost all its mass before its rows were intact (every row's
+    priority set to 0 meanwhile): no redraw in it can succeed, the batch starts over
+    from the rate limiter (:meth:`Deliverer.admit`), which waits for mass or says why
+    none will come. Internal: ``Fetch.prepare`` catches it."""
 
 
 class Deliverer:
@@ -231,6 +239,10 @@ class Deliverer:
         self.limiter_wait_s += waited
         return stats, waited
 
+    def unadmit(self, rows: int) -> None:
+        """Take back :meth:`admit`'s count of ``rows`` (a batch that starts over)."""
+        self.control.add(C_SAMPLES, -rows)
+
     def fence(self) -> None:
         """Wait (bounded) until the owners of this learner's shards have committed the
         rows written so far and applied this learner's priority updates: one 1-target
@@ -373,7 +385,9 @@ class Deliverer:
         cursor stays where this learner read it until the pin is dropped), so the rows
         drawn then cannot be overwritten: one redraw round is enough, unless the shard
         had nothing drawable (a round that replaced none pauses briefly). Bounded by the
-        timeout; writers of the shard wait for at most that one round."""
+        timeout; writers of the shard wait for at most that one round. A shard left with
+        no mass at all raises :class:`ShardEmptied` (redrawn in it, the rows waited out
+        the timeout "being overwritten" after every priority was set to 0)."""
         ring, w = self.rings[sid], self.window
         cap = ring.capacity
         # first pass: straight into the batch; most batches end here
@@ -405,6 +419,8 @@ class Deliverer:
                     pinned = True
                 self.pinned_rounds += pinned
                 _, total, _, _ = ring.read_stats()
+                if not total > 0:  # no redraw here can succeed: start over (admit)
+                    raise ShardEmptied(sid)
                 targets = self.sampler.redraw(total, len(todo))
                 rep = src.draw(targets, False)
                 if rep is None:

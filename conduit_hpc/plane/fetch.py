@@ -22,10 +22,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from conduit_hpc.plane.delivery import Asked, Deliverer, Part
+from conduit_hpc.plane.delivery import Asked, Deliverer, Part, ShardEmptied
 from conduit_hpc.plane.staging import Batch
 from conduit_hpc.protocol import SampleReply, Tag, unpack_rows
 from conduit_hpc.sampling import ShardStats
+from conduit_hpc.wait import Deadline
 
 __all__ = ["FETCHES", "DirectFetch", "Fetch", "OwnerFetch", "PendingBatch"]
 
@@ -40,19 +41,27 @@ class Fetch(abc.ABC):
     request_tag: ClassVar[Tag]
 
     def prepare(self, d: Deliverer, superstep: int, staleness: int) -> Batch:
-        """One batch, inline. Blocks (bounded)."""
+        """One batch, inline. Blocks (bounded). A shard that lost all its mass while
+        the batch was drawn (:class:`~conduit_hpc.plane.delivery.ShardEmptied`) makes
+        the batch start over, from the rate limiter: it waits for mass, or raises
+        :class:`~conduit_hpc.errors.DataPlaneClosed` once no insert can come."""
         B = d.cfg.batch_rows
-        t_ack = time.perf_counter()
-        self.before_admit(d)
-        timings = {"ack_wait_s": time.perf_counter() - t_ack, "sample_s": 0.0,
-                   "gather_s": 0.0, "transform_s": 0.0, "copy_s": 0.0}
-        stats, waited = d.admit(B)
-        timings["limiter_wait_s"] = waited
-        t0 = time.perf_counter() - d.sync_s  # a device shard's sync is sampling work
-        parts = d.draw(self.request_tag, stats, B)
-        timings["sample_s"] = time.perf_counter() - t0
-        return d.assemble(superstep, staleness, stats, parts, timings,
-                          functools.partial(self.fill, d))
+        deadline: Deadline | None = None
+        while True:
+            t_ack = time.perf_counter()
+            self.before_admit(d)
+            timings = {"ack_wait_s": time.perf_counter() - t_ack, "sample_s": 0.0,
+                       "gather_s": 0.0, "transform_s": 0.0, "copy_s": 0.0}
+            stats, waited = d.admit(B)
+            timings["limiter_wait_s"] = waited
+            t0 = time.perf_counter() - d.sync_s  # a device shard's sync is sampling work
+            parts = d.draw(self.request_tag, stats, B)
+            timings["sample_s"] = time.perf_counter() - t0
+            try:
+                return d.assemble(superstep, staleness, stats, parts, timings,
+                                  functools.partial(self.fill, d))
+            except ShardEmptied as err:
+                deadline = _again(d, B, deadline, err)
 
     def before_admit(self, d: Deliverer) -> None:  # noqa: B027 - optional, default no-op
         """What must happen before the batch's statistics are read (default: nothing)."""
@@ -93,6 +102,7 @@ class PendingBatch:
     ids: Asked
     t0: float
     waited: float
+    again: Deadline | None = None  # bound of its restarts (see OwnerFetch.complete)
 
 
 class OwnerFetch(Fetch):
@@ -104,6 +114,8 @@ class OwnerFetch(Fetch):
 
     def fill(self, d: Deliverer, a: int, b: int, rows: np.ndarray, indices: np.ndarray,
              mass: np.ndarray, flat: dict[str, np.ndarray]) -> None:
+        if indices[a, 1] < 0:  # the owner had nothing to draw (and sent no rows)
+            raise ShardEmptied(int(indices[a, 0]))
         w = d.window
         for name, arr in unpack_rows(d.spec, rows, (b - a) * w).items():
             flat[name][a * w:b * w] = arr
@@ -131,13 +143,32 @@ class OwnerFetch(Fetch):
         in flight at the end is not assembled (nor transformed)."""
         d.finish_draw(Tag.SERVICE, pending.parts, pending.ids, "service replies")
 
-    def complete(self, d: Deliverer, pending: PendingBatch) -> Batch:
-        """Wait for ``pending``'s replies (bounded by the timeout) and assemble it."""
+    def complete(self, d: Deliverer, pending: PendingBatch) -> Batch | PendingBatch:
+        """Wait for ``pending``'s replies (bounded by the timeout) and assemble it; or,
+        where an owner had nothing to draw, the batch started over (:meth:`begin`)."""
         parts = d.finish_draw(Tag.SERVICE, pending.parts, pending.ids, "service replies")
         timings = {"sample_s": time.perf_counter() - pending.t0, "gather_s": 0.0,
                    "transform_s": 0.0, "copy_s": 0.0, "limiter_wait_s": pending.waited}
-        return d.assemble(pending.superstep, pending.staleness, pending.stats, parts, timings,
-                          functools.partial(self.fill, d))
+        try:
+            return d.assemble(pending.superstep, pending.staleness, pending.stats, parts,
+                              timings, functools.partial(self.fill, d))
+        except ShardEmptied as err:
+            deadline = _again(d, d.cfg.batch_rows, pending.again, err)
+            again = self.begin(d, pending.superstep, pending.staleness)
+            again.again = deadline
+            return again
+
+
+def _again(d: Deliverer, rows: int, deadline: Deadline | None, err: ShardEmptied
+           ) -> Deadline:
+    """A batch starts over after ``err``: its sample count is taken back, and the
+    restarts of one batch are bounded by the timeout. Returns their deadline."""
+    d.unadmit(rows)  # not sampled after all
+    deadline = deadline or Deadline(d.timeout_s, "a batch whose shards kept losing all "
+                                                 "their mass")
+    deadline.check(f"shard {err.args[0]} had nothing left to draw")
+    time.sleep(d.poll_s)  # the owners publish their statistics meanwhile
+    return deadline
 
 
 #: ``scheduler.fetch`` -> strategy

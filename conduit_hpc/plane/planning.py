@@ -297,8 +297,21 @@ def _fill_reachable(config: Config, plan: Placement) -> None:
     _partitions_written(config, plan)
     fill = config.scheduler.min_fill_rows
     rows = {s.shard_id: s.capacity_rows for s in plan.shards}
+    written = _written_shards(config, plan)
     for rank, ids in sorted(plan.learner_shards.items()):
         can = sum(rows.get(i, 0) for i in ids)
+        if written is not None and fill <= can:
+            held = sum(rows.get(i, 0) for i in ids if i in written)
+            if held < fill:
+                raise ConfigError(
+                    f"scheduler.min_fill_rows must be <= the rows the writers can fill, got "
+                    f"{fill}: learner rank {rank} reads shards {sorted(ids)} of {can} rows, "
+                    f"but no actor writes {len(set(ids) - written)} of them ("
+                    f"{len(plan.shards)} shards for {len(plan.actor_shards)} writers), so "
+                    f"at most {held} rows are ever held and it would wait for the fill "
+                    f"until its timeout; use min_fill_rows <= {held}, fewer shards "
+                    f"(storage.shards_per_buffer, layout.buffers) or more actors",
+                    key="scheduler.min_fill_rows")
         if can < fill:
             least = min(sum(rows.get(i, 0) for i in got)
                         for got in plan.learner_shards.values())
@@ -325,6 +338,17 @@ def _fill_reachable(config: Config, plan: Placement) -> None:
                 f"inserts into all partitions together, before any learner's own "
                 f"partition holds min_fill_rows, and every rank would wait",
                 key="scheduler.error_buffer")
+
+
+def _written_shards(config: Config, plan: Placement) -> set[int] | None:
+    """The shards some writer (an actor, or a learner that ingests) writes; ``None``
+    where rows may reach others too (live re-placement routes actors anew, a long link's
+    buffer forwards rows into a shard of its own; without any writer, rows come only
+    from a restored checkpoint)."""
+    if config.placement.adaptive or config.longhaul.mode != "off" or not plan.actor_shards:
+        return None
+    return set(plan.actor_shards.values()) | {
+        s for w in (plan.actor_weights or {}).values() for s in w.shards}
 
 
 def _partitions_written(config: Config, plan: Placement) -> None:

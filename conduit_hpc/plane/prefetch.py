@@ -64,9 +64,9 @@ class Prefetcher:
         """Prepare (or complete) what the clock allows now; ``start_new=False``: only
         complete batches in flight. Returns whether anything was done. Blocks only
         inside the fetch (bounded)."""
-        if self.closed is not None or not start_new:
-            return self._complete_arrived()
         try:
+            if self.closed is not None or not start_new:
+                return self._complete_arrived()  # (a batch that starts over may end it)
             if self._owner is not None:
                 did = False
                 while self.clock.may_prepare():
@@ -82,8 +82,9 @@ class Prefetcher:
         except DataPlaneClosed as err:
             # the end of the stream, not a failure: the learner raises it once the
             # batches already made are handed out
-            self.closed = err
-            self._on_closed(err)
+            if self.closed is None:
+                self.closed = err
+                self._on_closed(err)
             return False
 
     def _complete_arrived(self) -> bool:
@@ -91,7 +92,11 @@ class Prefetcher:
         if not (o and self._pending and o.arrived(self.d, self._pending[0])):
             return False
         pending = self._pending.popleft()
-        self._deliver(o.complete(self.d, pending), pending.superstep)
+        done = o.complete(self.d, pending)
+        if isinstance(done, PendingBatch):  # started over: still the oldest in flight
+            self._pending.appendleft(done)
+        else:
+            self._deliver(done, pending.superstep)
         return True
 
     def finish(self) -> None:

@@ -121,6 +121,10 @@ class Sampler(abc.ABC):
         """Validate an ``update_priorities`` call (see :func:`check_update`)."""
         return check_update(indices, priorities, capacities)
 
+    def check_masses(self, priorities: np.ndarray) -> None:  # noqa: B027 - optional
+        """Refuse checked priorities that draws would treat as 0 although positive
+        (default: none; draws that ignore priorities lose nothing)."""
+
     # -- state -----------------------------------------------------------------------
     def state_dict(self, supersteps: int = 0) -> dict[str, Any]:
         """JSON-able state, written into checkpoints (schema 2): the strategy's name, its

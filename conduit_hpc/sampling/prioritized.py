@@ -14,7 +14,7 @@ from conduit_hpc.config.checks import MAX_PRIORITY
 from conduit_hpc.errors import SpecError
 from conduit_hpc.sampling.base import Draw, Sampler, ShardDrawer, check_update
 from conduit_hpc.sampling.stratified import ShardStats, beta_at, importance_weights
-from conduit_hpc.storage.priority import PriorityIndex
+from conduit_hpc.storage.priority import PriorityIndex, check_masses
 
 __all__ = ["PrioritizedSampler", "TreeDrawer"]
 
@@ -82,12 +82,14 @@ class PrioritizedSampler(Sampler):
         """:func:`~conduit_hpc.sampling.check_update`, and a priority whose
         ``priority ** alpha`` over the shards read could overflow the sum-tree's float64
         totals is refused here, on the learner, before anything is sent (the owner
-        would refuse it otherwise, on its own rank).
+        would refuse it otherwise, on its own rank); so is a positive priority whose
+        ``priority ** alpha`` underflows to 0 (:meth:`check_masses`).
 
         Raises:
             SpecError: see :func:`~conduit_hpc.sampling.check_update`.
         """
         idx, p = check_update(indices, priorities, capacities)
+        self.check_masses(p)
         rows = max(1, sum(capacities.values()))
         # priorities are <= MAX_PRIORITY (check_priorities): below this exponent no mass
         # over these rows can overflow, and no priority needs a look
@@ -101,6 +103,12 @@ class PrioritizedSampler(Sampler):
                                 f"over {rows} rows overflows float64; expected priorities "
                                 f"<= {limit:.3g}")
         return idx, p
+
+    def check_masses(self, priorities: np.ndarray) -> None:
+        """A positive priority whose ``priority ** alpha`` underflows to 0 is refused
+        (:func:`~conduit_hpc.storage.priority.check_masses`): its row could never be
+        drawn."""
+        check_masses(priorities, self._alpha)
 
     def drawer(self, columns: Mapping[str, np.ndarray], capacity: int,
                committed: Callable[[], int]) -> ShardDrawer:

@@ -14,6 +14,7 @@ drawable again with the priority last given to it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +27,7 @@ from conduit_hpc.storage import index_kernels, tree_kernels
 from conduit_hpc.storage.layout import H_IDX_DROPPED, H_IDX_MAXP, ShardViews
 from conduit_hpc.storage.sumtree import MinTree, SumTree
 
-__all__ = ["IndexBuffers", "PriorityIndex", "index_buffers"]
+__all__ = ["IndexBuffers", "PriorityIndex", "check_masses", "index_buffers", "least_drawable"]
 
 
 _F64 = np.dtype(np.float64)
@@ -77,6 +78,47 @@ def check_priorities(priorities: ArrayLike, name: str = "priorities") -> np.ndar
         raise SpecError(f"{name}[{i}] must be finite, >= 0 and <= {MAX_PRIORITY:g} (sums "
                         f"of priorities must stay finite), got {p[i]!r}")
     return p
+
+
+def check_masses(p: np.ndarray, alpha: float, name: str = "priorities") -> None:
+    """Refuse a positive priority whose mass ``p ** alpha`` underflows float64 to 0 (only
+    an exponent above 1 can: ``p ** alpha >= p`` for ``p <= 1`` otherwise). Such a row
+    could never be drawn, as if given priority 0, and learners waited out their timeout
+    on "every row held has priority 0" where every priority given was positive.
+
+    Args:
+        p (np.ndarray): float64 priorities, already checked (:func:`check_priorities`).
+        alpha (float): ``storage.priority_exponent``.
+
+    Raises:
+        SpecError: (a ``ValueError``) naming ``name``, the first such value, its position
+            and the smallest positive priority that keeps a mass.
+    """
+    if alpha <= 1 or not p.size:
+        return
+    lo = float(np.min(p, where=p > 0, initial=np.inf))
+    if lo == np.inf or np.power(lo, alpha) > 0:  # pow is monotone: the least decides
+        return
+    with np.errstate(under="ignore"):
+        i = int(np.flatnonzero((p > 0) & (np.power(p, alpha) == 0))[0])
+    raise SpecError(f"{name}[{i}] = {p[i]!r} raised to storage.priority_exponent "
+                    f"({alpha:g}) underflows float64 to 0, so its row could never be drawn; "
+                    f"expected 0 (never drawn) or a priority >= {least_drawable(alpha)!r}")
+
+
+@functools.lru_cache(maxsize=16)
+def least_drawable(alpha: float) -> float:
+    """The smallest float64 ``p`` whose ``p ** alpha`` is not 0 (``alpha`` > 0): a
+    bisection over the bit patterns of positive floats (their order is the values')."""
+    lo, hi = 0, int(np.float64(1.0).view(np.int64))  # pow(0) is 0, pow(1) is 1
+    with np.errstate(under="ignore"):
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if np.power(np.int64(mid).view(np.float64), alpha) > 0:
+                hi = mid
+            else:
+                lo = mid
+    return float(np.int64(hi).view(np.float64))
 
 
 @dataclass(frozen=True, slots=True)

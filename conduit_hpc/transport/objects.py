@@ -21,6 +21,8 @@ __all__ = ["allgather_json", "bcast_json", "bounded_allgather", "bounded_barrier
            "bounded_bcast_json", "bounded_gather_json", "gather_json", "register_board"]
 
 _DID_NOT_ARRIVE = "a rank failed, left without an error, or did not arrive"
+#: requests given up on, with their buffers (see :func:`bounded_allgather`)
+_ABANDONED: list[tuple[MPI.Request, np.ndarray, np.ndarray]] = []
 #: communicator handle -> (arrive, behind) of its arrival board (the data plane's world:
 #: :class:`~conduit_hpc.plane.control.ControlBlock`): a bounded collective counts itself
 #: there, and one that gives up names the ranks that had not come
@@ -131,13 +133,55 @@ def bounded_barrier(comm: MPI.Intracomm, timeout_s: float, what: str,
     without an error, or hangs), where a plain ``Barrier`` would wait forever.
     ``between`` runs once before the barrier is entered and after every poll (it may
     raise: a rank that raises before entering never lets the others complete, so none
-    of them goes on into a collective it will not reach). **Collective**."""
+    of them goes on into a collective it will not reach). **Collective**.
+
+    A rank that gives up leaves its part of the barrier posted: a rank that came later
+    completed it, and went on alone into the next collective (a plain one in the
+    constructor, ``Win.Free`` in ``close()``), where it waited forever when those that
+    gave up did not go on. So every rank then says whether it gave up (:func:`_settle`,
+    one more non-blocking collective on every rank, whatever happened: the ranks'
+    collectives stay matched), and a rank that came late raises too."""
     if between is not None:
         between()
     detail = _arrive(comm)
     req = comm.Ibarrier()
-    wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} to "
-               f"reach {what}", error=CollectiveFailed, between=between, detail=detail)
+    try:
+        wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} "
+                   f"to reach {what}", error=CollectiveFailed, between=between,
+                   detail=detail)
+    except BaseException:
+        _settle(comm, True, timeout_s, what, between)
+        raise
+    _settle(comm, False, timeout_s, what, between)
+
+
+def _settle(comm: MPI.Intracomm, gave_up: bool, timeout_s: float, what: str,
+            between: Callable[[], object] | None) -> None:
+    """After a bounded collective: whether any rank gave up on it (or left it on an
+    error), all-reduced. A rank that gave up posts its part and goes (the request is
+    abandoned); the others wait (bounded) and raise if one did. **Collective**.
+
+    Raises:
+        CollectiveFailed: this rank came, but after another had given up waiting for it.
+    """
+    flag = np.array([int(gave_up)], np.int64)
+    out = np.zeros(1, np.int64)
+    req = comm.Iallreduce(flag, out, op=MPI.MAX)
+    if gave_up:
+        _ABANDONED.append((req, flag, out))
+        return
+    try:
+        wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} "
+                   f"to pass {what}", error=CollectiveFailed, between=between,
+                   detail=_DID_NOT_ARRIVE)
+    except BaseException:
+        _ABANDONED.append((req, flag, out))
+        raise
+    if out[0]:
+        raise CollectiveFailed(f"every rank of {comm.Get_size()} reached {what}, but a rank "
+                               f"had given up waiting for the last to come before it did "
+                               f"(ranks this far apart need a longer timeout), or left on "
+                               f"an error")
 
 
 def bounded_bcast_json(comm: MPI.Intracomm, obj: Any, root: int, timeout_s: float, what: str,
@@ -177,8 +221,8 @@ def bounded_allgather(comm: MPI.Intracomm, send: np.ndarray, recv: np.ndarray,
                    detail=detail)
     except BaseException:
         _ABANDONED.append((req, send, recv))
+        _settle(comm, True, timeout_s, what, between)  # as a bounded barrier does
         raise
+    _settle(comm, False, timeout_s, what, between)
 
 
-#: requests given up on, with their buffers (see :func:`bounded_allgather`)
-_ABANDONED: list[tuple[MPI.Request, np.ndarray, np.ndarray]] = []

@@ -16,7 +16,12 @@ from conduit_hpc.config.checks import MAX_PRIORITY
 from conduit_hpc.rl.replay import PrioritizedReplay
 from conduit_hpc.sampling import PrioritizedSampler
 from conduit_hpc.sampling.stratified import ShardStats, importance_weights
-from conduit_hpc.storage.priority import PriorityIndex, check_priorities
+from conduit_hpc.storage.priority import (
+    PriorityIndex,
+    check_masses,
+    check_priorities,
+    least_drawable,
+)
 
 FAST = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 magnitudes = st.one_of(st.floats(0, MAX_PRIORITY), st.sampled_from(
@@ -141,3 +146,30 @@ def test_an_exponent_whose_masses_could_sum_past_float64_is_refused(capacity: in
     cfg = Config.from_dict({"storage": {"capacity_rows": capacity, "priority_exponent": top}})
     assert np.isfinite(np.float64(MAX_PRIORITY) ** cfg.storage.priority_exponent * capacity)
     assert Config.from_dict({"storage": {"priority_exponent": 10.0}}).storage.capacity_rows
+
+
+@pytest.mark.parametrize("alpha", [1.0001, 1.5, 2.0, 7.0, 10.0])
+def test_the_least_priority_with_a_mass_is_exact(alpha: float) -> None:
+    x = least_drawable(alpha)
+    with np.errstate(under="ignore"):
+        assert np.power(x, alpha) > 0 and np.power(np.nextafter(x, 0.0), alpha) == 0
+
+
+@pytest.mark.parametrize("alpha", [2.0, 10.0])
+def test_a_positive_priority_whose_mass_underflows_is_refused(alpha: float) -> None:
+    """Exponents above 1 take a tiny positive priority to a mass of 0: its row could
+    never be drawn (before: accepted, and the learner waited out its timeout on "every
+    row held has priority 0" - tests/mpi/test_numeric_edges.py runs the plane)."""
+    sampler = PrioritizedSampler(batch_rows=2, seed=0, alpha=alpha, beta=0.4,
+                                 beta_final=1.0, beta_anneal_supersteps=0)
+    idx = np.array([[0, 0, 1], [0, 1, 1], [0, 2, 1]])
+    least = least_drawable(alpha)
+    bad = float(np.nextafter(least, 0.0))
+    with pytest.raises(SpecError, match=r"priorities\[2\] = .* raised to "
+                                        r"storage.priority_exponent .* underflows"):
+        sampler.check_update(idx, [1.0, 0.0, bad], {0: 8})
+    _, p = sampler.check_update(idx, [1.0, 0.0, least], {0: 8})  # 0: never drawn, kept
+    assert p[2] == least
+    with pytest.raises(SpecError, match="underflows"):
+        check_masses(np.array([bad]), alpha)
+    check_masses(np.array([5e-324]), 1.0)  # an exponent up to 1 never underflows

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from conduit_hpc.errors import ConfigError, DataPlaneTimeout
-from conduit_hpc.wait import Backoff, Deadline, wait_until
+from conduit_hpc.wait import Backoff, Deadline, seconds, wait_until
 
 
 def test_wait_until_returns_the_first_truthy_value() -> None:
@@ -61,3 +61,11 @@ def test_deadline() -> None:
     assert e.expired and e.remaining_s == 0
     with pytest.raises(DataPlaneTimeout, match="the end"):
         e.check()
+
+
+def test_a_bound_below_a_tenth_of_a_second_is_named_as_it_was_given() -> None:
+    """``run.timeout_s = 0.01`` read "waited 0.0 s for every rank ..." before."""
+    with pytest.raises(DataPlaneTimeout, match=r"^waited 0.01 s for x$"):
+        wait_until(lambda: False, timeout_s=0.01, what="x")
+    assert [seconds(t) for t in (0.0, 0.01, 0.25, 1.0, 120.0)] == [
+        "0.0", "0.01", "0.25", "1.0", "120.0"]
