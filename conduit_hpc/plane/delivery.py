@@ -230,7 +230,7 @@ class Deliverer:
                 deadline = Deadline(self.timeout_s, f"the rate limiter to let this learner "
                                                     f"sample {rows} rows")
                 backoff = Backoff(self.poll_s)
-            deadline.check(partial(_why_waiting, lim, state, mass, held))
+            deadline.check(partial(lim.explain_sampling, state, mass, held, self.window))
             self.control.raise_if_failed(self.channel.rank)  # a writer left on an error
             self.channel.progress()  # e.g. messages held for a long link still go out
             backoff.pause()
@@ -462,9 +462,3 @@ class Deliverer:
         """Carry checked priority updates to where the rows' index lives (the priority
         write stage, :meth:`PriorityWrite.send`). Returns rows sent."""
         return self.prio.send(indices, priorities, self.device_shards)
-
-
-def _why_waiting(lim: RateLimiter, state: LimiterState, mass: float, held: int) -> str:
-    """What a learner waiting on the rate limiter waits for, in words (its timeout)."""
-    zero = " (every row held has priority 0: none can be drawn)" if held and not mass else ""
-    return f"{lim.explain(state)}; total priority mass {mass:g}{zero}"

@@ -93,3 +93,14 @@ class RateLimiter:
         return (f"inserts={s.inserts} samples={s.samples} held={s.held} "
                 f"diff={self.diff(s):g} allowed=[{self.min_diff:g}, {self.max_diff:g}] "
                 f"min_size_to_sample={self.min_size_to_sample}")
+
+    def explain_sampling(self, s: LimiterState, mass: float, held: int, window: int) -> str:
+        """What a learner waiting to sample waits for, in words (its timeout): the state,
+        the priority mass it could draw from and, with rows held but no mass, why (a
+        window of ``window`` rows per item: the sequence sampler)."""
+        why = (f"no window of {window} rows of one stream's episode is drawable: rows "
+               f"about to be overwritten are hidden while writers write, so a window near "
+               f"the shard's size may never be" if window > 1 else
+               "every row held has priority 0: none can be drawn")
+        return f"{self.explain(s)}; total priority mass {mass:g}" + (
+            f" ({why})" if held and not mass else "")

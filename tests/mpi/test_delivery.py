@@ -342,6 +342,37 @@ def test_a_sequence_window_longer_than_a_shard_is_refused_on_every_rank() -> Non
 
 
 @pytest.mark.mpi(min_size=3)
+def test_a_sequence_window_that_never_fits_while_writers_write_says_so() -> None:
+    """A window as long as the shard: while writers write, rows about to be overwritten
+    are hidden, so no window is ever whole. The learner's timeout said "every row held
+    has priority 0" (helper-34), which was not so; it now says which window is not
+    drawable, and why."""
+    spec = {"actor": {"dtype": "int32"}, "done": {"dtype": "bool"}}
+    cfg = make_config(spec=spec, layout={"learners": 1, "buffers": 1},
+                      storage={"capacity_rows": 4}, run={"timeout_s": 3.0},
+                      scheduler={"mode": "sync", "sampler": "sequence", "sequence_length": 4,
+                                 "batch_rows": 2, "min_fill_rows": 4,
+                                 "episode_field": "done", "stream_field": "actor"})
+    said = ""
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            while not edp.should_stop:
+                edp.ingest({"actor": np.full(2, edp.world_rank, np.int32),
+                            "done": np.zeros(2, bool)})
+        elif edp.role is Role.LEARNER:
+            try:
+                edp.next_batch()
+            except DataPlaneTimeout as err:
+                said = str(err)
+        else:
+            edp.serve()
+        edp.done()
+        said = edp.roles.world.allreduce(said, op=MPI.MAX)
+    assert "no window of 4 rows of one stream's episode is drawable" in said, said
+    assert "every row held has priority 0" not in said
+
+
+@pytest.mark.mpi(min_size=3)
 @pytest.mark.parametrize("mode", ["sync", "edp", "edp+owner", "service"])
 def test_a_transform_that_raises_reaches_the_learner_which_may_end_cleanly(mode: str) -> None:
     """A learner's transform raising is the learner's error, in every inline mode: its
