@@ -150,10 +150,10 @@ class CheckpointAgent(BufferExtension):
         self.leader = roles.buffer_ranks[0]
         self.is_leader = roles.world_rank == self.leader
         # the latest RECORDS_KEEP of each (``.total`` counts every one)
-        self.completed: Kept[dict[str, Any]] = Kept(RECORDS_KEEP)  # leader: a checkpoint's
-        self.failed: Kept[str] = Kept(RECORDS_KEEP)
-        self.cuts_s: Kept[float] = Kept(RECORDS_KEEP)  # this rank's cut pauses
-        self.writes_s: Kept[float] = Kept(RECORDS_KEEP)  # its shard-file writes (background)
+        self.completed: Kept[dict[str, Any]] = Kept(maxlen=RECORDS_KEEP)  # leader: a checkpoint's
+        self.failed: Kept[str] = Kept(maxlen=RECORDS_KEEP)
+        self.cuts_s: Kept[float] = Kept(maxlen=RECORDS_KEEP)  # this rank's cut pauses
+        self.writes_s: Kept[float] = Kept(maxlen=RECORDS_KEEP)  # its shard-file writes (background)
         self.longest_cut_s = 0.0
         self._flight: _Flight | None = None  # leader
         self._flight_info: dict[str, Any] = {}

@@ -4,6 +4,7 @@ counts of them all (see :class:`Kept`). Plain Python."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from typing import TypeVar
 
 __all__ = ["RECORDS_KEEP", "Kept"]
@@ -19,9 +20,9 @@ _T = TypeVar("_T")
 class Kept(deque[_T]):
     """The latest ``maxlen`` items appended; :attr:`total` counts every one."""
 
-    def __init__(self, maxlen: int) -> None:
-        super().__init__(maxlen=maxlen)
-        self.total = 0
+    def __init__(self, items: Iterable[_T] = (), maxlen: int | None = None) -> None:
+        super().__init__(items, maxlen)  # (deque's signature: copies and pickles alike)
+        self.total = len(self)
 
     def append(self, item: _T) -> None:
         super().append(item)
