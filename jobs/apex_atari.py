@@ -272,7 +272,7 @@ def actor_loop(edp: ExperienceDataPlane, cfg: ApexAtariConfig, net: torch.nn.Mod
     finally:
         actor.close()
     wall = time.perf_counter() - started
-    return {"env_steps": actor.env_steps, "episodes": len(actor.episodes.returns),
+    return {"env_steps": actor.env_steps, "episodes": actor.episodes.count,
             "rows": rows, "wall_s": wall,
             "frames_per_s": actor.env_steps * atari.frame_skip / wall if wall > 0 else 0.0}
 

@@ -241,7 +241,7 @@ def actor_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, net: torch.nn.M
                 actor.weights_loaded(edp.policy_version)
     finally:
         actor.close()
-    return {"env_steps": actor.env_steps, "episodes": len(actor.episodes.returns)}
+    return {"env_steps": actor.env_steps, "episodes": actor.episodes.count}
 
 
 #: why the learners stop, in rising precedence: with several learners every learner

@@ -245,8 +245,8 @@ def actor_dqn(edp: ExperienceDataPlane, cfg: LongHaulJobConfig, net: torch.nn.Mo
                 actor.weights_loaded(edp.policy_version)
     finally:
         actor.close()
-    return {"env_steps": actor.env_steps, "episodes": len(actor.episodes.returns),
-            "returns": actor.episodes.returns[-hp.window:]}
+    return {"env_steps": actor.env_steps, "episodes": actor.episodes.count,
+            "returns": list(actor.episodes.returns)[-hp.window:]}
 
 
 # ---------------------------------------------------------------------------------

@@ -232,7 +232,9 @@ def run(cfg: SyntheticConfig, run_dir: Path | None, resume: str) -> dict:
                                    counters={"rows_ingested": edp.ingest_stats.rows})
         outcome = checkpoint_outcome(edp, agent, final)  # collective
         summary = edp.summary()
-        summary["checkpoints"] = {"written": outcome.written, "failed": outcome.failed,
+        summary["checkpoints"] = {"written": outcome.n_written, "failed": outcome.n_failed,
+                                  "last": outcome.written[-1] if outcome.written else None,
+                                  "latest_failures": outcome.failed,
                                   "longest_cut_s": outcome.longest_cut_s}
         stop.close()
         wall = time.perf_counter() - edp.started_at

@@ -199,7 +199,8 @@ def live_worker(cfg_path: str, out_path: str) -> None:
         summary = edp.summary()
     if me == 0:
         rep = summary["replacement"].get(1, {})
-        out["history"] = rep.get("history", [])
+        out["history"] = rep.get("history", [])  # the latest looks
+        out["looks"] = rep.get("looks", 0)
         out["counters"] = {r: v.get("counters", {}) for r, v in summary["replacement"].items()}
         Path(out_path).write_text(jsontext.dumps(out, default=str))
 
@@ -266,7 +267,7 @@ def run_live(args: argparse.Namespace) -> dict:
                           "moved_rows": sum(int(m["moved_rows"]) for m in moves),
                           "move_supersteps": [int(m["superstep"]) for m in moves],
                           "move_seconds": sum(float(m["seconds"]) for m in moves),
-                          "looks": len(on["history"]), "off_looks": len(off["history"]),
+                          "looks": on["looks"], "off_looks": off["looks"],
                           "policy_s_max": max((float(h.get("policy_s", 0.0))
                                                for h in on["history"]), default=0.0)}
             pair["on_over_off"] = pair["on"]["mean_exposed_s"] / pair["off"]["mean_exposed_s"]

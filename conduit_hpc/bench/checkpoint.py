@@ -118,7 +118,7 @@ def worker(args: argparse.Namespace) -> None:
 
             def driver() -> int:  # leader: the next checkpoint as soon as one is done
                 if agent.is_leader and not agent.busy and not agent._requests:
-                    if len(agent.completed) + len(agent.failed) >= args.checkpoints:
+                    if agent.completed.total + agent.failed.total >= args.checkpoints:
                         stop.trigger()
                     else:
                         agent.request(reason="bench")
@@ -133,9 +133,9 @@ def worker(args: argparse.Namespace) -> None:
             edp.serve()
             out["gaps"] = gaps
         agent.finish()
-        out["cuts_s"] = agent.cuts_s
-        out["completed"] = agent.completed
-        out["failed"] = agent.failed
+        out["cuts_s"] = list(agent.cuts_s)
+        out["completed"] = list(agent.completed)
+        out["failed"] = list(agent.failed)
         # read back the last checkpoint (verified) and restore it into the rings
         world.Barrier()
         last_path = bcast_json(world, agent.completed[-1]["path"] if agent.is_leader
@@ -171,7 +171,7 @@ def worker(args: argparse.Namespace) -> None:
                     fh.readinto(a.reshape(-1).view(np.uint8).data)
             out["plain_read_s"] = time.perf_counter() - t0
             plain_path(root, edp.world_rank).unlink()
-        out["writes_s"] = agent.writes_s
+        out["writes_s"] = list(agent.writes_s)
         out["role"] = edp.role.value
         everyone = gather_json(world, out, root=0)
     if comm.rank == 0:

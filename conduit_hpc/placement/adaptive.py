@@ -27,6 +27,7 @@ needs ``patience`` agreeing looks and is followed by a cooldown.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -45,6 +46,7 @@ from conduit_hpc.placement.topology import BUF, GPU, Topology
 from conduit_hpc.placement.workload import Workload
 
 __all__ = [
+    "HISTORY_KEEP",
     "AdaptiveKnobs",
     "AdaptivePolicy",
     "Decision",
@@ -56,6 +58,9 @@ __all__ = [
     "plan_moves",
     "predict_placement",
 ]
+
+#: the looks whose decisions :attr:`AdaptivePolicy.history` keeps (the latest)
+HISTORY_KEEP = 1000
 
 def heat_bins(masses: np.ndarray, row_edges: Sequence[float] = (0.01, 0.05, 0.2, 1.0)
               ) -> tuple[tuple[float, float], ...]:
@@ -283,7 +288,10 @@ class AdaptivePolicy:
         self.last_move_superstep: int | None = None
         self.lifetime: int | None = None  # supersteps the last move stayed good enough
         self.streak = 0
-        self.history: list[Decision] = []
+        # the latest looks' decisions (every one was kept: a look every
+        # interval_supersteps for the whole run, each move's with its placement)
+        self.history: deque[Decision] = deque(maxlen=HISTORY_KEEP)
+        self.moves_made = 0
 
     def _measured(self, t: Telemetry) -> tuple[ClusterModel, Workload]:
         cluster = (self.cluster.with_bandwidth(t.link_bandwidth_gbps)
@@ -356,11 +364,8 @@ class AdaptivePolicy:
                      f"superstep, moving takes {move_s * 1e3:.4g} ms", cur_s, new_s, move_s,
                      best, moves)
         self.history.append(d)
+        self.moves_made += 1
         return d
-
-    @property
-    def moves_made(self) -> int:
-        return sum(d.action == "move" for d in self.history)
 
     def tier_rows(self) -> dict[str, int]:
         return self.placement.tier_rows()

@@ -78,6 +78,11 @@ class CsvSink:
             self.rows.append(row)
         self._pending.append(row)
 
+    @property
+    def pending(self) -> int:
+        """Rows added since the last :meth:`flush` (held in memory until then)."""
+        return len(self._pending)
+
     def flush(self) -> None:
         if self._path is None or not self._pending:
             self._pending.clear()

@@ -141,8 +141,7 @@ class ApexActor:
                                term, trunc)
         self.obs = next_obs
         returns = self.episodes.step(reward, term | trunc, self.env_steps)
-        scored = ([bool(self.scored[e]) for e in self.episodes.envs[-len(returns):]]
-                  if returns else [])
+        scored = [bool(self.scored[e]) for e in np.flatnonzero(term | trunc)]  # in order
         batch = {f: rows[f] for f in FIELDS}
         prio = (initial_priorities(self.net, batch, target=self.target)
                 if len(batch["action"]) else np.zeros(0))

@@ -163,7 +163,7 @@ def train_single_process(hp: DQNSection, scheduler: SchedulerConfig, storage: St
     result = {"mode": "single-process", "seed": seed, "reached": reached_at is not None,
               "env_steps": env_steps,
               "env_steps_to_target": reached_at, "wall_s": wall, "updates": updater.updates,
-              "episodes": len(episodes.returns), "final_mean_return": episodes.mean_recent}
+              "episodes": episodes.count, "final_mean_return": episodes.mean_recent}
     if metrics is not None:
         (metrics / "summary.json").write_text(jsontext.dumps(result, indent=1) + "\n")
     return result

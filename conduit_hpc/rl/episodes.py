@@ -49,11 +49,17 @@ class EpisodeLog:
         scored (np.ndarray | None): ``(E,)`` bool, envs whose episodes enter the running
             mean (default: all). None scored is allowed (an actor of the distributed
             job that holds only explorers): its running mean stays ``nan``.
+        keep (int): finished episodes whose return, env steps and env the log keeps in
+            :attr:`returns`, :attr:`steps_at` and :attr:`envs` (the latest; every
+            episode is counted in :attr:`count` and written to the CSV file).
     """
 
     def __init__(self, num_envs: int, *, actor: int = 0, path: str | Path | None = None,
                  window: int = 20, t0: float | None = None,
-                 epsilons: np.ndarray | None = None, scored: np.ndarray | None = None) -> None:
+                 epsilons: np.ndarray | None = None, scored: np.ndarray | None = None,
+                 keep: int = 10_000) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep!r}")
         self.num_envs, self.actor, self.window = num_envs, actor, window
         self.epsilons = None if epsilons is None else np.asarray(epsilons, dtype=np.float64)
         self.scored = (np.ones(num_envs, dtype=bool) if scored is None
@@ -61,9 +67,12 @@ class EpisodeLog:
         self.t0 = time.perf_counter() if t0 is None else t0
         self._running = np.zeros(num_envs, dtype=np.float64)
         self.recent: deque[float] = deque(maxlen=window)
-        self.returns: list[float] = []
-        self.steps_at: list[int] = []
-        self.envs: list[int] = []
+        # the latest episodes (every one was kept: ~80 bytes an episode, for as long as
+        # the actor ran - hundreds of MB an hour for short episodes on many envs)
+        self.returns: deque[float] = deque(maxlen=keep)
+        self.steps_at: deque[int] = deque(maxlen=keep)
+        self.envs: deque[int] = deque(maxlen=keep)
+        self.count = 0  # episodes finished
         self._fh: TextIO | None = None
         self._writer: csv.DictWriter[str] | None = None
         if path is not None:
@@ -91,6 +100,7 @@ class EpisodeLog:
             ret = float(self._running[e])
             self._running[e] = 0.0
             finished.append(ret)
+            self.count += 1
             if self.scored[e]:
                 self.recent.append(ret)
             self.returns.append(ret)

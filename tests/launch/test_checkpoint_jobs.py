@@ -349,3 +349,10 @@ def test_the_checkpoint_tally_names_what_was_written_and_what_failed() -> None:
     some.raise_if_none_written()  # one good checkpoint: resumable
     with pytest.raises(CheckpointError, match=r"\(2 of 2\).*first failure: a$"):
         CheckpointOutcome(failed=["a", "b"]).raise_if_none_written()
+    # a long run's: the latest failures kept, every one counted
+    many = CheckpointOutcome(failed=["c", "d"], failed_count=7)
+    assert many.lines()[:2] == ["checkpoints: 0 written, 7 failed; longest cut (pause) 0.00 "
+                                "ms; last -", "the latest 2 of 7 failures:"]
+    with pytest.raises(CheckpointError, match=r"\(7 of 7\).*the earliest of the latest 2 "
+                                              r"failures: c$"):
+        many.raise_if_none_written()

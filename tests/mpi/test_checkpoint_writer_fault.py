@@ -49,7 +49,7 @@ def test_a_writer_thread_that_raises_drops_its_checkpoint_not_the_buffer_loop(
             edp.serve()
         agent.finish()
         leader = edp.world_rank == edp.roles.buffer_ranks[0]
-        failed, completed = (agent.failed, agent.completed) if leader else ([], [])
+        failed, completed = (list(agent.failed), list(agent.completed)) if leader else ([], [])
     if leader:
         assert len(failed) == 1 and "MemoryError: injected" in failed[0], failed
         assert completed, "no checkpoint completed after the failed one"

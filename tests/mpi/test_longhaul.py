@@ -223,7 +223,7 @@ def test_a_checkpoint_in_flight_at_the_end_completes_across_the_link(shared_dir,
             edp.serve()
         edp.done()
         agent.finish()
-        outcome = COMM.allgather((agent.completed, agent.failed))
+        outcome = COMM.allgather((list(agent.completed), list(agent.failed)))
         edp.roles.world.Barrier()  # the next collective: every rank reaches it
     completed, failed = outcome[leader]
     assert failed == [] and len(completed) == 1, outcome[leader]

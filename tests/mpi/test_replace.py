@@ -293,3 +293,39 @@ def test_a_cluster_model_that_does_not_describe_the_job_is_refused_on_every_rank
         cfg = config(comm.Get_size(), cluster)
         with pytest.raises(ConfigError, match="the job runs on 2 nodes but cluster"):
             ExperienceDataPlane(cfg, placement=start_placement(cfg, comm.Get_size()))
+
+
+@pytest.mark.mpi(min_size=4)
+def test_the_coordinator_keeps_the_latest_looks_and_counts_them_all(monkeypatch) -> None:
+    # a look every interval_supersteps for the whole run: every look's record was kept
+    # (and went into the job's summary), growing for as long as the job ran
+    from conduit_hpc.features.replace import coordinator
+    from conduit_hpc.placement import adaptive
+
+    monkeypatch.setattr(coordinator, "HISTORY_KEEP", 5, raising=False)
+    monkeypatch.setattr(adaptive, "HISTORY_KEEP", 5, raising=False)
+    comm = MPI.COMM_WORLD
+    with shared_file(comm, CLUSTER) as cluster:
+        cfg = config(comm.Get_size(), cluster)
+        cfg = make_config(**{**cfg.to_dict(), "placement": {
+            **cfg.to_dict()["placement"], "interval_supersteps": 1, "min_gain": 0.99,
+            "cooldown_supersteps": 1, "patience": 1000}})  # a look each superstep, no move
+        with ExperienceDataPlane(cfg, placement=start_placement(cfg, comm.Get_size())) as edp:
+            if edp.role is Role.ACTOR:
+                wseq = 0
+                while not edp.should_stop:
+                    edp.ingest(checked_batch(edp.world_rank, wseq, INGEST))
+                    wseq += INGEST
+            elif edp.role is Role.LEARNER:
+                for _ in range(150):
+                    edp.next_batch()
+            else:
+                edp.serve()
+            edp.done()
+            rep = edp.summary()["replacement"][edp.roles.buffer_ranks[0]]
+            feature = edp.feature("replacement")
+            coord = None if feature is None else feature.coordinator
+    if coord is not None:  # the coordinator's rank: the records themselves
+        assert len(coord.history) == 5 and len(coord.policy.history) == 5
+    assert rep["looks"] > 5 and len(rep["history"]) == 5, rep
+    assert rep["history"][-1]["look"] == rep["looks"]

@@ -190,3 +190,23 @@ def test_migration_seconds_is_bytes_over_the_slowest_link() -> None:
     t = migration_seconds(c, a, b, moves, WORK.bytes_per_row)
     # the rows for both GPUs cross their own h2d links in parallel
     assert t == pytest.approx(to_gpu / 2 * WORK.bytes_per_row / 1e9 + 1e-5 + 1e-6, rel=0.02)
+
+
+def test_history_keeps_the_latest_looks_and_counts_every_move(monkeypatch) -> None:
+    # a look every interval_supersteps for the whole run: each decision (a move's with its
+    # placement) was kept, so the policy grew for as long as the job ran
+    from conduit_hpc.placement import adaptive
+
+    monkeypatch.setattr(adaptive, "HISTORY_KEEP", 4, raising=False)
+    pol = start(patience=1, cooldown_supersteps=1000)
+    assert pol.observe(Telemetry(0, heat=SKEW, shard_sample_share=shares(pol))).action == "move"
+    cold = {s.shard_id: (0.11 if s.tier == "learner_gpu" else 0.89)
+            for s in pol.placement.shards}
+    for step in range(1, 7):  # cooling down
+        d = pol.observe(Telemetry(100 * step, heat=SKEW, shard_sample_share=cold))
+        assert d.action == "hold"
+    d = pol.observe(Telemetry(1500, heat=SKEW, shard_sample_share=cold,
+                              link_bandwidth_gbps={"gpu_host": 0.5}))
+    assert d.action == "move"
+    assert len(pol.history) == 4 and pol.history[-1] is d  # the latest looks only
+    assert pol.moves_made == 2  # both counted, the first one past the kept window

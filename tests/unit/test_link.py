@@ -160,3 +160,31 @@ def test_near_ranks_bypass_the_link_and_held_messages_time_out() -> None:
             far.release_held(0.05)  # the clock never reaches the due time
     finally:
         far.close()
+
+
+def test_the_link_csv_is_written_as_the_run_goes(tmp_path) -> None:
+    # a row every publish_every_s (0.02 s) was held in memory until the run's end (~2.6 GB
+    # a day per buffer rank), and a crash lost every one: written every FLUSH_ROWS rows now
+    from conduit_hpc.features.longhaul import board as board_module
+    from conduit_hpc.features.longhaul.board import BOARD_FIELDS, BoardPublisher, LinkCounters
+    from conduit_hpc.transport.rma import RmaWindow
+
+    board = RmaWindow(MPI.COMM_SELF, 8 * BOARD_FIELDS, node_comm=MPI.COMM_SELF)
+    ch = LinkedChannel(MPI.COMM_SELF, far=[], params=LinkParams(1e6))
+    csv = tmp_path / "link-0.csv"
+    pub = BoardPublisher(board, 0, 0, ch, LinkCounters(), csv, 0.0, 0.0)
+    try:
+        every = getattr(board_module, "FLUSH_ROWS", 50)
+        for n in range(1, 10 * every + 1):
+            pub.c.rows_crossed = n
+            pub.maybe()
+        # on disk while the run goes on, and no longer in memory
+        assert csv.exists(), "nothing written before the end of the run"
+        lines = csv.read_text().splitlines()
+        assert len(lines) == 1 + 10 * every
+        assert lines[-1].split(",")[lines[0].split(",").index("rows_crossed")] == str(n)
+        assert pub.sink.pending == 0
+    finally:
+        pub.close()
+        ch.close()
+        board.close()

@@ -354,7 +354,7 @@ def test_only_near_greedy_slots_are_scored(tmp_path) -> None:
     log.step(np.array([1.0, 1.0]), np.array([True, False]), env_steps=2)  # explorer ends
     log.step(np.array([1.0, 1.0]), np.array([True, True]), env_steps=4)
     log.close()
-    assert list(log.recent) == [2.0] and log.returns == [1.0, 1.0, 2.0]
+    assert list(log.recent) == [2.0] and list(log.returns) == [1.0, 1.0, 2.0]
     lines = (tmp_path / "e.csv").read_text().splitlines()
     assert lines[0] == "time_s,env_steps,actor,episode_return,epsilon,scored"
     assert [ln.split(",")[3:] for ln in lines[1:]] == [["1", "0.4", "0"], ["1", "0.4", "0"],
@@ -377,3 +377,21 @@ def test_short_single_process_run_trains_and_writes_metrics(tmp_path) -> None:
     assert summary["updates"] == result["updates"]
     episodes = (tmp_path / "metrics" / "episodes.csv").read_text().splitlines()
     assert len(episodes) == result["episodes"] + 1
+
+
+def test_episode_log_keeps_the_latest_episodes_and_counts_every_one(tmp_path) -> None:
+    # every finished episode's return, env steps and env were kept (~80 bytes each) for
+    # as long as the actor ran: short episodes on many envs grew it by GBs a day
+    log = EpisodeLog(4, path=tmp_path / "e.csv", window=3)
+    done = np.ones(4, bool)
+    for step in range(3_000):  # 12,000 episodes of one step
+        log.step(np.full(4, float(step)), done, env_steps=4 * (step + 1))
+    log.close()
+    assert len(log.returns) == len(log.steps_at) == len(log.envs) == 10_000  # the latest
+    assert log.count == 12_000
+    assert log.returns[-1] == 2_999.0 and log.steps_at[-1] == 12_000 and log.envs[-1] == 3
+    assert list(log.recent) == [2_999.0] * 3 and log.mean_recent == 2_999.0
+    # the file has every one
+    assert len((tmp_path / "e.csv").read_text().splitlines()) == 1 + 12_000
+    with pytest.raises(ValueError, match="keep must be >= 1, got 0"):
+        EpisodeLog(1, keep=0)

@@ -62,6 +62,7 @@ from conduit_hpc.features.checkpointing.parts import (
     io_timeout,
     write_buffer_part,
 )
+from conduit_hpc.features.checkpointing.records import RECORDS_KEEP, Kept
 from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.protocol import Tag
 from conduit_hpc.storage.snapshot import SnapshotStaging
@@ -148,10 +149,12 @@ class CheckpointAgent(BufferExtension):
         self.is_buffer = edp.server is not None
         self.leader = roles.buffer_ranks[0]
         self.is_leader = roles.world_rank == self.leader
-        self.completed: list[dict[str, Any]] = []  # leader: one record per checkpoint
-        self.failed: list[str] = []
-        self.cuts_s: list[float] = []  # this rank's cut pauses
-        self.writes_s: list[float] = []  # this rank's shard-file writes (background)
+        # the latest RECORDS_KEEP of each (``.total`` counts every one)
+        self.completed: Kept[dict[str, Any]] = Kept(maxlen=RECORDS_KEEP)  # leader: a checkpoint's
+        self.failed: Kept[str] = Kept(maxlen=RECORDS_KEEP)
+        self.cuts_s: Kept[float] = Kept(maxlen=RECORDS_KEEP)  # this rank's cut pauses
+        self.writes_s: Kept[float] = Kept(maxlen=RECORDS_KEEP)  # its shard-file writes (background)
+        self.longest_cut_s = 0.0
         self._flight: _Flight | None = None  # leader
         self._flight_info: dict[str, Any] = {}
         self._requests: list[dict[str, Any]] = []  # leader
@@ -347,6 +350,7 @@ class CheckpointAgent(BufferExtension):
         snaps, cut_s = cut_shards(self.edp.server.shards, self.staging)
         self.release()  # messages sent after the markers apply after the cut
         self.cuts_s.append(cut_s)
+        self.longest_cut_s = max(self.longest_cut_s, cut_s)
         self._last_cut_seq = seq
         self._writing_seq = seq
         # plain numbers of its own, now (the part is sent from the writer's result)

@@ -255,12 +255,14 @@ class Replacement(Feature):
         return self.board.moves_done()
 
     def summary(self) -> dict[str, Any]:
-        """This rank's part: the coordinator's decisions (``history``), an owner's
-        counters, an actor's routing version. Local."""
+        """This rank's part: the coordinator's decisions (``history``: the latest
+        :data:`~conduit_hpc.features.replace.coordinator.HISTORY_KEEP` looks; ``looks`` and
+        ``moves`` count them all), an owner's counters, an actor's routing version. Local."""
         out: dict[str, Any] = {}
         if self.coordinator is not None:
-            out["history"] = self.coordinator.history
-            out["moves"] = sum(h.get("action") == "move" for h in self.coordinator.history)
+            out["history"] = list(self.coordinator.history)  # the latest looks
+            out["looks"] = self.coordinator.looks_done
+            out["moves"] = self.coordinator.moves
             out["skipped_looks"] = self.coordinator.skipped_looks
         if self.mover is not None:
             out["counters"] = dict(self.mover.counters)

@@ -4,6 +4,7 @@ turn. Composition layer."""
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -40,7 +41,10 @@ if TYPE_CHECKING:
 
 Handler = Callable[["Message"], None]
 
-__all__ = ["Coordinator"]
+#: the looks whose records a coordinator keeps (the latest; :attr:`Coordinator.history`)
+HISTORY_KEEP = 1000
+
+__all__ = ["HISTORY_KEEP", "Coordinator"]
 
 # ---------------------------------------------------------------------------------
 # the coordinator (first buffer rank)
@@ -86,7 +90,12 @@ class Coordinator(BufferExtension):
         self.queue: list[tuple[int, dict[int, list[tuple[int, int]]]]] = []
         self.current: int | None = None
         self.record: dict[str, Any] = {}
-        self.history: list[dict[str, Any]] = []
+        # the latest looks' records (every look was kept: one record per
+        # interval_supersteps for the whole run, and all of it in the job's summary);
+        # every look and move is counted
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_KEEP)
+        self.looks_done = 0
+        self.moves = 0
         self.skipped_looks = 0  # while cooling down after a move
         self._inserts = (self.control.read(C_INSERTS), time.monotonic())
         self._handlers: dict[int, Handler] = {Tag.REPLACE_TELEMETRY: self._on_telemetry,
@@ -245,6 +254,8 @@ class Coordinator(BufferExtension):
         self.record.setdefault("action", action)
         self.record.setdefault("reason", reason)
         self.history.append(self.record)
+        self.looks_done += 1
+        self.moves += self.record["action"] == "move"
         self.record = {}
         self.state, self.waiting = "idle", ""
 
