@@ -73,7 +73,7 @@ def ours() -> float:
         slots, gens, mass = tree_kernels.draw(index.sum.nodes, index.gens, cap, local, level)
         for k, c in cols.items():
             np.take(c, slots, axis=0, out=out[k], mode="clip")
-        w = tree_kernels.is_weights(mass, float(index.min.min), BETA)
+        w = tree_kernels.is_weights(mass, float(index.min.min), BETA, np.finfo(np.float32).tiny)
         batch = {k: torch.from_numpy(v) for k, v in out.items()}
         batch["weights"] = torch.from_numpy(w)
         index.update(slots, gens, p, checked=True)
