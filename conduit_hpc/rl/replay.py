@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from conduit_hpc.storage.priority import PriorityIndex
+from conduit_hpc.storage.priority import PriorityIndex, check_masses, check_priorities
 
 __all__ = ["PrioritizedReplay", "ReplaySample"]
 
@@ -70,8 +70,12 @@ class PrioritizedReplay:
         the running maximum priority.
 
         Raises:
-            KeyError: a column is missing. ValueError: rows differ in length, or a
-                priority is negative or not finite.
+            KeyError: a column is missing. ValueError: rows differ in length, a priority
+                is negative or not finite, or one is positive but its mass
+                ``priority ** alpha`` underflows to 0 (it could never be drawn). Nothing
+                is stored then: the priorities are checked before any row is written
+                (a refused batch overwrote the oldest rows, which the index still
+                held with their old priorities).
         """
         rows = len(next(iter(batch.values())))
         for name in self._data:
@@ -81,18 +85,31 @@ class PrioritizedReplay:
                 raise ValueError(f"column {name!r} has {len(batch[name])} rows, expected {rows}")
         if rows == 0:
             return
+        p = (np.full(rows, np.nan) if priorities is None
+             else np.asarray(priorities, dtype=np.float64).reshape(-1))
+        if len(p) != rows:
+            raise ValueError(f"priorities has {len(p)} entries for {rows} rows")
+        given = check_priorities(p[~np.isnan(p)])  # NaN: the running maximum
+        check_masses(given, self._index.alpha)
+        # every column converted before any is written: one that cannot be (its row
+        # shape) is refused with nothing stored
+        new = {}
+        for name, col in self._data.items():
+            try:
+                new[name] = np.broadcast_to(np.asarray(batch[name], dtype=col.dtype),
+                                            (rows, *col.shape[1:]))
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"column {name!r} does not fit rows of shape "
+                                 f"{col.shape[1:]} and dtype {col.dtype}: {err}") from err
         if rows > self.capacity:  # only the newest rows survive
-            batch = {k: v[-self.capacity:] for k, v in batch.items()}
-            if priorities is not None:
-                priorities = np.asarray(priorities)[-self.capacity:]
+            new = {k: v[-self.capacity:] for k, v in new.items()}
+            p = p[-self.capacity:]
             self._cursor += rows - self.capacity
             rows = self.capacity
         seq = np.arange(self._cursor, self._cursor + rows, dtype=np.int64)
         slots = seq % self.capacity
         for name, col in self._data.items():
-            col[slots] = batch[name]
-        p = (np.full(rows, np.nan) if priorities is None
-             else np.asarray(priorities, dtype=np.float64).reshape(-1))
+            col[slots] = new[name]
         self._index.insert(slots, seq + 1, p)
         self._cursor += rows
 
@@ -123,5 +140,11 @@ class PrioritizedReplay:
 
         Returns:
             int: updates dropped because their row was overwritten.
+
+        Raises:
+            ValueError: a priority negative, not finite, or positive with a mass that
+                underflows to 0 (nothing applied).
         """
-        return self._index.update(slots, gens, priorities)
+        p = check_priorities(priorities)
+        check_masses(p, self._index.alpha)
+        return self._index.update(slots, gens, p, checked=True)

@@ -173,3 +173,25 @@ def test_a_positive_priority_whose_mass_underflows_is_refused(alpha: float) -> N
     with pytest.raises(SpecError, match="underflows"):
         check_masses(np.array([bad]), alpha)
     check_masses(np.array([5e-324]), 1.0)  # an exponent up to 1 never underflows
+
+
+@pytest.mark.parametrize("bad", [
+    {"prios": np.array([1.0, -1.0])},  # a negative priority
+    {"prios": np.array([1.0, 1e-40]), "alpha": 10.0},  # a mass that underflows to 0
+    {"prios": np.array([1.0, 1.0, 1.0])},  # one priority too many
+    {"x": np.zeros((2, 3), np.float32)},  # rows of another shape
+])
+def test_a_refused_add_to_the_single_process_replay_stores_nothing(bad: dict) -> None:
+    """The single-process replay wrote a batch's rows before its index refused the
+    priorities: the oldest rows were overwritten while the index still held them with
+    their old priorities (a sample then returned the refused batch's values); a
+    positive priority without mass (alpha 10) was accepted and never drawn."""
+    replay = PrioritizedReplay({"x": ((), "float32")}, 4, alpha=bad.get("alpha", 0.6))
+    replay.add({"x": np.arange(4, dtype=np.float32)}, np.ones(4))
+    with pytest.raises(ValueError):
+        replay.add({"x": bad.get("x", np.full(2, 9, np.float32))},
+                   bad.get("prios", np.ones(2)))
+    assert replay._data["x"].tolist() == [0, 1, 2, 3] and replay.inserted == 4
+    with pytest.raises(ValueError, match="underflows"):
+        PrioritizedReplay({"x": ((), "float32")}, 4, alpha=10.0).update_priorities(
+            np.array([0]), np.array([1]), np.array([1e-40]))
