@@ -22,7 +22,7 @@ __all__ = ["allgather_json", "bcast_json", "bounded_allgather", "bounded_barrier
 
 _DID_NOT_ARRIVE = "a rank failed, left without an error, or did not arrive"
 #: requests given up on, with their buffers (see :func:`bounded_allgather`)
-_ABANDONED: list[tuple[MPI.Request, np.ndarray, np.ndarray]] = []
+_ABANDONED: list[tuple[MPI.Request | np.ndarray, ...]] = []
 #: communicator handle -> (arrive, behind) of its arrival board (the data plane's world:
 #: :class:`~conduit_hpc.plane.control.ControlBlock`): a bounded collective counts itself
 #: there, and one that gives up names the ranks that had not come
@@ -144,12 +144,21 @@ def bounded_barrier(comm: MPI.Intracomm, timeout_s: float, what: str,
     if between is not None:
         between()
     detail = _arrive(comm)
-    req = comm.Ibarrier()
+    _complete(comm, comm.Ibarrier(), (), timeout_s, what, between, detail)
+
+
+def _complete(comm: MPI.Intracomm, req: MPI.Request, buffers: tuple[np.ndarray, ...],
+              timeout_s: float, what: str, between: Callable[[], object] | None,
+              detail: Callable[[], str]) -> None:
+    """Wait (bounded) for a bounded collective's request ``req``, then :func:`_settle`
+    it on every rank. A rank that gives up keeps the request and its ``buffers`` alive
+    (:data:`_ABANDONED`: MPI may still write them) and posts that it gave up."""
     try:
         wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} "
                    f"to reach {what}", error=CollectiveFailed, between=between,
                    detail=detail)
     except BaseException:
+        _ABANDONED.append((req, *buffers))
         _settle(comm, True, timeout_s, what, between)
         raise
     _settle(comm, False, timeout_s, what, between)
@@ -214,15 +223,7 @@ def bounded_allgather(comm: MPI.Intracomm, send: np.ndarray, recv: np.ndarray,
     if between is not None:  # before entering, as in bounded_barrier
         between()
     detail = _arrive(comm)
-    req = comm.Iallgather(send, recv)
-    try:
-        wait_until(req.Test, timeout_s=timeout_s, what=f"every rank of {comm.Get_size()} "
-                   f"to reach {what}", error=CollectiveFailed, between=between,
-                   detail=detail)
-    except BaseException:
-        _ABANDONED.append((req, send, recv))
-        _settle(comm, True, timeout_s, what, between)  # as a bounded barrier does
-        raise
-    _settle(comm, False, timeout_s, what, between)
+    _complete(comm, comm.Iallgather(send, recv), (send, recv), timeout_s, what, between,
+              detail)
 
 

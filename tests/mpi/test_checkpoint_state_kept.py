@@ -11,7 +11,9 @@ which surfaced supersteps later from an unrelated call."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,22 +29,14 @@ COMM = MPI.COMM_WORLD
 EVERY = 4
 
 
-@pytest.mark.mpi(min_size=3)
-@pytest.mark.parametrize("mode", ["edp", "sync"])
-@pytest.mark.parametrize("kind", ["numpy", "torch"])
-def test_boundary_checkpoint_holds_the_state_given_at_the_boundary(
-        shared_dir, mode: str, kind: str) -> None:
+def _boundary_run(shared_dir: Path, mode: str, provide: Callable[[], dict],
+                  step: Callable[[int], None]) -> tuple[Any, int]:
+    """A job with a boundary checkpoint every :data:`EVERY` supersteps of ``provide``:
+    the learner takes ``3 * EVERY + 2`` batches, calling ``step(s)`` right after batch
+    ``s`` (before its update). Returns the spec and the learner's world rank."""
     cfg = make_config(layout={"learners": 1, "buffers": 1},
                       storage={"capacity_rows": 4096, "priority_exponent": 1.0},
                       scheduler={"mode": mode, "batch_rows": 16, "min_fill_rows": 64})
-    w = np.zeros((2, 3))  # the learner's "parameters", changed in place each step
-    t = torch.zeros(4, requires_grad=True)  # a parameter as an optimizer holds it
-    if kind == "numpy":
-        def provide() -> dict:
-            return {"extra_state": {"model/w": w[:]}}  # a view, as .numpy() gives
-    else:
-        def provide() -> dict:
-            return {"extra_state": {"model/w": torch.from_numpy(w), "model/t": t}}
     with ExperienceDataPlane(cfg) as edp:
         agent = CheckpointAgent(edp, shared_dir, keep=0)
         agent.every_supersteps(EVERY, provide)
@@ -52,20 +46,40 @@ def test_boundary_checkpoint_holds_the_state_given_at_the_boundary(
             edp.done()
         elif edp.role is Role.LEARNER:
             for s in range(3 * EVERY + 2):
-                b = edp.next_batch()  # boundary s: provide() sees w == s
-                w[:] = s + 1  # ... then the step changes the parameters at once
-                with torch.no_grad():
-                    t[:] = s + 1
+                b = edp.next_batch()
+                step(s)
                 edp.update_priorities(b.indices, np.ones(len(b)))
             edp.done()
         else:
             edp.serve()
         agent.finish()
-        learner = edp.roles.learner_ranks[0]
+        return edp.spec, edp.roles.learner_ranks[0]
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode", ["edp", "sync"])
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_boundary_checkpoint_holds_the_state_given_at_the_boundary(
+        shared_dir, mode: str, kind: str) -> None:
+    w = np.zeros((2, 3))  # the learner's "parameters", changed in place each step
+    t = torch.zeros(4, requires_grad=True)  # a parameter as an optimizer holds it
+    if kind == "numpy":
+        def provide() -> dict:
+            return {"extra_state": {"model/w": w[:]}}  # a view, as .numpy() gives
+    else:
+        def provide() -> dict:
+            return {"extra_state": {"model/w": torch.from_numpy(w), "model/t": t}}
+
+    def step(s: int) -> None:  # boundary s: provide() saw w == s
+        w[:] = s + 1  # ... then the step changes the parameters at once
+        with torch.no_grad():
+            t[:] = s + 1
+
+    spec, learner = _boundary_run(shared_dir, mode, provide, step)
     done = [p for p in ck.list_checkpoints(shared_dir) if ck.is_complete(p)]
     problems = [] if len(done) >= 2 else [f"{len(done)} complete checkpoints"]
     for path in done:
-        c = ck.open_checkpoint(path, spec=edp.spec)
+        c = ck.open_checkpoint(path, spec=spec)
         boundary = c.counters[learner]["superstep"]
         got = c.extra_state()
         if not (got["model/w"] == boundary).all():
@@ -83,36 +97,20 @@ def test_boundary_checkpoint_counters_are_their_values_at_the_boundary(
     """Counters given as numpy values: a 0-d array the learner counts in was written
     with its value supersteps later, and a numpy integer raised a raw TypeError (not
     JSON) where the part was sent - on the data-plane thread in ``edp`` mode."""
-    cfg = make_config(layout={"learners": 1, "buffers": 1},
-                      storage={"capacity_rows": 4096, "priority_exponent": 1.0},
-                      scheduler={"mode": mode, "batch_rows": 16, "min_fill_rows": 64})
     steps = np.zeros((), np.int64)  # counted in place
 
     def provide() -> dict:
         return {"counters": {"steps": steps, "twice": np.int64(2 * int(steps)),
                              "loss": torch.tensor(0.5)}}
 
-    with ExperienceDataPlane(cfg) as edp:
-        agent = CheckpointAgent(edp, shared_dir, keep=0)
-        agent.every_supersteps(EVERY, provide)
-        if edp.role is Role.ACTOR:
-            for i in range(20):
-                edp.ingest(checked_batch(edp.world_rank, 8 * i, 8))
-            edp.done()
-        elif edp.role is Role.LEARNER:
-            for _ in range(3 * EVERY + 2):
-                b = edp.next_batch()  # boundary s: steps == s
-                steps += 1
-                edp.update_priorities(b.indices, np.ones(len(b)))
-            edp.done()
-        else:
-            edp.serve()
-        agent.finish()
-        learner = edp.roles.learner_ranks[0]
+    def step(s: int) -> None:  # boundary s: steps == s
+        steps[...] += 1
+
+    spec, learner = _boundary_run(shared_dir, mode, provide, step)
     done = [p for p in ck.list_checkpoints(shared_dir) if ck.is_complete(p)]
     problems = [] if len(done) >= 2 else [f"{len(done)} complete checkpoints"]
     for path in done:
-        got = ck.open_checkpoint(path, spec=edp.spec).counters[learner]
+        got = ck.open_checkpoint(path, spec=spec).counters[learner]
         s = got["superstep"]
         if (got["steps"], got["twice"], got["loss"]) != (s, 2 * s, 0.5):
             problems.append(f"checkpoint of superstep {s}: counters {got}")

@@ -198,9 +198,9 @@ def test_data_plane_thread_posts_wait_for_room_and_never_starve_its_background()
 
     th = DataPlaneThread(background, max_posted=4)
     th.start()
-    th.post(lambda: gate.wait(5), timeout_s=1)  # the thread is busy in this one
-    while not th._calls.empty():  # ... once it took it
-        time.sleep(0.001)
+    busy = threading.Event()
+    th.post(lambda: busy.set() or gate.wait(5), timeout_s=1)  # the thread is busy in this
+    assert busy.wait(5)  # ... once it took it (bounded)
     for i in range(4):
         th.post(lambda i=i: ran.append(i), timeout_s=1)
     with pytest.raises(DataPlaneTimeout, match="room in the data-plane thread's queue"):
