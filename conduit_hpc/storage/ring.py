@@ -413,12 +413,11 @@ class ShardRing(IndexReads):
         """After a copy: the first seq writers may have written (see :meth:`gather`)."""
         t = self.transport
         t.sync()
-        reserved = self.reserve_cursor()
-        if self.views is not None:
-            t.sync()
-            free = int(self.views.header[H_FREE])
+        if self.views is not None:  # loads after the barrier (the atomics' memory)
+            head = self.views.header
+            reserved, free = int(head[H_RESERVE]), int(head[H_FREE])
         else:
-            free = self.free_cursor()
+            reserved, free = self.reserve_cursor(), self.free_cursor()
         return min(reserved, free) if free else reserved
 
     def intact(self, gens: np.ndarray, cursor: int | np.ndarray) -> np.ndarray:
