@@ -4,7 +4,12 @@ actor adds to its metrics CSV is also written, as scalars, to
 the ``tensorboard`` package: ``pip install 'conduit-hpc[tensorboard]'``). The only module
 that imports it.
 
-Tags (per superstep on learners, per actor log row - about one a second - on actors):
+Learners write the mean of each column over ``run.tensorboard_every_s`` seconds of
+supersteps (default 1 s; 0: every superstep), at the step of the last one: a scalar a
+superstep cost the learner ~0.45 ms a superstep (``add_scalar`` is ~15-40 us) and ~600
+bytes of event file. Actors write each log row (about one a second).
+
+Tags:
 
 * ``latency/exposed_s``, ``latency/iteration_s``, ``latency/compute_s`` and the path's
   parts (``latency/sample_s``, ``latency/gather_s``, ...);
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -79,6 +85,13 @@ class TensorBoardScalars(Feature):
         self._writer_cls = SummaryWriter
         self.writer: Any = None
         self._step = 0
+        self.every_s = float(config.run.tensorboard_every_s)
+        #: the learner's window: tag -> [sum, count] of its finite values since the last
+        #: write, opened at :attr:`_opened` (clock seconds; None: no row yet)
+        self._window: dict[str, list[float]] = {}
+        self._opened: float | None = None
+        self._last_step = 0
+        self.clock = time.monotonic  # (a test may set another)
 
     def attach(self, plane: FeatureHost) -> None:
         run_dir: Path | None = plane.run_dir
@@ -93,7 +106,8 @@ class TensorBoardScalars(Feature):
             lambda row: self.write(role, row))
 
     def write(self, role: str, row: Mapping[str, Any]) -> None:
-        """One metrics row as scalars (non-numeric and non-finite values skipped)."""
+        """One metrics row as scalars (non-numeric and non-finite values skipped): at once
+        on actors (and with ``tensorboard_every_s = 0``), into the window on learners."""
         if self.writer is None:
             return
         if role == "learner" and "superstep" in row:
@@ -101,14 +115,38 @@ class TensorBoardScalars(Feature):
         else:
             step = self._step
             self._step += 1
-        for column, value in row.items():
-            if column in _SKIP or column.startswith("_") or isinstance(value, bool):
-                continue
-            if not isinstance(value, numbers.Real) or not math.isfinite(value):
-                continue
-            self.writer.add_scalar(scalar_tag(role, column), float(value), step)
+        values = [(scalar_tag(role, column), float(value)) for column, value in row.items()
+                  if not (column in _SKIP or column.startswith("_") or isinstance(value, bool))
+                  and isinstance(value, numbers.Real) and math.isfinite(value)]
+        if role != "learner" or self.every_s == 0:
+            for tag, v in values:
+                self.writer.add_scalar(tag, v, step)
+            return
+        now = self.clock()
+        if self._opened is None:
+            self._opened = now
+        window = self._window
+        for tag, v in values:
+            acc = window.get(tag)
+            if acc is None:
+                window[tag] = [v, 1.0]
+            else:
+                acc[0] += v
+                acc[1] += 1.0
+        self._last_step = step
+        if now - self._opened >= self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the learner's window (each tag's mean at the last superstep's step)."""
+        if self.writer is not None:
+            for tag, (total, n) in self._window.items():
+                self.writer.add_scalar(tag, total / n, self._last_step)
+        self._window.clear()
+        self._opened = None
 
     def close(self) -> None:
         if self.writer is not None:
+            self.flush()
             self.writer.close()
             self.writer = None

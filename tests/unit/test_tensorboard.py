@@ -23,8 +23,9 @@ from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E4
 from conduit_hpc.features.tensorboard import TensorBoardScalars, scalar_tag  # noqa: E402
 
 
-def config(on: bool) -> Config:
-    return Config.from_dict({"run": {"tensorboard": on}, "spec": {"x": {"dtype": "float32"}}})
+def config(on: bool, every_s: float = 0.0) -> Config:
+    return Config.from_dict({"run": {"tensorboard": on, "tensorboard_every_s": every_s},
+                             "spec": {"x": {"dtype": "float32"}}})
 
 
 def scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
@@ -83,3 +84,38 @@ def test_without_the_package_the_error_says_how_to_install_it(monkeypatch) -> No
 def test_the_switch_is_validated() -> None:
     with pytest.raises(ConfigError, match="tensorboard"):
         Config.from_dict({"run": {"tensorboard": "yes"}, "spec": {"x": {"dtype": "float32"}}})
+
+
+def test_a_learner_writes_each_columns_mean_once_a_window(tmp_path: Path) -> None:
+    """The default: one scalar per tag a window (``run.tensorboard_every_s``), the mean of
+    the window's finite values at its last superstep - not one per superstep, which cost
+    a fast learner ~0.45 ms a superstep (3x its iteration) and ~600 bytes of event file."""
+    assert Config.from_dict({"spec": {"x": {"dtype": "float32"}}}).run.tensorboard_every_s == 1
+    learner = SimpleNamespace(metrics=CsvSink(tmp_path / "learner-0.csv", LEARNER_COLUMNS))
+    f = TensorBoardScalars(config(True, every_s=1.0), None)
+    now = [100.0]
+    f.clock = lambda: now[0]
+    f.attach(SimpleNamespace(run_dir=tmp_path, learner=learner, actor=None, world_rank=0))
+    for s in range(5000):  # one window: 5,000 supersteps within 0.5 s
+        now[0] = 100.0 + s * 1e-4
+        learner.metrics.add({"superstep": s, "exposed_s": 0.001 * (s % 2), "rows": 256,
+                             "loss": 2.0 if s % 2 else math.nan})
+    now[0] = 101.5  # the window has lasted 1.5 s: this superstep closes it
+    learner.metrics.add({"superstep": 5000, "exposed_s": 0.0, "rows": 256, "loss": 4.0})
+    for s in range(5001, 5004):  # the next window, written at close()
+        now[0] = 101.6
+        learner.metrics.add({"superstep": s, "exposed_s": 0.003, "rows": 128})
+    f.close()
+    got = scalars(tmp_path / "tensorboard" / "learner-0")
+    assert got["latency/exposed_s"] == [(5000, pytest.approx(0.0005 * 5000 / 5001)),
+                                        (5003, pytest.approx(0.003))]
+    assert got["learner/rows"] == [(5000, 256.0), (5003, 128.0)]
+    # NaN skipped; a column absent from a window's rows writes nothing for it
+    assert got["job/loss"] == [(5000, pytest.approx((2.0 * 2500 + 4.0) / 2501))]
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, 3601.0, "1", True])
+def test_the_window_is_validated(bad: object) -> None:
+    with pytest.raises(ConfigError, match="tensorboard_every_s"):
+        Config.from_dict({"run": {"tensorboard_every_s": bad},
+                          "spec": {"x": {"dtype": "float32"}}})
