@@ -92,6 +92,14 @@ class IngestStats:
     def as_dict(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in self.__slots__}
 
+    def copy(self) -> IngestStats:
+        """A snapshot: later ingests do not change it, nor does changing it reach the
+        actor's counters."""
+        out = IngestStats()
+        for k in self.__slots__:
+            setattr(out, k, getattr(self, k))
+        return out
+
 
 class ActorEndpoint:
     """Ingest on one actor rank.

@@ -50,6 +50,7 @@ What a promotion costs: the acknowledgement wait and one copy of the shard's liv
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -139,8 +140,9 @@ class DevicePolicy:
         self.rows_copied = 0  # rows the promotions' first syncs put on the device
         #: what demoted shards' mirrors counted (``DeviceShard`` attribute -> rows)
         self.retired = dict.fromkeys(("drawn", "rows_in", "evicted", "missed"), 0)
-        #: (look, "promote" | "demote", shard) of every move, in order
-        self.moves: list[tuple[int, str, int]] = []
+        #: (look, "promote" | "demote", shard) of the latest 1,024 moves, in order
+        #: (:attr:`promotions` and :attr:`demotions` count every one)
+        self.moves: deque[tuple[int, str, int]] = deque(maxlen=1024)
 
     def heat(self, d: Deliverer) -> dict[int, tuple[float, int]]:
         """Candidate -> (mass, capacity): the device's total while mirrored, else what

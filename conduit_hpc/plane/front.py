@@ -289,8 +289,8 @@ class ExperienceDataPlane:
 
     @property
     def ingest_stats(self) -> IngestStats:
-        """This actor's ingest counters (all zero on other roles). Local."""
-        return self.actor.stats if self.actor is not None else IngestStats()
+        """A snapshot of this actor's ingest counters (all zero on other roles). Local."""
+        return self.actor.stats.copy() if self.actor is not None else IngestStats()
 
     # -- weights (learners -> actors) ----------------------------------------------
     def share_weights(self, model: Any) -> None:

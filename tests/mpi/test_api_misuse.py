@@ -140,3 +140,25 @@ def test_save_checkpoint_refuses_ranks_that_disagree_on_root_keep_or_extra_state
             f"save_checkpoint(): extra_state given on world ranks {list(range(COMM.size))}; "
             "give it on one rank only (the learner's model)", root]
     assert verdict(got == want), (COMM.rank, got)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_ingest_stats_is_a_snapshot_the_caller_cannot_change() -> None:
+    """``edp.ingest_stats`` returned the actor's live counters: a snapshot kept for later
+    changed under its holder, and writing to it (``stats.rows = -1``) changed the counts
+    the actor reports in its summary. It is a copy now."""
+    cfg = make_config(spec=SPEC, layout={"learners": 0, "buffers": 1},
+                      storage={"capacity_rows": 64}, checkpoint={"on_stop": False})
+    ok = True
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            edp.ingest(rows(8))
+            first = edp.ingest_stats
+            first.rows = -1
+            edp.ingest(rows(8))
+            now = edp.ingest_stats
+            ok = first.rows == -1 and first.batches == 1 and (now.rows, now.batches) == (16, 2)
+            edp.done()
+        else:
+            edp.serve()
+    assert verdict(ok)

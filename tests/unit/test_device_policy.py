@@ -4,6 +4,7 @@ shards to mirror, and the ``[placement] device_rows`` config checks."""
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConfigError
-from conduit_hpc.plane.device_policy import Agreement, choose
+from conduit_hpc.plane.device_policy import Agreement, DevicePolicy, choose
 
 masses = st.floats(min_value=0.0, max_value=1e6, allow_nan=False)
 heats = st.dictionaries(st.integers(0, 40), st.tuples(masses, st.integers(1, 64)),
@@ -113,3 +114,18 @@ def test_device_rows_loads() -> None:
     assert Config.from_dict({}).placement.device_rows == 0
     cfg = Config.from_dict({"placement": {"device_rows": 256, "patience": 1}})
     assert cfg.placement.device_rows == 256
+
+
+def test_the_log_of_moves_keeps_the_latest_and_counts_every_one() -> None:
+    """``DevicePolicy.moves`` grew by one entry a move for as long as the learner ran; it
+    keeps the latest 1,024 now, and ``demotions`` still counts every one."""
+    pol = DevicePolicy([0], budget=10, interval=1, patience=1, seed=0)
+    mirror = SimpleNamespace(drawn=1, rows_in=0, evicted=0, missed=0)
+    d = SimpleNamespace(device_shards={0: mirror}, place=lambda sid, dev: None)
+    for look in range(3000):
+        pol.looks = look
+        pol.held.add(0)
+        pol.demote(d, 0)
+    assert len(pol.moves) == 1024 and pol.demotions == 3000
+    assert pol.moves[0] == (3000 - 1024, "demote", 0) and pol.moves[-1] == (2999, "demote", 0)
+    assert pol.retired["drawn"] == 3000
