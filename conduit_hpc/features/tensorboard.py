@@ -86,7 +86,7 @@ class TensorBoardScalars(Feature):
         self.writer: Any = None
         self._step = 0
         self.every_s = float(config.run.tensorboard_every_s)
-        #: the learner's window: tag -> [sum, count] of its finite values since the last
+        #: the learner's window: column -> [sum, count] of its finite values since the last
         #: write, opened at :attr:`_opened` (clock seconds; None: no row yet)
         self._window: dict[str, list[float]] = {}
         self._opened: float | None = None
@@ -115,21 +115,21 @@ class TensorBoardScalars(Feature):
         else:
             step = self._step
             self._step += 1
-        values = [(scalar_tag(role, column), float(value)) for column, value in row.items()
+        values = [(column, float(value)) for column, value in row.items()
                   if not (column in _SKIP or column.startswith("_") or isinstance(value, bool))
                   and isinstance(value, numbers.Real) and math.isfinite(value)]
         if role != "learner" or self.every_s == 0:
-            for tag, v in values:
-                self.writer.add_scalar(tag, v, step)
+            for column, v in values:
+                self.writer.add_scalar(scalar_tag(role, column), v, step)
             return
         now = self.clock()
         if self._opened is None:
             self._opened = now
-        window = self._window
-        for tag, v in values:
-            acc = window.get(tag)
+        window = self._window  # by column: the tags are made once a window
+        for column, v in values:
+            acc = window.get(column)
             if acc is None:
-                window[tag] = [v, 1.0]
+                window[column] = [v, 1.0]
             else:
                 acc[0] += v
                 acc[1] += 1.0
@@ -138,10 +138,11 @@ class TensorBoardScalars(Feature):
             self.flush()
 
     def flush(self) -> None:
-        """Write the learner's window (each tag's mean at the last superstep's step)."""
+        """Write the learner's window (each column's mean at the last superstep's step)."""
         if self.writer is not None:
-            for tag, (total, n) in self._window.items():
-                self.writer.add_scalar(tag, total / n, self._last_step)
+            for column, (total, n) in self._window.items():
+                self.writer.add_scalar(scalar_tag("learner", column), total / n,
+                                       self._last_step)
         self._window.clear()
         self._opened = None
 
