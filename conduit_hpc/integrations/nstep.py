@@ -26,10 +26,19 @@ class NStepAssembler:
     Args:
         n_step (int): steps summed per transition.
         gamma (float): the discount.
+
+    Raises:
+        ValueError: ``n_step`` not an integer >= 1 (0 made every row its own next
+            observation with reward 0) or ``gamma`` not a number in [0, 1].
     """
 
     def __init__(self, n_step: int, gamma: float) -> None:
-        self.n_step, self.gamma = n_step, gamma
+        if not isinstance(n_step, int | np.integer) or isinstance(n_step, bool) or n_step < 1:
+            raise ValueError(f"n_step must be an integer >= 1, got {n_step!r}")
+        real = isinstance(gamma, int | float | np.integer | np.floating)
+        if not (real and not isinstance(gamma, bool) and 0.0 <= gamma <= 1.0):  # NaN fails
+            raise ValueError(f"gamma must be a number in [0, 1], got {gamma!r}")
+        self.n_step, self.gamma = int(n_step), float(gamma)
         #: per open episode: its observations, actions and rewards not yet emitted
         self.open: dict[str, tuple[list[Any], list[Any], list[float]]] = {}
 
