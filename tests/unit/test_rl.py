@@ -47,9 +47,10 @@ def test_epsilon_ladder_matches_hand_computed_values() -> None:
     assert (np.diff(epsilon_ladder(16)) < 0).all()
 
 
-@pytest.mark.parametrize(("args", "fragment"), [((0,), "n must be >= 1, got 0"),
-                                                ((4, 0.0), "eps must be in (0, 1], got 0.0"),
-                                                ((4, 0.4, -1.0), "alpha must be >= 0")])
+@pytest.mark.parametrize(("args", "fragment"), [
+    ((0,), "n must be an integer >= 1, got 0"),
+    ((4, 0.0), "eps must be a number in (0, 1], got 0.0"),
+    ((4, 0.4, -1.0), "alpha must be a finite number >= 0")])
 def test_epsilon_ladder_refuses_bad_values(args, fragment) -> None:
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")
                        .replace("]", r"\]")):
