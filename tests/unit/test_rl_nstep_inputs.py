@@ -186,3 +186,32 @@ def test_the_rllib_assembler_matches_a_reference_across_chunks() -> None:
     assert got["action"].tolist() == [0, 1, 2, 3, 4]
     assert got["terminated"].tolist() == [False] * 4 + [True]
     assert asm.open == {}
+
+
+@pytest.mark.parametrize("bad, match", [
+    # 3 actions, 2 observations: columns of different lengths were emitted
+    (chunk("a", [0.0, 1.0], [0, 1, 2], [1.0, 1.0, 1.0]), "must hold 4 observations"),
+    # a broadcast error after the episode's pending steps were popped (lost)
+    (chunk("a", [0.0, 1.0, 2.0, 3.0], [0, 1, 2], [1.0]), "and 3 rewards.*got 4 and 1"),
+    (chunk("a", [2.0, 3.0], [0], [float("nan")]), "reward nan of the chunk's step 0"),
+])
+def test_a_refused_rllib_chunk_changes_no_open_episode(bad: SimpleNamespace, match: str
+                                                       ) -> None:
+    asm = NStepAssembler(2, 0.5)
+    assert asm.add([chunk("a", [0.0, 1.0, 2.0], [0, 1], [1.0, 1.0])])["obs"].tolist() == [0]
+    assert asm.add([chunk("b", [5.0, 6.0], [3], [1.0])]) is None
+    before = {k: tuple(list(x) for x in v) for k, v in asm.open.items()}
+    with pytest.raises(ValueError, match=match):
+        asm.add([chunk("b", [6.0, 7.0], [4], [2.0]), bad])  # b's chunk is fine
+    assert {k: tuple(list(x) for x in v) for k, v in asm.open.items()} == before
+    out = asm.add([chunk("a", [2.0, 3.0], [2], [4.0])])
+    assert out["obs"].tolist() == [1.0] and out["reward"].tolist() == [1.0 + 0.5 * 4.0]
+
+
+def test_the_rllib_assembler_keeps_no_reference_to_the_callers_observations() -> None:
+    asm = NStepAssembler(2, 0.5)
+    buf = np.zeros((2, 2))
+    asm.add([chunk("a", buf, [0], [1.0])])
+    buf[:] = 9  # an episode buffer reused by the caller
+    out = asm.add([chunk("a", np.array([[0.0, 0.0], [1.0, 1.0]]), [1], [1.0])])
+    assert out["obs"].tolist() == [[0.0, 0.0]]
