@@ -49,6 +49,9 @@ def true_next_obs(obs: np.ndarray, info: Mapping[str, Any]) -> np.ndarray:
     out = np.array(obs, copy=True)
     mask = info.get("_final_obs")
     if mask is not None:
+        if np.shape(mask) != out.shape[:1]:
+            raise ValueError(f"info['_final_obs'] must have one flag per env "
+                             f"({out.shape[:1]}), got shape {np.shape(mask)}")
         for e in np.flatnonzero(mask):
             out[e] = info["final_obs"][e]
     return out

@@ -394,5 +394,5 @@ def test_episode_log_keeps_the_latest_episodes_and_counts_every_one(tmp_path) ->
     assert list(log.recent) == [2_999.0] * 3 and log.mean_recent == 2_999.0
     # the file has every one
     assert len((tmp_path / "e.csv").read_text().splitlines()) == 1 + 12_000
-    with pytest.raises(ValueError, match="keep must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="keep must be an integer >= 1, got 0"):
         EpisodeLog(1, keep=0)

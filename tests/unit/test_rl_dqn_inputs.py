@@ -11,12 +11,14 @@ import torch
 from conduit_hpc.rl import (
     DQNSection,
     DQNUpdater,
+    EpisodeLog,
     QNetwork,
     double_dqn_loss,
     epsilon_greedy,
     epsilon_ladder,
     initial_priorities,
     to_tensors,
+    true_next_obs,
 )
 
 
@@ -160,3 +162,39 @@ def test_a_refused_state_changes_nothing(key: str, value: np.ndarray, error: typ
     for k, v in other.state_arrays().items():
         np.testing.assert_array_equal(v, good[k], err_msg=k)
     other.update(nets()[2], None)  # the loaded state trains on
+
+
+@pytest.mark.parametrize("reward, done, match", [
+    (1.0, [False] * 3, r"reward must have shape \(3,\)"),  # added to every env
+    ([1.0] * 3, True, r"done must have shape \(3,\)"),  # ended env 0's episode only
+    ([1.0] * 3, [False, False, False, True], r"done must have shape \(3,\)"),  # IndexError
+    ([np.nan, 0.0, 0.0], [True, False, False], r"reward\[0\] must be finite, got nan"),
+])
+def test_a_refused_episode_step_changes_nothing(reward: object, done: object, match: str
+                                                ) -> None:
+    log = EpisodeLog(3, window=1)
+    log.step(np.ones(3), np.zeros(3, bool), 3)
+    with pytest.raises(ValueError, match=match):
+        log.step(reward, done, 6)
+    assert log.step(np.ones(3), np.array([True, True, True]), 9) == [2.0, 2.0, 2.0]
+    assert log.count == 3
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"window": 0}, "window must be an integer >= 1, got 0"),  # never reached
+    ({"window": -1}, "window must be an integer >= 1, got -1"),
+    ({"num_envs": 0}, "num_envs must be an integer >= 1, got 0"),
+    ({"scored": [True]}, r"scored must have shape \(3,\)"),  # IndexError at env 1's end
+    ({"epsilons": [0.1]}, r"epsilons must have shape \(3,\)"),
+])
+def test_an_episode_log_of_bad_arguments_is_refused(kwargs: dict, match: str) -> None:
+    args = {"num_envs": 3, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        EpisodeLog(args.pop("num_envs"), **args)
+
+
+def test_true_next_obs_refuses_a_mask_of_another_length() -> None:
+    info = {"_final_obs": np.array([False, True, True]),
+            "final_obs": np.array([None, np.ones(2), np.ones(2)], dtype=object)}
+    with pytest.raises(ValueError, match=r"info\['_final_obs'\] must have one flag per env"):
+        true_next_obs(np.zeros((2, 2)), info)
