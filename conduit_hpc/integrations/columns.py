@@ -180,8 +180,24 @@ class TensorDictColumns:
     def tensordict(self, data: Mapping[str, torch.Tensor],
                    device: torch.device | str | None = None) -> TensorDictBase:
         """The TensorDict whose entries are the columns ``data`` (one tensor per spec
-        field, leading dimension the rows)."""
-        n = int(next(iter(data.values())).shape[0])
+        field, leading dimension the rows).
+
+        Raises:
+            SpecError: ``data`` lacks a spec field, or its columns differ in rows (a
+                KeyError, StopIteration or TensorDict's RuntimeError before), naming the
+                field. Other columns are left out.
+        """
+        missing = [n for n in self.keys if n not in data]
+        if missing:
+            raise SpecError(f"columns must hold every spec field ({', '.join(self.keys)}): "
+                            f"{missing[0]!r} is missing")
+        rows = {name: int(data[name].shape[0]) if data[name].dim() else -1
+                for name in self.keys}
+        n = rows[next(iter(self.keys))]
+        bad = next((name for name, r in rows.items() if r != n or r < 0), None)
+        if bad is not None:
+            raise SpecError(f"column {bad!r} has shape {tuple(data[bad].shape)}; every "
+                            f"column must have the {n} rows of {next(iter(self.keys))!r}")
         td = TensorDict({}, batch_size=[n], device=device)
         for name, key in self.keys.items():
             td.set(key, data[name])
