@@ -258,7 +258,7 @@ def test_target_sync_hard_and_soft() -> None:
     sync_target(a, b)
     assert all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(),
                                                      strict=True))
-    with pytest.raises(ValueError, match="tau must be in"):
+    with pytest.raises(ValueError, match="tau must be a number in"):
         sync_target(a, b, tau=0.0)
 
 

@@ -13,10 +13,12 @@ from conduit_hpc.rl import (
     DQNUpdater,
     EpisodeLog,
     QNetwork,
+    copy_weights,
     double_dqn_loss,
     epsilon_greedy,
     epsilon_ladder,
     initial_priorities,
+    sync_target,
     to_tensors,
     true_next_obs,
 )
@@ -198,3 +200,23 @@ def test_true_next_obs_refuses_a_mask_of_another_length() -> None:
             "final_obs": np.array([None, np.ones(2), np.ones(2)], dtype=object)}
     with pytest.raises(ValueError, match=r"info\['_final_obs'\] must have one flag per env"):
         true_next_obs(np.zeros((2, 2)), info)
+
+
+@pytest.mark.parametrize("sync", [lambda a, b: sync_target(a, b, 0.5),
+                                  lambda a, b: sync_target(a, b, 1.0), copy_weights])
+@pytest.mark.parametrize("other", [lambda: QNetwork(4, 2, (8, 8)), lambda: QNetwork(4, 3, (8,)),
+                                   lambda: QNetwork(4, 2, (8,), dueling=True)])
+def test_syncing_networks_of_another_architecture_changes_nothing(sync, other) -> None:
+    """Polyak averaging went parameter by parameter and failed at the first that did not
+    fit (or broadcast into it), torch's load copied the entries that fit, then raised:
+    the target was left half-updated."""
+    torch.manual_seed(0)
+    for src, dst in ((QNetwork(4, 2, (8,)), other()), (other(), QNetwork(4, 2, (8,)))):
+        before = {k: v.clone() for k, v in dst.state_dict().items()}
+        with pytest.raises(ValueError, match="networks differ at"):
+            sync(src, dst)
+        assert all(torch.equal(before[k], v) for k, v in dst.state_dict().items())
+    a, b = QNetwork(4, 2, (8,)), QNetwork(4, 2, (8,))
+    sync_target(a, b, np.float32(0.25))  # numpy numbers are numbers
+    with pytest.raises(ValueError, match="tau must be a number in"):
+        sync_target(a, b, "0.5")
