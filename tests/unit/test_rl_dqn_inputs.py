@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conduit_hpc.rl import (
+    ApexActor,
     DQNSection,
     DQNUpdater,
     EpisodeLog,
@@ -220,3 +221,21 @@ def test_syncing_networks_of_another_architecture_changes_nothing(sync, other) -
     sync_target(a, b, np.float32(0.25))  # numpy numbers are numbers
     with pytest.raises(ValueError, match="tau must be a number in"):
         sync_target(a, b, "0.5")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"reward_clip": -1.0}, "reward_clip must be a finite number >= 0"),  # unclipped
+    ({"reward_clip": float("nan")}, "reward_clip must be a finite number >= 0"),
+    ({"stream_field": "env", "stream_dtype": "uint8"}, "must be an integer type that holds "
+                                                       "env slot 299"),  # 299 -> 43
+    ({"stream_field": "env", "stream_dtype": "float32"}, "must be an integer type"),
+])
+def test_an_actor_of_bad_arguments_is_refused_before_its_envs_start(kwargs: dict,
+                                                                     match: str) -> None:
+    def make_env(k: int, seed: int) -> tuple:
+        raise AssertionError("no env is made for a refused actor")
+
+    hp = DQNSection(num_envs=300)
+    with pytest.raises(ValueError, match=match):
+        ApexActor(hp, QNetwork(4, 2, (8,)), actor_index=0, envs_per_actor=2, seed=0,
+                  make_env=make_env, **kwargs)
