@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from conduit_hpc.config import SchedulerConfig, StorageConfig
 from conduit_hpc.rl import (
     ApexActor,
     DQNSection,
@@ -21,6 +22,7 @@ from conduit_hpc.rl import (
     initial_priorities,
     sync_target,
     to_tensors,
+    train_single_process,
     true_next_obs,
 )
 
@@ -239,3 +241,15 @@ def test_an_actor_of_bad_arguments_is_refused_before_its_envs_start(kwargs: dict
     with pytest.raises(ValueError, match=match):
         ApexActor(hp, QNetwork(4, 2, (8,)), actor_index=0, envs_per_actor=2, seed=0,
                   make_env=make_env, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"time_limit_s": -1.0}, {"time_limit_s": float("nan")},
+                                    {"progress_every_s": float("inf")}])
+def test_the_single_process_baseline_refuses_bad_limits(kwargs: dict) -> None:
+    """A negative time limit stopped after the first step (as if converged too slowly),
+    a NaN one never stopped."""
+    name = next(iter(kwargs))
+    with pytest.raises(ValueError, match=f"{name} must be a finite number >= 0"):
+        sch = SchedulerConfig(batch_rows=64, min_fill_rows=1000, samples_per_insert=16.0,
+                              max_insert_batch=64, error_buffer=2000.0)
+        train_single_process(DQNSection(max_env_steps=8), sch, StorageConfig(), **kwargs)
