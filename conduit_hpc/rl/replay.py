@@ -36,7 +36,7 @@ class ReplaySample(NamedTuple):
         batch (dict[str, np.ndarray]): the sampled rows, column by column (copies).
         slots (np.ndarray): int64 slot of each row.
         gens (np.ndarray): int64 generation of each row (pass back with priorities).
-        weights (np.ndarray): float32 importance weights, max 1.
+        weights (np.ndarray): float32 importance weights in (0, 1], max 1.
     """
 
     batch: dict[str, np.ndarray]
@@ -168,8 +168,12 @@ class PrioritizedReplay:
         with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
             weights = np.exp(-beta * (np.log(self._index.sum[slots])
                                       - np.log(self._index.min.min)))
+        # a ratio past float32's range (priorities 1e30 and 1e-20 may both be held) made
+        # a weight 0, outside (0, 1] (a loss dividing by it, or taking its log, got inf):
+        # the smallest normal float32 instead, as the data plane's sampler gives
+        w32 = np.maximum(weights.astype(np.float32), np.finfo(np.float32).tiny)
         return ReplaySample({k: v[slots].copy() for k, v in self._data.items()}, slots,
-                            self._index.gens[slots].copy(), weights.astype(np.float32))
+                            self._index.gens[slots].copy(), w32)
 
     def update_priorities(self, slots: np.ndarray, gens: np.ndarray,
                           priorities: np.ndarray) -> int:

@@ -188,3 +188,16 @@ def test_updates_follow_a_reference_model_through_overwrites_and_duplicates() ->
         counts += np.bincount(rb.sample(1000, 1.0, rng).slots, minlength=cap)
     sd = np.sqrt(draws * prob * (1 - prob))
     assert (np.abs(counts - draws * prob) <= 5 * sd).all(), (counts / draws, prob)
+
+
+def test_importance_weights_stay_in_zero_one_for_extreme_priority_ratios() -> None:
+    """Priorities 1e30 and 1e-20 are both accepted; the heavy row's weight (1e-50 at
+    beta 1) underflowed float32 to 0.0, outside (0, 1] (the data plane's sampler gives
+    float32's smallest normal, since a loss may divide by a weight or take its log)."""
+    rb = PrioritizedReplay({"x": ((), "float32")}, 4, alpha=1.0)
+    rb.add({"x": np.zeros(2, np.float32)}, [1e30, 1e-20])
+    rb.update_priorities([1], [2], [1e-20])
+    for beta in (0.0, 1.0, 1000.0):
+        s = rb.sample(8, beta, np.random.default_rng(0))
+        assert s.weights.dtype == np.float32
+        assert ((s.weights > 0) & (s.weights <= 1)).all(), (beta, s.weights)
