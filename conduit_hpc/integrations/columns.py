@@ -40,6 +40,9 @@ def _key_set(keys: Iterable[Any], what: str) -> set[NestedKey]:
         raise ConfigError(f"{what} must be a collection of TensorDict keys (e.g. "
                           f"[{keys!r}] or [('collector', 'traj_ids')]), got the string "
                           f"{keys!r}", key=what)
+    if not isinstance(keys, Iterable):  # None: a bare TypeError
+        raise ConfigError(f"{what} must be a collection of TensorDict keys (e.g. [] or "
+                          f"[('collector', 'traj_ids')]), got {keys!r}", key=what)
     return {normalise_key(k) for k in keys}
 
 
@@ -79,8 +82,13 @@ def spec_tables(td: TensorDictBase, exclude_keys: Iterable[Any] = ()) -> str:
     dimensions are rows), for a job's config file. Local.
 
     Raises:
-        SpecError: a key breaks the naming rule, or an entry is not a tensor.
+        SpecError: ``td`` is not a TensorDict, a key breaks the naming rule, or an entry
+            is not a tensor.
+        ConfigError: ``exclude_keys`` is not a collection of keys.
     """
+    if not isinstance(td, TensorDictBase):  # a dict: a bare AttributeError
+        raise SpecError(f"spec_tables takes a TensorDict (a collector's batch), got "
+                        f"{type(td).__name__}")
     rows = td.reshape(-1)
     skip = _key_set(exclude_keys, "exclude_keys")
     out = []

@@ -320,3 +320,18 @@ def test_columns_that_make_no_tensordict_are_refused_naming_the_field(data, matc
                            "action": ("int64", ())})
     with pytest.raises(SpecError, match=match):
         TensorDictColumns(spec).tensordict({k: torch.zeros(v) for k, v in data.items()})
+
+
+def test_no_collection_of_keys_and_no_tensordict_are_refused_naming_the_argument() -> None:
+    _tensordict_or_skip()
+    from conduit_hpc.errors import ConfigError
+    from conduit_hpc.integrations.columns import TensorDictColumns, spec_tables
+    from conduit_hpc.spec import Spec
+
+    spec = Spec.from_dict({"obs": ("float32", (2,))})
+    for arg in ("exclude_keys", "skip"):
+        with pytest.raises(ConfigError, match=f"{arg} must be a collection of TensorDict "
+                                              f"keys.*got None"):  # a bare TypeError
+            TensorDictColumns(spec, **{arg: None})
+    with pytest.raises(SpecError, match=r"spec_tables takes a TensorDict.*got dict"):
+        spec_tables({"obs": torch.zeros(2, 2)})  # AttributeError
