@@ -253,3 +253,22 @@ def test_the_single_process_baseline_refuses_bad_limits(kwargs: dict) -> None:
         sch = SchedulerConfig(batch_rows=64, min_fill_rows=1000, samples_per_insert=16.0,
                               max_insert_batch=64, error_buffer=2000.0)
         train_single_process(DQNSection(max_env_steps=8), sch, StorageConfig(), **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_loss_checks_values_on_either_path(dtype: torch.dtype) -> None:
+    """float32 columns on the host are checked with numpy; bfloat16 ones (no numpy type)
+    take the torch reductions a device uses."""
+    online, target, batch = nets()
+    batch = {**batch, "reward": batch["reward"].to(dtype), "discount":
+             batch["discount"].to(dtype)}
+    w = torch.ones(5, dtype=dtype)
+    double_dqn_loss(online, target, batch, w)
+    bad = {"action": torch.tensor([0, 1, 0, 2, 1]),
+           "reward": torch.tensor([0, 0, float("inf"), 0, 0], dtype=dtype),
+           "discount": torch.tensor([0.5, float("nan"), 0.5, 0.5, 0.5], dtype=dtype)}
+    for name, value in bad.items():
+        with pytest.raises(ValueError, match=f"{name}\\[\\d\\] must be"):
+            double_dqn_loss(online, target, {**batch, name: value}, w)
+    with pytest.raises(ValueError, match=r"weights\[4\] must be finite and >= 0"):
+        double_dqn_loss(online, target, batch, torch.tensor([1, 1, 1, 1, -0.5], dtype=dtype))
