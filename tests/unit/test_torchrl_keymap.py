@@ -335,3 +335,13 @@ def test_no_collection_of_keys_and_no_tensordict_are_refused_naming_the_argument
             TensorDictColumns(spec, **{arg: None})
     with pytest.raises(SpecError, match=r"spec_tables takes a TensorDict.*got dict"):
         spec_tables({"obs": torch.zeros(2, 2)})  # AttributeError
+
+
+def test_names_that_are_no_collection_of_strings_are_refused() -> None:
+    from conduit_hpc.integrations.keymap import keys_of
+
+    with pytest.raises(SpecError, match="got the string 'obs'"):
+        keys_of("obs")  # was {"o": "o", "b": "b", "s": "s"}
+    with pytest.raises(SpecError, match="spec field name must be a string, got 3"):
+        key_of(3)  # AttributeError
+    assert keys_of(["obs", "next__obs"]) == {"obs": "obs", "next__obs": ("next", "obs")}
