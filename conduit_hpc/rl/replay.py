@@ -148,7 +148,7 @@ class PrioritizedReplay:
                 or batch_size < 1):
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         real = isinstance(beta, int | float | np.integer | np.floating)
-        if not (real and 0 <= beta <= 1e3):  # NaN fails too
+        if not (real and not isinstance(beta, bool) and 0 <= beta <= 1e3):  # NaN fails
             raise ValueError(f"beta must be a number in [0, 1000] (the importance-weight "
                              f"exponent, as scheduler.beta), got {beta!r}")
         if not isinstance(rng, np.random.Generator):

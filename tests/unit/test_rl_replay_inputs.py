@@ -104,6 +104,7 @@ def test_a_replay_of_bad_arguments_is_refused(kwargs: dict, match: str) -> None:
     ({"beta": float("nan")}, ValueError, "beta must be a number in \\[0, 1000\\].*nan"),
     ({"beta": -1.0}, ValueError, "beta must be a number in \\[0, 1000\\].*-1.0"),
     ({"beta": float("inf")}, ValueError, "beta must be a number in \\[0, 1000\\].*inf"),
+    ({"beta": True}, ValueError, "beta must be a number in \\[0, 1000\\].*True"),
     ({"batch_size": 2.5}, ValueError, "batch_size must be an integer >= 1, got 2.5"),
     ({"batch_size": True}, ValueError, "batch_size must be an integer >= 1, got True"),
     ({"batch_size": 0}, ValueError, "batch_size must be an integer >= 1, got 0"),
