@@ -40,6 +40,9 @@ def _key_set(keys: Iterable[Any], what: str) -> set[NestedKey]:
         raise ConfigError(f"{what} must be a collection of TensorDict keys (e.g. "
                           f"[{keys!r}] or [('collector', 'traj_ids')]), got the string "
                           f"{keys!r}", key=what)
+    if not isinstance(keys, Iterable):  # None: a bare TypeError
+        raise ConfigError(f"{what} must be a collection of TensorDict keys (e.g. [] or "
+                          f"[('collector', 'traj_ids')]), got {keys!r}", key=what)
     return {normalise_key(k) for k in keys}
 
 
@@ -79,8 +82,13 @@ def spec_tables(td: TensorDictBase, exclude_keys: Iterable[Any] = ()) -> str:
     dimensions are rows), for a job's config file. Local.
 
     Raises:
-        SpecError: a key breaks the naming rule, or an entry is not a tensor.
+        SpecError: ``td`` is not a TensorDict, a key breaks the naming rule, or an entry
+            is not a tensor.
+        ConfigError: ``exclude_keys`` is not a collection of keys.
     """
+    if not isinstance(td, TensorDictBase):  # a dict: a bare AttributeError
+        raise SpecError(f"spec_tables takes a TensorDict (a collector's batch), got "
+                        f"{type(td).__name__}")
     rows = td.reshape(-1)
     skip = _key_set(exclude_keys, "exclude_keys")
     out = []
@@ -180,8 +188,24 @@ class TensorDictColumns:
     def tensordict(self, data: Mapping[str, torch.Tensor],
                    device: torch.device | str | None = None) -> TensorDictBase:
         """The TensorDict whose entries are the columns ``data`` (one tensor per spec
-        field, leading dimension the rows)."""
-        n = int(next(iter(data.values())).shape[0])
+        field, leading dimension the rows).
+
+        Raises:
+            SpecError: ``data`` lacks a spec field, or its columns differ in rows (a
+                KeyError, StopIteration or TensorDict's RuntimeError before), naming the
+                field. Other columns are left out.
+        """
+        missing = [n for n in self.keys if n not in data]
+        if missing:
+            raise SpecError(f"columns must hold every spec field ({', '.join(self.keys)}): "
+                            f"{missing[0]!r} is missing")
+        rows = {name: int(data[name].shape[0]) if data[name].dim() else -1
+                for name in self.keys}
+        n = rows[next(iter(self.keys))]
+        bad = next((name for name, r in rows.items() if r != n or r < 0), None)
+        if bad is not None:
+            raise SpecError(f"column {bad!r} has shape {tuple(data[bad].shape)}; every "
+                            f"column must have the {n} rows of {next(iter(self.keys))!r}")
         td = TensorDict({}, batch_size=[n], device=device)
         for name, key in self.keys.items():
             td.set(key, data[name])

@@ -80,8 +80,11 @@ def key_of(name: str) -> NestedKey:
     """The TensorDict key held by spec field ``name`` (inverse of :func:`field_name`).
 
     Raises:
-        SpecError: ``name`` is no field name that :func:`field_name` makes.
+        SpecError: ``name`` is no field name that :func:`field_name` makes (or not a
+            string: an AttributeError before).
     """
+    if not isinstance(name, str):
+        raise SpecError(f"spec field name must be a string, got {name!r}")
     parts = tuple(name.split(SEPARATOR))
     key: NestedKey = parts[0] if len(parts) == 1 else parts
     try:
@@ -96,5 +99,13 @@ def key_of(name: str) -> NestedKey:
 
 
 def keys_of(names: Iterable[str]) -> dict[str, NestedKey]:
-    """``{field: key}`` for every field name in ``names``."""
+    """``{field: key}`` for every field name in ``names``.
+
+    Raises:
+        SpecError: ``names`` is a string (its characters were taken for field names),
+            or a name :func:`key_of` refuses.
+    """
+    if isinstance(names, str | bytes):
+        raise SpecError(f"names must be a collection of spec field names (e.g. "
+                        f"[{names!r}]), got the string {names!r}")
     return {n: key_of(n) for n in names}

@@ -83,7 +83,8 @@ class ApexActor:
             hold ``hp.num_envs - 1``).
 
     Raises:
-        ValueError: the actor's slots do not fit in ``hp.num_envs``.
+        ValueError: the actor's slots do not fit in ``hp.num_envs``, ``reward_clip`` is
+            not a finite number >= 0, or ``stream_dtype`` cannot hold every env slot.
     """
 
     def __init__(self, hp: DQNSection, net: nn.Module, *, actor_index: int,
@@ -96,6 +97,15 @@ class ApexActor:
         if k < 1 or a < 0 or (a + 1) * k > hp.num_envs:
             raise ValueError(f"actor {a} with {k} envs needs slots {a * k}..{(a + 1) * k - 1}"
                              f", but dqn.num_envs = {hp.num_envs}")
+        if not (isinstance(reward_clip, int | float) and 0 <= reward_clip < np.inf):
+            # -1 or NaN left the rewards unclipped, silently
+            raise ValueError(f"reward_clip must be a finite number >= 0 (0: unclipped), got "
+                             f"{reward_clip!r}")
+        sdt = np.dtype(stream_dtype)
+        if stream_field and (sdt.kind not in "iu" or np.iinfo(sdt).max < hp.num_envs - 1):
+            # the env slots were cast with astype: 300 wrapped to 44 in uint8
+            raise ValueError(f"stream_dtype must be an integer type that holds env slot "
+                             f"{hp.num_envs - 1} (dqn.num_envs - 1), got {sdt.name}")
         self.hp, self.net, self.k = hp, net, k
         made: tuple[Any, np.ndarray] = (make_env(k, seed) if make_env is not None
                                         else make_vector_env(hp.env_id, k, seed))

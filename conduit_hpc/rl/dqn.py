@@ -94,6 +94,8 @@ def train_single_process(hp: DQNSection, scheduler: SchedulerConfig, storage: St
     Raises:
         ConfigError: ``scheduler.samples_per_insert`` is 0 (the baseline paces its
             updates by it).
+        ValueError: ``time_limit_s`` or ``progress_every_s`` not a finite number >= 0
+            (a negative limit stopped after the first step, NaN never stopped).
 
     Returns:
         dict: ``reached`` (bool), ``env_steps`` (at the stop), ``env_steps_to_target``
@@ -103,6 +105,9 @@ def train_single_process(hp: DQNSection, scheduler: SchedulerConfig, storage: St
     require(scheduler.samples_per_insert > 0, "scheduler.samples_per_insert",
             scheduler.samples_per_insert, "> 0 for the single-process baseline (it makes "
             "samples_per_insert / batch_rows updates per inserted row)")
+    for name, v in (("time_limit_s", time_limit_s), ("progress_every_s", progress_every_s)):
+        if not (isinstance(v, int | float) and 0 <= v < float("inf")):
+            raise ValueError(f"{name} must be a finite number >= 0 (0: none), got {v!r}")
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     env, obs = make_vector_env(hp.env_id, hp.num_envs, seed)

@@ -58,12 +58,19 @@ class EpisodeLog:
                  window: int = 20, t0: float | None = None,
                  epsilons: np.ndarray | None = None, scored: np.ndarray | None = None,
                  keep: int = 10_000) -> None:
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep!r}")
-        self.num_envs, self.actor, self.window = num_envs, actor, window
+        for name, v in (("num_envs", num_envs), ("window", window), ("keep", keep)):
+            if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        self.num_envs, self.actor, self.window = int(num_envs), actor, int(window)
         self.epsilons = None if epsilons is None else np.asarray(epsilons, dtype=np.float64)
         self.scored = (np.ones(num_envs, dtype=bool) if scored is None
                        else np.asarray(scored, dtype=bool))
+        # one per env: a shorter one failed (IndexError) at the first episode of an env
+        # past its end, with the step's rewards already added
+        for name, arr in (("epsilons", self.epsilons), ("scored", self.scored)):
+            if arr is not None and arr.shape != (num_envs,):
+                raise ValueError(f"{name} must have shape ({num_envs},) (one per env), got "
+                                 f"{arr.shape}")
         self.t0 = time.perf_counter() if t0 is None else t0
         self._running = np.zeros(num_envs, dtype=np.float64)
         self.recent: deque[float] = deque(maxlen=window)
@@ -93,10 +100,26 @@ class EpisodeLog:
             done (np.ndarray): ``(E,)`` terminated or truncated.
             env_steps (int): environment steps so far (all envs of this log), written
                 with each finished episode.
+
+        Raises:
+            ValueError: (nothing changes) ``reward`` or ``done`` not one per env (a
+                scalar reward was added to every env, a scalar ``done`` ended env 0's
+                episode only, a longer ``done`` failed after the rewards were added), or
+                a reward that is not finite (the running mean never reached a target
+                again).
         """
-        self._running += np.asarray(reward, dtype=np.float64)
+        r = np.asarray(reward, dtype=np.float64)
+        d = np.asarray(done)
+        for name, arr in (("reward", r), ("done", d)):
+            if arr.shape != (self.num_envs,):
+                raise ValueError(f"{name} must have shape ({self.num_envs},) (one per env), "
+                                 f"got {arr.shape}")
+        if not np.isfinite(r).all():
+            i = int(np.flatnonzero(~np.isfinite(r))[0])
+            raise ValueError(f"reward[{i}] must be finite, got {float(r[i])!r}")
+        self._running += r
         finished: list[float] = []
-        for e in np.flatnonzero(np.asarray(done)):
+        for e in np.flatnonzero(d):
             ret = float(self._running[e])
             self._running[e] = 0.0
             finished.append(ret)

@@ -29,18 +29,24 @@ def epsilon_ladder(n: int, eps: float = 0.4, alpha: float = 7.0) -> np.ndarray:
         np.ndarray: float64 array of ``n`` epsilons, non-increasing.
 
     Raises:
-        ValueError: ``n < 1``, ``eps`` outside (0, 1] or ``alpha < 0``.
+        ValueError: ``n`` not an integer >= 1 (2.5 gave 3 epsilons), ``eps`` not a number
+            in (0, 1], or ``alpha`` not a finite number >= 0 (inf made the first
+            epsilon ``eps ** (1 + 0 * inf)``, NaN).
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n!r}")
-    if not 0 < eps <= 1:
-        raise ValueError(f"eps must be in (0, 1], got {eps!r}")
-    if not alpha >= 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha!r}")
+    if not isinstance(n, int | np.integer) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    if not (_real(eps) and 0 < eps <= 1):
+        raise ValueError(f"eps must be a number in (0, 1], got {eps!r}")
+    if not (_real(alpha) and 0 <= alpha < np.inf):
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
     if n == 1:
         return np.array([eps], dtype=np.float64)
     i = np.arange(n, dtype=np.float64)
     return np.power(eps, 1.0 + i / (n - 1) * alpha)
+
+
+def _real(v: object) -> bool:
+    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool)
 
 
 def epsilon_greedy(q_values: np.ndarray, epsilons: np.ndarray,
@@ -57,10 +63,26 @@ def epsilon_greedy(q_values: np.ndarray, epsilons: np.ndarray,
 
     Returns:
         np.ndarray: ``(rows,)`` int64 actions.
+
+    Raises:
+        ValueError: ``q_values`` not ``(rows, actions)`` with an action, or
+            ``epsilons`` not one per row (or one for all) in [0, 1] (NaN never
+            explored, 2 always did, both silently).
     """
     q = np.asarray(q_values)
+    if q.ndim != 2 or q.shape[1] < 1:
+        raise ValueError(f"q_values must have shape (rows, actions) with actions >= 1, got "
+                         f"{q.shape}")
     rows, n_actions = q.shape
+    eps = np.asarray(epsilons, dtype=np.float64)
+    if eps.shape not in ((rows,), (), (1,)):
+        raise ValueError(f"epsilons must have shape ({rows},) (one per row), got "
+                         f"{eps.shape}")
+    bad = ~((eps >= 0) & (eps <= 1)).reshape(-1)  # NaN too
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"epsilons[{i}] must be in [0, 1], got {float(eps.reshape(-1)[i])!r}")
     greedy = q.argmax(axis=1).astype(np.int64)
-    explore = rng.random(rows) < np.asarray(epsilons)
+    explore = rng.random(rows) < eps
     random = rng.integers(0, n_actions, rows)
     return np.where(explore, random, greedy)

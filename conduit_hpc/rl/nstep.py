@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc.config import FieldConfig
+from conduit_hpc.config.checks import DTYPES
+from conduit_hpc.spec import as_array, check_in_range
 
 __all__ = ["NStepAccumulator", "describe_transitions", "true_next_obs"]
 
@@ -47,6 +49,9 @@ def true_next_obs(obs: np.ndarray, info: Mapping[str, Any]) -> np.ndarray:
     out = np.array(obs, copy=True)
     mask = info.get("_final_obs")
     if mask is not None:
+        if np.shape(mask) != out.shape[:1]:
+            raise ValueError(f"info['_final_obs'] must have one flag per env "
+                             f"({out.shape[:1]}), got shape {np.shape(mask)}")
         for e in np.flatnonzero(mask):
             out[e] = info["final_obs"][e]
     return out
@@ -67,16 +72,26 @@ class NStepAccumulator:
 
     def __init__(self, num_envs: int, n: int, gamma: float,
                  obs_dtype: str = "float32") -> None:
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs!r}")
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n!r}")
-        if not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
-        self.num_envs, self.n, self.gamma = num_envs, n, float(gamma)
-        self.obs_dtype = np.dtype(obs_dtype)
+        for name, v in (("num_envs", num_envs), ("n", n)):
+            # n = 2.5 never filled a window (len == 2.5): every row waited for the
+            # episode's end
+            if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        real = isinstance(gamma, int | float | np.integer | np.floating)
+        if not (real and not isinstance(gamma, bool) and 0.0 <= gamma <= 1.0):
+            raise ValueError(f"gamma must be a number in [0, 1], got {gamma!r}")
+        try:
+            dt = np.dtype(obs_dtype)
+        except TypeError as err:
+            raise ValueError(f"obs_dtype must be one of {', '.join(DTYPES)}, got "
+                             f"{obs_dtype!r}") from err
+        if dt.name not in DTYPES:
+            raise ValueError(f"obs_dtype must be one of {', '.join(DTYPES)}, got "
+                             f"{obs_dtype!r}")
+        self.num_envs, self.n, self.gamma = int(num_envs), int(n), float(gamma)
+        self.obs_dtype = dt
         self._windows: list[deque[tuple[np.ndarray, int, float]]] = [
-            deque() for _ in range(num_envs)]
+            deque() for _ in range(self.num_envs)]
 
     def pending(self) -> int:
         """1-step transitions held back (not yet part of an emitted n-step one)."""
@@ -105,16 +120,16 @@ class NStepAccumulator:
             dict[str, np.ndarray]: columns ``obs`` (``obs_dtype``), ``action`` (int64),
             ``reward`` (float32), ``next_obs`` (``obs_dtype``), ``discount`` (float32) and
             ``env`` (int64, the env each row came from); zero rows is possible.
+
+        Raises:
+            ValueError: (nothing held changes) naming the argument: not ``E`` rows,
+                ``next_obs`` of another shape than ``obs``, observations that do not
+                cast to ``obs_dtype`` within their kind (or would wrap or overflow),
+                an action that is not an integer, a reward NaN, infinite or beyond
+                float32, or a flag other than true/false (0/1).
         """
-        obs = np.asarray(obs, dtype=self.obs_dtype)
-        next_obs = np.asarray(next_obs, dtype=self.obs_dtype)
-        if obs.shape[0] != self.num_envs:
-            raise ValueError(f"obs must have {self.num_envs} rows (one per env), "
-                             f"got shape {obs.shape}")
-        action = np.asarray(action).reshape(-1)
-        reward = np.asarray(reward, dtype=np.float64).reshape(-1)
-        term = np.asarray(terminated, dtype=bool).reshape(-1)
-        trunc = np.asarray(truncated, dtype=bool).reshape(-1)
+        obs, action, reward, next_obs, term, trunc = self._check_step(
+            obs, action, reward, next_obs, terminated, truncated)
         rows: list[tuple[np.ndarray, int, float, np.ndarray, float, int]] = []
         g = self.gamma
         for e in range(self.num_envs):
@@ -143,6 +158,60 @@ class NStepAccumulator:
                 w.popleft()
         return self._columns(rows, obs.shape[1:], self.obs_dtype)
 
+    def _check_step(self, obs: object, action: object, reward: object, next_obs: object,
+                    terminated: object, truncated: object) -> tuple[np.ndarray, ...]:
+        """One step's arguments checked and converted, before any window changes (a
+        short ``reward`` or a scalar flag failed mid-loop, with some envs' steps taken
+        and others not, or an env's flushed rows lost); the observations as arrays of
+        their own (a window kept views of the caller's array: an env that reuses its
+        buffer rewrote the observations of pending rows)."""
+        e = self.num_envs
+        out = []
+        for name, value in (("obs", obs), ("next_obs", next_obs)):
+            arr = as_array(value, name)
+            if arr.ndim < 1 or arr.shape[0] != e:
+                raise ValueError(f"{name} must have {e} rows (one per env), got shape "
+                                 f"{arr.shape}")
+            if arr.dtype != self.obs_dtype and arr.size:
+                if not np.can_cast(arr.dtype, self.obs_dtype, casting="same_kind"):
+                    raise ValueError(f"{name}: dtype {arr.dtype.name} does not cast within "
+                                     f"its kind to obs_dtype {self.obs_dtype.name}; convert "
+                                     f"it explicitly")
+                check_in_range(name, arr, self.obs_dtype)
+            out.append(np.array(arr, dtype=self.obs_dtype, copy=True))
+        if out[1].shape != out[0].shape:
+            raise ValueError(f"next_obs must have the shape of obs {out[0].shape}, got "
+                             f"{out[1].shape}")
+        act = _per_env(action, "action", e)
+        if act.dtype.kind == "f":  # integral floats are taken (a float tensor's argmax)
+            bad = ~(np.abs(act) <= 2**53) | (act != np.round(act))  # NaN fails too
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise ValueError(f"action[{i}] must be an integer (a discrete action), got "
+                                 f"{float(act[i])!r}")
+        elif act.dtype.kind not in "iub":
+            raise ValueError(f"action must be integers (discrete actions), got dtype "
+                             f"{act.dtype.name}")
+        elif act.dtype.kind == "u" and act.size and act.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"action must fit int64, got {act.max()!r}")
+        rew = _per_env(reward, "reward", e)
+        if rew.dtype.kind not in "iubf":
+            raise ValueError(f"reward must be real numbers, got dtype {rew.dtype.name}")
+        rew = rew.astype(np.float64)
+        bad = ~(np.abs(rew) <= np.finfo(np.float32).max)  # NaN too
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"reward[{i}] must be finite and within float32's range (the "
+                             f"reward column), got {float(rew[i])!r}")
+        flags = []
+        for name, value in (("terminated", terminated), ("truncated", truncated)):
+            f = _per_env(value, name, e)
+            if f.dtype.kind != "b" and not (f.dtype.kind in "iuf" and np.isin(f, (0, 1)).all()):
+                raise ValueError(f"{name} must be true/false (or 0/1) per env, got "
+                                 f"{f.tolist()!r}")
+            flags.append(f.astype(bool))
+        return out[0], act.astype(np.int64), rew, out[1], flags[0], flags[1]
+
     @staticmethod
     def _columns(rows: list[tuple[np.ndarray, int, float, np.ndarray, float, int]],
                  obs_shape: tuple[int, ...], obs_dtype: np.dtype) -> dict[str, np.ndarray]:
@@ -158,6 +227,15 @@ class NStepAccumulator:
                 "next_obs": np.stack(no).astype(obs_dtype, copy=False),
                 "discount": np.asarray(d, dtype=np.float32),
                 "env": np.asarray(e, dtype=np.int64)}
+
+
+def _per_env(value: object, name: str, num_envs: int) -> np.ndarray:
+    """One number per env (shape ``(E,)``, or ``(E, 1)``)."""
+    arr = as_array(value, name)
+    if arr.size != num_envs or sum(d != 1 for d in arr.shape) > 1:
+        raise ValueError(f"{name} must have one entry per env ({num_envs}), got shape "
+                         f"{arr.shape}")
+    return arr.reshape(-1)
 
 
 def describe_transitions(fields: Mapping[str, FieldConfig], *, n_step: int, gamma: float

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -103,10 +104,14 @@ def sync_target(online: nn.Module, target: nn.Module, tau: float = 1.0) -> None:
     Not collective; does not block.
 
     Raises:
-        ValueError: ``tau`` outside (0, 1].
+        ValueError: ``tau`` not a number in (0, 1], or networks of another architecture
+            (naming the first entry that differs; nothing changed - the entries before
+            it were averaged or copied before).
     """
-    if not 0.0 < tau <= 1.0:
-        raise ValueError(f"tau must be in (0, 1], got {tau!r}")
+    real = isinstance(tau, int | float | np.integer | np.floating) and not isinstance(tau, bool)
+    if not (real and 0.0 < tau <= 1.0):
+        raise ValueError(f"tau must be a number in (0, 1], got {tau!r}")
+    _check_same(online, target)
     if tau == 1.0:
         target.load_state_dict(online.state_dict())
         return
@@ -116,5 +121,23 @@ def sync_target(online: nn.Module, target: nn.Module, tau: float = 1.0) -> None:
 
 @torch.no_grad()
 def copy_weights(src: nn.Module, dst: nn.Module) -> None:
-    """Copy every parameter and buffer of ``src`` into ``dst`` (same architecture)."""
+    """Copy every parameter and buffer of ``src`` into ``dst`` (same architecture).
+
+    Raises:
+        ValueError: another architecture, naming the first entry that differs (nothing
+            copied: torch's load copied the entries that fit, then raised).
+    """
+    _check_same(src, dst)
     dst.load_state_dict(src.state_dict())
+
+
+def _check_same(src: nn.Module, dst: nn.Module) -> None:
+    """Refuse two networks whose parameters and buffers differ in name or shape."""
+    a, b = src.state_dict(), dst.state_dict()
+    for name in sorted(a.keys() | b.keys()):
+        sa = tuple(a[name].shape) if name in a else None
+        sb = tuple(b[name].shape) if name in b else None
+        if sa != sb:
+            raise ValueError(f"networks differ at {name!r}: shape {sa} in the source, {sb} "
+                             f"in the destination (None: absent); expected the same "
+                             f"architecture")

@@ -124,39 +124,61 @@ class DQNUpdater:
 
     def load_state_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Load what :meth:`state_arrays` wrote (same architecture). Not collective.
+        Every array is checked and converted before anything is loaded: a refused state
+        changes nothing (a target network of another shape failed after the online
+        one was loaded; an Adam moment of another shape was taken, and the next update
+        failed; ``updates`` NaN failed after everything was loaded).
 
         Raises:
-            KeyError: an array of the networks is missing (the message names it).
+            KeyError: an array of the networks is missing, or an Adam entry names no
+                parameter (the message names it).
+            ValueError: an array of another shape than its parameter, or ``updates``
+                not one integer >= 0 (naming the key, the value and what was expected).
         """
+        nets: dict[str, dict[str, torch.Tensor]] = {}
         for prefix, net in (("online", self.online), ("target", self.target)):
             state = {}
             for name, t in net.state_dict().items():
                 key = f"{prefix}/{name}"
                 if key not in arrays:
                     raise KeyError(f"checkpoint state lacks {key!r}")
-                state[name] = torch.tensor(np.asarray(arrays[key]), dtype=t.dtype,
-                                           device=t.device)
-            net.load_state_dict(state)
-        sd = self.opt.state_dict()
-        index = {name: i for i, name in enumerate(self._param_names())}
+                state[name] = _converted(arrays[key], key, t)
+            nets[prefix] = state
+        params = list(self.online.parameters())
+        names = self._param_names()
+        index = {name: i for i, name in enumerate(names)}
         moments: dict[int, dict[str, torch.Tensor]] = {}
         for key, value in arrays.items():
             parts = key.split("/")
             if parts[0] == "adam" and len(parts) == 3:
                 # by parameter name; checkpoints written before that used its position
                 i = int(parts[1]) if parts[1].isdigit() else index.get(parts[1])
-                if i is None:
+                if i is None or i >= len(params):
                     raise KeyError(f"checkpoint state {key!r} names no parameter of the "
                                    f"online network (it has {sorted(index)})")
-                t = torch.tensor(np.asarray(value))  # a copy: never share memory
-                if parts[2] != "step":
-                    t = t.to(self.device)
+                if parts[2] == "step":
+                    t = torch.tensor(np.asarray(value))  # a copy: never share memory
+                    if t.numel() != 1 or not bool(torch.isfinite(t).all()) or t.item() < 0:
+                        raise ValueError(f"checkpoint state {key!r} must be one finite "
+                                         f"step count >= 0, got {np.asarray(value)!r}")
+                else:
+                    t = _converted(value, key, params[i].detach())
                 moments.setdefault(i, {})[parts[2]] = t
+        updates = None
+        if "updates" in arrays:
+            u = np.asarray(arrays["updates"]).reshape(-1)
+            if u.size != 1 or u.dtype.kind not in "iu" or u[0] < 0:
+                raise ValueError(f"checkpoint state 'updates' must be one integer >= 0, got "
+                                 f"{np.asarray(arrays['updates'])!r}")
+            updates = int(u[0])
+        for prefix, net in (("online", self.online), ("target", self.target)):
+            net.load_state_dict(nets[prefix])
         if moments:
+            sd = self.opt.state_dict()
             sd["state"] = moments
             self.opt.load_state_dict(sd)
-        if "updates" in arrays:
-            self.updates = int(np.asarray(arrays["updates"]).reshape(-1)[0])
+        if updates is not None:
+            self.updates = updates
 
     def warm_up(self) -> None:
         """One Adam step on a throwaway parameter: torch imports for seconds at the
@@ -165,3 +187,17 @@ class DQNUpdater:
         opt = torch.optim.Adam([w])
         (w * 2).sum().backward()
         opt.step()
+
+
+def _converted(value: object, key: str, like: torch.Tensor) -> torch.Tensor:
+    """``value`` as a tensor of ``like``'s dtype, device and shape (a copy), or refused
+    naming ``key``."""
+    a = np.asarray(value)
+    if tuple(a.shape) != tuple(like.shape):
+        raise ValueError(f"checkpoint state {key!r} has shape {tuple(a.shape)}, the network's "
+                         f"has {tuple(like.shape)} (another architecture?)")
+    try:
+        return torch.tensor(a, dtype=like.dtype, device=like.device)
+    except (TypeError, RuntimeError) as err:
+        raise ValueError(f"checkpoint state {key!r}: dtype {a.dtype} does not convert to "
+                         f"{like.dtype}: {err}") from err

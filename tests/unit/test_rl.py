@@ -47,9 +47,10 @@ def test_epsilon_ladder_matches_hand_computed_values() -> None:
     assert (np.diff(epsilon_ladder(16)) < 0).all()
 
 
-@pytest.mark.parametrize(("args", "fragment"), [((0,), "n must be >= 1, got 0"),
-                                                ((4, 0.0), "eps must be in (0, 1], got 0.0"),
-                                                ((4, 0.4, -1.0), "alpha must be >= 0")])
+@pytest.mark.parametrize(("args", "fragment"), [
+    ((0,), "n must be an integer >= 1, got 0"),
+    ((4, 0.0), "eps must be a number in (0, 1], got 0.0"),
+    ((4, 0.4, -1.0), "alpha must be a finite number >= 0")])
 def test_epsilon_ladder_refuses_bad_values(args, fragment) -> None:
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")
                        .replace("]", r"\]")):
@@ -257,7 +258,7 @@ def test_target_sync_hard_and_soft() -> None:
     sync_target(a, b)
     assert all(torch.equal(pa, pb) for pa, pb in zip(a.parameters(), b.parameters(),
                                                      strict=True))
-    with pytest.raises(ValueError, match="tau must be in"):
+    with pytest.raises(ValueError, match="tau must be a number in"):
         sync_target(a, b, tau=0.0)
 
 
@@ -393,5 +394,5 @@ def test_episode_log_keeps_the_latest_episodes_and_counts_every_one(tmp_path) ->
     assert list(log.recent) == [2_999.0] * 3 and log.mean_recent == 2_999.0
     # the file has every one
     assert len((tmp_path / "e.csv").read_text().splitlines()) == 1 + 12_000
-    with pytest.raises(ValueError, match="keep must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="keep must be an integer >= 1, got 0"):
         EpisodeLog(1, keep=0)

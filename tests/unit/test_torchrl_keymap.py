@@ -302,3 +302,46 @@ def test_a_lazy_stack_of_rows_of_different_shapes_is_a_spec_error_naming_the_key
     rows = [TensorDict({"observation": torch.zeros(n)}, []) for n in (4, 3)]
     with pytest.raises(SpecError, match=r"key 'observation': its rows cannot be stacked"):
         TensorDictColumns(_spec()).columns(LazyStackedTensorDict.lazy_stack(rows, 0))
+
+
+@pytest.mark.parametrize("data, match", [
+    ({"obs": (3, 2)}, "'next__obs' is missing"),  # KeyError
+    ({}, "'obs' is missing"),  # StopIteration
+    ({"obs": (3, 2), "next__obs": (2, 2), "action": (3,)},
+     r"column 'next__obs' has shape \(2, 2\); every column must have the 3 rows"),
+    ({"obs": (3, 2), "next__obs": (3, 2), "action": ()}, r"column 'action' has shape \(\)"),
+])
+def test_columns_that_make_no_tensordict_are_refused_naming_the_field(data, match) -> None:
+    _tensordict_or_skip()
+    from conduit_hpc.integrations.columns import TensorDictColumns
+    from conduit_hpc.spec import Spec
+
+    spec = Spec.from_dict({"obs": ("float32", (2,)), "next__obs": ("float32", (2,)),
+                           "action": ("int64", ())})
+    with pytest.raises(SpecError, match=match):
+        TensorDictColumns(spec).tensordict({k: torch.zeros(v) for k, v in data.items()})
+
+
+def test_no_collection_of_keys_and_no_tensordict_are_refused_naming_the_argument() -> None:
+    _tensordict_or_skip()
+    from conduit_hpc.errors import ConfigError
+    from conduit_hpc.integrations.columns import TensorDictColumns, spec_tables
+    from conduit_hpc.spec import Spec
+
+    spec = Spec.from_dict({"obs": ("float32", (2,))})
+    for arg in ("exclude_keys", "skip"):
+        with pytest.raises(ConfigError, match=f"{arg} must be a collection of TensorDict "
+                                              f"keys.*got None"):  # a bare TypeError
+            TensorDictColumns(spec, **{arg: None})
+    with pytest.raises(SpecError, match=r"spec_tables takes a TensorDict.*got dict"):
+        spec_tables({"obs": torch.zeros(2, 2)})  # AttributeError
+
+
+def test_names_that_are_no_collection_of_strings_are_refused() -> None:
+    from conduit_hpc.integrations.keymap import keys_of
+
+    with pytest.raises(SpecError, match="got the string 'obs'"):
+        keys_of("obs")  # was {"o": "o", "b": "b", "s": "s"}
+    with pytest.raises(SpecError, match="spec field name must be a string, got 3"):
+        key_of(3)  # AttributeError
+    assert keys_of(["obs", "next__obs"]) == {"obs": "obs", "next__obs": ("next", "obs")}
