@@ -373,19 +373,50 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
                            extra_state=extra, config_toml=ckpt.config_toml, skipped=skipped,
                            transitions=_transitions(ckpt))
     if edp.learner is not None:
-        # the scheduler's position and the sampler's state come back too: the sampler's
-        # own state (schema 2; its random state only in the same world), else (schema 1)
-        # the superstep counter and the RNG
-        state = ckpt.sampler.get(me)
-        if state:
-            edp.learner.load_sampler_state(state if same_world else
-                                           {k: v for k, v in state.items() if k != "rng"})
-        else:
-            mine = result.counters.get(me, {})
-            edp.learner.resume_at(int(mine.get("superstep", 0)), ck.rng_from_json(
-                result.rng_state) if result.rng_state else None)
+        _resume_learner(edp, ckpt, same_world)
     return result
 
+
+
+def _stored_learner(ckpt: ck.Checkpoint, learners: Sequence[int], me: int
+                    ) -> tuple[int | None, bool]:
+    """The world rank whose stored learner state learner ``me`` (of this job's
+    ``learners``) takes, and whether it is that learner's own (else a learner this job
+    adds: it takes the lead's position only). By learner order, not world rank: the
+    checkpoint's learners may sit at other world ranks (a ``per_node`` layout with more
+    actors per node moves every node's learner; those ranks held an actor's or a
+    buffer's state, or none: the learner restarted its schedule, alone). None where the
+    checkpoint has no learner. Local."""
+    old = ckpt.layout.get("learner_ranks")
+    if not isinstance(old, list) or not all(type(r) is int for r in old):
+        old = sorted(ckpt.sampler)  # (a layout that does not say: the samplers stored)
+    if not old:
+        return None, False
+    i = list(learners).index(me)
+    return (old[i], True) if i < len(old) else (old[0], False)
+
+
+def _resume_learner(edp: FeatureHost, ckpt: ck.Checkpoint, same_world: bool) -> None:
+    """The scheduler's position and the sampler's state come back to this learner: the
+    sampler's own state (schema 2; its random state only in the same world, and only
+    its own), else (schema 1) the superstep counter and the RNG. Local.
+
+    Raises:
+        CheckpointError: a stored state the sampler cannot take.
+    """
+    assert edp.learner is not None
+    src, own = _stored_learner(ckpt, edp.roles.learner_ranks, edp.world_rank)
+    if src is None:
+        return
+    keep_rng = same_world and own
+    state = ckpt.sampler.get(src)
+    if state:
+        edp.learner.load_sampler_state(state if keep_rng else
+                                       {k: v for k, v in state.items() if k != "rng"})
+        return
+    rng = ckpt.rng.get(src) if keep_rng else None
+    edp.learner.resume_at(int(ckpt.counters.get(src, {}).get("superstep", 0)),
+                          ck.rng_from_json(rng) if rng else None)
 
 
 def _skip(skipped: list[str], reason: str, remaining: Sequence[Path],

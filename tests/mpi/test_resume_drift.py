@@ -1,0 +1,111 @@
+"""Resuming from a checkpoint into a job whose configuration or world changed: what was
+stored comes back exactly (rows, priorities, every learner's schedule), or the resume is
+refused on every rank together."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from mpi4py import MPI
+
+from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc import checkpoint as ck
+from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
+from conduit_hpc.testing import checked_batch, make_config
+
+COMM = MPI.COMM_WORLD
+STEPS = 7
+
+
+def config(**layout: Any):
+    return make_config(layout=layout, storage={"capacity_rows": 4096,
+                                               "priority_exponent": 1.0},
+                       scheduler={"mode": "sync", "batch_rows": 16, "min_fill_rows": 64})
+
+
+def held(edp: ExperienceDataPlane) -> list[tuple[int, int, float]]:
+    """(writer, wseq, priority) of every row the buffers hold, on every rank."""
+    mine = []
+    for s in edp.owned_shards():
+        s.poll()
+        seqs, cols, _ = s.ring.read_committed()
+        slots = seqs % s.ring.capacity
+        mine += [(int(w), int(q), float(p)) for w, q, p in zip(
+            cols["writer"], cols["wseq"], s.index.priority[slots], strict=True)]
+    return sorted(r for part in edp.roles.world.allgather(mine) for r in part)
+
+
+def train_and_save(root, cfg) -> None:
+    """Actors ingest, every learner takes STEPS batches and sends priorities, then a
+    checkpoint is written (as the jobs write their final one)."""
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            for k in range(20):
+                edp.ingest(checked_batch(edp.world_rank, 8 * k, 8))
+        elif edp.role is Role.LEARNER:
+            for s in range(STEPS):
+                b = edp.next_batch()
+                edp.update_priorities(b.indices, 1.0 + b.indices[:, 2] % 17 + s)
+        edp.done()
+        if edp.serves:
+            edp.serve()
+        save_checkpoint(edp, root)
+
+
+def resume_learners(root, cfg) -> list[tuple[int, dict[str, Any], int]]:
+    """Resume; every learner's (world rank, sampler state, first superstep), on every
+    rank; the rows held are those stored, with their priorities."""
+    with ExperienceDataPlane(cfg) as edp:
+        res = restore_data_plane(edp, "latest", roots=[root])
+        assert res is not None
+        rows = held(edp)
+        mine = None
+        if edp.role is Role.LEARNER:
+            state = edp.learner.sampler_state(0)
+            mine = (edp.world_rank, state, edp.next_batch().superstep)
+        edp.done()
+        if edp.serves:
+            edp.serve()
+        c = ck.open_checkpoint(res.path, spec=edp.spec)
+    stored = []
+    for s in c.shards:
+        snap = c.read_shard(s.shard_id)
+        stored += [(int(w), int(q), float(p)) for w, q, p in zip(
+            snap.columns["writer"], snap.columns["wseq"], snap.priority, strict=True)]
+    assert rows == sorted(stored), "the rows and priorities stored, exactly"
+    return [x for x in COMM.allgather(mine) if x is not None]
+
+
+@pytest.mark.mpi(min_size=4)
+def test_a_learner_added_on_resume_continues_the_schedule_with_the_others(
+        shared_dir) -> None:
+    """One learner wrote the checkpoint; the job resumes with two. Before: the second
+    learner (world rank 1, the old buffer, which stored no sampler state) restarted its
+    schedule at superstep 0 (beta from its start) while the first went on at 7."""
+    train_and_save(shared_dir, config(learners=1, buffers=1))
+    got = resume_learners(shared_dir, config(learners=2, buffers=1))
+    assert [(r, st["superstep_offset"], first) for r, st, first in got] == [
+        (0, STEPS, STEPS), (1, STEPS, STEPS)], got
+    assert got[0][1]["rng"] != got[1][1]["rng"], "one stream drawn twice"
+
+
+@pytest.mark.mpi(min_size=6)
+def test_learners_that_moved_to_other_world_ranks_take_their_own_state(shared_dir) -> None:
+    """Two nodes with a learner each (world ranks 0 and 3 or 4) wrote the checkpoint; the
+    job resumes with its learners at world ranks 0 and 1 (another layout of the same
+    world). Before: the second learner looked for its state under world rank 1 (a
+    buffer's: none) and restarted at superstep 0 with a fresh random state."""
+    old = config(learners=1, buffers=1, per_node=True, emulate_nodes=2)
+    with ExperienceDataPlane(old) as edp:
+        old_learners = edp.roles.learner_ranks
+        edp.done()
+        if edp.serves:
+            edp.serve()
+    train_and_save(shared_dir, old)
+    c = ck.open_checkpoint(ck.list_checkpoints(shared_dir)[-1])
+    assert sorted(c.sampler) == list(old_learners) and old_learners[1] > 1
+    got = resume_learners(shared_dir, config(learners=2, buffers=1))
+    assert [(r, first) for r, _, first in got] == [(0, STEPS), (1, STEPS)], got
+    for (_, state, _), was in zip(got, old_learners, strict=True):  # the same world:
+        assert state == c.sampler[was]  # each learner's own random state and offset
