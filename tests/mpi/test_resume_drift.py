@@ -4,12 +4,14 @@ refused on every rank together."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
 from mpi4py import MPI
 
-from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc import CheckpointError, ExperienceDataPlane, Role
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
 from conduit_hpc.testing import checked_batch, make_config
@@ -109,3 +111,46 @@ def test_learners_that_moved_to_other_world_ranks_take_their_own_state(shared_di
     assert [(r, first) for r, _, first in got] == [(0, STEPS), (1, STEPS)], got
     for (_, state, _), was in zip(got, old_learners, strict=True):  # the same world:
         assert state == c.sampler[was]  # each learner's own random state and offset
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_rank_that_sees_another_checkpoint_than_the_others_stops_every_rank(
+        shared_dir, monkeypatch) -> None:
+    """The second buffer rank's view of the chosen checkpoint directory is another
+    complete checkpoint (a stale client cache of a parallel file system, the directory
+    replaced between the ranks' reads): each file passes its own checks. Before: each
+    rank restored what it saw - shard 0 from one checkpoint, shard 1 from another, with
+    no word. Now every rank raises, naming the rank and both manifests."""
+    cfg = make_config(layout={"learners": 0, "buffers": 2}, storage={"capacity_rows": 1000})
+    root = shared_dir / "checkpoints"
+    for k in range(2):  # ckpt-000001 and ckpt-000002: other rows in every shard
+        with ExperienceDataPlane(cfg) as edp:
+            if edp.role is Role.ACTOR:
+                for i in range(4):
+                    edp.ingest(checked_batch(edp.world_rank, 100 * k + 10 * i, 3 + k))
+            edp.done()
+            if edp.serves:
+                edp.serve()
+            save_checkpoint(edp, root)
+            other = edp.roles.buffer_ranks[1]
+    chosen = root / "ckpt-000002"
+    stale = shared_dir / "stale" / chosen.name
+    if COMM.rank == other:
+        shutil.copytree(root / "ckpt-000001", stale)
+        real = ck.open_checkpoint
+
+        def seen_here(path, **kw):
+            return real(stale if Path(path) == chosen else path, **kw)
+
+        monkeypatch.setattr(ck, "open_checkpoint", seen_here)
+    COMM.Barrier()
+    with ExperienceDataPlane(cfg) as edp:
+        with pytest.raises(CheckpointError, match=rf"failed on world rank {other}: the "
+                                                     r"checkpoint changed while"):
+            restore_data_plane(edp, "latest", roots=[root])
+        with pytest.raises(CheckpointError, match=rf"failed on world rank {other}"):
+            restore_data_plane(edp, chosen)
+        edp.done()
+        if edp.serves:
+            edp.serve()
+    assert ck.damage_of(chosen) is None  # not damaged: nothing to fall back past

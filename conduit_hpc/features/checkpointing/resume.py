@@ -303,6 +303,7 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
                     if why:
                         raise CheckpointMismatch(why)
                     decision["path"] = str(c)
+                    decision["sha256"] = opened.manifest_sha256
                     break
                 except CheckpointError as err:
                     if strict:
@@ -330,9 +331,18 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
         failure: Exception | None = None
         try:
             ckpt = ck.open_checkpoint(decision["path"], spec=stored_spec(edp.spec))
+            if ckpt.manifest_sha256 != decision["sha256"]:
+                raise _Changed(f"the checkpoint changed while the ranks read it: its "
+                               f"manifest here has SHA-256 {ckpt.manifest_sha256[:16]}..., "
+                               f"the one world rank {leader} chose "
+                               f"{decision['sha256'][:16]}... (is another job writing, "
+                               f"pruning or replacing checkpoints in this directory, or do "
+                               f"the ranks' file systems show it differently?)")
             snaps, resharded, dropped = _load_shards(edp, ckpt)
             learners = edp.roles.learner_ranks or (leader,)
             extra = ckpt.extra_state() if me in learners else {}
+        except _Changed as err:  # no rank restores from what another did not read
+            failure, fatal = err, f"world rank {me}: {err}"
         except CheckpointError as err:
             error = str(err)
         except Exception as err:  # not the checkpoint's fault: every rank stops with it
@@ -417,6 +427,10 @@ def _resume_learner(edp: FeatureHost, ckpt: ck.Checkpoint, same_world: bool) -> 
     rng = ckpt.rng.get(src) if keep_rng else None
     edp.learner.resume_at(int(ckpt.counters.get(src, {}).get("superstep", 0)),
                           ck.rng_from_json(rng) if rng else None)
+
+
+class _Changed(CheckpointError):
+    """A rank opened another checkpoint than the one chosen (not damage: no fallback)."""
 
 
 def _skip(skipped: list[str], reason: str, remaining: Sequence[Path],
