@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from mpi4py import MPI
 
@@ -154,3 +155,52 @@ def test_a_rank_that_sees_another_checkpoint_than_the_others_stops_every_rank(
         if edp.serves:
             edp.serve()
     assert ck.damage_of(chosen) is None  # not damaged: nothing to fall back past
+
+
+def sequence_config(**storage: Any):
+    return make_config(spec={"actor": {"dtype": "int32"}, "t": {"dtype": "int64"},
+                             "done": {"dtype": "bool"}},
+                       layout={"learners": 1, "buffers": 1},
+                       storage={"capacity_rows": 2048, **storage},
+                       scheduler={"mode": "sync", "sampler": "sequence",
+                                  "sequence_length": 4, "batch_rows": 16,
+                                  "min_fill_rows": 64, "episode_field": "done",
+                                  "stream_field": "actor"})
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_sequence_job_refuses_a_resume_that_would_break_its_windows(shared_dir) -> None:
+    """Episodes of 7 steps in one shard; the job resumes with two shards. Before: the
+    rows were dealt to the new shards one by one, and every window the learner drew held
+    every other step ([10, 12, 14, 16]) across episode ends. Now it is refused on every
+    rank, naming the shard layouts and the fields; one shard into a smaller one keeps
+    the order, and every window is consecutive steps of one episode."""
+    with ExperienceDataPlane(sequence_config()) as edp:
+        if edp.role is Role.ACTOR:
+            for e in range(30):
+                edp.ingest({"actor": np.full(7, edp.world_rank, np.int32),
+                            "t": np.arange(7 * e, 7 * e + 7), "done": np.arange(7) == 6})
+        edp.done()
+        if edp.serves:
+            edp.serve()
+        save_checkpoint(edp, shared_dir)
+    with ExperienceDataPlane(sequence_config(shards_per_buffer=2)) as edp:
+        with pytest.raises(CheckpointError, match=r"holds 1 shard\(s\) of \[2048\] rows, "
+                           r"this job has 2 of \[1024, 1024\] .*storage.shards_per_buffer = "
+                           r"2\), and scheduler.sampler = 'sequence' draws windows of 4"):
+            restore_data_plane(edp, "latest", roots=[shared_dir])
+        edp.done()
+        if edp.serves:
+            edp.serve()
+    with ExperienceDataPlane(sequence_config(capacity_rows=100)) as edp:
+        res = restore_data_plane(edp, "latest", roots=[shared_dir])
+        assert res is not None and res.resharded and res.rows == 100
+        if edp.role is Role.LEARNER:
+            for _ in range(5):
+                b = edp.next_batch()
+                a, t, done = (b.data[k].numpy() for k in ("actor", "t", "done"))
+                assert (a == a[:, :1]).all() and (np.diff(t, axis=1) == 1).all(), t
+                assert not done[:, :-1].any()
+        edp.done()
+        if edp.serves:
+            edp.serve()

@@ -20,10 +20,14 @@ import numpy as np
 
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.checkpoint.files import checkpoint_root
-from conduit_hpc.config import Config, tomllib
+from conduit_hpc.config import Config
 from conduit_hpc.errors import CheckpointError, CheckpointMismatch
+from conduit_hpc.features.checkpointing.fit import (
+    forward_problem,
+    stacks_problem,
+    window_problem,
+)
 from conduit_hpc.features.checkpointing.parts import io_timeout
-from conduit_hpc.spec import FrameStack, Spec, frame_stacks
 from conduit_hpc.storage.frames import LAG_COLUMN, LAG_NONE, FrameCodec, stored_spec
 from conduit_hpc.storage.frames_reshard import reshard_frames
 from conduit_hpc.storage.snapshot import (
@@ -42,7 +46,8 @@ if TYPE_CHECKING:
     from conduit_hpc.plane.host import FeatureHost
 
 __all__ = ["RestoreResult", "checkpoint_root", "forward_problem", "restore_data_plane",
-           "restore_lines", "resume_roots", "resumed_counter", "stacks_problem"]
+           "restore_lines", "resume_roots", "resumed_counter", "stacks_problem",
+           "window_problem"]
 
 log = logging.getLogger("conduit_hpc.checkpoint")
 
@@ -122,60 +127,12 @@ def resumed_counter(restored: RestoreResult | None, rank: int, key: str) -> int:
     return int(restored.counters.get(rank, {}).get(key, 0))
 
 
-def stacks_problem(ckpt: ck.Checkpoint, spec: Spec) -> str:
-    """Why a checkpoint whose stored columns match ``spec``'s cannot be restored into it
-    ("" if it can): a stacked field of another depth. The columns hold the frame shape
-    and the references per row, so stacks of 4 with a next stack and of 8 without one
-    store alike, and the references would rebuild other stacks. The checkpoint's config
-    says its stacks; one that does not (written by hand) is taken as it is. Local."""
-    if not spec.stacks:
-        return ""
-    try:
-        table = tomllib.loads(ckpt.config_toml).get("spec")
-        theirs = frame_stacks(Config.from_dict({"spec": table}).spec) if table else {}
-    except (tomllib.TOMLDecodeError, ValueError):  # (ConfigError is a ValueError)
-        return ""
-    for name, st in spec.stacks.items():
-        old = theirs.get(name)
-        if old is not None and old.depth != st.depth:
-            return (f"checkpoint {ckpt.path} stores spec.{name} as a stack of "
-                    f"{_stack_words(old)}, this job declares {_stack_words(st)}: its "
-                    f"frame references would rebuild other stacks")
-    return ""
-
-
-def forward_problem(ckpt: ck.Checkpoint, mode: str, capacities: Sequence[int]) -> str:
-    """Why a checkpoint written with ``longhaul.mode = "forward"`` cannot be restored
-    into a job of long-haul ``mode`` with shards of ``capacities`` ("" if it can): its
-    shard 0 is the edge's FIFO, whose
-    forwarded rows the data-centre replay (shard 1) holds too, so only the same shards
-    (``forward`` again, the same ``storage.capacity_rows``) take it back; resharding
-    would deal every such row twice. Local."""
-    try:
-        theirs = tomllib.loads(ckpt.config_toml).get("longhaul", {}).get("mode", "off")
-    except (tomllib.TOMLDecodeError, AttributeError):
-        return ""  # a config that says nothing readable (written by hand): as it is
-    if theirs != "forward" or (mode == "forward" and list(capacities) == ckpt.capacities):
-        return ""
-    return (f"checkpoint {ckpt.path} was written with longhaul.mode = 'forward' (shards of "
-            f"{ckpt.capacities} rows: the edge's FIFO, then the data-centre replay, which "
-            f"holds the forwarded rows again); this job has longhaul.mode = {mode!r} and "
-            f"shards of {list(capacities)} rows: expected longhaul.mode = 'forward' with "
-            f"the same storage.capacity_rows (any other layout would hold forwarded rows "
-            f"twice)")
-
-
 def _transitions(ckpt: ck.Checkpoint) -> int | None:
     """With frames stored once, the checkpoint's slots that are transitions, else None."""
     if LAG_COLUMN not in ckpt.spec.names:
         return None
     return sum(int((ckpt.shard_dataset(s.shard_id, f"columns/{LAG_COLUMN}") < LAG_NONE).sum())
                for s in ckpt.shards)
-
-
-def _stack_words(st: FrameStack) -> str:
-    return f"{st.depth} frames" + (f" with its next stack {st.next_field}" if st.next_field
-                                   else ", no next stack")
 
 
 def _load_shards(edp: FeatureHost, ckpt: ck.Checkpoint
@@ -297,9 +254,10 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
                 c = candidates.pop(0)
                 try:
                     opened = ck.open_checkpoint(c, spec=stored_spec(edp.spec))
-                    why = stacks_problem(opened, edp.spec) or forward_problem(
-                        opened, edp.config.longhaul.mode,
-                        [s.capacity_rows for s in edp.placement.shards])
+                    caps = [s.capacity_rows for s in edp.placement.shards]
+                    why = (stacks_problem(opened, edp.spec)
+                           or forward_problem(opened, edp.config.longhaul.mode, caps)
+                           or window_problem(opened, edp.config, caps, bool(edp.spec.stacks)))
                     if why:
                         raise CheckpointMismatch(why)
                     decision["path"] = str(c)
