@@ -204,3 +204,30 @@ def test_a_sequence_job_refuses_a_resume_that_would_break_its_windows(shared_dir
         edp.done()
         if edp.serves:
             edp.serve()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_resume_with_another_run_seed_draws_anew(shared_dir) -> None:
+    """run.seed changed on resume (two runs forked from one checkpoint with other seeds).
+    Before: the stored random states came back whatever the seed - the learner's sampler
+    drew the same batches in every fork, and each rank's RNG (RestoreResult.rng_state)
+    was the stored one. Now they start from the new seed; the position (superstep
+    offset) and the rows still come back. With the seed unchanged the draws continue."""
+    cfg = config(learners=1, buffers=1)
+    train_and_save(shared_dir, cfg)
+    c = ck.open_checkpoint(ck.list_checkpoints(shared_dir)[-1])
+    lead = 0
+    for seed, same in ((cfg.run.seed, True), (cfg.run.seed + 1, False)):
+        raw = cfg.to_dict()
+        raw["run"]["seed"] = seed
+        with ExperienceDataPlane(type(cfg).from_dict(raw)) as edp:
+            res = restore_data_plane(edp, "latest", roots=[shared_dir])
+            assert res is not None
+            assert res.rng_state == (c.rng.get(edp.world_rank) if same else None)
+            if edp.role is Role.LEARNER:
+                state = edp.learner.sampler_state(0)
+                assert state["superstep_offset"] == STEPS
+                assert (state["rng"] == c.sampler[lead]["rng"]) is same, seed
+            edp.done()
+            if edp.serves:
+                edp.serve()

@@ -20,7 +20,7 @@ import numpy as np
 
 from conduit_hpc import checkpoint as ck
 from conduit_hpc.checkpoint.files import checkpoint_root
-from conduit_hpc.config import Config
+from conduit_hpc.config import Config, tomllib
 from conduit_hpc.errors import CheckpointError, CheckpointMismatch
 from conduit_hpc.features.checkpointing.fit import (
     forward_problem,
@@ -78,7 +78,7 @@ class RestoreResult:
         dropped (int): oldest rows left out because the new capacity is smaller.
         counters (dict[int, dict]): every rank's stored counters, by world rank.
         rng_state (str | None): this rank's stored RNG state (JSON) when the world size
-            is unchanged, else None. Rank-dependent.
+            and ``run.seed`` are unchanged, else None. Rank-dependent.
         extra_state (dict[str, np.ndarray]): the stored named arrays (model, optimizer),
             on learner ranks (on the first buffer rank when there is no learner); empty
             elsewhere. Rank-dependent.
@@ -334,16 +334,29 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
     # (marked): the others raise RemoteFailure, or CollectiveFailed after the timeout
     bounded_barrier(world, io_s, f"the restore of every shard{io_note}",
                     lambda: edp.control.raise_if_failed(me))
-    same_world = int(ckpt.layout.get("world_size", -1)) == edp.roles.world_size
+    # random states come back in the same world and with the same run.seed (a run forked
+    # from a checkpoint with another seed draws anew: before, every fork drew the same)
+    same_draws = (int(ckpt.layout.get("world_size", -1)) == edp.roles.world_size
+                  and _stored_seed(ckpt) in (None, edp.config.run.seed))
     result = RestoreResult(path=ckpt.path, seq=ckpt.seq, rows=ckpt.rows - dropped,
                            resharded=resharded, dropped=dropped, counters=ckpt.counters,
-                           rng_state=ckpt.rng.get(me) if same_world else None,
+                           rng_state=ckpt.rng.get(me) if same_draws else None,
                            extra_state=extra, config_toml=ckpt.config_toml, skipped=skipped,
                            transitions=_transitions(ckpt))
     if edp.learner is not None:
-        _resume_learner(edp, ckpt, same_world)
+        _resume_learner(edp, ckpt, same_draws)
     return result
 
+
+
+def _stored_seed(ckpt: ck.Checkpoint) -> int | None:
+    """The ``run.seed`` the checkpoint was written with (None: its config does not say,
+    e.g. written by hand). Local."""
+    try:
+        seed = tomllib.loads(ckpt.config_toml).get("run", {}).get("seed")
+    except (tomllib.TOMLDecodeError, AttributeError):
+        return None
+    return seed if type(seed) is int else None
 
 
 def _stored_learner(ckpt: ck.Checkpoint, learners: Sequence[int], me: int
@@ -364,10 +377,11 @@ def _stored_learner(ckpt: ck.Checkpoint, learners: Sequence[int], me: int
     return (old[i], True) if i < len(old) else (old[0], False)
 
 
-def _resume_learner(edp: FeatureHost, ckpt: ck.Checkpoint, same_world: bool) -> None:
+def _resume_learner(edp: FeatureHost, ckpt: ck.Checkpoint, same_draws: bool) -> None:
     """The scheduler's position and the sampler's state come back to this learner: the
-    sampler's own state (schema 2; its random state only in the same world, and only
-    its own), else (schema 1) the superstep counter and the RNG. Local.
+    sampler's own state (schema 2; its random state only in the same world with the
+    same ``run.seed``, and only its own), else (schema 1) the superstep counter and the
+    RNG. Local.
 
     Raises:
         CheckpointError: a stored state the sampler cannot take.
@@ -376,7 +390,7 @@ def _resume_learner(edp: FeatureHost, ckpt: ck.Checkpoint, same_world: bool) -> 
     src, own = _stored_learner(ckpt, edp.roles.learner_ranks, edp.world_rank)
     if src is None:
         return
-    keep_rng = same_world and own
+    keep_rng = same_draws and own
     state = ckpt.sampler.get(src)
     if state:
         edp.learner.load_sampler_state(state if keep_rng else
