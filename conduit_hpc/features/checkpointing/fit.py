@@ -66,11 +66,11 @@ def window_problem(ckpt: ck.Checkpoint, config: Config, capacities: Sequence[int
     shard's rows to the new shards one by one (and merges several shards' rows by age),
     so a new shard's neighbouring rows are no longer a stream's consecutive steps -
     every window would hold every other step, across episode ends, with no word. One
-    shard into one shard keeps the order. Local."""
+    shard into one shard keeps the order, and an empty checkpoint has no windows. Local."""
     window = config.scheduler.window
     old = ckpt.capacities
-    if window <= 1 or old == list(capacities) or (len(old) == len(capacities) == 1
-                                                  and not stacked):
+    one_to_one = len(old) == len(capacities) == 1 and not stacked
+    if window <= 1 or not ckpt.rows or old == list(capacities) or one_to_one:
         return ""
     st, lay = config.storage, config.layout
     return (f"checkpoint {ckpt.path} holds {len(old)} shard(s) of {old} rows, this job "
