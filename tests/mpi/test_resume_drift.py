@@ -231,3 +231,47 @@ def test_a_resume_with_another_run_seed_draws_anew(shared_dir) -> None:
             edp.done()
             if edp.serves:
                 edp.serve()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_stored_sampler_state_the_learner_refuses_is_agreed_on_every_rank(
+        shared_dir) -> None:
+    """The newest checkpoint's manifest (DONE's digest made to match, as a hand-made or
+    foreign checkpoint would) holds a sampler state whose RNG is not one. Before: the
+    learner raised after the ranks had agreed the restore, alone, while the others
+    returned from it and went on (a job's next collective hung). Now the read fails on
+    every rank together and the resume falls back to the older checkpoint."""
+    import hashlib
+    import json
+
+    import h5py
+
+    cfg = config(learners=1, buffers=1)
+    train_and_save(shared_dir, cfg)
+    train_and_save(shared_dir, cfg)
+    bad = ck.list_checkpoints(shared_dir)[-1]
+    if COMM.rank == 0:
+        with h5py.File(bad / ck.MANIFEST, "r+") as f:
+            name = next(iter(f["sampler"]))
+            del f["sampler"][name]
+            f["sampler"][name] = json.dumps({"sampler": "prioritized", "rng": "garbage",
+                                             "superstep_offset": STEPS})
+        done = json.loads((bad / ck.DONE).read_text())
+        done["manifest_sha256"] = hashlib.sha256((bad / ck.MANIFEST).read_bytes()).hexdigest()
+        done["files"][ck.MANIFEST] = (bad / ck.MANIFEST).stat().st_size
+        (bad / ck.DONE).write_text(json.dumps(done))
+    COMM.Barrier()
+    with ExperienceDataPlane(cfg) as edp:
+        try:
+            res = restore_data_plane(edp, "latest", roots=[shared_dir])
+            outcome = (res.path.name, any("sampler state 'rng'" in s for s in res.skipped))
+        except Exception as err:  # what each rank saw, compared below
+            outcome = (type(err).__name__, str(err)[:200])
+        if edp.role is Role.LEARNER and outcome[0] == "ckpt-000001":
+            good = ck.open_checkpoint(shared_dir / "ckpt-000001")
+            assert edp.learner.sampler_state(0) == good.sampler[edp.world_rank]
+        every = COMM.allgather(outcome)
+        edp.done()
+        if edp.serves:
+            edp.serve()
+    assert every == [("ckpt-000001", True)] * COMM.size, every

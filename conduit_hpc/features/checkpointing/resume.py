@@ -231,6 +231,9 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             else:
                 candidates, strict = [p], True
     skipped: list[str] = []
+    # a learner's sampler state is taken inside the agreed read (a stored state the
+    # sampler refuses fails there, on every rank together); each try starts from this
+    initial = edp.learner.sampler_state(0) if edp.learner is not None else None
     # before any ingest, as documented: a restore rewrites every slot and cursor (rows
     # written before it were lost), and a frame writer's remembered frames pointed at
     # slots the restore refilled (stacks of later rows resolved to other frames); slots
@@ -299,6 +302,9 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             snaps, resharded, dropped = _load_shards(edp, ckpt)
             learners = edp.roles.learner_ranks or (leader,)
             extra = ckpt.extra_state() if me in learners else {}
+            if edp.learner is not None and initial is not None:
+                edp.learner.load_sampler_state(initial)  # (a candidate refused before)
+                _resume_learner(edp, ckpt, _same_draws(edp, ckpt))
         except _Changed as err:  # no rank restores from what another did not read
             failure, fatal = err, f"world rank {me}: {err}"
         except CheckpointError as err:
@@ -334,19 +340,21 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
     # (marked): the others raise RemoteFailure, or CollectiveFailed after the timeout
     bounded_barrier(world, io_s, f"the restore of every shard{io_note}",
                     lambda: edp.control.raise_if_failed(me))
-    # random states come back in the same world and with the same run.seed (a run forked
-    # from a checkpoint with another seed draws anew: before, every fork drew the same)
-    same_draws = (int(ckpt.layout.get("world_size", -1)) == edp.roles.world_size
-                  and _stored_seed(ckpt) in (None, edp.config.run.seed))
-    result = RestoreResult(path=ckpt.path, seq=ckpt.seq, rows=ckpt.rows - dropped,
-                           resharded=resharded, dropped=dropped, counters=ckpt.counters,
-                           rng_state=ckpt.rng.get(me) if same_draws else None,
-                           extra_state=extra, config_toml=ckpt.config_toml, skipped=skipped,
-                           transitions=_transitions(ckpt))
-    if edp.learner is not None:
-        _resume_learner(edp, ckpt, same_draws)
-    return result
+    same_draws = _same_draws(edp, ckpt)
+    return RestoreResult(path=ckpt.path, seq=ckpt.seq, rows=ckpt.rows - dropped,
+                         resharded=resharded, dropped=dropped, counters=ckpt.counters,
+                         rng_state=ckpt.rng.get(me) if same_draws else None,
+                         extra_state=extra, config_toml=ckpt.config_toml, skipped=skipped,
+                         transitions=_transitions(ckpt))
 
+
+
+def _same_draws(edp: FeatureHost, ckpt: ck.Checkpoint) -> bool:
+    """Whether stored random states come back: in a world of the same size with the same
+    ``run.seed`` (a run forked from a checkpoint with another seed draws anew: before,
+    every fork drew the same). Local."""
+    return (int(ckpt.layout.get("world_size", -1)) == edp.roles.world_size
+            and _stored_seed(ckpt) in (None, edp.config.run.seed))
 
 
 def _stored_seed(ckpt: ck.Checkpoint) -> int | None:
