@@ -138,6 +138,8 @@ class Checkpoint:
         rng (dict[int, str]): world rank -> RNG state (JSON).
         sampler (dict[int, dict]): world rank -> the learner's sampler state
             (:meth:`~conduit_hpc.sampling.Sampler.state_dict`; empty before schema 2).
+        manifest_sha256 (str): the SHA-256 of the manifest read (hex), as ``DONE``
+            recorded it: two ranks that opened the same checkpoint read the same one.
     """
 
     path: Path
@@ -153,6 +155,7 @@ class Checkpoint:
     counters: dict[int, dict[str, Any]] = field(default_factory=dict)
     rng: dict[int, str] = field(default_factory=dict)
     sampler: dict[int, dict[str, Any]] = field(default_factory=dict)
+    manifest_sha256: str = ""
 
     @property
     def rows(self) -> int:
@@ -399,6 +402,7 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
         if s.file not in ckpt.files:
             raise CheckpointError(f"{mpath}: shard {s.shard_id} is in {s.file!r}, which "
                                   f"the manifest does not list")
+    ckpt.manifest_sha256 = digest
     if spec is not None and spec.signature() != ckpt.spec.signature():
         raise CheckpointMismatch(f"checkpoint {p} holds experience of a different spec: "
                                  f"{_spec_diff(ckpt.spec, spec)}")

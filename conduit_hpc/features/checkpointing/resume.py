@@ -22,8 +22,12 @@ from conduit_hpc import checkpoint as ck
 from conduit_hpc.checkpoint.files import checkpoint_root
 from conduit_hpc.config import Config, tomllib
 from conduit_hpc.errors import CheckpointError, CheckpointMismatch
+from conduit_hpc.features.checkpointing.fit import (
+    forward_problem,
+    stacks_problem,
+    window_problem,
+)
 from conduit_hpc.features.checkpointing.parts import io_timeout
-from conduit_hpc.spec import FrameStack, Spec, frame_stacks
 from conduit_hpc.storage.frames import LAG_COLUMN, LAG_NONE, FrameCodec, stored_spec
 from conduit_hpc.storage.frames_reshard import reshard_frames
 from conduit_hpc.storage.snapshot import (
@@ -42,7 +46,8 @@ if TYPE_CHECKING:
     from conduit_hpc.plane.host import FeatureHost
 
 __all__ = ["RestoreResult", "checkpoint_root", "forward_problem", "restore_data_plane",
-           "restore_lines", "resume_roots", "resumed_counter", "stacks_problem"]
+           "restore_lines", "resume_roots", "resumed_counter", "stacks_problem",
+           "window_problem"]
 
 log = logging.getLogger("conduit_hpc.checkpoint")
 
@@ -73,7 +78,7 @@ class RestoreResult:
         dropped (int): oldest rows left out because the new capacity is smaller.
         counters (dict[int, dict]): every rank's stored counters, by world rank.
         rng_state (str | None): this rank's stored RNG state (JSON) when the world size
-            is unchanged, else None. Rank-dependent.
+            and ``run.seed`` are unchanged, else None. Rank-dependent.
         extra_state (dict[str, np.ndarray]): the stored named arrays (model, optimizer),
             on learner ranks (on the first buffer rank when there is no learner); empty
             elsewhere. Rank-dependent.
@@ -122,60 +127,12 @@ def resumed_counter(restored: RestoreResult | None, rank: int, key: str) -> int:
     return int(restored.counters.get(rank, {}).get(key, 0))
 
 
-def stacks_problem(ckpt: ck.Checkpoint, spec: Spec) -> str:
-    """Why a checkpoint whose stored columns match ``spec``'s cannot be restored into it
-    ("" if it can): a stacked field of another depth. The columns hold the frame shape
-    and the references per row, so stacks of 4 with a next stack and of 8 without one
-    store alike, and the references would rebuild other stacks. The checkpoint's config
-    says its stacks; one that does not (written by hand) is taken as it is. Local."""
-    if not spec.stacks:
-        return ""
-    try:
-        table = tomllib.loads(ckpt.config_toml).get("spec")
-        theirs = frame_stacks(Config.from_dict({"spec": table}).spec) if table else {}
-    except (tomllib.TOMLDecodeError, ValueError):  # (ConfigError is a ValueError)
-        return ""
-    for name, st in spec.stacks.items():
-        old = theirs.get(name)
-        if old is not None and old.depth != st.depth:
-            return (f"checkpoint {ckpt.path} stores spec.{name} as a stack of "
-                    f"{_stack_words(old)}, this job declares {_stack_words(st)}: its "
-                    f"frame references would rebuild other stacks")
-    return ""
-
-
-def forward_problem(ckpt: ck.Checkpoint, mode: str, capacities: Sequence[int]) -> str:
-    """Why a checkpoint written with ``longhaul.mode = "forward"`` cannot be restored
-    into a job of long-haul ``mode`` with shards of ``capacities`` ("" if it can): its
-    shard 0 is the edge's FIFO, whose
-    forwarded rows the data-centre replay (shard 1) holds too, so only the same shards
-    (``forward`` again, the same ``storage.capacity_rows``) take it back; resharding
-    would deal every such row twice. Local."""
-    try:
-        theirs = tomllib.loads(ckpt.config_toml).get("longhaul", {}).get("mode", "off")
-    except (tomllib.TOMLDecodeError, AttributeError):
-        return ""  # a config that says nothing readable (written by hand): as it is
-    if theirs != "forward" or (mode == "forward" and list(capacities) == ckpt.capacities):
-        return ""
-    return (f"checkpoint {ckpt.path} was written with longhaul.mode = 'forward' (shards of "
-            f"{ckpt.capacities} rows: the edge's FIFO, then the data-centre replay, which "
-            f"holds the forwarded rows again); this job has longhaul.mode = {mode!r} and "
-            f"shards of {list(capacities)} rows: expected longhaul.mode = 'forward' with "
-            f"the same storage.capacity_rows (any other layout would hold forwarded rows "
-            f"twice)")
-
-
 def _transitions(ckpt: ck.Checkpoint) -> int | None:
     """With frames stored once, the checkpoint's slots that are transitions, else None."""
     if LAG_COLUMN not in ckpt.spec.names:
         return None
     return sum(int((ckpt.shard_dataset(s.shard_id, f"columns/{LAG_COLUMN}") < LAG_NONE).sum())
                for s in ckpt.shards)
-
-
-def _stack_words(st: FrameStack) -> str:
-    return f"{st.depth} frames" + (f" with its next stack {st.next_field}" if st.next_field
-                                   else ", no next stack")
 
 
 def _load_shards(edp: FeatureHost, ckpt: ck.Checkpoint
@@ -274,6 +231,9 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             else:
                 candidates, strict = [p], True
     skipped: list[str] = []
+    # a learner's sampler state is taken inside the agreed read (a stored state the
+    # sampler refuses fails there, on every rank together); each try starts from this
+    initial = edp.learner.sampler_state(0) if edp.learner is not None else None
     # before any ingest, as documented: a restore rewrites every slot and cursor (rows
     # written before it were lost), and a frame writer's remembered frames pointed at
     # slots the restore refilled (stacks of later rows resolved to other frames); slots
@@ -297,12 +257,14 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
                 c = candidates.pop(0)
                 try:
                     opened = ck.open_checkpoint(c, spec=stored_spec(edp.spec))
-                    why = stacks_problem(opened, edp.spec) or forward_problem(
-                        opened, edp.config.longhaul.mode,
-                        [s.capacity_rows for s in edp.placement.shards])
+                    caps = [s.capacity_rows for s in edp.placement.shards]
+                    why = (stacks_problem(opened, edp.spec)
+                           or forward_problem(opened, edp.config.longhaul.mode, caps)
+                           or window_problem(opened, edp.config, caps, bool(edp.spec.stacks)))
                     if why:
                         raise CheckpointMismatch(why)
                     decision["path"] = str(c)
+                    decision["sha256"] = opened.manifest_sha256
                     break
                 except CheckpointError as err:
                     if strict:
@@ -330,9 +292,21 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
         failure: Exception | None = None
         try:
             ckpt = ck.open_checkpoint(decision["path"], spec=stored_spec(edp.spec))
+            if ckpt.manifest_sha256 != decision["sha256"]:
+                raise _Changed(f"the checkpoint changed while the ranks read it: its "
+                               f"manifest here has SHA-256 {ckpt.manifest_sha256[:16]}..., "
+                               f"the one world rank {leader} chose "
+                               f"{decision['sha256'][:16]}... (is another job writing, "
+                               f"pruning or replacing checkpoints in this directory, or do "
+                               f"the ranks' file systems show it differently?)")
             snaps, resharded, dropped = _load_shards(edp, ckpt)
             learners = edp.roles.learner_ranks or (leader,)
             extra = ckpt.extra_state() if me in learners else {}
+            if edp.learner is not None and initial is not None:
+                edp.learner.load_sampler_state(initial)  # (a candidate refused before)
+                _resume_learner(edp, ckpt, _same_draws(edp, ckpt))
+        except _Changed as err:  # no rank restores from what another did not read
+            failure, fatal = err, f"world rank {me}: {err}"
         except CheckpointError as err:
             error = str(err)
         except Exception as err:  # not the checkpoint's fault: every rank stops with it
@@ -366,26 +340,77 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
     # (marked): the others raise RemoteFailure, or CollectiveFailed after the timeout
     bounded_barrier(world, io_s, f"the restore of every shard{io_note}",
                     lambda: edp.control.raise_if_failed(me))
-    same_world = int(ckpt.layout.get("world_size", -1)) == edp.roles.world_size
-    result = RestoreResult(path=ckpt.path, seq=ckpt.seq, rows=ckpt.rows - dropped,
-                           resharded=resharded, dropped=dropped, counters=ckpt.counters,
-                           rng_state=ckpt.rng.get(me) if same_world else None,
-                           extra_state=extra, config_toml=ckpt.config_toml, skipped=skipped,
-                           transitions=_transitions(ckpt))
-    if edp.learner is not None:
-        # the scheduler's position and the sampler's state come back too: the sampler's
-        # own state (schema 2; its random state only in the same world), else (schema 1)
-        # the superstep counter and the RNG
-        state = ckpt.sampler.get(me)
-        if state:
-            edp.learner.load_sampler_state(state if same_world else
-                                           {k: v for k, v in state.items() if k != "rng"})
-        else:
-            mine = result.counters.get(me, {})
-            edp.learner.resume_at(int(mine.get("superstep", 0)), ck.rng_from_json(
-                result.rng_state) if result.rng_state else None)
-    return result
+    same_draws = _same_draws(edp, ckpt)
+    return RestoreResult(path=ckpt.path, seq=ckpt.seq, rows=ckpt.rows - dropped,
+                         resharded=resharded, dropped=dropped, counters=ckpt.counters,
+                         rng_state=ckpt.rng.get(me) if same_draws else None,
+                         extra_state=extra, config_toml=ckpt.config_toml, skipped=skipped,
+                         transitions=_transitions(ckpt))
 
+
+
+def _same_draws(edp: FeatureHost, ckpt: ck.Checkpoint) -> bool:
+    """Whether stored random states come back: in a world of the same size with the same
+    ``run.seed`` (a run forked from a checkpoint with another seed draws anew: before,
+    every fork drew the same). Local."""
+    return (int(ckpt.layout.get("world_size", -1)) == edp.roles.world_size
+            and _stored_seed(ckpt) in (None, edp.config.run.seed))
+
+
+def _stored_seed(ckpt: ck.Checkpoint) -> int | None:
+    """The ``run.seed`` the checkpoint was written with (None: its config does not say,
+    e.g. written by hand). Local."""
+    try:
+        seed = tomllib.loads(ckpt.config_toml).get("run", {}).get("seed")
+    except (tomllib.TOMLDecodeError, AttributeError):
+        return None
+    return seed if type(seed) is int else None
+
+
+def _stored_learner(ckpt: ck.Checkpoint, learners: Sequence[int], me: int
+                    ) -> tuple[int | None, bool]:
+    """The world rank whose stored learner state learner ``me`` (of this job's
+    ``learners``) takes, and whether it is that learner's own (else a learner this job
+    adds: it takes the lead's position only). By learner order, not world rank: the
+    checkpoint's learners may sit at other world ranks (a ``per_node`` layout with more
+    actors per node moves every node's learner; those ranks held an actor's or a
+    buffer's state, or none: the learner restarted its schedule, alone). None where the
+    checkpoint has no learner. Local."""
+    old = ckpt.layout.get("learner_ranks")
+    if not isinstance(old, list) or not all(type(r) is int for r in old):
+        old = sorted(ckpt.sampler)  # (a layout that does not say: the samplers stored)
+    if not old:
+        return None, False
+    i = list(learners).index(me)
+    return (old[i], True) if i < len(old) else (old[0], False)
+
+
+def _resume_learner(edp: FeatureHost, ckpt: ck.Checkpoint, same_draws: bool) -> None:
+    """The scheduler's position and the sampler's state come back to this learner: the
+    sampler's own state (schema 2; its random state only in the same world with the
+    same ``run.seed``, and only its own), else (schema 1) the superstep counter and the
+    RNG. Local.
+
+    Raises:
+        CheckpointError: a stored state the sampler cannot take.
+    """
+    assert edp.learner is not None
+    src, own = _stored_learner(ckpt, edp.roles.learner_ranks, edp.world_rank)
+    if src is None:
+        return
+    keep_rng = same_draws and own
+    state = ckpt.sampler.get(src)
+    if state:
+        edp.learner.load_sampler_state(state if keep_rng else
+                                       {k: v for k, v in state.items() if k != "rng"})
+        return
+    rng = ckpt.rng.get(src) if keep_rng else None
+    edp.learner.resume_at(int(ckpt.counters.get(src, {}).get("superstep", 0)),
+                          ck.rng_from_json(rng) if rng else None)
+
+
+class _Changed(CheckpointError):
+    """A rank opened another checkpoint than the one chosen (not damage: no fallback)."""
 
 
 def _skip(skipped: list[str], reason: str, remaining: Sequence[Path],
