@@ -68,6 +68,8 @@ class IngestStats:
         batches (int): calls that wrote rows.
         bytes (int): payload bytes written.
         seconds (float): wall time spent inside ``ingest``.
+        span_s (float): wall time from the actor's start (the data plane's constructor)
+            to its latest row: what its rows per second are taken over.
         limiter_wait_s (float): part of it spent waiting for the rate limiter.
         lag_wait_s (float): part of it spent waiting for fresher weights.
         ring_wait_s (float): part of it spent waiting for the shard's owner to free the
@@ -77,13 +79,14 @@ class IngestStats:
     """
 
     __slots__ = ("batches", "bytes", "lag_wait_s", "limiter_wait_s", "ring_wait_s",
-                 "ring_waits", "rows", "seconds")
+                 "ring_waits", "rows", "seconds", "span_s")
 
     def __init__(self) -> None:
         self.rows = 0
         self.batches = 0
         self.bytes = 0
         self.seconds = 0.0
+        self.span_s = 0.0
         self.limiter_wait_s = 0.0
         self.lag_wait_s = 0.0
         self.ring_wait_s = 0.0
@@ -195,6 +198,7 @@ class ActorEndpoint:
         st.bytes += n * self.spec.row_bytes
         now = time.perf_counter()
         st.seconds += now - t0
+        st.span_s = now - self._t0
         if now - self._last_log > 1.0:
             self.log(now)
         return IngestReceipt(n, sid, first)
