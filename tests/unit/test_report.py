@@ -272,6 +272,16 @@ def test_stats_cover_every_learner_of_a_data_parallel_run(tmp_path) -> None:
     assert two["supersteps"] == one["supersteps"] == 300
     assert two["exposed_mean_ms"] == pytest.approx(one["exposed_mean_ms"] + 5.0, rel=1e-6)
     assert "learner ranks" in write_report([run]).read_text()
+    # the exposed split is over every learner too, as the exposed share it breaks down
+    # (it was the lowest rank's alone: 'exposed share of wall time' and the story's
+    # 'exposed ... of wall time' of one report differed 3x in a 2-learner synthetic run)
+    after = 300 - 5  # the warm-up
+    assert one["exposed_total_s"] == pytest.approx(one["exposed_mean_ms"] / 1e3 * after)
+    assert two["exposed_total_s"] == pytest.approx(2 * one["exposed_total_s"] + 0.010 * after)
+    assert (two["exposed_path_s"] + two["exposed_limiter_s"] + two["exposed_other_s"]
+            == pytest.approx(two["exposed_total_s"]))
+    assert two["path_work_s"] == pytest.approx(2 * one["path_work_s"])
+    assert two["exposed_story"].startswith(f"exposed {two['exposed_share']:.3g} of wall time")
 
 
 @pytest.mark.parametrize("twice", ["same", "trailing-slash"])

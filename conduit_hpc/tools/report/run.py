@@ -67,7 +67,7 @@ def _fmt(v: Any) -> str:
 STAT_ROWS = (
     ("mode", "mode"),
     ("learners", "learner ranks (metrics pooled over all)"),
-    ("supersteps", "supersteps"),
+    ("supersteps", "supersteps (the most of any learner)"),
     ("iteration_mean_ms", "iteration latency, mean (ms)"),
     ("iteration_p95_ms", "iteration latency, p95 (ms)"),
     ("exposed_mean_ms", "exposed latency, mean (ms)"),

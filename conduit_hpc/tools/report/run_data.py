@@ -291,6 +291,30 @@ def ingest_grid(run: RunData, bins: int = 60) -> tuple[np.ndarray, np.ndarray] |
     return grid, total
 
 
+def learners_split(run: RunData) -> dict[str, float] | None:
+    """What the learners waited for (path work, the rate limiter, or neither: a core,
+    scheduling, other ranks), summed over every learner with ``exposed_s`` after its
+    warm-up, as the exposed share is; ``path_work_hidden`` the share of the path work
+    not inside a wait. None without such a learner."""
+    total: dict[str, float] = {}
+    for t in run.learners.values():
+        if not has_columns(t, "exposed_s"):
+            continue
+        skip = warm_up(len(t["exposed_s"]))
+        t = {c: v[skip:] for c, v in t.items()}
+        n = len(t["exposed_s"])
+        path = sum((np.nan_to_num(t[c]) for c in PATH_WORK if has_columns(t, c)),
+                   np.zeros(n))
+        for k, v in exposed_split(t["exposed_s"], t.get("limiter_wait_s"), path).items():
+            if k != "path_work_hidden":
+                total[k] = total.get(k, 0.0) + v
+    if not total:
+        return None
+    work = total["path_work_s"]
+    total["path_work_hidden"] = 1.0 - total["exposed_path_s"] / work if work > 0 else math.nan
+    return total
+
+
 def run_stats(run: RunData) -> dict[str, Any]:
     """Headline numbers of one run (missing inputs leave their keys out)."""
     s: dict[str, Any] = {"mode": run.mode}
@@ -309,15 +333,8 @@ def run_stats(run: RunData) -> dict[str, Any]:
     ex = pooled(run, "exposed_s", after_warm_up=True)
     if len(it) and len(ex) and it.sum() > 0:
         s["exposed_share"] = float(ex.sum() / it.sum())
-    if lt is not None and has_columns(lt, "exposed_s"):
-        # what the learner waited for: path work, the rate limiter, or neither (a core,
-        # scheduling, other ranks); path work hidden = the share not inside a wait
-        skip = warm_up(len(lt["exposed_s"]))
-        lt = {c: v[skip:] for c, v in lt.items()}
-        n = len(lt["exposed_s"])
-        path = sum((np.nan_to_num(lt[c]) for c in PATH_WORK if has_columns(lt, c)),
-                   np.zeros(n))
-        split = exposed_split(lt["exposed_s"], lt.get("limiter_wait_s"), path)
+    split = learners_split(run)
+    if split is not None:
         s.update({k: v for k, v in split.items() if k != "path_work_hidden"})
         if split["path_work_s"] > 0:
             s["path_work_hidden"] = split["path_work_hidden"]
