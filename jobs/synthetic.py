@@ -270,9 +270,19 @@ def rate(rows: float, seconds: float) -> float:
 
 def flat_summary(summary: dict, cfg: SyntheticConfig, wall: float) -> dict:
     span = ingest_span(summary)
+    shards = summary["shards"].values()
+    ckpt = summary.get("checkpoints", {})
     out: dict = {"job": "synthetic", "mode": cfg.scheduler.mode, "wall_s": wall,
                  "rows_ingested": summary["rows_ingested"], "ingest_span_s": span,
-                 "ingest_rows_per_s": rate(summary["rows_ingested"], span)}
+                 "ingest_rows_per_s": rate(summary["rows_ingested"], span),
+                 # what the job prints: the shards' rows and the checkpoints' tally
+                 "rows_committed": sum(s["committed"] for s in shards),
+                 "rows_held": sum(s["held"] for s in shards),
+                 "capacity_rows": cfg.storage.capacity_rows,
+                 "dropped_updates": sum(s["dropped_updates"] for s in shards),
+                 "checkpoints_written": ckpt.get("written", 0),
+                 "checkpoints_failed": ckpt.get("failed", 0),
+                 "checkpoint_last": ckpt.get("last")}
     for rank, lat in summary["learners"].items():
         for k, v in lat.items():
             out[f"learner{rank}_{k}"] = v

@@ -73,6 +73,13 @@ def test_the_synthetic_jobs_ingest_rates_are_over_the_actors_span(tmp_path) -> N
     n, rate = (int(g.replace(",", "")) for g in m.groups())
     assert n == summary["rows_ingested"]
     assert rate * summary["ingest_span_s"] * 1.01 >= n, (rate, summary, out.stdout)
+    # summary.json has what the job printed: the shards' rows, the checkpoints' tally
+    m = re.search(r"committed ([\d,]+), held ([\d,]+)", out.stdout)
+    assert m, out.stdout
+    assert (summary["rows_committed"], summary["rows_held"]) == tuple(
+        int(g.replace(",", "")) for g in m.groups()) == (n, n)
+    assert summary["capacity_rows"] == 200_000 and summary["dropped_updates"] == 0
+    assert (summary["checkpoints_written"], summary["checkpoints_failed"]) == (0, 0)
 
 
 def test_info_prints_mpi_roles_and_nodes() -> None:
