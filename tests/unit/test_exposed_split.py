@@ -102,4 +102,7 @@ def test_the_progress_line_says_what_the_learner_waited_for() -> None:
                            record=SimpleNamespace(recent=oversubscribed_rows()[-50:]))
     text = LearnerEndpoint._status_text(fake)  # type: ignore[arg-type]
     assert "exposed 0.231 of wall time: path work 13%, rate limiter" in text, text
+    # over the last rows, not the run (the run's is summary.json's and the report's): a
+    # run's last line said 'exposed 0.00442 of wall time' beside the report's 0.0241
+    assert "last 50: exposed 0.231 of wall time" in text, text
     assert "other (a core, scheduling, other ranks)" in text
