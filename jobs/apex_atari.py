@@ -477,6 +477,7 @@ def flat_summary(cfg: ApexAtariConfig, summary: dict[str, Any],
     frames = env_steps * cfg.atari.frame_skip
     updates = int(learner.get("updates", 0))
     row_bytes = sum(f.row_bytes for f in cfg.spec.values())
+    span = max((a.get("span_s", 0.0) for a in summary["actors"].values()), default=0.0)
     return {
         "job": "apex_atari", "env_id": cfg.dqn.env_id, "mode": cfg.scheduler.mode,
         "seed": cfg.run.seed, "reached": learner.get("reached_at") is not None,
@@ -502,9 +503,11 @@ def flat_summary(cfg: ApexAtariConfig, summary: dict[str, Any],
                              "next_field": v.next_field}
                          for k, v in frame_stacks(cfg.spec).items()},
         "rows_ingested": summary["rows_ingested"],
-        "ingest_rows_per_s": summary["rows_ingested"] / wall if wall > 0 else 0.0,
-        "ingest_mb_per_s": summary["rows_ingested"] * row_bytes / wall / 1e6 if wall > 0
-        else 0.0,
+        # over the actors' span (start to latest row), as headline_figures and `report`
+        # take it; bytes as the shards took them (each frame once), not whole stacks
+        "ingest_span_s": span,
+        "ingest_rows_per_s": summary["rows_ingested"] / span if span > 0 else 0.0,
+        "ingest_mb_per_s": summary["bytes_ingested"] / span / 1e6 if span > 0 else 0.0,
         "limiter_wait_s": sum(a["limiter_wait_s"] for a in summary["actors"].values()),
         # delivery: rows the learner took, and what its batches cost it per superstep
         "rows_delivered": updates * cfg.scheduler.batch_rows,

@@ -33,10 +33,13 @@ __all__ = [
     "sampling_of",
 ]
 
-#: per row: the ring's generation stamp and initial priority (int64 + float64)
-STAMP_BYTES_PER_ROW = 16
-#: per row, prioritized replay: sum- and min-tree leaves and parents, generations, priority
-INDEX_BYTES_PER_ROW = 80
+#: per row: the ring's blocks beside the payload (``storage.layout.ShardLayout``): stamp,
+#: initial priority, generation, sampled mark, raw priority and hidden flag, 8 B each
+STAMP_BYTES_PER_ROW = 48
+#: per row at most: the sum- and min-tree, 2 x 2P float64 nodes for P the power of two
+#: >= the shard's rows (32 B a row when they are a power of two, up to 64 just above
+#: one). Every shard lays them out, whatever the sampler
+INDEX_BYTES_PER_ROW = 64
 #: per shard: ring header and the alignment padding of its blocks (<= 60 fields)
 SHARD_OVERHEAD_BYTES = 4096
 #: learner updates per second a plan is computed for (a superstep of 1 us .. ~11.6 days;
@@ -151,10 +154,11 @@ class Workload:
 
     @property
     def bytes_per_row(self) -> int:
-        """Memory one row takes in a tier: stored payload, stamp and priority, and the
-        priority index for prioritized replay."""
-        extra = INDEX_BYTES_PER_ROW if self.sampling == "prioritized" else 0
-        return self.stored_bytes + STAMP_BYTES_PER_ROW + extra
+        """Memory one row takes in a tier at most: stored payload, the ring's stamp and
+        priority blocks and the priority index (a shard lays the index out whatever the
+        sampler: uniform sampling takes the memory too). At most: the trees take 32 B a
+        row less in a shard whose rows are a power of two."""
+        return self.stored_bytes + STAMP_BYTES_PER_ROW + INDEX_BYTES_PER_ROW
 
     def bins(self) -> tuple[np.ndarray, np.ndarray]:
         """(row shares, mass shares) of the heat bins, hottest (by mass per row) first."""

@@ -66,8 +66,12 @@ class IngestStats:
     Attributes:
         rows (int): rows ingested.
         batches (int): calls that wrote rows.
-        bytes (int): payload bytes written.
+        bytes (int): payload bytes written into the shards: with frame stacks, of the
+            stored columns (each frame once; ``Spec.stored_row_bytes`` a slot), not the
+            rows' whole stacks (``Spec.row_bytes``).
         seconds (float): wall time spent inside ``ingest``.
+        span_s (float): wall time from the actor's start (the data plane's constructor)
+            to its latest row: what its rows per second are taken over.
         limiter_wait_s (float): part of it spent waiting for the rate limiter.
         lag_wait_s (float): part of it spent waiting for fresher weights.
         ring_wait_s (float): part of it spent waiting for the shard's owner to free the
@@ -77,13 +81,14 @@ class IngestStats:
     """
 
     __slots__ = ("batches", "bytes", "lag_wait_s", "limiter_wait_s", "ring_wait_s",
-                 "ring_waits", "rows", "seconds")
+                 "ring_waits", "rows", "seconds", "span_s")
 
     def __init__(self) -> None:
         self.rows = 0
         self.batches = 0
         self.bytes = 0
         self.seconds = 0.0
+        self.span_s = 0.0
         self.limiter_wait_s = 0.0
         self.lag_wait_s = 0.0
         self.ring_wait_s = 0.0
@@ -184,7 +189,7 @@ class ActorEndpoint:
             return IngestReceipt(0, sid, -1)
         self._wait_policy_lag()
         self._admit(n)
-        waits, wait_s = ring.lap_waits, ring.lap_wait_s
+        waits, wait_s, slots = ring.lap_waits, ring.lap_wait_s, ring.slots_written
         first = ring.write(data, prio)
         self.control.add(C_INSERTS, n)
         st = self.stats
@@ -192,9 +197,12 @@ class ActorEndpoint:
         st.ring_wait_s += ring.lap_wait_s - wait_s
         st.rows += n
         st.batches += 1
-        st.bytes += n * self.spec.row_bytes
+        # what the ring holds of them: with frame stacks each frame once (the slots they
+        # took, frames-only slots included, of the stored columns), not whole stacks
+        st.bytes += (ring.slots_written - slots) * ring.layout.stored.row_bytes
         now = time.perf_counter()
         st.seconds += now - t0
+        st.span_s = now - self._t0
         if now - self._last_log > 1.0:
             self.log(now)
         return IngestReceipt(n, sid, first)

@@ -232,7 +232,7 @@ class LearnerEndpoint:
         return (f"[{self.mode.name}] exposed {exp:.2f} ms  iteration {it:.2f} ms (median "
                 f"of the last {len(rows)})  resampled "
                 f"{int(self.mode.counters().get('resampled_rows', 0))}"
-                + (f"  {story}" if story else ""))
+                + (f"  last {len(rows)}: {story}" if story else ""))  # not the run's
 
     def _publish(self, s: int) -> None:
         if not self.lead:

@@ -247,12 +247,13 @@ class OwnedShard:
         ring.publish_free(published)  # a writer came: it may rely on the old cursor
         return False
 
-    def poll(self, *, bounded: bool = False) -> int:
+    def poll(self, *, bounded: bool = False, writers_done: bool = False) -> int:
         """One owner pass over the shard: advance commits (at most ``max_commit_rows``
         when ``bounded``), count overwritten-unsampled rows, make the new rows visible,
         move the guard band (hide the rows writers may take next, or give back to
-        sampling those that idle writers will not take), publish stats and the free
-        cursor. Returns rows made visible. Local; never blocks."""
+        sampling those that idle writers will not take; ``writers_done``: every writer
+        said it is done, so they are idle now, however recently they wrote), publish
+        stats and the free cursor. Returns rows made visible. Local; never blocks."""
         ring, cap = self.ring, self.ring.capacity
         v = ring.views
         assert v is not None
@@ -271,7 +272,7 @@ class OwnedShard:
         # check relies on it) - unless idle writers give it back (_revoke)
         published = int(v.header[H_FREE])
         hide_from = self.hidden_upto
-        idle = self._idle(reserved, now) and self.restore_idle
+        idle = (self._idle(reserved, now) or writers_done) and self.restore_idle
         if not self.guarded:  # the plain one-lap rule
             hide_to, free = max(hide_from, min(limit, reserved)), limit
         else:

@@ -93,7 +93,7 @@ class ShardRing(IndexReads):
         self.poll_interval_s = poll_interval_s
         seg = transport.local_view(owner_rank)
         self.views: ShardViews | None = layout.views(seg, base) if seg is not None else None
-        self.rows_written = 0
+        self.rows_written = self.slots_written = 0  # slots: frames-only ones included
         self.lap_waits = 0  # writes that waited for the free (or commit) cursor
         self.lap_wait_s = 0.0  # ... and the seconds they waited
         #: run while a write waits for the free cursor (the owner's pass, when this
@@ -172,7 +172,7 @@ class ShardRing(IndexReads):
         except BaseException as err:
             self._abandon(first, slots, err)
             raise
-        self.rows_written += n
+        self.rows_written, self.slots_written = self.rows_written + n, self.slots_written + slots
         return first
 
     def _abandon(self, first: int, slots: int, err: BaseException) -> None:

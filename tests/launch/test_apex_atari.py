@@ -72,6 +72,15 @@ def test_smoke_run_steps_frames_ingests_trains_checkpoints_and_resumes(tmp_path:
     assert summary["frames"] == 4 * summary["env_steps"] and summary["env_steps"] >= 200
     assert summary["rows_ingested"] >= 200
     assert summary["frames_per_s"] > 0 and summary["ingest_rows_per_s"] > 0
+    # ingest over the actors' span (it was the job's wall time, set-up included) and at
+    # the bytes the shards took, each frame once (it was whole stacks: 56,472 B a row)
+    per_row = summary["ingest_mb_per_s"] * 1e6 / summary["ingest_rows_per_s"]
+    assert 7152 <= per_row < 2 * 7152, per_row
+    csv_span = max(float(list(csv.DictReader(p.read_text().splitlines()))[-1]["time_s"])
+                   for p in (run_dir / "metrics").glob("actor-*.csv"))
+    assert 0 < summary["ingest_span_s"] <= csv_span
+    assert summary["ingest_rows_per_s"] == pytest.approx(
+        summary["rows_ingested"] / summary["ingest_span_s"])
     assert len(summary["frames_per_s_per_actor"]) == 2
     assert all(v > 0 for v in summary["frames_per_s_per_actor"])
     assert summary["rows_delivered"] == SUPERSTEPS * 32 and summary["delivered_rows_per_s"] > 0
@@ -86,15 +95,15 @@ def test_smoke_run_steps_frames_ingests_trains_checkpoints_and_resumes(tmp_path:
 
 def check_replay_summary(summary: dict, stdout: str) -> None:
     """What the replay holds, stored against the full layout, as `plan` counts it (the
-    row's payload plus a stamp and the priority index: 96 B)."""
+    row's payload plus a stamp and the priority index: 112 B at most)."""
     assert summary["replay_capacity_rows"] == 1000
     assert summary["replay_tier_rows"] == {"buffer_host": 1000}
     assert 0 < summary["replay_rows_held"] <= 1000
     assert summary["stored_over_full"] == pytest.approx(7152 / 56472)
-    assert summary["memory_row_bytes"] == 7152 + 96
-    assert summary["memory_row_bytes_full"] == 56472 + 96
-    assert summary["replay_memory_bytes"] == 1000 * (7152 + 96)
-    assert summary["full_layout_rows_in_budget"] == 1000 * (7152 + 96) // (56472 + 96) == 128
+    assert summary["memory_row_bytes"] == 7152 + 112
+    assert summary["memory_row_bytes_full"] == 56472 + 112
+    assert summary["replay_memory_bytes"] == 1000 * (7152 + 112)
+    assert summary["full_layout_rows_in_budget"] == 1000 * (7152 + 112) // (56472 + 112) == 128
     assert summary["rows_per_budget_over_full"] >= 6  # the issue's goal
     assert "7,152 B stored a row against 56,472 B in the full layout" in stdout
     assert "would hold 128 full rows (7.8x fewer)" in stdout

@@ -44,6 +44,44 @@ def test_synthetic_job_runs_and_reports_ingest(tmp_path) -> None:
         assert len(acc.Scalars("latency/exposed_s")) > 0
 
 
+def test_the_synthetic_jobs_ingest_rates_are_over_the_actors_span(tmp_path) -> None:
+    """The job printed each actor's rows/s and the overall rate over the job's wall time
+    (start-up, the learner's tail and teardown: 16 s for 2 s of ingest at 2,000 rows/s,
+    so '250' and '500 rows/s overall' where summary.json said 4,029). Now each over the
+    time its rows took: a rate times the actor's time in its CSV is at least its rows."""
+    import csv
+    import json
+    import re
+
+    out = cli("run", "jobs/synthetic.toml", "--runs", str(tmp_path), "--set",
+              "run.duration_s=1.0", "--set", "layout.actors=2", "--set",
+              "synthetic.actor_rate_rows_s=2000", "--set", "checkpoint.every_seconds=0")
+    assert out.returncode == 0, out.stderr
+    run_dir = next(tmp_path.iterdir())
+    summary = json.loads((run_dir / "metrics" / "summary.json").read_text())
+    rows = [ln.split("│")[1:-1] for ln in out.stdout.splitlines()
+            if ln.startswith("│") and "│" in ln[1:]]
+    assert len(rows) == 2, out.stdout
+    for cells in rows:
+        rank, n, rate = (int(c.strip().replace(",", "")) for c in (cells[0], cells[1],
+                                                                     cells[4]))
+        with open(run_dir / "metrics" / f"actor-{rank}.csv", newline="") as f:
+            span = float(list(csv.DictReader(f))[-1]["time_s"])
+        assert n > 0 and rate * span * 1.01 >= n, (rank, n, rate, span, out.stdout)
+    m = re.search(r"ingested ([\d,]+) rows .* at ([\d,]+) rows/s overall", out.stdout)
+    assert m, out.stdout
+    n, rate = (int(g.replace(",", "")) for g in m.groups())
+    assert n == summary["rows_ingested"]
+    assert rate * summary["ingest_span_s"] * 1.01 >= n, (rate, summary, out.stdout)
+    # summary.json has what the job printed: the shards' rows, the checkpoints' tally
+    m = re.search(r"committed ([\d,]+), held ([\d,]+)", out.stdout)
+    assert m, out.stdout
+    assert (summary["rows_committed"], summary["rows_held"]) == tuple(
+        int(g.replace(",", "")) for g in m.groups()) == (n, n)
+    assert summary["capacity_rows"] == 200_000 and summary["dropped_updates"] == 0
+    assert (summary["checkpoints_written"], summary["checkpoints_failed"]) == (0, 0)
+
+
 def test_info_prints_mpi_roles_and_nodes() -> None:
     out = cli("info", "-n", "3")
     assert out.returncode == 0, out.stderr

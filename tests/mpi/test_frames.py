@@ -124,6 +124,30 @@ def test_readers_on_every_rank_see_exact_stacks(transport: str) -> None:
 
 
 @pytest.mark.mpi(min_size=2)
+def test_bytes_ingested_are_the_bytes_the_shards_took() -> None:
+    """The summary's bytes_ingested (and each actor's ``bytes``, 'payload bytes written')
+    counted every row's whole stacks (Spec.row_bytes: 272 B of this spec a row) though a
+    shard holds each frame once (Spec.stored_row_bytes a slot, 134 B): 2x over here,
+    7.9x for the Atari spec. Now the slots the writes took (frames-only slots included)
+    times the stored bytes: what the shards' reserve cursors say was written."""
+    from conduit_hpc.spec import Spec
+
+    cfg = config("auto", learners=0)
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            produce(edp, 40, seed=edp.world_rank)
+        else:
+            edp.serve()
+        edp.done()
+        summary = edp.summary()
+        slots = COMM.allreduce(sum(s.ring.reserve_cursor() for s in edp.owned_shards()))
+    spec = Spec.from_config(cfg.spec)
+    assert spec.stored_row_bytes < spec.row_bytes
+    assert summary["bytes_ingested"] == slots * spec.stored_row_bytes, (summary, slots)
+    assert summary["rows_ingested"] <= slots
+
+
+@pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("transport", ["auto", "never"])
 def test_hostile_stream_ids_deliver_exact_stacks(transport: str) -> None:
     """Stream ids shared by every actor, reused, restarted and of one-step episodes, in a

@@ -90,11 +90,11 @@ def test_floor_is_validated_and_an_impossible_one_is_named() -> None:
         replace(w, min_shard_rows=-1)
     tiny = ClusterModel.from_dict({"name": "tiny", "nodes": [
         {"name": "n", "count": 2, "gpus": 1, "buffers": 0, "actors": 1,
-         "learner_gpu_bytes": 0, "learner_host_bytes": 60_000, "buffer_host_bytes": 0,
+         "learner_gpu_bytes": 0, "learner_host_bytes": 120_000, "buffer_host_bytes": 0,
          "shm": {"bandwidth_gbps": 10, "latency_s": 1e-6},
          "nic": {"bandwidth_gbps": 10, "latency_s": 1e-6},
          "gpu_host": {"bandwidth_gbps": 10, "latency_s": 1e-6}}]})
-    small = Workload(capacity_rows=600, row_bytes=84, batch_rows=32, min_shard_rows=0,
+    small = Workload(capacity_rows=600, row_bytes=88, batch_rows=32, min_shard_rows=0,
                      tiers=("learner_host",))
     plan = plan_static(tiny, small)
     assert len(plan.shards) == 2  # half the replay on each node's host memory

@@ -16,7 +16,9 @@ from conduit_hpc.placement import Placement, ShardWeights, plan_round_robin
 from conduit_hpc.placement.cluster import ClusterModel, Roster
 from conduit_hpc.placement.columns import partition_rows
 from conduit_hpc.placement.model import (
+    INDEX_BYTES_PER_ROW,
     SHARD_OVERHEAD_BYTES,
+    STAMP_BYTES_PER_ROW,
     Allocation,
     Topology,
     Workload,
@@ -128,7 +130,7 @@ def brute_force(cluster: ClusterModel, w: Workload, units: int) -> float:
 
 def tiny_instance(seed: int) -> tuple[ClusterModel, Workload, int]:
     rng = np.random.default_rng(seed)
-    unit_bytes = 10**7  # one brute-force unit: 100,000 rows of 100 bytes
+    unit_bytes = 2 * 10**7  # one brute-force unit: 100,000 rows of 200 bytes
     nodes = []
     nn = int(rng.integers(1, 3))
     for i in range(nn):
@@ -145,14 +147,14 @@ def tiny_instance(seed: int) -> tuple[ClusterModel, Workload, int]:
     prioritized = scope == "global" and rng.random() < 0.5
     units = 4 if prioritized or topo.n_learners == 1 else 3
     parts = 1 if scope == "global" else topo.n_learners
-    w = Workload(capacity_rows=100_000 * units * parts, row_bytes=100 - 16,
+    # 200 bytes per row in memory (payload, the ring's blocks and the index)
+    w = Workload(capacity_rows=100_000 * units * parts,
+                 row_bytes=200 - STAMP_BYTES_PER_ROW - INDEX_BYTES_PER_ROW,
                  batch_rows=int(rng.integers(64, 4096)),
                  update_rate_hz=float(rng.uniform(10, 1000)),
                  actor_rows_per_s=float(rng.uniform(0, 10**5)), scope=scope,
                  sampling="prioritized" if prioritized else "uniform",
                  heat=((0.25, 0.75), (0.75, 0.25)) if prioritized else ())
-    if prioritized:  # keep 100 bytes per row in memory
-        w = replace(w, row_bytes=100 - 16 - 80)
     return cluster, w, units
 
 
@@ -292,7 +294,9 @@ def small_cluster(**over: Any) -> ClusterModel:
 
 def test_infeasible_names_the_tiers_and_the_shortfall() -> None:
     c = small_cluster()
-    w = Workload(capacity_rows=1_000_000, row_bytes=684)  # 700 MB needed, 700 MB raw
+    # 700 MB needed, 700 MB raw (700 B a row in memory)
+    w = Workload(capacity_rows=1_000_000,
+                 row_bytes=700 - STAMP_BYTES_PER_ROW - INDEX_BYTES_PER_ROW)
     with pytest.raises(PlacementInfeasible) as info:
         plan_static(c, w)
     err = info.value
@@ -466,7 +470,7 @@ def test_lp_objective_is_what_the_plan_evaluates_to(seed: int) -> None:
 
 def test_the_plan_shows_the_bytes_a_row_is_stored_in() -> None:
     """`conduit-hpc plan` on jobs/apex_atari.toml's workload (its rows, stored frames once;
-    the job's summary counts the same 7,248 B a row with stamp and index): the row's
+    the job's summary counts the same 7,264 B a row with stamp and index): the row's
     bytes, its stored bytes, and a tier's bytes at the stored size."""
     from conduit_hpc.tools.report.plan import render_plan
 
@@ -475,9 +479,10 @@ def test_the_plan_shows_the_bytes_a_row_is_stored_in() -> None:
                  batch_rows=32, min_shard_rows=32, sampling="prioritized")
     once = plan_static(c, w)
     text = render_plan(c, w, once)
-    assert "50,000 rows x 56,472 B, 7,152 B stored (frames once) (+96 B/row in memory)" \
+    assert ("50,000 rows x 56,472 B, 7,152 B stored (frames once) "
+            "(+112 B/row in memory at most)") \
         in text, text
-    assert "362.40 MB" in text  # 50,000 x 7,248 B in its tier
+    assert "363.20 MB" in text  # 50,000 x 7,264 B in its tier
     assert once.tier_rows()["learner_host"] == 50_000
     # whole stacks: the learner's 2 GB host tier holds 35,355 rows, the rest spills over
     full_w = replace(w, stored_row_bytes=0)

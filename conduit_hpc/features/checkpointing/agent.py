@@ -347,7 +347,8 @@ class CheckpointAgent(BufferExtension):
         if mark is not None:  # markers up to this boundary are used up
             for m in [m for m in self._marks if m <= mark]:
                 del self._marks[m]
-        snaps, cut_s = cut_shards(self.edp.server.shards, self.staging)
+        snaps, cut_s = cut_shards(self.edp.server.shards, self.staging,
+                                  writers_done=self.edp.server.finished)
         self.release()  # messages sent after the markers apply after the cut
         self.cuts_s.append(cut_s)
         self.longest_cut_s = max(self.longest_cut_s, cut_s)

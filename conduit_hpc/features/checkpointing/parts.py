@@ -76,13 +76,16 @@ def buffer_file(edp: FeatureHost) -> str:
     return f"buffer-{edp.roles.role_rank:04d}.h5"
 
 
-def cut_shards(shards: Sequence[OwnedShard],
-               staging: Mapping[int, SnapshotStaging] | None) -> tuple[list[ShardSnapshot], float]:
-    """The consistent cut of this rank's shards: a commit pass and a copy each."""
+def cut_shards(shards: Sequence[OwnedShard], staging: Mapping[int, SnapshotStaging] | None,
+               *, writers_done: bool = False) -> tuple[list[ShardSnapshot], float]:
+    """The consistent cut of this rank's shards: a commit pass and a copy each.
+    ``writers_done``: no writer will write again (the buffer's serve loop finished), so
+    the guard band's rows are given back and go into the cut (a final checkpoint cut
+    within ``idle_s`` of the last write left them out: rows held, yet not restored)."""
     t0 = time.perf_counter()
     snaps = []
     for s in shards:
-        s.poll()
+        s.poll(writers_done=writers_done)
         with s.locked():  # no node-local learner's update half in the copy
             snaps.append(take_snapshot(s.shard_id, s.ring, s.index,
                                        None if staging is None else staging[s.shard_id]))

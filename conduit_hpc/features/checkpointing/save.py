@@ -139,7 +139,8 @@ def save_checkpoint(edp: FeatureHost, root: Path, *,
             raise CheckpointError(f"world rank {me} still has checkpoint work in flight; "
                                   f"call CheckpointAgent.finish() before save_checkpoint()")
         if edp.server is not None:
-            snaps, cut_s = cut_shards(edp.server.shards, agent.staging if agent else None)
+            snaps, cut_s = cut_shards(edp.server.shards, agent.staging if agent else None,
+                                      writers_done=edp.server.finished)
             sp = shard_part(tmp / buffer_file(edp), snaps, cut_s, me, described_for(edp),
                             compression_for(edp))
             part["files"] += sp["files"]

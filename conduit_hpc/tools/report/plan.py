@@ -51,7 +51,7 @@ def render_plan(cluster: ClusterModel, workload: Workload, plan: Placement, *,
     stored = (f", {workload.stored_bytes:,} B stored (frames once)"
               if workload.stored_bytes != workload.row_bytes else "")
     con.print(f"workload : {workload.capacity_rows:,} rows x {workload.row_bytes:,} B{stored} "
-              f"(+{workload.bytes_per_row - workload.stored_bytes} B/row in memory), batch "
+              f"(+{workload.bytes_per_row - workload.stored_bytes} B/row in memory at most), batch "
               f"{workload.batch_rows} rows, {workload.update_rate_hz:g} updates/s, "
               f"{workload.actor_rows_per_s:g} rows/s per actor, {workload.sampling} "
               f"sampling, {workload.scope} scope")
@@ -142,8 +142,8 @@ def render_infeasible(cluster: ClusterModel, workload: Workload,
     con.print(f"the replay needs {_fmt_bytes(need)} ({workload.capacity_rows:,} rows x "
               f"{workload.bytes_per_row} B: {workload.stored_bytes} B of payload"
               f"{' stored' if workload.stored_bytes != workload.row_bytes else ''}, "
-              f"{workload.bytes_per_row - workload.stored_bytes} B of stamp, priority"
-              f"{' and priority index' if workload.sampling == 'prioritized' else ''})")
+              f"{workload.bytes_per_row - workload.stored_bytes} B at most of stamp, "
+              f"priority and priority index)")
     return buf.getvalue()
 
 

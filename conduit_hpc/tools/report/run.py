@@ -67,7 +67,7 @@ def _fmt(v: Any) -> str:
 STAT_ROWS = (
     ("mode", "mode"),
     ("learners", "learner ranks (metrics pooled over all)"),
-    ("supersteps", "supersteps"),
+    ("supersteps", "supersteps (the most of any learner)"),
     ("iteration_mean_ms", "iteration latency, mean (ms)"),
     ("iteration_p95_ms", "iteration latency, p95 (ms)"),
     ("exposed_mean_ms", "exposed latency, mean (ms)"),
@@ -190,7 +190,11 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
         lines += ["", "Exposed time is the learner's wait in `next_batch`. Path work is "
                   "the batch's ack wait, sampling, gathering, transform and copy; 'other' "
                   "is waiting that neither path work nor the rate limiter explains: with "
-                  "more ranks than cores, waiting for a core.", ""]
+                  "more ranks than cores, waiting for a core. Latencies, the exposed "
+                  "share and its split leave out each learner's first min(5, supersteps "
+                  "/ 10) supersteps (the warm-up: the wait for scheduler.min_fill_rows), "
+                  "as summary.json's do; supersteps and rate-limiter waits count every "
+                  "one.", ""]
     for r in runs:
         if r.summary:
             lines += [f"### summary.json of {r.label}", "", "| key | value |", "|---|---|"]

@@ -19,7 +19,7 @@ import numpy as np
 
 from conduit_hpc.errors import ConduitError
 from conduit_hpc.plane.headline import headline_figures, read_metrics_text
-from conduit_hpc.plane.metrics import PATH_WORK, exposed_split, exposed_story
+from conduit_hpc.plane.metrics import PATH_WORK, SKIP, exposed_split, exposed_story
 
 __all__ = ["PATH_PARTS", "TARGET_RETURN", "RunData", "Table", "episode_x", "has_columns",
            "ingest_grid", "learner_table", "load_run", "missing_columns", "pooled",
@@ -202,9 +202,18 @@ def learner_table(run: RunData) -> Table | None:
     return run.learners[min(run.learners)] if run.learners else None
 
 
-def pooled(run: RunData, column: str) -> np.ndarray:
-    vals = [t[column] for t in run.learners.values()
-            if column in t and t[column].dtype != object]
+def warm_up(rows: int) -> int:
+    """Rows at a learner table's start that latency statistics skip: ``min(SKIP,
+    rows // 10)``, the warm-up the job's ``summary.json`` skips too
+    (:class:`conduit_hpc.plane.metrics.LatencyRecord`)."""
+    return min(SKIP, rows // 10)
+
+
+def pooled(run: RunData, column: str, *, after_warm_up: bool = False) -> np.ndarray:
+    """``column`` of every learner's table, concatenated (finite values); with
+    ``after_warm_up`` each table's first :func:`warm_up` rows left out."""
+    vals = [t[column][warm_up(len(t[column])) if after_warm_up else 0:]
+            for t in run.learners.values() if column in t and t[column].dtype != object]
     v = np.concatenate(vals) if vals else np.zeros(0)
     return v[np.isfinite(v)]
 
@@ -282,6 +291,30 @@ def ingest_grid(run: RunData, bins: int = 60) -> tuple[np.ndarray, np.ndarray] |
     return grid, total
 
 
+def learners_split(run: RunData) -> dict[str, float] | None:
+    """What the learners waited for (path work, the rate limiter, or neither: a core,
+    scheduling, other ranks), summed over every learner with ``exposed_s`` after its
+    warm-up, as the exposed share is; ``path_work_hidden`` the share of the path work
+    not inside a wait. None without such a learner."""
+    total: dict[str, float] = {}
+    for t in run.learners.values():
+        if not has_columns(t, "exposed_s"):
+            continue
+        skip = warm_up(len(t["exposed_s"]))
+        t = {c: v[skip:] for c, v in t.items()}
+        n = len(t["exposed_s"])
+        path = sum((np.nan_to_num(t[c]) for c in PATH_WORK if has_columns(t, c)),
+                   np.zeros(n))
+        for k, v in exposed_split(t["exposed_s"], t.get("limiter_wait_s"), path).items():
+            if k != "path_work_hidden":
+                total[k] = total.get(k, 0.0) + v
+    if not total:
+        return None
+    work = total["path_work_s"]
+    total["path_work_hidden"] = 1.0 - total["exposed_path_s"] / work if work > 0 else math.nan
+    return total
+
+
 def run_stats(run: RunData) -> dict[str, Any]:
     """Headline numbers of one run (missing inputs leave their keys out)."""
     s: dict[str, Any] = {"mode": run.mode}
@@ -289,21 +322,19 @@ def run_stats(run: RunData) -> dict[str, Any]:
     if lt is not None:
         s["learners"] = len(run.learners)  # every learner's CSV is pooled below
         s["supersteps"] = max(len(next(iter(t.values()), [])) for t in run.learners.values())
+    # latency figures after each learner's warm-up, as summary.json's (the first
+    # superstep's wait for scheduler.min_fill_rows is no superstep's latency)
     for col in ("iteration_s", "exposed_s", "compute_s"):
-        v = pooled(run, col)
+        v = pooled(run, col, after_warm_up=True)
         if len(v):
             s[f"{col[:-2]}_mean_ms"] = 1e3 * float(v.mean())
             s[f"{col[:-2]}_p95_ms"] = 1e3 * float(np.percentile(v, 95))
-    it, ex = pooled(run, "iteration_s"), pooled(run, "exposed_s")
+    it = pooled(run, "iteration_s", after_warm_up=True)
+    ex = pooled(run, "exposed_s", after_warm_up=True)
     if len(it) and len(ex) and it.sum() > 0:
         s["exposed_share"] = float(ex.sum() / it.sum())
-    if lt is not None and has_columns(lt, "exposed_s"):
-        # what the learner waited for: path work, the rate limiter, or neither (a core,
-        # scheduling, other ranks); path work hidden = the share not inside a wait
-        n = len(lt["exposed_s"])
-        path = sum((np.nan_to_num(lt[c]) for c in PATH_WORK if has_columns(lt, c)),
-                   np.zeros(n))
-        split = exposed_split(lt["exposed_s"], lt.get("limiter_wait_s"), path)
+    split = learners_split(run)
+    if split is not None:
         s.update({k: v for k, v in split.items() if k != "path_work_hidden"})
         if split["path_work_s"] > 0:
             s["path_work_hidden"] = split["path_work_hidden"]

@@ -226,8 +226,9 @@ def plot_latency(runs: Sequence[RunData], out: Path) -> tuple[Path | None, str]:
     x = np.arange(len(have))
     w = 0.38
     for j, (col, color) in enumerate((("exposed_s", "#d62728"), ("iteration_s", "#555555"))):
-        means = [1e3 * pooled(r, col).mean() for r in have]
-        p95 = [1e3 * np.percentile(pooled(r, col), 95) for r in have]
+        # after the warm-up, as the summary's table and summary.json
+        means = [1e3 * pooled(r, col, after_warm_up=True).mean() for r in have]
+        p95 = [1e3 * np.percentile(pooled(r, col, after_warm_up=True), 95) for r in have]
         err = np.array([[0.0] * len(have), [max(0.0, p - m) for p, m in zip(p95, means,
                                                                              strict=True)]])
         bars = ax.bar(x + (j - 0.5) * w, means, w, yerr=err, capsize=3, color=color,
