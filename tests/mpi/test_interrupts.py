@@ -1,0 +1,114 @@
+"""An interrupt (Ctrl-C, a job's signal handler that raises, an asynchronous exception)
+at an arbitrary point inside a library call on one rank, caught by the job.
+
+The hostile sweep of stop 40 ran real jobs under ``mpirun`` with ``signal.setitimer``
+raising ``KeyboardInterrupt`` after a random delay in a learner, a buffer or an actor
+(``edp`` and ``sync`` modes, shared memory on and off): the interrupted rank's exception
+stayed a ``KeyboardInterrupt`` and every other rank stopped with :class:`RemoteFailure`
+naming it. The one window that was not covered is inside the reservation itself: an
+interrupt raised inside the transport's ``fetch_add`` after the atomic add (the handler
+runs at the next bytecode of the call, e.g. before ``Flush`` returns) left seqs reserved
+that the writer never learnt of. A job that caught the interrupt and ingested on then
+wrote behind a gap that the shard's commit cursor can never pass: none of its later
+rows (nor any other writer's) became visible and every rank waited out
+``run.timeout_s``. Now an interrupted reservation counts as one that may have happened:
+the writer marks the job failed and every rank raises :class:`RemoteFailure` naming it at
+once; what the shard holds is still whole.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from conduit_hpc import ExperienceDataPlane, IngestAbandoned, RemoteFailure, Role
+from conduit_hpc.testing import checked_batch, make_config, row_consistent
+
+COMM = MPI.COMM_WORLD
+TRANSPORTS = {"shm": {"shared_memory": "auto"}, "rma": {"shared_memory": "never"}}
+TIMEOUT_S = 30.0  # far longer than a run: an error only by deadline is a failure here
+
+
+class InterruptedInReserve:
+    """A transport whose ``at``-th ``fetch_add`` is interrupted after the add is done
+    (a ``KeyboardInterrupt`` raised at the next bytecode of the call)."""
+
+    def __init__(self, inner, at: int) -> None:
+        self.inner, self.at, self.calls = inner, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def fetch_add(self, target_rank, displacement, value):
+        old = self.inner.fetch_add(target_rank, displacement, value)
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return old
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_an_interrupt_inside_the_reservation_stops_every_rank_by_name(transport: str) -> None:
+    learners = 1 if COMM.size >= 4 else 0
+    cfg = make_config(run={"timeout_s": TIMEOUT_S},
+                      layout={"learners": learners, "buffers": 1,
+                              "actors": COMM.size - 1 - learners},
+                      storage={"capacity_rows": 16}, transport=TRANSPORTS[transport],
+                      scheduler={"mode": "sync", "batch_rows": 4, "min_fill_rows": 4})
+    error: BaseException | None = None
+    interrupted, later = 0, []
+    receipts: list[tuple[int, int, int, int]] = []
+    held: dict[int, tuple] = {}
+    victim = -1
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            victim = edp.roles.actor_ranks[0]
+            me = edp.world_rank
+            if edp.role is Role.ACTOR:
+                if me == victim:
+                    for ring in edp.rings.values():
+                        ring.transport = InterruptedInReserve(ring.transport, at=4)
+                w = 0
+                while not edp.should_stop:
+                    try:  # a hostile job: catches Ctrl-C and ingests on
+                        r = edp.ingest(checked_batch(me, w, 3))
+                        receipts.append((r.shard_id, r.first_seq, w, 3))
+                    except KeyboardInterrupt:
+                        interrupted += 1
+                    except (IngestAbandoned, RemoteFailure) as err:
+                        later.append(type(err).__name__)
+                        break
+                    w += 3
+                edp.done()
+            elif edp.role is Role.LEARNER:
+                for _ in range(10_000):
+                    b = edp.next_batch()
+                    edp.update_priorities(b.indices, np.ones(len(b)))
+                edp.done()
+            else:
+                try:
+                    edp.serve()
+                finally:
+                    for s in edp.owned_shards():
+                        seqs, cols, _ = s.ring.read_committed()
+                        held[s.shard_id] = (seqs, cols)
+    except RemoteFailure as err:
+        error = err
+    except Exception as err:  # a timeout (or anything else) is the finding
+        error = err
+    victim = COMM.allreduce(victim, op=MPI.MAX)
+    errors = COMM.allgather((type(error).__name__, str(error)))
+    assert all(name == "RemoteFailure" for name, _ in errors), errors  # not by deadline
+    assert all(f"world rank {victim} " in text for _, text in errors), errors
+    if COMM.rank == victim:
+        assert interrupted == 1, interrupted  # the interrupt stayed a KeyboardInterrupt
+        assert not later or later[0] in ("IngestAbandoned", "RemoteFailure"), later
+    every = COMM.allgather((COMM.rank, receipts))
+    wrote = {(sid, first + k): (rank, w + k) for rank, rs in every
+             for sid, first, w, n in rs for k in range(n)}
+    for sid, (seqs, cols) in held.items():
+        assert row_consistent(cols).all()
+        got = list(zip(cols["writer"].tolist(), cols["wseq"].tolist(), strict=True))
+        assert got == [wrote[(sid, int(q))] for q in seqs]
