@@ -18,6 +18,8 @@ once; what the shard holds is still whole.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -112,3 +114,49 @@ def test_an_interrupt_inside_the_reservation_stops_every_rank_by_name(transport:
         assert row_consistent(cols).all()
         got = list(zip(cols["writer"].tolist(), cols["wseq"].tolist(), strict=True))
         assert got == [wrote[(sid, int(q))] for q in seqs]
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_second_interrupt_during_the_leave_still_stops_every_rank_by_name() -> None:
+    """Ctrl-C, then Ctrl-C again while ``__exit__`` marks the rank as left (here: in the
+    control block's write of its name). The mark was never made: the job caught the
+    interrupt outside the block and ended normally, and the other actors (lapping their
+    ring) and the buffer in ``serve()`` - none waits on a deadline - ran forever."""
+    timeout = 6.0
+    cfg = make_config(spec={"obs": {"dtype": "float32", "shape": [4]}},
+                      run={"timeout_s": timeout},
+                      layout={"learners": 0, "buffers": 1, "actors": COMM.size - 1},
+                      storage={"capacity_rows": 64})
+    rows = {"obs": np.zeros((8, 4), np.float32)}
+    t0, seen, victim = time.monotonic(), "nothing", -1
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            victim = edp.roles.actor_ranks[0]
+            if edp.role is Role.ACTOR:
+                n = 0
+                if edp.world_rank == victim:
+                    write = edp.control.write
+
+                    def interrupted(*args):  # the second Ctrl-C, once
+                        edp.control.write = write
+                        raise KeyboardInterrupt("second")
+                    edp.control.write = interrupted
+                while not edp.should_stop:
+                    edp.ingest(rows)
+                    n += 1
+                    if edp.world_rank == victim and n == 10:
+                        raise KeyboardInterrupt("first")
+                edp.done()
+            else:
+                edp.serve()
+    except KeyboardInterrupt as err:
+        seen = f"KeyboardInterrupt: {err}"
+    except RemoteFailure as err:
+        seen = f"RemoteFailure: {err}"
+    took = time.monotonic() - t0
+    victim = COMM.allreduce(victim, op=MPI.MAX)
+    every = COMM.allgather((seen, took))
+    for rank, (text, t) in enumerate(every):
+        assert t < 3 * timeout, every
+        assert (text.startswith("KeyboardInterrupt") if rank == victim
+                else f"world rank {victim} left" in text), every
