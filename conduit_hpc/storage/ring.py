@@ -297,7 +297,7 @@ class ShardRing(IndexReads):
         v = self.views
         if v is None:
             raise RuntimeError("index_write_begin() needs direct access to the shard")
-        v.header[H_STATS_VERSION] += 1
+        v.header[H_STATS_VERSION] |= 1  # odd, also after a write an interrupt left open
         self.transport.sync()
 
     def index_write_end(self, held: int, total: float, min_mass: float,
@@ -310,8 +310,8 @@ class ShardRing(IndexReads):
         f = v.header.view(np.float64)
         f[H_TOTAL], f[H_MIN], f[H_MAXP] = total, min_mass, max_priority
         self.transport.sync()
-        v.header[H_STATS_VERSION] += 1
-        self.transport.sync()
+        v.header[H_STATS_VERSION] = (int(v.header[H_STATS_VERSION]) | 1) + 1  # even: not a
+        self.transport.sync()  # toggle, so an interrupted write never inverts the parity
 
     def publish_free(self, free: int) -> None:
         """Owner only: let writers write every seq below ``free`` (after the rows those

@@ -160,3 +160,81 @@ def test_a_second_interrupt_during_the_leave_still_stops_every_rank_by_name() ->
         assert t < 3 * timeout, every
         assert (text.startswith("KeyboardInterrupt") if rank == victim
                 else f"world rank {victim} left" in text), every
+
+
+class SyncInterrupted:
+    """A transport whose ``at``-th ``sync()`` raises ``KeyboardInterrupt`` after the
+    barrier (the signal handler runs at the next bytecode)."""
+
+    def __init__(self, inner, at: int) -> None:
+        self.inner, self.at, self.calls = inner, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def sync(self):
+        self.inner.sync()
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.mpi(min_size=3)
+def test_an_interrupt_that_leaves_the_index_seqlock_open_heals_at_the_next_write() -> None:
+    """A learner on the shard's node writes its priority updates into the shard's index
+    itself, inside the seqlock. Ctrl-C in ``index_write_end`` after the stats but before
+    the closing increment left the version odd; the job caught it and went on: the
+    next write's increment made it even *during* writes and odd after, so every reader
+    (the learner's own draws) retried until ``run.timeout_s`` - or took a torn read.
+    The seqlock's values are absolute now (open: odd, closed: the next even), so the
+    next write closes it and the job runs to its end with the priorities it set."""
+    cfg = make_config(spec={"obs": {"dtype": "float32", "shape": [4]}},
+                      run={"timeout_s": TIMEOUT_S},
+                      layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
+                      storage={"capacity_rows": 64}, transport=TRANSPORTS["shm"],
+                      scheduler={"mode": "sync", "batch_rows": 8, "min_fill_rows": 16})
+    rows = {"obs": np.zeros((8, 4), np.float32)}
+    seen, interrupted, versions = "nothing", 0, []
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            if edp.role is Role.ACTOR:
+                while not edp.should_stop:
+                    edp.ingest(rows)
+                edp.done()
+            elif edp.serves:
+                edp.serve()
+            else:
+                armed = {"at": 5}
+                for ring in edp.rings.values():
+                    if ring.views is None:
+                        continue
+                    end = ring.index_write_end
+
+                    def interrupted_end(*args, ring=ring, end=end):
+                        armed["at"] -= 1
+                        if armed["at"]:
+                            return end(*args)
+                        inner = ring.transport  # the 2nd sync: stats out, not closed
+                        ring.transport = SyncInterrupted(inner, 2)
+                        try:
+                            return end(*args)
+                        finally:
+                            ring.transport = inner
+                    ring.index_write_end = interrupted_end
+                for step in range(40):
+                    b = edp.next_batch()
+                    try:  # a hostile job: catches Ctrl-C and trains on
+                        edp.update_priorities(b.indices, np.full(len(b), 1.0 + step))
+                    except KeyboardInterrupt:
+                        interrupted += 1
+                from conduit_hpc.storage.layout import H_STATS_VERSION
+                versions = [int(r.views.header[H_STATS_VERSION]) % 2
+                            for r in edp.rings.values() if r.views is not None]
+                edp.done()
+        seen = "finished"
+    except Exception as err:  # a timeout (or anything else) is the finding
+        seen = f"{type(err).__name__}: {err}"
+    every = COMM.allgather((seen, interrupted, versions))
+    assert all(s == "finished" for s, _, _ in every), every
+    assert sum(i for _, i, _ in every) == 1, every  # the interrupt stayed one
+    assert all(v == 0 for _, _, vs in every for v in vs), every  # every seqlock closed
