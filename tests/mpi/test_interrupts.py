@@ -238,3 +238,53 @@ def test_an_interrupt_that_leaves_the_index_seqlock_open_heals_at_the_next_write
     assert all(s == "finished" for s, _, _ in every), every
     assert sum(i for _, i, _ in every) == 1, every  # the interrupt stayed one
     assert all(v == 0 for _, _, vs in every for v in vs), every  # every seqlock closed
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("call", ["summary", "save"])
+def test_an_interrupt_between_a_collectives_arrival_and_its_data_step_stops_every_rank(
+        call, monkeypatch, tmp_path_factory) -> None:
+    """The JSON collectives are bounded at their arrival (every rank has come) and then
+    moved the data with a plain ``Allgatherv``/``Bcast``/``Gatherv``. Ctrl-C on one rank
+    between the two (here: right after the sizes are gathered), caught outside the block,
+    left every other rank in the plain collective forever, checking nothing (seen with a
+    learner interrupted in ``save_checkpoint``). The data step is bounded too now: the
+    others raise :class:`RemoteFailure` naming the interrupted rank."""
+    from pathlib import Path
+
+    from conduit_hpc.transport import objects
+
+    root = COMM.bcast(str(tmp_path_factory.mktemp("ckpt")) if COMM.rank == 0 else None)
+    cfg = make_config(spec={"obs": {"dtype": "float32", "shape": [4]}},
+                      run={"timeout_s": 6.0},
+                      layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
+                      storage={"capacity_rows": 64}, checkpoint={"on_stop": False})
+    t0, seen, victim = time.monotonic(), "nothing", -1
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            victim = edp.roles.learner_ranks[0]
+            if edp.world_rank == victim:
+                gathered = objects.bounded_allgather
+
+                def interrupted(*args, **kwargs):
+                    gathered(*args, **kwargs)  # every rank arrived; once the others are in
+                    time.sleep(2.0)  # the data step (not still settling the arrival):
+                    raise KeyboardInterrupt
+                monkeypatch.setattr(objects, "bounded_allgather", interrupted)
+            if call == "summary":
+                edp.summary()
+            else:
+                from conduit_hpc.features.checkpointing import save_checkpoint
+
+                save_checkpoint(edp, Path(root))
+    except KeyboardInterrupt:
+        seen = "KeyboardInterrupt"
+    except RemoteFailure as err:
+        seen = f"RemoteFailure: {err}"
+    took = time.monotonic() - t0
+    victim = COMM.allreduce(victim, op=MPI.MAX)
+    every = COMM.allgather((seen, took))
+    for rank, (text, t) in enumerate(every):
+        assert t < 3 * 6.0, every
+        assert (text == "KeyboardInterrupt" if rank == victim
+                else f"world rank {victim} left" in text), every
