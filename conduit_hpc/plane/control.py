@@ -147,10 +147,18 @@ class ControlBlock:
         if (timeout and not self.local) or (
                 not timeout and isinstance(exc, TransportError | RemoteFailure)):
             return
-        with contextlib.suppress(ConduitError, OSError):  # the transport itself failed
-            if not self.read(C_FAILED_FIRST):  # the first to leave is the one to name
-                self.write(C_FAILED_FIRST, rank + 1)  # (others may leave because of it),
-            self.add(C_FAILED, 1)  # written before the count: a reader sees a name
+        interrupt: BaseException | None = None
+        for _ in range(3):  # a second Ctrl-C (a raising signal handler) during the mark
+            try:  # must not leave it unmade: no peer waiting on no deadline would end
+                with contextlib.suppress(ConduitError, OSError):  # the transport failed
+                    if not self.read(C_FAILED_FIRST):  # the first to leave is named
+                        self.write(C_FAILED_FIRST, rank + 1)  # (others leave on it),
+                    self.add(C_FAILED, 1)  # written before the count: a reader sees a name
+                break
+            except BaseException as err:  # made again, then raised
+                interrupt = interrupt or err
+        if interrupt is not None:
+            raise interrupt
 
     def failed(self) -> bool:
         """Whether a rank left the data plane on an exception. One atomic read."""

@@ -101,9 +101,8 @@ class ShardRing(IndexReads):
         self.on_wait: Callable[[], object] | None = None
         #: the frames this client wrote (frame-stack layout only; see storage/frames)
         self.frames: FrameWriter | None = None
-        #: seqs ``[a, b)`` a write of this client reserved and failed to commit (the
-        #: shard's commit cursor can never pass them: later writes are refused)
-        self.abandoned: tuple[int, int] | None = None
+        #: seqs a write reserved, left uncommitted (no commit passes: later writes refused)
+        self.abandoned: str | None = None
         #: run (best effort) with the error when a write fails after reserving its seqs:
         #: the data plane marks the job failed there, so every rank stops
         self.on_abandon: Callable[[BaseException], object] | None = None
@@ -141,9 +140,8 @@ class ShardRing(IndexReads):
             IngestAbandoned: an earlier write of this client failed after reserving.
         """
         if self.abandoned is not None:
-            a, b = self.abandoned
             raise IngestAbandoned(
-                f"an earlier write reserved seqs {a}..{b - 1} of the shard at rank "
+                f"an earlier write reserved {self.abandoned} of the shard at rank "
                 f"{self.owner} and failed before committing them; the shard's commit "
                 f"cursor cannot pass them, so the job stops (its first error says why)")
         n = self.layout.spec.rows_of(batch)
@@ -159,9 +157,12 @@ class ShardRing(IndexReads):
                             f"storage.capacity_rows")
         if n == 0:
             return self.reserve_cursor()
-        prio = (None if priorities is None
-                else np.ascontiguousarray(priorities, dtype=np.float64))
-        first = self.transport.fetch_add(self.owner, self.base + 8 * H_RESERVE, slots)
+        prio = None if priorities is None else np.ascontiguousarray(priorities, dtype=np.float64)
+        try:  # an interrupt may land after the add, inside the call: reserved, unknown
+            first = self.transport.fetch_add(self.owner, self.base + 8 * H_RESERVE, slots)
+        except BaseException as err:
+            self._abandon(None, slots, err)
+            raise
         try:
             self._wait_lap(first + slots)
             cols: Mapping[str, np.ndarray] = batch
@@ -175,12 +176,12 @@ class ShardRing(IndexReads):
         self.rows_written, self.slots_written = self.rows_written + n, self.slots_written + slots
         return first
 
-    def _abandon(self, first: int, slots: int, err: BaseException) -> None:
-        """A write failed after reserving seqs ``first..first + slots - 1``."""
-        self.abandoned = (first, first + slots)
-        err.add_note(f"seqs {first}..{first + slots - 1} of the shard at rank {self.owner} "
-                     f"were reserved by this write and left uncommitted: no later row of "
-                     f"the shard can become visible, so the job stops")
+    def _abandon(self, first: int | None, slots: int, err: BaseException) -> None:
+        """A write failed after reserving ``first`` (``None``: inside the add) on."""
+        self.abandoned = (f"seqs {first}..{first + slots - 1}" if first is not None else
+                          f"(maybe: interrupted inside the atomic add) {slots} seqs")
+        err.add_note(f"{self.abandoned} of the shard at rank {self.owner} were reserved by this "
+                     f"write, left uncommitted: no later row can become visible; the job stops")
         if self.on_abandon is not None:
             with contextlib.suppress(Exception):  # best effort: the transport may be gone
                 self.on_abandon(err)
@@ -296,7 +297,7 @@ class ShardRing(IndexReads):
         v = self.views
         if v is None:
             raise RuntimeError("index_write_begin() needs direct access to the shard")
-        v.header[H_STATS_VERSION] += 1
+        v.header[H_STATS_VERSION] |= 1  # odd, also after a write an interrupt left open
         self.transport.sync()
 
     def index_write_end(self, held: int, total: float, min_mass: float,
@@ -309,8 +310,8 @@ class ShardRing(IndexReads):
         f = v.header.view(np.float64)
         f[H_TOTAL], f[H_MIN], f[H_MAXP] = total, min_mass, max_priority
         self.transport.sync()
-        v.header[H_STATS_VERSION] += 1
-        self.transport.sync()
+        v.header[H_STATS_VERSION] = (int(v.header[H_STATS_VERSION]) | 1) + 1  # even: not a
+        self.transport.sync()  # toggle, so an interrupted write never inverts the parity
 
     def publish_free(self, free: int) -> None:
         """Owner only: let writers write every seq below ``free`` (after the rows those

@@ -81,28 +81,53 @@ def _from_bytes(buf: np.ndarray) -> Any:
     return json.loads(bytes(buf).decode())
 
 
-def bcast_json(comm: MPI.Intracomm, obj: Any, root: int) -> Any:
-    """Broadcast a JSON-able object from ``root``. **Collective** on ``comm``; blocks."""
+_Bound = tuple[float, str, "Callable[[], object] | None"]
+
+
+def _wait(req: MPI.Request, buffers: tuple[np.ndarray, ...], bound: _Bound | None) -> None:
+    """Wait for a collective's data step; bounded (``(timeout_s, what, between)``) after
+    a bounded arrival: a rank interrupted between the two (Ctrl-C, caught) left the others
+    in a plain collective forever, checking nothing. Given up on, the request and its
+    buffers are kept alive (:data:`_ABANDONED`: MPI may still write them)."""
+    if bound is None:
+        req.Wait()
+        return
+    timeout_s, what, between = bound
+    try:
+        wait_until(req.Test, timeout_s=timeout_s, what=f"every rank to pass {what}",
+                   error=CollectiveFailed, between=between, detail=_DID_NOT_ARRIVE)
+    except BaseException:
+        _ABANDONED.append((req, *buffers))
+        raise
+
+
+def bcast_json(comm: MPI.Intracomm, obj: Any, root: int, bound: _Bound | None = None) -> Any:
+    """Broadcast a JSON-able object from ``root``. **Collective** on ``comm``; blocks
+    (bounded by ``bound``: ``(timeout_s, what, between)``, as :func:`_wait`)."""
     n = np.zeros(1, dtype=np.int64)
     data = _to_bytes(obj) if comm.Get_rank() == root else np.zeros(0, np.uint8)
     n[0] = len(data)
-    comm.Bcast(n, root=root)
+    _wait(comm.Ibcast(n, root=root), (n,), bound)
     buf = data.copy() if comm.Get_rank() == root else np.empty(int(n[0]), np.uint8)
-    comm.Bcast(buf, root=root)
+    _wait(comm.Ibcast(buf, root=root), (buf,), bound)
     return _from_bytes(buf)
 
 
-def gather_json(comm: MPI.Intracomm, obj: Any, root: int) -> list[Any] | None:
-    """Gather one JSON-able object per rank at ``root`` (None elsewhere). **Collective**."""
+def gather_json(comm: MPI.Intracomm, obj: Any, root: int, bound: _Bound | None = None
+                ) -> list[Any] | None:
+    """Gather one JSON-able object per rank at ``root`` (None elsewhere). **Collective**
+    (bounded by ``bound``, as :func:`bcast_json`)."""
     data = _to_bytes(obj)
     sizes = np.zeros(comm.Get_size(), dtype=np.int64) if comm.Get_rank() == root else None
-    comm.Gather(np.array([len(data)], dtype=np.int64), sizes, root=root)
+    size = np.array([len(data)], dtype=np.int64)
+    _wait(comm.Igather(size, sizes, root=root), (size,) if sizes is None else (size, sizes),
+          bound)
     if comm.Get_rank() != root:
-        comm.Gatherv(data, None, root=root)
+        _wait(comm.Igatherv(data, None, root=root), (data,), bound)
         return None
     assert sizes is not None
     buf = np.empty(int(sizes.sum()), np.uint8)
-    comm.Gatherv(data, [buf, sizes, MPI.BYTE], root=root)
+    _wait(comm.Igatherv(data, [buf, sizes, MPI.BYTE], root=root), (data, buf, sizes), bound)
     offs = np.concatenate([[0], np.cumsum(sizes)])
     return [_from_bytes(buf[offs[i]:offs[i + 1]]) for i in range(len(sizes))]
 
@@ -111,17 +136,18 @@ def allgather_json(comm: MPI.Intracomm, obj: Any, timeout_s: float | None = None
                    what: str = "", between: Callable[[], object] | None = None
                    ) -> list[Any]:
     """One JSON-able object per rank, on every rank (rank order). **Collective**; with
-    ``timeout_s``, bounded as :func:`bounded_allgather` (every rank has arrived once
-    the sizes are gathered)."""
+    ``timeout_s``, bounded as :func:`bounded_allgather`, the data step too."""
     data = _to_bytes(obj)
     sizes = np.zeros(comm.Get_size(), dtype=np.int64)
     size = np.array([len(data)], dtype=np.int64)
+    bound: _Bound | None = None
     if timeout_s is None:
         comm.Allgather(size, sizes)
     else:
         bounded_allgather(comm, size, sizes, timeout_s, what, between)
+        bound = (timeout_s, what, between)
     buf = np.empty(int(sizes.sum()), np.uint8)
-    comm.Allgatherv(data, [buf, sizes, MPI.BYTE])
+    _wait(comm.Iallgatherv(data, [buf, sizes, MPI.BYTE]), (data, buf, sizes), bound)
     offs = np.concatenate([[0], np.cumsum(sizes)])
     return [_from_bytes(buf[offs[i]:offs[i + 1]]) for i in range(len(sizes))]
 
@@ -199,7 +225,7 @@ def bounded_bcast_json(comm: MPI.Intracomm, obj: Any, root: int, timeout_s: floa
     rank reaches it within ``timeout_s`` (a rank hangs or died in the work before it: a
     plain ``Bcast`` would wait for it forever). **Collective**."""
     bounded_barrier(comm, timeout_s, what, between)
-    return bcast_json(comm, obj, root)
+    return bcast_json(comm, obj, root, (timeout_s, what, between))
 
 
 def bounded_gather_json(comm: MPI.Intracomm, obj: Any, root: int, timeout_s: float,
@@ -207,7 +233,7 @@ def bounded_gather_json(comm: MPI.Intracomm, obj: Any, root: int, timeout_s: flo
                         ) -> list[Any] | None:
     """:func:`gather_json`, bounded as :func:`bounded_bcast_json`. **Collective**."""
     bounded_barrier(comm, timeout_s, what, between)
-    return gather_json(comm, obj, root)
+    return gather_json(comm, obj, root, (timeout_s, what, between))
 
 
 def bounded_allgather(comm: MPI.Intracomm, send: np.ndarray, recv: np.ndarray,

@@ -1,0 +1,290 @@
+"""An interrupt (Ctrl-C, a job's signal handler that raises, an asynchronous exception)
+at an arbitrary point inside a library call on one rank, caught by the job.
+
+The hostile sweep of stop 40 ran real jobs under ``mpirun`` with ``signal.setitimer``
+raising ``KeyboardInterrupt`` after a random delay in a learner, a buffer or an actor
+(``edp`` and ``sync`` modes, shared memory on and off): the interrupted rank's exception
+stayed a ``KeyboardInterrupt`` and every other rank stopped with :class:`RemoteFailure`
+naming it. The one window that was not covered is inside the reservation itself: an
+interrupt raised inside the transport's ``fetch_add`` after the atomic add (the handler
+runs at the next bytecode of the call, e.g. before ``Flush`` returns) left seqs reserved
+that the writer never learnt of. A job that caught the interrupt and ingested on then
+wrote behind a gap that the shard's commit cursor can never pass: none of its later
+rows (nor any other writer's) became visible and every rank waited out
+``run.timeout_s``. Now an interrupted reservation counts as one that may have happened:
+the writer marks the job failed and every rank raises :class:`RemoteFailure` naming it at
+once; what the shard holds is still whole.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from conduit_hpc import ExperienceDataPlane, IngestAbandoned, RemoteFailure, Role
+from conduit_hpc.testing import checked_batch, make_config, row_consistent
+
+COMM = MPI.COMM_WORLD
+TRANSPORTS = {"shm": {"shared_memory": "auto"}, "rma": {"shared_memory": "never"}}
+TIMEOUT_S = 30.0  # far longer than a run: an error only by deadline is a failure here
+
+
+class InterruptedInReserve:
+    """A transport whose ``at``-th ``fetch_add`` is interrupted after the add is done
+    (a ``KeyboardInterrupt`` raised at the next bytecode of the call)."""
+
+    def __init__(self, inner, at: int) -> None:
+        self.inner, self.at, self.calls = inner, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def fetch_add(self, target_rank, displacement, value):
+        old = self.inner.fetch_add(target_rank, displacement, value)
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return old
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_an_interrupt_inside_the_reservation_stops_every_rank_by_name(transport: str) -> None:
+    learners = 1 if COMM.size >= 4 else 0
+    cfg = make_config(run={"timeout_s": TIMEOUT_S},
+                      layout={"learners": learners, "buffers": 1,
+                              "actors": COMM.size - 1 - learners},
+                      storage={"capacity_rows": 16}, transport=TRANSPORTS[transport],
+                      scheduler={"mode": "sync", "batch_rows": 4, "min_fill_rows": 4})
+    error: BaseException | None = None
+    interrupted, later = 0, []
+    receipts: list[tuple[int, int, int, int]] = []
+    held: dict[int, tuple] = {}
+    victim = -1
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            victim = edp.roles.actor_ranks[0]
+            me = edp.world_rank
+            if edp.role is Role.ACTOR:
+                if me == victim:
+                    for ring in edp.rings.values():
+                        ring.transport = InterruptedInReserve(ring.transport, at=4)
+                w = 0
+                while not edp.should_stop:
+                    try:  # a hostile job: catches Ctrl-C and ingests on
+                        r = edp.ingest(checked_batch(me, w, 3))
+                        receipts.append((r.shard_id, r.first_seq, w, 3))
+                    except KeyboardInterrupt:
+                        interrupted += 1
+                    except (IngestAbandoned, RemoteFailure) as err:
+                        later.append(type(err).__name__)
+                        break
+                    w += 3
+                edp.done()
+            elif edp.role is Role.LEARNER:
+                for _ in range(10_000):
+                    b = edp.next_batch()
+                    edp.update_priorities(b.indices, np.ones(len(b)))
+                edp.done()
+            else:
+                try:
+                    edp.serve()
+                finally:
+                    for s in edp.owned_shards():
+                        seqs, cols, _ = s.ring.read_committed()
+                        held[s.shard_id] = (seqs, cols)
+    except RemoteFailure as err:
+        error = err
+    except Exception as err:  # a timeout (or anything else) is the finding
+        error = err
+    victim = COMM.allreduce(victim, op=MPI.MAX)
+    errors = COMM.allgather((type(error).__name__, str(error)))
+    assert all(name == "RemoteFailure" for name, _ in errors), errors  # not by deadline
+    assert all(f"world rank {victim} " in text for _, text in errors), errors
+    if COMM.rank == victim:
+        assert interrupted == 1, interrupted  # the interrupt stayed a KeyboardInterrupt
+        assert not later or later[0] in ("IngestAbandoned", "RemoteFailure"), later
+    every = COMM.allgather((COMM.rank, receipts))
+    wrote = {(sid, first + k): (rank, w + k) for rank, rs in every
+             for sid, first, w, n in rs for k in range(n)}
+    for sid, (seqs, cols) in held.items():
+        assert row_consistent(cols).all()
+        got = list(zip(cols["writer"].tolist(), cols["wseq"].tolist(), strict=True))
+        assert got == [wrote[(sid, int(q))] for q in seqs]
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_second_interrupt_during_the_leave_still_stops_every_rank_by_name() -> None:
+    """Ctrl-C, then Ctrl-C again while ``__exit__`` marks the rank as left (here: in the
+    control block's write of its name). The mark was never made: the job caught the
+    interrupt outside the block and ended normally, and the other actors (lapping their
+    ring) and the buffer in ``serve()`` - none waits on a deadline - ran forever."""
+    timeout = 6.0
+    cfg = make_config(spec={"obs": {"dtype": "float32", "shape": [4]}},
+                      run={"timeout_s": timeout},
+                      layout={"learners": 0, "buffers": 1, "actors": COMM.size - 1},
+                      storage={"capacity_rows": 64})
+    rows = {"obs": np.zeros((8, 4), np.float32)}
+    t0, seen, victim = time.monotonic(), "nothing", -1
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            victim = edp.roles.actor_ranks[0]
+            if edp.role is Role.ACTOR:
+                n = 0
+                if edp.world_rank == victim:
+                    write = edp.control.write
+
+                    def interrupted(*args):  # the second Ctrl-C, once
+                        edp.control.write = write
+                        raise KeyboardInterrupt("second")
+                    edp.control.write = interrupted
+                while not edp.should_stop:
+                    edp.ingest(rows)
+                    n += 1
+                    if edp.world_rank == victim and n == 10:
+                        raise KeyboardInterrupt("first")
+                edp.done()
+            else:
+                edp.serve()
+    except KeyboardInterrupt as err:
+        seen = f"KeyboardInterrupt: {err}"
+    except RemoteFailure as err:
+        seen = f"RemoteFailure: {err}"
+    took = time.monotonic() - t0
+    victim = COMM.allreduce(victim, op=MPI.MAX)
+    every = COMM.allgather((seen, took))
+    for rank, (text, t) in enumerate(every):
+        assert t < 3 * timeout, every
+        assert (text.startswith("KeyboardInterrupt") if rank == victim
+                else f"world rank {victim} left" in text), every
+
+
+class SyncInterrupted:
+    """A transport whose ``at``-th ``sync()`` raises ``KeyboardInterrupt`` after the
+    barrier (the signal handler runs at the next bytecode)."""
+
+    def __init__(self, inner, at: int) -> None:
+        self.inner, self.at, self.calls = inner, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def sync(self):
+        self.inner.sync()
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.mpi(min_size=3)
+def test_an_interrupt_that_leaves_the_index_seqlock_open_heals_at_the_next_write() -> None:
+    """A learner on the shard's node writes its priority updates into the shard's index
+    itself, inside the seqlock. Ctrl-C in ``index_write_end`` after the stats but before
+    the closing increment left the version odd; the job caught it and went on: the
+    next write's increment made it even *during* writes and odd after, so every reader
+    (the learner's own draws) retried until ``run.timeout_s`` - or took a torn read.
+    The seqlock's values are absolute now (open: odd, closed: the next even), so the
+    next write closes it and the job runs to its end with the priorities it set."""
+    cfg = make_config(spec={"obs": {"dtype": "float32", "shape": [4]}},
+                      run={"timeout_s": TIMEOUT_S},
+                      layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
+                      storage={"capacity_rows": 64}, transport=TRANSPORTS["shm"],
+                      scheduler={"mode": "sync", "batch_rows": 8, "min_fill_rows": 16})
+    rows = {"obs": np.zeros((8, 4), np.float32)}
+    seen, interrupted, versions = "nothing", 0, []
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            if edp.role is Role.ACTOR:
+                while not edp.should_stop:
+                    edp.ingest(rows)
+                edp.done()
+            elif edp.serves:
+                edp.serve()
+            else:
+                armed = {"at": 5}
+                for ring in edp.rings.values():
+                    if ring.views is None:
+                        continue
+                    end = ring.index_write_end
+
+                    def interrupted_end(*args, ring=ring, end=end):
+                        armed["at"] -= 1
+                        if armed["at"]:
+                            return end(*args)
+                        inner = ring.transport  # the 2nd sync: stats out, not closed
+                        ring.transport = SyncInterrupted(inner, 2)
+                        try:
+                            return end(*args)
+                        finally:
+                            ring.transport = inner
+                    ring.index_write_end = interrupted_end
+                for step in range(40):
+                    b = edp.next_batch()
+                    try:  # a hostile job: catches Ctrl-C and trains on
+                        edp.update_priorities(b.indices, np.full(len(b), 1.0 + step))
+                    except KeyboardInterrupt:
+                        interrupted += 1
+                from conduit_hpc.storage.layout import H_STATS_VERSION
+                versions = [int(r.views.header[H_STATS_VERSION]) % 2
+                            for r in edp.rings.values() if r.views is not None]
+                edp.done()
+        seen = "finished"
+    except Exception as err:  # a timeout (or anything else) is the finding
+        seen = f"{type(err).__name__}: {err}"
+    every = COMM.allgather((seen, interrupted, versions))
+    assert all(s == "finished" for s, _, _ in every), every
+    assert sum(i for _, i, _ in every) == 1, every  # the interrupt stayed one
+    assert all(v == 0 for _, _, vs in every for v in vs), every  # every seqlock closed
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("call", ["summary", "save"])
+def test_an_interrupt_between_a_collectives_arrival_and_its_data_step_stops_every_rank(
+        call, monkeypatch, tmp_path_factory) -> None:
+    """The JSON collectives are bounded at their arrival (every rank has come) and then
+    moved the data with a plain ``Allgatherv``/``Bcast``/``Gatherv``. Ctrl-C on one rank
+    between the two (here: right after the sizes are gathered), caught outside the block,
+    left every other rank in the plain collective forever, checking nothing (seen with a
+    learner interrupted in ``save_checkpoint``). The data step is bounded too now: the
+    others raise :class:`RemoteFailure` naming the interrupted rank."""
+    from pathlib import Path
+
+    from conduit_hpc.transport import objects
+
+    root = COMM.bcast(str(tmp_path_factory.mktemp("ckpt")) if COMM.rank == 0 else None)
+    cfg = make_config(spec={"obs": {"dtype": "float32", "shape": [4]}},
+                      run={"timeout_s": 6.0},
+                      layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
+                      storage={"capacity_rows": 64}, checkpoint={"on_stop": False})
+    t0, seen, victim = time.monotonic(), "nothing", -1
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            victim = edp.roles.learner_ranks[0]
+            if edp.world_rank == victim:
+                gathered = objects.bounded_allgather
+
+                def interrupted(*args, **kwargs):
+                    gathered(*args, **kwargs)  # every rank arrived; once the others are in
+                    time.sleep(2.0)  # the data step (not still settling the arrival):
+                    raise KeyboardInterrupt
+                monkeypatch.setattr(objects, "bounded_allgather", interrupted)
+            if call == "summary":
+                edp.summary()
+            else:
+                from conduit_hpc.features.checkpointing import save_checkpoint
+
+                save_checkpoint(edp, Path(root))
+    except KeyboardInterrupt:
+        seen = "KeyboardInterrupt"
+    except RemoteFailure as err:
+        seen = f"RemoteFailure: {err}"
+    took = time.monotonic() - t0
+    victim = COMM.allreduce(victim, op=MPI.MAX)
+    every = COMM.allgather((seen, took))
+    for rank, (text, t) in enumerate(every):
+        assert t < 3 * 6.0, every
+        assert (text == "KeyboardInterrupt" if rank == victim
+                else f"world rank {victim} left" in text), every
