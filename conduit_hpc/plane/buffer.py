@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc.errors import TransportError
+from conduit_hpc.plane.control import C_ACTORS_DONE
 from conduit_hpc.plane.extensions import BufferExtension
 from conduit_hpc.plane.shard import OwnedShard
 from conduit_hpc.protocol import PriorityUpdate, SampleReply, SampleRequest, Tag, pack_rows
@@ -44,11 +45,13 @@ def make_server(edp: Any, on_done: Callable[[int], None] | None) -> BufferServer
     owned = edp.memory.owned_shards(cfg, roles, edp.placement, sampler)
     peers = tuple(r for r in range(roles.world_size) if r not in roles.buffer_ranks)
     acks = edp.memory.block.acks(edp.window.own_segment())
+    writers = len(roles.writer_ranks)
     return BufferServer(owned, edp.channel, peers, on_done=on_done,
                         poll_interval_s=cfg.transport.poll_interval_s,
                         seed=cfg.run.seed + me, window=sampler.window, acks=acks,
                         sync=edp.window.sync, learners=roles.sampler_ranks,
-                        failed=lambda: edp.control.raise_if_failed(me))
+                        failed=lambda: edp.control.raise_if_failed(me),
+                        writers_done=lambda: edp.control.read(C_ACTORS_DONE) >= writers)
 
 
 class BufferServer:
@@ -75,6 +78,9 @@ class BufferServer:
             is done, no shard holds writers back (``block`` ingest policy).
         failed (Callable[[], None] | None): raises when a peer left on an exception
             (called when a pass found nothing to do).
+        writers_done (Callable[[], bool] | None): whether every writer of the job has
+            said it is done (asked only when a sample request finds nothing drawable
+            while a guard band hides rows: the band is then given back at once).
 
     Fairness: each pass commits at most ``OwnedShard.max_commit_rows`` rows per shard,
     then answers every message that has arrived (deferred service requests first), so a
@@ -88,7 +94,8 @@ class BufferServer:
                  acks: np.ndarray | None = None,
                  sync: Callable[[], None] | None = None,
                  learners: tuple[int, ...] = (),
-                 failed: Callable[[], None] | None = None) -> None:
+                 failed: Callable[[], None] | None = None,
+                 writers_done: Callable[[], bool] | None = None) -> None:
         self.shards = shards
         self.by_id = {s.shard_id: s for s in shards}
         self.channel = channel
@@ -97,6 +104,7 @@ class BufferServer:
         self.on_done = on_done
         self.window = window
         self.acks, self.sync, self.failed = acks, sync, failed
+        self.writers_done = writers_done
         self.learners_left = set(learners)
         self.rng = np.random.default_rng(seed)
         self._handlers: dict[int, Callable[[Message], None]] = {
@@ -152,11 +160,27 @@ class BufferServer:
         # by now, and the reply's stats must count them (a learner's fence relies on it)
         shard.poll()
         rep = shard.sample(req.targets)
+        if not rep.total > 0 and self._writers_gone(shard):
+            # nothing drawable, writers gone: the band's rows come back now, not after
+            # idle_s (a learner's fence after the last writer decides that nothing will
+            # ever be drawable: it must not count them out)
+            shard.poll()
+            rep = shard.sample(req.targets)
         shard.mark(rep.slots, rep.gens, self.window)
         rep = SampleReply(req.request_id, rep.shard_id, rep.slots, rep.gens, rep.mass,
                           rep.held, rep.total, rep.min_mass)
         self.samples_served += len(req.targets)
         self.channel.isend(msg.source, Tag.SAMPLE_REPLY, rep.pack())
+
+    def _writers_gone(self, shard: OwnedShard) -> bool:
+        """Whether every writer is done, so that ``shard`` (a guard band hiding rows
+        beyond its reserve cursor) may give its band back at once; marks every shard."""
+        if shard.writers_gone or self.writers_done is None or not shard.band_held():
+            return False
+        if self.writers_done():
+            for s in self.shards:
+                s.writers_gone = True
+        return shard.writers_gone
 
     def _on_service(self, msg: Message) -> None:
         self._learner_msg = True

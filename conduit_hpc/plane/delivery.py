@@ -222,9 +222,11 @@ class Deliverer:
                     self.fence()
                     fenced = True
                     continue
+                why = (f": no window of {self.window} rows within one stream's episode "
+                       f"has priority > 0" if self.window > 1 and held else "")
                 raise DataPlaneClosed(
                     f"every actor finished with {held} rows held (total priority mass "
-                    f"{mass:g}); sampling needs scheduler.min_fill_rows = "
+                    f"{mass:g}{why}); sampling needs scheduler.min_fill_rows = "
                     f"{lim.min_size_to_sample} rows with mass > 0")
             if deadline is None or backoff is None:
                 deadline = Deadline(self.timeout_s, f"the rate limiter to let this learner "

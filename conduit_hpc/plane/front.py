@@ -382,11 +382,12 @@ class ExperienceDataPlane:
     # -- serve (buffers) -----------------------------------------------------------
     def serve(self) -> None:
         """Run the buffer progress loop until every non-buffer rank is done (a delivery
-        rank: deliver until its learner stops). Blocks (bounded: see ``plane.buffer``)."""
+        rank: deliver until its learner stops, then :meth:`done`). Blocks (bounded)."""
         self._require(None if self.delivery else Role.BUFFER, "serve()", after_done=True)
-        server = self.delivery or self.server  # after close(): refused, as on a buffer
-        assert server is not None
-        server.serve()
+        if self.delivery is None:  # after close(): refused above, on either role
+            assert self.server is not None
+            self.server.serve()
+        self.done()  # a delivery rank's serves (once); a no-op on a buffer
 
     def owned_shards(self) -> list[OwnedShard]:
         """Shards this rank owns (empty unless a buffer); not after :meth:`close`."""

@@ -113,6 +113,8 @@ class OwnedShard:
     #: give the guard band back to sampling once writers are idle this long
     idle_s: float = 0.02
     restore_idle: bool = True
+    #: every writer of the job is done: the band is given back without waiting idle_s
+    writers_gone: bool = False
     revocations: int = 0  # times idle writers' free cursor was taken back
     unhidden_rows: int = 0  # guard-band rows made drawable again (writers went idle)
     guard_row_s: float = 0.0  # row-seconds rows spent hidden ahead of the writers
@@ -233,6 +235,12 @@ class OwnedShard:
             return False
         return now - self._reserved_at >= self.idle_s
 
+    def band_held(self) -> bool:
+        """Whether a guard band hides rows that no writer has reserved (and idle
+        writers would be given back)."""
+        return self.restore_idle and self.hidden_upto > max(self.ring.reserve_cursor(),
+                                                            self.ring.capacity)
+
     def _revoke(self, published: int, reserved: int) -> bool:
         """Writers are idle: take the free cursor back to the reserve cursor, so that
         the guard band's rows (hidden, not yet written) can be drawn again. Safe against
@@ -272,7 +280,8 @@ class OwnedShard:
         # check relies on it) - unless idle writers give it back (_revoke)
         published = int(v.header[H_FREE])
         hide_from = self.hidden_upto
-        idle = (self._idle(reserved, now) or writers_done) and self.restore_idle
+        idle = (self._idle(reserved, now) or writers_done or self.writers_gone
+                ) and self.restore_idle
         if not self.guarded:  # the plain one-lap rule
             hide_to, free = max(hide_from, min(limit, reserved)), limit
         else:

@@ -326,3 +326,26 @@ def test_split_roles_gives_what_the_layout_rule_says(layout) -> None:
             assert roles.learner_of(d) == lo
     finally:
         roles.close()
+
+
+@pytest.mark.mpi(min_size=4)
+def test_a_job_written_for_buffers_ends_with_a_delivery_rank_that_only_serves() -> None:
+    """``edp.serves`` promises that a job dispatching ``elif edp.serves: edp.serve()``
+    runs unchanged with a delivery rank. A buffer needs no ``done()`` after ``serve()``;
+    a delivery rank did: its serve() returned when its learner stopped, but the buffers
+    were never told, so a ``summary()`` right after it waited out ``run.timeout_s`` on
+    every rank and failed ("world rank 2 had not arrived": the buffer, still serving -
+    the stress sweep, 3 of 3 runs). Now serve() on a delivery rank ends with its done."""
+    cfg = config(run={"timeout_s": 5.0})
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            actor_ingest(edp)
+            edp.done()
+        elif edp.role is Role.LEARNER:
+            for _ in range(5):
+                edp.next_batch()
+            edp.done()
+        elif edp.serves:
+            edp.serve()  # and nothing else, as on a buffer
+        summary = edp.summary()
+    assert summary["learners"][0]["supersteps"] == 5
