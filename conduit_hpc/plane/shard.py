@@ -280,8 +280,9 @@ class OwnedShard:
         # check relies on it) - unless idle writers give it back (_revoke)
         published = int(v.header[H_FREE])
         hide_from = self.hidden_upto
-        idle = (self._idle(reserved, now) or writers_done or self.writers_gone
-                ) and self.restore_idle
+        if writers_done:  # for good: a later pass must not hide the band again
+            self.writers_gone = True
+        idle = (self._idle(reserved, now) or self.writers_gone) and self.restore_idle
         if not self.guarded:  # the plain one-lap rule
             hide_to, free = max(hide_from, min(limit, reserved)), limit
         else:
