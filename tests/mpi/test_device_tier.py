@@ -107,6 +107,21 @@ def _wait_actors_done(edp) -> None:
                what="the actors to finish")
 
 
+def _wait_bands_given_back(edp) -> None:
+    """Until every host shard's owner has given its guard band back (it does once the
+    writers have been idle ``idle_s``): rows that became drawable in the middle of the
+    counted draws were drawn less than their mass says (make test failed the chi-square
+    once, p = 4e-5, at 3 ranks). Device mirrors keep their band (not waited for)."""
+    d = edp.learner.mode.d
+
+    def given_back() -> bool:
+        return all(ring.read_stats()[0] >= min(ring.commit_cursor(), ring.capacity)
+                   for sid, ring in d.rings.items() if sid not in d.device_shards)
+
+    wait_until(lambda: edp.learner.run_on_thread(given_back, "reading the shards' stats"),
+               timeout_s=60, what="the owners to give their guard bands back")
+
+
 @pytest.mark.mpi(min_size=3)
 def test_the_device_mirrors_its_ring_exactly_once_under_concurrent_writers(shared_dir):
     # the rate limiter keeps the actors within 64 rows of what the learner draws, so the
@@ -174,6 +189,7 @@ def test_sampling_across_tiers_is_exact(shared_dir, mode):
             for _ in range(30):  # give drawn rows varied priorities
                 b = edp.next_batch()
                 edp.update_priorities(b.indices, rng.uniform(0.2, 4.0, len(b)))
+            _wait_bands_given_back(edp)  # every row held is drawable before the count
             edp.learner.run_on_thread(d.fence, "a fence")
             counts: dict[tuple[int, int, int], int] = {}
             for _ in range(600):
