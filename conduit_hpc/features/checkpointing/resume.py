@@ -348,7 +348,6 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
                          transitions=_transitions(ckpt))
 
 
-
 def _same_draws(edp: FeatureHost, ckpt: ck.Checkpoint) -> bool:
     """Whether stored random states come back: in a world of the same size with the same
     ``run.seed`` (a run forked from a checkpoint with another seed draws anew: before,
