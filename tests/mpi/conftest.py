@@ -89,3 +89,95 @@ def play(edp: Any, learner: Callable[[Any], object]) -> None:
     else:
         learner(edp)
     edp.done()
+
+
+def hostile_writer_run(shared_memory: str, timeout_s: float, wrap: Callable[[Any], Any],
+                       caught: type[BaseException]) -> dict[str, Any]:
+    """The job of the abandoned-write tests (test_abandoned_write, test_interrupts): the
+    first actor ingests through ``wrap(ring.transport)``, catching ``caught`` and
+    ingesting on, as a hostile job would; the other actors ingest, a learner (4 ranks and
+    more) draws, the buffer serves and keeps what it holds. Returns, on every rank: the
+    error this rank ended with (None: none), the first actor's world rank (``victim``),
+    how often it caught ``caught``, what its later ingests raised (``later``), and every
+    rank's receipts (``wrote``: (shard, seq) -> (writer, wseq)) with what the buffer held
+    (``held``: shard -> (seqs, columns))."""
+    from conduit_hpc import ExperienceDataPlane, IngestAbandoned, RemoteFailure, Role
+    from conduit_hpc.testing import checked_batch, make_config
+
+    comm = MPI.COMM_WORLD
+    learners = 1 if comm.size >= 4 else 0
+    cfg = make_config(run={"timeout_s": timeout_s},
+                      layout={"learners": learners, "buffers": 1,
+                              "actors": comm.size - 1 - learners},
+                      storage={"capacity_rows": 16},
+                      transport={"shared_memory": shared_memory},
+                      scheduler={"mode": "sync", "batch_rows": 4, "min_fill_rows": 4})
+    error: BaseException | None = None
+    times, later = 0, []
+    receipts: list[tuple[int, int, int, int]] = []
+    held: dict[int, tuple] = {}
+    victim = -1
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            victim = edp.roles.actor_ranks[0]
+            me = edp.world_rank
+            if edp.role is Role.ACTOR:
+                if me == victim:
+                    for ring in edp.rings.values():
+                        ring.transport = wrap(ring.transport)
+                w = 0
+                while not edp.should_stop:
+                    try:  # a hostile job: catches the failure and ingests on
+                        r = edp.ingest(checked_batch(me, w, 3))
+                        receipts.append((r.shard_id, r.first_seq, w, 3))
+                    except caught:
+                        times += 1
+                    except (IngestAbandoned, RemoteFailure) as err:
+                        later.append(type(err).__name__)
+                        break
+                    w += 3
+                edp.done()
+            elif edp.role is Role.LEARNER:
+                for _ in range(10_000):
+                    b = edp.next_batch()
+                    edp.update_priorities(b.indices, np.ones(len(b)))
+                edp.done()
+            else:
+                try:
+                    edp.serve()
+                finally:  # the other actors may still be writing: only rows intact
+                    for s in edp.owned_shards():  # after the copy (the ring's rule) count
+                        seqs, _, _ = s.ring.read_committed()
+                        cols, cursor = s.ring.gather(seqs % s.ring.capacity)
+                        ok = s.ring.intact(seqs + 1, cursor)
+                        held[s.shard_id] = (seqs[ok], {k: v[ok] for k, v in cols.items()})
+    except Exception as err:  # RemoteFailure expected; a timeout (or other) is a finding
+        error = err
+    every = comm.allgather(receipts)
+    wrote = {(sid, first + k): (rank, w + k) for rank, rs in enumerate(every)
+             for sid, first, w, n in rs for k in range(n)}
+    return {"error": error, "victim": comm.allreduce(victim, op=MPI.MAX), "caught": times,
+            "later": later, "wrote": wrote, "held": held}
+
+
+def assert_held_as_written(run: dict[str, Any]) -> None:
+    """What the buffer holds (:func:`hostile_writer_run`) is whole and is the row its
+    writer wrote at that seq (writes past a gap may overwrite rows committed before it:
+    they had those slots, as in any lap)."""
+    from conduit_hpc.testing import row_consistent
+
+    assert not run["held"] or any(len(q) for q, _ in run["held"].values()), run["held"]
+    for sid, (seqs, cols) in run["held"].items():
+        assert row_consistent(cols).all()
+        got = list(zip(cols["writer"].tolist(), cols["wseq"].tolist(), strict=True))
+        assert got == [run["wrote"][(sid, int(q))] for q in seqs]
+
+
+def assert_stopped_by(victim: int, seen: str, victim_saw: str) -> None:
+    """Every rank's ending (``seen``, gathered here) names ``victim``: the victim's
+    starts with ``victim_saw``; every other rank's is its RemoteFailure naming the
+    victim (not a deadline's error)."""
+    every = MPI.COMM_WORLD.allgather(seen)
+    for rank, text in enumerate(every):
+        assert (text.startswith(victim_saw) if rank == victim
+                else f"world rank {victim} left" in text), every

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
+from conftest import assert_held_as_written, hostile_writer_run
 from mpi4py import MPI
 
-from conduit_hpc import ExperienceDataPlane, IngestAbandoned, RemoteFailure, Role
+from conduit_hpc import ExperienceDataPlane, RemoteFailure, Role
 from conduit_hpc.errors import CollectiveFailed, DataPlaneTimeout
-from conduit_hpc.testing import checked_batch, make_config, row_consistent
+from conduit_hpc.testing import checked_batch, make_config
 
 COMM = MPI.COMM_WORLD
 TRANSPORTS = {"shm": {"shared_memory": "auto"}, "rma": {"shared_memory": "never"}}
@@ -63,69 +63,16 @@ class FailsAfterReserve:
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 def test_failed_write_after_reserve_stops_every_rank_by_name(transport: str) -> None:
-    learners = 1 if COMM.size >= 4 else 0
-    cfg = make_config(run={"timeout_s": TIMEOUT_S},
-                      layout={"learners": learners, "buffers": 1,
-                              "actors": COMM.size - 1 - learners},
-                      storage={"capacity_rows": 16}, transport=TRANSPORTS[transport],
-                      scheduler={"mode": "sync", "batch_rows": 4, "min_fill_rows": 4})
-    error: BaseException | None = None
-    later: list[str] = []
-    receipts: list[tuple[int, int, int, int]] = []
-    held: dict[int, tuple] = {}
-    failing = -1
-    try:
-        with ExperienceDataPlane(cfg) as edp:
-            failing = edp.roles.actor_ranks[0]
-            me = edp.world_rank
-            if edp.role is Role.ACTOR:
-                if me == failing:
-                    for ring in edp.rings.values():
-                        ring.transport = FailsAfterReserve(ring.transport, at=5)
-                        ring.views = None  # every write through the transport
-                w = 0
-                while not edp.should_stop:
-                    try:  # a hostile job: catches the failure and ingests on
-                        r = edp.ingest(checked_batch(me, w, 3))
-                        receipts.append((r.shard_id, r.first_seq, w, 3))
-                    except Injected:
-                        pass
-                    except (IngestAbandoned, RemoteFailure) as err:
-                        later.append(type(err).__name__)
-                        break
-                    w += 3
-                edp.done()
-            elif edp.role is Role.LEARNER:
-                for _ in range(10_000):
-                    b = edp.next_batch()
-                    edp.update_priorities(b.indices, np.ones(len(b)))
-                edp.done()
-            else:
-                try:
-                    edp.serve()
-                finally:
-                    for s in edp.owned_shards():
-                        seqs, cols, _ = s.ring.read_committed()
-                        held[s.shard_id] = (seqs, cols)
-    except RemoteFailure as err:
-        error = err
-    failing = COMM.allreduce(failing, op=MPI.MAX)
+    run = hostile_writer_run(TRANSPORTS[transport]["shared_memory"], TIMEOUT_S,
+                             lambda t: FailsAfterReserve(t, at=5), Injected)
+    error, failing, later = run["error"], run["victim"], run["later"]
     errors = COMM.allgather((type(error).__name__, str(error)))
     assert all(name == "RemoteFailure" for name, _ in errors), errors  # not by deadline
     assert all(f"world rank {failing} " in text for _, text in errors), errors
     if COMM.rank == failing:
         assert not later or later[0] in ("IngestAbandoned", "RemoteFailure"), later
     assert not isinstance(error, CollectiveFailed)
-    # what the shard holds is whole and is the row its writer wrote at that seq (the
-    # others' writes past the gap may have overwritten rows committed before it: they
-    # had those slots, as in any lap)
-    every = COMM.allgather((COMM.rank, receipts))
-    wrote = {(sid, first + k): (rank, w + k) for rank, rs in every
-             for sid, first, w, n in rs for k in range(n)}
-    for sid, (seqs, cols) in held.items():
-        assert row_consistent(cols).all()
-        got = list(zip(cols["writer"].tolist(), cols["wseq"].tolist(), strict=True))
-        assert got == [wrote[(sid, int(q))] for q in seqs]
+    assert_held_as_written(run)
 
 
 class StallsAfterReserve(FailsAfterReserve):

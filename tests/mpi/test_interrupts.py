@@ -22,10 +22,11 @@ import time
 
 import numpy as np
 import pytest
+from conftest import assert_held_as_written, assert_stopped_by, hostile_writer_run
 from mpi4py import MPI
 
-from conduit_hpc import ExperienceDataPlane, IngestAbandoned, RemoteFailure, Role
-from conduit_hpc.testing import checked_batch, make_config, row_consistent
+from conduit_hpc import ExperienceDataPlane, RemoteFailure, Role
+from conduit_hpc.testing import make_config
 
 COMM = MPI.COMM_WORLD
 TRANSPORTS = {"shm": {"shared_memory": "auto"}, "rma": {"shared_memory": "never"}}
@@ -53,67 +54,16 @@ class InterruptedInReserve:
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 def test_an_interrupt_inside_the_reservation_stops_every_rank_by_name(transport: str) -> None:
-    learners = 1 if COMM.size >= 4 else 0
-    cfg = make_config(run={"timeout_s": TIMEOUT_S},
-                      layout={"learners": learners, "buffers": 1,
-                              "actors": COMM.size - 1 - learners},
-                      storage={"capacity_rows": 16}, transport=TRANSPORTS[transport],
-                      scheduler={"mode": "sync", "batch_rows": 4, "min_fill_rows": 4})
-    error: BaseException | None = None
-    interrupted, later = 0, []
-    receipts: list[tuple[int, int, int, int]] = []
-    held: dict[int, tuple] = {}
-    victim = -1
-    try:
-        with ExperienceDataPlane(cfg) as edp:
-            victim = edp.roles.actor_ranks[0]
-            me = edp.world_rank
-            if edp.role is Role.ACTOR:
-                if me == victim:
-                    for ring in edp.rings.values():
-                        ring.transport = InterruptedInReserve(ring.transport, at=4)
-                w = 0
-                while not edp.should_stop:
-                    try:  # a hostile job: catches Ctrl-C and ingests on
-                        r = edp.ingest(checked_batch(me, w, 3))
-                        receipts.append((r.shard_id, r.first_seq, w, 3))
-                    except KeyboardInterrupt:
-                        interrupted += 1
-                    except (IngestAbandoned, RemoteFailure) as err:
-                        later.append(type(err).__name__)
-                        break
-                    w += 3
-                edp.done()
-            elif edp.role is Role.LEARNER:
-                for _ in range(10_000):
-                    b = edp.next_batch()
-                    edp.update_priorities(b.indices, np.ones(len(b)))
-                edp.done()
-            else:
-                try:
-                    edp.serve()
-                finally:
-                    for s in edp.owned_shards():
-                        seqs, cols, _ = s.ring.read_committed()
-                        held[s.shard_id] = (seqs, cols)
-    except RemoteFailure as err:
-        error = err
-    except Exception as err:  # a timeout (or anything else) is the finding
-        error = err
-    victim = COMM.allreduce(victim, op=MPI.MAX)
+    run = hostile_writer_run(TRANSPORTS[transport]["shared_memory"], TIMEOUT_S,
+                             lambda t: InterruptedInReserve(t, at=4), KeyboardInterrupt)
+    error, victim, later = run["error"], run["victim"], run["later"]
     errors = COMM.allgather((type(error).__name__, str(error)))
     assert all(name == "RemoteFailure" for name, _ in errors), errors  # not by deadline
     assert all(f"world rank {victim} " in text for _, text in errors), errors
     if COMM.rank == victim:
-        assert interrupted == 1, interrupted  # the interrupt stayed a KeyboardInterrupt
+        assert run["caught"] == 1, run["caught"]  # the interrupt stayed a KeyboardInterrupt
         assert not later or later[0] in ("IngestAbandoned", "RemoteFailure"), later
-    every = COMM.allgather((COMM.rank, receipts))
-    wrote = {(sid, first + k): (rank, w + k) for rank, rs in every
-             for sid, first, w, n in rs for k in range(n)}
-    for sid, (seqs, cols) in held.items():
-        assert row_consistent(cols).all()
-        got = list(zip(cols["writer"].tolist(), cols["wseq"].tolist(), strict=True))
-        assert got == [wrote[(sid, int(q))] for q in seqs]
+    assert_held_as_written(run)
 
 
 @pytest.mark.mpi(min_size=3)
@@ -128,7 +78,7 @@ def test_a_second_interrupt_during_the_leave_still_stops_every_rank_by_name() ->
                       layout={"learners": 0, "buffers": 1, "actors": COMM.size - 1},
                       storage={"capacity_rows": 64})
     rows = {"obs": np.zeros((8, 4), np.float32)}
-    t0, seen, victim = time.monotonic(), "nothing", -1
+    seen, victim = "nothing", -1
     try:
         with ExperienceDataPlane(cfg) as edp:
             victim = edp.roles.actor_ranks[0]
@@ -153,13 +103,7 @@ def test_a_second_interrupt_during_the_leave_still_stops_every_rank_by_name() ->
         seen = f"KeyboardInterrupt: {err}"
     except RemoteFailure as err:
         seen = f"RemoteFailure: {err}"
-    took = time.monotonic() - t0
-    victim = COMM.allreduce(victim, op=MPI.MAX)
-    every = COMM.allgather((seen, took))
-    for rank, (text, t) in enumerate(every):
-        assert t < 3 * timeout, every
-        assert (text.startswith("KeyboardInterrupt") if rank == victim
-                else f"world rank {victim} left" in text), every
+    assert_stopped_by(COMM.allreduce(victim, op=MPI.MAX), seen, "KeyboardInterrupt")
 
 
 class SyncInterrupted:
@@ -259,7 +203,7 @@ def test_an_interrupt_between_a_collectives_arrival_and_its_data_step_stops_ever
                       run={"timeout_s": 6.0},
                       layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
                       storage={"capacity_rows": 64}, checkpoint={"on_stop": False})
-    t0, seen, victim = time.monotonic(), "nothing", -1
+    seen, victim = "nothing", -1
     try:
         with ExperienceDataPlane(cfg) as edp:
             victim = edp.roles.learner_ranks[0]
@@ -281,10 +225,4 @@ def test_an_interrupt_between_a_collectives_arrival_and_its_data_step_stops_ever
         seen = "KeyboardInterrupt"
     except RemoteFailure as err:
         seen = f"RemoteFailure: {err}"
-    took = time.monotonic() - t0
-    victim = COMM.allreduce(victim, op=MPI.MAX)
-    every = COMM.allgather((seen, took))
-    for rank, (text, t) in enumerate(every):
-        assert t < 3 * 6.0, every
-        assert (text == "KeyboardInterrupt" if rank == victim
-                else f"world rank {victim} left" in text), every
+    assert_stopped_by(COMM.allreduce(victim, op=MPI.MAX), seen, "KeyboardInterrupt")
