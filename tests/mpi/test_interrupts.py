@@ -172,8 +172,19 @@ def test_an_interrupt_that_leaves_the_index_seqlock_open_heals_at_the_next_write
                     except KeyboardInterrupt:
                         interrupted += 1
                 from conduit_hpc.storage.layout import H_STATS_VERSION
-                versions = [int(r.views.header[H_STATS_VERSION]) % 2
-                            for r in edp.rings.values() if r.views is not None]
+                from conduit_hpc.storage.shared_index import lock_index, unlock_index
+                for r in edp.rings.values():
+                    if r.views is None:
+                        continue
+                    # Read under the index lock: the owner commits the actors' rows
+                    # inside the seqlock, so an unlocked read can land in one of its
+                    # writes (odd for a moment; seen at 6 ranks). Under the lock, only a
+                    # write an interrupt left open shows odd.
+                    lock_index(r, COMM.rank)
+                    try:
+                        versions.append(int(r.views.header[H_STATS_VERSION]) % 2)
+                    finally:
+                        unlock_index(r, COMM.rank)
                 edp.done()
         seen = "finished"
     except Exception as err:  # a timeout (or anything else) is the finding
