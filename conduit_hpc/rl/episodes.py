@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import time
+import warnings
 from collections import deque
 from pathlib import Path
 from typing import TextIO
@@ -86,7 +87,12 @@ class EpisodeLog:
             p = Path(path)
             p.parent.mkdir(parents=True, exist_ok=True)
             new = not p.exists() or p.stat().st_size == 0
+            # a run that died mid-row left a last line without its newline: this run's
+            # first row would be glued onto it (one malformed row, both lost)
+            torn = not new and _ends_torn(p)
             self._fh = open(p, "a", newline="")  # noqa: SIM115 - closed in close()
+            if torn:
+                self._fh.write("\r\n")
             columns = EPISODE_COLUMNS + (EXTRA_COLUMNS if self.epsilons is not None else ())
             self._writer = csv.DictWriter(self._fh, fieldnames=columns)
             if new:
@@ -157,6 +163,49 @@ class EpisodeLog:
             self._writer = None
 
 
+def _ends_torn(path: Path) -> bool:
+    """Whether ``path``'s last byte is not a newline (a write cut short)."""
+    with open(path, "rb") as f:
+        f.seek(-1, 2)
+        return f.read(1) not in (b"\n", b"\r")
+
+
+def _read_part(path: Path, header: list[str]) -> tuple[list[dict[str, str]], list[str]]:
+    """The well-formed rows of one actor's episode file (extends ``header`` with its
+    columns), and why each other row was left out (file and line named)."""
+    rows: list[dict[str, str]] = []
+    skipped: list[str] = []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        names = list(reader.fieldnames or ())
+        if not names:  # empty: an actor that died before its header was written
+            return [], []
+        missing = [c for c in EPISODE_COLUMNS if c not in names]
+        if missing:
+            return [], [f"{path}: no column {', '.join(missing)} in its header {names}"]
+        for name in names:
+            if name not in header:
+                header.append(name)
+        for row in reader:
+            line = reader.line_num
+            why = ""
+            if None in row or any(v is None for v in row.values()):
+                why = f"{len(names)} fields expected"
+            else:
+                try:
+                    t, steps = float(row["time_s"]), int(row["env_steps"])
+                    float(row["episode_return"])
+                    if not np.isfinite(t) or steps < 0:
+                        why = "time_s not finite or env_steps < 0"
+                except ValueError as err:
+                    why = str(err)
+            if why:
+                skipped.append(f"{path}:{line}: {why} (a row cut short by a crash?)")
+            else:
+                rows.append(row)
+    return rows, skipped
+
+
 def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
                         out_name: str = "episodes.csv") -> int:
     """Merge the actors' per-rank episode files into one ``episodes.csv``, by time.
@@ -167,6 +216,11 @@ def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
     ``actor_env_steps``. Not collective; call on one rank after the actors closed
     their files.
 
+    Rows that are not well formed (a last row a crash cut short, a row of another
+    file's columns, numbers that do not parse) are left out with a ``RuntimeWarning``
+    naming the file and line of each, rather than failing the job's end or entering
+    the merged file with a wrong count.
+
     Returns:
         int: episodes written (0 when there is no per-rank file; nothing is written).
     """
@@ -176,13 +230,14 @@ def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
         return 0
     rows: list[dict[str, str]] = []
     header: list[str] = list(EPISODE_COLUMNS)
+    skipped: list[str] = []
     for p in parts:
-        with open(p, newline="") as f:
-            reader = csv.DictReader(f)
-            for name in reader.fieldnames or ():
-                if name not in header:
-                    header.append(name)
-            rows.extend(reader)
+        good, bad = _read_part(p, header)
+        rows.extend(good)
+        skipped.extend(bad)
+    if skipped:  # a crash mid-row (or an edited file): left out, said, not fatal
+        warnings.warn(f"merge_episode_files: {len(skipped)} malformed episode row(s) left "
+                      f"out: {'; '.join(skipped[:5])}", RuntimeWarning, stacklevel=2)
     rows.sort(key=lambda r: float(r["time_s"]))
     latest: dict[str, int] = {}
     for row in rows:
