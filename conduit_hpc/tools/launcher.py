@@ -42,7 +42,7 @@ from conduit_hpc.errors import ConduitError, ConfigError, WorldTooSmall
 from conduit_hpc.job import ERROR_PREFIX
 from conduit_hpc.tools.cli_support import local_ranks_problem
 from conduit_hpc.tools.diagnose import failed_start, first_error, never_started, rank_death
-from conduit_hpc.tools.rundir import check_checkpoint_root, lock_run_dir, unwritable
+from conduit_hpc.tools.rundir import check_checkpoint_root, ended, lock_run_dir, unwritable
 from conduit_hpc.tools.supervise import (
     Follower,
     Forwarder,
@@ -439,31 +439,31 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
                         follower.pump()
                         # one message: the rank's error, and why the launcher ended the job
                         first = first_error(run_dir) or f"{ERROR_PREFIX}: a rank reported an error"
-                        print(f"{first}; the job did not end within {ABORT_GRACE_S:.0f} s of it "
-                              f"and was stopped (a rank that cannot be told to abort: a node or "
-                              f"link that stopped answering?)", file=sys.stderr)
-                        return 1, run_dir
+                        return ended(run_dir, 1, (
+                            f"{first}; the job did not end within {ABORT_GRACE_S:.0f} s of it "
+                            f"and was stopped (a rank that cannot be told to abort: a node or "
+                            f"link that stopped answering?)"))
                     if time.monotonic() > deadline:
                         stop_group(proc)
                         follower.pump()
-                        print(f"{ERROR_PREFIX}: job ran past its {budget:.0f} s budget and was "
-                              f"stopped; logs in {logs}", file=sys.stderr)
-                        return 124, run_dir
+                        return ended(run_dir, 124, (
+                            f"{ERROR_PREFIX}: job ran past its {budget:.0f} s budget and was "
+                            f"stopped; logs in {logs}"))
             follower.pump()
             follower.finish()
         missing = [r for r in range(n) if not (logs / f"rank.{r}").is_dir()]
         if rc == 0 and missing:
-            print(never_started(which, missing, n, entry, logs), file=sys.stderr)
-            return 1, run_dir
+            return ended(run_dir, 1, never_started(which, missing, n, entry, logs))
         if rc != 0:
             # a rank's own report first (under srun, the ranks that srun kills after one
             # failed are reported as killed too); else the rank the launcher saw die
             from conduit_hpc.tools.diagnose import disk_full_note
 
-            print((first_error(run_dir) or rank_death(run_dir, cfg)
-                   or (failed_start(which, rc, logs) if len(missing) == n else "")
-                   or f"{ERROR_PREFIX}: job exited with status {rc}; logs in {logs}")
-                  + disk_full_note(run_dir), file=sys.stderr)
-        return rc, run_dir
+            return ended(run_dir, rc, (
+                first_error(run_dir) or rank_death(run_dir, cfg)
+                or (failed_start(which, rc, logs) if len(missing) == n else "")
+                or f"{ERROR_PREFIX}: job exited with status {rc}; logs in {logs}")
+                + disk_full_note(run_dir))
+        return ended(run_dir, rc)
     finally:
         lock.close()  # the run directory is free again

@@ -4,9 +4,12 @@ starts. Local; no MPI."""
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import fcntl
+import json
 import os
 import socket
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -14,7 +17,25 @@ from typing import IO
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConduitError, ConfigError
 
-__all__ = ["RunLock", "check_checkpoint_root", "lock_run_dir", "unwritable"]
+__all__ = ["EXIT_FILE", "RunLock", "check_checkpoint_root", "ended", "lock_run_dir",
+           "unwritable"]
+
+#: what the launcher records of how the job ended, in the run directory (read by
+#: ``conduit-hpc report``): ``{"exit_status": int, "ok": bool, "why": str, "ended": str}``
+EXIT_FILE = "exit.json"
+
+
+def ended(run_dir: Path, rc: int, why: str = "") -> tuple[int, Path]:
+    """The job ended with status ``rc``: print ``why`` (a failure's reason) to stderr and
+    record both in ``RUN_DIR/exit.json`` (best effort: a full disk loses this record,
+    not the job's). Returns ``(rc, run_dir)``, what :func:`launch` returns."""
+    if why:
+        print(why, file=sys.stderr)
+    doc = {"exit_status": int(rc), "ok": rc == 0, "why": why,
+           "ended": _dt.datetime.now().astimezone().isoformat(timespec="seconds")}
+    with contextlib.suppress(OSError):
+        (run_dir / EXIT_FILE).write_text(json.dumps(doc, indent=1) + "\n")
+    return rc, run_dir
 
 
 def check_checkpoint_root(cfg: Config, run_dir: Path, resume: str) -> None:
@@ -70,7 +91,7 @@ def lock_run_dir(run_dir: Path, runs_root: str | Path, cfg: Config | None = None
     (``ROOT/.lock``): two runs writing one root would take each other's checkpoint
     numbers, delete each other's checkpoints being written, and prune each other's
     complete ones. Released when the launcher returns or dies (a requeued SLURM attempt
-    takes them).
+    takes them). An earlier run's ``exit.json`` is removed (this run records its own).
 
     Raises:
         ConduitError: a lock is held by another run (naming the directory and holder).
@@ -78,6 +99,8 @@ def lock_run_dir(run_dir: Path, runs_root: str | Path, cfg: Config | None = None
     """
     lock = _hold(run_dir, lambda err: unwritable(run_dir, runs_root, err),
                  f"run directory {str(run_dir)!r}", "another --run-dir")
+    with contextlib.suppress(OSError):  # how an earlier run in this directory ended
+        (run_dir / EXIT_FILE).unlink(missing_ok=True)
     ck = None if cfg is None else cfg.checkpoint
     if cfg is None or ck is None or not (ck.on_stop or ck.every_supersteps or ck.every_seconds):
         return RunLock([lock])  # (a resume without checkpoints of its own only reads)

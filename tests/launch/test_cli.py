@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -13,6 +14,18 @@ from conduit_hpc.testing import REPO
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _assert_ended(run_dir, rc: int, why: str) -> None:
+    """The launcher recorded how the job ended (``exit.json``) and ``report`` says it:
+    a failed run's directory held nothing that said it failed."""
+    from conduit_hpc.tools.report.run import write_report
+
+    doc = json.loads((run_dir / "exit.json").read_text())
+    assert doc["exit_status"] == rc and doc["ok"] == (rc == 0) and why in doc["why"], doc
+    md = write_report([run_dir], run_dir / "report").read_text()
+    assert ("| ok |" if rc == 0 else f"| failed (exit {rc}) |") in md, md
+    assert (f"the job failed (exit {rc}): " in md) == (rc != 0), md
 
 
 def test_synthetic_job_runs_and_reports_ingest(tmp_path) -> None:
@@ -30,6 +43,7 @@ def test_synthetic_job_runs_and_reports_ingest(tmp_path) -> None:
     assert len(counts) == 4 and all(c > 0 for c in counts)
     run_dir = next(tmp_path.iterdir())
     assert (run_dir / "config.toml").exists() and (run_dir / "logs").is_dir()
+    _assert_ended(run_dir, 0, "")
     # progress under mpirun: plain lines of the lead learner, whole, with the budget
     progress = [ln for ln in out.stdout.splitlines() if "[progress " in ln]
     assert progress and all(ln.startswith("[progress ") for ln in progress), out.stdout
@@ -165,6 +179,8 @@ def test_ranks_that_never_started_are_a_failure_even_when_the_launcher_says_0(
     assert str(run_dir / "logs" / "launcher.log") in err
     assert "last lines of launcher.log:" in err and "| noop: leaving early" in err, err
     assert len([ln for ln in err.splitlines() if ln.startswith("conduit-hpc: error")]) == 1
+    doc = json.loads((run_dir / "exit.json").read_text())
+    assert doc["exit_status"] == 1 and "never started" in doc["why"], doc
 
 
 def test_a_script_without_job_main_is_named_as_the_cause_not_the_filesystem(
@@ -278,6 +294,7 @@ def test_a_killed_rank_is_named_with_its_role_host_signal_and_log(tmp_path) -> N
     assert "killed by signal 9 (SIGKILL)" in errors[0], errors[0]
     assert "rank.1" in errors[0] and "launcher.log" in errors[0]
     assert "Traceback" not in out.stderr
+    _assert_ended(next(tmp_path.iterdir()), out.returncode, "killed by signal 9 (SIGKILL)")
 
 
 @pytest.mark.slow  # ~15 s each: `make launch-slow` (.ci/run), not `make test`

@@ -409,3 +409,39 @@ def test_report_latencies_are_summary_jsons_after_the_warm_up(tmp_path) -> None:
         want["exposed_total_s"] / (want["iteration_mean_s"] * want["measured"]))
     # every wait is still counted
     assert stats["learner_limiter_wait_s"] == pytest.approx(0.29 + 29 * 0.0005)
+
+
+@pytest.mark.parametrize(("content", "ended", "problem"), [
+    ('{"exit_status": 0, "ok": true, "why": ""}', "ok", None),
+    ('{"exit_status": 124, "ok": false, "why": "job ran past its 60 s budget"}',
+     "failed (exit 124)", "the job failed (exit 124): job ran past its 60 s budget"),
+    ('{"exit_status": 1, "ok": false}', "failed (exit 1)", "no reason recorded"),
+    ('{"exit_status": "1"}', "", "exit.json: unreadable"),
+    ('{"exit_status": true}', "", "exit.json: unreadable"),
+    ('{"exit_status": 1, "why": ["a"]}', "", "exit.json: unreadable"),
+    ("[1]", "", "exit.json: unreadable"),
+    ("{", "", "exit.json: unreadable"),
+    (None, "not recorded", "still running, or its launcher was killed"),
+])
+def test_report_says_how_the_job_ended(tmp_path, content, ended, problem) -> None:
+    """The launcher records the job's exit status in ``exit.json``; a failed run's
+    directory held nothing that said it failed, and its report read as a short
+    success. A record in another form is a problem of the report, not its end."""
+    run = make_run(tmp_path, "sync")
+    (run / "command.txt").write_text("mpirun -n 3 ...\n")
+    if content is not None:
+        (run / "exit.json").write_text(content)
+    data = load_run(run)
+    assert data.ended == ended
+    assert run_stats(data).get("ended", "") == ended
+    md = write_report([run]).read_text()
+    if problem is None:
+        assert not data.problems and "| ok |" in md
+    else:
+        assert any(problem in p for p in data.problems), data.problems
+        assert problem in md
+
+
+def test_a_run_directory_not_made_by_the_launcher_has_no_end_to_report(tmp_path) -> None:
+    data = load_run(make_run(tmp_path, "sync"))  # no command.txt: a job started by hand
+    assert data.ended == "" and "ended" not in run_stats(data) and not data.problems

@@ -66,6 +66,7 @@ def _fmt(v: Any) -> str:
 
 STAT_ROWS = (
     ("mode", "mode"),
+    ("ended", "how the job ended (the launcher's exit.json)"),
     ("learners", "learner ranks (metrics pooled over all)"),
     ("supersteps", "supersteps (the most of any learner)"),
     ("iteration_mean_ms", "iteration latency, mean (ms)"),

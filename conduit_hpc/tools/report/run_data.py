@@ -87,6 +87,8 @@ class RunData:
         actors (dict[int, Table]): actor metrics by world rank.
         episodes (Table | None): finished episodes.
         summary (dict[str, Any]): ``summary.json``.
+        ended (str): how the job ended, from the launcher's ``exit.json`` (``"ok"``,
+            ``"failed (exit N)"``; ``""`` when the directory has no launcher record).
         problems (list[str]): files that could not be read, and why.
         metrics (Path | None): the directory the metrics files are in.
         target_return (float): the return the job aims at (``dqn.target_return`` of
@@ -104,6 +106,7 @@ class RunData:
     actors: dict[int, Table] = field(default_factory=dict)
     episodes: Table | None = None
     summary: dict[str, Any] = field(default_factory=dict)
+    ended: str = ""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -171,6 +174,7 @@ def load_run(path: str | Path) -> RunData:
                 run.problems.append("summary.json: not a JSON object")
         except (OSError, ValueError, ConduitError) as err:
             run.problems.append(f"summary.json: unreadable ({err})")
+    _read_exit(run)
     run.mode = _mode_of(run, config)
     dqn = config.get("dqn", {}) if isinstance(config.get("dqn"), dict) else {}
     goal = dqn.get("target_return", run.summary.get("target_return"))
@@ -180,6 +184,34 @@ def load_run(path: str | Path) -> RunData:
     if isinstance(window, int) and not isinstance(window, bool) and window >= 1:
         run.window = window
     return run
+
+
+def _read_exit(run: RunData) -> None:
+    """How the job ended, from the launcher's record (``conduit-hpc run`` writes
+    ``exit.json`` when the job ends; a directory it made has ``command.txt``). A failed
+    run's reason goes to :attr:`RunData.problems`."""
+    from conduit_hpc.tools.rundir import EXIT_FILE
+
+    f = run.path / EXIT_FILE
+    if not f.exists():
+        if (run.path / "command.txt").exists():
+            run.ended = "not recorded"
+            run.problems.append(f"{EXIT_FILE}: none, so how the job ended is not known: it "
+                                f"is still running, or its launcher was killed")
+        return
+    try:
+        doc = json.loads(read_metrics_text(f))
+        rc, why = doc["exit_status"], doc.get("why", "")
+        if not isinstance(rc, int) or isinstance(rc, bool) or not isinstance(why, str):
+            raise ValueError(f"exit_status {rc!r} (expected an integer), why {why!r}")
+    except (OSError, ValueError, KeyError, TypeError, ConduitError) as err:
+        run.problems.append(f"{EXIT_FILE}: unreadable ({type(err).__name__}: "
+                            f"{' '.join(str(err).split())[:200]})")
+        return
+    run.ended = "ok" if rc == 0 else f"failed (exit {rc})"
+    if rc != 0:
+        run.problems.append(f"the job failed (exit {rc}): "
+                            f"{' '.join(why.split())[:500] or 'no reason recorded'}")
 
 
 def _mode_of(run: RunData, config: dict[str, Any]) -> str:
@@ -318,6 +350,8 @@ def learners_split(run: RunData) -> dict[str, float] | None:
 def run_stats(run: RunData) -> dict[str, Any]:
     """Headline numbers of one run (missing inputs leave their keys out)."""
     s: dict[str, Any] = {"mode": run.mode}
+    if run.ended:
+        s["ended"] = run.ended
     lt = learner_table(run)
     if lt is not None:
         s["learners"] = len(run.learners)  # every learner's CSV is pooled below
