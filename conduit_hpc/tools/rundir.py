@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import fcntl
-import json
 import os
 import socket
 import sys
@@ -14,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from conduit_hpc import jsontext
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConduitError, ConfigError
 
@@ -34,7 +34,7 @@ def ended(run_dir: Path, rc: int, why: str = "") -> tuple[int, Path]:
     doc = {"exit_status": int(rc), "ok": rc == 0, "why": why,
            "ended": _dt.datetime.now().astimezone().isoformat(timespec="seconds")}
     with contextlib.suppress(OSError):
-        (run_dir / EXIT_FILE).write_text(json.dumps(doc, indent=1) + "\n")
+        (run_dir / EXIT_FILE).write_text(jsontext.dumps(doc, indent=1) + "\n")
     return rc, run_dir
 
 

@@ -144,3 +144,24 @@ def test_a_layout_whose_learners_ingest_needs_no_actor_rank() -> None:
     plain = Config.from_dict({"spec": {"x": {"dtype": "float32"}},
                               "layout": {"learners": 1, "buffers": 1}})
     assert plain.layout.fixed_ranks == 3 and ranks_problem(plain, 2) is not None
+
+
+def test_the_configs_bytes_beside_a_row_are_the_placements_bounds() -> None:
+    """The config checks a shard's bytes before the placement package is imported (the
+    config may not import it): its per-row bytes beside the payload are the same
+    bounds, the most (the ring's blocks and a tree over up to twice the rows) for the
+    size check and the least (a tree over a power of two) for the memory check. 96
+    was neither."""
+    from conduit_hpc.config.root import (
+        STAMP_AND_INDEX_BYTES_PER_ROW,
+        STAMP_AND_INDEX_MIN_BYTES_PER_ROW,
+    )
+    from conduit_hpc.placement.workload import INDEX_BYTES_PER_ROW, STAMP_BYTES_PER_ROW
+    from conduit_hpc.storage.priority import PriorityIndex
+
+    assert STAMP_AND_INDEX_BYTES_PER_ROW == STAMP_BYTES_PER_ROW + INDEX_BYTES_PER_ROW
+    assert STAMP_AND_INDEX_MIN_BYTES_PER_ROW == STAMP_BYTES_PER_ROW + INDEX_BYTES_PER_ROW // 2
+    for rows in (1024, 1025):  # a power of two, and just above one
+        ix = PriorityIndex(rows, alpha=0.6)
+        tree = sum(t._tree.nbytes for t in (ix.sum, ix.min)) / rows
+        assert INDEX_BYTES_PER_ROW // 2 <= tree <= INDEX_BYTES_PER_ROW, (rows, tree)

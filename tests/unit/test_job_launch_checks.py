@@ -43,8 +43,8 @@ def load(job: str, *sets: str) -> Config:
      "synthetic.batch_rows must be <= scheduler.max_insert_batch = 1024"),
     # the ranks refused it at start, on every rank (exit 3), after mpirun had started
     ("synthetic", ["storage.capacity_rows=100000000000"],
-     "storage.capacity_rows = 100000000000 needs 1.24e+04 GB on each buffer rank "
-     "(100,000,000,000 rows of 124 bytes: its share over 1 buffer rank(s))"),
+     "storage.capacity_rows = 100000000000 needs 1.08e+04 GB on each buffer rank "
+     "(100,000,000,000 rows of 108 bytes: its share over 1 buffer rank(s))"),
     ("synthetic", [f"synthetic.matmul_size={HUGE}"],
      f"synthetic.matmul_size = {HUGE} needs 1.2e+06 GB on the learner"),
     ("dqn_cartpole", ["dqn.num_envs=7"],
@@ -147,12 +147,12 @@ def test_slurm_renders_no_script_whose_job_its_world_refuses(
 
 
 def test_a_frame_stack_replay_is_counted_at_the_bytes_it_stores() -> None:
-    """apex_atari stores one 84 x 84 frame a row (7,176 bytes with the rest), not its two
+    """apex_atari stores one 84 x 84 frame a row (7,160 bytes with the rest), not its two
     stacks of four (56 kB): a million rows fit a 32 GB node, ten million do not."""
     world = LaunchWorld(5, learners=1, buffers=1, actors=3, memory_bytes=32 * GB)
     load("apex_atari", "storage.capacity_rows=1000000").check_launch(world)
-    with pytest.raises(ConfigError, match=r"storage\.capacity_rows = 10000000 needs 71\.8 GB "
-                                          r"on each buffer rank \(10,000,000 rows of 7176 "
+    with pytest.raises(ConfigError, match=r"storage\.capacity_rows = 10000000 needs 71\.6 GB "
+                                          r"on each buffer rank \(10,000,000 rows of 7160 "
                                           r"bytes"):
         load("apex_atari", "storage.capacity_rows=10000000").check_launch(world)
     # over more buffer ranks each holds its share
