@@ -26,6 +26,7 @@ from conduit_hpc.plane.delivery import Asked, Deliverer, Part, ShardEmptied
 from conduit_hpc.plane.staging import Batch
 from conduit_hpc.protocol import SampleReply, Tag, unpack_rows
 from conduit_hpc.sampling import ShardStats
+from conduit_hpc.scheduler.limiter import no_window_why
 from conduit_hpc.wait import Deadline
 
 __all__ = ["FETCHES", "DirectFetch", "Fetch", "OwnerFetch", "PendingBatch"]
@@ -166,7 +167,8 @@ def _again(d: Deliverer, rows: int, deadline: Deadline | None, err: ShardEmptied
     d.unadmit(rows)  # not sampled after all
     deadline = deadline or Deadline(d.timeout_s, "a batch whose shards kept losing all "
                                                  "their mass")
-    deadline.check(f"shard {err.args[0]} had nothing left to draw")
+    deadline.check(f"shard {err.args[0]} had nothing left to draw"
+                   + (f" ({no_window_why(d.window)})" if d.window > 1 else ""))
     time.sleep(d.poll_s)  # the owners publish their statistics meanwhile
     return deadline
 

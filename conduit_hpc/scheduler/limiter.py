@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LimiterState", "RateLimiter"]
+__all__ = ["LimiterState", "RateLimiter", "no_window_why"]
+
+
+def no_window_why(window: int) -> str:
+    """Why a sampler of ``window``-row items (the sequence sampler) finds nothing to
+    draw in a shard that holds rows: the words of a learner's timeout."""
+    return (f"no window of {window} rows of one stream's episode is drawable: rows about "
+            f"to be overwritten are hidden while writers write, so a window near the "
+            f"shard's size may never be")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +106,7 @@ class RateLimiter:
         """What a learner waiting to sample waits for, in words (its timeout): the state,
         the priority mass it could draw from and, with rows held but no mass, why (a
         window of ``window`` rows per item: the sequence sampler)."""
-        why = (f"no window of {window} rows of one stream's episode is drawable: rows "
-               f"about to be overwritten are hidden while writers write, so a window near "
-               f"the shard's size may never be" if window > 1 else
+        why = (no_window_why(window) if window > 1 else
                "every row held has priority 0: none can be drawn")
         return f"{self.explain(s)}; total priority mass {mass:g}" + (
             f" ({why})" if held and not mass else "")
