@@ -23,6 +23,7 @@ one bounded pass. Plain numpy; no MPI import (the compare-and-swap is the transp
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -40,9 +41,24 @@ def lock_index(ring: ShardRing, rank: int) -> None:
     processor while another rank holds it; bounded by ``ring.timeout_s``). Node-local
     writers only: the owner, and ranks that map the shard.
 
+    An exception (Ctrl-C) raised here after the compare-and-swap took the lock, before
+    the caller's ``try`` could give it back, gives it back: the lock stayed held, and
+    every other writer - the owner's commits too - waited out its timeout (no writer
+    takes it twice, so a word holding ``rank + 1`` then is this take's).
+
     Raises:
         DataPlaneTimeout: another rank held it past the timeout (named).
     """
+    try:
+        _take_index_lock(ring, rank)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            ring.transport.compare_and_swap(ring.owner, ring.base + 8 * H_INDEX_LOCK,
+                                            rank + 1, 0)
+        raise
+
+
+def _take_index_lock(ring: ShardRing, rank: int) -> None:
     t, disp = ring.transport, ring.base + 8 * H_INDEX_LOCK
     held = t.compare_and_swap(ring.owner, disp, 0, rank + 1)
     if held == 0:

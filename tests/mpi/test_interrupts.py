@@ -237,3 +237,69 @@ def test_an_interrupt_between_a_collectives_arrival_and_its_data_step_stops_ever
     except RemoteFailure as err:
         seen = f"RemoteFailure: {err}"
     assert_stopped_by(COMM.allreduce(victim, op=MPI.MAX), seen, "KeyboardInterrupt")
+
+
+class LockTakeInterrupted:
+    """A transport whose ``at``-th compare-and-swap that takes a lock (0 -> holder)
+    succeeds and then raises ``KeyboardInterrupt`` (the signal handler runs at the next
+    bytecode, before the caller's ``try``)."""
+
+    def __init__(self, inner, at: int) -> None:
+        self.inner, self.at, self.takes = inner, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def compare_and_swap(self, target_rank, displacement, compare, value):
+        old = self.inner.compare_and_swap(target_rank, displacement, compare, value)
+        if compare == 0 and old == 0:
+            self.takes += 1
+            if self.takes == self.at:
+                raise KeyboardInterrupt
+        return old
+
+
+@pytest.mark.mpi(min_size=3)
+def test_an_interrupt_right_after_the_index_lock_is_taken_gives_it_back() -> None:
+    """A node-local learner takes the shard's index lock to write its priority updates.
+    Ctrl-C after the compare-and-swap took it, before the ``try`` that gives it back,
+    left it held: the job caught the interrupt and went on, and every index writer (the
+    owner committing the actors' rows, the learner's next update) waited out
+    ``run.timeout_s`` for "the index lock of the shard ... held by world rank" the
+    learner. The take gives the lock back now; the job runs to its end."""
+    cfg = make_config(spec={"obs": {"dtype": "float32", "shape": [4]}},
+                      run={"timeout_s": TIMEOUT_S},
+                      layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
+                      storage={"capacity_rows": 64}, transport=TRANSPORTS["shm"],
+                      scheduler={"mode": "sync", "batch_rows": 8, "min_fill_rows": 16})
+    rows = {"obs": np.zeros((8, 4), np.float32)}
+    seen, interrupted, locks = "nothing", 0, []
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            if edp.role is Role.ACTOR:
+                while not edp.should_stop:
+                    edp.ingest(rows)
+                edp.done()
+            elif edp.serves:
+                edp.serve()
+            else:
+                for ring in edp.rings.values():
+                    if ring.views is not None:
+                        ring.transport = LockTakeInterrupted(ring.transport, 3)
+                for step in range(40):
+                    b = edp.next_batch()
+                    try:  # a hostile job: catches Ctrl-C and trains on
+                        edp.update_priorities(b.indices, np.full(len(b), 1.0 + step))
+                    except KeyboardInterrupt:
+                        interrupted += 1
+                from conduit_hpc.storage.layout import H_INDEX_LOCK
+                locks = [int(r.views.header[H_INDEX_LOCK]) == edp.world_rank + 1
+                         for r in edp.rings.values() if r.views is not None]
+                edp.done()
+        seen = "finished"
+    except Exception as err:  # a timeout (or anything else) is the finding
+        seen = f"{type(err).__name__}: {err}"
+    every = COMM.allgather((seen, interrupted, locks))
+    assert all(s == "finished" for s, _, _ in every), every
+    assert sum(i for _, i, _ in every) == 1, every  # the interrupt stayed one
+    assert not any(mine for _, _, held in every for mine in held), every  # not left held
