@@ -29,6 +29,44 @@ _ABANDONED: list[tuple[MPI.Request | np.ndarray, ...]] = []
 _BOARDS: dict[int, tuple[Callable[[], None], Callable[[], list[int]]]] = {}
 
 
+#: a communicator's attribute (MPI caches it on the communicator and drops it when the
+#: communicator is freed): why this rank left it out of step with its other ranks
+_OUT_OF_STEP = MPI.Comm.Create_keyval()
+
+
+def _in_step(comm: MPI.Intracomm, what: str) -> None:
+    """Refuse a collective on ``comm`` after this rank left one of its multi-step
+    collectives between or inside its steps (:func:`_steps`): the others may still be in
+    it, and this one's messages would be matched to theirs - MPI_ERR_TRUNCATE, or another
+    collective's bytes decoded as this one's data (both seen: a learner that caught
+    Ctrl-C in ``save_checkpoint`` and called it again)."""
+    why = comm.Get_attr(_OUT_OF_STEP)
+    if why:
+        raise CollectiveFailed(f"{what}: this rank left {why} unfinished on this "
+                               f"communicator, so its ranks are out of step (the others may "
+                               f"still be in it) and no collective on it can run: the job "
+                               f"must stop")
+
+
+class _Steps:
+    """Around a multi-step collective: an exception out of it leaves ``comm`` out of
+    step on this rank (:func:`_in_step` then refuses the next collective on it) - any
+    but a :class:`CollectiveFailed` of its bounded arrival (every rank settled that
+    one: they raise together, in step). Set :attr:`arrived` once the arrival passed."""
+
+    def __init__(self, comm: MPI.Intracomm, what: str, *, arrived: bool = False) -> None:
+        self.comm, self.what, self.arrived = comm, what, arrived
+
+    def __enter__(self) -> _Steps:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None and (self.arrived or not issubclass(exc_type,
+                                                                    CollectiveFailed)):
+            self.comm.Set_attr(_OUT_OF_STEP, f"{self.what or 'a collective'} "
+                                             f"({exc_type.__name__})")
+
+
 def register_board(comm: MPI.Intracomm, arrive: Callable[[], None],
                    behind: Callable[[], list[int]]) -> Callable[[], None]:
     """Count this rank's bounded collectives of ``comm`` with ``arrive`` and, when one
@@ -104,12 +142,14 @@ def _wait(req: MPI.Request, buffers: tuple[np.ndarray, ...], bound: _Bound | Non
 def bcast_json(comm: MPI.Intracomm, obj: Any, root: int, bound: _Bound | None = None) -> Any:
     """Broadcast a JSON-able object from ``root``. **Collective** on ``comm``; blocks
     (bounded by ``bound``: ``(timeout_s, what, between)``, as :func:`_wait`)."""
+    _in_step(comm, bound[1] if bound else "a broadcast")
     n = np.zeros(1, dtype=np.int64)
     data = _to_bytes(obj) if comm.Get_rank() == root else np.zeros(0, np.uint8)
     n[0] = len(data)
-    _wait(comm.Ibcast(n, root=root), (n,), bound)
-    buf = data.copy() if comm.Get_rank() == root else np.empty(int(n[0]), np.uint8)
-    _wait(comm.Ibcast(buf, root=root), (buf,), bound)
+    with _Steps(comm, bound[1] if bound else "", arrived=True):
+        _wait(comm.Ibcast(n, root=root), (n,), bound)
+        buf = data.copy() if comm.Get_rank() == root else np.empty(int(n[0]), np.uint8)
+        _wait(comm.Ibcast(buf, root=root), (buf,), bound)
     return _from_bytes(buf)
 
 
@@ -117,17 +157,20 @@ def gather_json(comm: MPI.Intracomm, obj: Any, root: int, bound: _Bound | None =
                 ) -> list[Any] | None:
     """Gather one JSON-able object per rank at ``root`` (None elsewhere). **Collective**
     (bounded by ``bound``, as :func:`bcast_json`)."""
+    _in_step(comm, bound[1] if bound else "a gather")
     data = _to_bytes(obj)
     sizes = np.zeros(comm.Get_size(), dtype=np.int64) if comm.Get_rank() == root else None
     size = np.array([len(data)], dtype=np.int64)
-    _wait(comm.Igather(size, sizes, root=root), (size,) if sizes is None else (size, sizes),
-          bound)
-    if comm.Get_rank() != root:
-        _wait(comm.Igatherv(data, None, root=root), (data,), bound)
-        return None
-    assert sizes is not None
-    buf = np.empty(int(sizes.sum()), np.uint8)
-    _wait(comm.Igatherv(data, [buf, sizes, MPI.BYTE], root=root), (data, buf, sizes), bound)
+    with _Steps(comm, bound[1] if bound else "", arrived=True):
+        _wait(comm.Igather(size, sizes, root=root),
+              (size,) if sizes is None else (size, sizes), bound)
+        if comm.Get_rank() != root:
+            _wait(comm.Igatherv(data, None, root=root), (data,), bound)
+            return None
+        assert sizes is not None
+        buf = np.empty(int(sizes.sum()), np.uint8)
+        _wait(comm.Igatherv(data, [buf, sizes, MPI.BYTE], root=root), (data, buf, sizes),
+              bound)
     offs = np.concatenate([[0], np.cumsum(sizes)])
     return [_from_bytes(buf[offs[i]:offs[i + 1]]) for i in range(len(sizes))]
 
@@ -137,17 +180,20 @@ def allgather_json(comm: MPI.Intracomm, obj: Any, timeout_s: float | None = None
                    ) -> list[Any]:
     """One JSON-able object per rank, on every rank (rank order). **Collective**; with
     ``timeout_s``, bounded as :func:`bounded_allgather`, the data step too."""
+    _in_step(comm, what or "an allgather")
     data = _to_bytes(obj)
     sizes = np.zeros(comm.Get_size(), dtype=np.int64)
     size = np.array([len(data)], dtype=np.int64)
     bound: _Bound | None = None
-    if timeout_s is None:
-        comm.Allgather(size, sizes)
-    else:
-        bounded_allgather(comm, size, sizes, timeout_s, what, between)
-        bound = (timeout_s, what, between)
-    buf = np.empty(int(sizes.sum()), np.uint8)
-    _wait(comm.Iallgatherv(data, [buf, sizes, MPI.BYTE]), (data, buf, sizes), bound)
+    with _Steps(comm, what) as steps:
+        if timeout_s is None:
+            comm.Allgather(size, sizes)
+        else:
+            bounded_allgather(comm, size, sizes, timeout_s, what, between)
+            bound = (timeout_s, what, between)
+        steps.arrived = True
+        buf = np.empty(int(sizes.sum()), np.uint8)
+        _wait(comm.Iallgatherv(data, [buf, sizes, MPI.BYTE]), (data, buf, sizes), bound)
     offs = np.concatenate([[0], np.cumsum(sizes)])
     return [_from_bytes(buf[offs[i]:offs[i + 1]]) for i in range(len(sizes))]
 
@@ -167,6 +213,7 @@ def bounded_barrier(comm: MPI.Intracomm, timeout_s: float, what: str,
     gave up did not go on. So every rank then says whether it gave up (:func:`_settle`,
     one more non-blocking collective on every rank, whatever happened: the ranks'
     collectives stay matched), and a rank that came late raises too."""
+    _in_step(comm, what)
     if between is not None:
         between()
     detail = _arrive(comm)
@@ -224,16 +271,20 @@ def bounded_bcast_json(comm: MPI.Intracomm, obj: Any, root: int, timeout_s: floa
     """:func:`bcast_json` that gives up as :func:`bounded_barrier` does when not every
     rank reaches it within ``timeout_s`` (a rank hangs or died in the work before it: a
     plain ``Bcast`` would wait for it forever). **Collective**."""
-    bounded_barrier(comm, timeout_s, what, between)
-    return bcast_json(comm, obj, root, (timeout_s, what, between))
+    with _Steps(comm, what) as steps:
+        bounded_barrier(comm, timeout_s, what, between)
+        steps.arrived = True
+        return bcast_json(comm, obj, root, (timeout_s, what, between))
 
 
 def bounded_gather_json(comm: MPI.Intracomm, obj: Any, root: int, timeout_s: float,
                         what: str, between: Callable[[], object] | None = None
                         ) -> list[Any] | None:
     """:func:`gather_json`, bounded as :func:`bounded_bcast_json`. **Collective**."""
-    bounded_barrier(comm, timeout_s, what, between)
-    return gather_json(comm, obj, root, (timeout_s, what, between))
+    with _Steps(comm, what) as steps:
+        bounded_barrier(comm, timeout_s, what, between)
+        steps.arrived = True
+        return gather_json(comm, obj, root, (timeout_s, what, between))
 
 
 def bounded_allgather(comm: MPI.Intracomm, send: np.ndarray, recv: np.ndarray,
@@ -246,6 +297,7 @@ def bounded_allgather(comm: MPI.Intracomm, send: np.ndarray, recv: np.ndarray,
     parts, and MPI writes them into ``recv`` whenever it next makes progress. So its
     buffers are kept alive for the life of the process (freed, they were written over
     later: a segfault in unrelated code, seen at 6 ranks)."""
+    _in_step(comm, what)
     if between is not None:  # before entering, as in bounded_barrier
         between()
     detail = _arrive(comm)

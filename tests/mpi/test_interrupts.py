@@ -239,6 +239,58 @@ def test_an_interrupt_between_a_collectives_arrival_and_its_data_step_stops_ever
     assert_stopped_by(COMM.allreduce(victim, op=MPI.MAX), seen, "KeyboardInterrupt")
 
 
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("call", ["summary", "save"])
+def test_a_collective_called_again_after_an_interrupted_one_stops_every_rank(
+        call, monkeypatch, tmp_path_factory) -> None:
+    """As above, but the interrupted rank catches Ctrl-C inside the block and calls again.
+    Its new collective's messages were matched to the data step the others were still
+    in: they failed with UnicodeDecodeError (another collective's bytes decoded as this
+    one's JSON: bytes that happen to parse would have been taken as data) and the
+    interrupted rank with MPI_ERR_TRUNCATE. The interrupted rank now refuses any
+    collective on a communicator it left out of step (CollectiveFailed, saying so), and
+    the others stop with RemoteFailure naming it."""
+    import contextlib
+    from pathlib import Path
+
+    from conduit_hpc.features.checkpointing import save_checkpoint
+    from conduit_hpc.transport import objects
+
+    root = COMM.bcast(str(tmp_path_factory.mktemp("ckpt")) if COMM.rank == 0 else None)
+    cfg = make_config(spec={"obs": {"dtype": "float32", "shape": [4]}},
+                      run={"timeout_s": 6.0},
+                      layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
+                      storage={"capacity_rows": 64}, checkpoint={"on_stop": False})
+    seen, victim = "nothing", -1
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            victim = edp.roles.learner_ranks[0]
+
+            def collective() -> None:
+                if call == "summary":
+                    edp.summary()
+                else:
+                    save_checkpoint(edp, Path(root))
+            if edp.world_rank == victim:
+                gathered = objects.bounded_allgather
+
+                def interrupted(*args, **kwargs):
+                    gathered(*args, **kwargs)  # every rank arrived; once the others are
+                    time.sleep(2.0)  # in the data step:
+                    monkeypatch.setattr(objects, "bounded_allgather", gathered)
+                    raise KeyboardInterrupt
+                monkeypatch.setattr(objects, "bounded_allgather", interrupted)
+                with contextlib.suppress(KeyboardInterrupt):  # a hostile job: catches
+                    collective()  # Ctrl-C and calls again
+            collective()
+        seen = "finished"
+    except Exception as err:  # what each rank ended with is the finding
+        seen = f"{type(err).__name__}: {err}"
+    assert_stopped_by(COMM.allreduce(victim, op=MPI.MAX), seen, "CollectiveFailed")
+    if COMM.rank == COMM.allreduce(victim, op=MPI.MAX):
+        assert "out of step" in seen and "KeyboardInterrupt" in seen, seen
+
+
 class LockTakeInterrupted:
     """A transport whose ``at``-th compare-and-swap that takes a lock (0 -> holder)
     succeeds and then raises ``KeyboardInterrupt`` (the signal handler runs at the next
