@@ -532,3 +532,40 @@ def test_a_checkpoint_after_the_writers_finished_holds_every_row_held(shared_dir
         rows = len(f["index/seq"])
     assert summary["rows_ingested"] > cap
     assert rows == held_rows == cap, (rows, held_rows, summary["shards"])
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.skipif(COMM.size != 3, reason="a rule of the checkpoint's contents, not of "
+                                           "concurrency: one rank count (make test's time)")
+def test_a_resumed_job_keeps_its_rate_limiter_counts(shared_dir) -> None:
+    """The job's rows inserted and sampled (the rate limiter's counts, the control
+    block's) were not in a checkpoint: a resumed job started them at 0 beside a full
+    replay, so a samples-per-insert learner waited for the actors to insert its whole
+    error buffer again, and a TorchRL buffer's ``len()`` (rows inserted) said 0. They are
+    kept in the checkpoint now and come back with it."""
+    from conduit_hpc.plane.control import C_INSERTS, C_RESERVED, C_SAMPLES
+
+    cfg = make_config(layout={"learners": 1, "buffers": 1},
+                      storage={"capacity_rows": 600, "priority_exponent": 0.6},
+                      scheduler={"batch_rows": 32, "min_fill_rows": 64})
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            ingest(edp, 0, 10, rows=30)
+        elif edp.role is Role.LEARNER:
+            for _ in range(3):
+                edp.next_batch()
+        else:
+            edp.serve()
+        edp.done()
+        result = save_checkpoint(edp, shared_dir / "ckpt")
+        saved = [edp.control.read(c) for c in (C_INSERTS, C_SAMPLES)]
+    # (a prefetching learner may have drawn a batch more than it took)
+    assert saved[0] == 300 * (COMM.size - 2) and saved[1] >= 96, saved
+    with ExperienceDataPlane(cfg) as edp:
+        restore_data_plane(edp, result.path)
+        back = [edp.control.read(c) for c in (C_INSERTS, C_RESERVED, C_SAMPLES)]
+        if edp.serves:
+            edp.serve()
+        else:
+            edp.done()
+    assert back == [saved[0], saved[0], saved[1]], (back, saved)

@@ -60,6 +60,7 @@ from conduit_hpc.features.checkpointing.parts import (
     described_for,
     finish_from_parts,
     io_timeout,
+    limiter_counters,
     write_buffer_part,
 )
 from conduit_hpc.features.checkpointing.records import RECORDS_KEEP, Kept
@@ -356,6 +357,8 @@ class CheckpointAgent(BufferExtension):
         self._writing_seq = seq
         # plain numbers of its own, now (the part is sent from the writer's result)
         extra = plain_counters(self.counters() if self.counters else {})
+        if isinstance(extra, dict):  # (another form is refused with the part)
+            extra.update(limiter_counters(self.edp))
         path = tmp / buffer_file(self.edp)
         me = self.edp.world_rank
         result: dict[str, Any] = {}

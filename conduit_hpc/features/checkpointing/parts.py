@@ -32,6 +32,44 @@ __all__ = ["STALL_ENV", "buffer_file", "compression_for", "cut_shards", "describ
 STALL_ENV = "CONDUIT_CHECKPOINT_STALL_S"
 
 
+#: the job's rate-limiter counts (the control block's rows inserted and sampled), kept in
+#: the counters of the rank that holds the block in each checkpoint, written back on resume
+LIMITER_COUNTERS = ("limiter_inserts", "limiter_samples")
+
+
+def limiter_counters(edp: FeatureHost) -> dict[str, int]:
+    """On the rank that holds the control block, the job's rate-limiter counts now
+    (:data:`LIMITER_COUNTERS`); ``{}`` elsewhere. Local (two atomic reads)."""
+    from conduit_hpc.plane.control import C_INSERTS, C_SAMPLES
+
+    if edp.world_rank != edp.control.owner:
+        return {}
+    return dict(zip(LIMITER_COUNTERS, (edp.control.read(C_INSERTS),
+                                        edp.control.read(C_SAMPLES)), strict=True))
+
+
+def restore_limiter(edp: FeatureHost, stored: Mapping[int, Mapping[str, Any]]) -> None:
+    """On the rank that holds the control block, the rate-limiter counts of a
+    checkpoint's ``stored`` counters (world rank -> counters) come back, so that a
+    resumed job keeps its samples-per-insert pacing: restarted at 0 with a full replay, a
+    limited learner waited for the actors to insert its whole error buffer again (and an
+    integration's ``len()``, the rows inserted, said 0). Counts of another form (an older
+    checkpoint, an edited one) are left out. Local; before any rank ingests or samples."""
+    from conduit_hpc.plane.control import C_INSERTS, C_RESERVED, C_SAMPLES
+
+    if edp.world_rank != edp.control.owner:
+        return
+    for counters in stored.values():
+        vals = [counters.get(k) for k in LIMITER_COUNTERS]
+        counts = [v for v in vals if isinstance(v, int) and not isinstance(v, bool)
+                  and 0 <= v < 2**62]
+        if len(counts) == len(vals):
+            inserts, samples = counts
+            for slot, v in ((C_INSERTS, inserts), (C_RESERVED, inserts), (C_SAMPLES, samples)):
+                edp.control.write(slot, v)
+            return
+
+
 def io_timeout(edp: FeatureHost) -> tuple[float, str]:
     """How long a wait that covers a checkpoint's reads or writes lasts (the slowest
     rank's shard file, the manifest, a restore's read): ``max(run.timeout_s,

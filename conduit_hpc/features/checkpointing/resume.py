@@ -27,7 +27,7 @@ from conduit_hpc.features.checkpointing.fit import (
     stacks_problem,
     window_problem,
 )
-from conduit_hpc.features.checkpointing.parts import io_timeout
+from conduit_hpc.features.checkpointing.parts import io_timeout, restore_limiter
 from conduit_hpc.storage.frames import LAG_COLUMN, LAG_NONE, FrameCodec, stored_spec
 from conduit_hpc.storage.frames_reshard import reshard_frames
 from conduit_hpc.storage.snapshot import (
@@ -336,6 +336,7 @@ def restore_data_plane(edp: FeatureHost, source: str | Path = "latest", *,
             restore_snapshot(s.ring, s.index, snaps[s.shard_id])
         s.hidden_upto = s.restored_commit = snaps[s.shard_id].commit
         s.track_held_frames()
+    restore_limiter(edp, ckpt.counters)
     # no rank ingests before every shard is back; a rank whose restore failed leaves
     # (marked): the others raise RemoteFailure, or CollectiveFailed after the timeout
     bounded_barrier(world, io_s, f"the restore of every shard{io_note}",

@@ -27,6 +27,7 @@ from conduit_hpc.features.checkpointing.parts import (
     described_for,
     finish_checkpoint,
     io_timeout,
+    limiter_counters,
     shard_part,
 )
 from conduit_hpc.transport.objects import (
@@ -146,6 +147,7 @@ def save_checkpoint(edp: FeatureHost, root: Path, *,
             part["files"] += sp["files"]
             part["shards"] += sp["shards"]
             part["counters"].update(sp["counters"])
+            part["counters"].update(limiter_counters(edp))
         if extra_state is not None:
             part["files"].append(ck.write_arrays_file(tmp / ck.LEARNER_FILE, extra_state,
                                                       extra_attrs))
