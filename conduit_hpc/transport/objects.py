@@ -30,8 +30,15 @@ _BOARDS: dict[int, tuple[Callable[[], None], Callable[[], list[int]]]] = {}
 
 
 #: a communicator's attribute (MPI caches it on the communicator and drops it when the
-#: communicator is freed): why this rank left it out of step with its other ranks
-_OUT_OF_STEP = MPI.Comm.Create_keyval()
+#: communicator is freed): why this rank left it out of step with its other ranks. Made
+#: at first use (MPI may not be initialised when this module is imported: the CLI's tools)
+_OUT_OF_STEP: list[int] = []
+
+
+def _keyval() -> int:
+    if not _OUT_OF_STEP:
+        _OUT_OF_STEP.append(MPI.Comm.Create_keyval())
+    return _OUT_OF_STEP[0]
 
 
 def _in_step(comm: MPI.Intracomm, what: str) -> None:
@@ -40,7 +47,7 @@ def _in_step(comm: MPI.Intracomm, what: str) -> None:
     it, and this one's messages would be matched to theirs - MPI_ERR_TRUNCATE, or another
     collective's bytes decoded as this one's data (both seen: a learner that caught
     Ctrl-C in ``save_checkpoint`` and called it again)."""
-    why = comm.Get_attr(_OUT_OF_STEP)
+    why = comm.Get_attr(_keyval())
     if why:
         raise CollectiveFailed(f"{what}: this rank left {why} unfinished on this "
                                f"communicator, so its ranks are out of step (the others may "
@@ -63,7 +70,7 @@ class _Steps:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is not None and (self.arrived or not issubclass(exc_type,
                                                                     CollectiveFailed)):
-            self.comm.Set_attr(_OUT_OF_STEP, f"{self.what or 'a collective'} "
+            self.comm.Set_attr(_keyval(), f"{self.what or 'a collective'} "
                                              f"({exc_type.__name__})")
 
 
