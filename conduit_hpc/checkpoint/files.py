@@ -7,7 +7,6 @@ and returns the same on every rank for the same files.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -22,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.checkpoint.rawio import _sha256 as _sha256  # (imported from here)
+from conduit_hpc.checkpoint.rawio import open_regular
 from conduit_hpc.config import CHECKPOINT_CODECS, Config
 from conduit_hpc.errors import CheckpointError
 from conduit_hpc.spec import Field, Spec
@@ -212,14 +213,6 @@ def rng_from_json(text: str) -> np.random.Generator:
     return np.random.Generator(bg)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def checkpoint_root(config: Config, run_dir: Path | None) -> Path:
     """``checkpoint.directory``, relative to the run directory (or the working directory
     when there is none); absolute paths as given. Local; pure."""
@@ -278,14 +271,16 @@ def damage_of(path: Path) -> str | None:
     is not marked. Local; reads at most :data:`MARKER_MAX_BYTES` of the marker (an
     unreadable or oversized marker still marks it damaged)."""
     f = path / DAMAGED
-    if not f.exists():
+    if not f.exists() and not f.is_symlink():
         return None
     try:
-        with open(f, "rb") as fh:
+        with open_regular(f) as fh:  # a FIFO there held every reader for ever
             raw = fh.read(MARKER_MAX_BYTES + 1)
         rec = json.loads(raw.decode("utf-8")) if len(raw) <= MARKER_MAX_BYTES else None
         reason = rec.get("reason") if isinstance(rec, dict) else None
-    except (OSError, ValueError):
+    except OSError as err:
+        return f"its {DAMAGED} marker cannot be read ({err.strerror})"
+    except ValueError:
         reason = None
     return str(reason) if reason else f"its {DAMAGED} marker gives no readable reason"
 
@@ -329,7 +324,7 @@ def done_record(path: Path) -> dict[str, Any]:
     try:
         size = f.stat().st_size  # before reading: a marker grown to gigabytes is not read
         if size <= MARKER_MAX_BYTES:
-            with open(f, "rb") as fh:
+            with open_regular(f) as fh:
                 raw = fh.read(MARKER_MAX_BYTES + 1)
             size = len(raw)
         if size > MARKER_MAX_BYTES:

@@ -1,0 +1,133 @@
+"""Checkpoint files as a hostile disk leaves them: a dataset header of another shape,
+dtype or size than the manifest says is refused before anything is allocated or read,
+and a FIFO, a device or a directory where a marker or a file should be is refused at
+once (never waited on, never read without end); the newest-first search falls back past
+each to the intact checkpoint before."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+from conduit_hpc import CheckpointError
+from conduit_hpc import checkpoint as ck
+from tests.unit.test_checkpoint import EXTRA, SPEC, write
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ckpt")
+    write(root, 1)
+    write(root, 2, extra=EXTRA)
+    return root
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _reseal_sizes(ckpt: Path) -> None:
+    """``DONE``'s file sizes made the files' own (the manifest left as it is): a file
+    changed in place, past the cheap size check."""
+    rec = json.loads((ckpt / ck.DONE).read_text())
+    rec["files"] = {n: (ckpt / n).stat().st_size for n in rec["files"]}
+    (ckpt / ck.DONE).write_text(json.dumps(rec))
+
+
+def _swap(path: str, **dataset: Any) -> Callable[[h5py.File], None]:
+    def change(f: h5py.File) -> None:
+        del f[path]
+        f.create_dataset(path, **dataset)
+    return change
+
+
+@pytest.mark.parametrize(("name", "change", "fragment"), [
+    # an unallocated chunked dataset: a 10**14-row header ended in a raw MemoryError
+    # (a resume takes that for no fault of the checkpoint's: no fallback)
+    ("buffer-0000.h5", _swap("/shards/0/seq", shape=(10**14,), dtype="<i8",
+                             chunks=(1 << 16,)),
+     "dataset /shards/0/seq has shape (100000000000000,) and dtype int64; the manifest "
+     "and the spec expect shape (20,) and dtype int64"),
+    # 10**7 rows of fill value were read whole (seconds, 80 MB) before the checksum
+    ("buffer-0000.h5", _swap("/shards/1/priority", shape=(10**7,), dtype="<f8",
+                             chunks=(1 << 16,)),
+     "dataset /shards/1/priority has shape (10000000,) and dtype float64; the manifest "
+     "and the spec expect shape (9,) and dtype float64"),
+    ("buffer-0000.h5", _swap("/shards/0/priority", data=np.ones(20, np.float32)),
+     "dataset /shards/0/priority has shape (20,) and dtype float32; the manifest and the "
+     "spec expect shape (20,) and dtype float64"),
+    ("buffer-0000.h5", _swap("/shards/0/columns/payload", data=np.zeros((20, 6, 1))),
+     "dataset /shards/0/columns/payload has shape (20, 6, 1) and dtype float64; the "
+     "manifest and the spec expect shape (20, 6) and dtype int64"),
+    # a learner's array has no shape in the manifest: its file's size bounds it
+    (ck.LEARNER_FILE, _swap("/arrays/model/fc1.bias", shape=(10**12,), dtype="<f4",
+                            chunks=(1 << 16,)),
+     "dataset /arrays/model/fc1.bias claims shape (1000000000000,) of float32 "
+     "(4,000,000,000,000 bytes) in a file of"),
+], ids=["seq-1e14", "priority-1e7", "priority-f32", "payload-rank3", "learner-1e12"])
+def test_a_dataset_header_unlike_the_manifest_is_refused_before_it_is_read(
+        pristine: Path, tmp_path: Path, name: str, change: Any, fragment: str) -> None:
+    root = _copy(pristine, tmp_path / "r")
+    newest = root / ck.checkpoint_name(2)
+    with h5py.File(newest / name, "a") as f:
+        change(f)
+    _reseal_sizes(newest)
+    with pytest.raises(CheckpointError) as err:
+        ck.open_checkpoint(newest, spec=SPEC).verify()
+    assert str(newest / name) in str(err.value) and fragment in str(err.value), err.value
+    report = ck.inspect_checkpoint(newest, verify=True)
+    assert not report["ok"] and fragment in report["error"]
+    ck.open_checkpoint(root / ck.checkpoint_name(1), spec=SPEC).verify()
+
+
+def _fifo(p: Path) -> None:
+    os.mkfifo(p)
+
+
+def _zero(p: Path) -> None:
+    p.symlink_to("/dev/zero")
+
+
+def _directory(p: Path) -> None:
+    p.mkdir()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("make", [_fifo, _zero, _directory], ids=["fifo", "dev-zero", "dir"])
+@pytest.mark.parametrize("name", [ck.DAMAGED, ck.DONE, ck.MANIFEST, "buffer-0000.h5",
+                                  ck.LEARNER_FILE])
+def test_a_fifo_device_or_directory_in_a_checkpoint_is_refused_at_once(
+        pristine: Path, tmp_path: Path, name: str, make: Callable[[Path], None]) -> None:
+    """Before: a FIFO named DAMAGED held open_checkpoint, newest_first's callers,
+    inspect and prune (a resume's leader, so every rank) for ever."""
+    root = _copy(pristine, tmp_path / "r")
+    newest = root / ck.checkpoint_name(2)
+    (newest / name).unlink(missing_ok=True)
+    make(newest / name)
+    with pytest.raises(CheckpointError) as err:
+        ck.open_checkpoint(newest, spec=SPEC).verify()
+    assert str(newest) in str(err.value)
+    if name != ck.DONE:
+        assert "not a regular file" in str(err.value), err.value
+    report = ck.inspect_checkpoint(root, verify=True)
+    good = str(root / ck.checkpoint_name(1))
+    assert report.get("fallback") == good or (report["ok"] and report["path"] == good), report
+    usable = []
+    for p in ck.newest_first([root]):
+        try:
+            ck.open_checkpoint(p, spec=SPEC).verify()
+            usable.append(p.name)
+        except CheckpointError:
+            pass
+    assert usable == [ck.checkpoint_name(1)]
+    ck.prune(root, 2)  # never waits on what it looks at
+    assert (root / ck.checkpoint_name(1) / ck.DONE).is_file()
