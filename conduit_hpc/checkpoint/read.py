@@ -388,7 +388,7 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
     try:
         with h5py.File(mpath, "r") as f:
             ckpt = _read_manifest(p, f)
-    except OSError as err:
+    except (OSError, RuntimeError) as err:  # (RuntimeError: HDF5 on damaged metadata)
         raise CheckpointError(f"checkpoint file {mpath} cannot be read: {err}") from err
     except (KeyError, ValueError, TypeError) as err:
         raise CheckpointError(f"checkpoint file {mpath} is not a valid manifest: "
