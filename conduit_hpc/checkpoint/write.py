@@ -10,6 +10,7 @@ Every function here is local (no MPI, no collective) and blocks for its own disk
 from __future__ import annotations
 
 import os
+import re
 import time
 import zlib
 from collections.abc import Mapping, Sequence
@@ -159,17 +160,27 @@ def write_shard_file(path: Path, snapshots: Sequence[ShardSnapshot], *,
                         (compression or {}).get(name, "none"))
                 shards.append({**meta, "file": path.name})
         _fsync(path)
-    except OSError as err:
+    except WRITE_ERRORS as err:
         raise CheckpointError(f"cannot write checkpoint file {path}: {os_reason(err)}") from err
     return {"file": {"name": path.name, "bytes": path.stat().st_size,
                      "datasets": datasets}, "shards": shards}
 
 
-def os_reason(err: OSError) -> str:
+#: what a write raises when the disk fails it: an OSError, or - where HDF5 meets the
+#: failure while it flushes or closes the file (ENOSPC half-way through a part) - a
+#: RuntimeError whose text carries the OS's ``errno = N``
+WRITE_ERRORS = (OSError, RuntimeError)
+
+
+def os_reason(err: BaseException) -> str:
     """An OS error in one line: ``[Errno 28] No space left on device``. HDF5's own
-    message runs over several lines with a time stamp, a buffer address and offsets."""
-    if err.errno:
-        return f"[Errno {err.errno}] {os.strerror(err.errno)}"
+    message runs over several lines with a time stamp, a buffer address and offsets
+    (an h5py RuntimeError: its ``errno = N`` is read from the text)."""
+    code = getattr(err, "errno", None)
+    if not code and (m := re.search(r"errno = (\d+)", str(err))):
+        code = int(m.group(1))
+    if code:
+        return f"[Errno {code}] {os.strerror(code)}"
     return " ".join(str(err).split())
 
 
@@ -218,7 +229,7 @@ def write_arrays_file(path: Path, arrays: Mapping[str, Any],
                 datasets[f"/arrays/{name}"] = _write_dataset(g, name, arr, CHUNK_BYTES,
                                                              limit, (attrs or {}).get(name))
         _fsync(path)
-    except OSError as err:
+    except WRITE_ERRORS as err:
         raise CheckpointError(f"cannot write checkpoint file {path}: {os_reason(err)}") from err
     return {"name": path.name, "bytes": path.stat().st_size, "datasets": datasets}
 
@@ -317,8 +328,9 @@ def write_manifest(directory: Path, *, seq: int, spec: Spec, config_toml: str,
                 f["learner"] = h5py.ExternalLink(LEARNER_FILE, "/arrays")
                 f["weights"] = h5py.ExternalLink(LEARNER_FILE, "/arrays")
         _fsync(path)
-    except OSError as err:
-        raise CheckpointError(f"cannot write checkpoint manifest {path}: {err}") from err
+    except WRITE_ERRORS as err:
+        raise CheckpointError(f"cannot write checkpoint manifest {path}: "
+                              f"{os_reason(err)}") from err
     sizes = {name: int(fr["bytes"]) for name, fr in files.items()}
     sizes[MANIFEST] = path.stat().st_size
     return {"files": sizes, "created_unix": created, "seq": seq}
