@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.checkpoint.problems import _is_int
 from conduit_hpc.checkpoint.rawio import _sha256 as _sha256  # (imported from here)
 from conduit_hpc.checkpoint.rawio import open_regular
 from conduit_hpc.config import CHECKPOINT_CODECS, Config
@@ -338,41 +339,6 @@ def done_record(path: Path) -> dict[str, Any]:
     if problem:
         raise CheckpointError(f"checkpoint {path}: {DONE} marker is damaged: {problem}")
     return rec
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def manifest_problem(shards: Any, placement: Any, files: Any, layout: Any) -> str:
-    """What is wrong with a manifest's JSON records ("" if nothing): readers index the
-    shard records and the placement's shards by shard id, and each shard's file and
-    dataset checksums by name."""
-    if not isinstance(files, dict) or not all(
-            isinstance(r, dict) and isinstance(r.get("datasets"), dict) for r in files.values()):
-        return f"files must be a table of file records with datasets, got {files!r:.80}"
-    if not isinstance(layout, dict):
-        return f"layout must be a table, got {layout!r:.80}"
-    if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
-        return f"shards must be a list of shard records, got {shards!r:.80}"
-    for i, s in enumerate(shards):
-        v = {k: s.get(k) for k in ("shard_id", "capacity", "rows", "commit", "reserve",
-                                   "applied_updates", "dropped_updates")}
-        if not (all(_is_int(x) and x >= 0 for x in v.values()) and v["shard_id"] == i
-                and v["capacity"] >= 1 and v["rows"] <= min(v["capacity"], v["commit"])
-                and isinstance(s.get("max_priority"), int | float)
-                and isinstance(s.get("file"), str)):
-            return (f"shard record {i} has {', '.join(f'{k} {x!r}' for k, x in v.items())}, "
-                    f"file {s.get('file')!r}; expected shard_id {i}, integers >= 0, "
-                    f"capacity >= 1, rows <= capacity and commit, a file name")
-    places = placement.get("shards") if isinstance(placement, dict) else None
-    if not isinstance(places, list):
-        return f"placement must be a table with a list of shards, got {placement!r:.80}"
-    if len(places) != len(shards) or not all(
-            isinstance(s, dict) and _is_int(s.get("owner_rank")) for s in places):
-        return (f"placement lists {len(places)} shards, the manifest {len(shards)}; "
-                f"expected one table with an integer owner_rank per shard")
-    return ""
 
 
 def _done_problem(rec: Any) -> str:

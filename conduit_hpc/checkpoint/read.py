@@ -32,9 +32,9 @@ from conduit_hpc.checkpoint.files import (
     _sha256,
     damage_of,
     done_record,
-    manifest_problem,
     spec_from_json,
 )
+from conduit_hpc.checkpoint.problems import manifest_problem
 from conduit_hpc.checkpoint.ranks import read_rank_groups
 from conduit_hpc.errors import CheckpointError, CheckpointMismatch
 from conduit_hpc.spec import Spec

@@ -169,3 +169,36 @@ def test_a_manifest_member_that_cannot_be_opened_is_refused_naming_it(
     assert fragment in str(err.value), err.value
     report = ck.inspect_checkpoint(root)
     assert report.get("fallback") == str(root / ck.checkpoint_name(1)), report
+
+
+def _shard0(**values: Any) -> Callable[[Any], Any]:
+    def change(doc: Any) -> Any:
+        doc[0].update(values)
+        return doc
+    return change
+
+
+@pytest.mark.parametrize(("name", "change", "fragment"), [
+    # np.arange(commit - rows, commit) of a shard's stamps: OverflowError, not refused
+    ("shards", _shard0(commit=2**70), "commit 1180591620717411303424"),
+    # opened and verified, then written into a ring's int64 cursor after every rank
+    # had agreed on the checkpoint
+    ("shards", _shard0(reserve=2**70), "reserve 1180591620717411303424"),
+    ("shards", _shard0(applied_updates=2**63), "applied_updates 9223372036854775808"),
+    # a resume into other capacities plans the reshard from these counts before it
+    # reads a byte: np.repeat of 10**12 rows
+    ("shards", _shard0(rows=10**12, capacity=10**12, commit=10**12),
+     "the shard records put 1000000000009 rows in 'buffer-0000.h5', which has"),
+    ("files", lambda d: {k: {**v, "bytes": [1]} for k, v in d.items()},
+     "gives bytes [1], expected bytes >= 0"),
+], ids=["commit-2**70", "reserve-2**70", "applied-2**63", "rows-1e12", "bytes-list"])
+def test_manifest_counts_no_int64_or_file_can_hold_are_refused_when_opened(
+        pristine: Path, tmp_path: Path, name: str, change: Any, fragment: str) -> None:
+    from tests.unit.test_checkpoint_fuzz import _rewrite_meta
+
+    root = _copy(pristine, tmp_path / "r")
+    newest = root / ck.checkpoint_name(2)
+    _rewrite_meta(newest, name, change)
+    with pytest.raises(CheckpointError, match="is not a valid manifest") as err:
+        ck.open_checkpoint(newest, spec=SPEC)
+    assert fragment in str(err.value), err.value
