@@ -11,10 +11,12 @@ and whether it is ``scored``, but only scored episodes enter the running mean.
 from __future__ import annotations
 
 import csv
+import logging
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -26,6 +28,7 @@ __all__ = ["EPISODES_TAG", "EPISODE_COLUMNS", "EXTRA_COLUMNS", "EpisodeLog",
 #: channel tag of the RL jobs' episode reports (a job tag, from ``protocol.JOB_TAGS``):
 #: actor -> lead learner, float64: env steps so far, then (return, scored) pairs
 EPISODES_TAG = JOB_TAGS.start
+log = logging.getLogger("conduit_hpc.episodes")
 
 #: columns of ``RUN_DIR/metrics/episodes.csv`` (then ``epsilon``, ``scored`` when known)
 EPISODE_COLUMNS = ("time_s", "env_steps", "actor", "episode_return")
@@ -85,7 +88,7 @@ class EpisodeLog:
         if path is not None:
             p = Path(path)
             p.parent.mkdir(parents=True, exist_ok=True)
-            new = not p.exists() or p.stat().st_size == 0
+            new = not p.exists() or _cut_torn_row(p) == 0
             self._fh = open(p, "a", newline="")  # noqa: SIM115 - closed in close()
             columns = EPISODE_COLUMNS + (EXTRA_COLUMNS if self.epsilons is not None else ())
             self._writer = csv.DictWriter(self._fh, fieldnames=columns)
@@ -157,6 +160,38 @@ class EpisodeLog:
             self._writer = None
 
 
+def _cut_torn_row(path: Path) -> int:
+    """Cut a row torn by a kill off the end of an episode file that a requeued attempt
+    appends to (glued to its first row, it made 'merge_episode_files' fail: ``60.0005``
+    as env steps); only bytes after the last line end go. Returns the size left."""
+    with open(path, "rb+") as fh:
+        end = fh.seek(0, 2)
+        keep = end
+        while keep > 0:
+            start = max(0, keep - (64 << 10))
+            fh.seek(start)
+            block = fh.read(keep - start)
+            if keep == end and block.endswith(b"\n"):
+                return end  # whole rows: nothing torn
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            keep = start
+        fh.truncate(keep)
+        return keep
+
+
+def _parsed(row: Mapping[Any, Any]) -> tuple[float, int] | None:
+    """A merged row's time and the actor's own steps, or None for a damaged row."""
+    try:
+        t, steps = float(str(row.get("time_s"))), int(str(row.get("env_steps")))
+    except ValueError:
+        return None
+    return (t, steps) if row.get(None) is None and isinstance(row.get("actor"), str) \
+        else None
+
+
 def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
                         out_name: str = "episodes.csv") -> int:
     """Merge the actors' per-rank episode files into one ``episodes.csv``, by time.
@@ -174,24 +209,36 @@ def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
     parts = sorted(metrics.glob(pattern))
     if not parts:
         return 0
-    rows: list[dict[str, str]] = []
+    rows: list[tuple[float, int, dict[str, str]]] = []
     header: list[str] = list(EPISODE_COLUMNS)
+    damaged: dict[str, int] = {}
     for p in parts:
+        if not p.is_file():  # a FIFO would hold the job's end for ever (an actor writes
+            damaged[p.name] = -1  # regular files only)
+            continue
         with open(p, newline="") as f:
             reader = csv.DictReader(f)
             for name in reader.fieldnames or ():
                 if name not in header:
                     header.append(name)
-            rows.extend(reader)
-    rows.sort(key=lambda r: float(r["time_s"]))
+            for row in reader:  # a damaged row is left out (counted), never fatal
+                got = _parsed(row)
+                if got is None:
+                    damaged[p.name] = damaged.get(p.name, 0) + 1
+                else:
+                    rows.append((*got, row))
+    if damaged:
+        log.warning("merge_episode_files: left out damaged rows: %s",
+                    ", ".join(f"{n} in {name}" if n >= 0 else f"{name} (not a regular file)"
+                              for name, n in damaged.items()))
+    rows.sort(key=lambda r: r[0])
     latest: dict[str, int] = {}
-    for row in rows:
-        own = int(row["env_steps"])
+    for _, own, row in rows:
         latest[row["actor"]] = own
         row["actor_env_steps"] = str(own)
         row["env_steps"] = str(sum(latest.values()))
     with open(metrics / out_name, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[*header, "actor_env_steps"])
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(row for _, _, row in rows)
     return len(rows)
