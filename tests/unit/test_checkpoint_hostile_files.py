@@ -202,3 +202,46 @@ def test_manifest_counts_no_int64_or_file_can_hold_are_refused_when_opened(
     with pytest.raises(CheckpointError, match="is not a valid manifest") as err:
         ck.open_checkpoint(newest, spec=SPEC)
     assert fragment in str(err.value), err.value
+
+
+_FULL_DISK_WRITER = """
+import sys
+from pathlib import Path
+from tests.unit.test_checkpoint import snapshot
+from conduit_hpc import CheckpointError
+from conduit_hpc import checkpoint as ck
+where, left = Path(sys.argv[1]), int(sys.argv[2])
+with open(where / "filler", "ab", buffering=0) as fh:  # another job fills the disk
+    try:
+        while True:
+            fh.write(b"x" * 4096)
+    except OSError:
+        pass
+    fh.truncate(max(0, fh.tell() - left))
+try:
+    ck.write_shard_file(where / "buffer-0000.h5", [snapshot(0, 2000, 2000, 2000, 0)])
+    print("written")
+except CheckpointError as err:
+    print(err)
+"""
+
+
+@pytest.mark.parametrize("left", [16 << 10, 40 << 10], ids=["16k-left", "40k-left"])
+def test_a_part_written_onto_a_full_disk_fails_cleanly_and_the_process_lives_on(
+        tmp_path: Path, left: int) -> None:
+    """Before: HDF5 met ENOSPC where it flushed a dataset as it closed; the failure was
+    only printed ('Exception ignored in __dealloc__') and the half-closed dataset crashed
+    the process with SIGSEGV (exit -11) when the file or the library closed - a
+    periodic checkpoint dropped on a full disk took its buffer rank down at exit."""
+    import subprocess
+    import sys
+
+    from extras import small_tmpfs
+
+    with small_tmpfs(tmp_path / "small", "300k") as mnt:
+        out = subprocess.run([sys.executable, "-c", _FULL_DISK_WRITER, str(mnt), str(left)],
+                             capture_output=True, text=True, timeout=60, check=False,
+                             cwd=Path(__file__).parents[2])
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    assert "cannot write checkpoint file" in out.stdout and \
+        out.stdout.strip().endswith("[Errno 28] No space left on device"), out.stdout
