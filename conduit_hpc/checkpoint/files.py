@@ -389,8 +389,10 @@ def newest_first(roots: Iterable[Path]) -> list[Path]:
 
 
 def next_seq(root: Path, at_least: int = 1) -> int:
-    """A checkpoint number not used under ``root`` (temporary directories included)."""
-    used = [s for p in list_checkpoints(root) if (s := seq_of(p)) is not None]
+    """A checkpoint number not used under ``root`` (temporary directories included, and
+    a checkpoint's name taken by something else: a file there failed every save)."""
+    used = [s for p in (root.iterdir() if root.is_dir() else ())
+            if (s := seq_of(p)) is not None]
     if root.is_dir():
         for p in root.glob(TMP_PREFIX + "ckpt-*"):
             m = re.match(r"^\.tmp-ckpt-(\d+)", p.name)

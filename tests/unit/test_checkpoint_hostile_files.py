@@ -245,3 +245,18 @@ def test_a_part_written_onto_a_full_disk_fails_cleanly_and_the_process_lives_on(
     assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
     assert "cannot write checkpoint file" in out.stdout and \
         out.stdout.strip().endswith("[Errno 28] No space left on device"), out.stdout
+
+
+@pytest.mark.parametrize("make", [lambda p: p.write_text("x"), _fifo, _zero],
+                         ids=["file", "fifo", "dev-zero"])
+def test_a_checkpoint_name_taken_by_a_file_is_not_numbered_again(
+        pristine: Path, tmp_path: Path, make: Callable[[Path], None]) -> None:
+    """Before: next_seq counted directories only, so a file named ckpt-000003 was the
+    next number and every save finalizing it failed ('it already exists'): a
+    save_checkpoint() without an agent failed the same way each time."""
+    root = _copy(pristine, tmp_path / "r")
+    make(root / ck.checkpoint_name(3))
+    assert ck.next_seq(root) == 4
+    assert write(root, ck.next_seq(root)).name == ck.checkpoint_name(4)
+    assert [p.name for p in ck.list_checkpoints(root)] == [ck.checkpoint_name(k)
+                                                           for k in (1, 2, 4)]
