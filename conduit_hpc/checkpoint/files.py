@@ -7,7 +7,6 @@ and returns the same on every rank for the same files.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -22,6 +21,9 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.checkpoint.problems import _is_int
+from conduit_hpc.checkpoint.rawio import _sha256 as _sha256  # (imported from here)
+from conduit_hpc.checkpoint.rawio import open_regular
 from conduit_hpc.config import CHECKPOINT_CODECS, Config
 from conduit_hpc.errors import CheckpointError
 from conduit_hpc.spec import Field, Spec
@@ -212,14 +214,6 @@ def rng_from_json(text: str) -> np.random.Generator:
     return np.random.Generator(bg)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def checkpoint_root(config: Config, run_dir: Path | None) -> Path:
     """``checkpoint.directory``, relative to the run directory (or the working directory
     when there is none); absolute paths as given. Local; pure."""
@@ -278,14 +272,16 @@ def damage_of(path: Path) -> str | None:
     is not marked. Local; reads at most :data:`MARKER_MAX_BYTES` of the marker (an
     unreadable or oversized marker still marks it damaged)."""
     f = path / DAMAGED
-    if not f.exists():
+    if not f.exists() and not f.is_symlink():
         return None
     try:
-        with open(f, "rb") as fh:
+        with open_regular(f) as fh:  # a FIFO there held every reader for ever
             raw = fh.read(MARKER_MAX_BYTES + 1)
         rec = json.loads(raw.decode("utf-8")) if len(raw) <= MARKER_MAX_BYTES else None
         reason = rec.get("reason") if isinstance(rec, dict) else None
-    except (OSError, ValueError):
+    except OSError as err:
+        return f"its {DAMAGED} marker cannot be read ({err.strerror})"
+    except ValueError:
         reason = None
     return str(reason) if reason else f"its {DAMAGED} marker gives no readable reason"
 
@@ -329,7 +325,7 @@ def done_record(path: Path) -> dict[str, Any]:
     try:
         size = f.stat().st_size  # before reading: a marker grown to gigabytes is not read
         if size <= MARKER_MAX_BYTES:
-            with open(f, "rb") as fh:
+            with open_regular(f) as fh:
                 raw = fh.read(MARKER_MAX_BYTES + 1)
             size = len(raw)
         if size > MARKER_MAX_BYTES:
@@ -343,41 +339,6 @@ def done_record(path: Path) -> dict[str, Any]:
     if problem:
         raise CheckpointError(f"checkpoint {path}: {DONE} marker is damaged: {problem}")
     return rec
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def manifest_problem(shards: Any, placement: Any, files: Any, layout: Any) -> str:
-    """What is wrong with a manifest's JSON records ("" if nothing): readers index the
-    shard records and the placement's shards by shard id, and each shard's file and
-    dataset checksums by name."""
-    if not isinstance(files, dict) or not all(
-            isinstance(r, dict) and isinstance(r.get("datasets"), dict) for r in files.values()):
-        return f"files must be a table of file records with datasets, got {files!r:.80}"
-    if not isinstance(layout, dict):
-        return f"layout must be a table, got {layout!r:.80}"
-    if not isinstance(shards, list) or not all(isinstance(s, dict) for s in shards):
-        return f"shards must be a list of shard records, got {shards!r:.80}"
-    for i, s in enumerate(shards):
-        v = {k: s.get(k) for k in ("shard_id", "capacity", "rows", "commit", "reserve",
-                                   "applied_updates", "dropped_updates")}
-        if not (all(_is_int(x) and x >= 0 for x in v.values()) and v["shard_id"] == i
-                and v["capacity"] >= 1 and v["rows"] <= min(v["capacity"], v["commit"])
-                and isinstance(s.get("max_priority"), int | float)
-                and isinstance(s.get("file"), str)):
-            return (f"shard record {i} has {', '.join(f'{k} {x!r}' for k, x in v.items())}, "
-                    f"file {s.get('file')!r}; expected shard_id {i}, integers >= 0, "
-                    f"capacity >= 1, rows <= capacity and commit, a file name")
-    places = placement.get("shards") if isinstance(placement, dict) else None
-    if not isinstance(places, list):
-        return f"placement must be a table with a list of shards, got {placement!r:.80}"
-    if len(places) != len(shards) or not all(
-            isinstance(s, dict) and _is_int(s.get("owner_rank")) for s in places):
-        return (f"placement lists {len(places)} shards, the manifest {len(shards)}; "
-                f"expected one table with an integer owner_rank per shard")
-    return ""
 
 
 def _done_problem(rec: Any) -> str:
@@ -428,8 +389,10 @@ def newest_first(roots: Iterable[Path]) -> list[Path]:
 
 
 def next_seq(root: Path, at_least: int = 1) -> int:
-    """A checkpoint number not used under ``root`` (temporary directories included)."""
-    used = [s for p in list_checkpoints(root) if (s := seq_of(p)) is not None]
+    """A checkpoint number not used under ``root`` (temporary directories included, and
+    a checkpoint's name taken by something else: a file there failed every save)."""
+    used = [s for p in (root.iterdir() if root.is_dir() else ())
+            if (s := seq_of(p)) is not None]
     if root.is_dir():
         for p in root.glob(TMP_PREFIX + "ckpt-*"):
             m = re.match(r"^\.tmp-ckpt-(\d+)", p.name)

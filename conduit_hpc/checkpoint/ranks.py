@@ -33,6 +33,22 @@ def _rank(name: str, group: str) -> int:
                          f"{name!r}") from err
 
 
+def _members(f: h5py.File, group: str, kind: type) -> list[tuple[str, Any]]:
+    """``(name, object)`` of a group's members, each of ``kind``: a damaged link (h5py
+    gives None for an object it cannot open) or an object of another kind is refused."""
+    g = f[group]
+    if not isinstance(g, h5py.Group):
+        raise ValueError(f"/{group} must be a group, got {type(g).__name__}")
+    out = []
+    for name in g:
+        obj = g.get(name)
+        if not isinstance(obj, kind):
+            raise ValueError(f"/{group}/{name} must be a {kind.__name__} (damaged or "
+                             f"replaced), got {type(obj).__name__}")
+        out.append((name, obj))
+    return out
+
+
 def read_rank_groups(f: h5py.File) -> tuple[dict[int, dict[str, Any]], dict[int, str],
                                             dict[int, dict[str, Any]]]:
     """``(counters, rng, sampler)`` by world rank: counters are numbers or strings, an
@@ -43,7 +59,7 @@ def read_rank_groups(f: h5py.File) -> tuple[dict[int, dict[str, Any]], dict[int,
         KeyError: a group is missing.
     """
     counters: dict[int, dict[str, Any]] = {}
-    for r, g in f["counters"].items():
+    for r, g in _members(f, "counters", h5py.Group):
         got: dict[str, Any] = {}
         for k, v in g.attrs.items():
             v = v.item() if isinstance(v, np.generic) else v
@@ -53,9 +69,9 @@ def read_rank_groups(f: h5py.File) -> tuple[dict[int, dict[str, Any]], dict[int,
                                  f"string, got {v!r:.80}")
             got[k] = v
         counters[_rank(r, 'counters')] = got
-    rng = {_rank(r, "rng"): _text(ds, f"/rng/{r}") for r, ds in f["rng"].items()}
+    rng = {_rank(r, "rng"): _text(ds, f"/rng/{r}") for r, ds in _members(f, "rng", object)}
     sampler: dict[int, dict[str, Any]] = {}
-    for r, ds in (f["sampler"].items() if "sampler" in f else ()):
+    for r, ds in (_members(f, "sampler", object) if "sampler" in f else ()):
         state = json.loads(_text(ds, f"/sampler/{r}"))
         if not isinstance(state, dict):
             raise ValueError(f"/sampler/{r} must hold a JSON object (a sampler's state), "

@@ -11,7 +11,6 @@ and JSON are read: no pickle is loaded, nothing is executed.
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,22 +21,20 @@ import h5py
 import numpy as np
 
 from conduit_hpc.checkpoint import files as _files
+from conduit_hpc.checkpoint.datasets import SHARD_DTYPES, check_shape, read_verified
 from conduit_hpc.checkpoint.files import (
-    CHUNK_BYTES,
     DAMAGED,
     DONE,
     FILE_RE,
     FORMAT,
     LEARNER_FILE,
     MANIFEST,
-    _crc,
-    _rows_per_slab,
     _sha256,
     damage_of,
     done_record,
-    manifest_problem,
     spec_from_json,
 )
+from conduit_hpc.checkpoint.problems import manifest_problem
 from conduit_hpc.checkpoint.ranks import read_rank_groups
 from conduit_hpc.errors import CheckpointError, CheckpointMismatch
 from conduit_hpc.spec import Spec
@@ -45,32 +42,6 @@ from conduit_hpc.storage.frames import LAG_COLUMN
 from conduit_hpc.storage.snapshot import ShardSnapshot, SnapshotStaging
 
 __all__ = ["Checkpoint", "ShardRecord", "open_checkpoint"]
-
-
-def _read_verified(ds: h5py.Dataset, expected: str | None, where: str,
-                   chunk_bytes: int = CHUNK_BYTES, out: np.ndarray | None = None) -> np.ndarray:
-    """Read a whole dataset in slabs (into ``out`` if given, of the right shape and
-    dtype), checking its CRC-32 against ``expected``."""
-    if ds.dtype.kind not in "biuf":
-        raise CheckpointError(f"{where}: dataset {ds.name} has dtype {ds.dtype}, expected a "
-                              f"numeric array")
-    if out is None or out.shape != ds.shape or out.dtype != ds.dtype:
-        out = np.empty(ds.shape, dtype=ds.dtype)
-    crc = 0
-    if out.ndim == 0:
-        out[()] = ds[()]
-        crc = zlib.crc32(out.tobytes())
-    elif len(out):
-        step = _rows_per_slab(out, chunk_bytes)
-        for i in range(0, len(out), step):
-            piece = out[i:i + step]
-            ds.read_direct(piece, np.s_[i:i + len(piece)])
-            crc = _crc(piece, crc)
-    got = f"crc32:{crc:08x}"
-    if expected is not None and got != expected:
-        raise CheckpointError(f"{where}: dataset {ds.name} fails its checksum (stored "
-                              f"{expected}, read {got}); the file is corrupted")
-    return out
 
 
 def _str(ds: h5py.Dataset) -> str:
@@ -172,6 +143,22 @@ class Checkpoint:
         except H5_ERRORS as err:
             raise CheckpointError(f"checkpoint file {p} cannot be opened: {err}") from err
 
+    def _expected(self, path: str) -> tuple[tuple[int, ...], np.dtype] | None:
+        """The shape and dtype the manifest and the spec give a shard dataset
+        (``/shards/<id>/seq``, ``priority``, ``init_priority``, ``columns/<field>``);
+        None for another dataset (a learner's array)."""
+        parts = path.strip("/").split("/")
+        if len(parts) < 3 or parts[0] != "shards" or not parts[1].isdigit() \
+                or int(parts[1]) >= len(self.shards):
+            return None
+        n = self.shards[int(parts[1])].rows
+        rest = "/".join(parts[2:])
+        if rest in SHARD_DTYPES:
+            return (n,), np.dtype(SHARD_DTYPES[rest])
+        fields = {f"columns/{fl.name}": fl for fl in self.spec}
+        fl = fields.get(rest)
+        return None if fl is None else ((n, *fl.shape), fl.dtype)
+
     def _dataset(self, f: h5py.File, name: str, path: str,
                  out: np.ndarray | None = None) -> np.ndarray:
         where = str(self.path / name)
@@ -185,8 +172,13 @@ class Checkpoint:
             if expected is None:
                 raise CheckpointError(f"{where}: dataset {path} has no checksum in the "
                                       f"manifest")
+            # before anything is allocated or read: a damaged or replaced header may say
+            # any shape (a 10**14-row one raised a raw MemoryError, which a resume takes
+            # for no fault of the checkpoint's; 10**8 rows were read for seconds)
+            check_shape(obj, self._expected(path), where,
+                         int(self.files[name].get("bytes", 0) or 0))
             try:
-                return _read_verified(obj, expected, where, out=out)
+                return read_verified(obj, expected, where, out=out)
             except OSError as err:  # truncated or damaged storage under a readable header
                 codec = obj.compression
                 what = (f" (a compressed block is damaged: the {codec} filter refused it)"
@@ -376,8 +368,11 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
         f = p / name
         if not FILE_RE.match(name):
             raise CheckpointError(f"checkpoint {p}: {DONE} names a bad file {name!r}")
-        if not f.is_file():
-            raise CheckpointError(f"checkpoint file {f} is missing")
+        if not f.is_file():  # (follows links) a FIFO or a device would never end
+            raise CheckpointError(
+                f"checkpoint file {f} is missing" if not (f.exists() or f.is_symlink())
+                else f"checkpoint file {f} is not a regular file (a directory, a FIFO, a "
+                     f"device, or a link to one or to nothing)")
         actual = f.stat().st_size
         if actual != int(size):
             raise CheckpointError(f"checkpoint file {f} is truncated or damaged: {actual} "
@@ -393,11 +388,15 @@ def open_checkpoint(path: str | Path, *, spec: Spec | None = None) -> Checkpoint
     try:
         with h5py.File(mpath, "r") as f:
             ckpt = _read_manifest(p, f)
-    except OSError as err:
+    except (OSError, RuntimeError) as err:  # (RuntimeError: HDF5 on damaged metadata)
         raise CheckpointError(f"checkpoint file {mpath} cannot be read: {err}") from err
     except (KeyError, ValueError, TypeError) as err:
         raise CheckpointError(f"checkpoint file {mpath} is not a valid manifest: "
                               f"{type(err).__name__}: {err}") from err
+    for name in ckpt.files:  # each checked above (present, a regular file, its size)
+        if name not in done["files"]:
+            raise CheckpointError(f"{mpath}: the manifest lists file {name!r}, which "
+                                  f"{DONE} does not")
     for s in ckpt.shards:
         if s.file not in ckpt.files:
             raise CheckpointError(f"{mpath}: shard {s.shard_id} is in {s.file!r}, which "

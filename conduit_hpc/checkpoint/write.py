@@ -9,10 +9,13 @@ Every function here is local (no MPI, no collective) and blocks for its own disk
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +67,57 @@ class _DirtyLimit:
             os.fdatasync(self.f.id.get_vfd_handle())
 
 
+#: room a checkpoint file needs beyond its arrays' bytes: HDF5's superblock and groups,
+#: and per dataset its header, attributes and chunk index (~2 kB; twice that counted)
+_HEADROOM_BYTES, _DATASET_BYTES = 16 << 10, 4 << 10
+
+
+def _check_room(path: Path, raw_bytes: int, datasets: int) -> None:
+    """Refuse a write that the file system has no room for before HDF5 starts it: HDF5
+    meets a full disk where it flushes or closes a dataset, and a close that fails leaves
+    a half-closed dataset that crashes the process (SIGSEGV) when the file or the library
+    closes - a periodic checkpoint dropped on a full disk took its buffer rank down at
+    exit. Compressed bytes are not counted (unknown before they are written); a quota
+    is not seen. Local.
+
+    Raises:
+        OSError: ENOSPC.
+    """
+    st = os.statvfs(path.parent)
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    need = raw_bytes + raw_bytes // 50 + _HEADROOM_BYTES + datasets * _DATASET_BYTES
+    if need > free:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+@contextmanager
+def _h5_create(path: Path, raw_bytes: int = 0, datasets: int = 0) -> Iterator[h5py.File]:
+    """A new HDF5 file for the ``with`` block (room for ``raw_bytes`` of uncompressed
+    arrays in ``datasets`` checked first), closed after it; when the block or the close
+    fails, the file is given up clean (:func:`_abandon`)."""
+    if datasets:
+        _check_room(path, raw_bytes, datasets)
+    f = h5py.File(path, "w", libver="latest")
+    try:
+        yield f
+        f.close()  # its last flush may fail too (a full disk)
+    except BaseException:
+        _abandon(f, path)
+        raise
+
+
+def _abandon(f: h5py.File, path: Path) -> None:
+    """Close a file whose write failed (it is removed with its checkpoint): HDF5 flushes
+    dirty metadata when the file and its datasets close, and on a full disk that fails
+    again, leaving IDs open that crashed the process when HDF5 shut down at its exit
+    (SIGSEGV in H5D_close, after a periodic checkpoint dropped on a full disk). The
+    file's bytes are given back first (truncated to 0), so the close has room."""
+    with suppress(OSError):
+        os.truncate(path, 0)
+    with suppress(Exception):
+        f.close()
+
+
 def _set_attrs(obj: h5py.HLObject, attrs: Mapping[str, Any] | None) -> None:
     for k, v in (attrs or {}).items():
         obj.attrs[str(k)] = v
@@ -103,6 +157,11 @@ def _write_dataset(group: h5py.Group, name: str, arr: np.ndarray, chunk_bytes: i
                 limit.wrote(piece.nbytes)
     value = f"crc32:{crc:08x}"
     ds.attrs["checksum"] = value
+    # before ds is let go: HDF5 writes what it buffered when a dataset closes, and a
+    # failure there (a full disk) is only printed ('Exception ignored in __dealloc__')
+    # and leaves a half-closed dataset that crashes the file's close (SIGSEGV); a flush
+    # raises it here instead, with ds still open
+    group.file.flush()
     return value
 
 
@@ -132,7 +191,11 @@ def write_shard_file(path: Path, snapshots: Sequence[ShardSnapshot], *,
     datasets: dict[str, str] = {}
     shards = []
     try:
-        with h5py.File(path, "w", libver="latest") as f:
+        plain = sum(a.nbytes for sn in snapshots for a in (
+            sn.seqs, sn.priority, sn.init_priority, *(c for name, c in sn.columns.items()
+                                                   if (compression or {}).get(name, "none")
+                                                   == "none")))
+        with _h5_create(path, plain, sum(3 + len(sn.columns) for sn in snapshots)) as f:
             limit = _DirtyLimit(f)
             f.attrs["format"] = FORMAT
             f.attrs["schema_version"] = _files.SCHEMA_VERSION
@@ -159,17 +222,27 @@ def write_shard_file(path: Path, snapshots: Sequence[ShardSnapshot], *,
                         (compression or {}).get(name, "none"))
                 shards.append({**meta, "file": path.name})
         _fsync(path)
-    except OSError as err:
+    except WRITE_ERRORS as err:
         raise CheckpointError(f"cannot write checkpoint file {path}: {os_reason(err)}") from err
     return {"file": {"name": path.name, "bytes": path.stat().st_size,
                      "datasets": datasets}, "shards": shards}
 
 
-def os_reason(err: OSError) -> str:
+#: what a write raises when the disk fails it: an OSError, or - where HDF5 meets the
+#: failure while it flushes or closes the file (ENOSPC half-way through a part) - a
+#: RuntimeError whose text carries the OS's ``errno = N``
+WRITE_ERRORS = (OSError, RuntimeError)
+
+
+def os_reason(err: BaseException) -> str:
     """An OS error in one line: ``[Errno 28] No space left on device``. HDF5's own
-    message runs over several lines with a time stamp, a buffer address and offsets."""
-    if err.errno:
-        return f"[Errno {err.errno}] {os.strerror(err.errno)}"
+    message runs over several lines with a time stamp, a buffer address and offsets
+    (an h5py RuntimeError: its ``errno = N`` is read from the text)."""
+    code = getattr(err, "errno", None)
+    if not code and (m := re.search(r"errno = (\d+)", str(err))):
+        code = int(m.group(1))
+    if code:
+        return f"[Errno {code}] {os.strerror(code)}"
     return " ".join(str(err).split())
 
 
@@ -209,7 +282,7 @@ def write_arrays_file(path: Path, arrays: Mapping[str, Any],
     if stray:
         raise CheckpointError(f"attributes given for arrays that are not stored: {stray}")
     try:
-        with h5py.File(path, "w", libver="latest") as f:
+        with _h5_create(path, sum(a.nbytes for a in clean.values()), len(clean)) as f:
             limit = _DirtyLimit(f)
             f.attrs["format"] = FORMAT
             f.attrs["schema_version"] = _files.SCHEMA_VERSION
@@ -218,7 +291,7 @@ def write_arrays_file(path: Path, arrays: Mapping[str, Any],
                 datasets[f"/arrays/{name}"] = _write_dataset(g, name, arr, CHUNK_BYTES,
                                                              limit, (attrs or {}).get(name))
         _fsync(path)
-    except OSError as err:
+    except WRITE_ERRORS as err:
         raise CheckpointError(f"cannot write checkpoint file {path}: {os_reason(err)}") from err
     return {"name": path.name, "bytes": path.stat().st_size, "datasets": datasets}
 
@@ -274,7 +347,7 @@ def write_manifest(directory: Path, *, seq: int, spec: Spec, config_toml: str,
     shards = [shard_recs[i] for i in range(nshards)]
     path = directory / MANIFEST
     try:
-        with h5py.File(path, "w", libver="latest") as f:
+        with _h5_create(path) as f:
             a = f.attrs
             a["format"] = FORMAT
             a["schema_version"] = _files.SCHEMA_VERSION
@@ -317,8 +390,9 @@ def write_manifest(directory: Path, *, seq: int, spec: Spec, config_toml: str,
                 f["learner"] = h5py.ExternalLink(LEARNER_FILE, "/arrays")
                 f["weights"] = h5py.ExternalLink(LEARNER_FILE, "/arrays")
         _fsync(path)
-    except OSError as err:
-        raise CheckpointError(f"cannot write checkpoint manifest {path}: {err}") from err
+    except WRITE_ERRORS as err:
+        raise CheckpointError(f"cannot write checkpoint manifest {path}: "
+                              f"{os_reason(err)}") from err
     sizes = {name: int(fr["bytes"]) for name, fr in files.items()}
     sizes[MANIFEST] = path.stat().st_size
     return {"files": sizes, "created_unix": created, "seq": seq}

@@ -11,8 +11,8 @@ and whether it is ``scored``, but only scored episodes enter the running mean.
 from __future__ import annotations
 
 import csv
+import logging
 import time
-import warnings
 from collections import deque
 from pathlib import Path
 from typing import TextIO
@@ -27,6 +27,7 @@ __all__ = ["EPISODES_TAG", "EPISODE_COLUMNS", "EXTRA_COLUMNS", "EpisodeLog",
 #: channel tag of the RL jobs' episode reports (a job tag, from ``protocol.JOB_TAGS``):
 #: actor -> lead learner, float64: env steps so far, then (return, scored) pairs
 EPISODES_TAG = JOB_TAGS.start
+log = logging.getLogger("conduit_hpc.episodes")
 
 #: columns of ``RUN_DIR/metrics/episodes.csv`` (then ``epsilon``, ``scored`` when known)
 EPISODE_COLUMNS = ("time_s", "env_steps", "actor", "episode_return")
@@ -86,13 +87,8 @@ class EpisodeLog:
         if path is not None:
             p = Path(path)
             p.parent.mkdir(parents=True, exist_ok=True)
-            new = not p.exists() or p.stat().st_size == 0
-            # a run that died mid-row left a last line without its newline: this run's
-            # first row would be glued onto it (one malformed row, both lost)
-            torn = not new and _ends_torn(p)
+            new = not p.exists() or _cut_torn_row(p) == 0
             self._fh = open(p, "a", newline="")  # noqa: SIM115 - closed in close()
-            if torn:
-                self._fh.write("\r\n")
             columns = EPISODE_COLUMNS + (EXTRA_COLUMNS if self.epsilons is not None else ())
             self._writer = csv.DictWriter(self._fh, fieldnames=columns)
             if new:
@@ -163,11 +159,26 @@ class EpisodeLog:
             self._writer = None
 
 
-def _ends_torn(path: Path) -> bool:
-    """Whether ``path``'s last byte is not a newline (a write cut short)."""
-    with open(path, "rb") as f:
-        f.seek(-1, 2)
-        return f.read(1) not in (b"\n", b"\r")
+def _cut_torn_row(path: Path) -> int:
+    """Cut a row torn by a kill off the end of an episode file that a requeued attempt
+    appends to (glued to its first row, it made 'merge_episode_files' fail: ``60.0005``
+    as env steps); only bytes after the last line end go. Returns the size left."""
+    with open(path, "rb+") as fh:
+        end = fh.seek(0, 2)
+        keep = end
+        while keep > 0:
+            start = max(0, keep - (64 << 10))
+            fh.seek(start)
+            block = fh.read(keep - start)
+            if keep == end and block.endswith(b"\n"):
+                return end  # whole rows: nothing torn
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            keep = start
+        fh.truncate(keep)
+        return keep
 
 
 def _read_part(path: Path, header: list[str]) -> tuple[list[dict[str, str]], list[str]]:
@@ -175,6 +186,8 @@ def _read_part(path: Path, header: list[str]) -> tuple[list[dict[str, str]], lis
     columns), and why each other row was left out (file and line named)."""
     rows: list[dict[str, str]] = []
     skipped: list[str] = []
+    if not path.is_file():  # a FIFO would hold the job's end for ever (actors write
+        return [], [f"{path}: not a regular file"]  # regular files only)
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         names = list(reader.fieldnames or ())
@@ -217,9 +230,10 @@ def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
     their files.
 
     Rows that are not well formed (a last row a crash cut short, a row of another
-    file's columns, numbers that do not parse) are left out with a ``RuntimeWarning``
-    naming the file and line of each, rather than failing the job's end or entering
-    the merged file with a wrong count.
+    file's columns, numbers that do not parse) and files that are not regular (a FIFO)
+    are left out with a warning (the ``conduit_hpc.episodes`` logger) naming the file
+    and line of each, rather than failing the job's end or entering the merged file
+    with a wrong count.
 
     Returns:
         int: episodes written (0 when there is no per-rank file; nothing is written).
@@ -236,8 +250,8 @@ def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
         rows.extend(good)
         skipped.extend(bad)
     if skipped:  # a crash mid-row (or an edited file): left out, said, not fatal
-        warnings.warn(f"merge_episode_files: {len(skipped)} malformed episode row(s) left "
-                      f"out: {'; '.join(skipped[:5])}", RuntimeWarning, stacklevel=2)
+        log.warning("merge_episode_files: left out %d damaged episode file(s) or row(s): %s",
+                    len(skipped), "; ".join(skipped[:5]))
     rows.sort(key=lambda r: float(r["time_s"]))
     latest: dict[str, int] = {}
     for row in rows:
