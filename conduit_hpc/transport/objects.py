@@ -43,7 +43,7 @@ def _keyval() -> int:
 
 def _in_step(comm: MPI.Intracomm, what: str) -> None:
     """Refuse a collective on ``comm`` after this rank left one of its multi-step
-    collectives between or inside its steps (:func:`_steps`): the others may still be in
+    collectives between or inside its steps (:class:`_Steps`): the others may still be in
     it, and this one's messages would be matched to theirs - MPI_ERR_TRUNCATE, or another
     collective's bytes decoded as this one's data (both seen: a learner that caught
     Ctrl-C in ``save_checkpoint`` and called it again)."""
