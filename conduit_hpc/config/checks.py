@@ -22,6 +22,7 @@ __all__ = [
     "INT64_MAX",
     "MAX_BYTES",
     "MAX_COUNT",
+    "MAX_NAME_BYTES",
     "MAX_ROWS",
     "MAX_ROW_BYTES",
     "MAX_SECONDS",
@@ -42,6 +43,9 @@ MAX_COUNT = 2**31 - 1
 MAX_ROW_BYTES = 2**32
 #: bytes of one shard, one batch or one queue (int64 with room for sums)
 MAX_BYTES = 2**62
+#: bytes (UTF-8) of a name that becomes part of a file name (run.name: the run directory
+#: is NAME-YYYYmmdd-HHMMSS-ffffff; a file name holds at most 255 bytes on Linux)
+MAX_NAME_BYTES = 200
 #: seconds of any timeout, budget or period (~115 days; threading's limit is far above)
 MAX_SECONDS = 1e7
 #: largest priority (initial or given): keeps priority ** alpha summed over a replay

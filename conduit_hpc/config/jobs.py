@@ -41,8 +41,18 @@ JOB_CONFIG_NAME = "JOB_CONFIG"
 
 
 def job_script_for(config_path: str | Path) -> Path:
-    """The job script of a TOML file: ``<config>.py`` beside it."""
-    return Path(config_path).with_suffix(".py")
+    """The job script of a TOML file: ``<config>.py`` beside it.
+
+    Raises:
+        ConfigError: a path without a file name (``""``, ``.``, ``/``), which names a
+            directory, not a TOML file (before: pathlib's bare ``ValueError``, a
+            traceback from ``conduit-hpc run .``).
+    """
+    p = Path(config_path)
+    if not p.name:
+        raise ConfigError(f"config file {str(config_path)!r} is a directory, not a TOML "
+                          f"file", key="")
+    return p.with_suffix(".py")
 
 
 def declared_config(config_path: str | Path,

@@ -40,6 +40,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
+from conduit_hpc.config import toml_guard
 from conduit_hpc.config.checks import INT64_MAX
 from conduit_hpc.config.jobs import declared_config
 from conduit_hpc.errors import ConfigError
@@ -91,8 +92,10 @@ def read_toml(path: str | Path, *, what: str = "config file") -> dict[str, Any]:
                           f"{line}); TOML files are UTF-8", key="") from err
     # a byte order mark (what some Windows editors put first) is not TOML's: dropped
     text = text.removeprefix("\ufeff")
-    try:
-        return tomllib.loads(text)
+    try:  # a key or nesting that would stall or break tomllib is refused (toml_guard)
+        return toml_guard.loads(text, f"{what} {str(p)!r}", "")
+    except ConfigError:  # a ValueError too: not the cases below
+        raise
     except tomllib.TOMLDecodeError as err:
         # the message of tomllib ends with "(at line L, column C)"
         raise ConfigError(f"{what} {str(p)!r} is not valid TOML: {err}", key="") from err
@@ -162,8 +165,11 @@ def parse_override(text: str) -> tuple[str, Any]:
     if any(not part.strip() for part in key.split(".")):
         raise ConfigError(f"override {text!r}: key {key!r} must be dotted names such as "
                           f"storage.capacity_rows", key=key)
-    try:
-        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+    try:  # an inline table's keys are checked; a bare word with dots stays text
+        parsed = toml_guard.loads(f"v = {value.strip()}", f"override {key!r}: its value",
+                                  key, keys="{" in value)["v"]
+    except ConfigError:  # a ValueError too: not the cases below
+        raise
     except (tomllib.TOMLDecodeError, KeyError):
         parsed = value.strip()
     except ValueError as err:  # int(): a literal past Python's 4300-digit limit

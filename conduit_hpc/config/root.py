@@ -300,6 +300,20 @@ class Config:
             require_bytes(world, "storage.capacity_rows", st.capacity_rows, rows * per_row,
                           f"on each buffer rank ({rows:,} rows of {per_row} bytes: its "
                           f"share over {world.buffers} buffer rank(s))")
+        # a learner's batches: delivered whole (stacks rebuilt); in mode edp, with a
+        # thread preparing them ahead, prefetch_depth + 1 at once (a delivery rank on its
+        # node holds as many with delivery = 'process'). Before, a batch past a node's
+        # memory (batch_rows = 2e9) started every rank and ended 'waited 15 s for batch 0'
+        sch = self.scheduler
+        learners = world.learners if world.learners is not None else self.layout.learners
+        if learners:
+            slots = sch.prefetch_depth + 1 if sch.mode == "edp" else 1
+            row = sum(f.row_bytes for f in self.spec.values())
+            require_bytes(world, "scheduler.batch_rows", sch.batch_rows,
+                          sch.batch_rows * sch.window * row * slots,
+                          f"on each learner ({slots} batch(es) of {sch.batch_rows:,} x "
+                          f"{sch.window} rows of {row} bytes: scheduler.mode = "
+                          f"{sch.mode!r}, prefetch_depth = {sch.prefetch_depth})")
 
     # -- loading -------------------------------------------------------------------
     @classmethod

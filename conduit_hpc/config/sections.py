@@ -16,6 +16,7 @@ from typing import Literal
 from conduit_hpc.config.checks import (
     DTYPES,
     MAX_COUNT,
+    MAX_NAME_BYTES,
     MAX_PRIORITY,
     MAX_ROW_BYTES,
     MAX_ROWS,
@@ -66,6 +67,13 @@ class RunConfig:
         require_types(self)
         require(bool(self.name) and self.name.replace("-", "").replace("_", "").isalnum(),
                 "name", self.name, "a non-empty name of letters, digits, '-' and '_'")
+        # it names the run directory (NAME-YYYYmmdd-HHMMSS-ffffff): past NAME_MAX (255
+        # bytes) the launcher failed making it with an OSError traceback
+        require(len(self.name.encode()) <= MAX_NAME_BYTES, "name",
+                f"{self.name[:40]}... ({len(self.name.encode())} bytes)",
+                f"a name of at most {MAX_NAME_BYTES} bytes in UTF-8 (it names the run "
+                f"directory, with a 23-character time stamp, and a file name holds at "
+                f"most 255 bytes)")
         require(0 <= self.seed < 2**32, "seed", self.seed, "in [0, 2**32)")
         require(finite(self.timeout_s) and 0 < self.timeout_s <= MAX_SECONDS, "timeout_s",
                 self.timeout_s, f"a finite number > 0 and <= {MAX_SECONDS:g} (seconds)")

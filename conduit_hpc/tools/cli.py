@@ -3,8 +3,8 @@
 Every sub-command is a :class:`Command` - its name, one line of help, a function that
 adds its arguments and a function ``(args) -> int`` that runs it - listed in
 :data:`COMMANDS` at the end of this module; :func:`main` turns a
-:class:`~conduit_hpc.errors.ConduitError` into one ``conduit-hpc: error`` line and exit
-status 2. Nothing here imports MPI.
+:class:`~conduit_hpc.errors.ConduitError`, or an ``OSError`` about a path given, into one
+``conduit-hpc: error`` line and exit status 2. Nothing here imports MPI.
 """
 
 from __future__ import annotations
@@ -444,6 +444,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command].run(args)
     except ConduitError as err:
+        print(f"conduit-hpc: error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        # a path the system refuses, wherever a command first touches it (a name past
+        # NAME_MAX, a symbolic-link loop, a directory it may not list): one line naming
+        # the path and the system's reason, not a traceback (before: Path.exists() and
+        # the like raised it from deep inside for run, slurm, inspect, report, probe)
         print(f"conduit-hpc: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C outside a run's wait (which forwards it)

@@ -334,7 +334,7 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     path = Path(config_path)
     # the one loading path: job sections are checked here too, before any rank starts
     no_mpi_in_this_process()
-    beside = path.with_suffix(".py")
+    beside = job_script_for(path)
     # the job config class is the one the script the ranks run declares (job_main
     # loads RUN_DIR/config.toml with it): the entry when given; with check_entry off
     # (tests of launcher failures, whose entries may not import) the script beside

@@ -18,7 +18,7 @@ from conduit_hpc.config import Config
 from conduit_hpc.errors import ConduitError, ConfigError
 
 __all__ = ["EXIT_FILE", "RunLock", "check_checkpoint_root", "ended", "lock_run_dir",
-           "unwritable"]
+           "resume_problem", "unwritable"]
 
 #: what the launcher records of how the job ended, in the run directory (read by
 #: ``conduit-hpc report``): ``{"exit_status": int, "ok": bool, "why": str, "ended": str}``
@@ -56,12 +56,33 @@ def check_checkpoint_root(cfg: Config, run_dir: Path, resume: str) -> None:
     if problem:
         raise ConfigError(f"checkpoint.directory = {cfg.checkpoint.directory!r}: "
                           f"{problem}", key="checkpoint.directory")
-    if resume and resume != "latest" and not Path(resume).is_dir():
+    why = resume_problem(resume) if resume and resume != "latest" else ""
+    if why:
         # the ranks (started in this directory) refuse it on every rank, after launch
         raise ConfigError(f"--resume {resume!r} must be a checkpoint directory "
-                          f"(ckpt-NNNNNN) or a directory holding them; it "
-                          f"{'is not a directory' if Path(resume).exists() else 'does not exist'}"
+                          f"(ckpt-NNNNNN) or a directory holding them; it {why}"
                           f" (--resume alone resumes from the latest)", key="--resume")
+
+
+def resume_problem(resume: str) -> str:
+    """Why the ranks' restore would refuse ``--resume PATH`` whatever it holds, by their
+    own rule (:func:`~conduit_hpc.features.checkpointing.resume.restore_data_plane`): a
+    checkpoint (or its manifest) or a directory holding checkpoints; "" when it is one.
+    Before, a directory holding neither (an empty one, a run directory's parent) passed,
+    and every rank started and then refused it together."""
+    from conduit_hpc.checkpoint import files as ck
+
+    p = Path(resume)
+    if p.name == ck.MANIFEST:
+        p = p.parent
+    if not p.exists():
+        return "does not exist"
+    if not p.is_dir():
+        return "is not a directory"
+    if (p / ck.DONE).exists() or (p / ck.MANIFEST).exists() or ck.list_checkpoints(p):
+        return ""
+    return (f"is a directory that holds neither a checkpoint ({ck.MANIFEST}, {ck.DONE}) "
+            f"nor checkpoint directories")
 
 
 def unwritable(run_dir: Path, runs_root: str | Path, err: OSError) -> ConfigError:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -125,7 +126,7 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
         raise ConduitError("report needs at least one run directory, got none")
     given: dict[Path, str] = {}
     for d in map(str, run_dirs):  # one run given twice would be compared with itself
-        where = Path(d).resolve()
+        where = Path(os.path.realpath(d))  # Path.resolve raises RuntimeError on a loop
         if where in given:
             also = f" (also as {given[where]!r})" if given[where] != d else ""
             raise ConduitError(f"RUN_DIR {d!r} is given twice{also}; give each run once")
