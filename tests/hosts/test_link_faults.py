@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -125,3 +126,64 @@ def test_link_down_before_the_first_contact_ends_in_the_bound(cluster: Cluster,
     assert got["host"] == "host0"
     assert got["got"].startswith("CollectiveFailed: waited 3.0 s for every rank of 2 to "
                                  "reach the first contact"), got
+
+
+def test_every_rank_of_a_host_killed_ends_the_job_naming_that_host(cluster: Cluster,
+                                                                   tmp_path: Path) -> None:
+    """kill -9 of every rank on host1 (the buffer and an actor) under `conduit-hpc run`:
+    the job ends at once, and its one message points at host1. Open MPI names the first
+    rank to report: mostly a rank on host0 whose TCP connection broke ("Socket closed",
+    3 runs of 3), for which the launcher said only "job exited with status 14"; it now
+    says a rank lost its connection and lists the other hosts' ranks (from plan.json)."""
+    env = {**cluster.env, "CONDUIT_MPIRUN": str(REPO / "scripts/hosts/mpirun.sh"),
+           "CONDUIT_HOSTS_HOSTFILE": str(cluster.hostfile(2, 2))}
+    cmd = ["python", "-m", "conduit_hpc.tools.cli", "run", "jobs/synthetic.toml", "--runs",
+           str(tmp_path), "--timeout", "240", "--set", "run.duration_s=120", "--set",
+           "run.timeout_s=5", "--set", "layout.actors=2", "--set",
+           "checkpoint.every_seconds=0", "--set", "checkpoint.on_stop=false"]
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(p.name == "checkpoints" for p in tmp_path.glob("*/*")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.5)
+        run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+        host1 = os.readlink(f"/proc/{(cluster.state / 'host1.pid').read_text().strip()}"
+                            f"/ns/net")
+        victims = [pid for pid in _processes_with(str(run_dir)) if _in_netns(pid, host1)
+                   and os.path.basename(_argv0(pid)).startswith("python")]
+        assert len(victims) == 2, victims  # world ranks 1 and 3
+        for pid in victims:
+            os.kill(int(pid), signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode not in (0, 124), err[-3000:]
+    errors = [ln for ln in err.splitlines() if ln.startswith("conduit-hpc: error")]
+    assert len(errors) == 1, err[-3000:]
+    named = (re.search(r"world rank [13] \(\w+\) on host host1 was killed by signal 9",
+                       errors[0])
+             or ("lost its connection to another rank" in errors[0]
+                 and "(the other hosts' ranks: host1: world ranks 1, 3)" in errors[0]))
+    assert named, errors[0]
+    left = _processes_with(str(run_dir))
+    assert not left, f"processes of the job left behind: {left}"
+
+
+def _in_netns(pid: str, netns: str) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") == netns
+    except OSError:
+        return False
+
+
+def _argv0(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return ""
