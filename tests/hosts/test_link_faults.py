@@ -187,3 +187,35 @@ def _argv0(pid: str) -> str:
             return f.read().split(b"\0")[0].decode(errors="replace")
     except OSError:
         return ""
+
+
+def test_two_hosts_with_one_hostname_are_refused_on_every_rank(cluster: Cluster,
+                                                               tmp_path: Path) -> None:
+    """host1 renamed host0 (two nodes with one hostname: a cloned image): Open MPI takes
+    them for one node and its blocking collectives then chose different algorithms on
+    different ranks (coll han on one, tuned on the others) and waited for each other for
+    ever - the constructor's config all-gather hung until the launcher's budget (2 runs
+    of 2). Each rank now sends its hostname and machine (boot id, /dev/shm's file system)
+    with the config digest, bounded, and every rank refuses a hostname of 2 machines."""
+    env = {**cluster.env, "CONDUIT_MPIRUN": str(REPO / "scripts/hosts/mpirun.sh"),
+           "CONDUIT_HOSTS_HOSTFILE": str(cluster.hostfile(2, 2))}
+    cmd = ["python", "-m", "conduit_hpc.tools.cli", "run", "jobs/synthetic.toml", "--runs",
+           str(tmp_path), "--timeout", "90", "--set", "run.duration_s=5", "--set",
+           "run.timeout_s=10", "--set", "layout.actors=2", "--set",
+           "checkpoint.every_seconds=0", "--set", "checkpoint.on_stop=false"]
+    renamed = cluster.sh("exec", "host1", "hostname", "host0")
+    assert renamed.returncode == 0, renamed.stderr
+    try:
+        out = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True,
+                             timeout=150, check=False)
+    finally:
+        cluster.sh("exec", "host1", "hostname", "host1")
+    assert cluster.sh("exec", "host1", "hostname").stdout.strip() == "host1"
+    assert out.returncode not in (0, 124), out.stderr[-3000:]
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("conduit-hpc: error")]
+    assert len(errors) == 1, out.stderr[-3000:]
+    assert ("ConfigError: hostname 'host0' is shared by 2 machines (world ranks by machine: "
+            "[[0, 2], [1, 3]])") in errors[0], errors[0]
+    run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+    said = [(run_dir / "logs" / f"rank.{r}" / "stderr").read_text() for r in range(4)]
+    assert all("is shared by 2 machines" in s for s in said), said  # every rank, together
