@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import os
+import socket
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -22,6 +23,7 @@ from conduit_hpc.config import Config, LayoutConfig
 from conduit_hpc.config.layout_rule import assign_roles, emulated_nodes_problem
 from conduit_hpc.errors import ConfigError, ConfigMismatch
 from conduit_hpc.transport.objects import allgather_json, bounded_barrier
+from conduit_hpc.transport.rma import shared_memory_dir
 
 __all__ = ["Role", "RoleComms", "agree", "check_same_config", "split_roles"]
 
@@ -194,15 +196,51 @@ def agree(comm: MPI.Intracomm, ok: bool) -> bool:
     return bool(comm.allreduce(bool(ok), op=MPI.LAND))
 
 
-def check_same_config(comm: MPI.Intracomm, config: Config) -> None:
-    """Raise :class:`ConfigMismatch` on every rank unless all ranks hold equal configs.
+def machine_identity() -> tuple[str, str]:
+    """``(hostname, machine)``: ``machine`` is the same for two processes exactly when
+    they can share memory - the kernel's boot id and the file system that backs shared
+    memory (``/dev/shm``: a container or a test host with its own tmpfs has another).
+    Local."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    directory = shared_memory_dir()
+    try:
+        dev = str(os.stat(directory).st_dev) if directory is not None else ""
+    except OSError:
+        dev = ""
+    return socket.gethostname(), f"{boot}:{dev}"
 
-    **Collective** on ``comm`` (one all-gather of a 64-character digest), after a
-    barrier bounded by ``run.timeout_s``: a rank that never comes (it left before the
-    constructor) makes the others raise :class:`~conduit_hpc.errors.CollectiveFailed`.
+
+def check_same_config(comm: MPI.Intracomm, config: Config) -> None:
+    """Raise :class:`ConfigMismatch` on every rank unless all ranks hold equal configs,
+    and :class:`~conduit_hpc.errors.ConfigError` where one hostname is shared by several
+    machines (:func:`machine_identity`: MPI would take them for one node).
+
+    **Collective** on ``comm`` (one all-gather of a 64-character digest and each rank's
+    hostname and machine), after a barrier, both bounded by ``run.timeout_s``: a rank that
+    never comes (it left before the constructor) makes the others raise
+    :class:`~conduit_hpc.errors.CollectiveFailed`.
     """
     bounded_barrier(comm, config.run.timeout_s, "the data plane's constructor")
-    digests = allgather_json(comm, config.digest())
+    # bounded too, and before any blocking collective: two machines with one hostname are
+    # one node to Open MPI, whose blocking collectives then pick different algorithms on
+    # different ranks and wait for each other for ever (docs/hosts.md)
+    seen = allgather_json(comm, [config.digest(), *machine_identity()], config.run.timeout_s,
+                          "the data plane's constructor (the config digests)")
+    digests = [d for d, _, _ in seen]
+    machines: dict[str, dict[str, list[int]]] = {}
+    for r, (_, host, machine) in enumerate(seen):
+        machines.setdefault(host, {}).setdefault(machine, []).append(r)
+    shared = {h: m for h, m in machines.items() if len(m) > 1}
+    if shared:
+        host, by_machine = next(iter(shared.items()))
+        raise ConfigError(f"hostname {host!r} is shared by {len(by_machine)} machines (world "
+                          f"ranks by machine: {sorted(by_machine.values())}): MPI tells nodes "
+                          f"apart by hostname and would take them for one node (shared "
+                          f"memory that is not shared; collectives that never end); give "
+                          f"every node its own hostname", key="layout")
     if len(set(digests)) > 1:
         groups: dict[str, list[int]] = {}
         for r, d in enumerate(digests):

@@ -8,6 +8,7 @@ message. Local; no MPI.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -111,6 +112,13 @@ _EXIT_IMPROPER = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exit
 _EXIT_NONZERO = re.compile(r"exited with non-zero status.*?Process name:\s*\[[^\]]*,(\d+)\]"
                            r"\s*Exit code:\s*(\d+)", re.S)
 _EXIT_SRUN = re.compile(r"srun: error: (\S+): tasks? (\d+)[-\d,]*: Exited with exit code (\d+)")
+# a rank whose TCP connection to another rank broke (that rank died, or its host or the
+# link to it failed): Open MPI's "An error occurred in Socket closed", then prterun "has
+# exited due to process rank 2 with PID 29932 on node host0 calling "abort"" - the rank
+# that noticed, not the one that failed
+_SOCKET_CLOSED = "An error occurred in Socket closed"
+_ABORT_MPIRUN = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) calling\s+"
+                           r"\"abort\"")
 
 
 def role_of(cfg: Config, world_size: int, rank: int) -> str:
@@ -130,6 +138,8 @@ def rank_death(run_dir: Path, cfg: Config) -> str | None:
     text = log.read_text(errors="replace")
     n = len(list((run_dir / "logs").glob("rank.*")))
     m = _DEATH_MPIRUN.search(text)
+    if m is None and _SOCKET_CLOSED in text and (a := _ABORT_MPIRUN.search(text)):
+        return _lost_peer(run_dir, cfg, n, int(a.group(1)), a.group(2), log)
     if m is None and (left := _rank_exit(text)) is not None:
         rank, host, status = left
         role = role_of(cfg, n, rank)
@@ -156,6 +166,29 @@ def rank_death(run_dir: Path, cfg: Config) -> str | None:
     who = f"world rank {rank}" + (f" ({role})" if role else "")
     return (f"{ERROR_PREFIX}: {who} on host {host} was killed by signal {sig} ({name}); "
             f"its log: {run_dir / 'logs' / f'rank.{rank}'}, the launcher's: {log}")
+
+
+def _lost_peer(run_dir: Path, cfg: Config, n: int, rank: int, host: str, log: Path) -> str:
+    """The report for a job that Open MPI ended because ``rank`` on ``host`` lost its
+    connection to another rank: which ranks sit on the other hosts (from the run's
+    ``plan.json``, where it was written), since one of them, or its host or link, failed
+    and the launcher names only the rank that noticed."""
+    role = role_of(cfg, n, rank)
+    who = f"world rank {rank}" + (f" ({role})" if role else "")
+    others = ""
+    try:
+        nodes = json.loads((run_dir / "plan.json").read_text())["nodes"]
+        others = "; ".join(f"{nd['host']}: world ranks {', '.join(map(str, nd['ranks']))}"
+                           for nd in nodes if nd["host"] != host)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return (f"{ERROR_PREFIX}: {who} on host {host} lost its connection to another rank "
+            f"(Open MPI: 'Socket closed') and ended the job: a rank on another host died "
+            f"(killed, out of memory) or that host or the link to it failed - the launcher "
+            f"names the rank that noticed, not the one that failed"
+            + (f" (the other hosts' ranks: {others})" if others else "")
+            + f"; the failed rank's log ends without an error: {run_dir / 'logs'}, the "
+            f"launcher's: {log}")
 
 
 def _rank_exit(text: str) -> tuple[int, str, int] | None:

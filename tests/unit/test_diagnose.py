@@ -132,3 +132,28 @@ def test_a_rank_that_exited_without_a_report_is_named_with_its_role(
     assert "without reporting an error (os._exit" in msg
     rank = says.split()[2]
     assert str(tmp_path / "logs" / f"rank.{rank}") in msg
+
+
+def test_a_rank_that_lost_its_peer_says_so_and_names_the_other_hosts(tmp_path: Path) -> None:
+    """Every rank of one host killed (kill -9; tests/hosts/test_link_faults.py does it): a
+    rank on the other host whose TCP connection broke aborts first, and `conduit-hpc run`
+    said only "job exited with status 14" - it now says that a rank lost its connection,
+    that the one named is the one that noticed, and which ranks the other hosts held."""
+    write_logs(tmp_path, {0: "", 1: "", 2: "", 3: ""})
+    (tmp_path / "logs" / "launcher.log").write_text(
+        "[host0:00000] *** An error occurred in Socket closed\n"
+        "[host0:00000] *** reported by process [2113994753,2]\n"
+        "[host0:00000] *** on a NULL communicator\n"
+        "-" * 74 + "\nprterun has exited due to process rank 2 with PID 29932 on node host0 "
+        "calling\n\"abort\". This may have caused other processes in the application to be\n"
+        "terminated by signals sent by prterun (as reported here).\n")
+    (tmp_path / "plan.json").write_text(
+        '{"nodes": [{"host": "host0", "node": 0, "ranks": [0, 2]},'
+        ' {"host": "host1", "node": 1, "ranks": [1, 3]}]}')
+    cfg = Config.from_dict({"layout": {"learners": 1, "buffers": 1, "actors": 2},
+                            "spec": {"x": {"dtype": "float32"}}})
+    assert first_error(tmp_path) is None
+    msg = str(rank_death(tmp_path, cfg))
+    assert msg.startswith("conduit-hpc: error: world rank 2 (actor) on host host0 lost its "
+                          "connection to another rank"), msg
+    assert "(the other hosts' ranks: host1: world ranks 1, 3)" in msg, msg

@@ -26,6 +26,11 @@ export OMPI_MCA_osc=${OMPI_MCA_osc:-^ucx}
 export OMPI_MCA_btl=${OMPI_MCA_btl:-^ofi}
 export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
+# wire every peer up inside MPI_Init: left lazy (the default, 0), a rank's first message
+# to a peer asks the PMIx server for the peer's address with no time limit - after a link
+# dropped before that first contact, a rank hung there inside a "non-blocking" Ibarrier,
+# where no deadline of ours could end it (docs/hosts.md, "Faults")
+export OMPI_MCA_mpi_add_procs_cutoff=${OMPI_MCA_mpi_add_procs_cutoff:-1000000}
 # slot: fill each node's slots in turn (on several nodes of an allocation, the bare
 # ":oversubscribe" maps by core and put every rank on the first node: docs/hosts.md)
 export PRTE_MCA_rmaps_default_mapping_policy=${PRTE_MCA_rmaps_default_mapping_policy:-slot:oversubscribe}
