@@ -434,12 +434,13 @@ def test_report_says_how_the_job_ended(tmp_path, content, ended, problem) -> Non
     data = load_run(run)
     assert data.ended == ended
     assert run_stats(data).get("ended", "") == ended
-    md = write_report([run]).read_text()
     if problem is None:
-        assert not data.problems and "| ok |" in md
+        assert not data.problems
     else:
         assert any(problem in p for p in data.problems), data.problems
-        assert problem in md
+    if content is None or '"ok": true' in content or "budget" in content:  # (plots: ~1 s)
+        md = write_report([run]).read_text()
+        assert (f"| {ended} |" in md) and (problem is None or problem in md), md
 
 
 def test_a_run_directory_not_made_by_the_launcher_has_no_end_to_report(tmp_path) -> None:
