@@ -46,3 +46,31 @@ class Cluster:
                                str(hosts * per_host), "--map-by", "node", *args],
                               env=env, cwd=REPO, capture_output=True, text=True,
                               timeout=timeout, check=False)
+
+
+def synthetic_job_on_2_hosts(cluster: Cluster, runs: Path, *, timeout: int,
+                             duration_s: float, timeout_s: float
+                             ) -> tuple[dict[str, str], list[str]]:
+    """``(env, argv)`` of ``conduit-hpc run jobs/synthetic.toml`` on 2 hosts of
+    ``cluster`` with 2 slots each (1 learner, 1 buffer, 2 actors; no checkpoints), its run
+    directory under ``runs``, the launcher's budget ``timeout`` seconds."""
+    env = {**cluster.env, "CONDUIT_MPIRUN": str(REPO / "scripts/hosts/mpirun.sh"),
+           "CONDUIT_HOSTS_HOSTFILE": str(cluster.hostfile(2, 2))}
+    cmd = ["python", "-m", "conduit_hpc.tools.cli", "run", "jobs/synthetic.toml", "--runs",
+           str(runs), "--timeout", str(timeout), "--set", f"run.duration_s={duration_s}",
+           "--set", f"run.timeout_s={timeout_s}", "--set", "layout.actors=2", "--set",
+           "checkpoint.every_seconds=0", "--set", "checkpoint.on_stop=false"]
+    return env, cmd
+
+
+def wait_until_started(proc: subprocess.Popen[str], runs: Path, timeout_s: float = 120
+                       ) -> None:
+    """Until the job ``proc`` launched into ``runs`` has made its run directory's
+    ``checkpoints`` (its ranks are past the constructor); it must not end first."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not any(p.name == "checkpoints" for p in runs.glob("*/*")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.5)

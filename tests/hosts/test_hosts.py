@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from hosts_cluster import CLUSTER, Cluster, in_ci
+from hosts_cluster import CLUSTER, Cluster, in_ci, synthetic_job_on_2_hosts, wait_until_started
 
 from conduit_hpc.testing import REPO
 
@@ -220,20 +220,12 @@ def test_dropped_link_mid_run_ends_the_job_with_the_ranks_error(cluster: Cluster
     rank of the job is left on any host."""
     from conduit_hpc.tools.launcher import ABORT_GRACE_S
 
-    env = {**cluster.env, "CONDUIT_MPIRUN": str(REPO / "scripts/hosts/mpirun.sh"),
-           "CONDUIT_HOSTS_HOSTFILE": str(cluster.hostfile(2, 2))}
-    cmd = ["python", "-m", "conduit_hpc.tools.cli", "run", "jobs/synthetic.toml", "--runs",
-           str(tmp_path), "--timeout", "240", "--set", "run.duration_s=120", "--set",
-           "run.timeout_s=5", "--set", "layout.actors=2", "--set",
-           "checkpoint.every_seconds=0", "--set", "checkpoint.on_stop=false"]
+    env, cmd = synthetic_job_on_2_hosts(cluster, tmp_path, timeout=240, duration_s=120,
+                                        timeout_s=5)
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not any(p.name == "checkpoints" for p in tmp_path.glob("*/*")):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the job never started"
-            time.sleep(0.5)
+        wait_until_started(proc, tmp_path)
         time.sleep(2)
         with dropped(cluster, "host1"):
             t0 = time.monotonic()

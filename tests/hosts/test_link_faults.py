@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from hosts_cluster import CLUSTER, Cluster
+from hosts_cluster import CLUSTER, Cluster, synthetic_job_on_2_hosts, wait_until_started
 
 from conduit_hpc.testing import REPO
 
@@ -135,20 +135,12 @@ def test_every_rank_of_a_host_killed_ends_the_job_naming_that_host(cluster: Clus
     rank to report: mostly a rank on host0 whose TCP connection broke ("Socket closed",
     3 runs of 3), for which the launcher said only "job exited with status 14"; it now
     says a rank lost its connection and lists the other hosts' ranks (from plan.json)."""
-    env = {**cluster.env, "CONDUIT_MPIRUN": str(REPO / "scripts/hosts/mpirun.sh"),
-           "CONDUIT_HOSTS_HOSTFILE": str(cluster.hostfile(2, 2))}
-    cmd = ["python", "-m", "conduit_hpc.tools.cli", "run", "jobs/synthetic.toml", "--runs",
-           str(tmp_path), "--timeout", "240", "--set", "run.duration_s=120", "--set",
-           "run.timeout_s=5", "--set", "layout.actors=2", "--set",
-           "checkpoint.every_seconds=0", "--set", "checkpoint.on_stop=false"]
+    env, cmd = synthetic_job_on_2_hosts(cluster, tmp_path, timeout=240, duration_s=120,
+                                        timeout_s=5)
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not any(p.name == "checkpoints" for p in tmp_path.glob("*/*")):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the job never started"
-            time.sleep(0.5)
+        wait_until_started(proc, tmp_path)
         run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
         host1 = os.readlink(f"/proc/{(cluster.state / 'host1.pid').read_text().strip()}"
                             f"/ns/net")
@@ -197,12 +189,8 @@ def test_two_hosts_with_one_hostname_are_refused_on_every_rank(cluster: Cluster,
     ever - the constructor's config all-gather hung until the launcher's budget (2 runs
     of 2). Each rank now sends its hostname and machine (boot id, /dev/shm's file system)
     with the config digest, bounded, and every rank refuses a hostname of 2 machines."""
-    env = {**cluster.env, "CONDUIT_MPIRUN": str(REPO / "scripts/hosts/mpirun.sh"),
-           "CONDUIT_HOSTS_HOSTFILE": str(cluster.hostfile(2, 2))}
-    cmd = ["python", "-m", "conduit_hpc.tools.cli", "run", "jobs/synthetic.toml", "--runs",
-           str(tmp_path), "--timeout", "90", "--set", "run.duration_s=5", "--set",
-           "run.timeout_s=10", "--set", "layout.actors=2", "--set",
-           "checkpoint.every_seconds=0", "--set", "checkpoint.on_stop=false"]
+    env, cmd = synthetic_job_on_2_hosts(cluster, tmp_path, timeout=90, duration_s=5,
+                                        timeout_s=10)
     renamed = cluster.sh("exec", "host1", "hostname", "host0")
     assert renamed.returncode == 0, renamed.stderr
     try:

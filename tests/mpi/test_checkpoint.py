@@ -8,7 +8,9 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import h5py
 import numpy as np
@@ -17,7 +19,7 @@ from mpi4py import MPI
 
 from conduit_hpc import CheckpointError, ExperienceDataPlane, Role, job
 from conduit_hpc import checkpoint as ck
-from conduit_hpc.features.checkpointing import restore_data_plane, save_checkpoint
+from conduit_hpc.features.checkpointing import SaveResult, restore_data_plane, save_checkpoint
 from conduit_hpc.features.checkpointing.agent import CheckpointAgent
 from conduit_hpc.features.checkpointing.stopping import StopCoordinator
 from conduit_hpc.placement import Placement, plan_round_robin
@@ -26,6 +28,7 @@ from conduit_hpc.protocol import JOB_TAGS, Tag
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD
+T = TypeVar("T")
 
 
 def prio_of(writer: np.ndarray, wseq: np.ndarray) -> np.ndarray:
@@ -501,6 +504,24 @@ def test_superstep_boundary_cut_sees_every_update_sent_before_the_marker(shared_
     assert c.counters[edp.roles.buffer_ranks[0]]["request.superstep"] == 2
 
 
+def _three_batches_then_save(cfg, root: Path, actor: Callable[[ExperienceDataPlane], object],
+                             then: Callable[[ExperienceDataPlane], T]
+                             ) -> tuple[SaveResult, T]:
+    """A job whose actors run ``actor(edp)`` while the learner takes three batches, then
+    a checkpoint under ``root`` once every rank is done; returns it with ``then(edp)``
+    (collective if ``then`` is)."""
+    with ExperienceDataPlane(cfg) as edp:
+        if edp.role is Role.ACTOR:
+            actor(edp)
+        elif edp.role is Role.LEARNER:
+            for _ in range(3):
+                edp.next_batch()
+        else:
+            edp.serve()
+        edp.done()
+        return save_checkpoint(edp, root), then(edp)
+
+
 @pytest.mark.mpi(min_size=3)
 def test_a_checkpoint_after_the_writers_finished_holds_every_row_held(shared_dir) -> None:
     """A checkpoint cut right after the last writer finished (a job's final one) left
@@ -513,20 +534,14 @@ def test_a_checkpoint_after_the_writers_finished_holds_every_row_held(shared_dir
     cfg = make_config(layout={"learners": 1, "buffers": 1},
                       storage={"capacity_rows": cap, "priority_exponent": 0.6},
                       scheduler={"batch_rows": 32, "min_fill_rows": cap})
-    with ExperienceDataPlane(cfg) as edp:
-        if edp.role is Role.ACTOR:  # as fast as it can, until the learners are done
-            w = 0
-            while not edp.should_stop and w < 5_000_000:
-                edp.ingest(checked_batch(edp.world_rank, w, 30))
-                w += 30
-        elif edp.role is Role.LEARNER:
-            for _ in range(3):
-                edp.next_batch()
-        else:
-            edp.serve()
-        edp.done()
-        result = save_checkpoint(edp, shared_dir / "ckpt")
-        summary = edp.summary()
+    def flat_out(edp: ExperienceDataPlane) -> None:  # until the learners are done
+        w = 0
+        while not edp.should_stop and w < 5_000_000:
+            edp.ingest(checked_batch(edp.world_rank, w, 30))
+            w += 30
+
+    result, summary = _three_batches_then_save(cfg, shared_dir / "ckpt", flat_out,
+                                               ExperienceDataPlane.summary)
     held_rows = sum(s["held"] for s in summary["shards"].values())
     with h5py.File(result.path / "manifest.h5", "r") as f:
         rows = len(f["index/seq"])
@@ -548,17 +563,9 @@ def test_a_resumed_job_keeps_its_rate_limiter_counts(shared_dir) -> None:
     cfg = make_config(layout={"learners": 1, "buffers": 1},
                       storage={"capacity_rows": 600, "priority_exponent": 0.6},
                       scheduler={"batch_rows": 32, "min_fill_rows": 64})
-    with ExperienceDataPlane(cfg) as edp:
-        if edp.role is Role.ACTOR:
-            ingest(edp, 0, 10, rows=30)
-        elif edp.role is Role.LEARNER:
-            for _ in range(3):
-                edp.next_batch()
-        else:
-            edp.serve()
-        edp.done()
-        result = save_checkpoint(edp, shared_dir / "ckpt")
-        saved = [edp.control.read(c) for c in (C_INSERTS, C_SAMPLES)]
+    result, saved = _three_batches_then_save(
+        cfg, shared_dir / "ckpt", lambda edp: ingest(edp, 0, 10, rows=30),
+        lambda edp: [edp.control.read(c) for c in (C_INSERTS, C_SAMPLES)])
     # (a prefetching learner may have drawn a batch more than it took)
     assert saved[0] == 300 * (COMM.size - 2) and saved[1] >= 96, saved
     with ExperienceDataPlane(cfg) as edp:

@@ -19,6 +19,8 @@ once; what the shard holds is still whole.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -123,6 +125,46 @@ class SyncInterrupted:
             raise KeyboardInterrupt
 
 
+def _learner_trains_on_through_ctrl_c(arm: Callable[[Any], None],
+                                     look: Callable[[Any], list]) -> list[tuple]:
+    """A job whose node-local learner, ``arm(edp)``-ed to be interrupted once inside its
+    priority writes, catches the ``KeyboardInterrupt`` and trains on for 40 batches; the
+    actors ingest and the buffer serves. Asserts that every rank finished and that the
+    learner caught the interrupt once; returns every rank's ``(ending, interrupts,
+    look(edp))``, ``look`` run on the learner after its batches."""
+    cfg = make_config(spec={"obs": {"dtype": "float32", "shape": [4]}},
+                      run={"timeout_s": TIMEOUT_S},
+                      layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
+                      storage={"capacity_rows": 64}, transport=TRANSPORTS["shm"],
+                      scheduler={"mode": "sync", "batch_rows": 8, "min_fill_rows": 16})
+    rows = {"obs": np.zeros((8, 4), np.float32)}
+    seen, interrupted, seen_after = "nothing", 0, []
+    try:
+        with ExperienceDataPlane(cfg) as edp:
+            if edp.role is Role.ACTOR:
+                while not edp.should_stop:
+                    edp.ingest(rows)
+            elif edp.serves:
+                edp.serve()
+            else:
+                arm(edp)
+                for step in range(40):
+                    b = edp.next_batch()
+                    try:  # a hostile job: catches Ctrl-C and trains on
+                        edp.update_priorities(b.indices, np.full(len(b), 1.0 + step))
+                    except KeyboardInterrupt:
+                        interrupted += 1
+                seen_after = look(edp)
+            edp.done()
+        seen = "finished"
+    except Exception as err:  # a timeout (or anything else) is the finding
+        seen = f"{type(err).__name__}: {err}"
+    every = COMM.allgather((seen, interrupted, seen_after))
+    assert all(s == "finished" for s, _, _ in every), every
+    assert sum(i for _, i, _ in every) == 1, every  # the interrupt stayed one
+    return every
+
+
 @pytest.mark.mpi(min_size=3)
 def test_an_interrupt_that_leaves_the_index_seqlock_open_heals_at_the_next_write() -> None:
     """A learner on the shard's node writes its priority updates into the shard's index
@@ -132,67 +174,73 @@ def test_an_interrupt_that_leaves_the_index_seqlock_open_heals_at_the_next_write
     (the learner's own draws) retried until ``run.timeout_s`` - or took a torn read.
     The seqlock's values are absolute now (open: odd, closed: the next even), so the
     next write closes it and the job runs to its end with the priorities it set."""
-    cfg = make_config(spec={"obs": {"dtype": "float32", "shape": [4]}},
-                      run={"timeout_s": TIMEOUT_S},
-                      layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
-                      storage={"capacity_rows": 64}, transport=TRANSPORTS["shm"],
-                      scheduler={"mode": "sync", "batch_rows": 8, "min_fill_rows": 16})
-    rows = {"obs": np.zeros((8, 4), np.float32)}
-    seen, interrupted, versions = "nothing", 0, []
-    try:
-        with ExperienceDataPlane(cfg) as edp:
-            if edp.role is Role.ACTOR:
-                while not edp.should_stop:
-                    edp.ingest(rows)
-                edp.done()
-            elif edp.serves:
-                edp.serve()
-            else:
-                armed = {"at": 5}
-                for ring in edp.rings.values():
-                    if ring.views is None:
-                        continue
-                    end = ring.index_write_end
+    def arm(edp) -> None:
+        armed = {"at": 5}
+        for ring in edp.rings.values():
+            if ring.views is None:
+                continue
+            end = ring.index_write_end
 
-                    def interrupted_end(*args, ring=ring, end=end):
-                        armed["at"] -= 1
-                        if armed["at"]:
-                            return end(*args)
-                        inner = ring.transport  # the 2nd sync: stats out, not closed
-                        ring.transport = SyncInterrupted(inner, 2)
-                        try:
-                            return end(*args)
-                        finally:
-                            ring.transport = inner
-                    ring.index_write_end = interrupted_end
-                for step in range(40):
-                    b = edp.next_batch()
-                    try:  # a hostile job: catches Ctrl-C and trains on
-                        edp.update_priorities(b.indices, np.full(len(b), 1.0 + step))
-                    except KeyboardInterrupt:
-                        interrupted += 1
-                from conduit_hpc.storage.layout import H_STATS_VERSION
-                from conduit_hpc.storage.shared_index import lock_index, unlock_index
-                for r in edp.rings.values():
-                    if r.views is None:
-                        continue
-                    # Read under the index lock: the owner commits the actors' rows
-                    # inside the seqlock, so an unlocked read can land in one of its
-                    # writes (odd for a moment; seen at 6 ranks). Under the lock, only a
-                    # write an interrupt left open shows odd.
-                    lock_index(r, COMM.rank)
-                    try:
-                        versions.append(int(r.views.header[H_STATS_VERSION]) % 2)
-                    finally:
-                        unlock_index(r, COMM.rank)
-                edp.done()
-        seen = "finished"
-    except Exception as err:  # a timeout (or anything else) is the finding
-        seen = f"{type(err).__name__}: {err}"
-    every = COMM.allgather((seen, interrupted, versions))
-    assert all(s == "finished" for s, _, _ in every), every
-    assert sum(i for _, i, _ in every) == 1, every  # the interrupt stayed one
+            def interrupted_end(*args, ring=ring, end=end):
+                armed["at"] -= 1
+                if armed["at"]:
+                    return end(*args)
+                inner = ring.transport  # the 2nd sync: stats out, not closed
+                ring.transport = SyncInterrupted(inner, 2)
+                try:
+                    return end(*args)
+                finally:
+                    ring.transport = inner
+            ring.index_write_end = interrupted_end
+
+    def versions(edp) -> list[int]:
+        from conduit_hpc.storage.layout import H_STATS_VERSION
+        from conduit_hpc.storage.shared_index import lock_index, unlock_index
+
+        out = []
+        for r in edp.rings.values():
+            if r.views is None:
+                continue
+            # Read under the index lock: the owner commits the actors' rows inside the
+            # seqlock, so an unlocked read can land in one of its writes (odd for a
+            # moment; seen at 6 ranks). Under the lock, only a write an interrupt left
+            # open shows odd.
+            lock_index(r, COMM.rank)
+            try:
+                out.append(int(r.views.header[H_STATS_VERSION]) % 2)
+            finally:
+                unlock_index(r, COMM.rank)
+        return out
+
+    every = _learner_trains_on_through_ctrl_c(arm, versions)
     assert all(v == 0 for _, _, vs in every for v in vs), every  # every seqlock closed
+
+
+def _collective_job(tmp_path_factory) -> tuple[str, Any]:
+    """A checkpoint root every rank names alike, and the small job of the collective
+    interrupt tests (a 6 s timeout: a stop by deadline would take that long)."""
+    root = COMM.bcast(str(tmp_path_factory.mktemp("ckpt")) if COMM.rank == 0 else None)
+    return root, make_config(spec={"obs": {"dtype": "float32", "shape": [4]}},
+                             run={"timeout_s": 6.0},
+                             layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
+                             storage={"capacity_rows": 64}, checkpoint={"on_stop": False})
+
+
+def _interrupt_after_the_arrival(monkeypatch, *, once: bool = False) -> None:
+    """This rank's next JSON all-gather raises ``KeyboardInterrupt`` after every rank
+    arrived, once the others are in its data step (not still settling the arrival);
+    ``once``: the all-gathers after it run as they are."""
+    from conduit_hpc.transport import objects
+
+    gathered = objects.bounded_allgather
+
+    def interrupted(*args, **kwargs):
+        gathered(*args, **kwargs)
+        time.sleep(2.0)
+        if once:
+            monkeypatch.setattr(objects, "bounded_allgather", gathered)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(objects, "bounded_allgather", interrupted)
 
 
 @pytest.mark.mpi(min_size=3)
@@ -207,25 +255,13 @@ def test_an_interrupt_between_a_collectives_arrival_and_its_data_step_stops_ever
     others raise :class:`RemoteFailure` naming the interrupted rank."""
     from pathlib import Path
 
-    from conduit_hpc.transport import objects
-
-    root = COMM.bcast(str(tmp_path_factory.mktemp("ckpt")) if COMM.rank == 0 else None)
-    cfg = make_config(spec={"obs": {"dtype": "float32", "shape": [4]}},
-                      run={"timeout_s": 6.0},
-                      layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
-                      storage={"capacity_rows": 64}, checkpoint={"on_stop": False})
+    root, cfg = _collective_job(tmp_path_factory)
     seen, victim = "nothing", -1
     try:
         with ExperienceDataPlane(cfg) as edp:
             victim = edp.roles.learner_ranks[0]
             if edp.world_rank == victim:
-                gathered = objects.bounded_allgather
-
-                def interrupted(*args, **kwargs):
-                    gathered(*args, **kwargs)  # every rank arrived; once the others are in
-                    time.sleep(2.0)  # the data step (not still settling the arrival):
-                    raise KeyboardInterrupt
-                monkeypatch.setattr(objects, "bounded_allgather", interrupted)
+                _interrupt_after_the_arrival(monkeypatch)
             if call == "summary":
                 edp.summary()
             else:
@@ -255,13 +291,8 @@ def test_a_collective_called_again_after_an_interrupted_one_stops_every_rank(
     from pathlib import Path
 
     from conduit_hpc.features.checkpointing import save_checkpoint
-    from conduit_hpc.transport import objects
 
-    root = COMM.bcast(str(tmp_path_factory.mktemp("ckpt")) if COMM.rank == 0 else None)
-    cfg = make_config(spec={"obs": {"dtype": "float32", "shape": [4]}},
-                      run={"timeout_s": 6.0},
-                      layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
-                      storage={"capacity_rows": 64}, checkpoint={"on_stop": False})
+    root, cfg = _collective_job(tmp_path_factory)
     seen, victim = "nothing", -1
     try:
         with ExperienceDataPlane(cfg) as edp:
@@ -273,14 +304,7 @@ def test_a_collective_called_again_after_an_interrupted_one_stops_every_rank(
                 else:
                     save_checkpoint(edp, Path(root))
             if edp.world_rank == victim:
-                gathered = objects.bounded_allgather
-
-                def interrupted(*args, **kwargs):
-                    gathered(*args, **kwargs)  # every rank arrived; once the others are
-                    time.sleep(2.0)  # in the data step:
-                    monkeypatch.setattr(objects, "bounded_allgather", gathered)
-                    raise KeyboardInterrupt
-                monkeypatch.setattr(objects, "bounded_allgather", interrupted)
+                _interrupt_after_the_arrival(monkeypatch, once=True)
                 with contextlib.suppress(KeyboardInterrupt):  # a hostile job: catches
                     collective()  # Ctrl-C and calls again
             collective()
@@ -321,39 +345,16 @@ def test_an_interrupt_right_after_the_index_lock_is_taken_gives_it_back() -> Non
     owner committing the actors' rows, the learner's next update) waited out
     ``run.timeout_s`` for "the index lock of the shard ... held by world rank" the
     learner. The take gives the lock back now; the job runs to its end."""
-    cfg = make_config(spec={"obs": {"dtype": "float32", "shape": [4]}},
-                      run={"timeout_s": TIMEOUT_S},
-                      layout={"learners": 1, "buffers": 1, "actors": COMM.size - 2},
-                      storage={"capacity_rows": 64}, transport=TRANSPORTS["shm"],
-                      scheduler={"mode": "sync", "batch_rows": 8, "min_fill_rows": 16})
-    rows = {"obs": np.zeros((8, 4), np.float32)}
-    seen, interrupted, locks = "nothing", 0, []
-    try:
-        with ExperienceDataPlane(cfg) as edp:
-            if edp.role is Role.ACTOR:
-                while not edp.should_stop:
-                    edp.ingest(rows)
-                edp.done()
-            elif edp.serves:
-                edp.serve()
-            else:
-                for ring in edp.rings.values():
-                    if ring.views is not None:
-                        ring.transport = LockTakeInterrupted(ring.transport, 3)
-                for step in range(40):
-                    b = edp.next_batch()
-                    try:  # a hostile job: catches Ctrl-C and trains on
-                        edp.update_priorities(b.indices, np.full(len(b), 1.0 + step))
-                    except KeyboardInterrupt:
-                        interrupted += 1
-                from conduit_hpc.storage.layout import H_INDEX_LOCK
-                locks = [int(r.views.header[H_INDEX_LOCK]) == edp.world_rank + 1
-                         for r in edp.rings.values() if r.views is not None]
-                edp.done()
-        seen = "finished"
-    except Exception as err:  # a timeout (or anything else) is the finding
-        seen = f"{type(err).__name__}: {err}"
-    every = COMM.allgather((seen, interrupted, locks))
-    assert all(s == "finished" for s, _, _ in every), every
-    assert sum(i for _, i, _ in every) == 1, every  # the interrupt stayed one
+    def arm(edp) -> None:
+        for ring in edp.rings.values():
+            if ring.views is not None:
+                ring.transport = LockTakeInterrupted(ring.transport, 3)
+
+    def held_by_me(edp) -> list[bool]:
+        from conduit_hpc.storage.layout import H_INDEX_LOCK
+
+        return [int(r.views.header[H_INDEX_LOCK]) == edp.world_rank + 1
+                for r in edp.rings.values() if r.views is not None]
+
+    every = _learner_trains_on_through_ctrl_c(arm, held_by_me)
     assert not any(mine for _, _, held in every for mine in held), every  # not left held
