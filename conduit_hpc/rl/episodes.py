@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import math
 import time
 from collections import deque
 from pathlib import Path
@@ -88,6 +89,9 @@ class EpisodeLog:
             p = Path(path)
             p.parent.mkdir(parents=True, exist_ok=True)
             new = not p.exists() or _cut_torn_row(p) == 0
+            if not new:  # a resumed actor: its times go on after its last row's (they
+                self.t0 -= _last_time(p)  # began at 0 again, and the merge, which sorts
+                # by time, put the resumed rows before the killed attempt's)
             self._fh = open(p, "a", newline="")  # noqa: SIM115 - closed in close()
             columns = EPISODE_COLUMNS + (EXTRA_COLUMNS if self.epsilons is not None else ())
             self._writer = csv.DictWriter(self._fh, fieldnames=columns)
@@ -179,6 +183,22 @@ def _cut_torn_row(path: Path) -> int:
             keep = start
         fh.truncate(keep)
         return keep
+
+
+def _last_time(path: Path) -> float:
+    """``time_s`` of the last row of an episode file whose last line is whole (0.0 when
+    there is none or it does not parse as a finite number >= 0)."""
+    with open(path, "rb") as fh:
+        end = fh.seek(0, 2)
+        fh.seek(max(0, end - 4096))
+        lines = fh.read().splitlines()
+    if not lines:
+        return 0.0
+    try:
+        t = float(lines[-1].split(b",", 1)[0])
+    except ValueError:  # the header, or a damaged row: the merge says so
+        return 0.0
+    return t if math.isfinite(t) and t >= 0 else 0.0
 
 
 def _read_part(path: Path, header: list[str]) -> tuple[list[dict[str, str]], list[str]]:

@@ -85,3 +85,21 @@ def test_well_formed_files_merge_without_a_warning(tmp_path, caplog) -> None:
     _log(tmp_path / "episodes-1.csv", 1, [10, 20])
     _log(tmp_path / "episodes-2.csv", 2, [5])
     assert _merge(tmp_path, caplog) == (3, "")
+
+
+def test_a_resumed_log_goes_on_after_its_last_time(tmp_path, caplog) -> None:
+    """A resumed actor's times began at 0 again: the merge (which sorts by time) put
+    its rows before the killed attempt's, and each job total was wrong (CI saw
+    ``[30, 40, 10]``)."""
+    p = tmp_path / "episodes-1.csv"
+    _log(p, 1, [10, 20])
+    lines = p.read_text().splitlines(keepends=True)
+    p.write_text(lines[0] + "".join("500.0" + ln[ln.index(","):] for ln in lines[1:]))
+    _log(p, 1, [30])
+    _log(tmp_path / "episodes-2.csv", 2, [5])
+    n, said = _merge(tmp_path, caplog)
+    assert n == 4 and not said, said
+    rows = _merged(tmp_path)
+    assert [int(r["actor_env_steps"]) for r in rows] == [5, 10, 20, 30]
+    assert float(rows[-1]["time_s"]) >= 500.0
+    assert [int(r["env_steps"]) for r in rows] == [5, 15, 25, 35]
