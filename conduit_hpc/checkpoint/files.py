@@ -377,13 +377,18 @@ def newest_first(roots: Iterable[Path]) -> list[Path]:
         found = list_checkpoints(root)
         if not found:
             continue
-        times = []
+        times, kept = [], []
         for p in found:
             try:
                 times.append(float(done_record(p)["created_unix"]))
             except CheckpointError:
-                times.append(p.stat().st_mtime)
-        groups.append((max(times), found[::-1]))
+                try:
+                    times.append(p.stat().st_mtime)
+                except OSError:  # pruned since the listing (a writer in this root):
+                    continue  # gone, not a failure of the resume
+            kept.append(p)
+        if kept:
+            groups.append((max(times), kept[::-1]))
     groups.sort(key=lambda g: g[0], reverse=True)
     return [p for _, ps in groups for p in ps]
 

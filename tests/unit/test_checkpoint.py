@@ -357,6 +357,25 @@ def test_newest_first_orders_by_completion_time(tmp_path: Path) -> None:
     assert ck.newest_first([tmp_path / "run-a", tmp_path / "run-b"]) == [b, a]
 
 
+def test_a_checkpoint_pruned_while_listed_is_passed_over(tmp_path: Path, monkeypatch) -> None:
+    """A writer in the root pruned a checkpoint between the listing and its ``stat()``
+    (an incomplete one's time is its directory's): the resume leader raised
+    FileNotFoundError. The one gone is passed over."""
+    a = write(tmp_path / "run-a", 2, [snapshot(i, 4, 1, 1, i) for i in range(3)])
+    gone = write(tmp_path / "run-b", 3, [snapshot(i, 4, 1, 1, i) for i in range(3)])
+    (gone / ck.DONE).unlink()
+    listed = ck.files.list_checkpoints
+
+    def listing_then_prune(root: Path) -> list[Path]:
+        found = listed(root)
+        if gone in found:
+            shutil.rmtree(gone)
+        return found
+
+    monkeypatch.setattr(ck.files, "list_checkpoints", listing_then_prune)
+    assert ck.newest_first([tmp_path / "run-a", tmp_path / "run-b"]) == [a]
+
+
 def test_inspect_reports_good_and_damaged(tmp_path: Path) -> None:
     path = write(tmp_path, 4, extra=EXTRA)
     good = ck.inspect_checkpoint(path, verify=True)
