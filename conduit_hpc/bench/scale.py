@@ -247,7 +247,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--gradient-bytes", type=real(0, 1e15), default=0.0,
                    help="bytes of gradient all-reduced per superstep over the learners "
                    "(0: none; e.g. 6.7e6 for the Nature DQN's 1.7M float32 parameters)")
-    p.add_argument("--png", type=out_file, default=str(repo_path("bench/scale.png")))
+    p.add_argument("--png", type=out_file, default="",
+                   help="where the curves go (default bench/scale.png; with --smoke, "
+                   "bench/out/scale-smoke.png: a smoke run does not replace the recorded figure)")
     p.add_argument("--measured", type=run_dir, nargs="*", default=[],
                    help="run directories of this machine to compare against")
     p.add_argument("--measured-learners", type=finished_run, nargs="*", default=[],
@@ -264,6 +266,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.smoke:
         args.sizes = "8,16"
+    if not args.png:
+        args.png = str(repo_path("bench/out/scale-smoke.png" if args.smoke else "bench/scale.png"))
+        Path(args.png).parent.mkdir(parents=True, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     sha = git_sha()
     costs = measure_costs(repeats=5 if args.smoke else 20)

@@ -32,9 +32,12 @@ def fake_run(run_dir: Path) -> None:
 
 
 def test_scale_smoke_draws_curves_and_predicts_every_mode(tmp_path: Path) -> None:
-    png = tmp_path / "scale.png"
+    recorded = (REPO / "bench" / "scale.png").read_bytes()
     fake_run(tmp_path / "run")
-    r = bench("scale", "--smoke", "--png", str(png), "--measured", str(tmp_path / "run"))
+    r = bench("scale", "--smoke", "--measured", str(tmp_path / "run"))
+    png = Path(r["png"])  # a smoke run replaced the recorded figure before
+    assert png == REPO / "bench" / "out" / "scale-smoke.png", png
+    assert (REPO / "bench" / "scale.png").read_bytes() == recorded
     # predicted vs measured, side by side, for each mode the runs measured
     assert [c["mode"] for c in r["comparison"]] == ["edp", "sync", "service"]
     assert r["comparison"][1]["exposed_meas_s"] == 0.004
