@@ -42,6 +42,8 @@ from conduit_hpc.job import job_main
 from conduit_hpc.plane.headline import headline_figures
 from conduit_hpc.plane.metrics import write_summary
 
+MAX_SUPERSTEP_FLOPS = 3_600 * 10**12  # matmul_reps' bound: an hour's work at 1 TFLOP/s
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SyntheticSection:
@@ -76,6 +78,12 @@ class SyntheticSection:
                 ">= 0 and <= 3600 (seconds per superstep)")
         require(self.matmul_size > 0, "matmul_size", self.matmul_size, "> 0")
         require(self.matmul_reps >= 0, "matmul_reps", self.matmul_reps, ">= 0")
+        flops = 2 * self.matmul_reps * self.matmul_size ** 3  # a superstep's work, bounded
+        require(flops <= MAX_SUPERSTEP_FLOPS, "matmul_reps", self.matmul_reps,  # as compute_s
+                f"at most {MAX_SUPERSTEP_FLOPS // (2 * self.matmul_size ** 3):,} with "
+                f"matmul_size = {self.matmul_size} (2 x reps x size^3 = {flops:.3g} "
+                f"floating-point operations a superstep; at most {MAX_SUPERSTEP_FLOPS:.2g}, "
+                f"an hour at 1 TFLOP/s, as compute_s is at most 3600 s)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

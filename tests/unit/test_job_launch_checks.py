@@ -80,6 +80,17 @@ def test_a_job_size_the_ranks_would_fail_on_is_refused_before_launch(
     assert list(tmp_path.iterdir()) == []  # no run directory
 
 
+def test_matmul_reps_is_bounded_by_the_work_of_a_superstep() -> None:
+    """``synthetic.matmul_reps`` had no upper bound: 10**15 matmuls a superstep ran
+    until the launcher's budget. At most an hour's work at 1 TFLOP/s, as compute_s."""
+    load("synthetic", "synthetic.matmul_reps=800000000")  # 2 x 128^3 x 8e8 = 3.4e15
+    with pytest.raises(ConfigError, match=r"synthetic\.matmul_reps must be at most 858,306,884 "
+                                          r"with matmul_size = 128 .*got 1000000000000000"):
+        load("synthetic", "synthetic.matmul_reps=1000000000000000")
+    with pytest.raises(ConfigError, match=r"at most 3,515 with matmul_size = 8000"):
+        load("synthetic", "synthetic.matmul_size=8000", "synthetic.matmul_reps=3516")
+
+
 def test_a_size_is_refused_against_the_memory_given_and_taken_below_it() -> None:
     world = LaunchWorld(6, learners=1, buffers=1, actors=4, memory_bytes=GB)
     load("synthetic", "synthetic.matmul_size=8000").check_launch(world)  # 0.77 GB
