@@ -204,10 +204,10 @@ def job_problem(cfg: Config, n: int) -> ConfigError | None:
 
 
 def _cluster_problem(cfg: Config) -> ConfigError | None:
-    """A ``placement.cluster`` file the ranks could not load (they load it relative to
-    the launcher's working directory, as here), before any rank starts."""
+    """A ``placement.cluster`` file the ranks could not load (relative to the launcher's
+    working directory, as here), before any rank starts; also where no planner reads it."""
     pc = cfg.placement
-    if pc.planner != "static" or not pc.cluster:
+    if not pc.cluster:  # (round_robin took a bad one in silence: a typo in its path)
         return None
     from conduit_hpc.placement.cluster import ClusterModel
 

@@ -336,9 +336,12 @@ def test_a_cluster_file_the_ranks_could_not_load_is_refused_before_any_rank_star
         tmp_path: Path, capsys) -> None:
     bad = tmp_path / "cluster.toml"
     bad.write_text("[[nodes]]\nname = 3\n")
-    for path in (tmp_path / "absent.toml", bad):
+    # round_robin does not read it: a bad one was taken in silence (a typo in its path)
+    for path, planner in ((tmp_path / "absent.toml", "static"), (bad, "static"),
+                          (tmp_path / "absent.toml", "round_robin")):
         argv = ["run", JOB, "--runs", str(tmp_path / "runs"), "--launcher", "mpirun",
-                "--set", "placement.planner=static", "--set", f"placement.cluster={path}"]
+                "--set", f"placement.planner={planner!r}", "--set",
+                f"placement.cluster={path}"]
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
         assert f"ConfigError: placement.cluster = {str(path)!r}: " in err, err
