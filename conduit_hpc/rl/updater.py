@@ -152,7 +152,8 @@ class DQNUpdater:
             parts = key.split("/")
             if parts[0] == "adam" and len(parts) == 3:
                 # by parameter name; checkpoints written before that used its position
-                i = int(parts[1]) if parts[1].isdigit() else index.get(parts[1])
+                i = (int(parts[1]) if parts[1].isascii() and parts[1].isdigit()
+                     else index.get(parts[1]))
                 if i is None or i >= len(params):
                     raise KeyError(f"checkpoint state {key!r} names no parameter of the "
                                    f"online network (it has {sorted(index)})")

@@ -348,14 +348,13 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
                            f"an executable; give the site's with conduit-hpc slurm --mpirun "
                            f"or load its module")
     site_mpi()  # a bad CONDUIT_MPI is refused before the run directory is made
+    slots = os.environ.get("SLURM_NTASKS", "")  # ASCII digits ("²".isdigit(): int fails)
+    tasks = int(slots) if slots.isascii() and slots.isdigit() else None
     if nranks is not None:
         n = nranks
-    elif which == "srun" and os.environ.get("SLURM_NTASKS", "").isdigit():
-        n = int(os.environ["SLURM_NTASKS"])
     else:
-        n = ranks_for(cfg)
-    slots = os.environ.get("SLURM_NTASKS", "")
-    if which == "srun" and slots.isdigit() and n > int(slots):
+        n = tasks if which == "srun" and tasks is not None else ranks_for(cfg)
+    if which == "srun" and tasks is not None and n > tasks:
         raise ConduitError(f"-n {n} exceeds the {slots} tasks of this SLURM allocation "
                            f"(SLURM_NTASKS); ask sbatch for more tasks or use "
                            f"--launcher mpirun (which may oversubscribe)")
