@@ -144,7 +144,8 @@ class LearnerGroup:
             CollectiveMismatch: the learners' parameters differ in number, shapes, dtypes
                 or order, or a gradient is sparse (on every learner).
             CollectiveFailed: a learner failed or left (named when the group was opened
-                with the data plane).
+                with the data plane), or one left a collective of the group unfinished
+                (an interrupt it caught: the group is out of step, and ended).
         """
         self._require("average_gradients()")
         if self._coll is not None:

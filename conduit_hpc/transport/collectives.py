@@ -20,6 +20,11 @@ a :class:`~conduit_hpc.errors.CollectiveFailed` naming the operation). Forming t
 agreed on the MPI communicator, so a rank that cannot join makes every rank raise the
 same error.
 
+A rank that leaves a collective between or inside its steps (an interrupt it catches)
+leaves its group out of step: every later collective on it raises ``CollectiveFailed``
+saying why, and the others' collectives fail naming it
+(:mod:`~conduit_hpc.transport.collective_steps`).
+
 Nothing here knows what the tensors are.
 """
 
@@ -28,7 +33,6 @@ from __future__ import annotations
 import datetime
 import hashlib
 import socket
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -46,6 +50,7 @@ from conduit_hpc.transport.collective_header import (
     peer_left,
     problem_of,
 )
+from conduit_hpc.transport.collective_steps import MARGIN_S, in_step, wait_work
 from conduit_hpc.transport.objects import allgather_json, bcast_json
 from conduit_hpc.transport.process_group import (
     BACKENDS,
@@ -53,6 +58,7 @@ from conduit_hpc.transport.process_group import (
     closed_by,
     end_group,
     keep_store,
+    release,
 )
 from conduit_hpc.transport.process_group import cuda_device as _cuda_device
 from conduit_hpc.transport.process_group import make_group as _make_group
@@ -60,14 +66,6 @@ from conduit_hpc.transport.process_group import shutdown as _shutdown
 from conduit_hpc.transport.process_group import store_address as _store_address
 
 __all__ = ["BACKENDS", "Collectives", "choose_backend"]
-
-#: one wait of a gloo collective between looks at the clock; the margin over gloo's own
-#: deadline (which ends a collective whose peer never came) before this side gives up
-_SLICE = datetime.timedelta(seconds=0.05)
-_MARGIN_S = 5.0
-#: groups given up with a collective still in flight (kept, as the work writes into its
-#: tensors until gloo's deadline ends it; shutting such a group down waits for that)
-_PARKED: list[tuple[Any, Any]] = []
 
 
 class Collectives:
@@ -95,6 +93,10 @@ class Collectives:
         self.peers: Callable[[], object] | None = None
         self.member = f"rank {rank} of the {backend} group"  # named so if it closes first
         self._failure = ""
+        #: why this rank left the group out of step ("": in step), whether this call's
+        #: first step began, and the step in flight (True: being started) - in_step's
+        self._left, self._began = "", False
+        self._inflight: Any = None
 
     # -- forming the group -----------------------------------------------------------
     @classmethod
@@ -262,28 +264,13 @@ class Collectives:
             raise TransportError(f"{what} on a closed process group"
                                  + (f" (it failed earlier: {self._failure})"
                                     if self._failure else ""))
-        work = None
+        self._began = work = self._inflight = True  # a step may be in flight from here
         try:
-            work = start()
-            self._wait(work)
+            work = self._inflight = start()
+            wait_work(work, self.backend, self.timeout_s)
         except RuntimeError as err:
-            self._fail(what, err, work)
-
-    def _wait(self, work: Any) -> None:
-        """Wait for ``work``: gloo in short slices (a slice that runs out leaves the work
-        going; one that failed has completed), bounded by ``timeout_s`` and a margin over
-        the backend's own deadline; NCCL in one wait (a timed-out wait aborts it)."""
-        if self.backend != "gloo":
-            work.wait(datetime.timedelta(seconds=self.timeout_s))
-            return
-        deadline = time.monotonic() + self.timeout_s + _MARGIN_S
-        while True:
-            try:
-                work.wait(_SLICE)
-                return
-            except RuntimeError:
-                if work.is_completed() or time.monotonic() >= deadline:
-                    raise
+            self._fail(what, err, None if work is True else work)
+        self._inflight = None
 
     def _fail(self, what: str, err: RuntimeError, work: Any) -> NoReturn:
         """The group failed in ``what``: it cannot be used again (a later call raises
@@ -298,14 +285,22 @@ class Collectives:
                                             f"{self.timeout_s:g} s")
                 + f" ({first})")
         group, self._group, self._store = self._group, None, None
-        keep_store(store, self.timeout_s + _MARGIN_S)  # the peers look into it
+        keep_store(store, self.timeout_s + MARGIN_S)  # the peers look into it
         self._failure = text
-        if work is not None and not work.is_completed():
-            _PARKED.append((group, work))  # gloo ends it at its deadline; freed with it
-        else:
-            _shutdown(group)  # nothing in flight: the peers' waits end now too
+        release(group, work)
         raise CollectiveFailed(text) from err
 
+    def _leave(self, why: str) -> None:
+        """This rank left a collective between or inside its steps (:func:`in_step`):
+        the group is out of step here. It is ended (kept while a step of it is in
+        flight), with word in its store naming this rank and ``why`` for the others."""
+        group, store, work = self._group, self._store, self._inflight
+        self._group, self._store, self._left = None, None, why
+        self._failure = f"this rank left {why} unfinished"
+        end_group(group, store, self.rank, self.member, self.timeout_s + MARGIN_S,
+                  left=why, work=work)
+
+    @in_step
     def allreduce_mean_(self, tensors: Sequence[torch.Tensor],
                         present: Sequence[bool] | None = None) -> list[bool]:
         """Replace each tensor by its mean over the group, in place. One flat bucket
@@ -345,6 +340,7 @@ class Collectives:
             self._scatter_back(ts, flat)
         return anywhere
 
+    @in_step
     def allreduce_max(self, values: Sequence[int]) -> list[int]:
         """The element-wise maximum of ``values`` over the group (e.g. flags every rank
         must agree on; one value travels with the agreement, no second exchange).
@@ -370,6 +366,7 @@ class Collectives:
                   lambda: self._group.allreduce([t], opts))
         return [int(v) for v in t.cpu().tolist()]
 
+    @in_step
     def broadcast_(self, tensors: Sequence[torch.Tensor], src: int) -> None:
         """Overwrite each tensor with rank ``src``'s, in place (also parameters that
         require grad). **Collective**; blocks.
@@ -394,6 +391,7 @@ class Collectives:
                       lambda f=flat, o=opts: self._group.broadcast([f], o))
             self._scatter_back(ts, flat)
 
+    @in_step
     def all_to_all(self, blocks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Send ``blocks[j]`` (any number of rows) to rank ``j``; return the blocks
         received, ``out[i]`` from rank ``i``. Every block has the same dtype and row
@@ -460,7 +458,7 @@ class Collectives:
         formed again afterwards (a new :meth:`open`). A peer still in a collective fails
         with a CollectiveFailed naming this rank (:attr:`member`)."""
         group, store, self._group, self._store = self._group, self._store, None, None
-        end_group(group, store, self.rank, self.member, self.timeout_s + _MARGIN_S)
+        end_group(group, store, self.rank, self.member, self.timeout_s + MARGIN_S)
 
     def __enter__(self) -> Collectives:
         return self

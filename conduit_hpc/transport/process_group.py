@@ -19,7 +19,7 @@ import torch.distributed as dist
 from conduit_hpc.errors import ConfigError
 
 __all__ = ["BACKENDS", "choose_backend", "closed_by", "cuda_device", "end_group", "keep_store",
-           "make_group", "mark_closed", "shutdown", "store_address"]
+           "make_group", "mark_closed", "release", "shutdown", "store_address"]
 
 #: what ``backend`` may say
 BACKENDS = ("auto", "gloo", "nccl")
@@ -103,8 +103,24 @@ def shutdown(group: Any) -> None:
             group.shutdown()
 
 
-#: the store key under which a rank that closed its group says who it was
+#: groups given up with a collective still in flight (kept, as the work writes into its
+#: tensors until gloo's deadline ends it; shutting such a group down waits for that)
+PARKED: list[tuple[Any, Any]] = []
+
+
+def release(group: Any, work: Any) -> None:
+    """Let a group that ended here go: shut down, or kept (:data:`PARKED`) while ``work``
+    is in flight (``True``: a collective may be, its work unknown: one was being started)."""
+    if work is not None and (work is True or not work.is_completed()):
+        PARKED.append((group, work))  # gloo ends it at its deadline; freed with it
+    else:
+        shutdown(group)  # nothing in flight: the peers' waits end now too
+
+
+#: the store keys under which a rank that closed its group says who it was, and which
+#: collective it left unfinished (out of step) if that is why
 _CLOSED_KEY = "conduit-closed/"
+_LEFT_KEY = "conduit-left/"
 #: bound on each look into the store while a group closes or fails (the store's host
 #: may be gone: a look must not wait out the group's whole timeout)
 _LOOK_S = 2.0
@@ -123,14 +139,17 @@ def keep_store(store: Any, seconds: float) -> None:
         _KEPT.append((now + seconds, store))
 
 
-def mark_closed(store: Any, rank: int, who: str) -> None:
-    """Leave word in the group's store that ``rank`` (``who``) closed its group, so that
-    a peer whose collective fails because of it names it (:func:`closed_by`). Best
-    effort and bounded (a few seconds): the store's host may be gone."""
+def mark_closed(store: Any, rank: int, who: str, left: str = "") -> None:
+    """Leave word in the group's store that ``rank`` (``who``) closed its group, and
+    ``left``: the collective it left unfinished, if that is why, so that a peer whose
+    collective fails because of it names it (:func:`closed_by`). Best effort and bounded
+    (a few seconds): the store's host may be gone."""
     if store is None:
         return
     with contextlib.suppress(Exception):  # the store's host gone: nothing to tell
         store.set_timeout(datetime.timedelta(seconds=_LOOK_S))
+        if left:
+            store.set(f"{_LEFT_KEY}{rank}", left)
         store.set(f"{_CLOSED_KEY}{rank}", who)
 
 
@@ -147,6 +166,11 @@ def closed_by(store: Any, rank: int, size: int) -> str:
             key = f"{_CLOSED_KEY}{r}"
             if r != rank and store.check([key]):
                 who = store.get(key).decode(errors="replace")
+                if store.check([f"{_LEFT_KEY}{r}"]):
+                    left = store.get(f"{_LEFT_KEY}{r}").decode(errors="replace")
+                    return (f"{who} left {left} unfinished, so the ranks of the group "
+                            f"were out of step, and ended its process group while this "
+                            f"rank waited for it in a collective: the job must stop")
                 return (f"{who} closed its process group (close()) while this rank "
                         f"waited for it in a collective; every rank of the group must "
                         f"make the same collectives, then close it")
@@ -158,10 +182,13 @@ def closed_by(store: Any, rank: int, size: int) -> str:
     return ""
 
 
-def end_group(group: Any, store: Any, rank: int, who: str, keep_s: float) -> None:
-    """Close a group here: word in its store that ``who`` closed it (when it was open),
-    the store kept ``keep_s`` for the peers' look (:func:`keep_store`), then shut down."""
+def end_group(group: Any, store: Any, rank: int, who: str, keep_s: float, *,
+              left: str = "", work: Any = None) -> None:
+    """Close a group here: word in its store that ``who`` closed it (when it was open;
+    ``left``: the collective it left unfinished, if that is why), the store kept
+    ``keep_s`` for the peers' look (:func:`keep_store`), then let go (:func:`release`:
+    kept while ``work`` is in flight)."""
     if group is not None:
-        mark_closed(store, rank, who)
+        mark_closed(store, rank, who, left)
     keep_store(store, keep_s)
-    shutdown(group)
+    release(group, work)

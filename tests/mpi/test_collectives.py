@@ -7,6 +7,7 @@ wait with an error (bounded) instead of a hang."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -310,3 +311,101 @@ def test_a_bad_argument_on_one_rank_fails_every_rank_at_once(case: str, match: s
         got = c.all_to_all([torch.full((1, 2), float(COMM.rank)) for _ in range(COMM.size)])
         assert [float(b[0, 0]) for b in got] == [float(r) for r in range(COMM.size)]
     assert all(COMM.allgather(took < 60)), "a rank waited out the timeout"
+
+
+def _interrupt_in(where: str, monkeypatch) -> Callable[[], None]:
+    """This rank's next collective is interrupted (``KeyboardInterrupt``) once every rank
+    passed its header: ``between`` it and the data step (the others are in the data
+    step), or by a real signal inside the data step's wait (the others come 1 s late:
+    :func:`_late_to_the_data_step`). Returns what puts the signal's handler back."""
+    import os
+    import signal
+    import threading
+
+    agree = Collectives._agree
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR2))
+
+    def interrupted(self, *args, **kwargs):
+        rows = agree(self, *args, **kwargs)
+        monkeypatch.setattr(Collectives, "_agree", agree)
+        if where == "between":
+            time.sleep(0.5)
+            raise KeyboardInterrupt
+        timer.start()
+        return rows
+
+    def ctrl_c(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    def restore() -> None:
+        timer.cancel()
+        if timer.is_alive():
+            timer.join()
+        signal.signal(signal.SIGUSR2, old)
+    monkeypatch.setattr(Collectives, "_agree", interrupted)
+    old = signal.signal(signal.SIGUSR2, ctrl_c)
+    return restore
+
+
+def _late_to_the_data_step(monkeypatch) -> None:
+    """This rank's next collective comes to its data step 1 s after its header."""
+    buckets = Collectives._buckets
+
+    def late(self, tensors):
+        monkeypatch.setattr(Collectives, "_buckets", buckets)
+        time.sleep(1.0)
+        return buckets(self, tensors)
+    monkeypatch.setattr(Collectives, "_buckets", late)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.skipif(COMM.size != 3, reason="one rank count (make test's time)")
+@pytest.mark.parametrize("where", ["between", "data"])
+def test_a_rank_that_catches_an_interrupt_inside_a_collective_and_calls_again_is_refused(
+        where: str, monkeypatch) -> None:
+    """The last rank is interrupted (Ctrl-C) between a collective's header and its data
+    step, or inside the data step's wait, catches it and calls the same collective
+    again. Before, its new call was matched to the step the others were still in: they
+    averaged its header's bytes as data (``between``: [2.9e261, 7.0] for [11.0, 11.0],
+    returned as a success; its header is as long as these 2 float64 values) or, after
+    the data step that gloo finished in the background, its stale values with their next
+    step's (``data``: 17.67 for 21.0 on every rank, silently, at any size); with other
+    byte counts gloo aborted the process ("Received data size doesn't match"). Now the
+    interrupted rank's group is out of step: its next call raises CollectiveFailed saying
+    why, and every value the others got is the true mean until they stop with
+    CollectiveFailed naming it (at once, or by the timeout where its step was still in flight)."""
+    from conduit_hpc.errors import CollectiveFailed
+
+    victim, size = COMM.size - 1, COMM.size
+    c = Collectives.open(COMM, "gloo", timeout_s=3.0)
+    got: list[object] = []
+    restore: Callable[[], None] = lambda: None  # noqa: E731
+    try:
+        if COMM.rank == victim:
+            restore = _interrupt_in(where, monkeypatch)
+        elif where == "data":
+            _late_to_the_data_step(monkeypatch)
+        for step in (1, 2):
+            x = [torch.full((2,), 10.0 * step + COMM.rank, dtype=torch.float64)]
+            try:
+                c.allreduce_mean_(x)
+            except KeyboardInterrupt:
+                got.append("KeyboardInterrupt")
+                c.allreduce_mean_(x)  # a hostile job: catches Ctrl-C and calls again
+            got.append(x[0].tolist())
+    except CollectiveFailed as err:
+        got.append(f"CollectiveFailed: {err}")
+    finally:
+        restore()
+        c.close()
+    every = COMM.allgather(got)
+    for r, seen in enumerate(every):
+        values = [v for v in seen if isinstance(v, list)]
+        assert values == [[10.0 * s + (size - 1) / 2] * 2 for s in range(1, len(values) + 1)
+                          ], (r, every)  # only true means, never a wrong one
+        assert isinstance(seen[-1], str) and seen[-1].startswith("CollectiveFailed"), every
+        if r == victim:
+            assert seen[0] == "KeyboardInterrupt" and len(seen) == 2, every
+            assert "out of step" in seen[-1] and "KeyboardInterrupt" in seen[-1], every
+        else:
+            assert f"rank {victim} of the gloo group left allreduce_mean_" in seen[-1], every
