@@ -44,7 +44,13 @@ class EpisodeLog:
         num_envs (int): environments stepped together.
         actor (int): the actor id written in the ``actor`` column.
         path (str | Path | None): ``episodes.csv`` to append to (header written when the
-            file is new); ``None`` keeps episodes in memory only.
+            file is new); ``None`` keeps episodes in memory only. The columns go on over
+            the attempts of a resumed run that append to one file: ``time_s`` after the
+            latest row of this file and of the files beside it named like it (the other
+            actors' ``episodes-*.csv``, so that the merge's time order holds across
+            actors, and for an actor new to the run), ``env_steps`` after this file's
+            last row's (:attr:`env_steps_offset`; the steps an attempt took after its
+            last finished episode are not counted).
         window (int): scored episodes in the running mean.
         t0 (float | None): ``time.perf_counter()`` origin of ``time_s`` (default: now).
         epsilons (np.ndarray | None): ``(E,)`` exploration epsilon of each env (written
@@ -85,13 +91,20 @@ class EpisodeLog:
         self.count = 0  # episodes finished
         self._fh: TextIO | None = None
         self._writer: csv.DictWriter[str] | None = None
+        #: added to ``env_steps`` in the file (the attempts before this one, see below)
+        self.env_steps_offset = 0
         if path is not None:
             p = Path(path)
             p.parent.mkdir(parents=True, exist_ok=True)
             new = not p.exists() or _cut_torn_row(p) == 0
-            if not new:  # a resumed actor: its times go on after its last row's (they
-                self.t0 -= _last_time(p)  # began at 0 again, and the merge, which sorts
-                # by time, put the resumed rows before the killed attempt's)
+            # a resumed attempt (a requeued job, --resume into its run directory): its
+            # times go on after the latest row of this file and of its siblings (the
+            # other actors' files; they began at 0 again, and the merge, which sorts by
+            # time, put the resumed rows before the killed attempt's), and this actor's
+            # env steps after its own last row's (they began at 0 again too, and the
+            # merge's job total went back at the cut)
+            self.t0 -= max((_last_row(q)[0] for q in _siblings(p)), default=0.0)
+            self.env_steps_offset = 0 if new else _last_row(p)[1]
             self._fh = open(p, "a", newline="")  # noqa: SIM115 - closed in close()
             columns = EPISODE_COLUMNS + (EXTRA_COLUMNS if self.epsilons is not None else ())
             self._writer = csv.DictWriter(self._fh, fieldnames=columns)
@@ -137,7 +150,7 @@ class EpisodeLog:
             self.envs.append(int(e))
             if self._writer is not None:
                 row = {"time_s": f"{time.perf_counter() - self.t0:.4f}",
-                       "env_steps": env_steps, "actor": self.actor,
+                       "env_steps": env_steps + self.env_steps_offset, "actor": self.actor,
                        "episode_return": f"{ret:g}"}
                 if self.epsilons is not None:
                     row.update(epsilon=f"{self.epsilons[e]:.6g}", scored=int(self.scored[e]))
@@ -185,20 +198,37 @@ def _cut_torn_row(path: Path) -> int:
         return keep
 
 
-def _last_time(path: Path) -> float:
-    """``time_s`` of the last row of an episode file whose last line is whole (0.0 when
-    there is none or it does not parse as a finite number >= 0)."""
-    with open(path, "rb") as fh:
-        end = fh.seek(0, 2)
-        fh.seek(max(0, end - 4096))
-        lines = fh.read().splitlines()
-    if not lines:
-        return 0.0
+def _siblings(path: Path) -> list[Path]:
+    """``path`` and the files beside it named like it (``episodes-*.csv`` for
+    ``episodes-3.csv``: every actor's), regular files only."""
+    stem, dash, _ = path.stem.rpartition("-")
+    found = set(path.parent.glob(f"{stem}-*{path.suffix}")) if dash else set()
+    return [q for q in sorted(found | {path}) if q.is_file()]
+
+
+def _last_row(path: Path) -> tuple[float, int]:
+    """``time_s`` and ``env_steps`` of the last whole row of an episode file (0.0 and 0
+    when there is none, or for a cell that does not parse as a finite number >= 0)."""
     try:
-        t = float(lines[-1].split(b",", 1)[0])
-    except ValueError:  # the header, or a damaged row: the merge says so
-        return 0.0
-    return t if math.isfinite(t) and t >= 0 else 0.0
+        with open(path, "rb") as fh:
+            end = fh.seek(0, 2)
+            fh.seek(max(0, end - 4096))
+            tail = fh.read()
+    except OSError:
+        return 0.0, 0
+    lines = tail.split(b"\n")[:-1]  # the part after the last line end: being written
+    if not lines:
+        return 0.0, 0
+    cells = lines[-1].split(b",")
+    try:  # the header, or a damaged row: the merge says so
+        t = float(cells[0])
+    except ValueError:
+        return 0.0, 0
+    try:
+        steps = int(cells[1]) if len(cells) > 1 else 0
+    except ValueError:
+        steps = 0
+    return (t if math.isfinite(t) and t >= 0 else 0.0), max(steps, 0)
 
 
 def _read_part(path: Path, header: list[str]) -> tuple[list[dict[str, str]], list[str]]:
@@ -243,7 +273,8 @@ def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
                         out_name: str = "episodes.csv") -> int:
     """Merge the actors' per-rank episode files into one ``episodes.csv``, by time.
 
-    Each actor's ``env_steps`` column counts its own steps; in the merged file it is
+    Each actor's ``env_steps`` column counts its own steps (over the attempts of a
+    resumed run, see :class:`EpisodeLog`); in the merged file it is
     the job's total at that moment (the sum over actors of each one's latest count,
     walking the rows in time order), and the actor's own count moves to
     ``actor_env_steps``. Not collective; call on one rank after the actors closed
