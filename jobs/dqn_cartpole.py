@@ -296,7 +296,7 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
                      note=lambda: f"mean-{hp.window} return {referee.mean:.1f} (target "
                                   f"{hp.target_return:g}, {referee.episodes:,} episodes)")
     t0 = last_poll = last_print = time.perf_counter()
-    printed_updates = updater.updates
+    printed_updates = at_start = updater.updates  # (a resumed run's, from its checkpoint)
     why = ""
     while True:
         now = time.perf_counter()
@@ -333,8 +333,8 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
                   f"supersteps {updater.updates:>6,}  {rate:6.0f} updates/s", flush=True)
             last_print, printed_updates = now, updater.updates
     wall = time.perf_counter() - t0
-    out: dict[str, Any] = {"updates": updater.updates, "why": why, "wall_s": wall,
-                           "env_steps_offset": env_steps_offset,
+    out: dict[str, Any] = {"updates": updater.updates, "updates_at_start": at_start,
+                           "why": why, "wall_s": wall, "env_steps_offset": env_steps_offset,
                            "param_checksum": group.checksum(updater.online),
                            **group.timings()}
     if referee is not None:
@@ -454,7 +454,11 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
 def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],
                  stats: list[tuple[str, int, dict[str, Any]]], wall: float,
                  stopped: bool) -> dict[str, Any]:
-    """The run's headline numbers (``summary.json``)."""
+    """The run's headline numbers (``summary.json``). A resumed run's counters
+    (``updates``, ``env_steps``, ``env_steps_to_target``) count from the run's start,
+    its attempts before this one included (``updates_at_start``, ``env_steps_offset``:
+    the checkpoint's); its times and rates (``wall_s``, ``updates_per_s``, ``episodes``,
+    ``supersteps``: the data plane's count) are this attempt's."""
     lead = min(r for role, r, _ in stats if role == "learner")
     learner = next(s for role, r, s in stats if r == lead)
     learners = {r: s for role, r, s in stats if role == "learner"}
@@ -474,8 +478,13 @@ def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],
                       + sum(a.get("env_steps", 0) for a in actors)),
         "episodes": sum(a.get("episodes", 0) for a in actors),
         "updates": learner.get("updates", 0),
+        "updates_at_start": learner.get("updates_at_start", 0),
+        "env_steps_offset": learner.get("env_steps_offset", 0),
         "supersteps": int(lat.get("supersteps", learner.get("updates", 0))),
-        "updates_per_s": learner.get("updates", 0) / learner_wall if learner_wall else 0.0,
+        # this attempt's updates over its time (the run's total over this attempt's time
+        # said 194,799,749/s for a resume whose budget was already spent)
+        "updates_per_s": ((learner.get("updates", 0) - learner.get("updates_at_start", 0))
+                          / learner_wall if learner_wall else 0.0),
         "final_mean_return": learner.get("mean", math.nan),
         "exposed_mean_s": lat.get("exposed_mean_s", math.nan),
         "exposed_median_s": lat.get("exposed_median_s", math.nan),
