@@ -88,6 +88,7 @@ from conduit_hpc.rl import (
     check_actor_batch,
     check_dqn_launch,
     describe_transitions,
+    has_episodes,
     make_atari_vector_env,
     merge_episode_files,
 )
@@ -367,6 +368,10 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
         k = check_config(cfg, len(edp.roles.actor_ranks), len(edp.roles.learner_ranks))
         stop = StopCoordinator(edp)  # SIGTERM / SIGUSR1 anywhere: every rank stops
         rank = edp.world_rank
+        # the actors' episode files hold the earlier attempts (a resume in the same
+        # run directory; looked at before the restore, a collective, so before any
+        # actor of this attempt writes), else the merge adds the checkpoint's steps
+        carried = rank == 0 and run_dir is not None and has_episodes(run_dir / "metrics")
         # collective: the replay (each frame once, as saved), the sampler, stored state
         restored = (restore_data_plane(edp, resume, roots=resume_roots(cfg, run_dir))
                     if resume else None)
@@ -431,7 +436,8 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
             print(line, flush=True)
         flat = flat_summary(cfg, summary, stats, wall, placement, stopped)
         if run_dir is not None:
-            merge_episode_files(run_dir / "metrics")
+            merge_episode_files(run_dir / "metrics", env_steps_offset=0 if carried
+                                else flat["env_steps_total"] - flat["env_steps"])
             write_summary(run_dir / "metrics" / "summary.json", flat)
         report(flat)
     outcome.raise_if_none_written()  # every rank: the run cannot be resumed

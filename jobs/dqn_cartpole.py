@@ -75,6 +75,7 @@ from conduit_hpc.rl import (
     check_actor_batch,
     check_dqn_launch,
     describe_transitions,
+    has_episodes,
     make_vector_env,
     merge_episode_files,
 )
@@ -369,6 +370,10 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
         k = check_config(cfg, len(edp.roles.actor_ranks), len(edp.roles.learner_ranks))
         stop = StopCoordinator(edp)  # SIGTERM / SIGUSR1 anywhere: every rank stops
         rank = edp.world_rank
+        # the actors' episode files hold the earlier attempts (a resume in the same
+        # run directory; looked at before the restore, a collective, so before any
+        # actor of this attempt writes), else the merge adds the checkpoint's steps
+        carried = rank == 0 and run_dir is not None and has_episodes(run_dir / "metrics")
         restored = (restore_data_plane(edp, resume, roots=resume_roots(cfg, run_dir))
                     if resume else None)
         root = checkpoint_root(cfg, run_dir)
@@ -438,7 +443,8 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
             print(line, flush=True)
         flat = flat_summary(cfg, summary, stats, wall, stopped)
         if run_dir is not None:
-            merge_episode_files(run_dir / "metrics")
+            merge_episode_files(run_dir / "metrics", env_steps_offset=0 if carried
+                                else flat["env_steps_offset"])
             # the figures `conduit-hpc report` prints, from the same files and function
             flat["env_steps_to_target_live"] = flat["env_steps_to_target"]
             flat.update(headline_figures(run_dir / "metrics",

@@ -10,6 +10,7 @@ and whether it is ``scored``, but only scored episodes enter the running mean.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 import math
@@ -22,7 +23,7 @@ import numpy as np
 
 from conduit_hpc.protocol.tags import JOB_TAGS
 
-__all__ = ["EPISODES_TAG", "EPISODE_COLUMNS", "EXTRA_COLUMNS", "EpisodeLog",
+__all__ = ["EPISODES_TAG", "EPISODE_COLUMNS", "EXTRA_COLUMNS", "EpisodeLog", "has_episodes",
            "merge_episode_files"]
 
 #: channel tag of the RL jobs' episode reports (a job tag, from ``protocol.JOB_TAGS``):
@@ -269,8 +270,18 @@ def _read_part(path: Path, header: list[str]) -> tuple[list[dict[str, str]], lis
     return rows, skipped
 
 
+def has_episodes(metrics: str | Path, pattern: str = "episodes-*.csv") -> bool:
+    """Whether an actor's episode file under ``metrics`` holds a row (an earlier attempt
+    of the run wrote it: a resumed job's files go on from it). Local; reads files."""
+    for p in Path(metrics).glob(pattern):
+        with contextlib.suppress(OSError):
+            if p.is_file() and _last_row(p) != (0.0, 0):
+                return True
+    return False
+
+
 def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
-                        out_name: str = "episodes.csv") -> int:
+                        out_name: str = "episodes.csv", *, env_steps_offset: int = 0) -> int:
     """Merge the actors' per-rank episode files into one ``episodes.csv``, by time.
 
     Each actor's ``env_steps`` column counts its own steps (over the attempts of a
@@ -285,6 +296,12 @@ def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
     are left out with a warning (the ``conduit_hpc.episodes`` logger) naming the file
     and line of each, rather than failing the job's end or entering the merged file
     with a wrong count.
+
+    ``env_steps_offset`` is added to each job total: the env steps of a resumed run
+    that its files do not hold (a ``--resume`` into a new run directory: the
+    checkpoint's count; 0 when the files hold the earlier attempts, see
+    :func:`has_episodes`), so that ``env_steps`` and what ``env_steps_to_target`` reads
+    from it count from the run's start, as the job's summary does.
 
     Returns:
         int: episodes written (0 when there is no per-rank file; nothing is written).
@@ -309,7 +326,7 @@ def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
         own = int(row["env_steps"])
         latest[row["actor"]] = own
         row["actor_env_steps"] = str(own)
-        row["env_steps"] = str(sum(latest.values()))
+        row["env_steps"] = str(env_steps_offset + sum(latest.values()))
     with open(metrics / out_name, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[*header, "actor_env_steps"])
         w.writeheader()

@@ -155,3 +155,20 @@ def test_an_actor_behind_the_others_resumes_after_the_latest_of_them(tmp_path,
     rows = _merged(tmp_path) if _merge(tmp_path, caplog)[0] == 4 else []
     assert [(r["actor"], int(r["env_steps"])) for r in rows][:2] == [("1", 100), ("2", 400)]
     assert min(float(r["time_s"]) for r in rows[2:]) >= 90.0
+
+
+def test_a_resume_into_a_new_run_directory_counts_from_the_run_s_start(tmp_path,
+                                                                         caplog) -> None:
+    """``--resume`` without ``--run-dir`` starts a new run directory whose episode files
+    hold this attempt alone: its env_steps (and the env_steps_to_target summary.json
+    takes from them, over the live count the job had right) began at 0, not at the
+    checkpoint's count that the summary's env_steps start from."""
+    from conduit_hpc.rl.episodes import has_episodes
+
+    assert not has_episodes(tmp_path)  # nothing of an earlier attempt here
+    _attempt(tmp_path, {1: [40, 80], 2: [60]})
+    assert has_episodes(tmp_path)
+    with caplog.at_level(logging.WARNING, "conduit_hpc.episodes"):
+        assert merge_episode_files(tmp_path, env_steps_offset=5000) == 3
+    assert [int(r["env_steps"]) for r in _merged(tmp_path)] == [5040, 5080, 5140]
+    assert [int(r["actor_env_steps"]) for r in _merged(tmp_path)] == [40, 80, 60]
