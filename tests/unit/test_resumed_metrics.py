@@ -9,6 +9,7 @@ from pathlib import Path
 
 from conduit_hpc.plane.headline import headline_figures
 from conduit_hpc.plane.metrics import ACTOR_CARRY, ACTOR_COLUMNS, CsvSink
+from conduit_hpc.tools.report.run_data import load_run, run_stats
 from conduit_hpc.tools.rundir import lock_run_dir
 
 
@@ -91,3 +92,13 @@ def test_a_fresh_run_sets_the_metrics_of_a_run_before_it_aside(tmp_path) -> None
     lock_run_dir(run, tmp_path, fresh=True).close()
     assert not (run / "metrics").exists() and (run / "logs.2").is_dir()
     assert (run / "metrics.1" / "episodes-2.csv").exists()
+
+
+def test_the_report_counts_a_superstep_run_twice_once(tmp_path) -> None:
+    """The supersteps after the checkpoint a killed attempt resumed from ran again: the
+    learner CSV holds both rows, and the report counted rows as supersteps."""
+    (tmp_path / "metrics").mkdir()
+    rows = [(0, 1.0), (1, 2.0), (2, 3.0), (1, 4.0), (2, 5.0), (3, 6.0)]  # resumed at 1
+    (tmp_path / "metrics" / "learner-0.csv").write_text(
+        "superstep,time_s,iteration_s\n" + "".join(f"{s},{t},0.1\n" for s, t in rows))
+    assert run_stats(load_run(tmp_path))["supersteps"] == 4

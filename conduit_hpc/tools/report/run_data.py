@@ -347,6 +347,16 @@ def learners_split(run: RunData) -> dict[str, float] | None:
     return total
 
 
+def _supersteps(t: Table) -> int:
+    """Supersteps a learner's table holds: its distinct ``superstep`` numbers (a resumed
+    run's supersteps after the checkpoint it resumed from ran twice and have two rows,
+    the killed attempt's and the resumed one's), else its rows."""
+    col = t.get("superstep")
+    if col is not None and col.dtype == np.float64:
+        return len(np.unique(col[np.isfinite(col)]))
+    return len(next(iter(t.values()), []))
+
+
 def run_stats(run: RunData) -> dict[str, Any]:
     """Headline numbers of one run (missing inputs leave their keys out)."""
     s: dict[str, Any] = {"mode": run.mode}
@@ -355,7 +365,7 @@ def run_stats(run: RunData) -> dict[str, Any]:
     lt = learner_table(run)
     if lt is not None:
         s["learners"] = len(run.learners)  # every learner's CSV is pooled below
-        s["supersteps"] = max(len(next(iter(t.values()), [])) for t in run.learners.values())
+        s["supersteps"] = max(_supersteps(t) for t in run.learners.values())
     # latency figures after each learner's warm-up, as summary.json's (the first
     # superstep's wait for scheduler.min_fill_rows is no superstep's latency)
     for col in ("iteration_s", "exposed_s", "compute_s"):
