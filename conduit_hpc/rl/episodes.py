@@ -106,8 +106,17 @@ class EpisodeLog:
             # merge's job total went back at the cut)
             self.t0 -= max((_last_row(q)[0] for q in _siblings(p)), default=0.0)
             self.env_steps_offset = 0 if new else _last_row(p)[1]
-            self._fh = open(p, "a", newline="")  # noqa: SIM115 - closed in close()
             columns = EPISODE_COLUMNS + (EXTRA_COLUMNS if self.epsilons is not None else ())
+            if not new and _header(p) != list(columns):
+                # an earlier attempt's file of other columns (another version): its rows
+                # under one header and this attempt's under another were left out of
+                # the merge; it moves to episodes-<rank>.K.csv, which the merge reads
+                k = 1
+                while p.with_name(f"{p.stem}.{k}{p.suffix}").exists():
+                    k += 1
+                p.rename(p.with_name(f"{p.stem}.{k}{p.suffix}"))
+                new = True
+            self._fh = open(p, "a", newline="")  # noqa: SIM115 - closed in close()
             self._writer = csv.DictWriter(self._fh, fieldnames=columns)
             if new:
                 self._writer.writeheader()
@@ -205,6 +214,12 @@ def _siblings(path: Path) -> list[Path]:
     stem, dash, _ = path.stem.rpartition("-")
     found = set(path.parent.glob(f"{stem}-*{path.suffix}")) if dash else set()
     return [q for q in sorted(found | {path}) if q.is_file()]
+
+
+def _header(path: Path) -> list[str]:
+    """The column names on the first line of a CSV file."""
+    with open(path, newline="") as fh:
+        return [c.strip() for c in next(csv.reader([fh.readline()]), [])]
 
 
 def _last_row(path: Path) -> tuple[float, int]:

@@ -172,3 +172,19 @@ def test_a_resume_into_a_new_run_directory_counts_from_the_run_s_start(tmp_path,
         assert merge_episode_files(tmp_path, env_steps_offset=5000) == 3
     assert [int(r["env_steps"]) for r in _merged(tmp_path)] == [5040, 5080, 5140]
     assert [int(r["actor_env_steps"]) for r in _merged(tmp_path)] == [40, 80, 60]
+
+
+def test_an_earlier_attempt_s_file_of_other_columns_is_kept_beside(tmp_path, caplog) -> None:
+    """An attempt of another version (its file without epsilon and scored) resumed by
+    this one: the new rows went under the old header, and the merge left every one of
+    them out (6 fields under 4). The old file moves to episodes-1.1.csv, merged too,
+    with the counts going on."""
+    p = tmp_path / "episodes-1.csv"
+    old = EpisodeLog(1, actor=1, path=p)  # no epsilons: the four columns
+    old.step(np.array([1.0]), np.array([True]), env_steps=10)
+    old.close()
+    _log(p, 1, [5])
+    n, said = _merge(tmp_path, caplog)
+    assert n == 2 and not said, said
+    assert (tmp_path / "episodes-1.1.csv").exists()
+    assert [int(r["env_steps"]) for r in _merged(tmp_path)] == [10, 15]
