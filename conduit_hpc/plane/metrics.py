@@ -145,7 +145,13 @@ class CsvSink:
 def _earlier_rows(path: Path, columns: list[str]) -> dict[str, str] | None:
     """The last whole row (``{}`` for none) of an earlier attempt's ``path`` with the
     header ``columns``, its torn last row cut; None when there is no such file to
-    append to (none, empty, or other columns: then moved aside to ``path.K``)."""
+    append to (none, empty, or other columns, or no regular file, such as a FIFO: then
+    moved aside to ``path.K``)."""
+    if not path.exists():
+        return None
+    if not path.is_file():
+        _set_aside(path)
+        return None
     try:
         with open(path, "rb+") as fh:
             end = fh.seek(0, 2)
@@ -154,18 +160,23 @@ def _earlier_rows(path: Path, columns: list[str]) -> dict[str, str] | None:
             if tail and not tail.endswith(b"\n"):  # a row a kill cut short
                 end = end - len(tail) + tail.rfind(b"\n") + 1
                 fh.truncate(end)
-    except (FileNotFoundError, IsADirectoryError):
+        if end == 0:
+            return None
+        header, last = _head_and_last(path)
+    except OSError:  # (unreadable: the open for writing says why, as before)
         return None
-    if end == 0:
-        return None
-    header, last = _head_and_last(path)
     if header == columns:
         return dict(zip(columns, last, strict=False)) if last else {}
+    _set_aside(path)
+    return None
+
+
+def _set_aside(path: Path) -> None:
+    """Move ``path`` to ``path.K`` (the first free ``K``): kept, out of the way."""
     k = 1
     while path.with_name(f"{path.name}.{k}").exists():
         k += 1
-    path.rename(path.with_name(f"{path.name}.{k}"))  # kept, out of the way
-    return None
+    path.rename(path.with_name(f"{path.name}.{k}"))
 
 
 #: bytes read from a metrics file's end for its last row (a row is < 1 kB)
@@ -202,6 +213,8 @@ def _last_times(path: Path) -> list[float]:
     stem, dash, _ = path.stem.rpartition("-")
     out = [0.0]
     for q in sorted(path.parent.glob(f"{stem}-*{path.suffix}") if dash else [path]):
+        if not q.is_file():  # (a FIFO's reader waits for a writer for ever)
+            continue
         try:
             header, last = _head_and_last(q)
         except OSError:

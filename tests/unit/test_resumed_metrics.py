@@ -5,6 +5,7 @@ aside."""
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 from conduit_hpc.plane.headline import headline_figures
@@ -63,6 +64,14 @@ def test_a_torn_last_row_is_cut_and_another_header_is_set_aside(tmp_path) -> Non
     sink.close()
     assert len(_rows(p.with_name("learner-0.csv.1"))) == 3
     assert [r["superstep"] for r in _rows(p)] == ["3"]
+    # no regular file (a FIFO: the open for writing waited for a reader for ever)
+    fifo = tmp_path / "actor-5.csv"
+    os.mkfifo(fifo)
+    _actor_attempt(fifo, [(1.0, 1, 0.0)])
+    assert fifo.with_name("actor-5.csv.1").is_fifo() and len(_rows(fifo)) == 1
+    os.mkfifo(tmp_path / "actor-6.csv")  # beside a resumed actor's file: not read
+    _actor_attempt(fifo, [(1.0, 1, 0.0)])
+    assert len(_rows(fifo)) == 2
 
 
 def test_a_new_actor_file_of_a_resumed_run_goes_on_after_the_others(tmp_path) -> None:
