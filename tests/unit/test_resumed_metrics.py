@@ -111,3 +111,29 @@ def test_the_report_counts_a_superstep_run_twice_once(tmp_path) -> None:
     (tmp_path / "metrics" / "learner-0.csv").write_text(
         "superstep,time_s,iteration_s\n" + "".join(f"{s},{t},0.1\n" for s, t in rows))
     assert run_stats(load_run(tmp_path))["supersteps"] == 4
+
+
+def test_the_report_merges_the_episodes_of_a_killed_attempt(tmp_path) -> None:
+    """The job merges its actors' episode files at its end: a run killed in its first
+    attempt had no episodes.csv and its report no episodes; one killed in a later
+    attempt showed the episodes up to the previous attempt's end."""
+    import os
+
+    import numpy as np
+
+    from conduit_hpc.rl.episodes import EpisodeLog, merge_episode_files
+
+    metrics = tmp_path / "metrics"
+    log = EpisodeLog(1, actor=2, path=metrics / "episodes-2.csv", epsilons=np.array([0.0]))
+    for steps in (10, 20):
+        log.step(np.array([5.0]), np.array([True]), env_steps=steps)
+    log.close()
+    assert len(load_run(tmp_path).episodes["episode_return"]) == 2  # killed: never merged
+    merge_episode_files(metrics)  # an attempt's end; then a killed one appends
+    old = metrics.joinpath("episodes.csv").stat().st_mtime - 10
+    os.utime(metrics / "episodes.csv", (old, old))
+    log = EpisodeLog(1, actor=2, path=metrics / "episodes-2.csv", epsilons=np.array([0.0]))
+    log.step(np.array([5.0]), np.array([True]), env_steps=5)
+    log.close()
+    run = load_run(tmp_path)
+    assert list(run.episodes["env_steps"]) == [10, 20, 25] and not run.problems
