@@ -95,7 +95,10 @@ def set_aside(run_dir: Path, *, fresh: bool) -> None:
     directory had appended its episodes to another run's. Only the earlier attempt's
     ``metrics/summary.json`` moves to ``summary.json.K``: an attempt writes its own at
     its end, and one killed before it left the earlier attempt's figures standing for
-    the run. Local.
+    the run. The earlier attempt's ``config.toml``, ``command.txt`` and ``plan.json``
+    move into its ``logs.K`` (this attempt writes its own: a resume with another rank
+    count or ``--set`` overwrote them, and nothing said what the earlier attempt ran).
+    Local.
 
     Raises:
         OSError: a directory cannot be moved.
@@ -108,6 +111,10 @@ def set_aside(run_dir: Path, *, fresh: bool) -> None:
             while old.with_name(f"{old.name}.{k}").exists():
                 k += 1
             old.rename(old.with_name(f"{old.name}.{k}"))
+            if name == "logs":
+                for f in ("config.toml", "command.txt", "plan.json"):
+                    if (run_dir / f).is_file():
+                        (run_dir / f).rename(run_dir / f"logs.{k}" / f)
 
 
 def unwritable(run_dir: Path, runs_root: str | Path, err: OSError) -> ConfigError:

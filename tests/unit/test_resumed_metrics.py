@@ -92,7 +92,9 @@ def test_a_fresh_run_sets_the_metrics_of_a_run_before_it_aside(tmp_path) -> None
     (run / "metrics" / "episodes-2.csv").write_text("time_s,env_steps,actor,episode_return\n")
     (run / "logs").mkdir()
     (run / "metrics" / "summary.json").write_text("{}\n")
+    (run / "config.toml").write_text("[layout]\nactors = 2\n")  # what that attempt ran
     lock_run_dir(run, tmp_path, fresh=False).close()  # a resume
+    assert (run / "logs.1" / "config.toml").read_text() == "[layout]\nactors = 2\n"
     assert (run / "metrics" / "episodes-2.csv").exists() and (run / "logs.1").is_dir()
     # the earlier attempt's summary: not this attempt's, should it be killed before its own
     assert not (run / "metrics" / "summary.json").exists()
