@@ -87,34 +87,37 @@ def resume_problem(resume: str) -> str:
 
 def set_aside(run_dir: Path, *, fresh: bool) -> None:
     """Before an attempt starts in ``run_dir``: the earlier attempt's ``logs/`` move to
-    ``logs.K`` (the first free ``K``); for a ``fresh`` run (no ``--resume``) its
-    ``metrics/`` (and ``tensorboard/``) move to ``metrics.K`` too. A resumed attempt
-    keeps them: its metrics files go on where the earlier attempts' ended (the episode
-    files and the per-superstep CSVs append, with their clocks and counts going on),
-    so ``conduit-hpc report RUN_DIR`` covers the whole run; a fresh run in the same
-    directory had appended its episodes to another run's. Only the earlier attempt's
-    ``metrics/summary.json`` moves to ``summary.json.K``: an attempt writes its own at
-    its end, and one killed before it left the earlier attempt's figures standing for
-    the run. The earlier attempt's ``config.toml``, ``command.txt`` and ``plan.json``
-    move into its ``logs.K`` (this attempt writes its own: a resume with another rank
-    count or ``--set`` overwrote them, and nothing said what the earlier attempt ran).
-    Local.
+    ``logs.K`` (the first free ``K``), with its ``config.toml``, ``command.txt`` and
+    ``plan.json`` (this attempt writes its own: a resume with another rank count or
+    ``--set`` overwrote them, and nothing said what the earlier attempt ran). For a
+    ``fresh`` run (no ``--resume``) the earlier run's ``metrics/`` (and
+    ``tensorboard/``) move to ``metrics.K`` too (its episodes were appended to the
+    earlier run's). A resumed attempt keeps them: its metrics files go on where the
+    earlier attempts' ended (the episode files and the per-superstep CSVs append, with
+    their clocks and counts going on), so ``conduit-hpc report RUN_DIR`` covers the
+    whole run; only the earlier ``metrics/summary.json`` moves into ``logs.K`` (an
+    attempt writes its own at its end, and one killed before it left the earlier
+    attempt's figures standing for the run). Local.
 
     Raises:
         OSError: a directory cannot be moved.
     """
-    names = ("logs", "metrics", "tensorboard") if fresh else ("logs", "metrics/summary.json")
-    for name in names:
-        old = run_dir / name
-        if old.exists():
+    logs = run_dir / "logs"
+    if logs.exists():
+        k = 1
+        while (run_dir / f"logs.{k}").exists():
+            k += 1
+        logs.rename(run_dir / f"logs.{k}")
+        mine = ("config.toml", "command.txt", "plan.json", "metrics/summary.json")
+        for f in mine if not fresh else mine[:3]:
+            if (run_dir / f).is_file():
+                (run_dir / f).rename(run_dir / f"logs.{k}" / Path(f).name)
+    for name in ("metrics", "tensorboard") if fresh else ():
+        if (run_dir / name).exists():
             k = 1
-            while old.with_name(f"{old.name}.{k}").exists():
+            while (run_dir / f"{name}.{k}").exists():
                 k += 1
-            old.rename(old.with_name(f"{old.name}.{k}"))
-            if name == "logs":
-                for f in ("config.toml", "command.txt", "plan.json"):
-                    if (run_dir / f).is_file():
-                        (run_dir / f).rename(run_dir / f"logs.{k}" / f)
+            (run_dir / name).rename(run_dir / f"{name}.{k}")
 
 
 def unwritable(run_dir: Path, runs_root: str | Path, err: OSError) -> ConfigError:

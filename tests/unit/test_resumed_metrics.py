@@ -98,7 +98,7 @@ def test_a_fresh_run_sets_the_metrics_of_a_run_before_it_aside(tmp_path) -> None
     assert (run / "metrics" / "episodes-2.csv").exists() and (run / "logs.1").is_dir()
     # the earlier attempt's summary: not this attempt's, should it be killed before its own
     assert not (run / "metrics" / "summary.json").exists()
-    assert (run / "metrics" / "summary.json.1").read_text() == "{}\n"
+    assert (run / "logs.1" / "summary.json").read_text() == "{}\n"
     (run / "logs").mkdir()
     lock_run_dir(run, tmp_path, fresh=True).close()
     assert not (run / "metrics").exists() and (run / "logs.2").is_dir()
