@@ -88,6 +88,7 @@ from conduit_hpc.rl import (
     check_actor_batch,
     check_dqn_launch,
     describe_transitions,
+    has_episodes,
     make_atari_vector_env,
     merge_episode_files,
 )
@@ -305,6 +306,7 @@ def learner_loop(edp: ExperienceDataPlane, cfg: ApexAtariConfig, updater: DQNUpd
     agent.every_supersteps(cfg.checkpoint.every_supersteps, state)
     t0 = last_poll = last_print = time.perf_counter()
     printed = (updater.updates, referee.env_steps)  # at the last progress line
+    at_start = updater.updates  # (a resumed run's, from its checkpoint)
     why, losses = "", []
     while not why:
         now = time.perf_counter()
@@ -337,7 +339,8 @@ def learner_loop(edp: ExperienceDataPlane, cfg: ApexAtariConfig, updater: DQNUpd
                   f"  loss {loss:.4f}", flush=True)
             last_print, printed = now, (updater.updates, referee.env_steps)
     referee.poll()
-    return {"updates": updater.updates, "why": why, "wall_s": time.perf_counter() - t0,
+    return {"updates": updater.updates, "updates_at_start": at_start, "why": why,
+            "wall_s": time.perf_counter() - t0,
             "reached_at": referee.reached_at, "mean": referee.mean,
             "episodes_seen": referee.episodes, "env_steps_seen": referee.env_steps,
             "env_steps_offset": env_steps_offset,
@@ -365,6 +368,10 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
         k = check_config(cfg, len(edp.roles.actor_ranks), len(edp.roles.learner_ranks))
         stop = StopCoordinator(edp)  # SIGTERM / SIGUSR1 anywhere: every rank stops
         rank = edp.world_rank
+        # the actors' episode files hold the earlier attempts (a resume in the same
+        # run directory; looked at before the restore, a collective, so before any
+        # actor of this attempt writes), else the merge adds the checkpoint's steps
+        carried = rank == 0 and run_dir is not None and has_episodes(run_dir / "metrics")
         # collective: the replay (each frame once, as saved), the sampler, stored state
         restored = (restore_data_plane(edp, resume, roots=resume_roots(cfg, run_dir))
                     if resume else None)
@@ -429,7 +436,8 @@ def run(cfg: ApexAtariConfig, run_dir: Path | None, resume: str) -> dict[str, An
             print(line, flush=True)
         flat = flat_summary(cfg, summary, stats, wall, placement, stopped)
         if run_dir is not None:
-            merge_episode_files(run_dir / "metrics")
+            merge_episode_files(run_dir / "metrics", env_steps_offset=0 if carried
+                                else flat["env_steps_total"] - flat["env_steps"])
             write_summary(run_dir / "metrics" / "summary.json", flat)
         report(flat)
     outcome.raise_if_none_written()  # every rank: the run cannot be resumed
@@ -467,7 +475,9 @@ def flat_summary(cfg: ApexAtariConfig, summary: dict[str, Any],
                  stats: list[tuple[str, int, dict[str, Any]]], wall: float,
                  placement: Placement, stopped: bool) -> dict[str, Any]:
     """The run's headline numbers (``summary.json``). ``env_steps`` and ``frames`` are
-    this run's; ``env_steps_total`` adds those of the run it resumed."""
+    this run's; ``env_steps_total`` adds those of the run it resumed. ``updates`` counts
+    the resumed run's too (``updates_at_start`` of them); ``updates_per_s`` and the rows
+    delivered (``rows_delivered``, ``delivered_*_per_s``) are this run's, over its time."""
     learner = next(s for role, _, s in stats if role == "learner")
     lead = next(r for role, r, _ in stats if role == "learner")
     actors = [s for role, _, s in stats if role == "actor"]
@@ -476,6 +486,8 @@ def flat_summary(cfg: ApexAtariConfig, summary: dict[str, Any],
     env_steps = sum(a.get("env_steps", 0) for a in actors)
     frames = env_steps * cfg.atari.frame_skip
     updates = int(learner.get("updates", 0))
+    # this run's updates (the resumed run's total over this run's time was its rate)
+    done = updates - int(learner.get("updates_at_start", 0))
     row_bytes = sum(f.row_bytes for f in cfg.spec.values())
     span = max((a.get("span_s", 0.0) for a in summary["actors"].values()), default=0.0)
     return {
@@ -491,7 +503,8 @@ def flat_summary(cfg: ApexAtariConfig, summary: dict[str, Any],
         "episodes": sum(a.get("episodes", 0) for a in actors),
         "final_mean_return": learner.get("mean", math.nan),
         "updates": updates, "supersteps": int(lat.get("supersteps", updates)),
-        "updates_per_s": updates / learner_wall if learner_wall > 0 else 0.0,
+        "updates_at_start": updates - done,
+        "updates_per_s": done / learner_wall if learner_wall > 0 else 0.0,
         "loss_last": learner.get("loss_last", math.nan),
         "loss_finite": bool(learner.get("loss_finite", False)),
         "row_bytes": row_bytes,
@@ -510,10 +523,10 @@ def flat_summary(cfg: ApexAtariConfig, summary: dict[str, Any],
         "ingest_mb_per_s": summary["bytes_ingested"] / span / 1e6 if span > 0 else 0.0,
         "limiter_wait_s": sum(a["limiter_wait_s"] for a in summary["actors"].values()),
         # delivery: rows the learner took, and what its batches cost it per superstep
-        "rows_delivered": updates * cfg.scheduler.batch_rows,
-        "delivered_rows_per_s": (updates * cfg.scheduler.batch_rows / learner_wall
+        "rows_delivered": done * cfg.scheduler.batch_rows,
+        "delivered_rows_per_s": (done * cfg.scheduler.batch_rows / learner_wall
                                  if learner_wall > 0 else 0.0),
-        "delivered_mb_per_s": (updates * cfg.scheduler.batch_rows * row_bytes / learner_wall
+        "delivered_mb_per_s": (done * cfg.scheduler.batch_rows * row_bytes / learner_wall
                                / 1e6 if learner_wall > 0 else 0.0),
         "exposed_mean_s": lat.get("exposed_mean_s", math.nan),
         "exposed_median_s": lat.get("exposed_median_s", math.nan),

@@ -75,6 +75,7 @@ from conduit_hpc.rl import (
     check_actor_batch,
     check_dqn_launch,
     describe_transitions,
+    has_episodes,
     make_vector_env,
     merge_episode_files,
 )
@@ -296,7 +297,7 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
                      note=lambda: f"mean-{hp.window} return {referee.mean:.1f} (target "
                                   f"{hp.target_return:g}, {referee.episodes:,} episodes)")
     t0 = last_poll = last_print = time.perf_counter()
-    printed_updates = updater.updates
+    printed_updates = at_start = updater.updates  # (a resumed run's, from its checkpoint)
     why = ""
     while True:
         now = time.perf_counter()
@@ -333,8 +334,8 @@ def learner_loop(edp: ExperienceDataPlane, cfg: DQNCartPoleConfig, updater: DQNU
                   f"supersteps {updater.updates:>6,}  {rate:6.0f} updates/s", flush=True)
             last_print, printed_updates = now, updater.updates
     wall = time.perf_counter() - t0
-    out: dict[str, Any] = {"updates": updater.updates, "why": why, "wall_s": wall,
-                           "env_steps_offset": env_steps_offset,
+    out: dict[str, Any] = {"updates": updater.updates, "updates_at_start": at_start,
+                           "why": why, "wall_s": wall, "env_steps_offset": env_steps_offset,
                            "param_checksum": group.checksum(updater.online),
                            **group.timings()}
     if referee is not None:
@@ -369,6 +370,10 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
         k = check_config(cfg, len(edp.roles.actor_ranks), len(edp.roles.learner_ranks))
         stop = StopCoordinator(edp)  # SIGTERM / SIGUSR1 anywhere: every rank stops
         rank = edp.world_rank
+        # the actors' episode files hold the earlier attempts (a resume in the same
+        # run directory; looked at before the restore, a collective, so before any
+        # actor of this attempt writes), else the merge adds the checkpoint's steps
+        carried = rank == 0 and run_dir is not None and has_episodes(run_dir / "metrics")
         restored = (restore_data_plane(edp, resume, roots=resume_roots(cfg, run_dir))
                     if resume else None)
         root = checkpoint_root(cfg, run_dir)
@@ -438,7 +443,8 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
             print(line, flush=True)
         flat = flat_summary(cfg, summary, stats, wall, stopped)
         if run_dir is not None:
-            merge_episode_files(run_dir / "metrics")
+            merge_episode_files(run_dir / "metrics", env_steps_offset=0 if carried
+                                else flat["env_steps_offset"])
             # the figures `conduit-hpc report` prints, from the same files and function
             flat["env_steps_to_target_live"] = flat["env_steps_to_target"]
             flat.update(headline_figures(run_dir / "metrics",
@@ -454,7 +460,11 @@ def run(cfg: DQNCartPoleConfig, run_dir: Path | None, resume: str) -> dict[str, 
 def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],
                  stats: list[tuple[str, int, dict[str, Any]]], wall: float,
                  stopped: bool) -> dict[str, Any]:
-    """The run's headline numbers (``summary.json``)."""
+    """The run's headline numbers (``summary.json``). A resumed run's counters
+    (``updates``, ``env_steps``, ``env_steps_to_target``) count from the run's start,
+    its attempts before this one included (``updates_at_start``, ``env_steps_offset``:
+    the checkpoint's); its times and rates (``wall_s``, ``updates_per_s``, ``episodes``,
+    ``supersteps``: the data plane's count) are this attempt's."""
     lead = min(r for role, r, _ in stats if role == "learner")
     learner = next(s for role, r, s in stats if r == lead)
     learners = {r: s for role, r, s in stats if role == "learner"}
@@ -474,8 +484,13 @@ def flat_summary(cfg: DQNCartPoleConfig, summary: dict[str, Any],
                       + sum(a.get("env_steps", 0) for a in actors)),
         "episodes": sum(a.get("episodes", 0) for a in actors),
         "updates": learner.get("updates", 0),
+        "updates_at_start": learner.get("updates_at_start", 0),
+        "env_steps_offset": learner.get("env_steps_offset", 0),
         "supersteps": int(lat.get("supersteps", learner.get("updates", 0))),
-        "updates_per_s": learner.get("updates", 0) / learner_wall if learner_wall else 0.0,
+        # this attempt's updates over its time (the run's total over this attempt's time
+        # said 194,799,749/s for a resume whose budget was already spent)
+        "updates_per_s": ((learner.get("updates", 0) - learner.get("updates_at_start", 0))
+                          / learner_wall if learner_wall else 0.0),
         "final_mean_return": learner.get("mean", math.nan),
         "exposed_mean_s": lat.get("exposed_mean_s", math.nan),
         "exposed_median_s": lat.get("exposed_median_s", math.nan),

@@ -18,6 +18,11 @@ Tags:
 * ``job/<name>`` for every value the job logs with ``edp.log(name=value)`` (the DQN job:
   ``job/loss``, ``job/td_abs_mean``, ``job/mean_return``).
 
+A resumed run in the same run directory writes into the same folders: a learner's
+scalars from the superstep it resumed at replace the earlier attempt's from there on
+(``purge_step``: the supersteps after the checkpoint ran again), and an actor's steps
+(one a row of its CSV) go on after the earlier attempts' rows.
+
 Launch ``tensorboard --logdir RUN_DIR/tensorboard``. Plain Python; no MPI.
 """
 
@@ -84,6 +89,7 @@ class TensorBoardScalars(Feature):
                 key="run.tensorboard") from err
         self._writer_cls = SummaryWriter
         self.writer: Any = None
+        self._logdir: Path | None = None  # (attached: a learner's or an actor's)
         self._step = 0
         self.every_s = float(config.run.tensorboard_every_s)
         #: the learner's window: column -> [sum, count] of its finite values since the last
@@ -100,21 +106,35 @@ class TensorBoardScalars(Feature):
                           else (None, ""))
         if run_dir is None or endpoint is None:
             return
-        logdir = Path(run_dir) / "tensorboard" / f"{role}-{plane.world_rank}"
-        self.writer = self._writer_cls(log_dir=str(logdir), flush_secs=5)
+        self._logdir = Path(run_dir) / "tensorboard" / f"{role}-{plane.world_rank}"
+        if role == "actor":  # its steps go on after an earlier attempt's (one a CSV row)
+            self._step = endpoint.metrics.rows_on_disk()
         endpoint.metrics.listeners.append(
             lambda row: self.write(role, row))
+
+    def _open(self, role: str, step: int) -> None:
+        """The writer, made at the first row: a learner's in a directory an earlier
+        attempt of the run wrote (a resumed run) purges that attempt's events from this
+        row's superstep on (``purge_step``: the supersteps after the checkpoint it
+        resumed from ran again, and TensorBoard drew both, the line going back)."""
+        assert self._logdir is not None
+        earlier = self._logdir.is_dir() and any(self._logdir.glob("events.out.tfevents.*"))
+        purge = step if role == "learner" and earlier else None
+        self.writer = self._writer_cls(log_dir=str(self._logdir), flush_secs=5,
+                                       purge_step=purge)
 
     def write(self, role: str, row: Mapping[str, Any]) -> None:
         """One metrics row as scalars (non-numeric and non-finite values skipped): at once
         on actors (and with ``tensorboard_every_s = 0``), into the window on learners."""
-        if self.writer is None:
+        if self._logdir is None:
             return
         if role == "learner" and "superstep" in row:
             step = int(row["superstep"])
         else:
             step = self._step
             self._step += 1
+        if self.writer is None:
+            self._open(role, step)
         values = [(column, float(value)) for column, value in row.items()
                   if not (column in _SKIP or column.startswith("_") or isinstance(value, bool))
                   and isinstance(value, numbers.Real) and math.isfinite(value)]
@@ -151,3 +171,4 @@ class TensorBoardScalars(Feature):
             self.flush()
             self.writer.close()
             self.writer = None
+        self._logdir = None

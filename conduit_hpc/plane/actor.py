@@ -34,7 +34,7 @@ from conduit_hpc.plane.control import (
     C_SAMPLES,
     ControlBlock,
 )
-from conduit_hpc.plane.metrics import ACTOR_COLUMNS, CsvSink
+from conduit_hpc.plane.metrics import ACTOR_CARRY, ACTOR_COLUMNS, CsvSink
 from conduit_hpc.plane.weights import WeightsBoard
 from conduit_hpc.sampling import make_sampler
 from conduit_hpc.scheduler import LimiterState, RateLimiter
@@ -133,7 +133,7 @@ class ActorEndpoint:
         self.stats = IngestStats()
         self.weights: WeightsBoard | None = None
         self.pull: Callable[[], bool] = lambda: False
-        self.metrics = CsvSink(metrics_path, ACTOR_COLUMNS, keep=False)
+        self.metrics = CsvSink(metrics_path, ACTOR_COLUMNS, keep=False, carry=ACTOR_CARRY)
         self._t0 = self._last_log = time.perf_counter()
         self._rows_at_log = 0
         #: priorities given to ingest are applied (not by a uniform sampler: there a

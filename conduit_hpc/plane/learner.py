@@ -77,7 +77,7 @@ class LearnerEndpoint:
         self.clock = PrefetchClock(self.mode.depth)
         # rows go to the CSV file as they come (every 50); the summary's are kept in
         # bounded memory (a run of millions of supersteps kept every one)
-        self.metrics = CsvSink(metrics_path, LEARNER_COLUMNS, keep=False)
+        self.metrics = CsvSink(metrics_path, LEARNER_COLUMNS, keep=False, carry=("time_s",))
         self.record = LatencyRecord()
         self.metrics.rows = self.record.rows  # what it keeps (every row, then a sample)
         self.weights: WeightsBoard | None = None

@@ -21,6 +21,7 @@ import numpy as np
 from conduit_hpc import jsontext
 
 __all__ = [
+    "ACTOR_CARRY",
     "ACTOR_COLUMNS",
     "LEARNER_COLUMNS",
     "PATH_WORK",
@@ -42,18 +43,33 @@ LEARNER_COLUMNS = ("superstep", "time_s", "mode", "iteration_s", "exposed_s", "c
                    "sample_s", "gather_s", "transform_s", "copy_s", "rows", "staleness",
                    "limiter_wait_s")
 ACTOR_COLUMNS = ("time_s", "rows", "rows_per_s", "limiter_wait_s", "policy_version")
+#: the actor's columns that go on over a resumed run's attempts (its clock, running totals)
+ACTOR_CARRY = ("time_s", "rows", "limiter_wait_s", "ring_wait_s")
 
 
 class CsvSink:
     """Rows to a CSV file (or only to memory when ``path`` is None).
 
+    A file that an earlier attempt of the run wrote (a requeued or resumed job in its
+    run directory) is kept: with the same header the rows are appended (a row a kill
+    left torn is cut first), and each ``carry`` column goes on after the earlier rows
+    (a clock, a running total: each value is written plus the file's last one, or, for
+    ``time_s``, the latest ``time_s`` of the files beside it named like it); a file of
+    other columns (another version, other job columns) is moved to ``NAME.K`` (the
+    first free ``K``) and a new one begun. The earlier attempt's rows were overwritten.
+
     Args:
         path (Path | None): file to write; parents are created.
         columns (Iterable[str]): leading columns, in order.
         keep (bool): also keep every row in :attr:`rows`.
+        carry (Iterable[str]): columns that go on over the attempts (numbers).
     """
 
-    def __init__(self, path: Path | None, columns: Iterable[str], *, keep: bool = True) -> None:
+    def __init__(self, path: Path | None, columns: Iterable[str], *, keep: bool = True,
+                 carry: Iterable[str] = ()) -> None:
+        self.carry = tuple(carry)
+        #: added to the ``carry`` columns as rows are written (the earlier attempts')
+        self.offsets: dict[str, float] = {}
         self.columns = list(columns)
         self._known = set(self.columns)  # the same, for lookups (every row, every key)
         self.rows: list[dict[str, Any]] = []
@@ -78,6 +94,17 @@ class CsvSink:
             self.rows.append(row)
         self._pending.append(row)
 
+    def rows_on_disk(self) -> int:
+        """Rows the file holds before this sink writes (an earlier attempt's; 0 for
+        none). Reads the file (an actor's: a row a second)."""
+        if self._path is None or self._file is not None or not self._path.is_file():
+            return 0
+        try:
+            with open(self._path, "rb") as fh:
+                return max(sum(1 for line in fh if line.endswith(b"\n")) - 1, 0)
+        except OSError:
+            return 0
+
     @property
     def pending(self) -> int:
         """Rows added since the last :meth:`flush` (held in memory until then)."""
@@ -89,11 +116,22 @@ class CsvSink:
             return
         if self._file is None:
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self._path, "w", newline="")  # noqa: SIM115 - lives with the sink
+            earlier = _earlier_rows(self._path, self.columns)
+            if earlier is not None:
+                self.offsets = {c: _cell(earlier, c) for c in self.carry}
+                if "time_s" in self.offsets:
+                    self.offsets["time_s"] = max(_last_times(self._path))
+            self._file = open(self._path, "a" if earlier is not None else "w",  # noqa: SIM115
+                              newline="")  # (lives with the sink)
             self._writer = csv.DictWriter(self._file, self.columns, extrasaction="ignore")
-            self._writer.writeheader()
+            if earlier is None:
+                self._writer.writeheader()
         assert self._writer is not None
-        self._writer.writerows(self._pending)
+        rows = self._pending
+        if any(self.offsets.values()):  # (copies: the rows kept are this attempt's)
+            rows = [{**r, **{c: r[c] + v for c, v in self.offsets.items()
+                             if v and isinstance(r.get(c), int | float)}} for r in rows]
+        self._writer.writerows(rows)
         self._pending.clear()
         self._file.flush()
 
@@ -102,6 +140,87 @@ class CsvSink:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _earlier_rows(path: Path, columns: list[str]) -> dict[str, str] | None:
+    """The last whole row (``{}`` for none) of an earlier attempt's ``path`` with the
+    header ``columns``, its torn last row cut; None when there is no such file to
+    append to (none, empty, or other columns, or no regular file, such as a FIFO: then
+    moved aside to ``path.K``)."""
+    if not path.exists():
+        return None
+    if not path.is_file():
+        _set_aside(path)
+        return None
+    try:
+        with open(path, "rb+") as fh:
+            end = fh.seek(0, 2)
+            fh.seek(max(0, end - _TAIL))
+            tail = fh.read()
+            if tail and not tail.endswith(b"\n"):  # a row a kill cut short
+                end = end - len(tail) + tail.rfind(b"\n") + 1
+                fh.truncate(end)
+        if end == 0:
+            return None
+        header, last = _head_and_last(path)
+    except OSError:  # (unreadable: the open for writing says why, as before)
+        return None
+    if header == columns:
+        return dict(zip(columns, last, strict=False)) if last else {}
+    _set_aside(path)
+    return None
+
+
+def _set_aside(path: Path) -> None:
+    """Move ``path`` to ``path.K`` (the first free ``K``): kept, out of the way."""
+    k = 1
+    while path.with_name(f"{path.name}.{k}").exists():
+        k += 1
+    path.rename(path.with_name(f"{path.name}.{k}"))
+
+
+#: bytes read from a metrics file's end for its last row (a row is < 1 kB)
+_TAIL = 64 << 10
+
+
+def _head_and_last(path: Path) -> tuple[list[str], list[str]]:
+    """The header of a CSV file and its last whole row (``[]`` when there is none)."""
+    with open(path, "rb") as fh:
+        head = fh.readline()
+        end = fh.seek(0, 2)
+        start = max(len(head), end - _TAIL)
+        fh.seek(start)
+        lines = fh.read().split(b"\n")[:-1]  # (after the last line end: being written)
+    if start > len(head) and lines:
+        lines = lines[1:]  # the first may be part of a line
+    header = next(csv.reader([head.decode("utf-8", "replace").rstrip("\r\n")]), [])
+    last = next(csv.reader([lines[-1].decode("utf-8", "replace").rstrip("\r")]), []
+                ) if lines else []
+    return header, last
+
+
+def _cell(row: Mapping[str, str], column: str) -> float:
+    try:
+        v = float(row.get(column) or 0.0)
+    except ValueError:
+        return 0.0
+    return v if math.isfinite(v) else 0.0
+
+
+def _last_times(path: Path) -> list[float]:
+    """The last row's ``time_s`` of ``path`` and of the files beside it named like it
+    (``actor-*.csv`` for ``actor-3.csv``), 0.0 for each that has none."""
+    stem, dash, _ = path.stem.rpartition("-")
+    out = [0.0]
+    for q in sorted(path.parent.glob(f"{stem}-*{path.suffix}") if dash else [path]):
+        if not q.is_file():  # (a FIFO's reader waits for a writer for ever)
+            continue
+        try:
+            header, last = _head_and_last(q)
+        except OSError:
+            continue
+        out.append(_cell(dict(zip(header, last, strict=False)), "time_s"))
+    return out
 
 
 #: the latency columns :func:`latency_summary` reports (median, p99 and mean of each)

@@ -15,6 +15,7 @@ from conduit_hpc.rl.episodes import (
     EPISODE_COLUMNS,
     EPISODES_TAG,
     EpisodeLog,
+    has_episodes,
     merge_episode_files,
 )
 from conduit_hpc.rl.exploration import epsilon_greedy, epsilon_ladder
@@ -52,6 +53,7 @@ __all__ = [
     "double_dqn_targets",
     "epsilon_greedy",
     "epsilon_ladder",
+    "has_episodes",
     "initial_priorities",
     "make_atari_vector_env",
     "make_vector_env",

@@ -10,6 +10,7 @@ and whether it is ``scored``, but only scored episodes enter the running mean.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 import math
@@ -22,7 +23,7 @@ import numpy as np
 
 from conduit_hpc.protocol.tags import JOB_TAGS
 
-__all__ = ["EPISODES_TAG", "EPISODE_COLUMNS", "EXTRA_COLUMNS", "EpisodeLog",
+__all__ = ["EPISODES_TAG", "EPISODE_COLUMNS", "EXTRA_COLUMNS", "EpisodeLog", "has_episodes",
            "merge_episode_files"]
 
 #: channel tag of the RL jobs' episode reports (a job tag, from ``protocol.JOB_TAGS``):
@@ -44,7 +45,13 @@ class EpisodeLog:
         num_envs (int): environments stepped together.
         actor (int): the actor id written in the ``actor`` column.
         path (str | Path | None): ``episodes.csv`` to append to (header written when the
-            file is new); ``None`` keeps episodes in memory only.
+            file is new); ``None`` keeps episodes in memory only. The columns go on over
+            the attempts of a resumed run that append to one file: ``time_s`` after the
+            latest row of this file and of the files beside it named like it (the other
+            actors' ``episodes-*.csv``, so that the merge's time order holds across
+            actors, and for an actor new to the run), ``env_steps`` after this file's
+            last row's (:attr:`env_steps_offset`; the steps an attempt took after its
+            last finished episode are not counted).
         window (int): scored episodes in the running mean.
         t0 (float | None): ``time.perf_counter()`` origin of ``time_s`` (default: now).
         epsilons (np.ndarray | None): ``(E,)`` exploration epsilon of each env (written
@@ -85,15 +92,31 @@ class EpisodeLog:
         self.count = 0  # episodes finished
         self._fh: TextIO | None = None
         self._writer: csv.DictWriter[str] | None = None
+        #: added to ``env_steps`` in the file (the attempts before this one, see below)
+        self.env_steps_offset = 0
         if path is not None:
             p = Path(path)
             p.parent.mkdir(parents=True, exist_ok=True)
             new = not p.exists() or _cut_torn_row(p) == 0
-            if not new:  # a resumed actor: its times go on after its last row's (they
-                self.t0 -= _last_time(p)  # began at 0 again, and the merge, which sorts
-                # by time, put the resumed rows before the killed attempt's)
-            self._fh = open(p, "a", newline="")  # noqa: SIM115 - closed in close()
+            # a resumed attempt (a requeued job, --resume into its run directory): its
+            # times go on after the latest row of this file and of its siblings (the
+            # other actors' files; they began at 0 again, and the merge, which sorts by
+            # time, put the resumed rows before the killed attempt's), and this actor's
+            # env steps after its own last row's (they began at 0 again too, and the
+            # merge's job total went back at the cut)
+            self.t0 -= max((_last_row(q)[0] for q in _siblings(p)), default=0.0)
+            self.env_steps_offset = 0 if new else _last_row(p)[1]
             columns = EPISODE_COLUMNS + (EXTRA_COLUMNS if self.epsilons is not None else ())
+            if not new and _header(p) != list(columns):
+                # an earlier attempt's file of other columns (another version): its rows
+                # under one header and this attempt's under another were left out of
+                # the merge; it moves to episodes-<rank>.K.csv, which the merge reads
+                k = 1
+                while p.with_name(f"{p.stem}.{k}{p.suffix}").exists():
+                    k += 1
+                p.rename(p.with_name(f"{p.stem}.{k}{p.suffix}"))
+                new = True
+            self._fh = open(p, "a", newline="")  # noqa: SIM115 - closed in close()
             self._writer = csv.DictWriter(self._fh, fieldnames=columns)
             if new:
                 self._writer.writeheader()
@@ -137,7 +160,7 @@ class EpisodeLog:
             self.envs.append(int(e))
             if self._writer is not None:
                 row = {"time_s": f"{time.perf_counter() - self.t0:.4f}",
-                       "env_steps": env_steps, "actor": self.actor,
+                       "env_steps": env_steps + self.env_steps_offset, "actor": self.actor,
                        "episode_return": f"{ret:g}"}
                 if self.epsilons is not None:
                     row.update(epsilon=f"{self.epsilons[e]:.6g}", scored=int(self.scored[e]))
@@ -185,20 +208,43 @@ def _cut_torn_row(path: Path) -> int:
         return keep
 
 
-def _last_time(path: Path) -> float:
-    """``time_s`` of the last row of an episode file whose last line is whole (0.0 when
-    there is none or it does not parse as a finite number >= 0)."""
-    with open(path, "rb") as fh:
-        end = fh.seek(0, 2)
-        fh.seek(max(0, end - 4096))
-        lines = fh.read().splitlines()
-    if not lines:
-        return 0.0
+def _siblings(path: Path) -> list[Path]:
+    """``path`` and the files beside it named like it (``episodes-*.csv`` for
+    ``episodes-3.csv``: every actor's), regular files only."""
+    stem, dash, _ = path.stem.rpartition("-")
+    found = set(path.parent.glob(f"{stem}-*{path.suffix}")) if dash else set()
+    return [q for q in sorted(found | {path}) if q.is_file()]
+
+
+def _header(path: Path) -> list[str]:
+    """The column names on the first line of a CSV file."""
+    with open(path, newline="") as fh:
+        return [c.strip() for c in next(csv.reader([fh.readline()]), [])]
+
+
+def _last_row(path: Path) -> tuple[float, int]:
+    """``time_s`` and ``env_steps`` of the last whole row of an episode file (0.0 and 0
+    when there is none, or for a cell that does not parse as a finite number >= 0)."""
     try:
-        t = float(lines[-1].split(b",", 1)[0])
-    except ValueError:  # the header, or a damaged row: the merge says so
-        return 0.0
-    return t if math.isfinite(t) and t >= 0 else 0.0
+        with open(path, "rb") as fh:
+            end = fh.seek(0, 2)
+            fh.seek(max(0, end - 4096))
+            tail = fh.read()
+    except OSError:
+        return 0.0, 0
+    lines = tail.split(b"\n")[:-1]  # the part after the last line end: being written
+    if not lines:
+        return 0.0, 0
+    cells = lines[-1].split(b",")
+    try:  # the header, or a damaged row: the merge says so
+        t = float(cells[0])
+    except ValueError:
+        return 0.0, 0
+    try:
+        steps = int(cells[1]) if len(cells) > 1 else 0
+    except ValueError:
+        steps = 0
+    return (t if math.isfinite(t) and t >= 0 else 0.0), max(steps, 0)
 
 
 def _read_part(path: Path, header: list[str]) -> tuple[list[dict[str, str]], list[str]]:
@@ -239,11 +285,22 @@ def _read_part(path: Path, header: list[str]) -> tuple[list[dict[str, str]], lis
     return rows, skipped
 
 
+def has_episodes(metrics: str | Path, pattern: str = "episodes-*.csv") -> bool:
+    """Whether an actor's episode file under ``metrics`` holds a row (an earlier attempt
+    of the run wrote it: a resumed job's files go on from it). Local; reads files."""
+    for p in Path(metrics).glob(pattern):
+        with contextlib.suppress(OSError):
+            if p.is_file() and _last_row(p) != (0.0, 0):
+                return True
+    return False
+
+
 def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
-                        out_name: str = "episodes.csv") -> int:
+                        out_name: str = "episodes.csv", *, env_steps_offset: int = 0) -> int:
     """Merge the actors' per-rank episode files into one ``episodes.csv``, by time.
 
-    Each actor's ``env_steps`` column counts its own steps; in the merged file it is
+    Each actor's ``env_steps`` column counts its own steps (over the attempts of a
+    resumed run, see :class:`EpisodeLog`); in the merged file it is
     the job's total at that moment (the sum over actors of each one's latest count,
     walking the rows in time order), and the actor's own count moves to
     ``actor_env_steps``. Not collective; call on one rank after the actors closed
@@ -254,6 +311,12 @@ def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
     are left out with a warning (the ``conduit_hpc.episodes`` logger) naming the file
     and line of each, rather than failing the job's end or entering the merged file
     with a wrong count.
+
+    ``env_steps_offset`` is added to each job total: the env steps of a resumed run
+    that its files do not hold (a ``--resume`` into a new run directory: the
+    checkpoint's count; 0 when the files hold the earlier attempts, see
+    :func:`has_episodes`), so that ``env_steps`` and what ``env_steps_to_target`` reads
+    from it count from the run's start, as the job's summary does.
 
     Returns:
         int: episodes written (0 when there is no per-rank file; nothing is written).
@@ -278,7 +341,7 @@ def merge_episode_files(metrics: str | Path, pattern: str = "episodes-*.csv",
         own = int(row["env_steps"])
         latest[row["actor"]] = own
         row["actor_env_steps"] = str(own)
-        row["env_steps"] = str(sum(latest.values()))
+        row["env_steps"] = str(env_steps_offset + sum(latest.values()))
     with open(metrics / out_name, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[*header, "actor_env_steps"])
         w.writeheader()

@@ -379,13 +379,8 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
     run_dir = Path(run_dir)
     check_checkpoint_root(cfg, run_dir, resume)
     logs = run_dir / "logs"
-    lock = lock_run_dir(run_dir, runs_root, cfg)
+    lock = lock_run_dir(run_dir, runs_root, cfg, fresh=not resume)  # (logs/ set aside)
     try:
-        if logs.exists():
-            k = 1
-            while (run_dir / f"logs.{k}").exists():
-                k += 1
-            logs.rename(run_dir / f"logs.{k}")
         logs.mkdir(parents=True, exist_ok=True)
         # the resolved config (overrides applied, defaults filled in), written by
         # tomli-w; every rank loads this file with the job's class

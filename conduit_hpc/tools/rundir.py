@@ -18,7 +18,7 @@ from conduit_hpc.config import Config
 from conduit_hpc.errors import ConduitError, ConfigError
 
 __all__ = ["EXIT_FILE", "RunLock", "check_checkpoint_root", "ended", "lock_run_dir",
-           "resume_problem", "unwritable"]
+           "resume_problem", "set_aside", "unwritable"]
 
 #: what the launcher records of how the job ended, in the run directory (read by
 #: ``conduit-hpc report``): ``{"exit_status": int, "ok": bool, "why": str, "ended": str}``
@@ -85,6 +85,41 @@ def resume_problem(resume: str) -> str:
             f"nor checkpoint directories")
 
 
+def set_aside(run_dir: Path, *, fresh: bool) -> None:
+    """Before an attempt starts in ``run_dir``: the earlier attempt's ``logs/`` move to
+    ``logs.K`` (the first free ``K``), with its ``config.toml``, ``command.txt`` and
+    ``plan.json`` (this attempt writes its own: a resume with another rank count or
+    ``--set`` overwrote them, and nothing said what the earlier attempt ran). For a
+    ``fresh`` run (no ``--resume``) the earlier run's ``metrics/`` (and
+    ``tensorboard/``) move to ``metrics.K`` too (its episodes were appended to the
+    earlier run's). A resumed attempt keeps them: its metrics files go on where the
+    earlier attempts' ended (the episode files and the per-superstep CSVs append, with
+    their clocks and counts going on), so ``conduit-hpc report RUN_DIR`` covers the
+    whole run; only the earlier ``metrics/summary.json`` moves into ``logs.K`` (an
+    attempt writes its own at its end, and one killed before it left the earlier
+    attempt's figures standing for the run). Local.
+
+    Raises:
+        OSError: a directory cannot be moved.
+    """
+    logs = run_dir / "logs"
+    if logs.exists():
+        k = 1
+        while (run_dir / f"logs.{k}").exists():
+            k += 1
+        logs.rename(run_dir / f"logs.{k}")
+        mine = ("config.toml", "command.txt", "plan.json", "metrics/summary.json")
+        for f in mine if not fresh else mine[:3]:
+            if (run_dir / f).is_file():
+                (run_dir / f).rename(run_dir / f"logs.{k}" / Path(f).name)
+    for name in ("metrics", "tensorboard") if fresh else ():
+        if (run_dir / name).exists():
+            k = 1
+            while (run_dir / f"{name}.{k}").exists():
+                k += 1
+            (run_dir / name).rename(run_dir / f"{name}.{k}")
+
+
 def unwritable(run_dir: Path, runs_root: str | Path, err: OSError) -> ConfigError:
     return ConfigError(f"run directory {str(run_dir)!r} (--run-dir, or under --runs "
                        f"{str(runs_root)!r}) cannot be made or written: "
@@ -103,7 +138,8 @@ class RunLock:
             f.close()
 
 
-def lock_run_dir(run_dir: Path, runs_root: str | Path, cfg: Config | None = None) -> RunLock:
+def lock_run_dir(run_dir: Path, runs_root: str | Path, cfg: Config | None = None, *,
+                 fresh: bool | None = None) -> RunLock:
     """Hold ``RUN_DIR/.lock`` (an exclusive ``flock``) while the job runs: a second
     ``conduit-hpc run`` into the same directory - a fresh run or a ``--resume`` - would
     write the same checkpoints and logs, and each one's retention delete the other's.
@@ -112,7 +148,8 @@ def lock_run_dir(run_dir: Path, runs_root: str | Path, cfg: Config | None = None
     (``ROOT/.lock``): two runs writing one root would take each other's checkpoint
     numbers, delete each other's checkpoints being written, and prune each other's
     complete ones. Released when the launcher returns or dies (a requeued SLURM attempt
-    takes them). An earlier run's ``exit.json`` is removed (this run records its own).
+    takes them). An earlier run's ``exit.json`` is removed (this run records its own);
+    with ``fresh`` given, its logs (and metrics) are set aside (:func:`set_aside`).
 
     Raises:
         ConduitError: a lock is held by another run (naming the directory and holder).
@@ -122,6 +159,12 @@ def lock_run_dir(run_dir: Path, runs_root: str | Path, cfg: Config | None = None
                  f"run directory {str(run_dir)!r}", "another --run-dir")
     with contextlib.suppress(OSError):  # how an earlier run in this directory ended
         (run_dir / EXIT_FILE).unlink(missing_ok=True)
+    try:
+        if fresh is not None:
+            set_aside(run_dir, fresh=fresh)
+    except OSError as err:
+        lock.close()
+        raise unwritable(run_dir, runs_root, err) from err
     ck = None if cfg is None else cfg.checkpoint
     if cfg is None or ck is None or not (ck.on_stop or ck.every_supersteps or ck.every_seconds):
         return RunLock([lock])  # (a resume without checkpoints of its own only reads)

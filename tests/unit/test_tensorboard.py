@@ -119,3 +119,35 @@ def test_the_window_is_validated(bad: object) -> None:
     with pytest.raises(ConfigError, match="tensorboard_every_s"):
         Config.from_dict({"run": {"tensorboard_every_s": bad},
                           "spec": {"x": {"dtype": "float32"}}})
+
+
+def test_a_resumed_learner_s_scalars_go_back_to_its_checkpoint(tmp_path: Path) -> None:
+    """A killed attempt logged supersteps 0..7; the resumed one, from the checkpoint at
+    superstep 5, logged 5.. again: TensorBoard drew both (two values at 5, 6 and 7, the
+    line going back). The resumed writer purges the killed attempt's from 5 on."""
+    for first, last, loss in ((0, 8, 1.0), (5, 10, 2.0)):
+        learner = SimpleNamespace(metrics=CsvSink(None, LEARNER_COLUMNS))
+        f = TensorBoardScalars(config(True), None)
+        f.attach(SimpleNamespace(run_dir=tmp_path, learner=learner, actor=None,
+                                 world_rank=0))
+        for s in range(first, last):
+            learner.metrics.add({"superstep": s, "loss": loss})
+        f.close()
+    got = scalars(tmp_path / "tensorboard" / "learner-0")
+    assert got["job/loss"] == [(s, 1.0) for s in range(5)] + [(s, 2.0) for s in range(5, 10)]
+
+
+def test_a_resumed_actor_s_scalars_go_on_after_the_killed_attempt_s(tmp_path: Path) -> None:
+    """An actor's scalars are stepped by its rows: a resumed attempt began at step 0
+    again, over the killed attempt's (two values a step)."""
+    for n in (3, 2):
+        actor = SimpleNamespace(metrics=CsvSink(tmp_path / "actor-3.csv", ACTOR_COLUMNS))
+        f = TensorBoardScalars(config(True), None)
+        f.attach(SimpleNamespace(run_dir=tmp_path, learner=None, actor=actor, world_rank=3))
+        for s in range(n):
+            actor.metrics.add({"time_s": 1.0 * s, "rows": 64 * (s + 1), "rows_per_s": 64.0,
+                               "limiter_wait_s": 0.0, "policy_version": n})
+        actor.metrics.close()
+        f.close()
+    got = scalars(tmp_path / "tensorboard" / "actor-3")
+    assert got["actor/policy_version"] == [(0, 3.0), (1, 3.0), (2, 3.0), (3, 2.0), (4, 2.0)]

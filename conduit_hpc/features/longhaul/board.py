@@ -104,7 +104,11 @@ class BoardPublisher:
         self.board, self.owner, self.rank = board, owner, rank
         self.link, self.c = channel, counters
         self.every_s, self.t0 = every_s, t0
-        self.sink = CsvSink(csv_path, LINK_CSV_COLUMNS, keep=False)
+        # a resumed attempt appends: its clock and running totals go on (clock_s is the
+        # host's monotonic clock, levels such as backlog_rows are the attempt's own)
+        self.sink = CsvSink(csv_path, LINK_CSV_COLUMNS, keep=False, carry=(
+            "time_s", "bytes_out", "messages_out", "bytes_in", "rows_crossed",
+            "priority_sum", "rows_dropped", "rows_received"))
         self._last = -math.inf
         self._sent = np.zeros(BOARD_FIELDS, dtype=np.int64)
 

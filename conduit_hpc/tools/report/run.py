@@ -9,7 +9,9 @@ Reads the metrics files of each run (in ``RUN_DIR/metrics/``, or ``RUN_DIR`` its
   ``rows`` and ``limiter_wait_s`` are the actor's running totals at ``time_s`` (as
   ``ExperienceDataPlane`` writes them; :func:`load_run` turns them into amounts since
   the previous row), ``rows_per_s`` its ingest rate since the previous row.
-* ``episodes.csv``: ``time_s,env_steps,actor,episode_return``.
+* ``episodes.csv``: ``time_s,env_steps,actor,episode_return``: the actors'
+  ``episodes-<rank>.csv`` merged, by the job at its end, or by the report when the job
+  did not (an attempt killed before its end: none, or older than an actor's file).
 * ``summary.json``: a flat dict of the run's headline numbers;
 * ``RUN_DIR/plan.json``: the placement the run executed, with its prediction (see
   :mod:`conduit_hpc.tools.report.plan_check`): the report's "Plan" section.

@@ -160,6 +160,7 @@ def load_run(path: str | Path) -> RunData:
                     if v is not None and v.dtype == np.float64:
                         table[col] = np.diff(np.nan_to_num(v), prepend=0.0)
             target[int(m.group(1))] = table
+    _merge_if_stale(metrics, run.problems)
     if (metrics / "episodes.csv").exists():
         try:
             run.episodes = read_csv(metrics / "episodes.csv")
@@ -184,6 +185,25 @@ def load_run(path: str | Path) -> RunData:
     if isinstance(window, int) and not isinstance(window, bool) and window >= 1:
         run.window = window
     return run
+
+
+def _merge_if_stale(metrics: Path, problems: list[str]) -> None:
+    """Merge the actors' episode files into ``episodes.csv`` (as the job does at its
+    end) when the job did not: no merged file, or an actor's file newer than it (an
+    attempt killed before its end; the report showed no episodes for a run killed in
+    its first attempt, and the episodes up to the latest completed attempt's end for a
+    later one). Writes only that file; a failure is one of ``problems``."""
+    parts = [p for p in metrics.glob("episodes-*.csv") if p.is_file()]
+    merged = metrics / "episodes.csv"
+    try:
+        if not parts or (merged.is_file() and merged.stat().st_mtime
+                         >= max(p.stat().st_mtime for p in parts)):
+            return
+        from conduit_hpc.rl.episodes import merge_episode_files
+
+        merge_episode_files(metrics)
+    except (OSError, UnicodeDecodeError, csv.Error, ValueError) as err:
+        problems.append(f"episodes-*.csv: not merged ({type(err).__name__}: {err})")
 
 
 def _read_exit(run: RunData) -> None:
@@ -347,6 +367,16 @@ def learners_split(run: RunData) -> dict[str, float] | None:
     return total
 
 
+def _supersteps(t: Table) -> int:
+    """Supersteps a learner's table holds: its distinct ``superstep`` numbers (a resumed
+    run's supersteps after the checkpoint it resumed from ran twice and have two rows,
+    the killed attempt's and the resumed one's), else its rows."""
+    col = t.get("superstep")
+    if col is not None and col.dtype == np.float64:
+        return len(np.unique(col[np.isfinite(col)]))
+    return len(next(iter(t.values()), []))
+
+
 def run_stats(run: RunData) -> dict[str, Any]:
     """Headline numbers of one run (missing inputs leave their keys out)."""
     s: dict[str, Any] = {"mode": run.mode}
@@ -355,7 +385,7 @@ def run_stats(run: RunData) -> dict[str, Any]:
     lt = learner_table(run)
     if lt is not None:
         s["learners"] = len(run.learners)  # every learner's CSV is pooled below
-        s["supersteps"] = max(len(next(iter(t.values()), [])) for t in run.learners.values())
+        s["supersteps"] = max(_supersteps(t) for t in run.learners.values())
     # latency figures after each learner's warm-up, as summary.json's (the first
     # superstep's wait for scheduler.min_fill_rows is no superstep's latency)
     for col in ("iteration_s", "exposed_s", "compute_s"):
