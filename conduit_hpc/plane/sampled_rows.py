@@ -47,9 +47,6 @@ __all__ = ["FULL_ROWS", "WEIGHT", "RowThinning", "row_weight", "rows_after", "we
 #: module docstring); a file without it has one row per superstep
 WEIGHT = "weight"
 
-_Row = TypeVar("_Row", bound=Mapping[str, Any])
-
-
 class RowThinning:
     """Which of a learner's per-superstep rows go to its file (see the module docstring).
 
@@ -95,8 +92,9 @@ class RowThinning:
         return out
 
     def rest(self) -> dict[str, Any] | None:
-        """The incomplete block's row (weight: its rows so far), or None; the block is
-        then closed (call it once, at the end)."""
+        """The current block's row, weighing the rows offered in it so far, or None
+        when none was; the block is closed. :meth:`offer` calls it when a block is
+        complete; the writer calls it at the end, for the incomplete one."""
         if self._held is None:
             return None
         out = {**self._held, WEIGHT: self._seen}
@@ -131,6 +129,9 @@ def weights(column: Any, n: int) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         out[:len(c)] = np.where(np.isfinite(c) & (c >= 1), c, 1.0)
     return out
+
+
+_Row = TypeVar("_Row", bound=Mapping[str, Any])
 
 
 def rows_after(rows: Sequence[_Row], supersteps: float) -> list[_Row]:
