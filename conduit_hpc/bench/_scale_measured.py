@@ -24,11 +24,13 @@ import json
 import math
 import statistics
 from dataclasses import replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from conduit_hpc.bench._scale_model import MODES, predict_modes
 from conduit_hpc.bench.allreduce import ring_allreduce_s
+from conduit_hpc.plane.sampled_rows import row_weight, rows_after
 
 __all__ = ["compare_learners", "compare_with_measured", "fit_link", "load_learner_runs",
            "load_measured", "predict_learners", "predict_local", "probe_gloo_link"]
@@ -44,17 +46,15 @@ AGREE_BYTES = 8.0
 def load_measured(run_dirs: list[str]) -> dict[str, dict[str, float]]:
     """Mean iteration_s, exposed_s and compute_s per mode from runs' learner CSVs
     (``RUN_DIR/metrics/learner-<rank>.csv``, columns of the scheduler's metrics), skipping
-    the first 10 % of supersteps as warm-up."""
-    acc: dict[str, dict[str, list[float]]] = {}
+    the first 10 % of supersteps as warm-up; means over supersteps (a row weighs those
+    it stands for, its ``weight``)."""
+    acc: dict[str, list[dict[str, str]]] = {}
     for d in run_dirs:
         for f in sorted(Path(d, "metrics").glob("learner-*.csv")):
             for r in _rows(f):
-                m = acc.setdefault(r["mode"], {"iteration_s": [], "exposed_s": [],
-                                               "compute_s": []})
-                for k in m:
-                    m[k].append(float(r[k]))
-    return {mode: {k: statistics.mean(v) for k, v in m.items() if v}
-            for mode, m in acc.items()}
+                acc.setdefault(r["mode"], []).append(r)
+    return {mode: {k: _mean(rows, k) for k in ("iteration_s", "exposed_s", "compute_s")}
+            for mode, rows in acc.items()}
 
 
 def compare_with_measured(predicted: dict[str, dict[str, float]],
@@ -169,8 +169,8 @@ def load_learner_runs(run_dirs: list[str]) -> dict[int, dict[str, Any]]:
             raise FileNotFoundError(f"{metrics}: no learner-<rank>.csv")
         rows = _rows(csvs[0])  # the lead learner: the lowest rank
         n = int(summary.get("learners", 1))
-        run: dict[str, Any] = {k: statistics.mean(float(r[k]) for r in rows)
-               for k in ("iteration_s", "exposed_s", "compute_s")}
+        run: dict[str, Any] = {k: _mean(rows, k) for k in ("iteration_s", "exposed_s",
+                                                           "compute_s")}
         if n > 1 and not all(k in summary for k in ("allreduce_mean_s", "agree_mean_s")):
             raise ValueError(f"{metrics / 'summary.json'}: a run with {n} learners without "
                              "allreduce_mean_s / agree_mean_s (runs of the DQN job record "
@@ -315,7 +315,22 @@ def run_config(config_toml: str) -> Any:
 def _rows(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    return rows[len(rows) // 10:]
+    return rows_after(rows, int(sum(map(row_weight, rows))) // 10)  # by supersteps
+
+
+def _mean(rows: list[dict[str, str]], key: str) -> float:
+    """The mean of ``key`` over the supersteps (a row weighs the supersteps it stands
+    for), exact as :func:`statistics.mean` is: its value for rows of weight 1.
+
+    Raises:
+        statistics.StatisticsError: no row.
+    """
+    if not rows:
+        raise statistics.StatisticsError(f"mean of {key} over no superstep")
+    weights = [row_weight(r) for r in rows]
+    total = sum(Fraction(float(r[key])) * Fraction(w) for r, w in zip(rows, weights,
+                                                                       strict=True))
+    return float(total / sum(Fraction(w) for w in weights))
 
 
 def _num(x: Any) -> float:

@@ -29,6 +29,12 @@ from conduit_hpc import jsontext
 from conduit_hpc.bench._args import names, reals, whole
 from conduit_hpc.bench._args import out_dir as a_folder
 from conduit_hpc.bench.common import git_sha, repo_path
+from conduit_hpc.plane.sampled_rows import (
+    row_weight,
+    rows_after,
+    weighted_median,
+    weighted_percentile,
+)
 
 MODES = ("sync", "service", "edp", "edp-process")
 #: the edp variants, each compared with sync and service
@@ -99,22 +105,32 @@ def run_once(case: str, mode: str, compute_s: float, supersteps: int, work: Path
     if rc != 0:
         raise RuntimeError(f"{case}/{mode} failed with {rc}; logs in {run_dir}")
     (csv_path,) = (run_dir / "metrics").glob("learner-*.csv")
-    with open(csv_path) as f:
+    return {"case": case, "mode": mode, "compute_target_s": compute_s, "matmul_reps": reps,
+            **latency_stats(csv_path)}
+
+
+def latency_stats(csv_path: Path) -> dict[str, float]:
+    """Supersteps measured and the medians and p99s of one learner file, after the
+    warm-up (the first tenth of the supersteps, at least 5) and without the last one."""
+    with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
-    warm = max(5, len(rows) // 10)
-    use = rows[warm:-1]  # the last superstep is closed by done(), not by a next call
+    # warm-up and counts by supersteps, statistics weighted: past run.metrics_full_rows
+    # a row stands for its weight's supersteps
+    warm = max(5, int(sum(row_weight(r) for r in rows)) // 10)
+    use = rows_after(rows, warm)[:-1]  # the last superstep is closed by done()
+    w = np.array([row_weight(r) for r in use])
     ex = np.array([float(r["exposed_s"]) for r in use])
     it = np.array([float(r["iteration_s"]) for r in use])
     path = np.array([sum(float(r[k]) for k in ("sample_s", "gather_s", "transform_s",
                                                  "copy_s")) for r in use])
     comp = np.array([float(r["compute_s"]) for r in use])
-    return {"case": case, "mode": mode, "compute_target_s": compute_s, "matmul_reps": reps,
-            "supersteps": len(use), "exposed_median_s": float(np.median(ex)),
-            "exposed_p99_s": float(np.percentile(ex, 99)),
-            "iteration_median_s": float(np.median(it)),
-            "iteration_p99_s": float(np.percentile(it, 99)),
-            "path_median_s": float(np.median(path)),
-            "compute_median_s": float(np.median(comp))}
+    return {"supersteps": int(w.sum()),
+            "exposed_median_s": weighted_median(ex, w),
+            "exposed_p99_s": weighted_percentile(ex, w, 99),
+            "iteration_median_s": weighted_median(it, w),
+            "iteration_p99_s": weighted_percentile(it, w, 99),
+            "path_median_s": weighted_median(path, w),
+            "compute_median_s": weighted_median(comp, w)}
 
 
 def main(argv: list[str] | None = None) -> dict:

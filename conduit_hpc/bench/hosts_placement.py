@@ -31,7 +31,6 @@ import argparse
 import csv
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from typing import Any
 from conduit_hpc import jsontext
 from conduit_hpc.bench._args import names, out_dir, real
 from conduit_hpc.bench.common import git_sha, repo_path
+from conduit_hpc.plane.sampled_rows import row_weight, rows_after, weighted_median
 
 __all__ = ["JOB_SETS", "blind_cluster", "learner_host_share", "main", "roles_per_node"]
 
@@ -149,12 +149,15 @@ def measure(run_dir: Path, plan_name: str, rate: str) -> dict[str, Any]:
     plan = json.loads((run_dir / "plan.json").read_text())
     with open(run_dir / "metrics" / "learner-0.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    rows = rows[len(rows) // 5:]  # past the fill and warm-up
+    # past the fill and warm-up, by supersteps (a row past run.metrics_full_rows stands
+    # for its weight's)
+    rows = rows_after(rows, int(sum(map(row_weight, rows))) // 5)
     if not rows:
         raise SystemExit(f"bench hosts-placement: no supersteps measured in {run_dir}")
 
     def med_ms(*keys: str) -> float:
-        return 1e3 * statistics.median(sum(float(r[k]) for k in keys) for r in rows)
+        return 1e3 * weighted_median([sum(float(r[k]) for k in keys) for r in rows],
+                                     [row_weight(r) for r in rows])
 
     pred = ((plan.get("prediction") or {}).get("learners") or {}).get("0") or {}
     probe = plan.get("probe") or {}
@@ -168,7 +171,8 @@ def measure(run_dir: Path, plan_name: str, rate: str) -> dict[str, Any]:
             else None,
             "predicted_exposed_ms": 1e3 * pred["exposed_s"]
             if pred.get("exposed_s") is not None else None,
-            "supersteps": len(rows), "path_ms": med_ms("sample_s", "gather_s"),
+            "supersteps": int(sum(map(row_weight, rows))),
+            "path_ms": med_ms("sample_s", "gather_s"),
             "exposed_ms": med_ms("exposed_s"), "iteration_ms": med_ms("iteration_s"),
             "run_dir": str(run_dir), "loadavg": os.getloadavg()[0], "git": git_sha()}
 

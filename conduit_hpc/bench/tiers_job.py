@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from typing import Any
 from conduit_hpc import jsontext
 from conduit_hpc.bench._args import out_dir, real
 from conduit_hpc.bench.common import git_sha
+from conduit_hpc.plane.sampled_rows import row_weight, rows_after, weighted_median
 
 JOB = Path(__file__).resolve().parents[2] / "jobs" / "synthetic.toml"
 
@@ -80,7 +80,9 @@ def placements(tmp: Path, job: Path) -> list[tuple[str, list[str]]]:
 
 
 def _median_ms(rows: list[dict[str, str]], key: str) -> float:
-    return 1e3 * statistics.median(float(r[key]) for r in rows)
+    """Median over the supersteps (each row weighted by those it stands for), in ms."""
+    return 1e3 * weighted_median([float(r[key]) for r in rows],
+                                 [row_weight(r) for r in rows])
 
 
 def run_one(name: str, sets: list[str], args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -98,18 +100,20 @@ def run_one(name: str, sets: list[str], args: argparse.Namespace, out: Path) -> 
     run_dir = max(runs.iterdir(), key=lambda p: p.name)
     with open(run_dir / "metrics" / "learner-0.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    rows = rows[len(rows) // 5:]  # past the fill and warm-up
+    rows = rows_after(rows, int(sum(map(row_weight, rows))) // 5)  # past fill and warm-up
+    steps = int(sum(map(row_weight, rows)))
     summary = json.loads((run_dir / "metrics" / "summary.json").read_text())
     plan = json.loads((run_dir / "plan.json").read_text())
     path = [sum(float(r[k]) for k in ("sample_s", "gather_s", "transform_s", "copy_s"))
             for r in rows]
     drawn = float(summary.get("learner0_device_rows_drawn", 0.0))
-    batch_rows = sum(int(r["rows"]) for r in rows) / max(len(rows), 1)
-    supersteps = int(summary.get("learner0_supersteps", 0) or len(rows))
-    return {"placement": name, "mode": args.mode, "supersteps": len(rows),
+    batch_rows = sum(int(r["rows"]) * row_weight(r) for r in rows) / max(steps, 1)
+    supersteps = int(summary.get("learner0_supersteps", 0) or steps)
+    return {"placement": name, "mode": args.mode, "supersteps": steps,
             "tiers": {t: v["rows"] for t, v in plan["tiers"].items()},
             "sample_ms": _median_ms(rows, "sample_s"), "gather_ms": _median_ms(rows, "gather_s"),
-            "copy_ms": _median_ms(rows, "copy_s"), "path_ms": 1e3 * statistics.median(path),
+            "copy_ms": _median_ms(rows, "copy_s"),
+            "path_ms": 1e3 * weighted_median(path, [row_weight(r) for r in rows]),
             "iteration_ms": _median_ms(rows, "iteration_s"),
             "device_share": drawn / (batch_rows * supersteps) if supersteps else 0.0,
             "git": git_sha()}

@@ -26,6 +26,7 @@ __all__ = [
     "MAX_ROWS",
     "MAX_ROW_BYTES",
     "MAX_SECONDS",
+    "METRICS_FULL_ROWS",
     "FrozenDict",
     "finite",
     "itemsize",
@@ -48,6 +49,9 @@ MAX_BYTES = 2**62
 MAX_NAME_BYTES = 200
 #: seconds of any timeout, budget or period (~115 days; threading's limit is far above)
 MAX_SECONDS = 1e7
+#: ``run.metrics_full_rows``'s default: supersteps whose rows a learner's metrics file all
+#: holds before it keeps a sample (:class:`conduit_hpc.plane.sampled_rows.RowThinning`)
+METRICS_FULL_ROWS = 100_000
 #: largest priority (initial or given): keeps priority ** alpha summed over a replay
 #: finite in float64 for every priority_exponent <= 9.8 and capacity <= 2**40 (StorageConfig
 #: refuses an exponent past the bound of its capacity)

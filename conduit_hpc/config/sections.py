@@ -21,6 +21,7 @@ from conduit_hpc.config.checks import (
     MAX_ROW_BYTES,
     MAX_ROWS,
     MAX_SECONDS,
+    METRICS_FULL_ROWS,
     finite,
     itemsize,
     require,
@@ -54,6 +55,13 @@ class RunConfig:
             each column over the supersteps since its last write (at the last one's step):
             one scalar a superstep cost ~0.45 ms a superstep and ~600 bytes of event file
             (3 GB an hour at 5,000 supersteps a second). 0: every superstep.
+        metrics_full_rows (int): a learner's ``metrics/learner-<rank>.csv`` holds a row
+            for each of its first this many supersteps, then this many rows of a sample
+            at each spacing (one row per 2, then per 4, 8, ... supersteps, its
+            ``weight`` column saying how many): the file grows by this many rows each
+            time the run doubles, where a row a superstep grew by ~2 GB an hour
+            (:class:`~conduit_hpc.plane.sampled_rows.RowThinning`). 0: a row for every
+            superstep. ``summary.json`` counts every superstep either way.
     """
 
     name: str = "conduit"
@@ -62,6 +70,7 @@ class RunConfig:
     duration_s: float = 0.0
     tensorboard: bool = False
     tensorboard_every_s: float = 1.0
+    metrics_full_rows: int = METRICS_FULL_ROWS
 
     def __post_init__(self) -> None:
         require_types(self)
@@ -82,6 +91,9 @@ class RunConfig:
         require(finite(self.tensorboard_every_s) and 0 <= self.tensorboard_every_s <= 3600,
                 "tensorboard_every_s", self.tensorboard_every_s,
                 "a finite number >= 0 (0: every superstep) and <= 3600 (seconds)")
+        require(0 <= self.metrics_full_rows <= MAX_COUNT, "metrics_full_rows",
+                self.metrics_full_rows, f"an integer >= 0 (0: a row for every superstep) "
+                f"and <= {MAX_COUNT}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -189,14 +189,14 @@ class ExperienceDataPlane:
         assert self._device is not None  # a learner's (see agreed_device)
         self.device = self._device
         mode, sampler = learner_delivery(self, mine, Stager(self.device), transform)
-        self.learner = LearnerEndpoint(mode, sampler,
-                                       {s: self.rings[s].capacity for s in mine},
+        self.learner = LearnerEndpoint(mode, sampler, {s: self.rings[s].capacity for s in mine},
                                        cfg.scheduler, self.control,
                                        lead=me == roles.learner_ranks[0],
                                        metrics_path=self._metrics_file(f"learner-{me}.csv"),
                                        timeout_s=cfg.run.timeout_s,
                                        status=me == 0 and self.run_dir is not None,
-                                       budget_s=cfg.run.duration_s)
+                                       budget_s=cfg.run.duration_s,
+                                       metrics_full_rows=cfg.run.metrics_full_rows)
 
     # -- context -------------------------------------------------------------------
     def __enter__(self) -> ExperienceDataPlane:

@@ -30,6 +30,7 @@ from conduit_hpc.plane.metrics import (
 )
 from conduit_hpc.plane.modes import DeliveryMode
 from conduit_hpc.plane.progress import ProgressBoard
+from conduit_hpc.plane.sampled_rows import FULL_ROWS, RowThinning
 from conduit_hpc.plane.staging import Batch
 from conduit_hpc.plane.weights import WeightsBoard, flat_parameters
 from conduit_hpc.scheduler import PrefetchClock
@@ -61,12 +62,16 @@ class LearnerEndpoint:
             terminal, plain lines every 10 s in a log.
         budget_s (float): the run's time budget (``run.duration_s``; 0: none), which
             the progress line counts down.
+        metrics_full_rows (int): ``run.metrics_full_rows``: the metrics file holds a row
+            for each of this many first supersteps, then a sample (see
+            :class:`~conduit_hpc.plane.sampled_rows.RowThinning`); 0: every row.
     """
 
     def __init__(self, mode: Callable[[LearnerEndpoint], DeliveryMode], sampler: Sampler,
                  capacities: Mapping[int, int], config: SchedulerConfig,
                  control: ControlBlock, *, lead: bool, metrics_path: Path | None,
-                 timeout_s: float, status: bool = False, budget_s: float = 0.0) -> None:
+                 timeout_s: float, status: bool = False, budget_s: float = 0.0,
+                 metrics_full_rows: int = FULL_ROWS) -> None:
         self.sampler = sampler
         self.capacities = dict(capacities)
         self.cfg = config
@@ -75,9 +80,11 @@ class LearnerEndpoint:
         self.timeout_s = timeout_s
         self.mode = mode(self)
         self.clock = PrefetchClock(self.mode.depth)
-        # rows go to the CSV file as they come (every 50); the summary's are kept in
+        # rows go to the CSV file as they come (every 50), past metrics_full_rows a
+        # sample with weights (the file grew by GBs an hour); the summary's are kept in
         # bounded memory (a run of millions of supersteps kept every one)
-        self.metrics = CsvSink(metrics_path, LEARNER_COLUMNS, keep=False, carry=("time_s",))
+        self.metrics = CsvSink(metrics_path, LEARNER_COLUMNS, keep=False, carry=("time_s",),
+                               thinning=RowThinning(metrics_full_rows))
         self.record = LatencyRecord()
         self.metrics.rows = self.record.rows  # what it keeps (every row, then a sample)
         self.weights: WeightsBoard | None = None

@@ -4,6 +4,12 @@
 Plain Python and numpy. Column sets are fixed per file (see :data:`LEARNER_COLUMNS`,
 :data:`ACTOR_COLUMNS`); extra job columns (``loss``, ...) are appended the first time
 they appear and stay for the run.
+
+A learner's file (``learner-<rank>.csv``) holds a row for each of its first
+``run.metrics_full_rows`` supersteps, then a weighted sample: see
+:mod:`conduit_hpc.plane.sampled_rows` (the writer's :class:`RowThinning`, and what its
+readers weigh the rows with). ``summary.json`` is computed in memory from every
+superstep (:class:`LatencyRecord`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.plane.sampled_rows import RowThinning
 
 __all__ = [
     "ACTOR_CARRY",
@@ -41,7 +48,7 @@ PATH_WORK = ("ack_wait_s", "sample_s", "gather_s", "transform_s", "copy_s")
 
 LEARNER_COLUMNS = ("superstep", "time_s", "mode", "iteration_s", "exposed_s", "compute_s",
                    "sample_s", "gather_s", "transform_s", "copy_s", "rows", "staleness",
-                   "limiter_wait_s")
+                   "limiter_wait_s", "weight")
 ACTOR_COLUMNS = ("time_s", "rows", "rows_per_s", "limiter_wait_s", "policy_version")
 #: the actor's columns that go on over a resumed run's attempts (its clock, running totals)
 ACTOR_CARRY = ("time_s", "rows", "limiter_wait_s", "ring_wait_s")
@@ -63,13 +70,16 @@ class CsvSink:
         columns (Iterable[str]): leading columns, in order.
         keep (bool): also keep every row in :attr:`rows`.
         carry (Iterable[str]): columns that go on over the attempts (numbers).
+        thinning (RowThinning | None): which rows go to the file (None: all); the
+            listeners and :attr:`rows` see every row.
     """
 
     def __init__(self, path: Path | None, columns: Iterable[str], *, keep: bool = True,
-                 carry: Iterable[str] = ()) -> None:
+                 carry: Iterable[str] = (), thinning: RowThinning | None = None) -> None:
         self.carry = tuple(carry)
         #: added to the ``carry`` columns as rows are written (the earlier attempts')
         self.offsets: dict[str, float] = {}
+        self.thinning = thinning
         self.columns = list(columns)
         self._known = set(self.columns)  # the same, for lookups (every row, every key)
         self.rows: list[dict[str, Any]] = []
@@ -92,6 +102,11 @@ class CsvSink:
                     self._known.add(k)
         if self.keep:
             self.rows.append(row)
+        if self.thinning is not None:
+            out = self.thinning.offer(row)
+            if out is None:
+                return
+            row = out
         self._pending.append(row)
 
     def rows_on_disk(self) -> int:
@@ -136,6 +151,9 @@ class CsvSink:
         self._file.flush()
 
     def close(self) -> None:
+        last = self.thinning.rest() if self.thinning is not None else None
+        if last is not None:
+            self._pending.append(last)
         self.flush()
         if self._file is not None:
             self._file.close()
@@ -329,7 +347,8 @@ def _zeros_for_nan(values: Any, n: int) -> np.ndarray:
     return np.nan_to_num(arr, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def exposed_split(exposed: Any, limiter: Any = None, path: Any = None) -> dict[str, float]:
+def exposed_split(exposed: Any, limiter: Any = None, path: Any = None,
+                  weight: Any = None) -> dict[str, float]:
     """What the learner waited for in ``next_batch`` (its exposed time), per superstep.
 
     Each superstep's exposed time is split, in this order, into the batch's path work
@@ -345,6 +364,8 @@ def exposed_split(exposed: Any, limiter: Any = None, path: Any = None) -> dict[s
         exposed (array-like): exposed seconds per superstep.
         limiter (array-like | None): the learner's rate-limiter wait per superstep.
         path (array-like | None): path-work seconds per superstep.
+        weight (array-like | None): supersteps each entry stands for (a learner file's
+            :data:`WEIGHT`; None: 1 each): the totals weigh each entry by it.
 
     Returns:
         dict[str, float]: totals ``exposed_total_s``, ``exposed_path_s``,
@@ -357,12 +378,13 @@ def exposed_split(exposed: Any, limiter: Any = None, path: Any = None) -> dict[s
     p = np.minimum(work, e)
     rest = e - p
     lim = np.minimum(np.maximum(_zeros_for_nan(limiter, len(e)), 0.0), rest)
-    total_work = float(work.sum())
-    return {"exposed_total_s": float(e.sum()), "exposed_limiter_s": float(lim.sum()),
-            "exposed_path_s": float(p.sum()), "exposed_other_s": float((rest - lim).sum()),
+    w = np.ones(len(e)) if weight is None else np.asarray(weight, dtype=float).reshape(-1)
+    total_work = float((w * work).sum())
+    used = float((w * p).sum())
+    return {"exposed_total_s": float((w * e).sum()), "exposed_limiter_s": float((w * lim).sum()),
+            "exposed_path_s": used, "exposed_other_s": float((w * (rest - lim)).sum()),
             "path_work_s": total_work,
-            "path_work_hidden": (1.0 - float(p.sum()) / total_work if total_work > 0
-                                 else math.nan)}
+            "path_work_hidden": 1.0 - used / total_work if total_work > 0 else math.nan}
 
 
 def exposed_story(split: Mapping[str, float], wall_s: float | None = None) -> str:

@@ -139,3 +139,14 @@ def test_the_report_merges_the_episodes_of_a_killed_attempt(tmp_path) -> None:
     log.close()
     run = load_run(tmp_path)
     assert list(run.episodes["env_steps"]) == [10, 20, 25] and not run.problems
+
+
+def test_the_report_counts_a_thinned_file_resumed_in_it_by_weight_once(tmp_path) -> None:
+    """Past run.metrics_full_rows a row stands for ``weight`` supersteps; a resumed
+    attempt appends rows from the superstep it resumed at: each superstep counts once."""
+    (tmp_path / "metrics").mkdir()
+    rows = [(0, 1), (1, 1), (2, 2), (4, 2), (4, 1), (5, 1), (6, 1)]  # resumed at 4
+    (tmp_path / "metrics" / "learner-0.csv").write_text(
+        "superstep,time_s,iteration_s,weight\n"
+        + "".join(f"{s},{k},0.1,{w}\n" for k, (s, w) in enumerate(rows)))
+    assert run_stats(load_run(tmp_path))["supersteps"] == 7

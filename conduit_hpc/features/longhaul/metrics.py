@@ -106,9 +106,12 @@ def windowed_mean_priority(rows: ArrayLike, priority_sums: ArrayLike,
         return np.where(rs > 0, ps / np.where(rs > 0, rs, 1.0), np.nan)
 
 
-def settled_mean(values: ArrayLike, *, skip_fraction: float = 0.5) -> float:
+def settled_mean(values: ArrayLike, *, skip_fraction: float = 0.5,
+                 weight: ArrayLike | None = None) -> float:
     """Mean of the finite values after the first ``skip_fraction`` of them (the part of
-    a loss curve after it has settled). NaN if nothing is left.
+    a loss curve after it has settled). NaN if nothing is left. With ``weight`` (the
+    supersteps each value stands for: a learner file's ``weight`` column), the fraction
+    counts supersteps and the mean weighs each value by its weight.
 
     Raises:
         ValueError: ``skip_fraction`` outside [0, 1).
@@ -116,9 +119,12 @@ def settled_mean(values: ArrayLike, *, skip_fraction: float = 0.5) -> float:
     if not 0 <= skip_fraction < 1:
         raise ValueError(f"skip_fraction must be in [0, 1), got {skip_fraction!r}")
     v = np.asarray(values, dtype=float)
-    tail = v[int(len(v) * skip_fraction):]
-    tail = tail[np.isfinite(tail)]
-    return float(tail.mean()) if tail.size else math.nan
+    w = np.ones(len(v)) if weight is None else np.asarray(weight, dtype=float)
+    before = np.concatenate([[0.0], np.cumsum(w)[:-1]])  # supersteps before each value
+    start = int(np.searchsorted(before, int(w.sum() * skip_fraction), side="left"))
+    tail, tw = v[start:], w[start:]
+    ok = np.isfinite(tail)
+    return float((tail[ok] * tw[ok]).sum() / tw[ok].sum()) if ok.any() else math.nan
 
 
 def merge_link_stats(per_rank: Iterable[Mapping[str, Any] | None], *, mode: str,

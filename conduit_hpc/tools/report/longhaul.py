@@ -37,6 +37,7 @@ import numpy as np
 from conduit_hpc.config import read_toml
 from conduit_hpc.features.longhaul.metrics import settled_mean, windowed_mean_priority
 from conduit_hpc.plane.headline import read_metrics_text
+from conduit_hpc.plane.sampled_rows import WEIGHT, weights
 
 __all__ = ["LongHaulRun", "is_longhaul_run", "load_longhaul_run", "ratios",
            "write_longhaul_report"]
@@ -74,15 +75,20 @@ class LongHaulRun:
         return self.learner.get(name, np.full(len(self.learner.get("superstep", [])), np.nan))
 
     @property
+    def weight(self) -> np.ndarray:
+        """Supersteps each learner row stands for (``weight``; 1 in older files)."""
+        return weights(self.learner.get(WEIGHT), len(self.learner.get("superstep", [])))
+
+    @property
     def loss_settled(self) -> float:
-        return settled_mean(self.column("loss"))
+        return settled_mean(self.column("loss"), weight=self.weight)
 
     @property
     def priority_mean(self) -> float:
         """Average priority of every row that crossed during the run."""
         rows, psum = self.column("xfer_rows"), self.column("xfer_priority_sum")
-        n = float(np.nansum(rows))
-        return float(np.nansum(psum)) / n if n > 0 else math.nan
+        n = float(np.nansum(rows * self.weight))
+        return float(np.nansum(psum * self.weight)) / n if n > 0 else math.nan
 
     @property
     def final_return(self) -> float:
@@ -195,8 +201,8 @@ def plot(runs: Sequence[LongHaulRun], out: Path, window: int = 50,
         seen.add(r.mode)
         step = r.column("superstep")
         a_loss.plot(step, _rolling(r.column("loss"), window), color=color, lw=1, label=label)
-        prio = windowed_mean_priority(r.column("xfer_rows"), r.column("xfer_priority_sum"),
-                                      window)
+        prio = windowed_mean_priority(r.column("xfer_rows") * r.weight,
+                                      r.column("xfer_priority_sum") * r.weight, window)
         a_prio.plot(step, prio, color=color, lw=1, label=label)
         it = _rolling(r.column("iteration_s"), window)
         a_link.plot(step, _rolling(r.column("link_e2c_bytes"), window) / it / 1e3,

@@ -4,7 +4,8 @@ against what its learners measured: ``conduit-hpc report``'s "Plan" section.
 Per learner: the plan's predicted experience-path time (its slowest read of a batch,
 per superstep) and exposed time, against the measured means of ``sample_s + gather_s``
 (finding and reading the batch's rows: what the path time predicts) and ``exposed_s``
-from ``metrics/learner-<rank>.csv``. Plain Python; no MPI.
+from ``metrics/learner-<rank>.csv`` (each row weighted by the supersteps it stands for).
+Plain Python; no MPI.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 
 from conduit_hpc.errors import ConduitError
 from conduit_hpc.plane.headline import read_metrics_text
+from conduit_hpc.plane.sampled_rows import WEIGHT, weighted_mean, weights
 
 __all__ = ["learner_reads", "load_plan", "plan_markdown", "plan_vs_measured"]
 
@@ -43,8 +45,9 @@ def load_plan(run_dir: Path) -> tuple[dict[str, Any], str]:
 def _mean(table: dict[str, np.ndarray] | None, *cols: str) -> float:
     if table is None or any(c not in table or table[c].dtype == object for c in cols):
         return math.nan
-    v = sum(np.nan_to_num(table[c].astype(np.float64)) for c in cols)
-    return float(np.mean(v)) if np.size(v) else math.nan
+    v = np.asarray(sum(np.nan_to_num(table[c].astype(np.float64)) for c in cols))
+    # a row past run.metrics_full_rows stands for its weight's supersteps
+    return weighted_mean(v, weights(table.get(WEIGHT), v.size)) if v.size else math.nan
 
 
 def learner_reads(plan: dict[str, Any]) -> dict[str, list[int]]:

@@ -3,8 +3,12 @@
 Reads the metrics files of each run (in ``RUN_DIR/metrics/``, or ``RUN_DIR`` itself):
 
 * ``learner-<world_rank>.csv``: ``superstep,time_s,mode,iteration_s,exposed_s,compute_s,
-  sample_s,gather_s,transform_s,copy_s,rows,staleness,limiter_wait_s`` (+ job columns);
-  one row per superstep; durations are seconds spent in that superstep.
+  sample_s,gather_s,transform_s,copy_s,rows,staleness,limiter_wait_s,weight`` (+ job
+  columns); a row per superstep, past ``run.metrics_full_rows`` supersteps a sample
+  whose ``weight`` says how many supersteps each row stands for (1 when the column is
+  missing: older files; :mod:`conduit_hpc.plane.sampled_rows`): counts of supersteps
+  sum the weights, sums, means and percentiles weigh each row by its weight; durations
+  are seconds spent in that superstep.
 * ``actor-<world_rank>.csv``: ``time_s,rows,rows_per_s,limiter_wait_s,policy_version``;
   ``rows`` and ``limiter_wait_s`` are the actor's running totals at ``time_s`` (as
   ``ExperienceDataPlane`` writes them; :func:`load_run` turns them into amounts since
@@ -198,7 +202,9 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
                   "share and its split leave out each learner's first min(5, supersteps "
                   "/ 10) supersteps (the warm-up: the wait for scheduler.min_fill_rows), "
                   "as summary.json's do; supersteps and rate-limiter waits count every "
-                  "one.", ""]
+                  "one. Past run.metrics_full_rows supersteps a learner file holds a "
+                  "sample whose rows weigh the supersteps they stand for: figures past "
+                  "them are estimates (summary.json's count every superstep).", ""]
     for r in runs:
         if r.summary:
             lines += [f"### summary.json of {r.label}", "", "| key | value |", "|---|---|"]

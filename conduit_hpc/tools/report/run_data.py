@@ -20,10 +20,12 @@ import numpy as np
 from conduit_hpc.errors import ConduitError
 from conduit_hpc.plane.headline import headline_figures, read_metrics_text
 from conduit_hpc.plane.metrics import PATH_WORK, SKIP, exposed_split, exposed_story
+from conduit_hpc.plane.sampled_rows import WEIGHT, weighted_mean, weighted_percentile, weights
 
 __all__ = ["PATH_PARTS", "TARGET_RETURN", "RunData", "Table", "episode_x", "has_columns",
            "ingest_grid", "learner_table", "load_run", "missing_columns", "pooled",
-           "read_csv", "rolling_mean", "run_stats", "scored_episodes"]
+           "pooled_weighted", "read_csv", "rolling_mean", "run_stats", "scored_episodes",
+           "supersteps", "table_weights", "warm_up_rows", "weighted_rolling_mean"]
 
 Table = dict[str, np.ndarray]
 PATH_PARTS = ("sample_s", "gather_s", "transform_s", "copy_s")
@@ -255,19 +257,66 @@ def learner_table(run: RunData) -> Table | None:
 
 
 def warm_up(rows: int) -> int:
-    """Rows at a learner table's start that latency statistics skip: ``min(SKIP,
-    rows // 10)``, the warm-up the job's ``summary.json`` skips too
+    """Supersteps at a learner's start that latency statistics skip: ``min(SKIP,
+    supersteps // 10)``, the warm-up the job's ``summary.json`` skips too
     (:class:`conduit_hpc.plane.metrics.LatencyRecord`)."""
     return min(SKIP, rows // 10)
 
 
-def pooled(run: RunData, column: str, *, after_warm_up: bool = False) -> np.ndarray:
-    """``column`` of every learner's table, concatenated (finite values); with
-    ``after_warm_up`` each table's first :func:`warm_up` rows left out."""
-    vals = [t[column][warm_up(len(t[column])) if after_warm_up else 0:]
-            for t in run.learners.values() if column in t and t[column].dtype != object]
+def table_weights(t: Table) -> np.ndarray:
+    """Supersteps each row of a learner table stands for (its ``weight`` column, see
+    :mod:`conduit_hpc.plane.sampled_rows`; 1 each in a file without it)."""
+    n = max((len(v) for v in t.values()), default=0)
+    col = t.get(WEIGHT)
+    return weights(col if col is not None and col.dtype != object else None, n)
+
+
+def supersteps(t: Table) -> int:
+    """Supersteps a learner table covers: its weights summed (its rows, in a file
+    without the column), each superstep once: a resumed attempt ran the supersteps after
+    the checkpoint it resumed from again, and its rows from there on stand for them (the
+    killed attempt's rows of those supersteps are left out of the count)."""
+    return int(table_weights(t)[latest_runs(t)].sum())
+
+
+def latest_runs(t: Table) -> np.ndarray:
+    """Which rows of a learner table are the latest run of their supersteps: a row whose
+    ``superstep`` is not below that of a row after it (a later attempt's, resumed from
+    an earlier superstep) was run again. All rows without a numeric column."""
+    col = t.get("superstep")
+    if col is None or col.dtype != np.float64 or not len(col):
+        return np.ones(len(next(iter(t.values()), [])), dtype=bool)
+    c = np.where(np.isfinite(col), col, np.inf)  # (then the least after each row:)
+    return ~np.isfinite(col) | (col < np.append(np.minimum.accumulate(c[::-1])[-2::-1], np.inf))
+
+
+def warm_up_rows(t: Table) -> int:
+    """Rows at a learner table's start that stand for its :func:`warm_up` supersteps."""
+    before = np.concatenate([[0.0], np.cumsum(table_weights(t))[:-1]])
+    return int(np.searchsorted(before, warm_up(supersteps(t)), side="left"))
+
+
+def pooled_weighted(run: RunData, column: str, *, after_warm_up: bool = False
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """``column`` of every learner's table, concatenated (finite values), and the
+    supersteps each value stands for; with ``after_warm_up`` each table's
+    :func:`warm_up_rows` left out."""
+    vals, ws = [], []
+    for t in run.learners.values():
+        if column in t and t[column].dtype != object:
+            skip = warm_up_rows(t) if after_warm_up else 0
+            vals.append(t[column][skip:])
+            ws.append(table_weights(t)[skip:])
     v = np.concatenate(vals) if vals else np.zeros(0)
-    return v[np.isfinite(v)]
+    w = np.concatenate(ws) if ws else np.zeros(0)
+    ok = np.isfinite(v)
+    return v[ok], w[ok]
+
+
+def pooled(run: RunData, column: str, *, after_warm_up: bool = False) -> np.ndarray:
+    """The values of :func:`pooled_weighted` (one per row, not per superstep: weigh
+    them for statistics)."""
+    return pooled_weighted(run, column, after_warm_up=after_warm_up)[0]
 
 
 def has_columns(t: Table | None, *columns: str) -> bool:
@@ -287,6 +336,12 @@ def rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
         lo = max(0, i + 1 - window)
         out[i] = (c[i + 1] - c[lo]) / (i + 1 - lo)
     return out
+
+
+def weighted_rolling_mean(x: np.ndarray, w: np.ndarray, window: int) -> np.ndarray:
+    """The mean of the last ``window`` rows at each row, each weighted by the supersteps
+    it stands for (:func:`rolling_mean` for weights of 1)."""
+    return rolling_mean(x * w, window) / rolling_mean(w, window)
 
 
 def episode_x(ep: Table) -> tuple[np.ndarray, str]:
@@ -352,12 +407,14 @@ def learners_split(run: RunData) -> dict[str, float] | None:
     for t in run.learners.values():
         if not has_columns(t, "exposed_s"):
             continue
-        skip = warm_up(len(t["exposed_s"]))
+        skip = warm_up_rows(t)
+        w = table_weights(t)[skip:]
         t = {c: v[skip:] for c, v in t.items()}
         n = len(t["exposed_s"])
         path = sum((np.nan_to_num(t[c]) for c in PATH_WORK if has_columns(t, c)),
                    np.zeros(n))
-        for k, v in exposed_split(t["exposed_s"], t.get("limiter_wait_s"), path).items():
+        for k, v in exposed_split(t["exposed_s"], t.get("limiter_wait_s"), path,
+                                  w).items():
             if k != "path_work_hidden":
                 total[k] = total.get(k, 0.0) + v
     if not total:
@@ -365,16 +422,6 @@ def learners_split(run: RunData) -> dict[str, float] | None:
     work = total["path_work_s"]
     total["path_work_hidden"] = 1.0 - total["exposed_path_s"] / work if work > 0 else math.nan
     return total
-
-
-def _supersteps(t: Table) -> int:
-    """Supersteps a learner's table holds: its distinct ``superstep`` numbers (a resumed
-    run's supersteps after the checkpoint it resumed from ran twice and have two rows,
-    the killed attempt's and the resumed one's), else its rows."""
-    col = t.get("superstep")
-    if col is not None and col.dtype == np.float64:
-        return len(np.unique(col[np.isfinite(col)]))
-    return len(next(iter(t.values()), []))
 
 
 def run_stats(run: RunData) -> dict[str, Any]:
@@ -385,24 +432,27 @@ def run_stats(run: RunData) -> dict[str, Any]:
     lt = learner_table(run)
     if lt is not None:
         s["learners"] = len(run.learners)  # every learner's CSV is pooled below
-        s["supersteps"] = max(_supersteps(t) for t in run.learners.values())
+        # weights summed: a file keeps a sample of rows past run.metrics_full_rows
+        s["supersteps"] = max(supersteps(t) for t in run.learners.values())
     # latency figures after each learner's warm-up, as summary.json's (the first
-    # superstep's wait for scheduler.min_fill_rows is no superstep's latency)
+    # superstep's wait for scheduler.min_fill_rows is no superstep's latency); each row
+    # weighs the supersteps it stands for
     for col in ("iteration_s", "exposed_s", "compute_s"):
-        v = pooled(run, col, after_warm_up=True)
+        v, w = pooled_weighted(run, col, after_warm_up=True)
         if len(v):
-            s[f"{col[:-2]}_mean_ms"] = 1e3 * float(v.mean())
-            s[f"{col[:-2]}_p95_ms"] = 1e3 * float(np.percentile(v, 95))
-    it = pooled(run, "iteration_s", after_warm_up=True)
-    ex = pooled(run, "exposed_s", after_warm_up=True)
-    if len(it) and len(ex) and it.sum() > 0:
-        s["exposed_share"] = float(ex.sum() / it.sum())
+            s[f"{col[:-2]}_mean_ms"] = 1e3 * weighted_mean(v, w)
+            s[f"{col[:-2]}_p95_ms"] = 1e3 * weighted_percentile(v, w, 95)
+    it, it_w = pooled_weighted(run, "iteration_s", after_warm_up=True)
+    ex, ex_w = pooled_weighted(run, "exposed_s", after_warm_up=True)
+    wall = float((it * it_w).sum())
+    if len(it) and len(ex) and wall > 0:
+        s["exposed_share"] = float((ex * ex_w).sum() / wall)
     split = learners_split(run)
     if split is not None:
         s.update({k: v for k, v in split.items() if k != "path_work_hidden"})
         if split["path_work_s"] > 0:
             s["path_work_hidden"] = split["path_work_hidden"]
-        s["exposed_story"] = exposed_story(split, float(it.sum()) if len(it) else None)
+        s["exposed_story"] = exposed_story(split, wall if len(it) else None)
     # the headline figures: the function summary.json's come from, on the same files
     if run.metrics is not None:
         fig = headline_figures(run.metrics, target_return=run.target_return,
@@ -413,8 +463,8 @@ def run_stats(run: RunData) -> dict[str, Any]:
                 s[key] = fig[key]
         if fig.get("env_steps_to_target") is not None:
             s["env_steps_to_target"] = fig["env_steps_to_target"]
-    lw = pooled(run, "limiter_wait_s")
+    lw, lw_w = pooled_weighted(run, "limiter_wait_s")
     if len(lw):
-        s["learner_limiter_wait_s"] = float(lw.sum())
+        s["learner_limiter_wait_s"] = float((lw * lw_w).sum())
     s.update(_episode_stats(run.episodes, run.window))
     return s

@@ -15,6 +15,7 @@ import numpy as np
 
 from conduit_hpc.plane.headline import headline_figures, waited_fraction
 from conduit_hpc.plane.metrics import LEARNER_COLUMNS
+from conduit_hpc.plane.sampled_rows import weighted_mean, weighted_percentile
 from conduit_hpc.tools.report.run_data import (
     PATH_PARTS,
     RunData,
@@ -24,8 +25,12 @@ from conduit_hpc.tools.report.run_data import (
     learner_table,
     missing_columns,
     pooled,
+    pooled_weighted,
     rolling_mean,
     scored_episodes,
+    table_weights,
+    warm_up_rows,
+    weighted_rolling_mean,
 )
 
 __all__ = ["plot_ingest", "plot_latency", "plot_logged", "plot_returns", "plot_timeline"]
@@ -98,6 +103,7 @@ def plot_timeline(run: RunData, out: Path, window: int = 24) -> tuple[Path | Non
         return None, (f"timeline of {run.label} skipped (learner CSV lacks "
                       f"{', '.join(missing_columns(lt, *need))})")
     parts = [c for c in PATH_PARTS if has_columns(lt, c)]
+    w = table_weights(lt)  # past run.metrics_full_rows a row stands for several supersteps
     it = np.nan_to_num(lt["iteration_s"])
     comp, expo = np.nan_to_num(lt["compute_s"]), np.nan_to_num(lt["exposed_s"])
     step = lt["superstep"] if has_columns(lt, "superstep") else np.arange(len(it), dtype=float)
@@ -105,9 +111,11 @@ def plot_timeline(run: RunData, out: Path, window: int = 24) -> tuple[Path | Non
     plt = _plt()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 7), height_ratios=[1, 1.2],
                                      layout="constrained")
-    # top: a Gantt chart of `window` supersteps from the middle of the run
-    lo = max(0, len(it) // 2 - window // 2)
-    hi = min(len(it), lo + window)
+    # top: a Gantt chart of `window` successive supersteps from the middle of the run,
+    # or of the rows with one superstep each (they come first)
+    each = int(np.argmax(w > 1)) if (w > 1).any() else len(it)
+    lo = max(0, each // 2 - window // 2)
+    hi = min(each, lo + window)
     colors = {"sample_s": "#8c564b", "gather_s": "#ff7f0e", "transform_s": "#9467bd",
               "copy_s": "#17becf"}
     lanes: dict[str, list[tuple[float, float]]] = {"exposed": [], "compute": []}
@@ -133,24 +141,28 @@ def plot_timeline(run: RunData, out: Path, window: int = 24) -> tuple[Path | Non
                                 "learner"])
     top.set_xlabel(f"ms since superstep {_whole(step[lo])} (thin lines: superstep starts)")
     fig.suptitle(f"{run.label}: timeline", fontsize=11)
+    where = "run" if each == len(it) else "supersteps the file has every row of"
     top.set_title(f"supersteps {_whole(step[lo])}-{_whole(step[hi - 1])} from the middle of the "
-                  f"run\n(experience-path work drawn from the start of the superstep it "
+                  f"{where}\n(experience-path work drawn from the start of the superstep it "
                   f"ran in)", fontsize=9)
     top.set_ylim(0, 2.6)
     top.legend(handles=handles, fontsize=7, ncol=len(handles), loc="upper left")
     # bottom: every superstep; the y axis is clipped so that warm-up (the first
     # supersteps wait for the minimum fill, torch's first steps) does not flatten the rest
     k = max(1, len(it) // 200)
-    warm = min(5, len(it) // 10)
-    ceiling = _ceiling([it[warm:], comp[warm:], expo[warm:]])
-    bottom.plot(step, rolling_mean(it, k) * 1e3, label="iteration", color="black", lw=1)
-    bottom.plot(step, rolling_mean(comp, k) * 1e3, label="compute", color="#1f77b4", lw=1)
+    warm = warm_up_rows(lt)
+    ceiling = _ceiling([it[warm:], comp[warm:], expo[warm:]], w[warm:])
+    bottom.plot(step, weighted_rolling_mean(it, w, k) * 1e3, label="iteration",
+                color="black", lw=1)
+    bottom.plot(step, weighted_rolling_mean(comp, w, k) * 1e3, label="compute",
+                color="#1f77b4", lw=1)
     if parts:
         work = sum(np.nan_to_num(lt[c]) for c in parts)
-        bottom.plot(step, rolling_mean(np.asarray(work), k) * 1e3, color="#ff7f0e", lw=1.5,
+        bottom.plot(step, weighted_rolling_mean(np.asarray(work), w, k) * 1e3,
+                    color="#ff7f0e", lw=1.5,
                     label="experience-path work (" + "+".join(c[:-2] for c in parts) + ")")
-    bottom.plot(step, rolling_mean(expo, k) * 1e3, label="exposed", color="#d62728", lw=1,
-                ls="--")
+    bottom.plot(step, weighted_rolling_mean(expo, w, k) * 1e3, label="exposed",
+                color="#d62728", lw=1, ls="--")
     bottom.set_xlabel("superstep" + (f" (rolling mean of {k})" if k > 1 else ""))
     peak = float(np.max(it)) * 1e3 if len(it) else 0.0
     if ceiling is not None and peak > ceiling:
@@ -171,9 +183,10 @@ def plot_timeline(run: RunData, out: Path, window: int = 24) -> tuple[Path | Non
     return path, note
 
 
-def _ceiling(series: Sequence[np.ndarray]) -> float | None:
-    """1.5 x the largest p99 of ``series`` (ms), or None when empty."""
-    vals = [float(np.percentile(v, 99)) for v in series if len(v)]
+def _ceiling(series: Sequence[np.ndarray], w: np.ndarray) -> float | None:
+    """1.5 x the largest p99 of ``series`` (ms; rows weighted by ``w``), or None when
+    empty."""
+    vals = [weighted_percentile(v, w, 99) for v in series if len(v)]
     return 1.5 * max(vals) * 1e3 if vals and max(vals) > 0 else None
 
 
@@ -193,12 +206,13 @@ def plot_logged(run: RunData, out: Path, window: int = 50) -> tuple[Path | None,
                              layout="constrained", sharex=True, squeeze=False)
     step = lt["superstep"] if has_columns(lt, "superstep") else np.arange(len(lt[cols[0]]),
                                                                           dtype=float)
+    w = table_weights(lt)
     for ax, c in zip(axes[:, 0], cols, strict=True):
         v = lt[c]
         ok = np.isfinite(v)
         ax.plot(step[ok], v[ok], lw=0.5, alpha=0.35, color="#1f77b4")
         k = min(window, max(1, int(ok.sum()) // 20))
-        ax.plot(step[ok], rolling_mean(v[ok], k), lw=1.5, color="#1f77b4",
+        ax.plot(step[ok], weighted_rolling_mean(v[ok], w[ok], k), lw=1.5, color="#1f77b4",
                 label=f"rolling mean of {k}")
         ax.set_ylabel(c)
         if (v[ok] > 0).all() and v[ok].max() > 100 * v[ok].min():
@@ -227,8 +241,9 @@ def plot_latency(runs: Sequence[RunData], out: Path) -> tuple[Path | None, str]:
     w = 0.38
     for j, (col, color) in enumerate((("exposed_s", "#d62728"), ("iteration_s", "#555555"))):
         # after the warm-up, as the summary's table and summary.json
-        means = [1e3 * pooled(r, col, after_warm_up=True).mean() for r in have]
-        p95 = [1e3 * np.percentile(pooled(r, col, after_warm_up=True), 95) for r in have]
+        vw = [pooled_weighted(r, col, after_warm_up=True) for r in have]  # rows, weights
+        means = [1e3 * weighted_mean(*x) for x in vw]
+        p95 = [1e3 * weighted_percentile(*x, 95) for x in vw]
         err = np.array([[0.0] * len(have), [max(0.0, p - m) for p, m in zip(p95, means,
                                                                              strict=True)]])
         bars = ax.bar(x + (j - 0.5) * w, means, w, yerr=err, capsize=3, color=color,
@@ -256,7 +271,9 @@ def plot_ingest(runs: Sequence[RunData], out: Path) -> tuple[Path | None, str]:
             ts = [t for t in tables if has_columns(t, tcol, "limiter_wait_s")]
             if ts:
                 t_all = np.concatenate([t[tcol] for t in ts])
-                w_all = np.nan_to_num(np.concatenate([t["limiter_wait_s"] for t in ts]))
+                w_all = np.nan_to_num(np.concatenate([  # a learner row: its supersteps'
+                    t["limiter_wait_s"] * (table_weights(t) if who == "learner" else 1.0)
+                    for t in ts]))
                 order = np.argsort(t_all, kind="stable")
                 waits.append((f"{r.label} {who}", t_all[order], np.cumsum(w_all[order])))
     if not rate and not waits:
