@@ -20,6 +20,7 @@ instead of waiting out ``timeout_s`` and naming nobody.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
@@ -123,7 +124,7 @@ class LearnerGroup:
         if coll is not None:  # named so to the others if it closes the group first
             coll.member = f"learner {rank} (world rank {roles.world_rank})"
         if plane is not None and coll is not None:
-            coll.peers = _who_left(plane)
+            coll.peers, coll.idle = _who_left(plane), _progress(plane)
             plane.control.on_leave.append(group.close)
         return group
 
@@ -236,6 +237,25 @@ class LearnerGroup:
         """Shut the process group down. Local; idempotent."""
         if self._coll is not None:
             self._coll.close()
+
+
+def _progress(plane: ExperienceDataPlane) -> Callable[[], object]:
+    """Enters MPI where this rank's MPI calls are made (posted to the data-plane thread
+    in ``edp``), while the learner waits in a gloo step. Across hosts a learner may be its
+    node's osc rdma leader, whose MPI progress every RMA atomic on the node's segments
+    waits for: in ``sync`` mode nothing else entered MPI, and a learner that had left
+    ``LearnerGroup.open``'s last all-gather first stalled, until gloo's timeout, the other
+    learner's read of the control block in that all-gather - so it never reached the
+    all-reduce this one waited in (``test_learner_group_across_hosts``, 2 runs of 4)."""
+    window = plane.control.window
+
+    def progress() -> object:
+        if not plane._closed and plane.learner is not None:
+            with contextlib.suppress(ConduitError):  # (a closing plane: the wait decides)
+                plane.learner.post(window.progress)
+        return None
+
+    return progress
 
 
 def _who_left(plane: ExperienceDataPlane) -> Callable[[], object]:

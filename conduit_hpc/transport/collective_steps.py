@@ -35,10 +35,12 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
-def wait_work(work: Any, backend: str, timeout_s: float) -> None:
+def wait_work(work: Any, backend: str, timeout_s: float,
+              idle: Callable[[], object] | None = None) -> None:
     """Wait for ``work``: gloo in short slices (a slice that runs out leaves the work
     going; one that failed has completed), bounded by ``timeout_s`` and a margin over
-    the backend's own deadline; NCCL in one wait (a timed-out wait aborts it)."""
+    the backend's own deadline, calling ``idle`` after each slice that ran out; NCCL in
+    one wait (a timed-out wait aborts it)."""
     if backend != "gloo":
         work.wait(datetime.timedelta(seconds=timeout_s))
         return
@@ -50,6 +52,8 @@ def wait_work(work: Any, backend: str, timeout_s: float) -> None:
         except RuntimeError:
             if work.is_completed() or time.monotonic() >= deadline:
                 raise
+        if idle is not None:
+            idle()
 
 
 def in_step(method: Callable[Concatenate[Any, _P], _R]) -> Callable[Concatenate[Any, _P], _R]:

@@ -91,6 +91,9 @@ class Collectives:
         #: raises RemoteFailure naming a rank that left (the data plane's record), so
         #: that a failed collective names it; ``None``: no such record
         self.peers: Callable[[], object] | None = None
+        #: called while a gloo step waits, every 50 ms after the first (the data plane's
+        #: MPI progress: ranks on this node may wait in RMA atomics for it); ``None``: none
+        self.idle: Callable[[], object] | None = None
         self.member = f"rank {rank} of the {backend} group"  # named so if it closes first
         self._failure = ""
         #: why this rank left the group out of step ("": in step), whether this call's
@@ -267,7 +270,7 @@ class Collectives:
         self._began = work = self._inflight = True  # a step may be in flight from here
         try:
             work = self._inflight = start()
-            wait_work(work, self.backend, self.timeout_s)
+            wait_work(work, self.backend, self.timeout_s, self.idle)
         except RuntimeError as err:
             self._fail(what, err, None if work is True else work)
         self._inflight = None
