@@ -11,12 +11,12 @@ model). Plain Python; imports nothing of ours but :mod:`conduit_hpc.errors`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from conduit_hpc.errors import ConduitError, DataPlaneTimeout
 
-__all__ = ["Backoff", "Deadline", "seconds", "wait_until"]
+__all__ = ["NO_HOSTS", "Backoff", "Deadline", "Hosts", "seconds", "wait_until"]
 
 T = TypeVar("T")
 
@@ -99,6 +99,51 @@ class Deadline:
             more = detail() if callable(detail) else detail
             raise self.error(f"waited {seconds(self.timeout_s)} s for {self.what}"
                              + (f": {more}" if more else ""))
+
+
+class Hosts:
+    """The hostname of each world rank, for the messages of waits on other ranks: an
+    operator of a job across many nodes must see which node to look at.
+
+    Filled once from the all-gather of the data plane's constructor
+    (:func:`~conduit_hpc.plane.roles.check_same_config`) and held by the roles
+    (``RoleComms.hosts``); read only when a message is made (never per batch).
+
+    Args:
+        names (Sequence[str]): hostname of world rank ``r`` at index ``r``; empty where
+            unknown (then no host is named).
+    """
+
+    __slots__ = ("names", "several")
+
+    def __init__(self, names: Sequence[str] = ()) -> None:
+        self.names = tuple(str(n) for n in names)
+        #: whether the job spans more than one host (else no message names a host)
+        self.several = len(set(self.names)) > 1
+
+    def of(self, world_rank: int) -> str:
+        """``" (host H)"`` for world rank ``world_rank`` across hosts, else ``""``."""
+        if self.several and 0 <= world_rank < len(self.names):
+            return f" (host {self.names[world_rank]})"
+        return ""
+
+    def rank(self, world_rank: int) -> str:
+        """``"world rank R (host H)"`` (``"world rank R"`` on one host)."""
+        return f"world rank {world_rank}{self.of(world_rank)}"
+
+    def of_ranks(self, world_ranks: Iterable[int]) -> str:
+        """``" (on host A: 1, 3; host B: 2)"`` for a list of ranks across hosts, else
+        ``""``."""
+        by_host: dict[str, list[int]] = {}
+        for r in sorted(set(world_ranks)):
+            if self.several and 0 <= r < len(self.names):
+                by_host.setdefault(self.names[r], []).append(r)
+        return (" (on " + "; ".join(f"host {h}: {', '.join(map(str, rs))}"
+                                     for h, rs in by_host.items()) + ")") if by_host else ""
+
+
+#: no hostnames known (one process, a test): messages name ranks only
+NO_HOSTS = Hosts()
 
 
 def seconds(t: float) -> str:

@@ -28,6 +28,7 @@ from conduit_hpc.errors import (
     TransportError,
 )
 from conduit_hpc.transport.rma import RmaWindow
+from conduit_hpc.wait import NO_HOSTS
 
 __all__ = [
     "CONTROL_BYTES",
@@ -71,6 +72,7 @@ class ControlBlock:
     def __init__(self, window: RmaWindow, owner: int, *, local: bool = False,
                  world_size: int = 0) -> None:
         self.window, self.owner, self.local = window, owner, local
+        self.hosts = NO_HOSTS  # each world rank's host, for errors (ShardMemory sets it)
         self.world_size = world_size  # ranks on the arrival board (0: no board)
         self._arrived = 0  # bounded collectives of the world this rank entered
         #: run (local, best effort) when this rank leaves on an exception, after the
@@ -172,7 +174,7 @@ class ControlBlock:
             if first == rank + 1:  # this rank marked itself and went on (a caught error)
                 raise RemoteFailure(f"world rank {rank} failed earlier (its first error "
                                     f"says why) and the job stops")
-            who = f"world rank {first - 1}" if first else "another rank"
+            who = self.hosts.rank(first - 1) if first else "another rank"
             raise RemoteFailure(f"{who} left the data plane on an exception (its own "
                                 f"error says why); world rank {rank} stops too")
 

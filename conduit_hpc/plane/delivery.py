@@ -17,7 +17,7 @@ semantics (sampling, scheduler) together. Not thread-safe: one thread uses it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +27,7 @@ from conduit_hpc.config import SchedulerConfig
 from conduit_hpc.errors import DataPlaneClosed
 from conduit_hpc.plane.control import C_ACTORS_DONE, C_INSERTS, C_SAMPLES, ControlBlock
 from conduit_hpc.plane.priority_write import PriorityWrite
-from conduit_hpc.plane.sources import Fill, HostSource, ShardSource
+from conduit_hpc.plane.sources import Fill, HostSource, ShardSource, unanswered
 from conduit_hpc.plane.staging import Batch, BatchSink
 from conduit_hpc.plane.transform import checked_transform, private_columns
 from conduit_hpc.protocol import SampleReply, SampleRequest, Tag
@@ -38,7 +38,7 @@ from conduit_hpc.storage import tree_kernels
 from conduit_hpc.storage.layout import H_COMMIT, H_UNSAMPLED
 from conduit_hpc.storage.ring import ShardRing
 from conduit_hpc.transport.channel import Channel
-from conduit_hpc.wait import Backoff, Deadline
+from conduit_hpc.wait import NO_HOSTS, Backoff, Deadline, Hosts
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.device_policy import DevicePolicy
@@ -93,6 +93,8 @@ class Deliverer:
             writes its priority updates into itself (the priority write stage,
             :class:`~conduit_hpc.plane.priority_write.PriorityWrite`).
     """
+    hosts: Hosts = NO_HOSTS  #: each world rank's host, for errors (make_deliverer sets it)
+    awaiting: tuple[Mapping[int, int], Container[int]] = ({}, ())  #: see collect()
 
     def __init__(self, *, spec: Spec, rings: Mapping[int, ShardRing], owners: Mapping[int, int],
                  acks: Mapping[int, np.ndarray], sync: Callable[[], None], rank: int,
@@ -251,7 +253,7 @@ class Deliverer:
         sample request per shard - an owner handles a learner's messages in order and
         commits a shard before it answers a sample request of it, and the rows were in
         its memory before the request was sent."""
-        ids = {self.ask(Tag.SAMPLE, int(sid), np.zeros(1)) for sid in self.shard_ids}
+        ids = {self.ask(Tag.SAMPLE, int(sid), np.zeros(1)): int(sid) for sid in self.shard_ids}
         if ids:
             self.collect(Tag.SAMPLE_REPLY, ids, "the owners' replies to a fence")
 
@@ -263,12 +265,14 @@ class Deliverer:
         self.channel.isend(self.owners[sid], tag, req.pack())
         return self._request_id
 
-    def collect(self, tag: Tag, ids: set[int], what: str) -> dict[int, tuple[SampleReply,
-                                                                               np.ndarray]]:
+    def collect(self, tag: Tag, ids: Mapping[int, int], what: str
+                ) -> dict[int, tuple[SampleReply, np.ndarray]]:
         got = {i: self.stash.pop(i) for i in ids if i in self.stash}
+        self.awaiting = ids, got  # (request id -> shard id, replies): timeouts' messages
         while len(got) < len(ids):
             msg = self.channel.recv(tag=tag, timeout_s=self.timeout_s, what=what,
-                                    between=self.check_failed)
+                                    between=self.check_failed, detail=partial(
+                                        unanswered, self.hosts, self.owners, ids, got))
             rep, rest = SampleReply.unpack(msg.payload)
             if rep.request_id in ids:
                 got[rep.request_id] = (rep, rest)
@@ -307,7 +311,7 @@ class Deliverer:
         every part in batch order."""
         if asked:
             reply = Tag.SERVICE_REPLY if tag is Tag.SERVICE else Tag.SAMPLE_REPLY
-            replies = self.collect(reply, set(asked), what)
+            replies = self.collect(reply, {i: v[2].shard_id for i, v in asked.items()}, what)
             parts = parts + [(a, b, replies[i][0], replies[i][1], src)
                              for i, (a, b, src) in asked.items()]
         parts.sort(key=lambda x: x[0])
@@ -427,7 +431,7 @@ class Deliverer:
                 rep = src.draw(targets, False)
                 if rep is None:
                     rid = self.ask(Tag.SAMPLE, sid, targets)
-                    (rep, _), = self.collect(Tag.SAMPLE_REPLY, {rid},
+                    (rep, _), = self.collect(Tag.SAMPLE_REPLY, {rid: sid},
                                              "resample reply").values()
                 indices[todo, 1], indices[todo, 2], mass[todo] = rep.slots, rep.gens, rep.mass
                 drawn = indices[todo, 1] >= 0

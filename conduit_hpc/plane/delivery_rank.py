@@ -112,6 +112,7 @@ def make_deliverer(edp: Any, rank: int, shards: tuple[int, ...], stager: BatchSi
                   stager=stager, transform=transform, timeout_s=cfg.run.timeout_s,
                   poll_interval_s=cfg.transport.poll_interval_s, writers=writers,
                   progress=edp.window.progress)
+    d.hosts = d.prio.hosts = roles.hosts
     gpu = [s for s in shards if edp.placement.shards[s].tier == "learner_gpu"]
     if gpu:  # mirrored on this learner's device (planning.executable checked the rest)
         from conduit_hpc.plane.device_tier import DeviceShard

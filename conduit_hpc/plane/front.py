@@ -51,7 +51,7 @@ from conduit_hpc.plane.learner import LearnerEndpoint
 from conduit_hpc.plane.memory import ShardMemory
 from conduit_hpc.plane.modes import MODES, EdpMode
 from conduit_hpc.plane.planning import decide_placement, write_plan
-from conduit_hpc.plane.roles import Role, RoleComms, check_arguments, check_same_config, split_roles
+from conduit_hpc.plane.roles import Role, check_arguments, check_same_config, split_roles
 from conduit_hpc.plane.staging import Batch, Stager, agreed_device, import_torch
 from conduit_hpc.plane.summary import merge_summaries, rank_summary
 from conduit_hpc.plane.weights import WeightsBoard, check_share, open_board
@@ -107,9 +107,9 @@ class ExperienceDataPlane:
                               f"MPI granted level {MPI.Query_thread()}",
                               key="scheduler.mode")
         import_torch(config.layout.learners)  # every rank at once: see its docstring
-        check_same_config(comm, config)
-        self.roles: RoleComms = split_roles(comm, config.layout, sch.delivery, config.run.timeout_s)
-        roles = self.roles
+        hosts = check_same_config(comm, config)  # each rank's host, for errors
+        roles = self.roles = split_roles(comm, config.layout, sch.delivery,
+                                         config.run.timeout_s, hosts)
         try:
             self.features: list[Feature] = [
                 make(config, roles) for cls, make in feature_factories().values()

@@ -104,8 +104,10 @@ class ShardMemory:
                                   timeout_s=config.run.timeout_s,
                                   poll_interval_s=config.transport.poll_interval_s)
             for s, lay in zip(placement.shards, layouts, strict=True)}
+        self.control.hosts = roles.hosts
         for ring in self.rings.values():  # a write that fails after reserving stops the job
             ring.on_abandon = partial(self.control.mark_failed, me)
+            ring.hosts = roles.hosts
         # the owner always maps its own memory, whatever the sharing policy
         for s in placement.shards_of(me):
             ring = self.rings[s.shard_id]

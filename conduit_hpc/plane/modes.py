@@ -174,7 +174,7 @@ class EdpMode(InlineMode):
     def start(self) -> None:
         self._prefetch = Prefetcher(self.d, self.fetch, self.ep.clock, self._deliver,
                                     self._closed)
-        self._thread = DataPlaneThread(self._prefetch_step)
+        self._thread = DataPlaneThread(self._prefetch_step, busy_with=self._prefetch.waiting_on)
         self._thread.start()
 
     # -- thread side -----------------------------------------------------------------
@@ -214,7 +214,7 @@ class EdpMode(InlineMode):
                 self._thread.raise_if_failed()
                 if pf.closed is not None and not pf.in_flight:
                     raise DataPlaneClosed(str(pf.closed))
-                deadline.check()
+                deadline.check(pf.waiting_on)
                 self._cv.wait(0.05)
             return self._ready.pop(s)
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from conduit_hpc.errors import DataPlaneClosed
 from conduit_hpc.plane.delivery import Deliverer
 from conduit_hpc.plane.fetch import Fetch, OwnerFetch, PendingBatch
+from conduit_hpc.plane.sources import unanswered
 from conduit_hpc.plane.staging import Batch
 from conduit_hpc.scheduler import PrefetchClock
 
@@ -53,6 +54,22 @@ class Prefetcher:
     def in_flight(self) -> bool:
         """Whether batches were started whose replies have not completed."""
         return bool(self._pending)
+
+    def waiting_on(self) -> str:
+        """For the message of a batch that did not come (made only then, maybe on another
+        thread than the one stepping this: best effort): the owners whose replies to the
+        batches in flight are missing; else, across hosts, the owners on other hosts of
+        the shards read (a direct fetch's remote reads wait on them). ``""``: none."""
+        d, hosts = self.d, self.d.hosts
+        asked = {i: src.shard_id for p in tuple(self._pending)
+                 for i, (_, _, src) in p.ids.items()}
+        if said := (unanswered(hosts, d.owners, asked, d.stash)
+                    or unanswered(hosts, d.owners, *d.awaiting)):
+            return said
+        far = sorted({o for o in d.owners.values() if hosts.of(o) != hosts.of(d.rank)})
+        more = f" and {len(far) - 8} more" if len(far) > 8 else ""
+        return (f"this learner reads shards on other hosts, owned by "
+                f"{', '.join(map(hosts.rank, far[:8]))}{more}") if far else ""
 
     def request(self) -> None:
         """The learner asked for the next batch: its superstep ended (every priority

@@ -29,7 +29,7 @@ import numpy as np
 from conduit_hpc.protocol import PriorityUpdate, Tag
 from conduit_hpc.storage import tree_kernels
 from conduit_hpc.transport.channel import Channel
-from conduit_hpc.wait import wait_until
+from conduit_hpc.wait import NO_HOSTS, Hosts, wait_until
 
 if TYPE_CHECKING:
     from conduit_hpc.plane.device_tier import DeviceShard
@@ -56,6 +56,8 @@ class PriorityWrite:
             need this rank inside MPI (across nodes, when this rank is its node's
             leader; docs/hosts.md).
     """
+
+    hosts: Hosts = NO_HOSTS  #: each world rank's host, for errors (make_deliverer sets it)
 
     def __init__(self, *, owners: Mapping[int, int], acks: Mapping[int, np.ndarray],
                  sync: Callable[[], None], rank: int, channel: Channel,
@@ -155,8 +157,8 @@ class PriorityWrite:
 
             wait_until(applied, timeout_s=self.timeout_s, max_sleep_s=self.poll_s,
                        yields=200, between=between,
-                       what=f"the owner (rank {owner}) to apply this learner's priority "
-                            f"updates")
+                       what=f"the owner (rank {owner}{self.hosts.of(owner)}) to apply this "
+                            f"learner's priority updates")
         self._acked[owner] = need
 
     def catch_up(self, owner: int) -> None:

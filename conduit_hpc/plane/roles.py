@@ -24,6 +24,7 @@ from conduit_hpc.config.layout_rule import assign_roles, emulated_nodes_problem
 from conduit_hpc.errors import ConfigError, ConfigMismatch
 from conduit_hpc.transport.objects import allgather_json, bounded_barrier
 from conduit_hpc.transport.rma import shared_memory_dir
+from conduit_hpc.wait import NO_HOSTS, Hosts
 
 __all__ = ["Role", "RoleComms", "agree", "check_same_config", "split_roles"]
 
@@ -55,6 +56,7 @@ class RoleComms:
         delivery_of (dict[int, int]): learner world rank -> its delivery rank.
         writer_ranks (tuple[int, ...]): world ranks that ingest: the actors, then the
             learners when ``layout.learners_ingest``.
+        hosts (Hosts): each world rank's hostname, for errors that name a rank waited on.
     """
 
     world: MPI.Intracomm
@@ -70,6 +72,7 @@ class RoleComms:
     delivery_ranks: tuple[int, ...] = ()
     delivery_of: dict[int, int] = field(default_factory=dict)
     writer_ranks: tuple[int, ...] = ()
+    hosts: Hosts = NO_HOSTS
 
     @cached_property
     def world_rank(self) -> int:  # kept: errors name it after close() freed the comm
@@ -145,12 +148,13 @@ def _node_split(world: MPI.Intracomm, emulate_nodes: int) -> tuple[MPI.Intracomm
 
 
 def split_roles(comm: MPI.Intracomm, layout: LayoutConfig, delivery: str = "thread",
-                timeout_s: float | None = None) -> RoleComms:
+                timeout_s: float | None = None, hosts: Hosts = NO_HOSTS) -> RoleComms:
     """Split a private duplicate of ``comm`` into role communicators.
 
     **Collective** on ``comm``. Blocks until every rank of ``comm`` calls it; with
     ``timeout_s``, at most that long at the ``Dup`` and at the role splits (a bounded
-    ``Ibarrier`` before each: neither has a non-blocking form to wait on).
+    ``Ibarrier`` before each: neither has a non-blocking form to wait on). ``hosts``:
+    :func:`check_same_config`'s, kept on the result.
 
     Raises:
         WorldTooSmall: fewer ranks (per node) than the layout needs - on every rank.
@@ -188,7 +192,7 @@ def split_roles(comm: MPI.Intracomm, layout: LayoutConfig, delivery: str = "thre
                      learner_ranks=ranks["learner"], node_of=node_of,
                      delivery_ranks=ranks["delivery"], delivery_of=got.delivery_of,
                      writer_ranks=ranks["actor"] + (ranks["learner"] if layout.learners_ingest
-                                                    else ()))
+                                                    else ()), hosts=hosts)
 
 
 def agree(comm: MPI.Intracomm, ok: bool) -> bool:
@@ -213,7 +217,7 @@ def machine_identity() -> tuple[str, str]:
     return socket.gethostname(), f"{boot}:{dev}"
 
 
-def check_same_config(comm: MPI.Intracomm, config: Config) -> None:
+def check_same_config(comm: MPI.Intracomm, config: Config) -> Hosts:
     """Raise :class:`ConfigMismatch` on every rank unless all ranks hold equal configs,
     and :class:`~conduit_hpc.errors.ConfigError` where one hostname is shared by several
     machines (:func:`machine_identity`: MPI would take them for one node).
@@ -221,7 +225,8 @@ def check_same_config(comm: MPI.Intracomm, config: Config) -> None:
     **Collective** on ``comm`` (one all-gather of a 64-character digest and each rank's
     hostname and machine), after a barrier, both bounded by ``run.timeout_s``: a rank that
     never comes (it left before the constructor) makes the others raise
-    :class:`~conduit_hpc.errors.CollectiveFailed`.
+    :class:`~conduit_hpc.errors.CollectiveFailed`. Returns each rank's hostname (from that
+    all-gather), for errors that name a rank waited on.
     """
     bounded_barrier(comm, config.run.timeout_s, "the data plane's constructor")
     # bounded too, and before any blocking collective: two machines with one hostname are
@@ -247,6 +252,7 @@ def check_same_config(comm: MPI.Intracomm, config: Config) -> None:
             groups.setdefault(d, []).append(r)
         parts = "; ".join(f"ranks {v} hold config {k[:12]}" for k, v in groups.items())
         raise ConfigMismatch(f"ranks hold different configurations: {parts}")
+    return Hosts([host for _, host, _ in seen])
 
 
 def check_arguments(config: object, comm: object, transform: object = None,

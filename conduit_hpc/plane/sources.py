@@ -22,7 +22,7 @@ drawn keeps the source that drew it until it is filled.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Container, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,8 +31,9 @@ from conduit_hpc.protocol import SampleReply
 from conduit_hpc.sampling import ShardStats
 from conduit_hpc.storage.layout import H_HELD, H_MIN, H_TOTAL
 from conduit_hpc.storage.ring import ShardRing
+from conduit_hpc.wait import Hosts
 
-__all__ = ["Fill", "HostSource", "ShardSource"]
+__all__ = ["Fill", "HostSource", "ShardSource", "unanswered"]
 
 #: the fetch strategy's fill: puts rows a..b of a batch into its flat columns (from the
 #: reply's bytes, or gathered) - ``fill(a, b, rows, indices, mass, flat)``
@@ -115,3 +116,16 @@ class HostSource(ShardSource):
              host: bool) -> None:
         fill(a, b, rows, indices, mass, flat)
         return None
+
+
+def unanswered(hosts: Hosts, owners: Mapping[int, int], asked: Mapping[int, int],
+               got: Container[int]) -> str:
+    """For a timeout's message (made only then, maybe on another thread than the one
+    waiting): the owners of the shards asked for (request id -> shard id) whose request
+    id is not in ``got``, each by world rank and (across hosts) host; ``""``: none."""
+    by_owner: dict[int, list[int]] = {}
+    for sid in sorted({s for i, s in tuple(asked.items()) if i not in got}):
+        by_owner.setdefault(owners[sid], []).append(sid)
+    return "" if not by_owner else "no reply yet from " + "; ".join(
+        f"{hosts.rank(o)}, the owner of shard{'s' if len(s) > 1 else ''} "
+        f"{', '.join(map(str, s))}" for o, s in by_owner.items())

@@ -31,11 +31,16 @@ class DataPlaneThread:
         background (Callable[[], bool]): one unit of ahead-of-time work; returns whether
             it did anything (if not, the thread waits briefly for new calls).
         idle_sleep_s (float): longest wait for new calls when idle.
+        busy_with (Callable[[], str] | None): what the thread may be waiting for (e.g.
+            the ranks whose replies are missing); called only for the message of a
+            call or post that timed out (the thread did not take it: it is stuck).
     """
 
     def __init__(self, background: Callable[[], bool], *, idle_sleep_s: float = 0.0005,
-                 name: str = "conduit-dataplane", max_posted: int = 64) -> None:
+                 name: str = "conduit-dataplane", max_posted: int = 64,
+                 busy_with: Callable[[], str] | None = None) -> None:
         self._background = background
+        self._busy_with = busy_with
         self._idle = idle_sleep_s
         # (fn, its future - None when posted: nobody waits for it -, whether post()
         # counted it against max_posted)
@@ -151,7 +156,11 @@ class DataPlaneThread:
                 # not begun (cancelled: never run now - an ingest would write, after its
                 # caller was told it timed out, arrays the caller may reuse), or past the
                 # extension: raise
-                deadline.check()
+                deadline.check(self._busy)
+
+    def _busy(self) -> str:
+        said = self._busy_with() if self._busy_with is not None else ""
+        return f"the data-plane thread is busy ({said})" if said else ""
 
     def call(self, fn: Callable[[], Any], *, timeout_s: float, what: str) -> Any:
         """Run ``fn`` on the thread, after every call queued before it; blocks for its
@@ -184,7 +193,7 @@ class DataPlaneThread:
             while not self._room.acquire(timeout=min(0.05, max(deadline.remaining_s,
                                                                 0.001))):
                 self.raise_if_failed()
-                deadline.check()
+                deadline.check(self._busy)
         self._calls.put((fn, None, True))
 
     def stop(self, timeout_s: float) -> None:

@@ -242,7 +242,7 @@ class ShardRing(IndexReads):
         if end <= self.capacity or self._may_write(end):
             return
         t0 = time.monotonic()
-        deadline = Deadline(self.timeout_s, f"the owner (rank {self.owner}) to free the "
+        deadline = Deadline(self.timeout_s, f"the owner ({self.owner_named}) to free the "
                                             f"slots of seqs before {end}")
         pause = min(self.poll_interval_s, 0.00005)
         while not self._may_write(end):

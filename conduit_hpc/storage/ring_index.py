@@ -20,7 +20,7 @@ from conduit_hpc.storage.layout import (
 )
 from conduit_hpc.storage.sumtree import prefix_search, search_level
 from conduit_hpc.transport.base import Transport
-from conduit_hpc.wait import Deadline
+from conduit_hpc.wait import NO_HOSTS, Deadline, Hosts
 
 __all__ = ["IndexReads"]
 
@@ -35,6 +35,13 @@ class IndexReads:
     capacity: int
     timeout_s: float
     views: ShardViews | None
+    #: each world rank's host, for errors (the data plane sets it; ShardMemory)
+    hosts: Hosts = NO_HOSTS
+
+    @property
+    def owner_named(self) -> str:
+        """``"rank R"``, and across hosts ``" (host H)"``: the owner, for an error."""
+        return f"rank {self.owner}{self.hosts.of(self.owner)}"
 
     def read_header(self) -> np.ndarray:
         """A consistent copy of the shard's int64 header as last published by the owner
@@ -56,7 +63,7 @@ class IndexReads:
             if buf[H_STATS_VERSION] % 2 == 0 and buf[H_STATS_VERSION] == again:
                 return buf
             if deadline is None:
-                deadline = Deadline(self.timeout_s, f"the shard stats on rank {self.owner} "
+                deadline = Deadline(self.timeout_s, f"the shard stats on {self.owner_named} "
                                                     f"to settle (they stayed mid-update)")
             deadline.check()
             time.sleep(0)  # the owner is mid-write: let it run (it may share this core)

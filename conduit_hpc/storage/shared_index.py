@@ -63,9 +63,9 @@ def _take_index_lock(ring: ShardRing, rank: int) -> None:
     held = t.compare_and_swap(ring.owner, disp, 0, rank + 1)
     if held == 0:
         return
-    deadline = Deadline(ring.timeout_s, f"the index lock of the shard on rank {ring.owner}")
+    deadline = Deadline(ring.timeout_s, f"the index lock of the shard on {ring.owner_named}")
     while True:
-        deadline.check(lambda: f"held by world rank {held - 1}")  # noqa: B023
+        deadline.check(lambda: f"held by {ring.hosts.rank(held - 1)}")  # noqa: B023
         # the holder may need MPI progress from this rank (across nodes an atomic of
         # the holder's, on its own segment too, is run by its node's leader - maybe this
         # rank: a wait outside MPI deadlocked the cut of a checkpoint; docs/hosts.md)

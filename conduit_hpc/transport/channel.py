@@ -140,9 +140,11 @@ class Channel:
 
     def recv(self, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG, *,
              timeout_s: float, what: str = "a message",
-             between: Callable[[], object] | None = None) -> Message:
+             between: Callable[[], object] | None = None,
+             detail: str | Callable[[], str] = "") -> Message:
         """Wait for a matching message. Blocks at most ``timeout_s`` seconds; runs
-        ``between`` (if given) after each poll that found nothing.
+        ``between`` (if given) after each poll that found nothing; ``detail``: appended
+        to the timeout's message.
 
         Raises:
             DataPlaneTimeout: nothing matching arrived in time (names ``what``).
@@ -150,7 +152,7 @@ class Channel:
         self._check()  # (the message below asks the communicator for this rank)
         msg = wait_until(lambda: self.poll(source, tag), timeout_s=timeout_s,
                          what=f"{what} (source {source}, tag {tag}) on rank {self.rank}",
-                         max_sleep_s=self._poll, between=between)
+                         max_sleep_s=self._poll, between=between, detail=detail)
         assert msg is not None  # wait_until returns only a truthy value
         return msg
 

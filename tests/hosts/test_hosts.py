@@ -215,9 +215,11 @@ def test_hostfile_faults_are_named_before_the_launch(cluster: Cluster, tmp_path)
 def test_dropped_link_mid_run_ends_the_job_with_the_ranks_error(cluster: Cluster,
                                                                   tmp_path) -> None:
     """The buffer's host stops answering mid-run: the learner's deadline (run.timeout_s)
-    names the wait, and since the abort cannot reach the silent host, the launcher stops
-    the job ABORT_GRACE_S after that error - not at the end of its whole budget - and no
-    rank of the job is left on any host."""
+    names the wait, and the rank waited on with its host (it said only "waited 5.0 s for
+    batch 198" or "for a stop check", 2 runs of 2: which of 100 nodes?); since the abort
+    cannot reach the silent host, the launcher stops the job ABORT_GRACE_S after that
+    error - not at the end of its whole budget - and no rank of the job is left on any
+    host."""
     from conduit_hpc.tools.launcher import ABORT_GRACE_S
 
     env, cmd = synthetic_job_on_2_hosts(cluster, tmp_path, timeout=240, duration_s=120,
@@ -240,6 +242,8 @@ def test_dropped_link_mid_run_ends_the_job_with_the_ranks_error(cluster: Cluster
     errors = [ln for ln in err.splitlines() if ln.startswith("conduit-hpc: error")]
     assert len(errors) == 1, err[-3000:]
     assert re.search(r"error on world rank \d+: \w+", errors[0]), errors[0]
+    # ... which names the rank it waited on with its host: host1 (rank r on host r % 2)
+    assert re.search(r"world rank [13] \(host host1\)", errors[0]), errors[0]
     assert "did not end within" in errors[0] and "link that stopped" in errors[0], errors[0]
     assert took < 5 + ABORT_GRACE_S + 40, f"the job took {took:.0f} s to end after the drop"
     run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import socket
+
 import pytest
 from mpi4py import MPI
 
@@ -142,3 +144,15 @@ def test_a_learner_without_its_gpu_fails_every_rank_together() -> None:
     with pytest.raises(ConfigError, match=r"scheduler\.device must be"):
         ExperienceDataPlane(cfg, COMM)
     assert everyone(True)
+
+
+@pytest.mark.skipif(COMM.Get_size() != 3, reason="3 ranks")
+def test_the_config_check_keeps_each_rank_s_host_on_the_roles() -> None:
+    """The constructor's all-gather already carries each rank's hostname: it is kept (for
+    errors that name a rank waited on), not thrown away."""
+    hosts = check_same_config(COMM, make_config())
+    assert hosts.names == (socket.gethostname(),) * 3
+    assert not hosts.several and hosts.rank(2) == "world rank 2"  # one host: as before
+    roles = split_roles(COMM, LayoutConfig(learners=1, buffers=1), hosts=hosts)
+    assert roles.hosts is hosts
+    roles.close()

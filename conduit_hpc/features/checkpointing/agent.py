@@ -437,8 +437,9 @@ class CheckpointAgent(BufferExtension):
         if fl is not None and self._manifest is None and \
                 time.perf_counter() - fl.started > io_s:
             missing = sorted(fl.expected - set(fl.parts))
-            self.failed.append(f"checkpoint {fl.seq}: no part from world ranks {missing} "
-                               f"within {io_s:g} s{io_note}")
+            self.failed.append(f"checkpoint {fl.seq}: no part from world ranks {missing}"
+                               f"{self.edp.roles.hosts.of_ranks(missing)} within {io_s:g} s"
+                               f"{io_note}")
             log.warning("checkpoint %d dropped: %s", fl.seq, self.failed[-1])
             shutil.rmtree(fl.tmp, ignore_errors=True)
             self._flight = None
@@ -500,6 +501,14 @@ class CheckpointAgent(BufferExtension):
         return self._writer is not None or self._manifest is not None or \
             self._flight is not None
 
+    def _no_part_yet(self) -> str:
+        """For a timeout's message: the ranks whose part of the checkpoint in flight
+        the leader has not received (``""``: none, or not the leader)."""
+        fl = self._flight
+        missing = sorted(fl.expected - set(fl.parts)) if fl is not None else []
+        return (f"no part yet from world ranks {missing}"
+                f"{self.edp.roles.hosts.of_ranks(missing)}") if missing else ""
+
     def finish(self, timeout_s: float | None = None) -> None:
         """Complete the checkpoint in flight and stop starting new ones.
 
@@ -534,7 +543,7 @@ class CheckpointAgent(BufferExtension):
                 done = self._writer is None and self._last_cut_seq >= flying
             if done:
                 break
-            deadline.check()
+            deadline.check(self._no_part_yet)
             time.sleep(0.001)
         # this rank's part may be held for an emulated long link (long-haul): hand it to
         # MPI first, or the leader waits for it while this rank waits in the barrier
