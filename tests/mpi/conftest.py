@@ -49,7 +49,7 @@ def _every_rank_starts_the_test_together() -> None:
     ranks brought from their start (each imports and collects on its own) or from the
     end of the test before counted against it (``-k`` of two 3 s tests of
     test_delivery.py at 3 ranks under load: "waited 3.0 s for every rank of 3 to reach
-    the data plane's constructor" in 2 runs of 4)."""
+    the data plane's constructor", both tests, in 1 run of 4)."""
     if not _ALIGN:
         _ALIGN.append(MPI.COMM_WORLD.Dup())
     bounded_barrier(_ALIGN[0], 60.0)
