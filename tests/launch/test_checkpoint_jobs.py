@@ -34,7 +34,8 @@ class Proc:
                                   env=env)
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.p.stdout is not None
@@ -47,7 +48,9 @@ class Proc:
             try:
                 line = self.lines.get(timeout=0.1)
             except queue.Empty:
-                if self.p.poll() is not None and self.lines.empty():
+                # ended, and every line it wrote is in the queue (the reader met EOF):
+                # the process's exit alone does not say that the reader has read them
+                if not self.reader.is_alive() and self.lines.empty():
                     break
                 continue
             self.seen.append(line)
@@ -62,7 +65,9 @@ class Proc:
         except subprocess.TimeoutExpired:
             self.kill()
             raise
-        time.sleep(0.2)
+        # the reader puts the last lines after the exit: wait until it met EOF (bounded:
+        # an orphaned rank that holds the pipe would keep it reading)
+        self.reader.join(timeout=30)
         while not self.lines.empty():
             self.seen.append(self.lines.get())
         assert self.p.stderr is not None

@@ -38,6 +38,23 @@ def bounded_barrier(comm: MPI.Comm, timeout_s: float = 30.0) -> bool:
     return True
 
 
+_ALIGN: list[MPI.Comm] = []  # a private duplicate of the world, made at the first test
+
+
+@pytest.fixture(autouse=True)
+def _every_rank_starts_the_test_together() -> None:
+    """Every rank starts each test together (a bounded barrier on a private communicator,
+    so that one left pending after a failure is never matched by a test's own): a test's
+    first collective is bounded by its ``run.timeout_s`` - 3 s in some - and the skew the
+    ranks brought from their start (each imports and collects on its own) or from the
+    end of the test before counted against it (``-k`` of two 3 s tests of
+    test_delivery.py at 3 ranks under load: "waited 3.0 s for every rank of 3 to reach
+    the data plane's constructor", both tests, in 1 run of 4)."""
+    if not _ALIGN:
+        _ALIGN.append(MPI.COMM_WORLD.Dup())
+    bounded_barrier(_ALIGN[0], 60.0)
+
+
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
     """A temporary directory made by rank 0, its path on every rank (one node);

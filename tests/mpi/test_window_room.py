@@ -2,9 +2,14 @@
 (``/dev/shm``, or Open MPI's ``osc_sm_backing_directory``) is refused on every rank of
 its communicator before anything is allocated (``transport/rma.py``): not an
 ``MPI_ERR_INTERN`` on the rank that creates the backing file, or a SIGBUS on first touch.
-The size asked for is the free space plus 1 MiB: never allocated."""
+The size asked for is the file system's whole size plus 1 MiB: never free, whatever other
+processes free meanwhile (it was the free space plus 1 MiB, which a segment another job
+unlinked between the test's look and the window's check made fit: the window was
+allocated, "DID NOT RAISE", 1 run in 8 beside a job that makes and frees 16 MB)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 from mpi4py import MPI
@@ -27,8 +32,11 @@ def test_a_window_past_the_shared_memory_is_refused_on_every_rank(shared: bool) 
         node.Free()
         pytest.skip("private windows on several hosts are not backed by shared memory")
     try:
-        # the last rank asks for it; every rank refuses, naming the bytes
-        want = room + (1 << 20) if COMM.rank == COMM.size - 1 else 0
+        # the last rank asks for more than its file system holds; every rank refuses,
+        # naming the bytes
+        st = os.statvfs(d) if d is not None else None
+        size = int(st.f_blocks) * int(st.f_frsize) if st is not None else 0
+        want = size + (1 << 20) if COMM.rank == COMM.size - 1 else 0
         with pytest.raises(TransportError, match="does not fit") as err:
             RmaWindow(COMM, want, node_comm=node, shared=shared)
         assert f"free in {d}" in str(err.value)

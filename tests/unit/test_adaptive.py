@@ -21,6 +21,7 @@ from conduit_hpc.placement.cluster import ClusterModel
 from conduit_hpc.placement.model import Workload
 from conduit_hpc.placement.placement import plan_round_robin
 from conduit_hpc.placement.static import plan_static
+from conduit_hpc.testing import REPO
 
 SKEW = ((0.05, 0.8), (0.95, 0.2))  # 5 % of the rows hold 80 % of the priority mass
 
@@ -132,7 +133,7 @@ def test_cooldown_and_a_real_change_moves_back() -> None:
 
 
 def test_predict_placement_reads_round_robin_plans() -> None:
-    c = ClusterModel.from_toml("jobs/cluster-local.toml")
+    c = ClusterModel.from_toml(REPO / "jobs" / "cluster-local.toml")
     rr = plan_round_robin(actor_ranks=[2, 3, 4, 5], buffer_ranks=[1], learner_ranks=[0],
                           capacity_rows=1000)
     w = Workload(capacity_rows=1000, row_bytes=28, batch_rows=64)
