@@ -38,6 +38,7 @@ __all__ = [
     "exposed_story",
     "latency_summary",
     "rows_split",
+    "set_aside",
     "write_summary",
 ]
 
@@ -168,7 +169,7 @@ def _earlier_rows(path: Path, columns: list[str]) -> dict[str, str] | None:
     if not path.exists():
         return None
     if not path.is_file():
-        _set_aside(path)
+        set_aside(path)
         return None
     try:
         with open(path, "rb+") as fh:
@@ -185,16 +186,19 @@ def _earlier_rows(path: Path, columns: list[str]) -> dict[str, str] | None:
         return None
     if header == columns:
         return dict(zip(columns, last, strict=False)) if last else {}
-    _set_aside(path)
+    set_aside(path)
     return None
 
 
-def _set_aside(path: Path) -> None:
-    """Move ``path`` to ``path.K`` (the first free ``K``): kept, out of the way."""
+def set_aside(path: Path, *, keep_suffix: bool = False) -> Path:
+    """Move ``path`` to ``NAME.K`` (the first free ``K``; with ``keep_suffix``,
+    ``STEM.K.SUFFIX``: ``episodes-3.1.csv``): kept, out of the way. Returns where."""
     k = 1
-    while path.with_name(f"{path.name}.{k}").exists():
+    while (to := path.with_name(f"{path.stem}.{k}{path.suffix}" if keep_suffix
+                                else f"{path.name}.{k}")).exists():
         k += 1
-    path.rename(path.with_name(f"{path.name}.{k}"))
+    path.rename(to)
+    return to
 
 
 #: bytes read from a metrics file's end for its last row (a row is < 1 kB)

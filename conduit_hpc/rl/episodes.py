@@ -21,6 +21,7 @@ from typing import TextIO
 
 import numpy as np
 
+from conduit_hpc.plane.metrics import set_aside
 from conduit_hpc.protocol.tags import JOB_TAGS
 
 __all__ = ["EPISODES_TAG", "EPISODE_COLUMNS", "EXTRA_COLUMNS", "EpisodeLog", "has_episodes",
@@ -111,10 +112,7 @@ class EpisodeLog:
                 # an earlier attempt's file of other columns (another version): its rows
                 # under one header and this attempt's under another were left out of
                 # the merge; it moves to episodes-<rank>.K.csv, which the merge reads
-                k = 1
-                while p.with_name(f"{p.stem}.{k}{p.suffix}").exists():
-                    k += 1
-                p.rename(p.with_name(f"{p.stem}.{k}{p.suffix}"))
+                set_aside(p, keep_suffix=True)
                 new = True
             self._fh = open(p, "a", newline="")  # noqa: SIM115 - closed in close()
             self._writer = csv.DictWriter(self._fh, fieldnames=columns)

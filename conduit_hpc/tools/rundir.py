@@ -16,6 +16,7 @@ from typing import IO
 from conduit_hpc import jsontext
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConduitError, ConfigError
+from conduit_hpc.plane.metrics import set_aside as move_aside
 
 __all__ = ["EXIT_FILE", "RunLock", "check_checkpoint_root", "ended", "lock_run_dir",
            "resume_problem", "set_aside", "unwritable"]
@@ -102,22 +103,15 @@ def set_aside(run_dir: Path, *, fresh: bool) -> None:
     Raises:
         OSError: a directory cannot be moved.
     """
-    logs = run_dir / "logs"
-    if logs.exists():
-        k = 1
-        while (run_dir / f"logs.{k}").exists():
-            k += 1
-        logs.rename(run_dir / f"logs.{k}")
+    if (run_dir / "logs").exists():
+        logs = move_aside(run_dir / "logs")
         mine = ("config.toml", "command.txt", "plan.json", "metrics/summary.json")
         for f in mine if not fresh else mine[:3]:
             if (run_dir / f).is_file():
-                (run_dir / f).rename(run_dir / f"logs.{k}" / Path(f).name)
+                (run_dir / f).rename(logs / Path(f).name)
     for name in ("metrics", "tensorboard") if fresh else ():
         if (run_dir / name).exists():
-            k = 1
-            while (run_dir / f"{name}.{k}").exists():
-                k += 1
-            (run_dir / name).rename(run_dir / f"{name}.{k}")
+            move_aside(run_dir / name)
 
 
 def unwritable(run_dir: Path, runs_root: str | Path, err: OSError) -> ConfigError:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import csv
 
 import pytest
+from conftest import SMALL_SPEC, play
 from mpi4py import MPI
 
-from conduit_hpc import ExperienceDataPlane, Role
-from conduit_hpc.testing import checked_batch, make_config
+from conduit_hpc import ExperienceDataPlane
+from conduit_hpc.testing import make_config
 
 COMM = MPI.COMM_WORLD
 SUPERSTEPS = 100
@@ -21,23 +22,13 @@ SUPERSTEPS = 100
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.skipif(COMM.size != 3, reason="runs at 3 ranks (one learner, buffer, actor)")
 def test_the_learner_file_keeps_n_rows_then_weighted_samples(shared_dir) -> None:
-    cfg = make_config(layout={"learners": 1, "buffers": 1},
+    cfg = make_config(spec=SMALL_SPEC, layout={"learners": 1, "buffers": 1},
                       storage={"capacity_rows": 4096}, checkpoint={"on_stop": False},
                       run={"timeout_s": 30.0, "metrics_full_rows": 10},
                       scheduler={"mode": "edp", "batch_rows": 8, "min_fill_rows": 16})
     run_dir = shared_dir / "run"
     with ExperienceDataPlane(cfg, run_dir=run_dir) as edp:
-        if edp.role is Role.ACTOR:
-            w = 0
-            while not edp.should_stop:
-                edp.ingest(checked_batch(edp.world_rank, w, 16))
-                w += 16
-        elif edp.role is Role.LEARNER:
-            for _ in range(SUPERSTEPS):
-                edp.next_batch()
-        else:
-            edp.serve()
-        edp.done()
+        play(edp, lambda e: [e.next_batch() for _ in range(SUPERSTEPS)])
         learners = edp.summary()["learners"]
     (rank, summary), = learners.items()
     assert summary["supersteps"] == SUPERSTEPS  # in memory, every superstep
