@@ -34,7 +34,6 @@ from conduit_hpc.protocol import SampleReply, SampleRequest, Tag
 from conduit_hpc.sampling import Sampler, ShardStats
 from conduit_hpc.scheduler import LimiterState, RateLimiter
 from conduit_hpc.spec import Spec
-from conduit_hpc.storage import tree_kernels
 from conduit_hpc.storage.layout import H_COMMIT, H_UNSAMPLED
 from conduit_hpc.storage.ring import ShardRing
 from conduit_hpc.transport.channel import Channel
@@ -88,7 +87,7 @@ class Deliverer:
         timeout_s (float): bound on every wait.
         poll_interval_s (float): longest pause of a wait.
         pins (OwnerBlock | None): where the read pins are in each owner's memory
-            (``None``: no pins; see :meth:`gather_checked`).
+            (``None``: no pins; see :func:`~conduit_hpc.plane.direct_draw.gather_checked`).
         writers (Mapping[int, SharedIndexWriter] | None): shards whose index this rank
             writes its priority updates into itself (the priority write stage,
             :class:`~conduit_hpc.plane.priority_write.PriorityWrite`).
@@ -141,6 +140,7 @@ class Deliverer:
         #: the sources that are device mirrors (``learner_gpu`` shards, promoted ones)
         self.device_shards: dict[int, DeviceShard] = {}
         self._searched: set[int] = set()  # owners whose index this rank searches
+        self.placed = 0  #: times :meth:`place` changed a source
         for sid in self.rings:
             self.place(sid, None)
         self.sync_s = 0.0  # seconds the last admit() spent reading statistics (syncs)
@@ -166,6 +166,7 @@ class Deliverer:
             self.device_shards.pop(sid, None)
         self._searched = {o for s in self.sources.values()
                           if (o := s.searched_owner) is not None}
+        self.placed += 1  # sources changed (fetch strategies key caches by it)
 
     @property
     def capacities(self) -> dict[int, int]:
@@ -363,11 +364,19 @@ class Deliverer:
             placed = src.fill(fill, a, b, rep, rows, indices, mass, flat, host)
             if placed is not None:
                 on_device.append(placed)
+        timings["gather_s"] = time.perf_counter() - t1
+        return self.finish(superstep, staleness, stats, out, indices, mass, timings, on_device)
+
+    def finish(self, superstep: int, staleness: int, stats: list[ShardStats],
+               out: dict[str, np.ndarray], indices: np.ndarray, mass: np.ndarray,
+               timings: dict[str, float],
+               on_device: list[tuple[np.ndarray, dict[str, Any]]] | None = None) -> Batch:
+        """Transform, weigh and hand over a batch whose rows are in ``out`` (and, for
+        rows left on the device, ``on_device``)."""
         t2 = time.perf_counter()
-        timings["gather_s"] = t2 - t1
         data = out
         if self.transform is not None:
-            data = checked_transform(self.transform(out), B)
+            data = checked_transform(self.transform(out), self.cfg.batch_rows)
             if self.stager.holds_host_arrays:  # the batch is its arrays: none shared
                 data = private_columns(data, out)
         t3 = time.perf_counter()
@@ -380,88 +389,6 @@ class Deliverer:
         timings["copy_s"] = time.perf_counter() - t3
         batch.timings = timings
         return batch
-
-    def gather_checked(self, sid: int, a: int, b: int, indices: np.ndarray, mass: np.ndarray,
-                       flat: dict[str, np.ndarray]) -> None:
-        """Copy rows a..b of the batch from shard ``sid``; redraw (in the same shard)
-        only those whose slot was handed to a writer meanwhile, until all are intact.
-
-        The owner's guard band keeps such redraws rare (a drawn row stays intact for
-        about ``storage.guard_s``). The redraws run under a read pin (the owner's free
-        cursor stays where this learner read it until the pin is dropped), so the rows
-        drawn then cannot be overwritten: one redraw round is enough, unless the shard
-        had nothing drawable (a round that replaced none pauses briefly). Bounded by the
-        timeout; writers of the shard wait for at most that one round. A shard left with
-        no mass at all raises :class:`ShardEmptied` (redrawn in it, the rows waited out
-        the timeout "being overwritten" after every priority was set to 0)."""
-        ring, w = self.rings[sid], self.window
-        cap = ring.capacity
-        # first pass: straight into the batch; most batches end here
-        slots = indices[a:b, 1]
-        all_drawn = tree_kernels.span(slots)[0] >= 0  # -1: the owner had nothing to draw
-        if not all_drawn:
-            slots = np.where(slots >= 0, slots, 0)
-        rows = slots if w == 1 else (slots[:, None] + np.arange(w)[None, :]).reshape(-1) % cap
-        whole = a == 0 and b == len(indices)  # one part: the batch's own columns
-        _, reserved = ring.gather(rows, flat if whole else {k: v[a * w:b * w]
-                                                            for k, v in flat.items()})
-        if all_drawn and ring.all_intact(indices[a:b, 2], reserved):
-            return
-        bad = (indices[a:b, 1] < 0) | ~ring.intact(indices[a:b, 2], reserved)
-        if not bad.any():
-            return
-        todo = a + np.flatnonzero(bad)
-        src = self.sources[sid]
-        deadline = Deadline(self.timeout_s, f"intact rows of shard {sid} (they kept being "
-                                            f"overwritten while gathered)")
-        backoff = Backoff(self.poll_s)
-        pinned = False
-        try:
-            while True:
-                self.resampled += len(todo)
-                deadline.check()
-                if not pinned and self.pins is not None:
-                    self._pin(ring, sid, True)
-                    pinned = True
-                self.pinned_rounds += pinned
-                _, total, _, _ = ring.read_stats()
-                if not total > 0:  # no redraw here can succeed: start over (admit)
-                    raise ShardEmptied(sid)
-                targets = self.sampler.redraw(total, len(todo))
-                rep = src.draw(targets, False)
-                if rep is None:
-                    rid = self.ask(Tag.SAMPLE, sid, targets)
-                    (rep, _), = self.collect(Tag.SAMPLE_REPLY, {rid: sid},
-                                             "resample reply").values()
-                indices[todo, 1], indices[todo, 2], mass[todo] = rep.slots, rep.gens, rep.mass
-                drawn = indices[todo, 1] >= 0
-                slots = np.where(drawn, indices[todo, 1], 0)
-                rows = (slots[:, None] + np.arange(w)[None, :]).reshape(-1) % cap
-                got, reserved = ring.gather(rows)
-                sel = (todo[:, None] * w + np.arange(w)[None, :]).reshape(-1)
-                for k, v in got.items():
-                    flat[k][sel] = v
-                bad = ~drawn | ~ring.intact(indices[todo, 2], reserved)
-                if not bad.any():
-                    return
-                if bad.all() and pinned:  # nothing drawable: let the owner run
-                    self.check_failed()  # (e.g. a writer's gap: nothing commits)
-                    backoff.pause()
-                todo = todo[bad]
-        finally:
-            if pinned:
-                self._pin(ring, sid, False)
-
-    def _pin(self, ring: ShardRing, sid: int, on: bool) -> None:
-        """Hold (or drop) this learner's read pin on shard ``sid``: its owner does not
-        move the free cursor past the value read here while the pin is held."""
-        assert self.pins is not None
-        t, disp = ring.transport, self.pins.pin_displacement(self.rank)
-        if on:
-            t.atomic_write(ring.owner, disp + 8, ring.free_cursor())
-            t.atomic_write(ring.owner, disp, sid + 1)
-        else:
-            t.atomic_write(ring.owner, disp, 0)
 
     # -- priorities ----------------------------------------------------------------------
     def send_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> int:

@@ -23,10 +23,12 @@ from typing import ClassVar
 import numpy as np
 
 from conduit_hpc.plane.delivery import Asked, Deliverer, Part, ShardEmptied
+from conduit_hpc.plane.direct_draw import direct_batch, direct_rings, gather_checked
 from conduit_hpc.plane.staging import Batch
 from conduit_hpc.protocol import SampleReply, Tag, unpack_rows
 from conduit_hpc.sampling import ShardStats
 from conduit_hpc.scheduler.limiter import no_window_why
+from conduit_hpc.storage.ring import ShardRing
 from conduit_hpc.wait import Deadline
 
 __all__ = ["FETCHES", "DirectFetch", "Fetch", "OwnerFetch", "PendingBatch"]
@@ -56,13 +58,18 @@ class Fetch(abc.ABC):
             stats, waited = d.admit(B)
             timings["limiter_wait_s"] = waited
             t0 = time.perf_counter() - d.sync_s  # a device shard's sync is sampling work
-            parts = d.draw(self.request_tag, stats, B)
-            timings["sample_s"] = time.perf_counter() - t0
             try:
-                return d.assemble(superstep, staleness, stats, parts, timings,
-                                  functools.partial(self.fill, d))
+                return self.batch(d, superstep, staleness, stats, timings, t0)
             except ShardEmptied as err:
                 deadline = _again(d, B, deadline, err)
+
+    def batch(self, d: Deliverer, superstep: int, staleness: int, stats: list[ShardStats],
+              timings: dict[str, float], t0: float) -> Batch:
+        """Draw, fill and finish one admitted batch (``t0``: when sampling began)."""
+        parts = d.draw(self.request_tag, stats, d.cfg.batch_rows)
+        timings["sample_s"] = time.perf_counter() - t0
+        return d.assemble(superstep, staleness, stats, parts, timings,
+                          functools.partial(self.fill, d))
 
     def before_admit(self, d: Deliverer) -> None:  # noqa: B027 - optional, default no-op
         """What must happen before the batch's statistics are read (default: nothing)."""
@@ -79,6 +86,19 @@ class DirectFetch(Fetch):
 
     name = "direct"
     request_tag = Tag.SAMPLE
+    _placed = (0, -1)  # the Deliverer and its placement that _rings is for
+    _rings: list[tuple[int, ShardRing]] | None = None
+
+    def batch(self, d: Deliverer, superstep: int, staleness: int, stats: list[ShardStats],
+              timings: dict[str, float], t0: float) -> Batch:
+        # every shard in this node's memory, searched here: the direct draw
+        # (plane/direct_draw.py), without the per-shard stages
+        if self._placed != (id(d), d.placed):  # whether the direct draw can, as placed now
+            self._placed, self._rings = (id(d), d.placed), direct_rings(d)
+        rings = self._rings
+        if rings is None:
+            return super().batch(d, superstep, staleness, stats, timings, t0)
+        return direct_batch(d, rings, superstep, staleness, stats, timings, t0)
 
     def before_admit(self, d: Deliverer) -> None:
         # the owners apply this learner's earlier updates before the statistics are
@@ -87,7 +107,7 @@ class DirectFetch(Fetch):
 
     def fill(self, d: Deliverer, a: int, b: int, rows: np.ndarray, indices: np.ndarray,
              mass: np.ndarray, flat: dict[str, np.ndarray]) -> None:
-        d.gather_checked(int(indices[a, 0]), a, b, indices, mass, flat)
+        gather_checked(d, int(indices[a, 0]), a, b, indices, mass, flat)
 
 
 @dataclass

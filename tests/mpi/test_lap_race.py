@@ -24,8 +24,8 @@ import pytest
 from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc.plane import direct_draw
 from conduit_hpc.plane.control import C_ACTORS_DONE
-from conduit_hpc.plane.delivery import Deliverer
 from conduit_hpc.testing import checked_batch, make_config, row_consistent
 
 COMM = MPI.COMM_WORLD
@@ -96,14 +96,14 @@ def test_read_pin_never_starves_writers(monkeypatch) -> None:
                       storage={"capacity_rows": cap}, transport=TRANSPORTS[transport],
                       scheduler={"mode": "sync", "fetch": "direct", "batch_rows": 32,
                                  "min_fill_rows": cap, "sampler": "prioritized"})
-    pin = Deliverer._pin
+    pin = direct_draw.pin
 
-    def slow_pin(self, ring, sid, on):  # a learner descheduled while it holds a pin
-        pin(self, ring, sid, on)
+    def slow_pin(d, ring, sid, on):  # a learner descheduled while it holds a pin
+        pin(d, ring, sid, on)
         if on:
             time.sleep(0.03)
 
-    monkeypatch.setattr(Deliverer, "_pin", slow_pin)
+    monkeypatch.setattr(direct_draw, "pin", slow_pin)
     problems: list[str] = []
     pinned = 0.0
     with ExperienceDataPlane(cfg) as edp:
