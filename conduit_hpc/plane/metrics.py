@@ -62,10 +62,13 @@ class CsvSink:
     A file that an earlier attempt of the run wrote (a requeued or resumed job in its
     run directory) is kept: with the same header the rows are appended (a row a kill
     left torn is cut first), and each ``carry`` column goes on after the earlier rows
-    (a clock, a running total: each value is written plus the file's last one, or, for
-    ``time_s``, the latest ``time_s`` of the files beside it named like it); a file of
-    other columns (another version, other job columns) is moved to ``NAME.K`` (the
+    (a clock, a running total: each value is written plus the file's last one); a file
+    of other columns (another version, other job columns) is moved to ``NAME.K`` (the
     first free ``K``) and a new one begun. The earlier attempt's rows were overwritten.
+    A carried ``time_s`` goes on after the latest ``time_s`` of this file and of the
+    files beside it named like it (``actor-*.csv``), read when the sink is made, also
+    when this file is new (a rank new to a resumed run), as the episode files' clocks
+    do (:mod:`conduit_hpc.plane.csv_resume`).
 
     Args:
         path (Path | None): file to write; parents are created.
@@ -81,6 +84,11 @@ class CsvSink:
         self.carry = tuple(carry)
         #: added to the ``carry`` columns as rows are written (the earlier attempts')
         self.offsets: dict[str, float] = {}
+        # where a carried clock goes on, read now: before this attempt's ranks write
+        # the files beside this one (read at the first write, another rank's first row
+        # moved it on)
+        self._clock_s = (latest_time(path) if path is not None and "time_s" in self.carry
+                         else 0.0)
         self.thinning = thinning
         self.columns = list(columns)
         self._known = set(self.columns)  # the same, for lookups (every row, every key)
@@ -136,8 +144,8 @@ class CsvSink:
             earlier = _earlier_rows(self._path, self.columns)
             if earlier is not None:
                 self.offsets = {c: number(earlier, c) for c in self.carry}
-                if "time_s" in self.offsets:
-                    self.offsets["time_s"] = latest_time(self._path)
+            if "time_s" in self.carry:  # (also in a file new to the run: a new rank's)
+                self.offsets["time_s"] = self._clock_s
             self._file = open(self._path, "a" if earlier is not None else "w",  # noqa: SIM115
                               newline="")  # (lives with the sink)
             self._writer = csv.DictWriter(self._file, self.columns, extrasaction="ignore")
