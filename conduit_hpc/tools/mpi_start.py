@@ -215,7 +215,7 @@ def _pump(pipe: IO[bytes] | None, name: str, kept: deque[str], said: dict[str, b
             line = raw.decode(errors="replace")
             if name == "stdout":
                 said["stdout"] = True
-            with contextlib.suppress(ValueError, OSError):  # (our stream closed)
+            with contextlib.suppress(ValueError, OSError, AttributeError):  # (closed, None)
                 out = getattr(sys, name)
                 out.write(line)
                 out.flush()
