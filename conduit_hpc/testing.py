@@ -132,13 +132,15 @@ def world_size() -> int:
 def mpirun(n: int, args: Sequence[str], *, timeout_s: float = 120.0,
            env: Mapping[str, str] | None = None,
            cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m mpi4py ARGS`` on ``n`` ranks with a timeout; capture output."""
+    """Run ``python -m mpi4py ARGS`` on ``n`` ranks with a timeout (each try); capture
+    output. A launch that Open MPI failed to start (no rank ran) is tried again: see
+    :func:`conduit_hpc.tools.mpi_start.run_captured`."""
     from conduit_hpc.tools.launcher import mpi_env
+    from conduit_hpc.tools.mpi_start import run_captured
 
     cmd = ["mpirun", "-n", str(n), sys.executable, "-m", "mpi4py", *args]
     full_env = mpi_env(os.environ if env is None else {**os.environ, **env})
-    return subprocess.run(cmd, env=full_env, cwd=cwd or REPO, capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+    return run_captured(cmd, env=full_env, cwd=cwd or REPO, timeout_s=timeout_s)
 
 
 class ZeroedRows:

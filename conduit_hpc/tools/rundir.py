@@ -16,7 +16,7 @@ from typing import IO
 from conduit_hpc import jsontext
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConduitError, ConfigError
-from conduit_hpc.plane.metrics import set_aside as move_aside
+from conduit_hpc.plane.csv_resume import set_aside as move_aside
 
 __all__ = ["EXIT_FILE", "RunLock", "check_checkpoint_root", "ended", "lock_run_dir",
            "resume_problem", "set_aside", "unwritable"]

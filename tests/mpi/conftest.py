@@ -95,19 +95,26 @@ def verdict(ok: bool) -> bool:
     return bool(MPI.COMM_WORLD.allreduce(int(ok), op=MPI.MIN))
 
 
-def play(edp: Any, learner: Callable[[Any], object]) -> None:
+def play(edp: Any, learner: Callable[[Any], object], *, checked: int = 0) -> object:
     """Each rank's part up to ``done()``: actors ingest :func:`small_rows` until the run
-    stops, buffers serve, the learner runs ``learner(edp)``."""
+    stops (with ``checked``: batches of ``checked_batch(world_rank, w, checked)``, ``w``
+    counting the rows on), buffers (and delivery ranks) serve, the learner runs
+    ``learner(edp)``. Returns what ``learner`` returned (None on the other ranks)."""
     from conduit_hpc import Role
+    from conduit_hpc.testing import checked_batch
 
+    got = None
     if edp.role is Role.ACTOR:
+        w = 0
         while not edp.should_stop:
-            edp.ingest(small_rows())
+            edp.ingest(checked_batch(edp.world_rank, w, checked) if checked else small_rows())
+            w += checked
     elif edp.serves:
         edp.serve()
     else:
-        learner(edp)
+        got = learner(edp)
     edp.done()
+    return got
 
 
 def _wait_committed(ring: Any, seq: int, timeout_s: float = 20.0) -> None:

@@ -11,10 +11,11 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import play
 from mpi4py import MPI
 
 from conduit_hpc import ExperienceDataPlane, Role
-from conduit_hpc.testing import checked_batch, make_config
+from conduit_hpc.testing import make_config
 
 COMM = MPI.COMM_WORLD
 
@@ -37,30 +38,25 @@ def test_next_batch_from_two_threads_takes_turns(mode: str) -> None:
                       run={"timeout_s": 10.0}, checkpoint={"on_stop": False}, scheduler=sch)
     supersteps: list[int] = []
     errors: list[str] = []
-    with ExperienceDataPlane(cfg) as edp:
-        if edp.role is Role.ACTOR:
-            w = 0
-            while not edp.should_stop:
-                edp.ingest(checked_batch(edp.world_rank, w, 16))
-                w += 16
-        elif edp.role is Role.LEARNER:
-            def work() -> None:
-                try:
-                    for _ in range(10):
-                        b = edp.next_batch()
-                        supersteps.append(b.superstep)
-                        edp.update_priorities(b.indices, np.ones(len(b)))
-                except Exception as err:  # reported below, on every rank
-                    errors.append(repr(err)[:200])
 
-            threads = [threading.Thread(target=work) for _ in range(2)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout=60)
-        else:
-            edp.serve()
-        edp.done()
+    def learn(edp) -> None:
+        def work() -> None:
+            try:
+                for _ in range(10):
+                    b = edp.next_batch()
+                    supersteps.append(b.superstep)
+                    edp.update_priorities(b.indices, np.ones(len(b)))
+            except Exception as err:  # reported below, on every rank
+                errors.append(repr(err)[:200])
+
+        threads = [threading.Thread(target=work) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+
+    with ExperienceDataPlane(cfg) as edp:
+        play(edp, learn, checked=16)
         results = COMM.allgather((edp.role.value, sorted(supersteps), errors))
     learner = [(s, e) for r, s, e in results if r == "learner"]
     assert learner == [(list(range(20)), [])], learner
@@ -79,38 +75,34 @@ def test_a_flood_of_updates_from_another_thread_does_not_starve_next_batch(mode:
                       scheduler={"mode": mode, "batch_rows": 32, "prefetch_depth": 2,
                                  "min_fill_rows": 64, "sampler": "prioritized"})
     errors: list[str] = []
-    got = 0
-    with ExperienceDataPlane(cfg) as edp:
-        if edp.role is Role.ACTOR:
-            w = 0
-            while not edp.should_stop:
-                edp.ingest(checked_batch(edp.world_rank, w, 16))
-                w += 16
-        elif edp.role is Role.LEARNER:
-            first = edp.next_batch()
-            stop = threading.Event()
 
-            def flood() -> None:
-                try:
-                    while not stop.is_set():
-                        edp.update_priorities(first.indices, np.ones(len(first)))
-                except Exception as err:  # reported below, on every rank
-                    errors.append(f"flood: {err!r:.200}")
+    def learn(edp) -> int:
+        got = 0
+        first = edp.next_batch()
+        stop = threading.Event()
 
-            t = threading.Thread(target=flood)
-            t.start()
+        def flood() -> None:
             try:
-                for _ in range(20):
-                    edp.next_batch()
-                    got += 1
-            except Exception as err:
-                errors.append(f"next_batch {got + 2}: {err!r:.200}")
-            finally:
-                stop.set()
-                t.join(timeout=60)
-        else:
-            edp.serve()
-        edp.done()
+                while not stop.is_set():
+                    edp.update_priorities(first.indices, np.ones(len(first)))
+            except Exception as err:  # reported below, on every rank
+                errors.append(f"flood: {err!r:.200}")
+
+        t = threading.Thread(target=flood)
+        t.start()
+        try:
+            for _ in range(20):
+                edp.next_batch()
+                got += 1
+        except Exception as err:
+            errors.append(f"next_batch {got + 2}: {err!r:.200}")
+        finally:
+            stop.set()
+            t.join(timeout=60)
+        return got
+
+    with ExperienceDataPlane(cfg) as edp:
+        got = play(edp, learn, checked=16)
     problems = errors + ([f"{got} of 20 batches"] if edp.role is Role.LEARNER and got != 20
                          else [])
     assert COMM.allreduce(problems) == []

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import play
 from mpi4py import MPI
 
 from conduit_hpc import ConfigError, ExperienceDataPlane, Role
-from conduit_hpc.testing import checked_batch, make_config, row_consistent
+from conduit_hpc.testing import make_config, row_consistent
 from conduit_hpc.tools.report.plan_check import learner_reads
 
 COMM = MPI.COMM_WORLD
@@ -110,21 +111,15 @@ def test_executed_plan_equals_printed_plan(shared_dir, tiers, host) -> None:
         # predicted path time per learner is in the file, for `conduit-hpc report`
         assert set(doc["prediction"]["learners"]) == {str(r) for r in roles.learner_ranks}
         # and rows flow through the plan
-        if edp.role is Role.ACTOR:
-            wseq = 0
-            while not edp.should_stop:
-                edp.ingest(checked_batch(edp.world_rank, wseq, 8))
-                wseq += 8
-        elif edp.role is Role.LEARNER:
+        def learn(edp) -> None:
             for _ in range(4):
                 b = edp.next_batch()
                 cols = {k: v.numpy() for k, v in b.data.items()}
                 assert row_consistent(cols).all()
                 assert set(np.asarray(b.indices)[:, 0].tolist()) <= set(
                     learner_reads(doc)[str(edp.world_rank)])
-        else:
-            edp.serve()
-        edp.done()
+
+        play(edp, learn, checked=8)
 
 
 @pytest.mark.mpi(min_size=3)

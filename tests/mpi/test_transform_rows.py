@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import play
 from mpi4py import MPI
 
-from conduit_hpc import ExperienceDataPlane, Role
+from conduit_hpc import ExperienceDataPlane
 from conduit_hpc.errors import SpecError
-from conduit_hpc.testing import checked_batch, make_config
+from conduit_hpc.testing import make_config
 
 COMM = MPI.COMM_WORLD
 
@@ -43,24 +44,17 @@ def test_a_transform_that_drops_rows_is_refused_naming_the_field(mode: str) -> N
             return {k: v[:16] for k, v in batch.items()}
         return {k: v.astype(np.float64) if k == "wseq" else v for k, v in batch.items()}
 
-    got = None
+    def learn(edp) -> str:
+        with pytest.raises(SpecError) as info:
+            for _ in range(50):
+                b = edp.next_batch()
+                # another dtype is a transform's own business (a cast): kept
+                assert len(b.data["wseq"]) == len(b) == 32
+                edp.update_priorities(b.indices, np.ones(len(b)))
+        return str(info.value)
+
     with ExperienceDataPlane(_config(mode), transform=transform) as edp:
-        if edp.role is Role.ACTOR:
-            w = 0
-            while not edp.should_stop:
-                edp.ingest(checked_batch(edp.world_rank, w, 16))
-                w += 16
-        elif edp.role is Role.LEARNER:
-            with pytest.raises(SpecError) as info:
-                for _ in range(50):
-                    b = edp.next_batch()
-                    # another dtype is a transform's own business (a cast): kept
-                    assert len(b.data["wseq"]) == len(b) == 32
-                    edp.update_priorities(b.indices, np.ones(len(b)))
-            got = str(info.value)
-        else:
-            edp.serve()
-        edp.done()
+        got = play(edp, learn, checked=16)
         results = COMM.allgather((edp.role.value, got))
     msgs = [g for r, g in results if r == "learner"]
     assert len(msgs) == 1 and "transform output" in msgs[0]

@@ -30,6 +30,20 @@ def _actor_attempt(path: Path, rows: list[tuple[float, int, float]]) -> None:
     sink.close()
 
 
+def _attempt(metrics: Path, rows: dict[int, list[tuple[float, int, float]]]) -> None:
+    """One attempt of several actors, each writing ``rows[rank]`` as
+    :func:`_actor_attempt` does; their sinks are made before any writes (as the ranks
+    of one attempt make theirs at its start)."""
+    sinks = {r: CsvSink(metrics / f"actor-{r}.csv", ACTOR_COLUMNS, keep=False,
+                        carry=ACTOR_CARRY) for r in rows}
+    for r, sink in sinks.items():
+        for t, n, w in rows[r]:
+            sink.add({"time_s": t, "rows": n, "rows_per_s": 1.0, "limiter_wait_s": w,
+                      "ring_wait_s": 0.0, "policy_version": 0})
+            sink.flush()
+        sink.close()
+
+
 def test_a_resumed_actor_appends_and_its_totals_go_on(tmp_path) -> None:
     """A resumed attempt opened its actor CSV with "w": the killed attempt's rows were
     lost, and the run's rows_ingested and ingest rate (the last row's running total
@@ -78,8 +92,7 @@ def test_a_new_actor_file_of_a_resumed_run_goes_on_after_the_others(tmp_path) ->
     """The clock of an actor file that an earlier attempt wrote goes on after the latest
     time of every actor's file (one actor's last row came early), so that the ingest
     grid puts the attempts in order."""
-    _actor_attempt(tmp_path / "actor-2.csv", [(1.0, 10, 0.0)])
-    _actor_attempt(tmp_path / "actor-3.csv", [(9.0, 90, 0.0)])
+    _attempt(tmp_path, {2: [(1.0, 10, 0.0)], 3: [(9.0, 90, 0.0)]})  # the killed one
     _actor_attempt(tmp_path / "actor-2.csv", [(1.0, 5, 0.0)])
     assert float(_rows(tmp_path / "actor-2.csv")[-1]["time_s"]) == 10.0
 
@@ -150,3 +163,30 @@ def test_the_report_counts_a_thinned_file_resumed_in_it_by_weight_once(tmp_path)
         "superstep,time_s,iteration_s,weight\n"
         + "".join(f"{s},{k},0.1,{w}\n" for k, (s, w) in enumerate(rows)))
     assert run_stats(load_run(tmp_path))["supersteps"] == 7
+
+
+def test_an_actor_new_to_a_resumed_run_goes_on_after_every_actor_s_file(tmp_path) -> None:
+    """An actor rank new to a resumed run (more ranks than before) began its clock at 0,
+    while the episode files go on after the latest row of every actor's file: the
+    ingest grid put its rows among the killed attempt's. Its running totals are its
+    own (no earlier file of its to go on from)."""
+    _actor_attempt(tmp_path / "actor-2.csv", [(1.0, 10, 0.0), (9.0, 90, 0.5)])
+    _actor_attempt(tmp_path / "actor-3.csv", [(1.0, 5, 0.25)])  # new to the run
+    rows = _rows(tmp_path / "actor-3.csv")
+    assert [float(r["time_s"]) for r in rows] == [10.0]
+    assert [int(float(r["rows"])) for r in rows] == [5]
+    assert float(rows[0]["limiter_wait_s"]) == 0.25
+
+
+def test_the_clock_goes_on_after_the_earlier_attempts_not_this_one_s(tmp_path) -> None:
+    """The files beside a sink are read when it is made (as the episode files are),
+    before this attempt's ranks write theirs: read at a sink's first write, another
+    rank's first row of this attempt moved its clock on (here actor 3's by actor 2's
+    first second), and in a fresh run a rank's clock would begin late."""
+    fresh = tmp_path / "fresh"
+    _attempt(fresh, {2: [(1.0, 5, 0.0)], 3: [(1.0, 5, 0.0)]})
+    assert [float(_rows(fresh / f"actor-{r}.csv")[0]["time_s"]) for r in (2, 3)] == [1.0, 1.0]
+    _attempt(tmp_path, {2: [(9.0, 90, 0.0)], 3: [(4.0, 40, 0.0)]})  # the killed attempt
+    _attempt(tmp_path, {r: [(1.0, 5, 0.0)] for r in (2, 3, 4)})  # resumed, one actor more
+    assert [float(_rows(tmp_path / f"actor-{r}.csv")[-1]["time_s"]) for r in (2, 3, 4)] == [
+        10.0, 10.0, 10.0]
