@@ -22,7 +22,7 @@ from conduit_hpc.storage.sumtree import prefix_search, search_level
 from conduit_hpc.transport.base import Transport
 from conduit_hpc.wait import NO_HOSTS, Deadline, Hosts
 
-__all__ = ["IndexReads"]
+__all__ = ["SPINS", "IndexReads", "settle"]
 
 
 class IndexReads:
@@ -50,6 +50,7 @@ class IndexReads:
         t = self.transport
         buf = np.empty(HEADER_WORDS, dtype=np.int64)
         deadline: Deadline | None = None  # made on the first retry (most reads have none)
+        tries = 0
         while True:
             if self.views is not None:
                 t.sync()
@@ -66,7 +67,7 @@ class IndexReads:
                 deadline = Deadline(self.timeout_s, f"the shard stats on {self.owner_named} "
                                                     f"to settle (they stayed mid-update)")
             deadline.check()
-            time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
+            tries = settle(tries)
 
     def read_stats(self) -> tuple[int, float, float, float]:
         """(rows held, total mass, min mass, max priority) as last published by the
@@ -86,6 +87,7 @@ class IndexReads:
             return None
         t = self.transport
         deadline: Deadline | None = None  # made on the first retry (most reads have none)
+        tries = 0
         while True:
             t.sync()
             before = int(v.header[H_STATS_VERSION])
@@ -123,7 +125,7 @@ class IndexReads:
                                                     f"{self.owner} to settle (it stayed "
                                                     f"mid-update)")
             deadline.check()
-            time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
+            tries = settle(tries)
 
     def leaves(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The owner's index at ``slots`` (node-local readers): the generation each
@@ -135,6 +137,7 @@ class IndexReads:
         slots = np.asarray(slots, dtype=np.int64)
         deadline = Deadline(self.timeout_s, f"the index of the shard on rank {self.owner} "
                                             f"to settle (it stayed mid-update)")
+        tries = 0
         while True:
             self.transport.sync()
             before = int(v.header[H_STATS_VERSION])
@@ -144,4 +147,19 @@ class IndexReads:
                 if int(v.header[H_STATS_VERSION]) == before:
                     return gens, mass
             deadline.check()
-            time.sleep(0)  # the owner is mid-write: let it run (it may share this core)
+            tries = settle(tries)
+
+
+#: retries of a read that found the owner mid-write before the reader yields its core
+#: (an owner's write of the index lasts microseconds while it runs: yielding at once gave
+#: the core to a busy writer, and the reader waited out its time slice)
+SPINS = 32
+
+
+def settle(tries: int) -> int:
+    """One more retry of a read that found the owner mid-write: at once for the first
+    :data:`SPINS`, then after yielding the processor (the owner may share this core).
+    Returns the retries so far."""
+    if tries >= SPINS:
+        time.sleep(0)
+    return tries + 1

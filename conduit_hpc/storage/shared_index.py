@@ -24,13 +24,13 @@ one bounded pass. Plain numpy; no MPI import (the compare-and-swap is the transp
 from __future__ import annotations
 
 import contextlib
-import time
 
 import numpy as np
 
 from conduit_hpc.storage.layout import H_HELD, H_INDEX_LOCK
 from conduit_hpc.storage.priority import PriorityIndex, index_buffers
 from conduit_hpc.storage.ring import ShardRing
+from conduit_hpc.storage.ring_index import settle
 from conduit_hpc.wait import Deadline
 
 __all__ = ["SharedIndexWriter", "lock_index", "unlock_index"]
@@ -64,13 +64,14 @@ def _take_index_lock(ring: ShardRing, rank: int) -> None:
     if held == 0:
         return
     deadline = Deadline(ring.timeout_s, f"the index lock of the shard on {ring.owner_named}")
+    tries = 0
     while True:
         deadline.check(lambda: f"held by {ring.hosts.rank(held - 1)}")  # noqa: B023
         # the holder may need MPI progress from this rank (across nodes an atomic of
         # the holder's, on its own segment too, is run by its node's leader - maybe this
         # rank: a wait outside MPI deadlocked the cut of a checkpoint; docs/hosts.md)
         t.progress()
-        time.sleep(0)  # ... and this core
+        tries = settle(tries)  # ... and, after a few tries, this core
         held = t.compare_and_swap(ring.owner, disp, 0, rank + 1)
         if held == 0:
             return
