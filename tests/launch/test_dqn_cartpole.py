@@ -22,8 +22,11 @@ SUMMARY_KEYS = {"reached", "env_steps_to_target", "wall_s", "env_steps", "update
                 "ingest_rows_per_s"}
 
 
+# edp (the default) in `make test`; sync and service (~20 s each) in `make launch-slow`
+# (.ci/run): each mode's job end to end also in test_cli.py's synthetic jobs
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", ["edp", "sync", "service"])
+@pytest.mark.parametrize("mode", ["edp", pytest.param("sync", marks=pytest.mark.slow),
+                                  pytest.param("service", marks=pytest.mark.slow)])
 def test_short_dqn_run_learns_in_every_mode(mode: str, tmp_path: Path) -> None:
     supersteps = 2000
     proc = subprocess.run(

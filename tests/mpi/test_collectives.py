@@ -141,7 +141,7 @@ def test_a_rank_that_closes_the_group_while_the_others_wait_is_named(closer: str
     """One rank closes its group while the others are in an all-reduce. Before, their
     CollectiveFailed said "a peer failed, left or did not arrive" and named nobody; now
     each names the rank that closed (also rank 0, whose process holds the store)."""
-    c = Collectives.open(COMM, "gloo", timeout_s=8)  # the others wait it out
+    c = Collectives.open(COMM, "gloo", timeout_s=3)  # the others wait it out
     who = 0 if closer == "first" else COMM.size - 1
     failed = ""
     if COMM.rank == who:

@@ -26,7 +26,7 @@ def test_a_learner_that_takes_a_delivery_wait_timeout_ends_the_job_cleanly() -> 
     ``serve`` raised it), so a job run with ``python -m mpi4py`` aborted, where thread
     delivery ends cleanly. Now ``done`` and ``serve`` return on every rank."""
     cfg = make_config(layout={"learners": 1, "buffers": 1}, storage={"capacity_rows": 1024},
-                      run={"timeout_s": 5.0}, checkpoint={"on_stop": False},
+                      run={"timeout_s": 3.0}, checkpoint={"on_stop": False},
                       scheduler={"mode": "edp", "delivery": "process", "batch_rows": 32,
                                  "min_fill_rows": 64, "sampler": "prioritized"})
     got = None

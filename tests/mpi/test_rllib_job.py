@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from extras import need_extra
+from mpi4py import MPI
 
 from conduit_hpc import ConfigError
 from conduit_hpc.config import declared_config
@@ -16,6 +17,8 @@ need_extra("rllib", "ray.rllib", module_level=True)
 
 
 @pytest.mark.mpi(min_size=3)
+@pytest.mark.skipif(MPI.COMM_WORLD.size != 3,
+                    reason="one rank count (make test's time): a rule of the config")
 def test_ranks_beyond_learner_and_buffer_are_refused_on_every_rank() -> None:
     """layout.actors = 0 means "the rest of -n", so -n 3 gave the job an actor rank that
     did nothing while the learner trained (the layout check reads the config, where

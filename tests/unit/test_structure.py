@@ -4,6 +4,7 @@ import what, no pickle, no oversized modules, no side effects on import."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -101,11 +102,18 @@ def imports_of(path: Path) -> Iterator[tuple[str, bool, bool]]:
             yield n, tc, local
 
 
+@functools.cache
+def imports_once(path: Path) -> tuple[tuple[str, bool, bool], ...]:
+    """:func:`imports_of` ``path``, parsed once per session: a dozen tests walk the import
+    graph, and parsing every module for each took ~10 s of the unit tier."""
+    return tuple(imports_of(path))
+
+
 def our_edges(runtime_only: bool) -> dict[str, set[str]]:
     """module -> our modules it imports."""
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
     for mod, path in MODULES.items():
-        for name, tc, _ in imports_of(path):
+        for name, tc, _ in imports_once(path):
             if runtime_only and tc:
                 continue
             if name in MODULES and name != mod:
@@ -197,7 +205,7 @@ def test_frameworks_are_imported_only_by_their_integration() -> None:
     """torchrl/tensordict only in ``integrations/`` (and the peers benchmark, which
     measures TorchRL's own buffers); the key-mapping rule imports none."""
     for mod, path in MODULES.items():
-        ext = {n.split(".")[0] for n, _, _ in imports_of(path)}
+        ext = {n.split(".")[0] for n, _, _ in imports_once(path)}
         found = ext & FRAMEWORKS
         if not found:
             continue
@@ -223,7 +231,7 @@ def test_semantic_rooms_import_no_mpi_nccl_cuda_or_h5py(name: str) -> None:
     for mod, path in MODULES.items():
         if room(mod) != name:
             continue
-        ext = {n for n, _, _ in imports_of(path)}
+        ext = {n for n, _, _ in imports_once(path)}
         bad = {e for e in ext if e.split(".")[0] in {"mpi4py", "h5py", "cupy"}
                or e.startswith("torch.distributed")}
         assert not bad, f"{mod} imports {bad}"
@@ -248,7 +256,7 @@ def test_transport_and_protocol_carry_no_rl_words(name: str) -> None:
 def test_h5py_only_in_checkpoint_and_no_pickle_anywhere() -> None:
     """Jobs included: they are what users copy."""
     for mod, path in _python_files().items():
-        ext = {n for n, _, _ in imports_of(path)}
+        ext = {n for n, _, _ in imports_once(path)}
         if room(mod) != "checkpoint":
             assert not {e for e in ext if e.split(".")[0] == "h5py"}, mod
         assert not {e for e in ext if e.split(".")[0] in ("pickle", "cloudpickle", "dill")}, mod
@@ -303,7 +311,7 @@ def test_rl_and_tools_import_no_mpi_or_h5py() -> None:
     for mod, path in MODULES.items():
         if room(mod) not in ("rl", "tools"):
             continue
-        ext = {n for n, tc, local in imports_of(path) if not local}
+        ext = {n for n, tc, local in imports_once(path) if not local}
         bad = {e for e in ext if e.split(".")[0] in {"mpi4py", "h5py"}
                or e.startswith("torch.distributed")}
         assert not bad, f"{mod} imports {bad}"
