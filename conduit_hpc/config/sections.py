@@ -62,6 +62,11 @@ class RunConfig:
             time the run doubles, where a row a superstep grew by ~2 GB an hour
             (:class:`~conduit_hpc.plane.sampled_rows.RowThinning`). 0: a row for every
             superstep. ``summary.json`` counts every superstep either way.
+        gc_freeze (bool): while the data plane runs, the objects alive when it was built
+            are left out of Python's cyclic garbage collector's passes (``gc.freeze``,
+            undone when it closes; :mod:`~conduit_hpc.plane.collector`): its full
+            passes over them (torch's ~280,000 objects) took ~17% of a learner's time.
+            False: the collector as the process had it.
     """
 
     name: str = "conduit"
@@ -71,6 +76,7 @@ class RunConfig:
     tensorboard: bool = False
     tensorboard_every_s: float = 1.0
     metrics_full_rows: int = METRICS_FULL_ROWS
+    gc_freeze: bool = True
 
     def __post_init__(self) -> None:
         require_types(self)

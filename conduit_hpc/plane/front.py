@@ -37,6 +37,7 @@ from conduit_hpc.errors import ConduitError, ConfigError, DataPlaneClosed, UsedA
 from conduit_hpc.placement.placement import Placement
 from conduit_hpc.plane.actor import ActorEndpoint, IngestReceipt, IngestStats, make_actor
 from conduit_hpc.plane.buffer import BufferServer, OwnedShard, make_server
+from conduit_hpc.plane.collector import GcFreeze
 from conduit_hpc.plane.control import C_LEARNERS_DONE
 from conduit_hpc.plane.delivery_rank import (
     DeliveryServer,
@@ -111,9 +112,8 @@ class ExperienceDataPlane:
         roles = self.roles = split_roles(comm, config.layout, sch.delivery,
                                          config.run.timeout_s, hosts)
         try:
-            self.features: list[Feature] = [
-                make(config, roles) for cls, make in feature_factories().values()
-                if cls.wanted(config)]
+            self.features: list[Feature] = [make(config, roles) for cls, make in
+                                            feature_factories().values() if cls.wanted(config)]
             for f in self.features:
                 placement = f.placement(placement) or placement
             placement, self.plan_record = decide_placement(config, self.spec, roles, placement)
@@ -156,9 +156,8 @@ class ExperienceDataPlane:
             self._device = agreed_device(roles, sch.device, config.run.timeout_s)
             self.staging = open_staging(roles, config, self.spec)  # delivery = "process"
         except ConfigError:
-            self.memory.close()
-            self.channel.close()
-            roles.close()
+            for part in (self.memory, self.channel, roles):
+                part.close()
             raise
         if roles.role is Role.BUFFER:
             self._init_buffer()
@@ -172,6 +171,7 @@ class ExperienceDataPlane:
         host: FeatureHost = self  # all a feature may use (mypy checks the front has it)
         for f in self.features:
             f.attach(host)  # collective where a feature makes windows
+        self._gc = GcFreeze(config.run.gc_freeze)  # plane/collector.py
 
     # -- construction --------------------------------------------------------------
     def _metrics_file(self, name: str) -> Path | None:
@@ -204,8 +204,8 @@ class ExperienceDataPlane:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        # on an exception, enter no collective that other ranks may never reach; tell
-        # them (they raise RemoteFailure, also if this one is caught outside the block)
+        # on an exception, no collective others may never reach; tell them (RemoteFailure)
+        self._gc.thaw()  # first: what follows may raise
         if exc_type is None:
             return self.close()
         if self.learner is not None and isinstance(self.learner.mode, ProcessMode):
@@ -449,11 +449,10 @@ class ExperienceDataPlane:
 
     def _close(self) -> None:
         timeout = self.config.run.timeout_s
-        if self.server is not None:
-            if not self.server.finished:
-                self.server.serve()
-        else:
+        if self.server is None:
             self.done()
+        elif not self.server.finished:
+            self.server.serve()
         self.channel.drain(timeout)
         me = self.world_rank
         bounded_barrier(self.roles.world, timeout, "close()",
@@ -468,3 +467,4 @@ class ExperienceDataPlane:
         self.memory.close()
         self.channel.close()
         self.roles.close()
+        self._gc.thaw()

@@ -156,3 +156,32 @@ def test_the_config_check_keeps_each_rank_s_host_on_the_roles() -> None:
     roles = split_roles(COMM, LayoutConfig(learners=1, buffers=1), hosts=hosts)
     assert roles.hosts is hosts
     roles.close()
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.skipif(COMM.Get_size() != 3, reason="one rank count (make test's time)")
+@pytest.mark.parametrize("on", [True, False])
+def test_a_plane_freezes_the_collector_s_old_objects_while_it_runs(on: bool) -> None:
+    """``run.gc_freeze`` (plane/collector.py): frozen from construction to close on every
+    rank, and given back after; off, the collector is left as it was. Also after a rank
+    leaves on an error."""
+    import gc
+
+    from conduit_hpc import ExperienceDataPlane, RemoteFailure
+
+    gc.unfreeze()
+    cfg = make_config(run={"gc_freeze": on, "timeout_s": 10.0})
+    with ExperienceDataPlane(cfg, COMM) as edp:
+        during = gc.get_freeze_count()
+        if edp.serves:
+            edp.serve()
+        edp.done()
+    assert everyone((during > 0) == on and gc.get_freeze_count() == 0)
+    # one rank fails, the others hear
+    with pytest.raises((RuntimeError, RemoteFailure)), ExperienceDataPlane(cfg, COMM) as edp:
+        if COMM.rank == 0:
+            raise RuntimeError("a failing job")
+        if edp.serves:
+            edp.serve()
+        edp.done()
+    assert everyone(gc.get_freeze_count() == 0)
