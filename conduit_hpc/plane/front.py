@@ -448,6 +448,7 @@ class ExperienceDataPlane:
                 self._close()
 
     def _close(self) -> None:
+        self._gc.thaw()  # first: what follows may raise (RemoteFailure, a timeout)
         timeout = self.config.run.timeout_s
         if self.server is None:
             self.done()
@@ -467,4 +468,3 @@ class ExperienceDataPlane:
         self.memory.close()
         self.channel.close()
         self.roles.close()
-        self._gc.thaw()
