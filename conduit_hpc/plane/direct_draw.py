@@ -83,16 +83,8 @@ def direct_batch(d: Deliverer, rings: list[tuple[int, ShardRing]], superstep: in
         drawn.append((sid, a, b, ring))
     t1 = time.perf_counter()
     timings["sample_s"] = t1 - t0
-    whole = len(drawn) == 1
-    for sid, a, b, ring in drawn:  # gather: copy, then check by the writers' cursor
-        slots = indices[a:b, 1]  # -1 (a target past the total): clipped, redrawn below
-        _, cursor = ring.gather(np.maximum(slots, 0), out if whole else
-                                {k: v[a:b] for k, v in out.items()})
-        gens = indices[a:b, 2]
-        if not ring.all_intact(gens, cursor):
-            bad = (slots < 0) | ~ring.intact(gens, cursor)
-            if bad.any():
-                redraw(d, sid, a + np.flatnonzero(bad), indices, mass, out)
+    for sid, a, b, _ in drawn:  # gather: copy, check by the writers' cursor, redraw
+        gather_checked(d, sid, a, b, indices, mass, out)
     timings["gather_s"] = time.perf_counter() - t1
     return d.finish(superstep, staleness, stats, out, indices, mass, timings)
 

@@ -23,9 +23,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO, Any, TextIO, TypeVar
 
 from conduit_hpc.errors import ConduitError
 
@@ -43,6 +43,8 @@ START_PAUSE_S = 1.0
 #: characters of a launch's output kept to look for :data:`START_FAILURES` in (its end)
 _KEEP_CHARS = 64 << 10
 
+
+R = TypeVar("R", int, "subprocess.CompletedProcess[Any]")  # a try's result (_tried)
 
 #: what ``--launcher`` takes
 LAUNCHERS = ("auto", "mpirun", "srun")
@@ -169,11 +171,21 @@ def run_bounded(cmd: list[str], env: dict[str, str], timeout_s: float, *,
     again, at most ``retries`` more times, ``pause_s`` apart. Blocks; returns the last
     try's exit status."""
     deadline = time.monotonic() + timeout_s
+    return _tried(cmd, lambda: _run_once(cmd, env, deadline, timeout_s), retries, pause_s)
+
+
+def _tried(cmd: Sequence[str], once: Callable[[], tuple[R, str, bool]], retries: int,
+           pause_s: float) -> R:
+    """``once()`` - a try giving (its result, the end of its output, whether a rank
+    ran), the result's exit status its ``returncode`` or itself - until it did not fail
+    to start (:func:`start_failed`) or ``retries`` more tries were made, ``pause_s``
+    apart, each with a note on stderr. Returns the last try's result."""
     tries = 0
     while True:
-        rc, output, ranks_ran = _run_once(cmd, env, deadline, timeout_s)
+        result, output, ranks_ran = once()
+        rc = result if isinstance(result, int) else result.returncode
         if tries >= retries or not start_failed(rc, output, ranks_ran=ranks_ran):
-            return rc
+            return result
         print(_note(cmd, tries, retries, pause_s), file=sys.stderr, flush=True)
         tries += 1
         time.sleep(pause_s)
@@ -237,13 +249,9 @@ def run_captured(cmd: list[str], *, env: Mapping[str, str], cwd: str | Path,
     """``subprocess.run`` of an MPI launch with its output captured and a timeout (each
     try), tried again as :func:`run_bounded` does (a rank ran when its stdout holds
     anything). Blocks; returns the last try's result."""
-    tries = 0
-    while True:
+    def once() -> tuple[subprocess.CompletedProcess[str], str, bool]:
         out = subprocess.run(cmd, env=dict(env), cwd=cwd, capture_output=True, text=True,
                              timeout=timeout_s, check=False)
-        if tries >= retries or not start_failed(out.returncode, out.stdout + out.stderr,
-                                                 ranks_ran=bool(out.stdout)):
-            return out
-        print(_note(cmd, tries, retries, pause_s), file=sys.stderr, flush=True)
-        tries += 1
-        time.sleep(pause_s)
+        return out, out.stdout + out.stderr, bool(out.stdout)
+
+    return _tried(cmd, once, retries, pause_s)
