@@ -86,15 +86,16 @@ class DirectFetch(Fetch):
 
     name = "direct"
     request_tag = Tag.SAMPLE
-    _placed = (0, -1)  # the Deliverer and its placement that _rings is for
+    _for: Deliverer | None = None  # the Deliverer ...
+    _placed = -1  # ... and its placement that _rings is for
     _rings: list[tuple[int, ShardRing]] | None = None
 
     def batch(self, d: Deliverer, superstep: int, staleness: int, stats: list[ShardStats],
               timings: dict[str, float], t0: float) -> Batch:
         # every shard in this node's memory, searched here: the direct draw
         # (plane/direct_draw.py), without the per-shard stages
-        if self._placed != (id(d), d.placed):  # whether the direct draw can, as placed now
-            self._placed, self._rings = (id(d), d.placed), direct_rings(d)
+        if self._for is not d or self._placed != d.placed:  # whether the direct draw
+            self._for, self._placed, self._rings = d, d.placed, direct_rings(d)  # can, now
         rings = self._rings
         if rings is None:
             return super().batch(d, superstep, staleness, stats, timings, t0)
