@@ -50,7 +50,16 @@ def wait_work(work: Any, backend: str, timeout_s: float,
             work.wait(SLICE)
             return
         except RuntimeError:
-            if work.is_completed() or time.monotonic() >= deadline:
+            if work.is_completed():
+                # it ended after the slice ran out, before this look (a slice that runs
+                # out raises "Operation timed out!" whether or not the work then
+                # completes): its own outcome decides - this wait returns at once, or
+                # raises the work's error. Raising the slice's error here failed a
+                # collective that had succeeded on this rank, which then left while the
+                # others waited in its next one (seen under load, tests at 5 ranks)
+                work.wait(SLICE)
+                return
+            if time.monotonic() >= deadline:
                 raise
         if idle is not None:
             idle()
