@@ -16,21 +16,28 @@ becomes one ``conduit-hpc: error`` line and exit status 3 (which, under
 ``python -m mpi4py``, aborts every rank: no hang). It also turns ``SIGUSR1`` into a *stop
 request* (:func:`stop_requested`) that a job polls at a safe point (a superstep
 boundary) to checkpoint and end early - this is how a SLURM preemption warning reaches
-the ranks (see ``slurm/README.md``). See ``docs/writing-a-job.md``.
+the ranks (see ``slurm/README.md``). A job that writes checkpoints holds its
+checkpoint root's ``.lock`` while ``run`` runs (world rank 0 takes it; ``conduit-hpc
+run`` holds a root outside the run directory itself and says so with
+``--launcher-holds-root``): a root that another run holds fails every rank together
+(see ``docs/sharp-bits.md``, "One run per checkpoint root"). See
+``docs/writing-a-job.md``.
 
-Imports nothing that starts MPI.
+Imports nothing that starts MPI (``job_main`` imports mpi4py for that lock's verdict,
+under a launcher only).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConduitError, ConfigError
@@ -52,6 +59,9 @@ def job_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-dir", default="", help="directory for this run's outputs")
     p.add_argument("--resume", nargs="?", const="latest", default=None,
                    help="resume from the latest (or the given) checkpoint")
+    p.add_argument("--launcher-holds-root", default="", metavar="ROOT",
+                   help="the checkpoint root whose .lock the launcher holds for this job "
+                        "(set by conduit-hpc run; the ranks then do not take it)")
     return p.parse_args(argv)
 
 
@@ -93,10 +103,15 @@ def job_main(config_cls: type[C], run: Callable[[C, Path | None, str], Any],
         cfg = config_cls.from_toml(args.config, args.set)
         run_dir = Path(args.run_dir) if args.run_dir else None
         _check_fresh_root(cfg, run_dir, resume)
-        run(cfg, run_dir, resume)
+        with contextlib.ExitStack() as held:
+            lock = _hold_root(cfg, run_dir, resume, args.launcher_holds_root)
+            if lock is not None:
+                held.callback(lock.close)  # the root is free again once run returns
+            run(cfg, run_dir, resume)
     except ConduitError as err:
         print(f"{ERROR_PREFIX} on world rank {rank}: {type(err).__name__}: {err}",
               file=sys.stderr, flush=True)
+        _reported_together(err)
         sys.exit(3)
     finally:
         # the run is over: a stop request now (a preemption warning while the ranks
@@ -121,6 +136,91 @@ def _check_fresh_root(cfg: Config, run_dir: Path | None, resume: str) -> None:
     if problem:
         raise ConfigError(f"checkpoint.directory = {ck.directory!r}: {problem}",
                           key="checkpoint.directory")
+
+
+def _hold_root(cfg: Config, run_dir: Path | None, resume: str,
+               launcher_holds: str) -> IO[str] | None:
+    """World rank 0 takes the checkpoint root's ``.lock`` for a run that writes
+    checkpoints, unless the launcher holds it (``--launcher-holds-root``: ``conduit-hpc
+    run`` with a root outside the run directory). Without it, two job scripts started by
+    hand into one root (or a job started by hand and a ``conduit-hpc run`` whose root lies
+    in its run directory) both passed :func:`_check_fresh_root`, then took each other's
+    checkpoint numbers and their retention deleted each other's checkpoints. Under the
+    lock, rank 0 checks again that a fresh run's root holds no checkpoints (another run
+    may have written some and ended since). Its verdict reaches every rank in one bounded
+    broadcast (``run.timeout_s``: ranks that reach ``job_main`` at different times wait
+    for each other that long at most), and every rank raises the same error. A file
+    system without ``flock`` goes on unlocked (:func:`conduit_hpc.lockfile.hold`).
+    Returns rank 0's lock (``None`` on the other ranks).
+
+    Raises:
+        ConduitError: another run holds the root (naming it and the holder's pid and host).
+        ConfigError: the root cannot be made or written, or holds checkpoints now.
+        CollectiveFailed: a rank did not reach this point within ``run.timeout_s``.
+    """
+    from conduit_hpc.checkpoint.files import checkpoint_root
+    from conduit_hpc.lockfile import writes_checkpoints
+
+    if not writes_checkpoints(cfg):
+        return None
+    root = checkpoint_root(cfg, run_dir).resolve()
+    if launcher_holds and Path(launcher_holds).resolve() == root:
+        return None
+    if not any(v in os.environ for v in _RANK_VARS):  # a single process, no launcher
+        return _take_root(cfg, run_dir, resume, root)
+    from mpi4py import MPI
+
+    from conduit_hpc.transport.objects import bounded_bcast_json
+
+    world = MPI.COMM_WORLD
+    lock, verdict = None, None
+    if world.Get_rank() == 0:
+        try:
+            lock = _take_root(cfg, run_dir, resume, root)
+        except ConduitError as err:
+            verdict = {"type": type(err).__name__, "message": str(err),
+                       "key": getattr(err, "key", "")}
+    try:
+        verdict = bounded_bcast_json(world, verdict, 0, cfg.run.timeout_s,
+                                     "the checkpoint root's lock (job_main)")
+    except BaseException:
+        if lock is not None:
+            lock.close()
+        raise
+    if verdict:
+        agreed = (ConfigError(verdict["message"], key=verdict["key"])
+                  if verdict["type"] == "ConfigError" else ConduitError(verdict["message"]))
+        agreed.reported_together = (world, cfg.run.timeout_s)  # type: ignore[attr-defined]
+        raise agreed
+    return lock
+
+
+def _reported_together(err: ConduitError) -> None:
+    """After every rank printed an error that they agreed on (:func:`_hold_root`): wait,
+    bounded, until every rank has, before this one exits - the first rank's exit aborts
+    the job (``python -m mpi4py``), and rank 0, whose broadcast ends first, killed the
+    others before they had said why."""
+    together = getattr(err, "reported_together", None)
+    if together is None:
+        return
+    from conduit_hpc.transport.objects import bounded_barrier
+
+    with contextlib.suppress(ConduitError):  # (said already; a rank gone: exit anyway)
+        bounded_barrier(together[0], together[1], "every rank's report of the error")
+
+
+def _take_root(cfg: Config, run_dir: Path | None, resume: str, root: Path) -> IO[str]:
+    """This process takes ``root``'s lock; a fresh run's root must still hold no
+    checkpoints once it is held (else the lock is let go and that is raised)."""
+    from conduit_hpc.lockfile import hold_checkpoint_root
+
+    lock = hold_checkpoint_root(cfg, root)
+    try:
+        _check_fresh_root(cfg, run_dir, resume)
+    except BaseException:
+        lock.close()
+        raise
+    return lock
 
 
 def _log_to_files(logs: Path, rank: int) -> None:
@@ -176,8 +276,12 @@ def stop_signal() -> int:
     return _STOP["signal"]
 
 
+#: set on every rank by the launchers (Open MPI, PMIx, MPICH's PMI, srun)
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
 def _world_rank() -> int:
-    for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
+    for var in _RANK_VARS:
         if var in os.environ:
             return int(os.environ[var])
     return 0

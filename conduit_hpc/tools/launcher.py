@@ -346,6 +346,11 @@ def launch(config_path: str | Path, *, nranks: int | None = None,
                     str(run_dir.resolve())]
         if resume:
             job_args += ["--resume", resume]
+        if lock.root is not None:
+            # the ranks must not take the root's lock this process holds (a fresh open by
+            # a child would conflict with it): said on the command line, which reaches
+            # every rank under mpirun (local or remote) and srun alike, unlike a variable
+            job_args += ["--launcher-holds-root", str(lock.root)]
         py = [sys.executable, "-m", "mpi4py", str(entry), *job_args]
         # ranks write their own logs (logs/rank.N/); what comes before that (a failed
         # start) is in logs/launcher.log

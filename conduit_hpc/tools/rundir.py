@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import fcntl
-import os
-import socket
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from conduit_hpc import jsontext
 from conduit_hpc.config import Config
-from conduit_hpc.errors import ConduitError, ConfigError
+from conduit_hpc.errors import ConfigError
+from conduit_hpc.lockfile import hold, hold_checkpoint_root, writes_checkpoints
 from conduit_hpc.plane.csv_resume import set_aside as move_aside
 
 __all__ = ["EXIT_FILE", "RunLock", "check_checkpoint_root", "ended", "lock_run_dir",
@@ -122,10 +119,15 @@ def unwritable(run_dir: Path, runs_root: str | Path, err: OSError) -> ConfigErro
 
 
 class RunLock:
-    """The ``.lock`` files a launcher holds while its job runs; :meth:`close` frees them."""
+    """The ``.lock`` files a launcher holds while its job runs; :meth:`close` frees them.
+    ``root``: the checkpoint root (resolved) whose ``.lock`` is among them, or ``None``
+    (no checkpoints written, or a root inside the run directory, which the ranks lock
+    themselves): the launcher tells its ranks (``job_main --launcher-holds-root``) so that
+    they do not try to take it - a fresh open by a child conflicts with its own launcher."""
 
-    def __init__(self, files: list[IO[str]]) -> None:
+    def __init__(self, files: list[IO[str]], root: Path | None = None) -> None:
         self.files = files
+        self.root = root
 
     def close(self) -> None:
         for f in self.files:
@@ -139,18 +141,21 @@ def lock_run_dir(run_dir: Path, runs_root: str | Path, cfg: Config | None = None
     write the same checkpoints and logs, and each one's retention delete the other's.
     With ``cfg``, a checkpoint root outside the run directory (an absolute
     ``checkpoint.directory`` that several runs may name) is held the same way
-    (``ROOT/.lock``): two runs writing one root would take each other's checkpoint
-    numbers, delete each other's checkpoints being written, and prune each other's
-    complete ones. Released when the launcher returns or dies (a requeued SLURM attempt
-    takes them). An earlier run's ``exit.json`` is removed (this run records its own);
-    with ``fresh`` given, its logs (and metrics) are set aside (:func:`set_aside`).
+    (``ROOT/.lock``, :func:`~conduit_hpc.lockfile.hold_checkpoint_root`): two runs writing
+    one root would take each other's checkpoint numbers, delete each other's checkpoints
+    being written, and prune each other's complete ones. (A root inside the run directory
+    is locked by the job's world rank 0, in ``job_main``: the one lock that a job script
+    started by hand into the same root takes too.) Released when the launcher returns or
+    dies (a requeued SLURM attempt takes them). An earlier run's ``exit.json`` is removed
+    (this run records its own); with ``fresh`` given, its logs (and metrics) are set
+    aside (:func:`set_aside`).
 
     Raises:
         ConduitError: a lock is held by another run (naming the directory and holder).
         ConfigError: the run directory cannot be made or written.
     """
-    lock = _hold(run_dir, lambda err: unwritable(run_dir, runs_root, err),
-                 f"run directory {str(run_dir)!r}", "another --run-dir")
+    lock = hold(run_dir, lambda err: unwritable(run_dir, runs_root, err),
+                f"run directory {str(run_dir)!r}", "another --run-dir")
     with contextlib.suppress(OSError):  # how an earlier run in this directory ended
         (run_dir / EXIT_FILE).unlink(missing_ok=True)
     try:
@@ -159,52 +164,17 @@ def lock_run_dir(run_dir: Path, runs_root: str | Path, cfg: Config | None = None
     except OSError as err:
         lock.close()
         raise unwritable(run_dir, runs_root, err) from err
-    ck = None if cfg is None else cfg.checkpoint
-    if cfg is None or ck is None or not (ck.on_stop or ck.every_supersteps or ck.every_seconds):
+    if cfg is None or not writes_checkpoints(cfg):
         return RunLock([lock])  # (a resume without checkpoints of its own only reads)
     from conduit_hpc.checkpoint.files import checkpoint_root
 
     root = checkpoint_root(cfg, run_dir).resolve()
     if root.is_relative_to(run_dir.resolve()):
-        return RunLock([lock])  # the run directory's own lock covers it
+        return RunLock([lock])  # world rank 0 locks it (job_main); RUN_DIR/.lock keeps
+        # a second conduit-hpc run out before launch
     try:
-        held = _hold(root, lambda err: ConfigError(
-            f"checkpoint.directory = {cfg.checkpoint.directory!r}: checkpoint root {root} "
-            f"cannot be made or written: {err.strerror or err}; expected a writable "
-            f"directory", key="checkpoint.directory"),
-            f"checkpoint root {str(root)!r} (checkpoint.directory)",
-            "another checkpoint.directory (each run's retention would delete the other's "
-            "checkpoints)")
+        held = hold_checkpoint_root(cfg, root)
     except BaseException:
         lock.close()
         raise
-    return RunLock([lock, held])
-
-
-def _hold(where: Path, unwritable_error: Callable[[OSError], Exception], what: str,
-          instead: str) -> IO[str]:
-    """Take ``where/.lock`` (made if needed) without waiting; write the holder in it."""
-    try:
-        where.mkdir(parents=True, exist_ok=True)
-        lock = open(where / ".lock", "a+")  # noqa: SIM115 - held past this function
-    except OSError as err:
-        raise unwritable_error(err) from err
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError as err:  # held; any other error: a file system without
-        lock.seek(0)  # locks (some NFS mounts), where the run goes on unlocked
-        holder = lock.read().strip() or "?"
-        lock.close()
-        raise ConduitError(f"{what} is in use by another conduit-hpc run ({holder}); wait "
-                           f"for it to end, or choose {instead}") from err
-    except OSError:
-        return lock
-    try:  # a full file system (a quota, a small scratch) fails here, not at open
-        lock.truncate(0)
-        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        lock.flush()
-    except OSError as err:
-        with contextlib.suppress(OSError):  # its close flushes the same bytes again
-            lock.close()
-        raise unwritable_error(err) from err
-    return lock
+    return RunLock([lock, held], root)

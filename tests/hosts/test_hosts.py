@@ -161,7 +161,7 @@ def test_dqn_job_checkpoints_and_resumes_across_hosts(cluster: Cluster, tmp_path
     run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
     assert "scripts/hosts/mpirun.sh -n 6" in (run_dir / "command.txt").read_text()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
-        "ckpt-000001", "ckpt-000002"]  # at supersteps 50 and 100
+        ".lock", "ckpt-000001", "ckpt-000002"]  # at supersteps 50 and 100 (rank 0's lock)
     second = subprocess.run([*common, "--run-dir", str(run_dir), "--resume", "--set",
                              "job.max_supersteps=150"], env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=300, check=False)

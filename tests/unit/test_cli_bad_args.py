@@ -253,9 +253,11 @@ def test_a_job_script_refuses_an_empty_resume(tmp_path: Path) -> None:
     assert out.returncode == 3 and "RAN" not in out.stdout, (out.stdout, out.stderr)
     assert ("conduit-hpc: error on world rank 0: ConfigError: --resume must be given alone"
             in out.stderr), out.stderr
+    # (in tmp_path: without --run-dir its checkpoint root, whose .lock rank 0 takes, is
+    # ./checkpoints)
     ok = subprocess.run([sys.executable, str(tmp_path / "job.py"), "--config", JOB,
                          "--resume"], capture_output=True, text=True, timeout=120,
-                        check=False)
+                        check=False, cwd=tmp_path)
     assert ok.returncode == 0 and "RAN 'latest'" in ok.stdout, ok.stderr
 
 

@@ -88,6 +88,6 @@ def test_a_stop_request_after_the_run_does_not_kill_the_rank(tmp_path) -> None:
         "        os.write(1, b'alive')\n"
         "late = Late()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, cwd=tmp_path)  # (./checkpoints/.lock: see job_main)
     assert out.returncode == 0 and "alive" in out.stdout, (out.returncode,
                                                            out.stderr[-2000:])
