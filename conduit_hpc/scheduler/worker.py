@@ -148,6 +148,8 @@ class DataPlaneThread:
             try:
                 return fut.result(timeout=min(0.05, max(deadline.remaining_s, 0.001)))
             except FutureTimeout:
+                if fut.done():  # done after the wait ran out, before this look: its
+                    return fut.result()  # outcome, not a timeout (as collective_steps)
                 self.raise_if_failed()
                 if deadline.expired and not extended and not fut.cancel():
                     # begun already (its own waits are bounded): one more period for it
