@@ -285,7 +285,39 @@ def _windows_fit(config: Config, plan: Placement) -> Placement:
             f"sampled; use a window of at most {s.capacity_rows} rows, or more "
             f"storage.capacity_rows per shard (fewer layout.buffers or "
             f"storage.shards_per_buffer)", key="scheduler.sequence_length")
+    _windows_whole(config, plan)
     return plan
+
+
+def _windows_whole(config: Config, plan: Placement) -> None:
+    """While writers write a shard, its owner hides from sampling the rows they may
+    overwrite next: up to the free cursor ``F <= commit + (C - C // 2)`` (the guard band
+    and the rows in flight; :class:`~conduit_hpc.plane.shard.OwnedShard`), so only the
+    ``C // 2`` newest committed rows of a shard of ``C`` rows are sure to stay drawable,
+    and at a fast enough insert rate no more are. A longer window of consecutive rows was
+    never whole while writers wrote, and the learner waited out ``run.timeout_s``. Shards
+    that no writer writes (rows from a restored checkpoint) keep the bound of their
+    capacity. Deterministic: every rank raises alike."""
+    sch = config.scheduler
+    written = _written_shards(config, plan)
+    if sch.sampler != "sequence" or (written is None and not plan.actor_shards):
+        return
+    banded = [s for s in plan.shards if written is None or s.shard_id in written]
+    short = [s for s in banded if s.capacity_rows // 2 < sch.window]
+    if short:
+        s = min(short, key=lambda x: x.capacity_rows)
+        most = s.capacity_rows // 2
+        raise ConfigError(
+            f"scheduler.sequence_length = {sch.sequence_length} (a window of {sch.window} "
+            f"rows with burn_in {sch.burn_in}) is never sure to be whole in shard "
+            f"{s.shard_id} of {s.capacity_rows} rows while writers write it ({len(short)} "
+            f"of {len(plan.shards)} shards): its owner hides the rows writers may overwrite "
+            f"next (up to {s.capacity_rows - most} ahead of its commits), so only the "
+            f"newest {most} rows stay drawable and a learner would wait out run.timeout_s; "
+            f"use a window of at most {most} rows (sequence_length <= "
+            f"{max(most - sch.burn_in, 0)} with burn_in {sch.burn_in}), or more "
+            f"storage.capacity_rows per shard (fewer layout.buffers or "
+            f"storage.shards_per_buffer)", key="scheduler.sequence_length")
 
 
 def _fill_reachable(config: Config, plan: Placement) -> None:

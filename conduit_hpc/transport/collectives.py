@@ -59,6 +59,7 @@ from conduit_hpc.transport.process_group import (
     end_group,
     keep_store,
     release,
+    serve_store,
 )
 from conduit_hpc.transport.process_group import cuda_device as _cuda_device
 from conduit_hpc.transport.process_group import make_group as _make_group
@@ -154,8 +155,7 @@ class Collectives:
         if rank == 0:
             try:
                 where["address"] = _store_address(one_node)
-                store = dist.TCPStore(where["address"], 0, size, True, timeout=timeout,
-                                      wait_for_workers=False)
+                store = serve_store(where["address"], size, timeout)
                 where["port"] = int(store.port)
             except (OSError, RuntimeError, ValueError) as err:
                 where["error"] = f"rank 0 could not open the rendezvous store: {err}"

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from conduit_hpc.errors import ConfigError
 
 __all__ = ["BACKENDS", "choose_backend", "closed_by", "cuda_device", "end_group", "keep_store",
-           "make_group", "mark_closed", "release", "shutdown", "store_address"]
+           "make_group", "mark_closed", "release", "serve_store", "shutdown", "store_address"]
 
 #: what ``backend`` may say
 BACKENDS = ("auto", "gloo", "nccl")
@@ -69,6 +69,34 @@ def store_address(one_node: bool) -> str:
     if addr and not ipaddress.ip_address(addr).is_loopback:
         return addr
     return route_address("10.255.255.255")  # the interface of the default route
+
+
+def serve_store(address: str, size: int, timeout: datetime.timedelta) -> Any:
+    """The first rank's rendezvous store (a ``TCPStore`` server), listening on ``address``
+    alone, over IPv4 (``127.0.0.1`` for a group on one node: off the network).
+
+    Left to itself, torch's store listens on every interface through an IPv6 socket, so
+    each peer it accepts is ``::ffff:a.b.c.d``, and its server thread reverse-resolves
+    that name (``getnameinfo``, for its logs) before it serves anyone else: no hosts file
+    lists the v4-mapped form, so every peer cost a DNS query, and a query the resolver
+    lost held every rank of the group for the resolver's timeout (glibc: 5 s: the ~5.07 s
+    stalls of tests/mpi/test_collectives.py). A plain IPv4 peer (as
+    ``127.0.0.1``) is named from the hosts file. The clients' own look-up of the address
+    they connect to (torch connects through a v4-mapped IPv6 socket) is torch's and
+    remains (docs/sharp-bits.md)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, 0))
+        sock.listen(max(size, 128))
+        port = int(sock.getsockname()[1])
+    except OSError:
+        sock.close()
+        raise
+    # the store owns the descriptor from here (it closes it when it ends; one it refused
+    # is left open rather than closed twice)
+    return dist.TCPStore(address, port, size, True, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=sock.detach())
 
 
 def cuda_device(device: torch.device | str | None, local: int) -> torch.device | None:

@@ -161,9 +161,10 @@ def test_a_rank_that_closes_the_group_while_the_others_wait_is_named(closer: str
 
 @pytest.mark.mpi(min_size=2)
 def test_a_rendezvous_that_fails_is_one_error_on_every_rank(monkeypatch) -> None:
-    """The first rank's store is announced at an address nobody can reach (TEST-NET-3):
-    every rank's connection times out, and every rank raises the same TransportError
-    within the timeout - no rank goes on into a group the others are not in."""
+    """The first rank's store is to listen at an address that is not this host's
+    (TEST-NET-3; before, it listened everywhere and every rank's connection to that
+    address timed out): every rank raises the same TransportError within the timeout -
+    no rank goes on into a group the others are not in."""
     import conduit_hpc.transport.collectives as collectives
 
     monkeypatch.setattr(collectives, "_store_address", lambda one_node: "203.0.113.1")

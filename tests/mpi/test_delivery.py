@@ -342,38 +342,53 @@ def test_a_sequence_window_longer_than_a_shard_is_refused_on_every_rank() -> Non
 
 
 @pytest.mark.mpi(min_size=3)
-@pytest.mark.skipif(COMM.size != 3, reason="one rank count (make test's time): a rule of the"
-                    " timeout's message, waited out (3 s) at each count")
-def test_a_sequence_window_that_never_fits_while_writers_write_says_so() -> None:
-    """A window as long as the shard: while writers write, rows about to be overwritten
-    are hidden, so no window is ever whole. The learner's timeout said "every row held
-    has priority 0" (helper-34), which was not so; it now says which window is not
-    drawable, and why."""
-    spec = {"actor": {"dtype": "int32"}, "done": {"dtype": "bool"}}
-    cfg = make_config(spec=spec, layout={"learners": 1, "buffers": 1},
-                      storage={"capacity_rows": 4}, run={"timeout_s": 3.0},
-                      scheduler={"mode": "sync", "sampler": "sequence", "sequence_length": 4,
-                                 "batch_rows": 2, "min_fill_rows": 4,
-                                 "episode_field": "done", "stream_field": "actor"})
-    said = ""
-    with ExperienceDataPlane(cfg) as edp:
+@pytest.mark.skipif(COMM.size != 3, reason="one rank count (make test's time)")
+def test_a_sequence_window_of_half_a_shard_is_delivered_while_writers_write() -> None:
+    """A window of as many rows as half the shard (the most the plan lets through: the
+    owner hides up to the other half ahead of the writers) is delivered whole while an
+    actor keeps writing. A window as long as the shard (4 of 4 rows) was never whole
+    while writers wrote, and the learner waited out its timeout (it said why); that
+    config, and any window past half the shard, is now refused with the plan on every
+    rank (tests/unit/test_planner.py), and so is 3 rows of 4 here."""
+    cap, window = 16, 8
+    spec = {"writer": {"dtype": "int32"}, "wseq": {"dtype": "int64"},
+            "done": {"dtype": "bool"}}
+
+    def cfg(length: int):
+        return make_config(spec=spec, layout={"learners": 1, "buffers": 1},
+                           storage={"capacity_rows": cap}, run={"timeout_s": 10.0},
+                           scheduler={"mode": "sync", "sampler": "sequence",
+                                      "sequence_length": length, "batch_rows": 2,
+                                      "min_fill_rows": cap, "episode_field": "done",
+                                      "stream_field": "writer"})
+    with pytest.raises(ConfigError, match=r"scheduler.sequence_length = 9 \(a window of 9 "
+                       r"rows with burn_in 0\) is never sure to be whole in shard 0 of 16 "
+                       r"rows while writers write it .* use a window of at most 8 rows"):
+        ExperienceDataPlane(cfg(window + 1))
+    got: list[object] = []
+    with ExperienceDataPlane(cfg(window)) as edp:
         if edp.role is Role.ACTOR:
+            w = 0
             while not edp.should_stop:
-                edp.ingest({"actor": np.full(2, edp.world_rank, np.int32),
-                            "done": np.zeros(2, bool)})
+                edp.ingest({"writer": np.full(2, edp.world_rank, np.int32),
+                            "wseq": np.arange(w, w + 2), "done": np.zeros(2, bool)})
+                w += 2
         elif edp.role is Role.LEARNER:
-            for _ in range(50):  # a window may be whole for a moment between two writes
+            for _ in range(20):
                 try:
-                    edp.next_batch()
+                    cols = {k: v.numpy() for k, v in edp.next_batch().data.items()}
                 except DataPlaneTimeout as err:
-                    said = str(err)
+                    got.append(f"DataPlaneTimeout: {err}")
                     break
+                whole = (np.diff(cols["wseq"], axis=1) == 1).all() and (
+                    cols["writer"] == cols["writer"][:, :1]).all()
+                got.append(bool(whole) and cols["wseq"].shape == (2, window))
         else:
             edp.serve()
         edp.done()
-        said = edp.roles.world.allreduce(said, op=MPI.MAX)
-    assert "no window of 4 rows of one stream's episode is drawable" in said, said
-    assert "every row held has priority 0" not in said
+        every = edp.roles.world.allgather(got)
+    learner = every[edp.roles.learner_ranks[0]]
+    assert learner == [True] * 20, learner
 
 
 @pytest.mark.mpi(min_size=3)

@@ -42,3 +42,32 @@ def test_a_bad_timeout_is_refused_before_any_collective(timeout_s) -> None:
         Collectives.open(MPI.COMM_SELF, "gloo", timeout_s=timeout_s)
     with pytest.raises(ConfigError, match=r"timeout_s must be a number of seconds"):
         LearnerGroup.open(None, "gloo", timeout_s=timeout_s)  # type: ignore[arg-type]
+
+
+def _listeners(port: int) -> set[str]:
+    """The local addresses (as /proc/net writes them) that listen on TCP ``port``."""
+    found = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/net/{table}") as f:
+            for line in list(f)[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, _, hexport = local.rpartition(":")
+                if state == "0A" and int(hexport, 16) == port:
+                    found.add(f"{table}:{addr}")
+    return found
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/net/tcp"), reason="Linux /proc")
+def test_the_rendezvous_store_of_a_one_node_group_listens_on_loopback_ipv4_alone() -> None:
+    """Before, torch's store listened on every interface through an IPv6 socket
+    (``tcp6:...0000``): each peer came as ``::ffff:127.0.0.1``, which its server thread
+    reverse-resolved over DNS before serving anyone (no hosts file names it) - a lost
+    query held every rank ~5 s (the ~5.07 s stalls of tests/mpi/test_collectives.py).
+    Now a one-node group's store takes
+    its peers on 127.0.0.1 over IPv4 alone (named from the hosts file, off the network)."""
+    from mpi4py import MPI
+
+    from conduit_hpc.transport.collectives import Collectives
+
+    with Collectives.open(MPI.COMM_SELF, "gloo", timeout_s=30) as c:
+        assert _listeners(int(c._store.port)) == {"tcp:0100007F"}

@@ -569,3 +569,44 @@ def test_a_partition_that_no_actor_writes_is_refused_when_the_plan_is_made() -> 
     assert err.value.key == "placement.scope"
     _partitions_written(cfg, plan(1))  # an actor on each node: every partition is written
     _partitions_written(make_config(layout={"learners": 2, "buffers": 2}), lonely)  # global
+
+
+@pytest.mark.parametrize(("capacity", "burn_in", "length", "ok"), [
+    (100, 0, 25, True),   # two shards of 50: a window of 25 = 50 // 2 rows is the most
+    (100, 0, 26, False),
+    (100, 5, 20, True),
+    (100, 5, 21, False),  # burn_in counts: a window of 26 rows
+    (101, 0, 25, True),   # shards of 51 and 50: the smaller one bounds it
+    (101, 0, 26, False),
+])
+def test_a_sequence_window_that_writers_never_leave_whole_is_refused_with_the_plan(
+        capacity: int, burn_in: int, length: int, ok: bool) -> None:
+    """While writers write a shard of C rows its owner hides the rows they may overwrite
+    next, up to C - C // 2 ahead of its commits, so only C // 2 consecutive rows are sure
+    to be drawable: a longer window (e.g. 26 rows in a 50-row shard) fitted in the
+    shard, passed every check, and the learner waited out run.timeout_s. Refused now,
+    naming the field, its value and the longest window that works; a shard that no
+    writer writes (rows from a restored checkpoint only) keeps its capacity's bound."""
+    from conduit_hpc.plane.planning import _windows_fit
+    from conduit_hpc.testing import make_config
+
+    cfg = make_config(layout={"learners": 1, "buffers": 1},
+                      storage={"capacity_rows": capacity, "shards_per_buffer": 2},
+                      scheduler={"sampler": "sequence", "sequence_length": length,
+                                 "burn_in": burn_in, "episode_field": "done",
+                                 "min_fill_rows": 8},
+                      spec={"x": {"dtype": "float32"}, "done": {"dtype": "bool"}})
+    written = plan_round_robin(actor_ranks=[2, 3], buffer_ranks=[1], learner_ranks=[0],
+                               capacity_rows=capacity, shards_per_buffer=2)
+    if ok:
+        _windows_fit(cfg, written)
+    else:
+        with pytest.raises(ConfigError, match=rf"scheduler.sequence_length = {length} \(a "
+                           rf"window of {length + burn_in} rows with burn_in {burn_in}\) is "
+                           rf"never sure to be whole in shard \d of 50 rows while writers "
+                           rf".* use a window of at most 25 rows \(sequence_length <= "
+                           rf"{25 - burn_in} with burn_in {burn_in}\)") as err:
+            _windows_fit(cfg, written)
+        assert err.value.key == "scheduler.sequence_length"
+    restored = replace(written, actor_shards={})  # no writer: a restored replay only
+    _windows_fit(cfg, restored)
