@@ -307,6 +307,9 @@ def _windows_whole(config: Config, plan: Placement) -> None:
     if short:
         s = min(short, key=lambda x: x.capacity_rows)
         most = s.capacity_rows // 2
+        fits = (f"sequence_length <= {most - sch.burn_in} with burn_in {sch.burn_in}"
+                if most > sch.burn_in else f"burn_in {sch.burn_in} alone is too long: "
+                f"burn_in + sequence_length <= {most}")
         raise ConfigError(
             f"scheduler.sequence_length = {sch.sequence_length} (a window of {sch.window} "
             f"rows with burn_in {sch.burn_in}) is never sure to be whole in shard "
@@ -314,8 +317,7 @@ def _windows_whole(config: Config, plan: Placement) -> None:
             f"of {len(plan.shards)} shards): its owner hides the rows writers may overwrite "
             f"next (up to {s.capacity_rows - most} ahead of its commits), so only the "
             f"newest {most} rows stay drawable and a learner would wait out run.timeout_s; "
-            f"use a window of at most {most} rows (sequence_length <= "
-            f"{max(most - sch.burn_in, 0)} with burn_in {sch.burn_in}), or more "
+            f"use a window of at most {most} rows ({fits}), or more "
             f"storage.capacity_rows per shard (fewer layout.buffers or "
             f"storage.shards_per_buffer)", key="scheduler.sequence_length")
 

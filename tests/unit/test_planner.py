@@ -610,3 +610,23 @@ def test_a_sequence_window_that_writers_never_leave_whole_is_refused_with_the_pl
         assert err.value.key == "scheduler.sequence_length"
     restored = replace(written, actor_shards={})  # no writer: a restored replay only
     _windows_fit(cfg, restored)
+
+
+def test_a_burn_in_longer_than_what_a_written_shard_keeps_whole_is_named() -> None:
+    """The longest window that works is shorter than ``burn_in`` alone: the message asks
+    for a shorter burn_in (it suggested ``sequence_length <= 0``, which no config takes)."""
+    from conduit_hpc.plane.planning import _windows_fit
+    from conduit_hpc.testing import make_config
+
+    cfg = make_config(layout={"learners": 1, "buffers": 1},
+                      storage={"capacity_rows": 100, "shards_per_buffer": 2},
+                      scheduler={"sampler": "sequence", "sequence_length": 1, "burn_in": 30,
+                                 "episode_field": "done", "min_fill_rows": 8},
+                      spec={"x": {"dtype": "float32"}, "done": {"dtype": "bool"}})
+    written = plan_round_robin(actor_ranks=[2, 3], buffer_ranks=[1], learner_ranks=[0],
+                               capacity_rows=100, shards_per_buffer=2)
+    with pytest.raises(ConfigError, match=r"use a window of at most 25 rows \(burn_in 30 "
+                                          r"alone is too long: burn_in \+ sequence_length "
+                                          r"<= 25\)") as err:
+        _windows_fit(cfg, written)
+    assert err.value.key == "scheduler.sequence_length"
