@@ -169,6 +169,8 @@ def lock_run_dir(run_dir: Path, runs_root: str | Path, cfg: Config | None = None
     from conduit_hpc.checkpoint.files import checkpoint_root
 
     root = checkpoint_root(cfg, run_dir).resolve()
+    if root == run_dir.resolve():  # ROOT/.lock is RUN_DIR/.lock, held just above: the
+        return RunLock([lock], root)  # ranks must not take it again (job_main)
     if root.is_relative_to(run_dir.resolve()):
         return RunLock([lock])  # world rank 0 locks it (job_main); RUN_DIR/.lock keeps
         # a second conduit-hpc run out before launch

@@ -126,11 +126,15 @@ def test_conduit_hpc_run_jobs_with_checkpoints_run_under_their_launchers_lock(
         tmp_path: Path) -> None:
     """Through ``conduit-hpc run``: a root outside the run directory is held by the
     launcher (its ranks must not take it again: a fresh open by a child would conflict
-    with its own launcher, and the job would refuse to start), one inside by rank 0."""
+    with its own launcher, and the job would refuse to start), one inside by rank 0, and
+    the run directory itself (``checkpoint.directory = "."``: ``ROOT/.lock`` is the
+    launcher's ``RUN_DIR/.lock``) by the launcher again (the job refused to start)."""
     _, toml = job(tmp_path)
-    for where in ("outside", "inside"):
+    for where in ("outside", "inside", "same"):
         run_dir = tmp_path / f"run-{where}"
-        sets = ["--set", f'checkpoint.directory="{tmp_path / "ckpts"}"'] * (where == "outside")
+        sets = {"outside": ["--set", f'checkpoint.directory="{tmp_path / "ckpts"}"'],
+                "inside": [],  # (the root is the run directory itself: its .lock is
+                "same": ["--set", 'checkpoint.directory="."']}[where]  # the launcher's)
         out = subprocess.run([sys.executable, "-m", "conduit_hpc.tools.cli", "run", str(toml),
                               "-n", "3", "--launcher", "mpirun", "--run-dir", str(run_dir),
                               *sets], cwd=REPO, capture_output=True, text=True, timeout=180,
