@@ -122,8 +122,9 @@ class RunLock:
     """The ``.lock`` files a launcher holds while its job runs; :meth:`close` frees them.
     ``root``: the checkpoint root (resolved) whose ``.lock`` is among them (a root
     outside the run directory, or the run directory itself), or ``None`` (no checkpoints
-    written, or a root inside the run directory, which the ranks lock themselves): the launcher tells its ranks (``job_main --launcher-holds-root``) so that
-    they do not try to take it - a fresh open by a child conflicts with its own launcher."""
+    written, or a root inside the run directory, which the ranks lock themselves): the
+    launcher tells its ranks (``job_main --launcher-holds-root``) so that they do not try
+    to take it - a fresh open by a child conflicts with its own launcher."""
 
     def __init__(self, files: list[IO[str]], root: Path | None = None) -> None:
         self.files = files
