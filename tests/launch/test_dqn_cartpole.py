@@ -72,7 +72,8 @@ def test_resume_continues_training_from_the_checkpointed_model(tmp_path: Path) -
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
     first_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
     assert sorted(p.name for p in (first_dir / "checkpoints").iterdir()) == [
-        "ckpt-000001", "ckpt-000002"]  # at supersteps 100 and 200
+        ".lock", "ckpt-000001", "ckpt-000002"]  # at supersteps 100 and 200; the root's
+    # lock, which rank 0 held while the job ran (docs/sharp-bits.md)
     before = json.loads((first_dir / "metrics" / "summary.json").read_text())
     second = subprocess.run([*common, "--resume", "--set", "job.max_supersteps=300"],
                             cwd=REPO, capture_output=True, text=True, timeout=110,
