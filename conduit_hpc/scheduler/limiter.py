@@ -15,9 +15,10 @@ __all__ = ["LimiterState", "RateLimiter", "no_window_why"]
 def no_window_why(window: int) -> str:
     """Why a sampler of ``window``-row items (the sequence sampler) finds nothing to
     draw in a shard that holds rows: the words of a learner's timeout."""
-    return (f"no window of {window} rows of one stream's episode is drawable: rows about "
-            f"to be overwritten are hidden while writers write, so a window near the "
-            f"shard's size may never be")
+    return (f"no window of {window} rows of one stream's episode is drawable: episodes "
+            f"shorter than {window} rows, windows whose rows all have priority 0, or rows "
+            f"hidden while writers write (those they may overwrite next; the plan refuses "
+            f"windows longer than half a written shard)")
 
 
 @dataclass(frozen=True, slots=True)
