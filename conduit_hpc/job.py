@@ -127,7 +127,7 @@ def _check_fresh_root(cfg: Config, run_dir: Path | None, resume: str) -> None:
     hand with ``mpirun`` is checked here, on every rank alike (nothing is written before
     every rank has built the data plane). Local; reads the directory only."""
     ck = cfg.checkpoint
-    if not (resume or ck.on_stop or ck.every_supersteps or ck.every_seconds):
+    if not (resume or ck.writes):
         return
     from conduit_hpc.checkpoint.files import checkpoint_root, root_problem
 
@@ -159,9 +159,8 @@ def _hold_root(cfg: Config, run_dir: Path | None, resume: str,
         CollectiveFailed: a rank did not reach this point within ``run.timeout_s``.
     """
     from conduit_hpc.checkpoint.files import checkpoint_root
-    from conduit_hpc.lockfile import writes_checkpoints
 
-    if not writes_checkpoints(cfg):
+    if not cfg.checkpoint.writes:
         return None
     root = checkpoint_root(cfg, run_dir).resolve()
     if launcher_holds and Path(launcher_holds).resolve() == root:

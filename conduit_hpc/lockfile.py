@@ -22,14 +22,7 @@ from typing import IO
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConduitError, ConfigError
 
-__all__ = ["hold", "hold_checkpoint_root", "writes_checkpoints"]
-
-
-def writes_checkpoints(cfg: Config) -> bool:
-    """Whether a run of ``cfg`` writes checkpoints (on a stop request, every N supersteps
-    or every T seconds): a resume without checkpoints of its own only reads its root."""
-    ck = cfg.checkpoint
-    return bool(ck.on_stop or ck.every_supersteps or ck.every_seconds)
+__all__ = ["hold", "hold_checkpoint_root"]
 
 
 def hold_checkpoint_root(cfg: Config, root: Path) -> IO[str]:

@@ -135,6 +135,12 @@ class CheckpointConfig:
             require(codec in CHECKPOINT_CODECS, f"compression.{name}", codec,
                     f"one of {', '.join(CHECKPOINT_CODECS)}")
 
+    @property
+    def writes(self) -> bool:
+        """Whether a run cuts checkpoints: periodic ones, or a final one on a stop (a
+        resume without checkpoints of its own only reads its root)."""
+        return self.on_stop or self.every_seconds > 0 or self.every_supersteps > 0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LongHaulConfig:

@@ -77,7 +77,7 @@ class ShardMemory:
             staged[s.owner_rank] += SnapshotStaging.bytes_for(lay.stored.row_bytes,
                                                            s.capacity_rows)
         _check_memory(config, spec, roles, used,
-                      staged.get(me, 0) if checkpoints_on(config) else 0)
+                      staged.get(me, 0) if config.checkpoint.writes else 0)
         shared = config.transport.shared_memory == "auto"
         self.window = RmaWindow(roles.world, used.get(me, 0), node_comm=roles.node,
                                 shared=shared, timeout_s=timeout_s,
@@ -165,14 +165,6 @@ def _staging_bytes(config: Config, spec: Spec, roles: RoleComms) -> int:
     sch = config.scheduler
     return StagingLayout(spec, sch.batch_rows, sch.window, sch.prefetch_depth + 1,
                          queue_rows=max(256, sch.batch_rows)).nbytes
-
-
-def checkpoints_on(config: Config) -> bool:
-    """Whether this job cuts checkpoints (periodic ones, or a final one on a stop), so
-    that its buffer ranks hold a staging copy of their shards
-    (:class:`~conduit_hpc.storage.snapshot.SnapshotStaging`) beside them."""
-    c = config.checkpoint
-    return c.on_stop or c.every_seconds > 0 or c.every_supersteps > 0
 
 
 def _check_memory(config: Config, spec: Spec, roles: RoleComms,

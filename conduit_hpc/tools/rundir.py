@@ -12,7 +12,7 @@ from typing import IO
 from conduit_hpc import jsontext
 from conduit_hpc.config import Config
 from conduit_hpc.errors import ConfigError
-from conduit_hpc.lockfile import hold, hold_checkpoint_root, writes_checkpoints
+from conduit_hpc.lockfile import hold, hold_checkpoint_root
 from conduit_hpc.plane.csv_resume import set_aside as move_aside
 
 __all__ = ["EXIT_FILE", "RunLock", "check_checkpoint_root", "ended", "lock_run_dir",
@@ -165,7 +165,7 @@ def lock_run_dir(run_dir: Path, runs_root: str | Path, cfg: Config | None = None
     except OSError as err:
         lock.close()
         raise unwritable(run_dir, runs_root, err) from err
-    if cfg is None or not writes_checkpoints(cfg):
+    if cfg is None or not cfg.checkpoint.writes:
         return RunLock([lock])  # (a resume without checkpoints of its own only reads)
     from conduit_hpc.checkpoint.files import checkpoint_root
 

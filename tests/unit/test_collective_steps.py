@@ -60,8 +60,7 @@ def test_a_work_that_never_completes_raises_at_its_deadline(monkeypatch) -> None
     monkeypatch.setattr(collective_steps, "MARGIN_S", 0.0)
     work = Work(10 ** 9)
     idle: list[float] = []
-    t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="Operation timed out"):
         wait_work(work, "gloo", timeout_s=0.3, idle=lambda: idle.append(1.0))
-    assert time.monotonic() - t0 >= 0.3 and not work.done
+    assert not work.done and work.waits > 1  # not given up at the first slice that ran out
     assert len(idle) == work.waits - 1  # idle after every slice that ran out but the last
