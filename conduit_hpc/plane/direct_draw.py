@@ -3,7 +3,7 @@ shared memory, without the per-shard stages of the general path.
 
 Where every shard a learner reads is a buffer's ring that this process maps and whose
 index it may search (``scheduler.fetch = "direct"``, a sampler that searches directly,
-window 1, no frame stacks, no device mirror), a batch needs no messages and no replies:
+window 1, no device mirror; frame stacks too), a batch needs no messages and no replies:
 :func:`direct_batch` draws the targets, and for each shard searches its index
 (:meth:`~conduit_hpc.storage.ring.ShardRing.search`, the seqlocked read), marks the
 rows drawn, copies them straight into the batch's columns
@@ -47,8 +47,7 @@ def direct_rings(d: Deliverer) -> list[tuple[int, ShardRing]] | None:
     out = []
     for sid in d._sids:
         src, ring = d.sources[sid], d.rings[sid]
-        if (type(src) is not HostSource or src.searched_owner is None or ring.views is None
-                or ring.layout.frames is not None):
+        if type(src) is not HostSource or src.searched_owner is None or ring.views is None:
             return None
         out.append((sid, ring))
     return out

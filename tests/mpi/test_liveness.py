@@ -30,7 +30,7 @@ MODES = [("sync", "direct"), ("sync", "owner"), ("edp", "direct"), ("edp", "owne
 def config(mode: str, fetch: str, sampler: str, capacity: int, **sections):
     return make_config(
         run={"timeout_s": 60.0},
-        layout={"learners": 1, "buffers": 1, "actors": min(4, COMM.Get_size() - 2)},
+        layout={"learners": 1, "buffers": 1, "actors": COMM.Get_size() - 2},
         storage={"capacity_rows": capacity, **sections.pop("storage", {})},
         scheduler={"mode": mode, "fetch": fetch, "sampler": sampler, "batch_rows": BATCH,
                    "prefetch_depth": 2, "min_fill_rows": capacity,
