@@ -280,3 +280,44 @@ def test_report_ratios_on_hand_made_runs(tmp_path) -> None:
     text = markdown(runs)
     assert "| 50 | 2 | 4 | 0.2 |" in text
     assert plot(runs, tmp_path).stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(("files", "fragment"), [
+    ({}, "learner-0.csv does not exist"),
+    ({"metrics/summary.json": '{"x":'}, "summary.json is unreadable"),
+    ({"metrics/summary.json": "[1]"}, "summary.json holds a list"),
+    ({"metrics/summary.json": b"\xff\xfe"}, "summary.json is unreadable"),
+    ({"metrics/learner-0.csv": b"superstep\n\xff\xfe\n"}, "learner-0.csv is unreadable"),
+    ({"metrics/episodes.csv": b"\xff"}, "episodes.csv is unreadable"),
+    ({"config.toml": "garbage = = "}, "is not valid TOML"),
+    ({"config.toml": "longhaul = 3"}, "longhaul = 3 is not a table"),
+    ({"config.toml": "run = [1]"}, "run = [1] is not a table"),
+    ({"config.toml": '[longhaul]\nbandwidth_gbps = "x"'}, "longhaul.bandwidth_gbps = 'x'"),
+    ({"config.toml": "[run]\nseed = 1.5e400"}, "run.seed = inf"),
+])
+def test_longhaul_report_refuses_a_hostile_run_directory_by_name(tmp_path, capsys, files,
+                                                                 fragment) -> None:
+    # python -m conduit_hpc.tools.report.longhaul (docs/longhaul.md): each of these was
+    # a traceback (JSONDecodeError, UnicodeDecodeError, AttributeError, ValueError...)
+    from conduit_hpc.tools.report.longhaul import main
+
+    run = tmp_path / "run"
+    (run / "metrics").mkdir(parents=True)
+    if files:  # a finished run's learner file, unless the case replaces it
+        files = {"metrics/learner-0.csv": "superstep,loss\n0,1.0\n", **files}
+    for name, text in files.items():
+        (run / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert main([str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("longhaul report: error: ") and fragment in err, err
+
+
+def test_longhaul_report_skips_fields_past_the_header_and_text(tmp_path) -> None:
+    from conduit_hpc.tools.report.longhaul import load_longhaul_run
+
+    run = tmp_path / "run"
+    (run / "metrics").mkdir(parents=True)
+    (run / "metrics/learner-0.csv").write_text("superstep,loss,mode\n0,1.5,edp,9,9\n1,,edp\n")
+    got = load_longhaul_run(run)
+    assert set(got.learner) == {"superstep", "loss"}
+    np.testing.assert_array_equal(got.learner["loss"], [1.5, np.nan])

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from conduit_hpc.config import read_toml
+from conduit_hpc.errors import ConduitError
 from conduit_hpc.features.longhaul.metrics import settled_mean, windowed_mean_priority
 from conduit_hpc.plane.headline import read_metrics_text
 from conduit_hpc.plane.sampled_rows import WEIGHT, weights
@@ -97,17 +98,29 @@ class LongHaulRun:
 
 
 def _read_csv(path: Path) -> dict[str, np.ndarray]:
+    """The numeric columns of a metrics CSV (empty where absent); a text column (mode) is
+    left out, as is a row's excess of fields past the header.
+
+    Raises:
+        ConduitError: the file cannot be read as text (naming it).
+    """
     if not path.exists():
         return {}
-    rows = list(csv.DictReader(io.StringIO(read_metrics_text(path), newline="")))
+    try:
+        rows = list(csv.DictReader(io.StringIO(read_metrics_text(path), newline="")))
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise ConduitError(f"{path} is unreadable ({err}); expected the CSV a run "
+                           f"writes") from err
     if not rows:
         return {}
     out: dict[str, np.ndarray] = {}
     for key in rows[0]:
+        if key is None:  # fields past the header (csv.DictReader's restkey)
+            continue
         try:
             out[key] = np.array([float(r[key]) if r[key] not in ("", None) else np.nan
                                  for r in rows])
-        except ValueError:
+        except (TypeError, ValueError):
             continue  # a text column (mode)
     return out
 
@@ -118,9 +131,14 @@ def _config(run_dir: Path) -> dict[str, Any]:
 
 
 def is_longhaul_run(run_dir: str | Path) -> bool:
-    """Whether a run directory holds a long-haul run (``[longhaul] mode`` not off)."""
-    mode = _config(Path(run_dir)).get("longhaul", {}).get("mode", "off")
-    return mode in ("forward", "edge_replay")
+    """Whether a run directory holds a long-haul run (``[longhaul] mode`` not off).
+
+    Raises:
+        ConfigError: its ``config.toml`` is not TOML (naming it).
+    """
+    section = _config(Path(run_dir)).get("longhaul", {})
+    return isinstance(section, dict) and section.get("mode", "off") in ("forward",
+                                                                        "edge_replay")
 
 
 def load_longhaul_run(run_dir: str | Path) -> LongHaulRun:
@@ -128,21 +146,46 @@ def load_longhaul_run(run_dir: str | Path) -> LongHaulRun:
 
     Raises:
         FileNotFoundError: no ``metrics/learner-0.csv`` in the run.
+        ConduitError: a file of the run that cannot be read as a run writes it (naming
+            the file and what was wrong with it).
     """
     path = Path(run_dir)
     metrics = path / "metrics"
     learner = metrics / "learner-0.csv"
-    if not learner.exists():
+    if not learner.is_file():
         raise FileNotFoundError(f"{learner} does not exist: not a finished run directory")
     cfg = _config(path)
+    lh, run = _table(cfg, "longhaul", path), _table(cfg, "run", path)
     summary_path = metrics / "summary.json"
-    summary = json.loads(read_metrics_text(summary_path)) if summary_path.exists() else {}
-    lh = cfg.get("longhaul", {})
+    summary: Any = {}
+    if summary_path.exists():
+        try:
+            summary = json.loads(read_metrics_text(summary_path))
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            raise ConduitError(f"{summary_path} is unreadable ({err}); expected the JSON "
+                               f"object a run writes") from err
+        if not isinstance(summary, dict):
+            raise ConduitError(f"{summary_path} holds a {type(summary).__name__}; expected "
+                               f"the JSON object a run writes")
+    try:
+        bandwidth = float(lh.get("bandwidth_gbps", 0.0)) * 1e9
+        seed = int(run.get("seed", 0))
+    except (TypeError, ValueError, OverflowError) as err:
+        raise ConduitError(f"{path / 'config.toml'}: longhaul.bandwidth_gbps = "
+                           f"{lh.get('bandwidth_gbps')!r}, run.seed = {run.get('seed')!r}; "
+                           f"expected numbers (a run's own config)") from err
     return LongHaulRun(path=path, mode=str(summary.get("mode", lh.get("mode", "off"))),
-                       bandwidth_bytes_s=float(lh.get("bandwidth_gbps", 0.0)) * 1e9,
-                       seed=int(cfg.get("run", {}).get("seed", 0)),
-                       learner=_read_csv(learner), episodes=_read_csv(metrics / "episodes.csv"),
-                       summary=summary)
+                       bandwidth_bytes_s=bandwidth, seed=seed, learner=_read_csv(learner),
+                       episodes=_read_csv(metrics / "episodes.csv"), summary=summary)
+
+
+def _table(cfg: dict[str, Any], name: str, run_dir: Path) -> dict[str, Any]:
+    """Section ``name`` of a run's config (empty where absent)."""
+    section = cfg.get(name, {})
+    if not isinstance(section, dict):
+        raise ConduitError(f"{run_dir / 'config.toml'}: {name} = {section!r:.40} is not a "
+                           f"table; expected a [{name}] section (a run's own config)")
+    return section
 
 
 def ratios(runs: Sequence[LongHaulRun]) -> list[dict[str, Any]]:
@@ -294,7 +337,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default="", help="output folder (default: beside the first run)")
     args = p.parse_args(argv)
     out = Path(args.out) if args.out else Path(args.run_dirs[0]).parent / "longhaul-report"
-    md = write_longhaul_report(args.run_dirs, out)
+    try:
+        md = write_longhaul_report(args.run_dirs, out)
+    except (ConduitError, OSError) as err:  # a run directory's files, or the output's
+        print(f"longhaul report: error: {err}", file=sys.stderr)
+        return 2
     print(md.read_text())
     print(f"report: {md}", file=sys.stderr)
     return 0
