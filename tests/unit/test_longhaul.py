@@ -294,6 +294,9 @@ def test_report_ratios_on_hand_made_runs(tmp_path) -> None:
     ({"config.toml": "run = [1]"}, "run = [1] is not a table"),
     ({"config.toml": '[longhaul]\nbandwidth_gbps = "x"'}, "longhaul.bandwidth_gbps = 'x'"),
     ({"config.toml": "[run]\nseed = 1.5e400"}, "run.seed = inf"),
+    ({"metrics/summary.json": '{"wall_s": "x"}'}, "wall_s = 'x'; expected a number"),
+    ({"metrics/summary.json": '{"final_mean_return": [1]}'}, "final_mean_return = [1]"),
+    ({"metrics/summary.json": '{"exposed_median_s": true}'}, "exposed_median_s = True"),
 ])
 def test_longhaul_report_refuses_a_hostile_run_directory_by_name(tmp_path, capsys, files,
                                                                  fragment) -> None:
@@ -310,6 +313,23 @@ def test_longhaul_report_refuses_a_hostile_run_directory_by_name(tmp_path, capsy
     assert main([str(run), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("longhaul report: error: ") and fragment in err, err
+
+
+def test_longhaul_report_takes_null_figures_as_a_run_writes_them(tmp_path, capsys) -> None:
+    # a non-finite figure is written as null (conduit_hpc.jsontext): float(None) was a
+    # TypeError in the table
+    from conduit_hpc.tools.report.longhaul import main
+
+    run = tmp_path / "r1"
+    (run / "metrics").mkdir(parents=True)
+    (run / "metrics/learner-0.csv").write_text("superstep,loss\n0,1.0\n1,0.5\n")
+    (run / "metrics/summary.json").write_text(
+        '{"mode": "forward", "wall_s": 2.5, "exposed_median_s": null, '
+        '"link_e2c_util": null, "final_mean_return": null}')
+    assert main([str(run), "--out", str(tmp_path / "out")]) == 0
+    row = next(line for line in (tmp_path / "out/longhaul.md").read_text().splitlines()
+               if line.startswith("| r1 | forward |"))
+    assert "| 2.5 |" in row and "| - |" in row, row
 
 
 def test_longhaul_report_skips_fields_past_the_header_and_text(tmp_path) -> None:

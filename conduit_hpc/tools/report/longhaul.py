@@ -44,6 +44,8 @@ __all__ = ["LongHaulRun", "is_longhaul_run", "load_longhaul_run", "ratios",
            "write_longhaul_report"]
 
 COLORS = {"forward": "tab:red", "edge_replay": "tab:green"}
+#: ``summary.json`` figures the report reads as numbers
+SUMMARY_NUMBERS = ("final_mean_return", "wall_s", "exposed_median_s", "link_e2c_util")
 
 
 @dataclass
@@ -167,6 +169,12 @@ def load_longhaul_run(run_dir: str | Path) -> LongHaulRun:
         if not isinstance(summary, dict):
             raise ConduitError(f"{summary_path} holds a {type(summary).__name__}; expected "
                                f"the JSON object a run writes")
+        for key in SUMMARY_NUMBERS:  # the figures the table reads as numbers
+            value = summary.get(key)
+            if value is not None and (isinstance(value, bool) or
+                                      not isinstance(value, int | float)):
+                raise ConduitError(f"{summary_path}: {key} = {value!r:.40}; expected a "
+                                   f"number (or null) as a run writes it")
     try:
         bandwidth = float(lh.get("bandwidth_gbps", 0.0)) * 1e9
         seed = int(run.get("seed", 0))
@@ -288,6 +296,13 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _number(summary: dict[str, Any], key: str) -> float:
+    """A figure of ``summary.json``: NaN where absent or null (a run writes a non-finite
+    figure as null: :mod:`conduit_hpc.jsontext`)."""
+    value = summary.get(key)
+    return math.nan if value is None else float(value)
+
+
 def markdown(runs: Sequence[LongHaulRun]) -> str:
     """A table of the runs and one of the ratios (see :func:`ratios`)."""
     lines = ["| run | mode | kB/s | seed | updates | wall s | exposed median ms | "
@@ -298,8 +313,8 @@ def markdown(runs: Sequence[LongHaulRun]) -> str:
         s = r.summary
         lines.append("| " + " | ".join(_fmt(x) for x in (
             r.path.name, r.mode, r.bandwidth_bytes_s / 1e3, r.seed, s.get("updates", "-"),
-            float(s.get("wall_s", math.nan)), float(s.get("exposed_median_s", math.nan)) * 1e3,
-            float(s.get("link_e2c_util", math.nan)), s.get("link_rows_crossed", "-"),
+            _number(s, "wall_s"), _number(s, "exposed_median_s") * 1e3,
+            _number(s, "link_e2c_util"), s.get("link_rows_crossed", "-"),
             s.get("link_rows_dropped", "-"), r.priority_mean, r.loss_settled,
             r.final_return)) + " |")
     lines += ["", "| link kB/s | seeds | avg transferred priority: edge_replay / forward | "
