@@ -349,7 +349,7 @@ def test_a_sequence_window_of_half_a_shard_is_delivered_while_writers_write() ->
     actor keeps writing. A window as long as the shard (4 of 4 rows) was never whole
     while writers wrote, and the learner waited out its timeout (it said why); that
     config, and any window past half the shard, is now refused with the plan on every
-    rank (tests/unit/test_planner.py), and so is 3 rows of 4 here."""
+    rank (tests/unit/test_planner.py), and so is a window of 9 rows of 16 here."""
     cap, window = 16, 8
     spec = {"writer": {"dtype": "int32"}, "wseq": {"dtype": "int64"},
             "done": {"dtype": "bool"}}

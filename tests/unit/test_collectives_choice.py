@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from conduit_hpc.errors import ConfigError
@@ -57,7 +59,7 @@ def _listeners(port: int) -> set[str]:
     return found
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/net/tcp"), reason="Linux /proc")
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="Linux /proc")
 def test_the_rendezvous_store_of_a_one_node_group_listens_on_loopback_ipv4_alone() -> None:
     """Before, torch's store listened on every interface through an IPv6 socket
     (``tcp6:...0000``): each peer came as ``::ffff:127.0.0.1``, which its server thread
