@@ -278,6 +278,12 @@ class StorageConfig:
             within this time (at the measured insert rate, plus the buffer loop's pass
             time) are hidden from sampling before they are overwritten (at most half
             of a shard).
+        commit_interval_s (float): in a job with learners, how long the buffer loop may
+            let committed rows wait before it makes them drawable, while fewer than 4096
+            of them wait: each pass that does so takes the shard's index lock and
+            rewrites its tree, and a node-local learner that samples meanwhile waits
+            for the lock or searches again (under actors inserting ~1M rows/s, a pass
+            every few microseconds). 0: every pass of the loop commits.
     """
 
     capacity_rows: int = 100_000
@@ -287,6 +293,7 @@ class StorageConfig:
     ingest_policy: Literal["overwrite", "block"] = "overwrite"
     block_timeout_s: float = 1.0
     guard_s: float = 0.005
+    commit_interval_s: float = 0.002
 
     def __post_init__(self) -> None:
         require_types(self)
@@ -321,6 +328,8 @@ class StorageConfig:
                 f"a finite number > 0 and <= {MAX_SECONDS:g} (seconds)")
         require(finite(self.guard_s) and 0 <= self.guard_s <= 10, "guard_s", self.guard_s,
                 "between 0 and 10 (seconds)")
+        require(finite(self.commit_interval_s) and 0 <= self.commit_interval_s <= 1,
+                "commit_interval_s", self.commit_interval_s, "between 0 and 1 (seconds)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,7 +19,7 @@ from conduit_hpc.plane.frame_breaks import FrameBreaks
 from conduit_hpc.protocol import SampleReply
 from conduit_hpc.sampling import ShardDrawer
 from conduit_hpc.storage.priority import PriorityIndex
-from conduit_hpc.storage.ring import H_FREE, ShardRing
+from conduit_hpc.storage.ring import H_COMMIT, H_FREE, ShardRing
 from conduit_hpc.storage.shared_index import lock_index, unlock_index
 
 __all__ = ["OwnedShard"]
@@ -64,6 +64,14 @@ class OwnedShard:
     A write from the owner's own process (a feature storing rows) that waits for ``F``
     runs the owner's pass itself (``ring.on_wait``).
 
+    **Commit interval** (when ``guarded``): a bounded pass (the buffer loop's) is
+    skipped while fewer than ``max_commit_rows`` rows wait to be committed and the last
+    pass was less than ``commit_interval_s`` ago: each pass that commits takes the index
+    lock and rewrites the tree, and node-local learners wait for the lock or search
+    again (with actors inserting flat out, nearly every pass of a spinning loop would).
+    Rows become drawable at most that much later; the pass gap the guard band adds
+    grows with it. Unbounded passes (a request's, a writer's ``on_wait``) always run.
+
     **Ingest policy** ``block``: ``F`` also stops at the first row that is drawable
     (in the index with mass > 0) and that no learner has drawn yet (its mark is older):
     writers wait until a learner draws it. While writers wait on such a row for
@@ -88,6 +96,8 @@ class OwnedShard:
         block (bool): the ``block`` ingest policy is in force.
         block_timeout_s (float): longest hold of writers on one undrawn row.
         max_commit_rows (int): commits (and index inserts) per bounded pass.
+        commit_interval_s (float): longest wait of committed rows for a bounded pass
+            (see above; 0: every bounded pass runs).
         pins (np.ndarray | None): int64 ``[ranks, 2]`` read pins in this rank's memory:
             ``(shard id + 1, F)`` while a learner redraws rows of this shard - the free
             cursor does not pass ``F`` (the one the learner read) until it unpins, so
@@ -105,6 +115,7 @@ class OwnedShard:
     block: bool = False
     block_timeout_s: float = 1.0
     max_commit_rows: int = 1 << 12
+    commit_interval_s: float = 0.0
     pins: np.ndarray | None = field(default=None, repr=False)
     overwritten_unsampled: int = 0
     block_releases: int = 0
@@ -265,6 +276,8 @@ class OwnedShard:
         ring, cap = self.ring, self.ring.capacity
         v = ring.views
         assert v is not None
+        if bounded and self.guarded and self.commit_interval_s and self._coalesce():
+            return 0
         old, new = ring.advance_commits(self.max_commit_rows if bounded else None)
         now = time.monotonic()
         self._measure(now, new)
@@ -350,6 +363,16 @@ class OwnedShard:
             ring.publish_free(free)
             self._free = free
         return new - old
+
+    def _coalesce(self) -> bool:
+        """Whether a bounded pass may wait (see "Commit interval" above): the last
+        pass was less than ``commit_interval_s`` ago, fewer than ``max_commit_rows``
+        rows wait for a commit, and no earlier change waits to be applied."""
+        v = self.ring.views
+        assert v is not None
+        return (not self._dirty
+                and time.monotonic() - self._last_pass < self.commit_interval_s
+                and self.ring.reserve_cursor() - int(v.header[H_COMMIT]) < self.max_commit_rows)
 
     def track_held_frames(self) -> None:
         """Forget which rows break early and track those the index holds now (after a

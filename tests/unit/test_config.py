@@ -59,6 +59,12 @@ def test_good_file_loads_with_types_and_defaults(tmp_path: Path) -> None:
         (("shape = [4]", "shape = [4, 0]"), "spec.obs.shape", "positive"),
         (("shape = [4]", 'shape = "4"'), "spec.obs.shape", "list"),
         (("[run]", "[rn]"), "rn", "unknown key"),
+        (("capacity_rows = 1000", "commit_interval_s = -0.5\ncapacity_rows = 1000"),
+         "storage.commit_interval_s", "between 0 and 1"),
+        (("capacity_rows = 1000", "commit_interval_s = nan\ncapacity_rows = 1000"),
+         "storage.commit_interval_s", "between 0 and 1"),
+        (("capacity_rows = 1000", "commit_interval_s = 30.0\ncapacity_rows = 1000"),
+         "storage.commit_interval_s", "between 0 and 1"),
         (('name = "t1"', 'name = "a b"'), "run.name", "letters"),
     ],
 )
