@@ -283,7 +283,9 @@ class StorageConfig:
             of them wait: each pass that does so takes the shard's index lock and
             rewrites its tree, and a node-local learner that samples meanwhile waits
             for the lock or searches again (under actors inserting ~1M rows/s, a pass
-            every few microseconds). 0: every pass of the loop commits.
+            every few microseconds). 0: every pass of the loop commits. At most a tenth
+            of ``run.timeout_s`` is used (rows, and writers waiting for them to commit,
+            wait for such a pass inside bounded waits).
     """
 
     capacity_rows: int = 100_000

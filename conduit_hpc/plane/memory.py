@@ -137,7 +137,9 @@ class ShardMemory:
                                     lambda v=views: int(v.header[1]))
             owned.append(OwnedShard(
                 s.shard_id, ring, index, drawer, guarded=learners, pins=pins,
-                guard_s=storage.guard_s, commit_interval_s=storage.commit_interval_s,
+                guard_s=storage.guard_s,
+                # a pass rows (and writers) wait for stays well inside every bounded wait
+                commit_interval_s=min(storage.commit_interval_s, config.run.timeout_s / 10),
                 block=storage.ingest_policy == "block" and learners,
                 block_timeout_s=storage.block_timeout_s,
                 # a learner's device mirror drops the rows the guard band hides and

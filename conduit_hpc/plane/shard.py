@@ -65,10 +65,11 @@ class OwnedShard:
     runs the owner's pass itself (``ring.on_wait``).
 
     **Commit interval** (when ``guarded``): a bounded pass (the buffer loop's) is
-    skipped while fewer than ``max_commit_rows`` rows wait to be committed and the last
-    pass was less than ``commit_interval_s`` ago: each pass that commits takes the index
-    lock and rewrites the tree, and node-local learners wait for the lock or search
-    again (with actors inserting flat out, nearly every pass of a spinning loop would).
+    skipped while fewer than ``max_commit_rows`` rows wait to be committed, no writer
+    waits for ``F`` and the last pass was less than ``commit_interval_s`` ago: each
+    pass that commits takes the index lock and rewrites the tree, and node-local
+    learners wait for the lock or search again (with actors inserting flat out, nearly
+    every pass of a spinning loop would).
     Rows become drawable at most that much later; the pass gap the guard band adds
     grows with it. Unbounded passes (a request's, a writer's ``on_wait``) always run.
 
@@ -367,12 +368,16 @@ class OwnedShard:
     def _coalesce(self) -> bool:
         """Whether a bounded pass may wait (see "Commit interval" above): the last
         pass was less than ``commit_interval_s`` ago, fewer than ``max_commit_rows``
-        rows wait for a commit, and no earlier change waits to be applied."""
+        rows wait for a commit, no writer waits for the free cursor (one that reserved
+        past it: a small ring's writers reach it between passes), and no earlier
+        change waits to be applied."""
         v = self.ring.views
         assert v is not None
-        return (not self._dirty
-                and time.monotonic() - self._last_pass < self.commit_interval_s
-                and self.ring.reserve_cursor() - int(v.header[H_COMMIT]) < self.max_commit_rows)
+        if self._dirty or time.monotonic() - self._last_pass >= self.commit_interval_s:
+            return False
+        reserved = self.ring.reserve_cursor()
+        return (reserved - int(v.header[H_COMMIT]) < self.max_commit_rows
+                and reserved <= int(v.header[H_FREE]))
 
     def track_held_frames(self) -> None:
         """Forget which rows break early and track those the index holds now (after a

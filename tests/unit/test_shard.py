@@ -15,6 +15,7 @@ from conduit_hpc.config import FieldConfig
 from conduit_hpc.plane.shard import OwnedShard
 from conduit_hpc.spec import Spec
 from conduit_hpc.storage import PriorityIndex, ShardLayout, ShardRing
+from conduit_hpc.storage.ring import H_RESERVE
 from conduit_hpc.testing import CHECKED_SPEC, checked_batch
 from conduit_hpc.transport.rma import RmaWindow
 
@@ -150,3 +151,12 @@ def test_commit_interval_holds_few_rows_for_one_pass_at_most(make, guarded) -> N
     assert owned.poll(bounded=True) == 2  # the interval passed
     assert ring.commit_cursor() == 24
     assert sorted(owned.index.gens[owned.index.gens > 0]) == list(range(1, 25))
+    owned.max_commit_rows = 1 << 12  # (only the free cursor decides below)
+    write(ring, 24, 2)
+    assert owned._coalesce()  # two rows, a pass just ran: they may wait
+    # a writer that reserved past the free cursor waits for a pass: it runs at once
+    # (a small ring's writers reach the cursor between passes)
+    ring.transport.fetch_add(0, ring.base + 8 * H_RESERVE,
+                             ring.free_cursor() - ring.reserve_cursor() + 1)
+    assert not owned._coalesce()
+    assert owned.poll(bounded=True) == 2
