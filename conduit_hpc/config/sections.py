@@ -280,12 +280,12 @@ class StorageConfig:
             of a shard).
         commit_interval_s (float): in a job with learners, how long the buffer loop may
             let committed rows wait before it makes them drawable, while fewer than 4096
-            of them wait: each pass that does so takes the shard's index lock and
-            rewrites its tree, and a node-local learner that samples meanwhile waits
-            for the lock or searches again (under actors inserting ~1M rows/s, a pass
-            every few microseconds). 0: every pass of the loop commits. At most a tenth
-            of ``run.timeout_s`` is used (rows, and writers waiting for them to commit,
-            wait for such a pass inside bounded waits).
+            of them wait and no writer waits for the free cursor: each pass that does so
+            takes the shard's index lock and rewrites its tree, and a node-local learner
+            that samples meanwhile waits for the lock or searches again (with actors
+            inserting, a spinning loop committed a few rows on nearly every pass). 0:
+            every pass of the loop commits. At most a tenth of ``run.timeout_s`` is used
+            (rows wait for such a pass inside bounded waits).
     """
 
     capacity_rows: int = 100_000
