@@ -283,9 +283,8 @@ class StorageConfig:
             of them wait and no writer waits for the free cursor: each pass that does so
             takes the shard's index lock and rewrites its tree, and a node-local learner
             that samples meanwhile waits for the lock or searches again (with actors
-            inserting, a spinning loop committed a few rows on nearly every pass). 0:
-            every pass of the loop commits. At most a tenth of ``run.timeout_s`` is used
-            (rows wait for such a pass inside bounded waits).
+            inserting, a spinning loop did so on nearly every pass). 0: every pass
+            commits. At most a tenth of ``run.timeout_s`` is used.
     """
 
     capacity_rows: int = 100_000
