@@ -162,6 +162,16 @@ class ControlBlock:
         if interrupt is not None:
             raise interrupt
 
+    def name_first(self, rank: int) -> None:
+        """Name world rank ``rank`` as the first to fail, if no rank is named yet,
+        without counting it (its own mark counts it): for a rank told of a peer's
+        failure over another path before that peer marked itself (a learner told by
+        its delivery rank, which tells it first), which may then leave on it and be
+        marked - and named first - in the peer's place. Best effort."""
+        with contextlib.suppress(ConduitError, OSError):
+            if not self.read(C_FAILED_FIRST):
+                self.write(C_FAILED_FIRST, rank + 1)
+
     def failed(self) -> bool:
         """Whether a rank left the data plane on an exception. One atomic read."""
         return self.read(C_FAILED) > 0

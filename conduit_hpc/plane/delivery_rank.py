@@ -159,7 +159,7 @@ def learner_delivery(edp: Any, shards: tuple[int, ...], stager: Stager, transfor
         d = make_deliverer(edp, me, shards, stager, transform)
         return inline_mode(d, cfg.scheduler), d.sampler
     ring, peer, poll_s = edp.staging, edp.roles.delivery_of[me], cfg.transport.poll_interval_s
-    return (lambda ep: ProcessMode(ep, ring, stager, peer, poll_s),
+    return (lambda ep: ProcessMode(ep, ring, stager, peer, poll_s, edp.control.name_first),
             make_sampler(cfg, cfg.run.seed + me))
 
 
@@ -360,10 +360,13 @@ class ProcessMode(DeliveryMode):
     name = "edp"
 
     def __init__(self, endpoint: LearnerEndpoint, ring: StagingRing, stager: Stager,
-                 delivery_rank: int, poll_interval_s: float) -> None:
+                 delivery_rank: int, poll_interval_s: float,
+                 name_failed: Callable[[int], None]) -> None:
         super().__init__(endpoint)
         self.depth = endpoint.cfg.prefetch_depth
         self.ring, self.stager, self.peer = ring, stager, delivery_rank
+        #: ControlBlock.name_first: its failure is named before this rank leaves on it
+        self.name_failed = name_failed
         self.poll_s = min(poll_interval_s, 0.0005)
         self._stopped = False
         self._failed = False  # this learner failed, or already raised the peer's failure
@@ -379,8 +382,11 @@ class ProcessMode(DeliveryMode):
     def _check_peer(self) -> None:
         if self.ring.word(W_FAILED):
             self._failed = True
+            why = self.ring.message(W_FAILED)
+            if not why.startswith("RemoteFailure"):  # its own error: it marks itself next
+                self.name_failed(self.peer)  # (peers name it, not this rank)
             raise RemoteFailure(f"the delivery rank (world rank {self.peer}) of this learner "
-                                f"failed: {self.ring.message(W_FAILED)}")
+                                f"failed: {why}")
 
     def _wait(self, ready: Any, what: str, peer_failed_too: bool = False) -> None:
         """Until ``ready()`` (bounded); ``peer_failed_too``: a failed delivery rank is

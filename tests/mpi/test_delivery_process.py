@@ -6,6 +6,8 @@ Layouts: world rank 0 the learner, 1 its delivery rank, 2 the buffer, the rest a
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -269,11 +271,26 @@ def test_a_failed_learner_ends_its_delivery_rank(updates: int) -> None:
 
 
 @pytest.mark.mpi(min_size=4)
-def test_a_delivery_rank_failing_outside_serve_names_itself_to_its_learner() -> None:
+@pytest.mark.parametrize("slow_mark", [False, True])
+def test_a_delivery_rank_failing_outside_serve_names_itself_to_its_learner(
+        slow_mark: bool, monkeypatch) -> None:
     """The delivery rank raises in the job's code before serve(), caught outside the
     with-block: its learner raises RemoteFailure with that error at once (it waited out
-    run.timeout_s for batch 0 and raised DataPlaneTimeout)."""
+    run.timeout_s for batch 0 and raised DataPlaneTimeout). Every other rank is told
+    that the delivery rank left, also when it marks the job's control block only after
+    its learner has left on its error (``slow_mark``, as a descheduled rank does: the
+    learner, marked first, was named instead - 1 run in 10 under load)."""
     _only_up_to_4_ranks()
+    if slow_mark and COMM.rank == 1:
+        from conduit_hpc.plane.control import ControlBlock
+
+        mark = ControlBlock.left_on_error
+
+        def late(self, rank, exc, done):  # after its learner told it and left
+            time.sleep(1.0)
+            mark(self, rank, exc, done)
+
+        monkeypatch.setattr(ControlBlock, "left_on_error", late)
     got = None
     try:
         with ExperienceDataPlane(config(run={"timeout_s": 30.0})) as edp:
