@@ -24,11 +24,6 @@ TRANSPORTS = {"shm": {"shared_memory": "auto"}, "rma": {"shared_memory": "never"
 CAP, BATCHES, MAX_BATCHES = 64, 60, 20_000
 
 
-def _verdict(problems: list[str]) -> list[str]:
-    """Every rank's problems, on every rank."""
-    return [p for part in COMM.allgather(problems) for p in part]
-
-
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.parametrize(("interval", "timeout", "used"),
                          [(0.05, 10.0, 0.05), (1.0, 2.0, 0.2)])
@@ -68,8 +63,8 @@ def test_few_rows_wait_for_a_pass_and_are_drawn_intact(transport: str, interval:
         edp.done()
         summary = edp.summary()
         roles = edp.roles
-    assert _verdict(problems) == []
-    every = COMM.allgather((got, seen))
+    every = COMM.allgather((got, seen, problems))  # every rank asserts on every rank's
+    assert [p for _, _, part in every for p in part] == []
     assert every[roles.buffer_ranks[0]][0] == pytest.approx(used)
     drawn = every[roles.learner_ranks[0]][1]
     assert sorted(drawn) == sorted(roles.actor_ranks), drawn  # every actor's rows came
@@ -106,7 +101,8 @@ def test_the_last_rows_of_finished_actors_are_delivered(transport: str) -> None:
             edp.serve()
         edp.done()
         roles = edp.roles
-    assert _verdict(problems) == []
-    drawn = COMM.allgather(rows)[roles.learner_ranks[0]]
+    every = COMM.allgather((rows, problems))
+    assert [p for _, part in every for p in part] == []
+    drawn = every[roles.learner_ranks[0]][0]
     written = {(a, s) for a in roles.actor_ranks for s in range(3)}
     assert set(drawn) <= written and len(drawn) == 3 * n_act, drawn

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
 import math
 import sys
@@ -39,6 +38,7 @@ from conduit_hpc.errors import ConduitError
 from conduit_hpc.features.longhaul.metrics import settled_mean, windowed_mean_priority
 from conduit_hpc.plane.headline import read_metrics_text
 from conduit_hpc.plane.sampled_rows import WEIGHT, weights
+from conduit_hpc.tools.report.run_data import read_csv
 
 __all__ = ["LongHaulRun", "is_longhaul_run", "load_longhaul_run", "ratios",
            "write_longhaul_report"]
@@ -100,8 +100,9 @@ class LongHaulRun:
 
 
 def _read_csv(path: Path) -> dict[str, np.ndarray]:
-    """The numeric columns of a metrics CSV (empty where absent); a text column (mode) is
-    left out, as is a row's excess of fields past the header.
+    """The numeric columns of a metrics CSV (empty where absent), read as every report
+    reads them (:func:`~conduit_hpc.tools.report.run_data.read_csv`); a text column
+    (mode) is left out.
 
     Raises:
         ConduitError: the file cannot be read as text (naming it).
@@ -109,22 +110,11 @@ def _read_csv(path: Path) -> dict[str, np.ndarray]:
     if not path.exists():
         return {}
     try:
-        rows = list(csv.DictReader(io.StringIO(read_metrics_text(path), newline="")))
+        table = read_csv(path)
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise ConduitError(f"{path} is unreadable ({err}); expected the CSV a run "
                            f"writes") from err
-    if not rows:
-        return {}
-    out: dict[str, np.ndarray] = {}
-    for key in rows[0]:
-        if key is None:  # fields past the header (csv.DictReader's restkey)
-            continue
-        try:
-            out[key] = np.array([float(r[key]) if r[key] not in ("", None) else np.nan
-                                 for r in rows])
-        except (TypeError, ValueError):
-            continue  # a text column (mode)
-    return out
+    return {k: v for k, v in table.items() if v.dtype == np.float64}
 
 
 def _config(run_dir: Path) -> dict[str, Any]:
